@@ -1,0 +1,156 @@
+"""The ``extender`` command line.
+
+Each subcommand is a small function that parses its arguments, calls the library and prints.
+Exit codes: 0 success, 1 invalid input (every problem printed), 2 usage errors (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+
+import yaml
+
+from extender.core.cachekey import compile_cache_key, key_material
+from extender.core.errors import DocumentError, ExtenderError, UnknownNameError
+from extender.core.estimate import PHASES, breakdown
+from extender.core.policy import Policy
+from extender.files import load_policy
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def _policy_check(args: argparse.Namespace) -> int:
+    failed = False
+    for path in args.files:
+        try:
+            policy = load_policy(path)
+        except DocumentError as exc:
+            failed = True
+            for problem in exc.problems:
+                print(problem, file=sys.stderr)
+            continue
+        print(
+            f"{path}: ok: {len(policy.node_classes)} node class(es), {len(policy.profiles)} profile(s)"
+            f" ({', '.join(p.name for p in policy.profiles) or 'none'})"
+        )
+    return 1 if failed else 0
+
+
+def _policy_show(args: argparse.Namespace) -> int:
+    policy = load_policy(args.file)
+    doc = policy.model_dump(mode="json", by_alias=True)
+    print(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100), end="")
+    return 0
+
+
+def _select(policy: Policy, workload: str | None, node_class: str | None) -> list[tuple[str, str]]:
+    profiles = [policy.profile(workload)] if workload else list(policy.profiles)
+    if node_class:
+        policy.node_class(node_class)  # unknown name -> clear error
+    pairs = []
+    for p in profiles:
+        for c in policy.classes_for(p):
+            if node_class is None or c.name == node_class:
+                pairs.append((p.name, c.name))
+    return pairs
+
+
+def _estimate(args: argparse.Namespace) -> int:
+    policy = load_policy(args.policy)
+    pairs = _select(policy, args.workload, args.node_class)
+    result: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
+    for workload, cls in pairs:
+        table = breakdown(policy.profile(workload), policy.node_class(cls))
+        result.setdefault(workload, {})[cls] = {
+            state: {k: round(v, 3) for k, v in row.items()} for state, row in table.items()
+        }
+    if args.json:
+        print(json.dumps(result, indent=2))
+        return 0
+    if not pairs:
+        print("no (workload, node class) pairs to show: the policy has no profiles")
+    columns = [*PHASES, "total_s"]
+    for workload, per_class in result.items():
+        for cls, rows in per_class.items():
+            print(f"{workload} on {cls}  (seconds to ready)")
+            print(f"  {'state':<14}" + "".join(f"{c.removesuffix('_s'):>10}" for c in columns))
+            for state, row in rows.items():
+                print(f"  {state:<14}" + "".join(f"{row[c]:>10.1f}" for c in columns))
+            print()
+    return 0
+
+
+def _cachekey(args: argparse.Namespace) -> int:
+    policy = load_policy(args.policy)
+    profile = policy.profile(args.workload)
+    node_class = policy.node_class(args.node_class)
+    if profile.compile.key is None:
+        raise UnknownNameError(f"profile {profile.name!r} has no compile.key section")
+    kwargs = {
+        "gpu_product": node_class.gpu.product,
+        "tensor_parallel": profile.parallelism.tensor,
+        "pipeline_parallel": profile.parallelism.pipeline,
+    }
+    key = compile_cache_key(profile.compile.key, **kwargs)  # type: ignore[arg-type]
+    if args.verbose:
+        print(json.dumps(key_material(profile.compile.key, **kwargs), indent=2, sort_keys=True),  # type: ignore[arg-type]
+              file=sys.stderr)
+    print(key)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser for every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="extender", description="Cache-warmth-aware scheduling and predictive pre-scaling for inference pods."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    policy = sub.add_parser("policy", help="check or show policy files")
+    policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
+    check = policy_sub.add_parser("check", help="validate policy files; exit 1 listing every problem")
+    check.add_argument("files", nargs="+", metavar="FILE")
+    check.set_defaults(handler=_policy_check)
+    show = policy_sub.add_parser("show", help="print the policy with every default filled in")
+    show.add_argument("file", metavar="FILE")
+    show.set_defaults(handler=_policy_show)
+
+    est = sub.add_parser("estimate", help="startup-time breakdown per workload, node class and cache state")
+    est.add_argument("--policy", required=True, metavar="FILE")
+    est.add_argument("--workload", metavar="NAME")
+    est.add_argument("--node-class", metavar="NAME")
+    est.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    est.set_defaults(handler=_estimate)
+
+    ck = sub.add_parser("cachekey", help="print the compile-cache key of a workload on a node class")
+    ck.add_argument("--policy", required=True, metavar="FILE")
+    ck.add_argument("--workload", required=True, metavar="NAME")
+    ck.add_argument("--node-class", required=True, metavar="NAME")
+    ck.add_argument("-v", "--verbose", action="store_true", help="also print the key's inputs (stderr)")
+    ck.set_defaults(handler=_cachekey)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``extender`` console script."""
+    args = build_parser().parse_args(argv)
+    handler: Handler = args.handler
+    try:
+        return handler(args)
+    except DocumentError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    except ExtenderError as exc:
+        print(f"extender: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `extender estimate --json | head`: the reader left, nothing to report
+        sys.stderr.close()
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,179 @@
+"""Load a hand-written YAML/JSON document into a pydantic model, reporting every problem with its line.
+
+Policy files, inventory documents and simulator scenarios all go through here, so they all report
+errors the same way: ``policies/x.yaml:14: profiles[1].weights.bytes: must be > 0``, every problem
+at once.
+
+How lines are found: PyYAML's composer keeps a start mark on every node. We build the plain Python
+value ourselves from the node tree and record ``path -> line`` on the way; pydantic's error
+locations are then looked up in that map (falling back to the nearest parent that has a line, for
+a missing field). Duplicate keys, which PyYAML would silently resolve to the last one, are problems
+too: two ``bytes:`` lines under one ``weights:`` is a typo, not an intention.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+from extender.core.errors import DocumentError, Problem
+
+Loc = tuple[str | int, ...]
+M = TypeVar("M", bound=BaseModel)
+
+
+def format_path(loc: Iterable[str | int]) -> str:
+    """``('profiles', 1, 'weights', 'bytes')`` -> ``profiles[1].weights.bytes``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "." in part or "/" in part or not part:
+            out += f"[{part!r}]"
+        else:
+            out += f".{part}" if out else part
+    return out
+
+
+def compose(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
+    """Parse YAML (JSON is YAML) into plain Python values plus a ``path -> 1-based line`` map.
+
+    Raises :class:`DocumentError` for syntax errors, several documents in one file and duplicate
+    keys (all duplicates are reported).
+    """
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        raise DocumentError([Problem(source, line, "", f"YAML syntax: {exc.problem or exc}")]) from exc
+    except yaml.YAMLError as exc:
+        raise DocumentError([Problem(source, None, "", f"YAML syntax: {exc}")]) from exc
+    if node is None:
+        return None, {}
+    lines: dict[Loc, int] = {}
+    problems: list[Problem] = []
+    constructor = yaml.SafeLoader("")
+
+    def build(n: yaml.Node, loc: Loc) -> Any:
+        lines[loc] = n.start_mark.line + 1
+        if isinstance(n, yaml.MappingNode):
+            constructor.flatten_mapping(n)  # resolves YAML merge keys (<<: *anchor)
+            out: dict[Any, Any] = {}
+            for key_node, value_node in n.value:
+                key = constructor.construct_object(key_node, deep=True)
+                if not isinstance(key, str | int | float | bool) and key is not None:
+                    problems.append(Problem(source, key_node.start_mark.line + 1, format_path(loc),
+                                            "mapping keys must be plain scalars"))
+                    continue
+                if key in out:
+                    problems.append(Problem(source, key_node.start_mark.line + 1, format_path((*loc, str(key))),
+                                            f"duplicate key (first set on line {lines[(*loc, str(key))]})"))
+                    continue
+                out[key] = build(value_node, (*loc, str(key)))
+                # a field's problems point at its key line, not at the line its value starts on
+                lines[(*loc, str(key))] = key_node.start_mark.line + 1
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            return [build(item, (*loc, i)) for i, item in enumerate(n.value)]
+        return constructor.construct_object(n, deep=True)
+
+    data = build(node, ())
+    if problems:
+        raise DocumentError(problems)
+    return data, lines
+
+
+def line_of(lines: dict[Loc, int], loc: Loc) -> int | None:
+    """The line of ``loc``, or of its nearest ancestor that appears in the file."""
+    for end in range(len(loc), -1, -1):
+        if loc[:end] in lines:
+            return lines[loc[:end]]
+    return None
+
+
+def _unwrap(annotation: Any) -> list[Any]:
+    """The concrete types behind Optional/Union/Annotated."""
+    origin = get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(get_args(annotation)[0])
+    if origin in (Union, types.UnionType):
+        return [t for a in get_args(annotation) for t in _unwrap(a)]
+    return [annotation]
+
+
+def allowed_fields(model: type[BaseModel], loc: Loc) -> list[str]:
+    """The field names (as written in files) accepted by the mapping at ``loc`` inside ``model``."""
+    current: list[Any] = [model]
+    for part in loc:
+        nxt: list[Any] = []
+        for tp in current:
+            if isinstance(tp, type) and issubclass(tp, BaseModel) and isinstance(part, str):
+                for name, field in tp.model_fields.items():
+                    if (field.alias or name) == part:
+                        nxt.extend(_unwrap(field.annotation))
+            elif get_origin(tp) in (list, tuple) and isinstance(part, int):
+                nxt.extend(_unwrap(get_args(tp)[0]))
+            elif get_origin(tp) is dict:
+                nxt.extend(_unwrap(get_args(tp)[1]))
+        current = nxt
+    names: list[str] = []
+    for tp in current:
+        if isinstance(tp, type) and issubclass(tp, BaseModel):
+            names.extend(f.alias or n for n, f in tp.model_fields.items())
+    return names
+
+
+def describe(error: ErrorDetails, model: type[BaseModel]) -> str:
+    """A short message in our words for one pydantic error."""
+    kind, ctx, loc = error["type"], error.get("ctx", {}), error["loc"]
+    if kind == "missing":
+        return "required field is missing"
+    if kind == "extra_forbidden":
+        allowed = allowed_fields(model, tuple(loc[:-1]))
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return f"unknown field{hint} (allowed: {', '.join(allowed)})" if allowed else "unknown field"
+    bounds = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}
+    if kind in bounds:
+        bound = next(iter(ctx.values()))
+        return f"must be {bounds[kind]} {bound}, got {error['input']!r}"
+    if kind == "literal_error":
+        return f"must be {ctx.get('expected')}, got {error['input']!r}"
+    if kind in ("int_type", "int_parsing", "int_from_float"):
+        return f"must be a whole number, got {error['input']!r}"
+    if kind in ("model_type", "dict_type", "model_attributes_type"):
+        return f"must be a mapping (key: value), got {type(error['input']).__name__}"
+    if kind in ("list_type", "tuple_type"):
+        return f"must be a list, got {type(error['input']).__name__}"
+    message = error["msg"]
+    for prefix in ("Value error, ", "Assertion failed, "):
+        message = message.removeprefix(prefix)
+    return message[:1].lower() + message[1:]
+
+
+def validate(
+    model: type[M],
+    data: Any,
+    lines: dict[Loc, int],
+    source: str,
+    *,
+    error: Callable[[list[Problem]], DocumentError] = DocumentError,
+) -> M:
+    """Validate plain data against ``model``; every problem becomes a located :class:`Problem`."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = [
+            Problem(source, line_of(lines, tuple(e["loc"])), format_path(e["loc"]), describe(e, model))
+            for e in exc.errors(include_url=False)
+        ]
+        problems.sort(key=lambda p: (p.line or 0, p.path))
+        raise error(problems) from exc

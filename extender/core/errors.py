@@ -1,0 +1,68 @@
+"""The project's own exception hierarchy.
+
+Every error we raise on purpose derives from :class:`ExtenderError`, so callers (the CLI, the HTTP
+layer, the agent loop) can tell our failures from bugs. Third-party exceptions (redis, kubernetes,
+yaml) are mapped to these at the module that talks to the library, with the original chained as
+``__cause__``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class ExtenderError(Exception):
+    """Base of every error raised on purpose by extender."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a document: where it is and what is wrong.
+
+    ``path`` is the dotted path as a person reads it (``profiles[1].weights.bytes``); ``line`` is
+    1-based, or ``None`` when the problem has no single place in the file (an empty file).
+    """
+
+    source: str
+    line: int | None
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        where = self.source if self.line is None else f"{self.source}:{self.line}"
+        return f"{where}: {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+
+class DocumentError(ExtenderError):
+    """A hand-written document (policy, inventory, scenario) is invalid; carries every problem."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        super().__init__("\n".join(str(p) for p in problems))
+
+
+class PolicyError(DocumentError):
+    """A policy file is invalid."""
+
+
+class UnitError(ExtenderError, ValueError):
+    """A human-unit quantity (``64GiB``, ``40Gbps``, ``53s``) could not be parsed."""
+
+
+class UnknownNameError(ExtenderError, KeyError):
+    """A name (workload, node class, forecaster, signal source) is not known."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class StateError(ExtenderError):
+    """The inventory store failed or holds something unreadable."""
+
+
+class StoreUnavailableError(StateError):
+    """The inventory store (Redis) cannot be reached."""
+
+
+class KubeError(ExtenderError):
+    """A call to the Kubernetes API failed."""

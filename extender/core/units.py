@@ -1,0 +1,232 @@
+"""Human units: one exact parser for sizes, bandwidths and durations, and its inverse.
+
+People type numbers into policy files the way they say them: ``64GiB``, ``3.9GB``, ``40Gbps``,
+``7GB/s``, ``53s``, ``5m``. Internally everything is SI base units: bytes (int), bytes per second
+(float), seconds (float).
+
+Rules (each exists because the other reading is a real, costly mistake):
+
+* Sizes are bytes. Decimal prefixes are powers of 1000 (``kB``/``KB``, ``MB``, ``GB``, ``TB``,
+  ``PB``); binary prefixes are powers of 1024 (``KiB`` .. ``PiB``, or the Kubernetes quantity
+  spellings ``Ki`` .. ``Pi``). A bare prefix (``64G``) is rejected: it is 8% away from ``64Gi``,
+  which is the size of a shard file. A plain number is bytes.
+* Bandwidth is either bits per second (``Gbps``, ``Gbit/s``: network links are sold in bits) or
+  bytes per second (``GB/s``, ``GiB/s``: disks and loaders report bytes). ``GBps`` and a plain
+  number are rejected: one capital letter would change the value eightfold.
+* Durations: ``ms``, ``s``, ``m``/``min``, ``h``, ``d``, and compounds such as ``1h30m``. A plain
+  number is seconds. ``M`` (minutes or months?) is rejected.
+* Arithmetic is exact (:class:`decimal.Decimal`): ``3.9GB`` is 3,900,000,000 bytes, not a float
+  that rounds. A size that is not a whole number of bytes is an error.
+* Negative quantities are rejected everywhere; zero is allowed (schemas add ``> 0`` where needed).
+
+``format_bytes``/``format_bandwidth``/``format_duration`` render a value back to the shortest
+spelling that parses to exactly the same value, so ``extender policy show`` output reads like a
+hand-written file and round-trips.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator, PlainSerializer
+
+from extender.core.errors import UnitError
+
+_DECIMAL = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+
+#: size suffix -> bytes
+SIZE_UNITS: dict[str, int] = {"B": 1}
+SIZE_UNITS.update({f"{p}B": f for p, f in _DECIMAL.items()})
+SIZE_UNITS.update({f"{p}B": f for p, f in _BINARY.items()})
+SIZE_UNITS.update(_BINARY)  # Kubernetes quantity spelling: 64Gi
+
+#: bandwidth suffix -> bytes per second (as an exact Decimal)
+BANDWIDTH_UNITS: dict[str, Decimal] = {"B/s": Decimal(1), "bps": Decimal(1) / 8, "bit/s": Decimal(1) / 8}
+for _p, _f in {**_DECIMAL, **_BINARY}.items():
+    BANDWIDTH_UNITS[f"{_p}B/s"] = Decimal(_f)
+    BANDWIDTH_UNITS[f"{_p}bps"] = Decimal(_f) / 8
+    BANDWIDTH_UNITS[f"{_p}bit/s"] = Decimal(_f) / 8
+
+#: duration suffix -> seconds
+DURATION_UNITS: dict[str, Decimal] = {
+    "ms": Decimal("0.001"),
+    "s": Decimal(1),
+    "m": Decimal(60),
+    "min": Decimal(60),
+    "h": Decimal(3600),
+    "d": Decimal(86400),
+}
+
+_QUANTITY = re.compile(r"^\s*(?P<num>[0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)\s*(?P<unit>[A-Za-z/]*)\s*$")
+_DURATION_PART = re.compile(r"(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>ms|min|[smhd])")
+
+
+def _split(text: str, what: str) -> tuple[Decimal, str]:
+    stripped = text.strip()
+    if stripped.startswith("-"):
+        raise UnitError(f"{what} cannot be negative: {text!r}")
+    m = _QUANTITY.match(stripped)
+    if not m:
+        raise UnitError(f"not a {what}: {text!r}")
+    try:
+        number = Decimal(m["num"].replace("_", ""))
+    except InvalidOperation as exc:  # pragma: no cover - the regex admits only valid decimals
+        raise UnitError(f"not a number: {text!r}") from exc
+    return number, m["unit"]
+
+
+def _reject_plain_number(value: Any, what: str) -> None:
+    if isinstance(value, bool):
+        raise UnitError(f"expected a {what}, got a boolean ({value!r})")
+
+
+def parse_bytes(value: Any) -> int:
+    """Parse a size to a whole number of bytes: ``64GiB`` -> 68719476736, ``3.9GB`` -> 3900000000."""
+    _reject_plain_number(value, "size")
+    if isinstance(value, int):
+        if value < 0:
+            raise UnitError(f"size cannot be negative: {value}")
+        return value
+    if isinstance(value, float):
+        if value < 0 or not value.is_integer():
+            raise UnitError(f"a size in bytes must be a whole, non-negative number: {value!r}")
+        return int(value)
+    if not isinstance(value, str):
+        raise UnitError(f"expected a size such as '64GiB' or '3.9GB', got {type(value).__name__}")
+    number, unit = _split(value, "size")
+    if unit == "":
+        factor = 1
+    elif unit in SIZE_UNITS:
+        factor = SIZE_UNITS[unit]
+    elif unit in _DECIMAL:
+        raise UnitError(
+            f"ambiguous size {value!r}: write {number}{unit.upper()}B (powers of 1000) "
+            f"or {number}{unit.upper()}iB (powers of 1024)"
+        )
+    elif unit.endswith("b") or unit.endswith("bps") or "/s" in unit:
+        raise UnitError(f"{value!r} is not a size: sizes are in bytes (B, GB, GiB), not bits or rates")
+    else:
+        raise UnitError(f"unknown size unit {unit!r} in {value!r} (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+    exact = number * factor
+    if exact != exact.to_integral_value():
+        raise UnitError(f"{value!r} is not a whole number of bytes ({exact})")
+    return int(exact)
+
+
+def parse_bandwidth(value: Any) -> float:
+    """Parse a rate to bytes per second: ``40Gbps`` -> 5e9, ``7GB/s`` -> 7e9, ``1GiB/s`` -> 2**30."""
+    _reject_plain_number(value, "bandwidth")
+    if isinstance(value, int | float):
+        raise UnitError(
+            f"bandwidth {value!r} needs a unit: bits per second (e.g. '{value}Gbps') "
+            f"or bytes per second (e.g. '{value}GB/s')"
+        )
+    if not isinstance(value, str):
+        raise UnitError(f"expected a bandwidth such as '40Gbps' or '7GB/s', got {type(value).__name__}")
+    number, unit = _split(value, "bandwidth")
+    if unit in BANDWIDTH_UNITS:
+        return float(number * BANDWIDTH_UNITS[unit])
+    if unit.endswith("Bps"):
+        raise UnitError(
+            f"ambiguous bandwidth {value!r}: write {number}{unit[:-3]}B/s for bytes "
+            f"or {number}{unit[:-3]}bps for bits per second"
+        )
+    if unit == "":
+        raise UnitError(f"bandwidth {value!r} needs a unit such as Gbps (bits/s) or GB/s (bytes/s)")
+    if unit.lower() in {u.lower() for u in BANDWIDTH_UNITS}:
+        raise UnitError(f"bandwidth unit {unit!r} in {value!r} has the wrong letter case (bits: Gbps, bytes: GB/s)")
+    raise UnitError(f"unknown bandwidth unit {unit!r} in {value!r} (use Mbps, Gbps, MB/s, GB/s, GiB/s)")
+
+
+def parse_duration(value: Any) -> float:
+    """Parse a duration to seconds: ``53s`` -> 53.0, ``5m`` -> 300.0, ``1h30m`` -> 5400.0, ``250ms``."""
+    _reject_plain_number(value, "duration")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise UnitError(f"duration cannot be negative: {value}")
+        return float(value)
+    if not isinstance(value, str):
+        raise UnitError(f"expected a duration such as '53s' or '5m', got {type(value).__name__}")
+    text = value.strip()
+    if text.startswith("-"):
+        raise UnitError(f"duration cannot be negative: {value!r}")
+    if re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", text):
+        return float(Decimal(text))
+    if "M" in text:
+        raise UnitError(f"ambiguous duration {value!r}: 'M' could be minutes or months; write 'm' for minutes")
+    pos, total, seen = 0, Decimal(0), False
+    for m in _DURATION_PART.finditer(text):
+        if m.start() != pos and text[pos : m.start()].strip():
+            break
+        total += Decimal(m["num"]) * DURATION_UNITS[m["unit"]]
+        pos, seen = m.end(), True
+    if not seen or text[pos:].strip():
+        raise UnitError(f"not a duration: {value!r} (use ms, s, m, h, d, e.g. '53s', '5m', '1h30m')")
+    return float(total)
+
+
+def _shortest(value: Decimal, candidates: dict[str, Decimal], parse: Any, original: float | int) -> str:
+    best: str | None = None
+    for unit, factor in candidates.items():
+        scaled = value / factor
+        for digits in range(1, 18):
+            text = f"{scaled:.{digits}g}"
+            if "e" in text:
+                continue
+            spelled = f"{text}{unit}"
+            try:
+                exact = parse(spelled) == original
+            except UnitError:
+                exact = False
+            if exact:
+                if best is None or len(spelled) < len(best):
+                    best = spelled
+                break
+    return best if best is not None else f"{original}"
+
+
+def format_bytes(n: int) -> str:
+    """Render bytes as the shortest exact spelling: 68719476736 -> ``64GiB``, 3900000000 -> ``3.9GB``."""
+    if n == 0:
+        return "0B"
+    units = {u: Decimal(f) for u, f in SIZE_UNITS.items() if u.endswith("B")}
+    return _shortest(Decimal(n), units, parse_bytes, n)
+
+
+def format_bandwidth(bps: float) -> str:
+    """Render bytes/s as the shortest exact spelling: 5e9 -> ``40Gbps``, 7e9 -> ``7GB/s``."""
+    if bps == 0:
+        return "0B/s"
+    units = {u: f for u, f in BANDWIDTH_UNITS.items() if "bit/s" not in u}
+    return _shortest(Decimal(repr(bps)), units, parse_bandwidth, bps)
+
+
+def format_duration(seconds: float) -> str:
+    """Render seconds as the shortest exact spelling: 300.0 -> ``5m``, 53.0 -> ``53s``."""
+    if seconds == 0:
+        return "0s"
+    units = {u: f for u, f in DURATION_UNITS.items() if u != "min"}
+    return _shortest(Decimal(repr(seconds)), units, parse_duration, seconds)
+
+
+def _validator(parse: Any) -> BeforeValidator:
+    def run(value: Any) -> Any:
+        # pydantic reports a ValueError at the field's location; UnitError is one.
+        return parse(value)
+
+    return BeforeValidator(run)
+
+
+#: A size typed by a person; validated to whole bytes, serialised back to ``64GiB``-style text.
+Bytes = Annotated[int, _validator(parse_bytes), PlainSerializer(format_bytes, return_type=str, when_used="json")]
+#: A rate typed by a person; validated to bytes/s, serialised back to ``40Gbps``-style text.
+Bandwidth = Annotated[
+    float, _validator(parse_bandwidth), PlainSerializer(format_bandwidth, return_type=str, when_used="json")
+]
+#: A duration typed by a person; validated to seconds, serialised back to ``5m``-style text.
+Duration = Annotated[
+    float, _validator(parse_duration), PlainSerializer(format_duration, return_type=str, when_used="json")
+]

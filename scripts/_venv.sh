@@ -1,0 +1,22 @@
+# Sourced by scripts/demo and scripts/test: make .venv exist and match pyproject.toml.
+# Re-installs only when pyproject.toml changed (a stamp holds its hash), so repeat runs are fast.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+venv="${EXTENDER_VENV:-$root/.venv}"
+python="${PYTHON:-python3}"
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; then
+  echo "extender needs Python 3.11 or newer; '$python' is $("$python" --version 2>&1)" >&2
+  exit 2
+fi
+if [ ! -x "$venv/bin/python" ]; then
+  "$python" -m venv "$venv"
+fi
+stamp="$venv/.extender-stamp"
+want=$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  "$venv/bin/python" -m pip install --quiet --upgrade pip
+  "$venv/bin/python" -m pip install --quiet -e "$root[dev]"
+  echo "$want" > "$stamp"
+fi
+export PATH="$venv/bin:$PATH"
+cd "$root"
