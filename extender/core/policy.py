@@ -374,7 +374,8 @@ def cross_check(policy: Policy) -> list[tuple[Loc, str]]:
     for i, p in enumerate(policy.profiles):
         for j, name in enumerate(p.node_classes):
             if name not in known:
-                out.append((("profiles", i, "nodeClasses", j), f"no node class {name!r} (known: {', '.join(class_names)})"))
+                known_list = ", ".join(class_names)
+                out.append((("profiles", i, "nodeClasses", j), f"no node class {name!r} (known: {known_list})"))
         for name in p.overrides:
             if name not in known:
                 out.append((("profiles", i, "overrides", name), f"no node class {name!r}"))

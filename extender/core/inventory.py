@@ -1,0 +1,220 @@
+"""What each node holds, as stored in the inventory, and the columnar view the hot path reads.
+
+:class:`NodeState` is one node's record (written by the agent, by cluster sync or by
+``extender inventory load``). :class:`InventorySnapshot` turns a list of them into numpy columns
+once, so that a scheduling request is index lookups and vector arithmetic, never a Python loop
+over node records.
+
+Freshness: every record carries the time of its last report (``heartbeat``, unix seconds) and a
+``ttl``. A record older than its TTL is *unknown*, and unknown means cold: the estimator sees no
+image, no weights, no compile cache and no snapshot on that node, and the scorer never gives it a
+warm score on stale news. Node class and free resources of a stale record are still used (they
+change slowly and are better than nothing), but nothing that would make it look warm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import Field
+
+from extender.core.cachekey import compile_cache_key
+from extender.core.estimate import CacheState, ClassTable, CompileCache
+from extender.core.images import names_for, normalise_all
+from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
+from extender.core.schema import Schema
+from extender.core.units import Bytes, Duration
+
+#: Seconds an agent report stays valid when the record does not say (agents report every 15 s by
+#: default, so four missed reports in a row make a node unknown).
+DEFAULT_TTL_S = 60.0
+
+
+def weights_key(workload: str, version: str) -> str:
+    """Identity of a profile's weights on a node: ``<workload>/<version>``."""
+    return f"{workload}/{version}"
+
+
+class NodeState(Schema):
+    """One node's cache and capacity state."""
+
+    name: str = Field(min_length=1)
+    #: Node class name; empty: classify by ``labels`` against the policy.
+    node_class: str = ""
+    labels: dict[str, str] = {}
+    gpus: int = Field(default=0, ge=0)
+    gpus_free: int = Field(default=0, ge=0)
+    nvme_total: Bytes = 0
+    nvme_free: Bytes = 0
+    #: Every name of every image present (tags and digests), as in ``status.images[].names``.
+    images: tuple[str, ...] = ()
+    #: Bytes present per ``weights_key(workload, version)``; complete when equal to the profile's.
+    weights: dict[str, Bytes] = {}
+    #: Compile-cache keys present on the node (``extender.core.cachekey``).
+    compile_keys: tuple[str, ...] = ()
+    #: Workloads with a process snapshot on this node (valid for the node's class).
+    snapshots: tuple[str, ...] = ()
+    #: Bytes other pulls (starting pods, warm jobs) still have to bring onto this node.
+    pulling_bytes: Bytes = 0
+    heartbeat: float = Field(default=0.0, ge=0)
+    ttl: Annotated[Duration, Field(gt=0)] = DEFAULT_TTL_S
+
+    def fresh(self, now: float) -> bool:
+        """True while the last report is younger than the TTL."""
+        return now - self.heartbeat <= self.ttl
+
+
+class InventoryDocument(Schema):
+    """A file of node states for ``extender inventory load`` (YAML or JSON)."""
+
+    api_version: str = Field(default="extender.io/v1alpha1", pattern=r"^extender\.io/v1alpha1$")
+    kind: str = Field(default="Inventory", pattern=r"^Inventory$")
+    nodes: tuple[NodeState, ...] = ()
+    #: Compile-cache keys published to the cluster's registry (fetchable by any node).
+    compile_registry: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Positions of requested node names in a snapshot; unknown names point at the cold sentinel."""
+
+    index: NDArray[np.intp]
+    known: NDArray[np.bool_]
+
+
+@dataclass
+class InventorySnapshot:
+    """Columnar, read-only view of every node record at one store version.
+
+    Arrays have ``n + 1`` rows: row ``n`` is a sentinel for names the inventory does not know
+    (unknown class, cold, no free resources), so requests can gather without branching.
+    """
+
+    version: int
+    taken_at: float
+    nodes: tuple[NodeState, ...]
+    registry: frozenset[str]
+    classes: tuple[NodeClass, ...]
+    class_index: NDArray[np.intp]
+    heartbeat: NDArray[np.float64]
+    ttl: NDArray[np.float64]
+    gpus_free: NDArray[np.int64]
+    nvme_free: NDArray[np.float64]
+    pulling_bytes: NDArray[np.float64]
+    positions: dict[str, int]
+    _per_profile: dict[str, tuple[CacheState, ClassTable]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def build(
+        cls,
+        policy: Policy,
+        nodes: Iterable[NodeState],
+        *,
+        version: int = 0,
+        taken_at: float = 0.0,
+        registry: Iterable[str] = (),
+    ) -> InventorySnapshot:
+        """Index the records against the policy's node classes (done once per store version)."""
+        records = tuple(nodes)
+        classes = (*policy.node_classes, UNKNOWN_CLASS)
+        by_name = {c.name: i for i, c in enumerate(classes)}
+        unknown = len(classes) - 1
+
+        def class_of(s: NodeState) -> int:
+            if s.node_class:
+                return by_name.get(s.node_class, unknown)
+            return by_name[policy.classify_node(s.labels).name]
+
+        return cls(
+            version=version,
+            taken_at=taken_at,
+            nodes=records,
+            registry=frozenset(registry),
+            classes=classes,
+            class_index=np.array([*map(class_of, records), unknown], dtype=np.intp),
+            heartbeat=np.array([*(s.heartbeat for s in records), 0.0], dtype=np.float64),
+            ttl=np.array([*(s.ttl for s in records), 1.0], dtype=np.float64),
+            gpus_free=np.array([*(s.gpus_free for s in records), 0], dtype=np.int64),
+            nvme_free=np.array([*(s.nvme_free for s in records), 0], dtype=np.float64),
+            pulling_bytes=np.array([*(s.pulling_bytes for s in records), 0], dtype=np.float64),
+            positions={s.name: i for i, s in enumerate(records)},
+        )
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def lookup(self, names: Sequence[str]) -> Lookup:
+        """Rows of ``names``; names the inventory does not know map to the cold sentinel row."""
+        sentinel = len(self.nodes)
+        get = self.positions.get
+        index = np.fromiter((get(n, sentinel) for n in names), dtype=np.intp, count=len(names))
+        return Lookup(index=index, known=index != sentinel)
+
+    def fresh(self, now: float) -> NDArray[np.bool_]:
+        """Per row: is the record younger than its TTL (the sentinel never is)."""
+        ok = (now - self.heartbeat) <= self.ttl
+        ok[-1] = False
+        return ok
+
+    def cache_state(self, profile: Profile) -> tuple[CacheState, ClassTable]:
+        """Every row's cache state for ``profile`` as if every record were fresh, plus its class table.
+
+        Computed once per (snapshot, profile) and memoised; callers mask stale rows with
+        :meth:`state_for`.
+        """
+        cached = self._per_profile.get(profile.name)
+        if cached is not None:
+            return cached
+        digest = profile.compile.key.image_digest if profile.compile.key is not None else None
+        image_names = names_for(profile.image.reference, digest)
+        wkey = weights_key(profile.name, profile.weights.version)
+        ckey = _compile_key_by_class(profile, self.classes)
+        rows = self.nodes
+        image = np.array([*(not image_names.isdisjoint(normalise_all(s.images)) for s in rows), False], dtype=np.bool_)
+        weights = np.array([*(float(s.weights.get(wkey, 0)) for s in rows), 0.0], dtype=np.float64)
+        compile_state = np.zeros(len(rows) + 1, dtype=np.int8)
+        for i, s in enumerate(rows):
+            key = ckey[self.class_index[i]]
+            if key is None:
+                continue
+            if key in s.compile_keys:
+                compile_state[i] = CompileCache.LOCAL
+            elif key in self.registry:
+                compile_state[i] = CompileCache.REGISTRY
+        snapshot = np.array([*(profile.name in s.snapshots for s in rows), False], dtype=np.bool_)
+        state = CacheState(image, weights, compile_state, snapshot, self.pulling_bytes.copy())
+        result = (state, ClassTable.build(profile, self.classes))
+        self._per_profile[profile.name] = result
+        return result
+
+    def state_for(self, profile: Profile, rows: NDArray[np.intp], now: float) -> tuple[CacheState, ClassTable]:
+        """Cache state of the given rows for ``profile``, with stale and unknown rows made cold."""
+        full, table = self.cache_state(profile)
+        fresh = self.fresh(now)[rows]
+        state = CacheState(
+            image=full.image[rows] & fresh,
+            weights_bytes=np.where(fresh, full.weights_bytes[rows], 0.0),
+            compile=np.where(fresh, full.compile[rows], np.int8(CompileCache.ABSENT)).astype(np.int8),
+            snapshot=full.snapshot[rows] & fresh,
+            queued_bytes=full.queued_bytes[rows],
+        )
+        return state, table
+
+
+def _compile_key_by_class(profile: Profile, classes: Sequence[NodeClass]) -> list[str | None]:
+    """The profile's compile-cache key on each class (``None`` when the profile declares no key)."""
+    if profile.compile.key is None:
+        return [None] * len(classes)
+    return [
+        compile_cache_key(
+            profile.compile.key,
+            gpu_product=c.gpu.product,
+            tensor_parallel=profile.parallelism.tensor,
+            pipeline_parallel=profile.parallelism.pipeline,
+        )
+        for c in classes
+    ]
