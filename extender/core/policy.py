@@ -312,7 +312,7 @@ class Policy(Schema):
     api_version: Literal["extender.io/v1alpha1"]
     kind: Literal["Policy"]
     metadata: Metadata = Metadata()
-    node_classes: tuple[NodeClass, ...] = Field(min_length=1)
+    node_classes: tuple[NodeClass, ...] = ()
     profiles: tuple[Profile, ...] = ()
     scoring: Scoring = Scoring()
     scaling: Scaling = Scaling()
@@ -364,6 +364,10 @@ def _duplicates(names: list[str]) -> Iterator[int]:
 def cross_check(policy: Policy) -> list[tuple[Loc, str]]:
     """Problems that involve several fields, as ``(location, message)`` pairs."""
     out: list[tuple[Loc, str]] = []
+    if not policy.node_classes:
+        # checked here rather than with min_length: pydantic would also report it whenever a class
+        # merely has an invalid field, which is noise next to the real problem
+        out.append((("nodeClasses",), "at least one node class is required"))
     class_names = [c.name for c in policy.node_classes]
     for i in _duplicates(class_names):
         out.append((("nodeClasses", i, "name"), f"duplicate node class name {class_names[i]!r}"))

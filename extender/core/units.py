@@ -168,7 +168,7 @@ def parse_duration(value: Any) -> float:
     return float(total)
 
 
-def _shortest(value: Decimal, candidates: dict[str, Decimal], parse: Any, original: float | int) -> str:
+def _shortest(value: Decimal, candidates: dict[str, Decimal], parse: Any, original: float | int, base: str) -> str:
     best: str | None = None
     for unit, factor in candidates.items():
         scaled = value / factor
@@ -185,7 +185,8 @@ def _shortest(value: Decimal, candidates: dict[str, Decimal], parse: Any, origin
                 if best is None or len(spelled) < len(best):
                     best = spelled
                 break
-    return best if best is not None else f"{original}"
+    # no short spelling is exact: the plain value in the base unit, never in exponent notation
+    return best if best is not None else f"{value:f}{base}"
 
 
 def format_bytes(n: int) -> str:
@@ -193,7 +194,7 @@ def format_bytes(n: int) -> str:
     if n == 0:
         return "0B"
     units = {u: Decimal(f) for u, f in SIZE_UNITS.items() if u.endswith("B")}
-    return _shortest(Decimal(n), units, parse_bytes, n)
+    return _shortest(Decimal(n), units, parse_bytes, n, "B")
 
 
 def format_bandwidth(bps: float) -> str:
@@ -201,7 +202,7 @@ def format_bandwidth(bps: float) -> str:
     if bps == 0:
         return "0B/s"
     units = {u: f for u, f in BANDWIDTH_UNITS.items() if "bit/s" not in u}
-    return _shortest(Decimal(repr(bps)), units, parse_bandwidth, bps)
+    return _shortest(Decimal(repr(bps)), units, parse_bandwidth, bps, "B/s")
 
 
 def format_duration(seconds: float) -> str:
@@ -209,7 +210,7 @@ def format_duration(seconds: float) -> str:
     if seconds == 0:
         return "0s"
     units = {u: f for u, f in DURATION_UNITS.items() if u != "min"}
-    return _shortest(Decimal(repr(seconds)), units, parse_duration, seconds)
+    return _shortest(Decimal(repr(seconds)), units, parse_duration, seconds, "s")
 
 
 def _validator(parse: Any) -> BeforeValidator:

@@ -1,0 +1,1 @@
+"""Benchmarks: each script prints its figures; results are recorded in BENCHMARKS.md."""
