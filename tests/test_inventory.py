@@ -1,0 +1,150 @@
+"""The columnar inventory snapshot: lookups, staleness, and the cache state it hands the estimator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from extender.core.cachekey import compile_cache_key
+from extender.core.estimate import CompileCache
+from extender.core.images import normalise, repository
+from extender.core.inventory import InventorySnapshot, NodeState, weights_key
+from extender.core.policy import Policy
+from extender.files import load_policy
+
+ROOT = Path(__file__).resolve().parent.parent
+NOW = 1_000_000.0
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return load_policy(ROOT / "policies" / "h200-b200-snapshot.yaml")
+
+
+def node(name: str, **fields: object) -> NodeState:
+    doc: dict[str, object] = {"name": name, "heartbeat": NOW - 1, "labels": {"nvidia.com/gpu.product": "NVIDIA-H200"}}
+    doc.update(fields)
+    return NodeState.model_validate(doc)
+
+
+def test_unknown_names_map_to_the_cold_sentinel(policy: Policy) -> None:
+    snap = InventorySnapshot.build(policy, [node("a"), node("b")], taken_at=NOW)
+    found = snap.lookup(["b", "zz", "a"])
+    assert found.index.tolist() == [1, 2, 0]  # row 2 is the sentinel
+    assert found.known.tolist() == [True, False, True]
+    assert snap.classes[snap.class_index[2]].name == "unknown"
+
+
+def test_class_from_labels_or_explicit_name(policy: Policy) -> None:
+    records = [
+        node("by-label"),
+        node("explicit", nodeClass="b200"),
+        node("no-match", labels={"x": "y"}),
+        node("bad-name", nodeClass="nope"),
+    ]
+    snap = InventorySnapshot.build(policy, records)
+    names = [snap.classes[i].name for i in snap.class_index[:-1]]
+    assert names == ["h200", "b200", "unknown", "unknown"]
+
+
+IMAGE = "nvcr.io/nvidia/ai-dynamo/vllm-runtime"
+ABSENT = CompileCache.ABSENT
+STATES = [
+    # (id, record fields, expected (image, weights bytes, compile, snapshot)) for profile dynamo-worker
+    ("empty", {}, (False, 0.0, CompileCache.ABSENT, False)),
+    ("image-by-tag", {"images": [f"{IMAGE}:0.6.0"]}, (True, 0.0, ABSENT, False)),
+    ("other-tag", {"images": [f"{IMAGE}:0.5.0"]}, (False, 0.0, ABSENT, False)),
+    ("partial-weights", {"weights": {weights_key("dynamo-worker", "r1"): "10GB"}}, (False, 1e10, ABSENT, False)),
+    ("other-version", {"weights": {weights_key("dynamo-worker", "r0"): "60GB"}}, (False, 0.0, ABSENT, False)),
+    ("snapshot", {"snapshots": ["dynamo-worker"]}, (False, 0.0, CompileCache.ABSENT, True)),
+]
+
+
+@pytest.mark.parametrize(("fields", "expected"), [s[1:] for s in STATES], ids=[s[0] for s in STATES])
+def test_cache_state_per_record(policy: Policy, fields: dict[str, object], expected: tuple[object, ...]) -> None:
+    snap = InventorySnapshot.build(policy, [node("n", **fields)])
+    profile = policy.profile("dynamo-worker")
+    state, _ = snap.state_for(profile, snap.lookup(["n"]).index, NOW)
+    got = (bool(state.image[0]), float(state.weights_bytes[0]), int(state.compile[0]), bool(state.snapshot[0]))
+    assert got == expected
+
+
+def test_image_by_digest(policy: Policy) -> None:
+    profile = policy.profile("dynamo-worker")
+    assert profile.compile.key is not None
+    by_digest = f"{repository(profile.image.reference)}@{profile.compile.key.image_digest}"
+    snap = InventorySnapshot.build(policy, [node("n", images=[by_digest])])
+    state, _ = snap.state_for(profile, snap.lookup(["n"]).index, NOW)
+    assert state.image.tolist() == [True]
+
+
+def test_compile_key_is_per_gpu_product(policy: Policy) -> None:
+    profile = policy.profile("dynamo-worker")
+    assert profile.compile.key is not None
+
+    def key(product: str) -> str:
+        assert profile.compile.key is not None
+        return compile_cache_key(profile.compile.key, gpu_product=product, tensor_parallel=8, pipeline_parallel=1)
+
+    h200, b200 = key("NVIDIA-H200"), key("NVIDIA-B200")
+    records = [
+        node("h-local", compileKeys=[h200]),
+        node("h-wrong-gpu-key", compileKeys=[b200]),  # a B200 artifact is no use on an H200
+        node("h-registry"),
+    ]
+    snap = InventorySnapshot.build(policy, records, registry=[h200])
+    state, _ = snap.state_for(profile, snap.lookup(["h-local", "h-wrong-gpu-key", "h-registry"]).index, NOW)
+    assert state.compile.tolist() == [CompileCache.LOCAL, CompileCache.REGISTRY, CompileCache.REGISTRY]
+
+
+def test_stale_and_unknown_records_are_cold(policy: Policy) -> None:
+    warm = {
+        "images": ["nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.6.0"],
+        "weights": {weights_key("dynamo-worker", "r1"): "60GB"},
+        "snapshots": ["dynamo-worker"],
+        "pullingBytes": "5GB",
+    }
+    records = [node("fresh", **warm), node("stale", **{**warm, "heartbeat": NOW - 61, "ttl": "60s"})]
+    snap = InventorySnapshot.build(policy, records)
+    profile = policy.profile("dynamo-worker")
+    state, _ = snap.state_for(profile, snap.lookup(["fresh", "stale", "missing"]).index, NOW)
+    assert state.image.tolist() == [True, False, False]
+    assert state.weights_bytes.tolist() == [60e9, 0.0, 0.0]
+    assert state.snapshot.tolist() == [True, False, False]
+    # bytes in flight still count against a stale node: it is no faster for being unknown
+    assert state.queued_bytes.tolist() == [5e9, 5e9, 0.0]
+    assert snap.fresh(NOW).tolist() == [True, False, False]
+
+
+def test_per_profile_state_is_computed_once(policy: Policy) -> None:
+    snap = InventorySnapshot.build(policy, [node("a")])
+    profile = policy.profile("dynamo-worker")
+    first = snap.cache_state(profile)
+    assert snap.cache_state(profile) is first
+
+
+def test_empty_inventory(policy: Policy) -> None:
+    snap = InventorySnapshot.build(policy, [])
+    assert len(snap) == 0
+    found = snap.lookup(["a"])
+    assert found.known.tolist() == [False]
+    state, _ = snap.state_for(policy.profile("dynamo-worker"), found.index, NOW)
+    assert state.image.tolist() == [False]
+    assert np.all(snap.fresh(NOW) == np.array([False]))
+
+
+IMAGES = [
+    ("bare-name", "nginx", "docker.io/library/nginx:latest"),
+    ("hub-org", "vllm/vllm-openai:v0.11.0", "docker.io/vllm/vllm-openai:v0.11.0"),
+    ("registry-with-dot", "nvcr.io/nvidia/x:1", "nvcr.io/nvidia/x:1"),
+    ("registry-with-port", "localhost:5000/a/b", "localhost:5000/a/b:latest"),
+    ("digest", "repo@sha256:abc", "docker.io/library/repo@sha256:abc"),
+    ("already-normal", "docker.io/library/nginx:latest", "docker.io/library/nginx:latest"),
+]
+
+
+@pytest.mark.parametrize(("ref", "expected"), [i[1:] for i in IMAGES], ids=[i[0] for i in IMAGES])
+def test_image_normalisation(ref: str, expected: str) -> None:
+    assert normalise(ref) == expected
