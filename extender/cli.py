@@ -131,6 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--node-class", required=True, metavar="NAME")
     ck.add_argument("-v", "--verbose", action="store_true", help="also print the key's inputs (stderr)")
     ck.set_defaults(handler=_cachekey)
+
+    # Commands with I/O live beside the code they drive; importing them builds no client.
+    from extender.state import commands as inventory_commands
+
+    inventory_commands.register(sub)
     return parser
 
 

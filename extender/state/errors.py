@@ -1,0 +1,34 @@
+"""The one place where redis-py exceptions become ours.
+
+Callers above ``extender.state`` (CLI, HTTP layer, agent) must be able to say "the store is down,
+fail open" without importing redis, so every Redis call in this package runs inside
+:func:`redis_errors`, which maps:
+
+* connection refused / reset, timeouts, AUTH failures, a server still loading its data
+  (``redis.ConnectionError`` and ``redis.TimeoutError`` and their subclasses)
+  -> :class:`~extender.core.errors.StoreUnavailableError`;
+* anything else the server or client reports (``WRONGTYPE``, ``READONLY`` replica, a failed
+  transaction) -> :class:`~extender.core.errors.StateError`.
+
+The redis exception is always chained as ``__cause__`` so logs keep the original detail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import redis
+
+from extender.core.errors import StateError, StoreUnavailableError
+
+
+@contextmanager
+def redis_errors(action: str) -> Iterator[None]:
+    """Run a block of Redis calls, re-raising redis-py errors as ours; ``action`` starts the message."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise StoreUnavailableError(f"{action}: Redis is unavailable: {exc}") from exc
+    except redis.RedisError as exc:
+        raise StateError(f"{action}: {exc}") from exc

@@ -1,0 +1,303 @@
+"""The node inventory in Redis: one JSON record per node, a version counter bumped by every write.
+
+Keys (``<p>`` is the prefix, ``extender`` by default; see docs/inventory.md)::
+
+    <p>:node:<name>          string   JSON of one NodeState (camelCase fields, SI units)
+    <p>:nodes                set      names of every stored node
+    <p>:compile-registry     set      compile-cache keys any node can fetch
+    <p>:inventory:version    string   integer, INCR'd in the same MULTI/EXEC as every write
+
+Why one JSON string per node rather than a hash: a record is validated as a whole by the same
+pydantic model that checks ``inventory load`` files, it has nested maps and lists that a flat hash
+cannot hold, and a whole inventory comes back in one ``MGET``.
+
+Why a version counter rather than keyspace notifications: a reader learns "anything changed?" with
+one ``GET`` of one key, notifications need ``notify-keyspace-events`` configured on the server
+(often not allowed on managed Redis) and are lost while a subscriber is disconnected, whereas a
+counter read after a reconnect still tells the truth.
+
+Consistency of :meth:`InventoryStore.load_all`: every write changes records, the name set and the
+version in one MULTI/EXEC, and the read takes the version, the name set, the registry and the
+records in one MULTI/EXEC too, so it sees the store between two writes, never in the middle of one.
+The only thing the read must guess in advance is which record keys to ``MGET``; it uses the names
+it saw last time and, if the name set read inside the transaction holds a name it did not fetch (a
+node joined meanwhile), reads again with the new names. Node additions are rare, so this ends in one
+or two round trips however many agents are reporting. (A "read everything, retry while the version
+moved" loop would not: with thousands of agents reporting, the version moves during every read.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+from redis.client import Pipeline
+
+from extender.core.errors import StateError
+from extender.core.inventory import NodeState
+from extender.state.errors import redis_errors
+
+log = logging.getLogger(__name__)
+
+#: Reads of :meth:`InventoryStore.load_all` before giving up on a name set that changes every time.
+MAX_READ_ATTEMPTS = 8
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The Redis key names under one prefix.
+
+    With Redis Cluster, use a prefix with a hash tag (``{extender}``) so every key lands in one
+    slot; MULTI/EXEC cannot span slots.
+    """
+
+    prefix: str = "extender"
+
+    def node(self, name: str) -> str:
+        return f"{self.prefix}:node:{name}"
+
+    @property
+    def nodes(self) -> str:
+        return f"{self.prefix}:nodes"
+
+    @property
+    def registry(self) -> str:
+        return f"{self.prefix}:compile-registry"
+
+    @property
+    def version(self) -> str:
+        return f"{self.prefix}:inventory:version"
+
+
+def encode(state: NodeState) -> str:
+    """The stored form of a record: JSON with camelCase keys and plain numbers in SI units.
+
+    Numbers, not ``64GiB``-style strings: other writers (agents in any language) produce them
+    without a units library, and reading them back skips the unit parser. The model accepts both.
+    """
+    return json.dumps(state.model_dump(mode="python", by_alias=True), separators=(",", ":"), allow_nan=False)
+
+
+def decode(name: str, raw: str | bytes) -> NodeState:
+    """Parse a stored record; raises ``ValueError`` (pydantic's included) when it is unusable."""
+    state = NodeState.model_validate_json(raw)
+    if state.name != name:
+        raise ValueError(f"record is stored under node {name!r} but names node {state.name!r}")
+    return state
+
+
+def _text(value: str | bytes) -> str:
+    # Works with clients built with or without decode_responses=True.
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _reason(exc: ValueError) -> str:
+    if isinstance(exc, ValidationError):
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        return f"{where + ': ' if where else ''}{first['msg']}{more}"
+    return str(exc)
+
+
+class InventoryStore:
+    """Read and write node records; every write is one transaction that also bumps the version.
+
+    Reading never fails on a bad record: :meth:`load_all` skips it, logs a warning once per key
+    (again only after the key was fixed and broke anew) and lists it in :attr:`corrupt`.
+    Thread-safe: the redis client pools connections and our own bookkeeping is locked.
+    """
+
+    def __init__(self, client: redis.Redis, *, prefix: str = "extender") -> None:
+        self.client = client
+        self.keys = Keys(prefix)
+        #: Records skipped by the last :meth:`load_all`: Redis key -> why.
+        self.corrupt: Mapping[str, str] = {}
+        self._reported: set[str] = set()
+        self._names_hint: list[str] = []
+        self._lock = threading.Lock()
+
+    # ---- writes --------------------------------------------------------------------------------
+
+    def put(self, state: NodeState) -> int:
+        """Store one node's record (replacing the previous one); returns the new version."""
+        return self.put_many([state])
+
+    def put_many(self, states: Iterable[NodeState], *, registry: Iterable[str] = ()) -> int:
+        """Store several records and add ``registry`` keys in one transaction: one version step.
+
+        With nothing to write, nothing is written and the current version is returned.
+        """
+        batch = list(states)
+        records = {self.keys.node(s.name): encode(s) for s in batch}  # a repeated name: the last wins
+        names = sorted({s.name for s in batch})
+        registry_keys = list(registry)
+        if not records and not registry_keys:
+            return self.version()
+
+        def write(pipe: Pipeline) -> None:
+            if records:
+                pipe.mset(records)
+                pipe.sadd(self.keys.nodes, *names)
+            if registry_keys:
+                pipe.sadd(self.keys.registry, *registry_keys)
+
+        return self._write("writing node records", write)
+
+    def replace(self, states: Iterable[NodeState], registry: Iterable[str]) -> int:
+        """Make the inventory exactly ``states`` and ``registry``: other nodes are deleted.
+
+        Deleting needs the current names, read under WATCH: if a writer adds a node between that
+        read and our EXEC, the transaction is retried, so no node survives that should not.
+        """
+        batch = list(states)
+        records = {self.keys.node(s.name): encode(s) for s in batch}
+        names = {s.name for s in batch}
+        registry_keys = list(registry)
+
+        def swap(pipe: Pipeline) -> None:
+            current = {_text(n) for n in pipe.smembers(self.keys.nodes)}
+            pipe.multi()
+            stale = current - names
+            if stale:
+                pipe.delete(*(self.keys.node(n) for n in stale))
+            pipe.delete(self.keys.nodes, self.keys.registry)
+            if records:
+                pipe.mset(records)
+                pipe.sadd(self.keys.nodes, *names)
+            if registry_keys:
+                pipe.sadd(self.keys.registry, *registry_keys)
+            pipe.incr(self.keys.version)
+
+        with redis_errors("replacing the inventory"):
+            result = self.client.transaction(swap, self.keys.nodes)  # retried on WatchError
+        if not isinstance(result, list):  # pragma: no cover - EXEC of our commands is always a list
+            raise StateError(f"replacing the inventory: unexpected transaction result {result!r}")
+        return int(result[-1])
+
+    def delete(self, name: str) -> int:
+        """Remove a node's record; returns the new version (bumped even if the node was absent)."""
+
+        def write(pipe: Pipeline) -> None:
+            pipe.delete(self.keys.node(name))
+            pipe.srem(self.keys.nodes, name)
+
+        return self._write(f"deleting node {name!r}", write)
+
+    def set_registry(self, keys: Iterable[str]) -> int:
+        """Replace the compile registry with ``keys``; returns the new version."""
+        members = list(keys)
+
+        def write(pipe: Pipeline) -> None:
+            pipe.delete(self.keys.registry)
+            if members:
+                pipe.sadd(self.keys.registry, *members)
+
+        return self._write("replacing the compile registry", write)
+
+    def add_registry(self, key: str) -> int:
+        """Add one compile-cache key to the registry; returns the new version."""
+        return self._write("adding to the compile registry", lambda pipe: pipe.sadd(self.keys.registry, key))
+
+    def _write(self, action: str, commands: Callable[[Pipeline], Any]) -> int:
+        with redis_errors(action), self.client.pipeline(transaction=True) as pipe:
+            commands(pipe)
+            pipe.incr(self.keys.version)
+            return int(pipe.execute()[-1])
+
+    # ---- reads ---------------------------------------------------------------------------------
+
+    def version(self) -> int:
+        """The current inventory version (0 for an empty store): one GET, cheap to poll."""
+        with redis_errors("reading the inventory version"), self.client.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.version)
+            (raw,) = pipe.execute()
+        return _version(raw)
+
+    def get(self, name: str) -> NodeState | None:
+        """One node's record, or ``None`` if it is not stored.
+
+        A corrupt record raises :class:`StateError` naming the key: a caller asking for one node
+        must not mistake "unreadable" for "absent".
+        """
+        key = self.keys.node(name)
+        with redis_errors(f"reading node {name!r}"), self.client.pipeline(transaction=False) as pipe:
+            pipe.get(key)
+            (raw,) = pipe.execute()
+        if raw is None:
+            return None
+        try:
+            return decode(name, raw)
+        except ValueError as exc:
+            raise StateError(f"inventory record {key} is corrupt: {_reason(exc)}") from exc
+
+    def names(self) -> frozenset[str]:
+        """Names of every stored node."""
+        with redis_errors("reading node names"), self.client.pipeline(transaction=False) as pipe:
+            pipe.smembers(self.keys.nodes)
+            (members,) = pipe.execute()
+        return frozenset(_text(m) for m in members)
+
+    def load_all(self) -> tuple[int, list[NodeState], frozenset[str]]:
+        """``(version, records sorted by name, compile registry)``, all from one instant.
+
+        See the module docstring for why this is consistent. Corrupt records are skipped and
+        listed in :attr:`corrupt`.
+        """
+        with self._lock:
+            names = list(self._names_hint)
+        with redis_errors("reading the inventory"):
+            for _ in range(MAX_READ_ATTEMPTS):
+                with self.client.pipeline(transaction=True) as pipe:
+                    pipe.get(self.keys.version)
+                    pipe.smembers(self.keys.nodes)
+                    pipe.smembers(self.keys.registry)
+                    if names:
+                        pipe.mget([self.keys.node(n) for n in names])
+                    raw_version, raw_members, raw_registry, *fetched = pipe.execute()
+                members = {_text(m) for m in raw_members}
+                if members.issubset(names):
+                    break
+                names = sorted(members)  # a node joined since our last read: fetch it too
+            else:
+                raise StateError(
+                    f"the set of inventory nodes changed during each of {MAX_READ_ATTEMPTS} reads; try again"
+                )
+        raws = dict(zip(names, fetched[0] if fetched else [], strict=True))
+        records: list[NodeState] = []
+        corrupt: dict[str, str] = {}
+        for name in sorted(members):
+            raw = raws.get(name)
+            try:
+                if raw is None:
+                    raise ValueError("listed in the node set but the record is missing")
+                records.append(decode(name, raw))
+            except ValueError as exc:
+                corrupt[self.keys.node(name)] = _reason(exc)
+        self._note_corrupt(corrupt)
+        with self._lock:
+            self._names_hint = sorted(members)
+        return _version(raw_version), records, frozenset(_text(k) for k in raw_registry)
+
+    def _note_corrupt(self, corrupt: dict[str, str]) -> None:
+        with self._lock:
+            new = corrupt.keys() - self._reported
+            self._reported = set(corrupt)  # a key that heals and breaks again is reported again
+            self.corrupt = corrupt
+        for key in sorted(new):
+            log.warning("skipping corrupt inventory record %s: %s", key, corrupt[key])
+
+
+def _version(raw: str | bytes | None) -> int:
+    if raw is None:
+        return 0
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise StateError(f"inventory version key holds {raw!r}, not an integer") from exc

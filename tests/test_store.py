@@ -1,0 +1,437 @@
+"""The inventory store against a real Redis: encoding, versions, consistency, corruption, outages.
+
+Also the embedded server: unix socket only, data kept across stop/start and SIGKILL, one server
+per data directory shared by every client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from extender.core.errors import StateError, StoreUnavailableError
+from extender.core.inventory import NodeState
+from extender.state import InventoryStore, connect, describe, embedded
+from extender.state.connection import redact
+from extender.state.store import decode, encode
+from tests.conftest import RedisServer
+
+
+def node(name: str, **fields: Any) -> NodeState:
+    """A record built the way files and agents spell it (camelCase, human units allowed)."""
+    return NodeState.model_validate({"name": name, **fields})
+
+
+EVERY_FIELD: dict[str, Any] = {
+    "nodeClass": "p5.48xlarge",
+    "labels": {"node.kubernetes.io/instance-type": "p5.48xlarge", "topology.kubernetes.io/zone": "us-east-1a"},
+    "gpus": 8,
+    "gpusFree": 3,
+    "nvmeTotal": "30TB",
+    "nvmeFree": 1_234_567_890_123,  # not a round number: must come back to the byte
+    "images": ["docker.io/vllm/vllm-openai:v0.11.0", "docker.io/vllm/vllm-openai@sha256:" + "a" * 64],
+    "weights": {"qwen3-moe/rev-1": "64GiB", "llama-70b/rev-7": 12_345},
+    "compileKeys": ["ck-0123456789abcdef"],
+    "snapshots": ["qwen3-moe"],
+    "pullingBytes": "3.9GB",
+    "heartbeat": 1_700_000_000.125,
+    "ttl": "90s",
+}
+
+
+@pytest.fixture
+def client(redis_url: str) -> Iterator[redis.Redis]:
+    c = connect(redis_url, "unused")
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def store(client: redis.Redis) -> InventoryStore:
+    return InventoryStore(client)
+
+
+# ---- encoding and round trips ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        pytest.param(node("gpu-1", **EVERY_FIELD), id="every-field-set"),
+        pytest.param(node("bare"), id="only-a-name-all-defaults"),
+        pytest.param(node("zero", gpus=0, nvmeTotal=0, heartbeat=0, ttl=0.001), id="zeros-and-tiny-ttl"),
+        pytest.param(node("n", labels={"a.b/c": "ü", "": ""}, weights={"w/v:1": 1}), id="odd-label-and-key-text"),
+    ],
+)
+def test_a_record_comes_back_equal(store: InventoryStore, record: NodeState) -> None:
+    store.put(record)
+    assert store.get(record.name) == record
+    _, records, _ = store.load_all()
+    assert records == [record]
+
+
+def test_records_are_stored_as_camel_case_json_in_si_units(store: InventoryStore, client: redis.Redis) -> None:
+    store.put(node("gpu-1", **EVERY_FIELD))
+    stored = json.loads(client.get("extender:node:gpu-1"))  # type: ignore[arg-type]
+    assert stored["nvmeTotal"] == 30 * 10**12  # "30TB" = 30 x 1000^4 bytes, a plain number
+    assert stored["weights"]["qwen3-moe/rev-1"] == 64 * 2**30  # "64GiB"
+    assert stored["ttl"] == 90.0
+    assert stored["gpusFree"] == 3
+    # the same bytes decode to the same record
+    assert decode("gpu-1", encode(node("gpu-1", **EVERY_FIELD))) == node("gpu-1", **EVERY_FIELD)
+
+
+def test_a_client_without_decoded_responses_works_too(redis_url: str) -> None:
+    raw_client = redis.Redis.from_url(redis_url)  # replies as bytes, as a caller's own client may
+    store = InventoryStore(raw_client)
+    store.put_many([node("gpu-1", **EVERY_FIELD)], registry=["k1"])
+    assert store.get("gpu-1") == node("gpu-1", **EVERY_FIELD)
+    assert store.load_all() == (1, [node("gpu-1", **EVERY_FIELD)], frozenset({"k1"}))
+    assert store.names() == frozenset({"gpu-1"})
+    raw_client.close()
+
+
+def test_get_of_an_unknown_node_is_none(store: InventoryStore) -> None:
+    assert store.get("nope") is None
+
+
+# ---- versions: one step per write, written in the same transaction ------------------------------
+
+
+Op = Callable[[InventoryStore], int]
+VERSION_STEPS: list[tuple[str, Op, int]] = [
+    ("put bumps 0 -> 1", lambda s: s.put(node("a")), 1),
+    ("put_many of three nodes is one step", lambda s: s.put_many([node("b"), node("c"), node("d")]), 2),
+    ("put_many with registry keys is still one step", lambda s: s.put_many([node("e")], registry=["k1", "k2"]), 3),
+    ("put_many of nothing writes nothing", lambda s: s.put_many([]), 3),
+    ("put replacing a record", lambda s: s.put(node("a", gpus=4)), 4),
+    ("delete", lambda s: s.delete("b"), 5),
+    ("delete of an absent node still bumps", lambda s: s.delete("never-there"), 6),
+    ("set_registry", lambda s: s.set_registry(["k3"]), 7),
+    ("set_registry to empty", lambda s: s.set_registry([]), 8),
+    ("add_registry", lambda s: s.add_registry("k4"), 9),
+    ("replace", lambda s: s.replace([node("z")], ["k5"]), 10),
+]
+
+
+def test_every_write_returns_the_next_version(store: InventoryStore) -> None:
+    assert store.version() == 0
+    for label, op, expected in VERSION_STEPS:
+        assert op(store) == expected, label
+        assert store.version() == expected, label
+
+
+def test_writes_change_what_load_all_returns(store: InventoryStore) -> None:
+    store.put_many([node("a"), node("b")], registry=["k1"])
+    store.delete("a")
+    store.add_registry("k2")
+    version, records, registry = store.load_all()
+    assert (version, [r.name for r in records], registry) == (3, ["b"], frozenset({"k1", "k2"}))
+    store.set_registry(["k3"])
+    assert store.load_all()[2] == frozenset({"k3"})
+
+
+def test_replace_deletes_nodes_not_listed_and_replaces_the_registry(store: InventoryStore, client: redis.Redis) -> None:
+    store.put_many([node("old-1"), node("keep", gpus=1)], registry=["old-key"])
+    store.replace([node("keep", gpus=2), node("new")], ["new-key"])
+    _, records, registry = store.load_all()
+    assert [(r.name, r.gpus) for r in records] == [("keep", 2), ("new", 0)]
+    assert registry == frozenset({"new-key"})
+    assert client.exists("extender:node:old-1") == 0  # the record itself is gone, not only its name
+
+
+def test_a_write_that_fails_inside_the_transaction_is_a_state_error(store: InventoryStore, client: redis.Redis) -> None:
+    # Only someone editing Redis by hand can break the version key; our writes must then say so
+    # (as our error, naming the action) instead of leaking redis-py's ResponseError.
+    client.set("extender:inventory:version", "not-a-number")
+    with pytest.raises(StateError, match="writing node records") as raised:
+        store.put_many([node("a"), node("b")])
+    assert isinstance(raised.value.__cause__, redis.ResponseError)
+
+
+def test_prefix_separates_two_inventories(client: redis.Redis) -> None:
+    blue, green = InventoryStore(client, prefix="blue"), InventoryStore(client, prefix="{green}")
+    blue.put(node("a"))
+    assert green.load_all() == (0, [], frozenset())
+    assert client.exists("blue:node:a", "blue:nodes", "blue:inventory:version") == 3
+
+
+# ---- consistent reads -----------------------------------------------------------------------------
+
+
+def test_load_all_never_sees_half_a_batch(client: redis.Redis) -> None:
+    """A writer rewrites 30 nodes per batch with the batch number; every read sees one batch only.
+
+    Each batch is one MULTI/EXEC, so a read must return 30 records all carrying the same batch
+    number, and that number must be the one the writer got back with the version the read reports.
+    """
+    writer, reader = InventoryStore(client), InventoryStore(client)
+    names = [f"node-{i:02d}" for i in range(30)]
+    version_of_batch: dict[int, int] = {0: writer.put_many([node(n, gpusFree=0, gpus=100) for n in names])}
+    seen: list[tuple[int, set[int]]] = []
+    done = threading.Event()
+
+    def write() -> None:
+        for batch in range(1, 60):
+            version_of_batch[batch] = writer.put_many([node(n, gpusFree=batch, gpus=100) for n in names])
+        done.set()
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    while not done.is_set() or len(seen) < 5:
+        version, records, _ = reader.load_all()
+        assert len(records) == 30
+        seen.append((version, {r.gpus_free for r in records}))
+    thread.join()
+    batch_of_version = {v: b for b, v in version_of_batch.items()}
+    for version, batches in seen:
+        assert batches == {batch_of_version[version]}
+
+
+def test_load_all_sees_nodes_added_by_another_client(client: redis.Redis) -> None:
+    reader, writer = InventoryStore(client), InventoryStore(client)
+    writer.put(node("a"))
+    assert [r.name for r in reader.load_all()[1]] == ["a"]  # the reader now remembers ["a"]
+    writer.put_many([node("b"), node("c")])
+    writer.delete("a")
+    version, records, _ = reader.load_all()
+    assert (version, [r.name for r in records]) == (3, ["b", "c"])
+
+
+# ---- corrupt records ------------------------------------------------------------------------------
+
+
+def _store_raw(text: str) -> Callable[[redis.Redis], None]:
+    def corrupt(client: redis.Redis) -> None:
+        client.set("extender:node:bad", text)
+
+    return corrupt
+
+
+def _no_record(client: redis.Redis) -> None:
+    pass
+
+
+def _hash_record(client: redis.Redis) -> None:
+    client.hset("extender:node:bad", "name", "bad")  # MGET reads a non-string key as nil
+
+
+CORRUPTIONS: list[tuple[str, Callable[[redis.Redis], None], str]] = [
+    ("not-json", _store_raw("{not json"), "json"),
+    ("schema-mismatch", _store_raw('{"name": "bad", "gpus": -1}'), "gpus"),
+    ("unknown-field", _store_raw('{"name": "bad", "gpuz": 1}'), "gpuz"),
+    ("wrong-name-inside", _store_raw('{"name": "other"}'), "names node 'other'"),
+    ("json-but-not-an-object", _store_raw("[1, 2]"), "input"),
+    ("listed-but-missing", _no_record, "missing"),
+    ("hash-instead-of-string", _hash_record, "missing"),
+]
+
+
+@pytest.mark.parametrize(("corrupt", "reason"), [pytest.param(c, r, id=i) for i, c, r in CORRUPTIONS])
+def test_a_corrupt_record_is_skipped_and_reported_once(
+    store: InventoryStore,
+    client: redis.Redis,
+    corrupt: Callable[[redis.Redis], None],
+    reason: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store.put_many([node("good-1"), node("good-2")])
+    client.sadd("extender:nodes", "bad")
+    corrupt(client)
+    with caplog.at_level(logging.WARNING, logger="extender.state.store"):
+        for _ in range(3):
+            _, records, _ = store.load_all()
+            assert [r.name for r in records] == ["good-1", "good-2"]
+            assert list(store.corrupt) == ["extender:node:bad"]
+            assert reason in store.corrupt["extender:node:bad"].lower()
+    warnings = [r for r in caplog.records if "extender:node:bad" in r.getMessage()]
+    assert len(warnings) == 1  # three reads, one warning
+
+    # repaired, it is read again and no longer listed; broken anew, it is reported anew
+    client.delete("extender:node:bad")
+    store.put(node("bad"))
+    assert [r.name for r in store.load_all()[1]] == ["bad", "good-1", "good-2"]
+    assert store.corrupt == {}
+    client.set("extender:node:bad", "{")
+    with caplog.at_level(logging.WARNING, logger="extender.state.store"):
+        store.load_all()
+    assert len([r for r in caplog.records if "extender:node:bad" in r.getMessage()]) == 2
+
+
+def test_get_of_a_corrupt_record_is_a_state_error_naming_the_key(store: InventoryStore, client: redis.Redis) -> None:
+    client.set("extender:node:bad", '{"name": "bad", "gpus": "eight"}')
+    with pytest.raises(StateError, match=r"extender:node:bad is corrupt: gpus"):
+        store.get("bad")
+
+
+def test_a_garbage_version_key_is_a_state_error(store: InventoryStore, client: redis.Redis) -> None:
+    client.set("extender:inventory:version", "x")
+    with pytest.raises(StateError, match="not an integer"):
+        store.version()
+
+
+# ---- outages --------------------------------------------------------------------------------------
+
+
+OPERATIONS: list[tuple[str, Callable[[InventoryStore], object]]] = [
+    ("version", lambda s: s.version()),
+    ("get", lambda s: s.get("a")),
+    ("load_all", lambda s: s.load_all()),
+    ("put", lambda s: s.put(node("a"))),
+    ("put_many", lambda s: s.put_many([node("a")])),
+    ("replace", lambda s: s.replace([node("a")], [])),
+    ("delete", lambda s: s.delete("a")),
+    ("set_registry", lambda s: s.set_registry(["k"])),
+    ("add_registry", lambda s: s.add_registry("k")),
+]
+
+
+@pytest.mark.parametrize("operation", [pytest.param(op, id=name) for name, op in OPERATIONS])
+def test_redis_killed_mid_test_is_store_unavailable(
+    redis_server: RedisServer, store: InventoryStore, operation: Callable[[InventoryStore], object]
+) -> None:
+    store.put(node("a"))
+    redis_server.kill()
+    with pytest.raises(StoreUnavailableError) as raised:
+        operation(store)
+    assert isinstance(raised.value.__cause__, redis.ConnectionError)
+    # back up (empty: the test server keeps nothing): the same store object works again
+    redis_server.restart()
+    assert store.version() == 0
+    operation(store)
+
+
+# ---- connecting by URL ----------------------------------------------------------------------------
+
+
+def test_connect_with_credentials_in_the_url(redis_server: RedisServer, client: redis.Redis) -> None:
+    client.config_set("requirepass", "s3cret")
+    base = f"127.0.0.1:{redis_server.port}/0"
+    for url in (f"redis://:s3cret@{base}", f"redis://default:s3cret@{base}"):  # password; ACL user + password
+        authed = connect(url, "unused")
+        assert authed.ping()
+        authed.close()
+    with pytest.raises(StoreUnavailableError) as raised:
+        connect(f"redis://:wrong@{base}", "unused")
+    assert "wrong" not in str(raised.value)  # credentials never end up in messages
+
+
+@pytest.mark.parametrize(
+    ("url", "error", "message"),
+    [
+        pytest.param("http://localhost:6379", StateError, "invalid Redis URL", id="unknown-scheme"),
+        pytest.param("redis://127.0.0.1:1/0", StoreUnavailableError, "127.0.0.1:1", id="nothing-listening"),
+        pytest.param("unix:///nonexistent/redis.sock", StoreUnavailableError, "unix:///nonexistent", id="no-socket"),
+    ],
+)
+def test_connect_errors_are_ours(url: str, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message) as raised:
+        connect(url, "unused", timeout_s=1.0)
+    assert raised.value.__cause__ is not None
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        pytest.param("redis://:pw@host:6379/0", "redis://:***@host:6379/0", id="password-only"),
+        pytest.param("rediss://user:pw@host/1", "rediss://user:***@host/1", id="user-and-password"),
+        pytest.param("redis://host:6379/0", "redis://host:6379/0", id="no-credentials"),
+    ],
+)
+def test_redact_hides_passwords(url: str, shown: str) -> None:
+    assert redact(url) == shown
+
+
+# ---- the embedded server --------------------------------------------------------------------------
+
+
+def _server_pid(client: redis.Redis) -> int:
+    return int(client.info("server")["process_id"])
+
+
+def test_embedded_listens_on_a_unix_socket_only(embedded_data_dir: Path) -> None:
+    client = connect(None, embedded_data_dir)
+    paths = embedded.paths_for(embedded_data_dir)
+    assert describe(client) == f"unix://{paths.socket}"
+    assert paths.socket.is_socket()
+    assert client.config_get("port") == {"port": "0"}  # no TCP listener at all
+    assert client.config_get("appendonly") == {"appendonly": "yes"}
+    client.close()
+
+
+def test_embedded_data_survives_a_clean_restart(embedded_data_dir: Path) -> None:
+    client = connect(None, embedded_data_dir)
+    InventoryStore(client).put_many([node("gpu-1", **EVERY_FIELD)], registry=["k1"])
+    first = _server_pid(client)
+    client.close()
+    assert embedded.stop(embedded_data_dir) is True
+    assert not embedded.paths_for(embedded_data_dir).socket.exists()
+    assert embedded.stop(embedded_data_dir) is False  # nothing left to stop
+
+    client = connect(None, embedded_data_dir)
+    assert _server_pid(client) != first  # a new server, same data
+    assert InventoryStore(client).load_all() == (1, [node("gpu-1", **EVERY_FIELD)], frozenset({"k1"}))
+    client.close()
+
+
+def test_a_second_connect_reuses_the_running_server(embedded_data_dir: Path) -> None:
+    one, two = connect(None, embedded_data_dir), connect(None, embedded_data_dir)
+    assert _server_pid(one) == _server_pid(two)
+    InventoryStore(one).put(node("a"))
+    assert InventoryStore(two).get("a") == node("a")
+    one.close()
+    two.close()
+
+
+def test_processes_racing_at_start_share_one_server(embedded_data_dir: Path) -> None:
+    # Separate processes, started together on an empty data dir: the flock lets one start the
+    # server and the others find it answering.
+    script = (
+        "import sys; from extender.state import connect; "
+        "print(connect(None, sys.argv[1]).info('server')['process_id'])"
+    )
+    racers = [
+        subprocess.Popen([sys.executable, "-c", script, str(embedded_data_dir)], stdout=subprocess.PIPE, text=True)
+        for _ in range(4)
+    ]
+    pids = {int(p.communicate(timeout=60)[0]) for p in racers}
+    assert all(p.returncode == 0 for p in racers)
+    client = connect(None, embedded_data_dir)
+    assert pids == {_server_pid(client)}
+    client.close()
+
+
+def test_a_killed_server_leaves_a_stale_socket_that_the_next_connect_replaces(embedded_data_dir: Path) -> None:
+    client = connect(None, embedded_data_dir)
+    InventoryStore(client).put(node("a", gpus=8))
+    pid = _server_pid(client)
+    client.close()
+    os.kill(pid, signal.SIGKILL)
+    while embedded.pid_running(pid):
+        time.sleep(0.01)
+    socket_path = embedded.paths_for(embedded_data_dir).socket
+    assert socket_path.exists()  # SIGKILL gives redis no chance to remove it
+    assert embedded.probe(socket_path) == "down"
+
+    client = connect(None, embedded_data_dir)
+    assert _server_pid(client) != pid
+    # acknowledged writes were already handed to the kernel (AOF), so SIGKILL lost nothing
+    assert InventoryStore(client).get("a") == node("a", gpus=8)
+    client.close()
+
+
+def test_a_data_dir_too_long_for_a_socket_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(StateError, match="too long for a unix socket"):
+        connect(None, tmp_path / ("d" * 120))
