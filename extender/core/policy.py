@@ -282,12 +282,26 @@ class Scoring(Schema):
 
 
 class Scaling(Schema):
-    """The predictive scaler's loop (the scaler itself is not built yet)."""
+    """The predictive scaler: its loop, the forecaster (extender.core.forecast) and the decision
+    (extender.core.scaler)."""
 
     tick: Annotated[Duration, Field(gt=0)] = defaults.TICK_S
     hpa_sync_delay: Duration = defaults.TICK_S
     forecaster: Literal["ewma", "holt", "holt-winters"] = "holt"
     scale_down_stabilisation: Duration = 300.0
+    #: Upper quantile of forecast demand that capacity is sized for (AHPA's template: 95).
+    quantile: float = Field(default=0.95, gt=0.5, lt=1)
+    #: Smoothing of level, trend and daily season; see extender.core.forecast.ForecastParams.
+    alpha: float = Field(default=0.3, gt=0, le=1)
+    beta: float = Field(default=0.05, ge=0, le=1)
+    gamma: float = Field(default=0.2, ge=0, le=1)
+    #: Season of Holt-Winters (a day) and the forecast grid step (unset: the history's own spacing).
+    season: Annotated[Duration, Field(gt=0)] = 86_400.0
+    step: Annotated[Duration, Field(gt=0)] | None = None
+    #: Seconds within which the reactive need drains the current queue.
+    queue_drain: Annotated[Duration, Field(gt=0)] = 60.0
+    #: The HPA's tolerance (protocols.md section 4.3); the decision mirrors it to say what will happen.
+    tolerance: float = Field(default=0.1, ge=0, lt=1)
 
 
 class Warming(Schema):

@@ -1,0 +1,282 @@
+"""The scaling decision: desired replicas of one workload at one tick, and every reason for it.
+
+Pure: the loop (signal, history, forecast, estimator, leader election, publishing) gathers the
+inputs into :class:`DecisionInputs`; :func:`decide` returns a :class:`Decision` that carries those
+inputs and each intermediate number, so ``extender scale explain`` can print why.
+
+Units: demand and per-replica capacity in the same rate (requests/s or tokens/s, ``unit``); queue
+depth in the matching amount (requests or tokens); times in seconds; replicas are counts.
+
+The rules (DESIGN.md section 6; anchors.md Part B for the failures they avoid)::
+
+    current    = ready + starting                   replicas still starting are capacity in flight
+    r_reactive = (demand + queue / queue_drain_s) / capacity            serve arrivals now and
+                                                                        drain the backlog in time
+    r_forecast = forecast.upper / capacity          demand one horizon ahead, at the upper quantile
+    r          = max(r_reactive, r_forecast)        the forecast can only raise (a floor)
+    candidate  = ceil(r)
+    recommendation = current      if current > 0 and |1 - candidate / current| <= tolerance
+                   = candidate    otherwise                          (the HPA's own tolerance test)
+    stabilised = recommendation                                      if recommendation >= current
+               = min(current, max(recommendation, recommendations in (now - window, now]))
+                                                                     otherwise (HPA downscale rule)
+    desired    = clamp(stabilised, min_replicas, max_replicas)
+
+Why each rule:
+
+* **Absolute need, counted against ready + starting.** The need is a replica count computed from
+  demand, never a multiple of the current count. While replicas start, the same demand gives the
+  same need, which already equals ready + starting, so nothing more is asked: the 2->4->8->16
+  cascade of vllm-project/aibrix#2670 (pending pods emit no metrics, the ratio stays high, the
+  current count is multiplied again) cannot happen. What can grow while replicas start is the
+  queue, and with it the drain term: linearly in the backlog, because a larger backlog really does
+  need more drain capacity to clear within ``queue_drain_s``. A drain time shorter than a startup
+  cannot be met by new replicas anyway; set it to at least the cold startup to damp that growth.
+* **Forecast at the upper quantile, as a floor.** ``desired >= reactive need`` always, so a
+  forecast can raise the decision but never lower it (AIBrix ``final = max(reactive, projected)``,
+  AWS "will not scale in" on a forecast).
+* **Scale down only on observed load.** Because of the max, a recommendation below ``current``
+  needs the observed (reactive) need below ``current`` too. Without an observation this tick
+  (``demand=None``: scrape failed) the reactive need is unknown, so the decision holds ``current``
+  and only the forecast may raise it; nothing is ever removed on missing data.
+* **Stabilisation.** A scale-down takes the largest recommendation of the last
+  ``stabilisation_s`` seconds, as the HPA's downscale stabilisation does, so a dip shorter than
+  the window does not shed capacity that a cold start would take minutes to bring back. Until the
+  recommendations cover the whole window (one at or before ``now - window``; e.g. right after the
+  first start) there is no evidence the load stayed low for the window, and a scale-down is held.
+  Scale-ups are not stabilised (the HPA default).
+* **Tolerance.** The published desired-replicas metric goes through the HPA, which ignores a change
+  within its tolerance (``AverageValue`` target: ratio = desired / current, protocols.md 4.3). The
+  decision applies the same test, in the same floating point, so its result is what the HPA will
+  actually do and the stabilisation history records effective recommendations.
+
+The horizon (:func:`horizon`) is when capacity ordered now can serve::
+
+    horizon_s = startup_s + tick_s + hpa_sync_s
+
+``startup_s``: the estimator's total for the next replica on the node it would land on (warm node:
+short, cold: long); ``hpa_sync_s``: the HPA reads the published metric up to one sync period later;
+``tick_s``: the next decision is one tick later, so this one must cover demand until that one's
+replicas arrive.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from extender.core.forecast import Forecast
+
+#: ceil() of a need computed as 11.000000000000002 (1.1 / 0.1) must be 11, not 12.
+_CEIL_SLACK = 1e-9
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class Horizon(_Model):
+    """How far ahead this tick must provision, and where that number came from.
+
+    ``node`` / ``node_class``: where the next replica would land (as the extender would score it);
+    ``cache``: the cache state the estimate assumed there, in words (``"image, weights, compile
+    local"``, ``"cold"``).
+    """
+
+    seconds: float = Field(ge=0)
+    startup_s: float = Field(ge=0)
+    tick_s: float = Field(ge=0)
+    hpa_sync_s: float = Field(ge=0)
+    node: str | None = None
+    node_class: str | None = None
+    cache: str = ""
+
+
+def horizon(startup_s: float, tick_s: float, hpa_sync_s: float, *, node: str | None = None,
+            node_class: str | None = None, cache: str = "") -> Horizon:
+    """``horizon_s = startup_s + tick_s + hpa_sync_s`` (seconds; reasons in the module docstring)."""
+    return Horizon(seconds=startup_s + tick_s + hpa_sync_s, startup_s=startup_s, tick_s=tick_s,
+                   hpa_sync_s=hpa_sync_s, node=node, node_class=node_class, cache=cache)
+
+
+class Recommendation(_Model):
+    """One past recommendation (before stabilisation and clamping), at ``at_s`` seconds."""
+
+    at_s: float
+    replicas: int = Field(ge=0)
+
+
+class DecisionInputs(_Model):
+    """Everything one decision depends on (units in the module docstring).
+
+    ``demand=None``: no observation this tick. ``forecast=None``: reactive only. ``recent``: past
+    recommendations of this workload; keep at least one at or before ``now - stabilisation_s`` or
+    a scale-down is held (the window is not covered).
+    """
+
+    workload: str
+    now_s: float
+    unit: str = "requests/s"
+    demand: float | None = Field(ge=0)
+    queue: float = Field(default=0.0, ge=0)
+    capacity: float = Field(gt=0)
+    forecast: Forecast | None = None
+    horizon: Horizon
+    ready: int = Field(ge=0)
+    starting: int = Field(default=0, ge=0)
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(ge=1)
+    tolerance: float = Field(default=0.1, ge=0, lt=1)
+    stabilisation_s: float = Field(default=300.0, ge=0)
+    queue_drain_s: float = Field(default=60.0, gt=0)
+    recent: tuple[Recommendation, ...] = ()
+
+    @model_validator(mode="after")
+    def _bounds(self) -> DecisionInputs:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
+Action = Literal["scale-up", "scale-down", "hold"]
+Driver = Literal["reactive", "forecast", "unobserved"]
+
+
+class Decision(_Model):
+    """The result and every number on the way to it (formulas in the module docstring).
+
+    ``reactive_replicas`` / ``forecast_replicas`` / ``forecast_point_replicas``: fractional needs
+    (``None`` when there is no observation / no forecast). ``recommendation`` goes into the
+    stabilisation history; ``desired`` is what to publish.
+    """
+
+    inputs: DecisionInputs
+    current: int
+    reactive_replicas: float | None
+    forecast_replicas: float | None
+    forecast_point_replicas: float | None
+    need: float
+    driver: Driver
+    candidate: int
+    within_tolerance: bool
+    recommendation: int
+    window_max: int | None
+    window_covered: bool
+    stabilised: int
+    desired: int
+    action: Action
+    reasons: tuple[str, ...]
+
+    def explain(self) -> str:
+        """A few lines for ``extender scale explain``: inputs, needs, horizon provenance, result."""
+        i = self.inputs
+        h = i.horizon
+        where = ", ".join(x for x in (h.node and f"node {h.node}", h.node_class and f"class {h.node_class}",
+                                      h.cache and f"cache: {h.cache}") if x) or "no placement given"
+        observed = "no observation" if i.demand is None else f"{i.demand:g} {i.unit}, queue {i.queue:g}"
+        lines = [
+            f"{i.workload}: {self.action} {'at' if self.action == 'hold' else 'to'} {self.desired} "
+            f"(current {i.ready} ready + {i.starting} starting)",
+            f"  observed: {observed}; capacity {i.capacity:g} {i.unit} per replica",
+            f"  horizon: {h.seconds:g}s = startup {h.startup_s:g}s + tick {h.tick_s:g}s + "
+            f"hpa sync {h.hpa_sync_s:g}s ({where})",
+        ]
+        if i.forecast is not None:
+            f = i.forecast
+            fell = f" ({f.note})" if f.note else ""
+            lines.append(f"  forecast: {f.method}{fell}: point {f.point:g}, p{100 * f.level:g} {f.upper:g} "
+                         f"{i.unit} at +{f.lead_s:g}s")
+        lines += [f"  - {r}" for r in self.reasons]
+        return "\n".join(lines)
+
+
+def _ceil(x: float) -> int:
+    return max(0, math.ceil(x - _CEIL_SLACK * max(1.0, abs(x))))
+
+
+def decide(inputs: DecisionInputs) -> Decision:
+    """Desired replicas for one workload at ``inputs.now_s`` (rules in the module docstring)."""
+    i = inputs
+    reasons: list[str] = []
+    current = i.ready + i.starting
+
+    reactive = None if i.demand is None else (i.demand + i.queue / i.queue_drain_s) / i.capacity
+    fc = None if i.forecast is None else i.forecast.upper / i.capacity
+    fc_point = None if i.forecast is None else i.forecast.point / i.capacity
+
+    if reactive is not None:
+        reasons.append(f"reactive need {reactive:.3g} = ({i.demand:g} + queue {i.queue:g} / "
+                       f"{i.queue_drain_s:g}s) / {i.capacity:g}")
+    if fc is not None and i.forecast is not None:
+        reasons.append(f"forecast need {fc:.3g} = p{100 * i.forecast.level:g} {i.forecast.upper:g} / "
+                       f"{i.capacity:g} at +{i.forecast.lead_s:g}s")
+        if abs(i.forecast.horizon_s - i.horizon.seconds) > 1e-6:
+            reasons.append(f"note: forecast horizon {i.forecast.horizon_s:g}s differs from the decision "
+                           f"horizon {i.horizon.seconds:g}s")
+
+    driver: Driver
+    if reactive is None:
+        # Nothing observed: never shed capacity on missing data, but a forecast may still raise.
+        need = max(float(current), fc or 0.0)
+        driver = "forecast" if fc is not None and fc > current else "unobserved"
+        reasons.append(f"no observation this tick: holding {current} unless the forecast needs more")
+    else:
+        need = max(reactive, fc or 0.0)
+        driver = "forecast" if fc is not None and fc > reactive else "reactive"
+
+    candidate = _ceil(need)
+    # The HPA's test on our metric (AverageValue 1: ratio = candidate / current), same float maths.
+    within = current > 0 and abs(1.0 - candidate / current) <= i.tolerance
+    recommendation = current if within else candidate
+    if within and candidate != current:
+        reasons.append(f"{candidate} is within the {i.tolerance:g} tolerance of {current}: the HPA would "
+                       "not act, so holding")
+
+    cutoff = i.now_s - i.stabilisation_s
+    window = [r.replicas for r in i.recent if cutoff < r.at_s <= i.now_s]
+    window_max = max(window) if window else None
+    covered = i.stabilisation_s == 0 or any(r.at_s <= cutoff for r in i.recent)
+    if recommendation >= current:
+        stabilised = recommendation
+    elif not covered:
+        stabilised = current
+        reasons.append(f"scale-down to {recommendation} held: recommendations do not yet cover the "
+                       f"{i.stabilisation_s:g}s stabilisation window")
+    else:
+        stabilised = min(current, max(recommendation, window_max if window_max is not None else 0))
+        if stabilised > recommendation:
+            reasons.append(f"scale-down limited to {stabilised}: the largest recommendation of the last "
+                           f"{i.stabilisation_s:g}s")
+
+    desired = min(max(stabilised, i.min_replicas), i.max_replicas)
+    if desired != stabilised:
+        bound = "min" if desired > stabilised else "max"
+        reasons.append(f"clamped to {bound}Replicas {desired}")
+    action: Action = "scale-up" if desired > current else "scale-down" if desired < current else "hold"
+    if action == "scale-up":
+        reasons.append(f"scale-up driven by the {driver} need")
+    elif action == "scale-down":
+        reasons.append("scale-down on observed load")
+    return Decision(
+        inputs=i, current=current, reactive_replicas=reactive, forecast_replicas=fc,
+        forecast_point_replicas=fc_point, need=need, driver=driver, candidate=candidate,
+        within_tolerance=within, recommendation=recommendation, window_max=window_max,
+        window_covered=covered, stabilised=stabilised, desired=desired, action=action,
+        reasons=tuple(reasons),
+    )
+
+
+def prune(recent: Sequence[Recommendation], now_s: float, stabilisation_s: float) -> tuple[Recommendation, ...]:
+    """The recommendations still needed: those in the window plus the newest one at or before its start.
+
+    Keeping that one older recommendation is what tells :func:`decide` the window is covered.
+    """
+    cutoff = now_s - stabilisation_s
+    older = [r for r in recent if r.at_s <= cutoff]
+    keep = [r for r in recent if r.at_s > cutoff]
+    if older:
+        keep.insert(0, max(older, key=lambda r: r.at_s))
+    return tuple(keep)
