@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -37,6 +37,19 @@ DEFAULT_TTL_S = 60.0
 def weights_key(workload: str, version: str) -> str:
     """Identity of a profile's weights on a node: ``<workload>/<version>``."""
     return f"{workload}/{version}"
+
+
+#: The kinds of cache a node holds for a workload (and the kinds of warm action).
+CacheKind = Literal["image", "weights", "compile", "snapshot"]
+
+
+def cache_id(kind: CacheKind, name: str) -> str:
+    """Identity of one cache entry on a node, as ``NodeState.last_used``, ``in_use`` and ``cache_bytes`` key it.
+
+    ``image:<reference>``, ``weights:<workload>/<version>`` (:func:`weights_key`), ``compile:<key>``
+    (``extender.core.cachekey``), ``snapshot:<workload>``.
+    """
+    return f"{kind}:{name}"
 
 
 class NodeState(Schema):
@@ -62,6 +75,20 @@ class NodeState(Schema):
     pulling_bytes: Bytes = 0
     heartbeat: float = Field(default=0.0, ge=0)
     ttl: Annotated[Duration, Field(gt=0)] = DEFAULT_TTL_S
+    # Usage, for the cache warmer's evictions (extender.core.warming). Keys are cache ids
+    # (:func:`cache_id`). A record without them is still valid; its caches are then never evicted,
+    # because nothing says whether a pod needs them.
+    #: Unix seconds each cache entry was last used by a pod (or staged, if no pod used it yet).
+    #: Only entries listed here are eviction candidates.
+    last_used: dict[str, Annotated[float, Field(ge=0)]] = {}
+    #: Cache ids that running or starting pods on this node use (node agent); never evicted.
+    in_use: tuple[str, ...] = ()
+    #: Workloads with a running or starting pod on this node (cluster sync). Their current compile
+    #: cache and snapshot, and their weights of every version, count as in use.
+    pod_workloads: tuple[str, ...] = ()
+    #: Bytes of compile-cache and snapshot entries by cache id (weights bytes are in ``weights``);
+    #: where missing, the size the policy declares for the matching profile is used.
+    cache_bytes: dict[str, Bytes] = {}
 
     def fresh(self, now: float) -> bool:
         """True while the last report is younger than the TTL."""

@@ -305,12 +305,25 @@ class Scaling(Schema):
 
 
 class Warming(Schema):
-    """The cache warmer (not built yet): off unless enabled."""
+    """The cache warmer: what it may start each tick (planner: extender.core.warming). Off unless enabled.
+
+    ``enabled`` gates the executor; the planner plans regardless, so a dry run shows what enabling
+    would do.
+    """
 
     enabled: bool = False
+    #: Workloads staged on every fresh node of a class they may run on, when free NVMe allows (no
+    #: evictions for this), and whose current caches are never evicted by the warmer.
     keep_warm: tuple[str, ...] = ()
+    #: Warm actions running at once on one node and in the cluster, counting those in flight.
     max_concurrent_per_node: int = Field(default=1, ge=1)
     max_concurrent: int = Field(default=4, ge=1)
+    #: Bytes the actions planned in one tick may move in total (object store and registry egress);
+    #: unset: no limit.
+    bytes_per_tick: PositiveBytes | None = None
+    #: A cache used more recently than this is not evicted: it is likely wanted again soon, and
+    #: evicting it to warm something else only moves the cold start elsewhere.
+    evict_after_idle: Duration = 600.0
 
 
 class Metadata(Schema):

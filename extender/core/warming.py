@@ -1,0 +1,708 @@
+"""The cache-warming planner: which caches to stage on which nodes this tick, before the replicas exist.
+
+Pure: the inputs are the scaler's expectations, the inventory snapshot, the policy and the actions
+already in flight; the output is a :class:`Plan`. The executor (Kubernetes Jobs) and the CLI act
+on it; the simulator applies it with :func:`apply`.
+
+Objective. An expectation says "workload *w* needs *k* more replicas within *H* seconds". The
+extender will place them on the nodes with the lowest estimated startup among those where their
+GPUs fit, so the planner minimises, in seconds,
+
+    F_w      = sum of the K_w smallest slot values                  (the K_w replicas' startups)
+    slots    : node i offers m_i = min(floor(gpus_free_i / gpus_per_replica), k) slots, each worth
+               T_i(w), the estimator's total for w on i in the state after the plan
+    K_w      = min(k, sum_i m_i)                                     (replicas that can land now)
+    minimise   sum over expectations of F_w
+
+subject to, for the actions planned this tick (in-flight actions count against every cap):
+
+    running_n + planned_n            <= maxConcurrentPerNode          per node
+    running   + planned              <= maxConcurrent                 cluster
+    sum of planned bytes             <= bytesPerTick                  (when set)
+    queue_n / nic_n + bytes / bw     <= H                             the action finishes in time
+    planned_nvme_n - evicted_n       <= nvme_free_n - reserve_c - in_flight_nvme_n
+
+Action durations use the estimator's bandwidths (bytes / bytes per second): image
+``image_bytes / image_pull_bps``; weights ``missing_bytes / min(nic, streams x stream_bps)``;
+compile ``artifact_bytes / min(nic, stream_bps)`` (one stream, as the estimator fetches it);
+snapshot ``snapshot_bytes / min(nic, streams x stream_bps)`` (assumed to be published like the
+weights, in several files). ``queue_n`` is the bytes already pulling onto the node plus those of
+actions planned before on it: actions on one node share its NIC, counted as a queue, as the
+estimator counts other pulls.
+
+Images are not counted against NVMe (they live in the runtime's store, which the class reserve is
+there for). Weights, compile artifacts and snapshots are. A node with too little room gets
+evictions, least recently used first (``NodeState.last_used``), among entries that:
+
+* carry a last-use time (a record without usage data is never evicted from: unknown is kept);
+* are not in ``in_use``, not a cache of a workload in ``pod_workloads`` (any weights version), not
+  being staged or evicted by an in-flight action;
+* are not a current cache of an expected or keep-warm workload (so an eviction can never raise the
+  startup of a replica the plan is for, and demand does not undo keep-warm);
+* were last used at least ``evictAfterIdle`` ago, and have a known size.
+
+When even those do not make room, the action is not planned.
+
+Keep-warm. After the expectations, remaining capacity stages the ``keepWarm`` workloads on every
+fresh node of a class they may run on, whether or not it has free GPUs (a node that just joined is
+the typical case), without evictions and without a deadline. Their value is one replica's startup
+saved on that node.
+
+Method: greedy by marginal gain, re-evaluated after every pick. Each step estimates, per tracked
+workload and kind, every node's total with that one cache added (vectorised), turns it into the
+decrease of ``F_w`` (:func:`best_k_sums_after`, exact, O(n log n) for all nodes at once), and
+takes the candidate with the largest decrease that passes the constraints; candidates that fail
+one are dropped for the tick, which is sound because every constraint only tightens as the plan
+grows. Ties go to the node whose name sorts first, then workload, then kind (image, weights,
+compile, snapshot), so the same input gives the same plan.
+
+Why greedy and not optimal: the exact problem is a knapsack with several constraints (per-node and
+cluster slots, bytes, NVMe per node) coupled through the best-K sum; it needs an integer program.
+But the caps keep a tick's plan to a handful of actions (default 1 per node, 4 in the cluster),
+and the plan is redone every tick from the fresh inventory, so what matters is that each tick
+starts the most valuable actions first, which greedy does. Every pick strictly lowers ``F_w``
+(the estimator is monotone: more cache never slows a start) and evictions never touch a tracked
+workload's caches, so a plan never makes the expected startup of any expectation worse. Known
+gaps of single-action greedy: the last download on a node also removes its queue wait (the pair
+is worth more than its parts) and a snapshot makes weights and compile worthless (a pick can
+later turn out unneeded); both are small next to the caps and corrected by the next tick.
+
+Replicas beyond the free GPU slots are not warmed for: where they will land is unknown (a node
+that frees GPUs, a node that joins, which keep-warm covers). Expectations of different workloads
+do not reserve GPUs from each other. Stale and unknown nodes are never planned on: their state is
+not known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field
+
+from extender.core.cachekey import compile_cache_key
+from extender.core.estimate import CacheState, ClassTable, CompileCache, estimate
+from extender.core.inventory import CacheKind, InventorySnapshot, NodeState, cache_id, weights_key
+from extender.core.policy import NodeClass, Policy, Profile
+from extender.core.scaler import Decision
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+Kind = CacheKind
+#: Kinds of warm action, in tie-break order.
+KINDS: tuple[Kind, ...] = ("image", "weights", "compile", "snapshot")
+Purpose = Literal["demand", "keep-warm"]
+SkipReason = Literal["node-concurrency", "byte-budget", "deadline", "nvme"]
+
+#: Gains below this many seconds are float noise, not a reason to start a Job.
+_MIN_GAIN_S = 1e-6
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+class Expectation(_Model):
+    """The scaler's expectation: ``replicas`` more replicas of ``workload`` within ``within_s`` seconds."""
+
+    workload: str = Field(min_length=1)
+    replicas: int = Field(ge=0)
+    within_s: float = Field(ge=0)
+
+    @classmethod
+    def from_decision(cls, decision: Decision) -> Expectation:
+        """``replicas = max(desired - (ready + starting), 0)``, ``within_s`` = the decision's horizon."""
+        return cls(workload=decision.inputs.workload, replicas=max(decision.desired - decision.current, 0),
+                   within_s=decision.inputs.horizon.seconds)
+
+
+class Eviction(_Model):
+    """One cache entry to delete from a node before an action stages its own."""
+
+    node: str
+    cache: str
+    bytes: int = Field(ge=0)
+    last_used: float
+
+
+class Action(_Model):
+    """One warm step on one node.
+
+    ``cache``: the entry it creates (:func:`extender.core.inventory.cache_id`); ``bytes``: what it
+    moves; ``nvme_bytes``: what it adds to NVMe (0 for images); ``duration_s``: expected seconds
+    from start to done, queue on the node included; ``deadline``: unix seconds by which it is
+    useful (``None`` for keep-warm); ``saved_s``: the decrease of the expectation's summed replica
+    startup seconds when it was picked (keep-warm: one replica's startup on this node).
+    """
+
+    node: str
+    workload: str
+    kind: Kind
+    cache: str
+    bytes: int = Field(ge=0)
+    nvme_bytes: int = Field(ge=0)
+    duration_s: float = Field(ge=0)
+    deadline: float | None
+    saved_s: float = Field(ge=0)
+    purpose: Purpose
+    evictions: tuple[Eviction, ...] = ()
+
+
+class Skip(_Model):
+    """A candidate with a positive gain that a constraint ruled out this tick."""
+
+    node: str
+    workload: str
+    kind: Kind
+    purpose: Purpose
+    reason: SkipReason
+    saved_s: float = Field(ge=0)
+
+
+class Outlook(_Model):
+    """One expectation before and after the plan: mean startup of the replicas that can land now.
+
+    ``placeable``: of the ``replicas`` expected, how many fit in free GPUs now (``before_s`` and
+    ``after_s`` are ``None`` when none do); ``nodes``: where they would land after the plan, one
+    entry per replica.
+    """
+
+    workload: str
+    replicas: int
+    within_s: float
+    placeable: int
+    before_s: float | None
+    after_s: float | None
+    nodes: tuple[str, ...]
+
+
+class Plan(_Model):
+    """The actions to start now, in the order they were chosen (most valuable first)."""
+
+    now: float
+    actions: tuple[Action, ...] = ()
+    outlooks: tuple[Outlook, ...] = ()
+    skipped: tuple[Skip, ...] = ()
+    #: Planning stopped at ``maxConcurrent`` while actions with a positive gain remained.
+    cluster_full: bool = False
+
+
+# ---------------------------------------------------------------------------------------------
+# The best-K sum and its exact change when one node's value drops
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Slots:
+    """Slot values sorted ascending (ties by position), with prefix sums over slots."""
+
+    order: NDArray[np.intp]
+    rank: NDArray[np.intp]
+    values: F64  # sorted, padded with one 0
+    starts: I64  # starts[p]: slots before sorted position p; starts[-1]: all slots
+    prefix: F64  # prefix[p]: sum of the slots before sorted position p
+    k: int
+
+    @classmethod
+    def build(cls, values: F64, slots: I64, k: int) -> _Slots:
+        n = len(values)
+        order = np.lexsort((np.arange(n), values))
+        rank = np.empty(n, dtype=np.intp)
+        rank[order] = np.arange(n)
+        sv, sm = values[order], slots[order]
+        starts = np.concatenate(([0], np.cumsum(sm))).astype(np.int64)
+        prefix = np.concatenate(([0.0], np.cumsum(sv * sm)))
+        return cls(order, rank, np.append(sv, 0.0), starts, prefix, min(k, int(starts[-1])))
+
+    def smallest(self, r: I64) -> F64:
+        """Sum of the ``r`` smallest slots (``r`` between 0 and the slot count)."""
+        p = np.searchsorted(self.starts, r, side="right") - 1
+        return self.prefix[p] + (r - self.starts[p]) * self.values[p]
+
+
+def best_k_sum(values: F64, slots: I64, k: int) -> float:
+    """Sum of the ``k`` smallest slot values, node i offering ``slots[i]`` slots worth ``values[i]``.
+
+    With fewer than ``k`` slots in all, the sum of all of them.
+    """
+    s = _Slots.build(np.asarray(values, dtype=np.float64), np.asarray(slots, dtype=np.int64), k)
+    return float(s.smallest(np.array([s.k]))[0])
+
+
+def best_k_sums_after(values: F64, slots: I64, k: int, lowered: F64) -> F64:
+    """For every node i: the best-K sum when ``values[i]`` alone becomes ``min(lowered[i], values[i])``.
+
+    Exact, for all nodes at once. With the others' slots sorted, ``a`` of them below the new value
+    ``v`` and K = min(k, all slots), the new K smallest are those ``a`` (or K of them), then
+    ``j = min(m_i, max(K - a, 0))`` copies of ``v``, then the next others::
+
+        F_i' = j * v + O_i(K - j)
+        O_i(r) = S(r)                   if r <= start_i   (node i's block starts after them)
+               = S(r + m_i) - m_i * T_i otherwise          (take node i's block out)
+
+    where ``S(r)`` is the sum of the r smallest slots of the current values and ``start_i`` the
+    number of slots sorted before node i's block.
+    """
+    vals = np.asarray(values, dtype=np.float64)
+    m = np.asarray(slots, dtype=np.int64)
+    s = _Slots.build(vals, m, k)
+    v = np.minimum(np.asarray(lowered, dtype=np.float64), vals)
+    below = s.starts[np.searchsorted(s.values[:-1], v, side="left")]  # others strictly below v
+    j = np.minimum(m, np.maximum(s.k - below, 0))
+    r = s.k - j
+    start = s.starts[s.rank]
+    others = np.where(r <= start, s.smallest(np.minimum(r, s.starts[-1])),
+                      s.smallest(np.minimum(r + m, s.starts[-1])) - m * vals)
+    result: F64 = j * v + others
+    return result
+
+
+# ---------------------------------------------------------------------------------------------
+# Applying a plan (the simulator, and the tests' end state)
+# ---------------------------------------------------------------------------------------------
+
+
+def apply(record: NodeState, action: Action, *, now: float) -> NodeState:
+    """The node record once ``action`` has completed: its evictions gone, its cache present.
+
+    The staged entry gets ``last_used = now`` (what the agent reports for a cache no pod used yet).
+    """
+    weights = dict(record.weights)
+    compile_keys = list(record.compile_keys)
+    snapshots = list(record.snapshots)
+    images = list(record.images)
+    last_used = dict(record.last_used)
+    sizes = dict(record.cache_bytes)
+    free = record.nvme_free
+    for e in action.evictions:
+        kind, _, name = e.cache.partition(":")
+        if kind == "weights":
+            weights.pop(name, None)
+        elif kind == "compile" and name in compile_keys:
+            compile_keys.remove(name)
+        elif kind == "snapshot" and name in snapshots:
+            snapshots.remove(name)
+        last_used.pop(e.cache, None)
+        sizes.pop(e.cache, None)
+        free += e.bytes
+    kind, _, name = action.cache.partition(":")
+    if kind == "image" and name not in images:
+        images.append(name)
+    elif kind == "weights":
+        weights[name] = weights.get(name, 0) + action.bytes
+    elif kind == "compile" and name not in compile_keys:
+        compile_keys.append(name)
+        sizes[action.cache] = action.nvme_bytes
+    elif kind == "snapshot" and name not in snapshots:
+        snapshots.append(name)
+        sizes[action.cache] = action.nvme_bytes
+    if kind != "image":
+        last_used[action.cache] = now
+    return record.model_copy(update={
+        "images": tuple(images), "weights": weights, "compile_keys": tuple(compile_keys),
+        "snapshots": tuple(snapshots), "last_used": last_used, "cache_bytes": sizes,
+        "nvme_free": max(free - action.nvme_bytes, 0),
+    })
+
+
+# ---------------------------------------------------------------------------------------------
+# The planner
+# ---------------------------------------------------------------------------------------------
+
+
+def _compile_key(profile: Profile, node_class: NodeClass) -> str | None:
+    """The profile's compile-cache key on a class, exactly as the inventory computes it."""
+    if profile.compile.key is None:
+        return None
+    return compile_cache_key(profile.compile.key, gpu_product=node_class.gpu.product,
+                             tensor_parallel=profile.parallelism.tensor,
+                             pipeline_parallel=profile.parallelism.pipeline)
+
+
+@dataclass
+class _Node:
+    """The planner's ledger for one node: what is running, queued and free as the plan grows."""
+
+    name: str
+    running: int
+    queued_bytes: float
+    #: NVMe bytes the warmer may still fill: free - reserve - in flight - planned + evicted.
+    room: float
+    evictable: list[Eviction]
+    next_eviction: int = 0
+
+    def fit(self, need: int, *, may_evict: bool) -> tuple[Eviction, ...] | None:
+        """Evictions that make room for ``need`` bytes (least recently used first), or ``None``."""
+        if need <= 0 or need <= self.room:
+            return ()
+        if not may_evict:
+            return None
+        short = need - self.room
+        chosen: list[Eviction] = []
+        for e in self.evictable[self.next_eviction:]:
+            chosen.append(e)
+            short -= e.bytes
+            if short <= 0:
+                return tuple(chosen)
+        return None
+
+
+@dataclass
+class _Work:
+    """One tracked workload: its nodes (fresh, of a class it may run on) and their planned state."""
+
+    profile: Profile
+    table: ClassTable
+    classes: Sequence[NodeClass]
+    rows: NDArray[np.intp]
+    names: list[str]
+    name_rank: NDArray[np.intp]
+    class_index: NDArray[np.intp]
+    state: CacheState
+    published: NDArray[np.bool_]  # a snapshot for the node's class can be fetched
+    nvme_ok: NDArray[np.bool_]  # the class has NVMe and the profile caches weights
+    compile_ids: list[str | None]
+    slots: I64
+    expectation: Expectation | None
+    dead: dict[Kind, NDArray[np.bool_]] = field(default_factory=dict)
+
+    def available(self, kind: Kind) -> NDArray[np.bool_]:
+        """Nodes where an action of this kind would add a cache that is missing and obtainable."""
+        st = self.state
+        if kind == "image":
+            ok = ~st.image
+        elif kind == "weights":
+            ok = self.nvme_ok & (st.weights_bytes < float(self.profile.weights.bytes))
+        elif kind == "compile":
+            ok = st.compile == CompileCache.REGISTRY
+        else:
+            ok = self.published & ~st.snapshot
+        return ok & ~self.dead[kind]
+
+    def with_kind(self, kind: Kind) -> CacheState:
+        """The state with one more cache of ``kind`` on every node (each candidate differs in one)."""
+        st = self.state
+        if kind == "image":
+            return CacheState(np.ones_like(st.image), st.weights_bytes, st.compile, st.snapshot, st.queued_bytes)
+        if kind == "weights":
+            full = np.where(self.nvme_ok, float(self.profile.weights.bytes), st.weights_bytes)
+            return CacheState(st.image, full, st.compile, st.snapshot, st.queued_bytes)
+        if kind == "compile":
+            local = np.where(st.compile == CompileCache.REGISTRY, np.int8(CompileCache.LOCAL), st.compile)
+            return CacheState(st.image, st.weights_bytes, local.astype(np.int8), st.snapshot, st.queued_bytes)
+        return CacheState(st.image, st.weights_bytes, st.compile, st.snapshot | self.published, st.queued_bytes)
+
+    def totals(self, state: CacheState | None = None) -> F64:
+        """Estimated startup seconds on each node."""
+        est = estimate(self.profile, self.classes, self.class_index, self.state if state is None else state,
+                       self.table)
+        return est.total_s
+
+    def mark(self, i: int, kind: Kind) -> None:
+        """Node ``i`` now holds (or will hold) the cache of ``kind``."""
+        st = self.state
+        if kind == "image":
+            st.image[i] = True
+        elif kind == "weights":
+            st.weights_bytes[i] = float(self.profile.weights.bytes)
+        elif kind == "compile":
+            st.compile[i] = CompileCache.LOCAL
+        else:
+            st.snapshot[i] = True
+
+    def cost(self, i: int, kind: Kind) -> tuple[str, int, int, float]:
+        """(cache id, bytes moved, NVMe bytes added, bytes per second) of one action on node ``i``."""
+        p, t, c = self.profile, self.table, int(self.class_index[i])
+        remote_bps = min(float(t.nic_bps[c]), p.weights.streams * float(t.stream_bps[c]))
+        if kind == "image":
+            return cache_id("image", p.image.reference), p.image.size, 0, float(t.pull_bps[c])
+        if kind == "weights":
+            missing = int(np.ceil(p.weights.bytes - self.state.weights_bytes[i]))
+            return cache_id("weights", weights_key(p.name, p.weights.version)), missing, missing, remote_bps
+        if kind == "compile":
+            key = self.compile_ids[i]
+            assert key is not None  # only offered where the key is in the registry
+            size = p.compile.artifact_bytes
+            return cache_id("compile", key), size, size, min(float(t.nic_bps[c]), float(t.stream_bps[c]))
+        assert p.snapshot is not None  # only offered where a snapshot is published
+        return cache_id("snapshot", p.name), p.snapshot.bytes, p.snapshot.bytes, remote_bps
+
+    def objective(self, totals: F64) -> float:
+        """``F_w``: summed startup of the replicas that can land now (0 without an expectation)."""
+        if self.expectation is None:
+            return 0.0
+        return best_k_sum(totals, self.slots, self.expectation.replicas)
+
+    def outlook(self, before: float) -> Outlook:
+        """The expectation's numbers before and after the plan (state is the plan's end state)."""
+        assert self.expectation is not None
+        e = self.expectation
+        totals = self.totals()
+        k = min(e.replicas, int(self.slots.sum()))
+        order = np.lexsort((self.name_rank, totals))
+        landing = [self.names[i] for i in order for _ in range(int(self.slots[i]))][:k]
+        after = self.objective(totals)
+        return Outlook(workload=e.workload, replicas=e.replicas, within_s=e.within_s, placeable=k,
+                       before_s=before / k if k else None, after_s=after / k if k else None,
+                       nodes=tuple(landing))
+
+
+class _Planner:
+    """One tick's planning state: the node ledgers, what is left of the caps, and the result."""
+
+    def __init__(self, policy: Policy, snapshot: InventorySnapshot, now: float,
+                 in_flight: Sequence[Action], tracked: Collection[str]) -> None:
+        self.policy = policy
+        self.snap = snapshot
+        self.now = now
+        self.warming = policy.warming
+        self.fresh = snapshot.fresh(now)
+        self.in_flight = in_flight
+        #: Workloads planned for this tick (expected or keep-warm): their current caches are never evicted.
+        self.tracked = frozenset(tracked)
+        # rows in name order, so every tie in the plan goes to the node whose name sorts first
+        self.by_name = sorted(range(len(snapshot.nodes)), key=lambda r: snapshot.nodes[r].name)
+        self.rank = {r: i for i, r in enumerate(self.by_name)}
+        self._keys: dict[tuple[str, str], str | None] = {}
+        self.cluster_left = self.warming.max_concurrent - len(in_flight)
+        self.budget_left = float("inf") if self.warming.bytes_per_tick is None else float(self.warming.bytes_per_tick)
+        self.nodes: dict[int, _Node] = {}
+        self.actions: list[Action] = []
+        self.skipped: list[Skip] = []
+        self.cluster_full = False
+
+    # -- ledgers ----------------------------------------------------------------------------
+
+    def compile_key(self, profile: Profile, node_class: NodeClass) -> str | None:
+        """:func:`_compile_key`, memoised (a key is a SHA-256 over canonical JSON)."""
+        pair = (profile.name, node_class.name)
+        if pair not in self._keys:
+            self._keys[pair] = _compile_key(profile, node_class)
+        return self._keys[pair]
+
+    def current_ids(self, profile: Profile, node_class: NodeClass) -> set[str]:
+        """Cache ids a replica of ``profile`` on a node of ``node_class`` reads (images aside)."""
+        ids = {cache_id("weights", weights_key(profile.name, profile.weights.version)),
+               cache_id("snapshot", profile.name)}
+        key = self.compile_key(profile, node_class)
+        if key is not None:
+            ids.add(cache_id("compile", key))
+        return ids
+
+    def node(self, row: int) -> _Node:
+        """The ledger of snapshot row ``row``, built on first use."""
+        got = self.nodes.get(row)
+        if got is not None:
+            return got
+        record = self.snap.nodes[row]
+        cls = self.snap.classes[int(self.snap.class_index[row])]
+        mine = [a for a in self.in_flight if a.node == record.name]
+        protected = set(record.in_use) | {a.cache for a in mine} | {e.cache for a in mine for e in a.evictions}
+        for p in self.policy.profiles:
+            if p.name in self.tracked or p.name in record.pod_workloads:
+                protected |= self.current_ids(p, cls)
+        busy_weights = tuple(f"{w}/" for w in record.pod_workloads)
+        protected |= {cache_id("snapshot", w) for w in record.pod_workloads}
+        protected |= {cache_id("weights", k) for k in record.weights if k.startswith(busy_weights)}
+        sizes = self._policy_sizes(cls)
+        entries: list[Eviction] = []
+        for ident, size in [*((cache_id("weights", k), b) for k, b in record.weights.items()),
+                            *((cache_id("compile", k), None) for k in record.compile_keys),
+                            *((cache_id("snapshot", w), None) for w in record.snapshots)]:
+            known = size if size is not None else record.cache_bytes.get(ident, sizes.get(ident))
+            used = record.last_used.get(ident)
+            if (known is None or known <= 0 or used is None or ident in protected
+                    or self.now - used < self.warming.evict_after_idle):
+                continue
+            entries.append(Eviction(node=record.name, cache=ident, bytes=known, last_used=used))
+        entries.sort(key=lambda e: (e.last_used, e.cache))
+        room = record.nvme_free - cls.nvme.reserve - sum(a.nvme_bytes for a in mine)
+        ledger = _Node(name=record.name, running=len(mine),
+                       queued_bytes=float(record.pulling_bytes), room=float(room), evictable=entries)
+        self.nodes[row] = ledger
+        return ledger
+
+    def _policy_sizes(self, cls: NodeClass) -> dict[str, int]:
+        """Sizes the policy declares for compile artifacts and snapshots, by cache id, on one class."""
+        sizes: dict[str, int] = {}
+        for p in self.policy.profiles:
+            key = self.compile_key(p, cls)
+            if key is not None:
+                sizes[cache_id("compile", key)] = p.compile.artifact_bytes
+            if p.snapshot is not None:
+                sizes[cache_id("snapshot", p.name)] = p.snapshot.bytes
+        return sizes
+
+    # -- workloads ---------------------------------------------------------------------------
+
+    def work(self, profile: Profile, expectation: Expectation | None,
+             published: Collection[tuple[str, str]]) -> _Work:
+        """The workload's nodes and their state, with in-flight actions taken as done."""
+        snap = self.snap
+        allowed = {c.name for c in self.policy.classes_for(profile)}
+        rows = np.array([r for r in self.by_name
+                         if self.fresh[r] and snap.classes[int(snap.class_index[r])].name in allowed], dtype=np.intp)
+        full, table = snap.cache_state(profile)
+        state = CacheState(full.image[rows].copy(), full.weights_bytes[rows].copy(), full.compile[rows].copy(),
+                           full.snapshot[rows].copy(), full.queued_bytes[rows].copy())
+        classes = snap.classes
+        node_classes = [classes[int(snap.class_index[r])] for r in rows]
+        gpus = profile.parallelism.gpus
+        k = expectation.replicas if expectation is not None else 0
+        slots = np.array([min((n.gpus_free if n.gpus else c.gpu.count) // gpus, k)
+                          for n, c in ((snap.nodes[r], c) for r, c in zip(rows, node_classes, strict=True))],
+                         dtype=np.int64).reshape(len(rows))
+        w = _Work(
+            profile=profile, table=table, classes=classes, rows=rows,
+            names=[snap.nodes[r].name for r in rows],
+            name_rank=np.array([self.rank[r] for r in rows], dtype=np.intp).reshape(len(rows)),
+            class_index=snap.class_index[rows], state=state,
+            published=np.array([profile.snapshot is not None and (profile.name, c.name) in published
+                                for c in node_classes], dtype=np.bool_).reshape(len(rows)),
+            nvme_ok=np.array([profile.weights.cache != "none" and c.nvme.capacity > 0 for c in node_classes],
+                             dtype=np.bool_).reshape(len(rows)),
+            compile_ids=[self.compile_key(profile, c) for c in node_classes],
+            slots=slots, expectation=expectation,
+            dead={kind: np.zeros(len(rows), dtype=np.bool_) for kind in KINDS},
+        )
+        position = {int(r): i for i, r in enumerate(rows)}
+        for a in self.in_flight:
+            i = position.get(self.snap.positions.get(a.node, -1))
+            if a.workload == profile.name and i is not None:
+                w.mark(i, a.kind)
+        return w
+
+    # -- the greedy ----------------------------------------------------------------------------
+
+    def greedy(self, works: list[_Work], purpose: Purpose) -> None:
+        """Pick actions for ``works`` until no candidate has a positive gain or the cluster is full."""
+        while True:
+            gains, wi, pos, ki = self._candidates(works, purpose)
+            if len(gains) == 0:
+                return
+            if self.cluster_left <= 0:
+                self.cluster_full = True
+                return
+            ranks = np.array([works[w].name_rank[p] for w, p in zip(wi, pos, strict=True)], dtype=np.intp)
+            picked = False
+            # gains rounded to a microsecond: equal values reached by different float paths must tie,
+            # so that the tie goes to the node name and not to rounding noise
+            for c in np.lexsort((ki, wi, ranks, -np.round(gains, 6))):
+                if self._try(works[int(wi[c])], int(pos[c]), KINDS[int(ki[c])], float(gains[c]), purpose):
+                    picked = True
+                    break
+            if not picked:
+                return
+
+    def _candidates(self, works: list[_Work], purpose: Purpose) -> tuple[F64, I64, I64, I64]:
+        """Every live candidate with a positive gain: (gain seconds, work, node position, kind)."""
+        gains: list[F64] = []
+        wis: list[I64] = []
+        poss: list[I64] = []
+        kis: list[I64] = []
+        for w_i, w in enumerate(works):
+            if len(w.rows) == 0:
+                continue
+            totals = w.totals()
+            base = w.objective(totals)
+            for k_i, kind in enumerate(KINDS):
+                ok = w.available(kind)
+                if not ok.any():
+                    continue
+                lowered = np.minimum(w.totals(w.with_kind(kind)), totals)
+                if purpose == "demand":
+                    assert w.expectation is not None
+                    gain = base - best_k_sums_after(totals, w.slots, w.expectation.replicas, lowered)
+                else:
+                    gain = totals - lowered
+                idx = np.flatnonzero(ok & (gain > _MIN_GAIN_S))
+                gains.append(gain[idx])
+                wis.append(np.full(len(idx), w_i, dtype=np.int64))
+                poss.append(idx.astype(np.int64))
+                kis.append(np.full(len(idx), k_i, dtype=np.int64))
+        if not gains:
+            return np.zeros(0), np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(gains), np.concatenate(wis), np.concatenate(poss), np.concatenate(kis)
+
+    def _try(self, w: _Work, i: int, kind: Kind, gain: float, purpose: Purpose) -> bool:
+        """Plan the candidate if every constraint allows it; otherwise drop it for the tick."""
+        node = self.node(int(w.rows[i]))
+        ident, moved, nvme, bps = w.cost(i, kind)
+        nic = float(w.table.nic_bps[int(w.class_index[i])])
+        duration = node.queued_bytes / nic + moved / bps
+        reason: SkipReason | None = None
+        evictions: tuple[Eviction, ...] | None = ()
+        if node.running >= self.warming.max_concurrent_per_node:
+            reason = "node-concurrency"
+        elif moved > self.budget_left:
+            reason = "byte-budget"
+        elif purpose == "demand" and w.expectation is not None and duration > w.expectation.within_s:
+            reason = "deadline"
+        else:
+            # keep-warm is speculative: it may use free room, never take it from another cache
+            evictions = node.fit(nvme, may_evict=purpose == "demand")
+            if evictions is None:
+                reason = "nvme"
+        if reason is not None or evictions is None:
+            w.dead[kind][i] = True
+            self.skipped.append(Skip(node=node.name, workload=w.profile.name, kind=kind, purpose=purpose,
+                                     reason=reason or "nvme", saved_s=gain))
+            return False
+        node.running += 1
+        node.queued_bytes += moved
+        node.room += sum(e.bytes for e in evictions) - nvme
+        node.next_eviction += len(evictions)
+        self.cluster_left -= 1
+        self.budget_left -= moved
+        w.mark(i, kind)
+        deadline = self.now + w.expectation.within_s if purpose == "demand" and w.expectation else None
+        self.actions.append(Action(node=node.name, workload=w.profile.name, kind=kind, cache=ident, bytes=moved,
+                                   nvme_bytes=nvme, duration_s=duration, deadline=deadline, saved_s=gain,
+                                   purpose=purpose, evictions=evictions))
+        return True
+
+    # -- entry ----------------------------------------------------------------------------------
+
+    def run(self, wanted: dict[str, Expectation], published: Collection[tuple[str, str]]) -> Plan:
+        """Demand first, then keep-warm with what the caps leave."""
+        keep = set(self.warming.keep_warm)
+        works = {name: self.work(self.policy.profile(name), wanted.get(name), published)
+                 for name in sorted(self.tracked)}
+        demand = [works[n] for n in sorted(wanted)]
+        before = {w.profile.name: w.objective(w.totals()) for w in demand}
+        self.greedy(demand, "demand")
+        self.greedy([works[n] for n in sorted(keep)], "keep-warm")
+        return Plan(now=self.now, actions=tuple(self.actions),
+                    outlooks=tuple(w.outlook(before[w.profile.name]) for w in demand),
+                    skipped=tuple(self.skipped), cluster_full=self.cluster_full)
+
+
+def plan(
+    policy: Policy,
+    snapshot: InventorySnapshot,
+    expectations: Iterable[Expectation],
+    *,
+    now: float,
+    in_flight: Sequence[Action] = (),
+    published_snapshots: Collection[tuple[str, str]] = (),
+) -> Plan:
+    """Plan this tick's warm actions (objective, constraints and method in the module docstring).
+
+    ``expectations``: at most one per workload (a workload named twice is a caller bug and raises
+    ``ValueError``; an unknown one raises ``UnknownNameError``); ``in_flight``: actions started on
+    earlier ticks and not finished, which count against every cap and whose caches count as
+    present; ``published_snapshots``: (workload, node class) pairs whose process snapshot can be
+    fetched (the inventory does not record a snapshot registry), the only snapshots planned.
+    """
+    listed = list(expectations)
+    names = [e.workload for e in listed]
+    if len(set(names)) != len(names):
+        twice = sorted({n for n in names if names.count(n) > 1})
+        raise ValueError(f"one expectation per workload, got several for {', '.join(twice)}")
+    wanted = {e.workload: e for e in listed if e.replicas > 0}
+    tracked = set(wanted) | set(policy.warming.keep_warm)
+    return _Planner(policy, snapshot, now, in_flight, tracked).run(wanted, published_snapshots)
