@@ -116,14 +116,17 @@ def reference(profile: Profile, c: NodeClass, *, image: bool, weights_bytes: flo
     remote = profile.weights.bytes - local
     remote_bw = min(c.network.nic, profile.weights.streams * stream)
     weights_s = local / max(c.nvme.read_bandwidth, remote_bw) + remote / remote_bw
+    waiting = queued_bytes / c.network.nic
+    downloads = (not image) or remote > 0
+    fetch = profile.compile.artifact_bytes / min(c.network.nic, stream) + warm
+    fetching = compile_state == CompileCache.REGISTRY and (0.0 if downloads else waiting) + fetch < cold
     if compile_state == CompileCache.LOCAL:
         compile_s = warm
-    elif compile_state == CompileCache.REGISTRY:
-        compile_s = min(cold, profile.compile.artifact_bytes / min(c.network.nic, stream) + warm)
+    elif fetching:
+        compile_s = fetch
     else:
         compile_s = cold
-    downloads = (not image) or remote > 0 or compile_state == CompileCache.REGISTRY
-    queue_s = queued_bytes / c.network.nic if downloads else 0.0
+    queue_s = waiting if downloads or fetching else 0.0
     total = queue_s + image_s + weights_s + compile_s + pick("graph_capture", profile.graph_capture) + pick(
         "engine_init", profile.engine_init
     )
@@ -269,6 +272,23 @@ def test_more_bandwidth_never_makes_it_slower(case: tuple[Policy, Any, CacheStat
     before = estimate(policy.profiles[0], policy.node_classes, idx, state).total_s
     after = estimate(faster.profiles[0], faster.node_classes, idx, state).total_s
     assert np.all(after <= before * (1 + 1e-12) + 1e-9)
+
+
+def test_registry_fetch_is_not_chosen_behind_a_long_queue() -> None:
+    # Image and all weights on the node (h200: 400 Gbps = 50 GB/s NIC), other pulls in flight.
+    policy = load_policy(ROOT / "policies" / "h200-b200-snapshot.yaml")
+    p, c = policy.profile("dynamo-worker"), policy.node_class("h200")
+    warm_data = {"image": True, "weights_bytes": float(p.weights.bytes)}
+    absent = one(p, c, queued_bytes=4e15, **warm_data)  # 4 PB queued: 10,000 s of waiting
+    registry = one(p, c, queued_bytes=4e15, compile=CompileCache.REGISTRY, **warm_data)
+    # absent: no download, no queue, cold compile 830 s; registry: 10,000 s wait + fetch > 830 s,
+    # so the pod compiles instead and waits for nothing
+    assert registry["total_s"] == absent["total_s"]
+    assert (registry["queue_s"], registry["compile_s"]) == (0.0, 830.0)
+    short = one(p, c, queued_bytes=4e11, compile=CompileCache.REGISTRY, **warm_data)
+    # 4e11 B / 50 GB/s = 8 s wait + 2 GiB over min(50 GB/s, 745 MB/s) = 2.88 s + 10 s warm < 830 s
+    assert short["queue_s"] == pytest.approx(8.0)
+    assert short["compile_s"] == pytest.approx(2**31 / 745e6 + 10.0)
 
 
 def test_stale_queue_only_delays_pods_that_download() -> None:

@@ -14,13 +14,18 @@ The model (DESIGN.md section 3). For a pod of profile *w* on node *n* of class *
     local_bps  = max(nvme_read_bps(c), remote_bps)             a cache slower than the network is
                                                                not read (a loader would stream)
     T_compile  = warm_s                                         key cached on n
-               = min(cold_s, artifact_bytes / min(nic_bps, stream_bps) + warm_s)
-                                                               key in the registry (one stream)
+               = fetch_s = artifact_bytes / min(nic_bps, stream_bps) + warm_s
+                                                               key in the registry (one stream),
+                                                               when fetching beats compiling
                = cold_s                                        otherwise
     T_graph, T_init: per-profile constants, per-class overrides
     T_queue    = queued_bytes / nic_bps(c)                     bytes other pulls already have
                                                                in flight to n; paid only when
                                                                this pod downloads anything itself
+
+The registry fetch is chosen when ``extra_queue + fetch_s < cold_s``, where ``extra_queue`` is the
+queue wait the fetch alone would add (zero when the pod downloads its image or weights anyway): a
+small archive stuck behind 100 GB of other pulls is slower than compiling.
 
 Snapshot path, when the profile has a snapshot and node n holds one for it::
 
@@ -180,16 +185,15 @@ def estimate(
     weights_s = local / local_bps + remote / remote_bps
 
     cold, warm = t.compile_cold_s[idx], t.compile_warm_s[idx]
+    waiting_s = np.maximum(state.queued_bytes, 0.0) / nic
+    downloads = ~state.image | (remote > 0)
     fetch_s = float(profile.compile.artifact_bytes) / np.minimum(nic, stream) + warm
-    compile_s = np.select(
-        [state.compile == CompileCache.LOCAL, state.compile == CompileCache.REGISTRY],
-        [warm, np.minimum(fetch_s, cold)],
-        default=cold,
-    )
+    extra_queue_s = np.where(downloads, 0.0, waiting_s)
+    use_fetch = (state.compile == CompileCache.REGISTRY) & (extra_queue_s + fetch_s < cold)
+    compile_s = np.select([state.compile == CompileCache.LOCAL, use_fetch], [warm, fetch_s], default=cold)
 
     graph_s, init_s = t.graph_s[idx], t.init_s[idx]
-    downloads = ~state.image | (remote > 0) | (state.compile == CompileCache.REGISTRY)
-    queue_s = np.where(downloads, np.maximum(state.queued_bytes, 0.0) / nic, 0.0)
+    queue_s = np.where(downloads | use_fetch, waiting_s, 0.0)
     restore_s = np.zeros(len(idx))
     total_s = queue_s + image_s + weights_s + compile_s + graph_s + init_s
 
