@@ -133,9 +133,13 @@ def build_parser() -> argparse.ArgumentParser:
     ck.set_defaults(handler=_cachekey)
 
     # Commands with I/O live beside the code they drive; importing them builds no client.
+    # (extender.server.commands imports no Flask app: `serve` must set up Prometheus' multiprocess
+    # directory before the app module is imported.)
+    from extender.server import commands as server_commands
     from extender.state import commands as inventory_commands
 
     inventory_commands.register(sub)
+    server_commands.register(sub)
     return parser
 
 

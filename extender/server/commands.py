@@ -1,0 +1,236 @@
+"""``extender serve`` and ``extender explain``.
+
+``serve`` checks the policy first and refuses to start on an invalid one (every problem printed,
+exit 1); after that it hands over to gunicorn (:mod:`extender.server.launcher`). ``explain`` reads
+the live inventory once and prints, per node, the phase breakdown, the score and the filter verdict.
+
+Wire into the CLI with :func:`register`::
+
+    from extender.server import commands as server_commands
+    server_commands.register(sub)   # sub = parser.add_subparsers(...)
+
+Handlers return an exit code and raise :class:`~extender.core.errors.DocumentError` /
+:class:`~extender.core.errors.ExtenderError` for the CLI's usual reporting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from extender.core.errors import DocumentError, ExtenderError, Problem
+from extender.files import load_policy, read_text
+from extender.state.commands import DEFAULT_DATA_DIR, add_store_options
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def _bind(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return text if host else f"0.0.0.0:{port}"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``serve`` and ``explain`` to an ``add_subparsers()`` object."""
+    serve = subparsers.add_parser(
+        "serve", help="run the scheduler extender (filter/prioritize for kube-scheduler) under gunicorn"
+    )
+    serve.add_argument("--policy", required=True, metavar="FILE", help="policy file (reloaded when it changes)")
+    serve.add_argument("--bind", default="0.0.0.0:8888", type=_bind, metavar="HOST:PORT",
+                       help="listen address (default: 0.0.0.0:8888)")
+    serve.add_argument("--workers", default=2, type=_positive_int, metavar="N",
+                       help="worker processes (default: 2)")
+    serve.add_argument("--threads", default=4, type=_positive_int, metavar="N",
+                       help="threads per worker for keep-alive connections (default: 4)")
+    add_store_options(serve)
+    tls = serve.add_argument_group("TLS (kube-scheduler: enableHTTPS, tlsConfig)")
+    tls.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM); needs --tls-key")
+    tls.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
+    tls.add_argument("--tls-client-ca", metavar="FILE",
+                     help="require client certificates signed by this CA (mutual TLS)")
+    knobs = serve.add_argument_group("fail-open bounds")
+    knobs.add_argument("--max-snapshot-age", type=_positive_float, default=15.0, metavar="SECONDS",
+                       help="answer neutrally when the inventory snapshot is older (default: 15)")
+    knobs.add_argument("--request-budget", type=_positive_float, default=0.5, metavar="SECONDS",
+                       help="answer neutrally when one request takes longer (default: 0.5)")
+    knobs.add_argument("--poll-interval", type=_positive_float, default=0.5, metavar="SECONDS",
+                       help="how often each worker checks the store version (default: 0.5)")
+    knobs.add_argument("--min-rebuild-interval", type=_positive_float, default=2.0, metavar="SECONDS",
+                       help="rebuild the snapshot at most this often while the store keeps changing (default: 2)")
+    knobs.add_argument("--max-body", type=_positive_int, default=64 * 2**20, metavar="BYTES",
+                       help="largest request body; larger ones get HTTP 413 (default: 64 MiB)")
+    serve.add_argument("--access-log", action="store_true", help="log every request (off: it costs latency)")
+    serve.set_defaults(handler=_serve)
+
+    explain = subparsers.add_parser(
+        "explain", help="per node: startup phases, score and filter verdict for a pod, from the live inventory"
+    )
+    explain.add_argument("--policy", required=True, metavar="FILE")
+    explain.add_argument("--pod", required=True, metavar="POD.json",
+                         help="a Pod (JSON or YAML), e.g. kubectl get pod -o json")
+    explain.add_argument("--nodes", metavar="a,b,c", help="only these nodes (default: every node in the inventory)")
+    explain.add_argument("--json", action="store_true", help="print the report as JSON (same as GET /explain)")
+    add_store_options(explain)
+    explain.set_defaults(handler=_explain)
+
+
+def _store_location(args: argparse.Namespace) -> tuple[str | None, Path]:
+    url = args.redis_url or os.environ.get("REDIS_URL") or None
+    data_dir = Path(args.data_dir or os.environ.get("EXTENDER_DATA_DIR") or DEFAULT_DATA_DIR)
+    return url, data_dir
+
+
+def _serve(args: argparse.Namespace) -> int:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        print("extender serve: --tls-cert and --tls-key go together", file=sys.stderr)
+        return 2
+    if args.tls_client_ca and not args.tls_cert:
+        print("extender serve: --tls-client-ca needs --tls-cert and --tls-key", file=sys.stderr)
+        return 2
+    try:
+        policy = load_policy(args.policy)
+    except DocumentError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"extender serve: not starting: {args.policy} is invalid ({len(exc.problems)} problem(s))",
+              file=sys.stderr)
+        return 1
+    url, data_dir = _store_location(args)
+
+    from extender.server.launcher import ServeOptions, prepare_metrics_dir, run
+
+    prepare_metrics_dir()  # before anything imports prometheus_client
+    from extender.server.app import create_app
+    from extender.server.settings import Settings
+
+    settings = Settings(
+        policy_path=Path(args.policy).resolve(),
+        policy=policy,
+        redis_url=url,
+        data_dir=data_dir.resolve(),
+        poll_interval_s=args.poll_interval,
+        min_rebuild_interval_s=args.min_rebuild_interval,
+        max_snapshot_age_s=args.max_snapshot_age,
+        startup_grace_s=args.max_snapshot_age,
+        request_budget_s=args.request_budget,
+        max_body_bytes=args.max_body,
+    )
+    options = ServeOptions(
+        bind=args.bind,
+        workers=args.workers,
+        threads=args.threads,
+        tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+        tls_key=Path(args.tls_key) if args.tls_key else None,
+        tls_client_ca=Path(args.tls_client_ca) if args.tls_client_ca else None,
+        access_log=args.access_log,
+    )
+    run(lambda: create_app(settings), options)
+    return 0
+
+
+def _read_pod(path: str) -> dict[str, Any]:
+    text = read_text(path)
+    try:
+        data = yaml.safe_load(text)  # JSON is YAML
+    except yaml.YAMLError as exc:
+        raise DocumentError([Problem(path, None, "", f"not JSON or YAML: {exc}")]) from exc
+    if not isinstance(data, dict):
+        raise DocumentError([Problem(path, 1, "", "a Pod must be an object with metadata and spec")])
+    if str(data.get("kind", "Pod")) != "Pod":
+        raise DocumentError([Problem(path, 1, "kind", f"expected a Pod, got {data.get('kind')!r}")])
+    return data
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from extender.core.inventory import InventorySnapshot
+    from extender.server.engine import Engine, explain_report
+    from extender.server.wire import NodeInfo, PodInfo
+    from extender.state import InventoryStore, connect
+
+    policy = load_policy(args.policy)
+    pod = PodInfo.from_object(_read_pod(args.pod))
+    url, data_dir = _store_location(args)
+    now = time.time()
+    version, records, registry = InventoryStore(connect(url, data_dir)).load_all()
+    engine = Engine(policy, InventorySnapshot.build(policy, records, version=version, taken_at=now, registry=registry))
+    nodes = None
+    if args.nodes:
+        nodes = [NodeInfo(n.strip(), {}, ()) for n in args.nodes.split(",") if n.strip()]
+    report = explain_report(engine, pod, nodes, now)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print_report(report)
+    return 0
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The explain report as a table a person reads in a terminal."""
+    print(f"pod {report['pod']}: profile {report['profile'] or '(none)'}; policy {report['policy'] or '(unnamed)'}; "
+          f"inventory version {report['snapshot']['version']} ({report['snapshot']['nodes']} nodes)")
+    if report["profile"] is None:
+        print(report["note"])
+        return
+    scale = report["scale"]
+    print(f"score = clamp(round(({scale['referenceSeconds']:.1f} s - estimate) / {scale['secondsPerPoint']:.1f} s), "
+          f"0, 10), minus the NVMe-pressure penalty")
+    if not report["nodes"]:
+        print("no nodes to explain (the inventory is empty; pass --nodes to see unknown nodes as cold)")
+        return
+    phases = ["queue_s", "image_s", "weights_s", "compile_s", "graph_s", "init_s", "restore_s"]
+    width = max(12, *(len(n["node"]) for n in report["nodes"]))
+    head = f"{'node':<{width}} {'class':<14} {'state':<7}" + "".join(f"{p.removesuffix('_s'):>8}" for p in phases)
+    print(head + f"{'total':>9} {'score':>5}  verdict")
+    for n in report["nodes"]:
+        state = "fresh" if n["fresh"] else ("stale" if n["known"] else "unknown")
+        row = f"{n['node']:<{width}} {n['class']:<14} {state:<7}" + "".join(f"{n['phases'][p]:>8.1f}" for p in phases)
+        mark = "*" if n["nvmePressure"] else " "
+        print(row + f"{n['totalSeconds']:>9.1f} {n['score']:>4}{mark}  {n['verdict']}")
+        if n["reason"]:
+            print(f"{'':<{width}}   reason: {n['reason']}")
+    if any(n["nvmePressure"] for n in report["nodes"]):
+        print("* NVMe pressure: free NVMe cannot hold the missing weights; penalty applied")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m extender.server serve|explain ...`` (the same commands ``extender`` gets)."""
+    parser = argparse.ArgumentParser(prog="extender", description="scheduler extender commands")
+    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+        return code
+    except DocumentError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    except ExtenderError as exc:
+        print(f"extender: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,142 @@
+"""Running the extender under gunicorn, in-process (``extender serve``).
+
+Worker class: ``gthread``. kube-scheduler's HTTP client keeps connections alive and sends about one
+filter and one prioritize call at a time per scheduler (the scheduling cycle is sequential,
+protocols.md 2.10). ``sync`` workers close the connection after every reply, so every call would
+pay a TCP (and TLS) handshake; ``gevent``/``eventlet`` would add a dependency and monkey-patching
+for concurrency we do not need and cannot use (the work is CPU-bound numpy and JSON under the GIL).
+``gthread`` parks idle keep-alive connections in a selector and hands a readable one to a small
+thread pool; throughput across cores comes from several worker processes.
+
+``keepalive`` is longer than Go's ``http.Transport`` idle timeout (90 s) so the client always closes
+an idle connection first; if the server closed first, the scheduler could send its next POST on a
+connection that is already gone, and Go does not retry a POST.
+
+The app is not preloaded: each worker imports and builds it after the fork, so clients, threads and
+metric files are per worker. Prometheus multiprocess mode needs ``PROMETHEUS_MULTIPROC_DIR`` before
+``prometheus_client`` is imported anywhere, so :func:`serve` sets it before importing the app.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import ssl
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gunicorn.app.base import BaseApplication
+
+#: Seconds an idle keep-alive connection stays open (Go's client gives up on idle ones after 90 s).
+KEEPALIVE_S = 120
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How gunicorn runs: listen address, processes, threads, TLS."""
+
+    bind: str = "0.0.0.0:8888"
+    workers: int = 2
+    threads: int = 4
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    #: CA bundle for client certificates; when set, clients must present one (mutual TLS with the
+    #: certFile/keyFile of kube-scheduler's ``tlsConfig``).
+    tls_client_ca: Path | None = None
+    timeout_s: int = 30
+    #: How long a thread may hold the GIL while another waits (CPython's default is 5 ms). The
+    #: refresher's snapshot rebuild is pure-Python CPU work; with 5 ms slices a request that arrives
+    #: meanwhile waits up to 5 ms at each of its hand-offs (socket read, compute, socket write) and
+    #: its p99 grows fivefold. With 0.5 ms it is served nearly as if the rebuild were not running;
+    #: with one busy thread, the interval costs nothing.
+    switch_interval_s: float = 0.0005
+    log_level: str = "info"
+    access_log: bool = False
+
+
+def gunicorn_options(options: ServeOptions) -> dict[str, Any]:
+    """The gunicorn settings for ``options``."""
+    cfg: dict[str, Any] = {
+        "bind": [options.bind],
+        "workers": options.workers,
+        "worker_class": "gthread",
+        "threads": options.threads,
+        "keepalive": KEEPALIVE_S,
+        "timeout": options.timeout_s,
+        "graceful_timeout": 10,
+        "preload_app": False,
+        "proc_name": "extender",
+        "loglevel": options.log_level,
+        "errorlog": "-",
+        "accesslog": "-" if options.access_log else None,
+        "child_exit": _child_exit,
+        "post_fork": _switch_interval_hook(options.switch_interval_s),
+    }
+    if Path("/dev/shm").is_dir():  # the heartbeat file must not sit on a slow or full disk
+        cfg["worker_tmp_dir"] = "/dev/shm"
+    if options.tls_cert is not None:
+        cfg["certfile"] = str(options.tls_cert)
+        cfg["keyfile"] = str(options.tls_key)
+        if options.tls_client_ca is not None:
+            cfg["ca_certs"] = str(options.tls_client_ca)
+            cfg["cert_reqs"] = ssl.CERT_REQUIRED
+    return cfg
+
+
+def _switch_interval_hook(seconds: float) -> Callable[[Any, Any], None]:
+    def post_fork(server: Any, worker: Any) -> None:
+        sys.setswitchinterval(seconds)
+
+    return post_fork
+
+
+def _child_exit(server: Any, worker: Any) -> None:
+    from extender.server.metrics import mark_worker_dead
+
+    mark_worker_dead(worker.pid)
+
+
+class _Application(BaseApplication):  # type: ignore[misc]
+    """gunicorn application that builds the WSGI app in each worker from a factory."""
+
+    def __init__(self, factory: Callable[[], Any], options: dict[str, Any]) -> None:
+        self._factory = factory
+        self._options = options
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in self._options.items():
+            self.cfg.set(key, value)
+
+    def load(self) -> Any:
+        return self._factory()
+
+
+def prepare_metrics_dir() -> None:
+    """Point prometheus_client at a fresh multiprocess directory (ours, removed at exit) unless one is set."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        return
+    path = tempfile.mkdtemp(prefix="extender-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = path
+    master = os.getpid()
+
+    def cleanup() -> None:
+        if os.getpid() == master:  # forked workers inherit atexit handlers; only the master cleans up
+            shutil.rmtree(path, ignore_errors=True)
+
+    atexit.register(cleanup)
+
+
+def run(factory: Callable[[], Any], options: ServeOptions) -> None:
+    """Run gunicorn with ``factory`` building the app in each worker; returns when gunicorn stops."""
+    logging.basicConfig(
+        level=options.log_level.upper(),
+        format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s",
+    )
+    _Application(factory, gunicorn_options(options)).run()

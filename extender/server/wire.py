@@ -1,0 +1,265 @@
+"""The kube-scheduler extender v1 wire format: parsing ``ExtenderArgs``, encoding results.
+
+The Go types in ``k8s.io/kube-scheduler/extender/v1`` have no JSON tags (protocols.md 1.1), so the
+scheduler sends and expects the Go field names (``Pod``, ``Nodes``, ``NodeNames``, ``Host``,
+``Score``, ...), without ``omitempty``, and its decoder matches keys case-insensitively. We accept
+any letter case on input and always emit the exact Go names.
+
+Rules taken from the scheduler's side (protocols.md 2.2, 2.5) that shape the encoders:
+
+* a filter reply must carry ``NodeNames`` (cache mode) or ``Nodes`` (full mode); with neither, or
+  with an empty list, the scheduler drops every node;
+* a reply must never name a node that was not in the request;
+* scores are JSON integers (a float fails the Go decoder and the scores are silently dropped) and
+  the prioritize reply is a bare array.
+
+Encoding is on the hot path (one reply per scheduling cycle, up to thousands of names), so the
+encoders build the JSON text directly. Node names are DNS subdomains in any real cluster; when every
+name is plain printable text without ``"`` or ``\\`` we join them verbatim, otherwise we fall back
+to :func:`json.dumps` for correct escaping.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from extender.core.errors import ExtenderError
+
+
+class BadRequestError(ExtenderError):
+    """The request body is not an ``ExtenderArgs`` we can read; the reply is HTTP 400."""
+
+
+def get_ci(obj: Mapping[str, Any], key: str) -> Any:
+    """``obj[key]`` matched the way Go's decoder does: exact key first, then any letter case."""
+    if key in obj:
+        return obj[key]
+    low = key.lower()
+    for k, v in obj.items():
+        if k.lower() == low:
+            return v
+    return None
+
+
+def _str_map(value: Any) -> dict[str, str]:
+    """Labels or annotations; anything that is not a string map counts as empty (not our input to police)."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, str)}
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the extender reads from a Pod: identity for logs, labels and annotations for matching."""
+
+    namespace: str
+    name: str
+    labels: dict[str, str]
+    annotations: dict[str, str]
+
+    @classmethod
+    def from_object(cls, pod: Mapping[str, Any]) -> PodInfo:
+        """Read a ``v1.Pod`` (lowercase Kubernetes JSON, matched case-insensitively like Go does)."""
+        meta = get_ci(pod, "metadata")
+        if not isinstance(meta, dict):
+            meta = {}
+        ns, name = get_ci(meta, "namespace"), get_ci(meta, "name")
+        if not isinstance(name, str) or not name:
+            generate = get_ci(meta, "generateName")
+            name = f"{generate}<generated>" if isinstance(generate, str) and generate else "<unnamed>"
+        return cls(
+            namespace=ns if isinstance(ns, str) and ns else "default",
+            name=name,
+            labels=_str_map(get_ci(meta, "labels")),
+            annotations=_str_map(get_ci(meta, "annotations")),
+        )
+
+    @property
+    def key(self) -> str:
+        """``namespace/name`` for logs."""
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """What the extender reads from a full ``v1.Node`` (``nodeCacheCapable: false``)."""
+
+    name: str
+    labels: dict[str, str]
+    #: Every name of every image in ``status.images`` (kubelet reports the 50 largest).
+    images: tuple[str, ...]
+
+    @classmethod
+    def from_object(cls, node: Mapping[str, Any]) -> NodeInfo:
+        """Read name, labels and ``status.images[].names`` of a Node object."""
+        meta = get_ci(node, "metadata")
+        name = get_ci(meta, "name") if isinstance(meta, dict) else None
+        if not isinstance(name, str) or not name:
+            raise BadRequestError("a node in Nodes.items has no metadata.name")
+        status = get_ci(node, "status")
+        images: list[str] = []
+        raw = get_ci(status, "images") if isinstance(status, dict) else None
+        if isinstance(raw, list):
+            for image in raw:
+                names = get_ci(image, "names") if isinstance(image, dict) else None
+                if isinstance(names, list):
+                    images.extend(n for n in names if isinstance(n, str))
+        return cls(name=name, labels=_str_map(get_ci(meta, "labels")), images=tuple(images))
+
+
+@dataclass(frozen=True)
+class ExtenderArgs:
+    """One filter or prioritize request.
+
+    Exactly one of ``node_names`` (``nodeCacheCapable: true``) and ``node_items`` (full NodeList)
+    is set; the reply uses the same form.
+    """
+
+    pod: PodInfo
+    #: Candidate node names in request order (from ``NodeNames``, or the items' ``metadata.name``).
+    names: list[str]
+    node_names: list[str] | None
+    node_items: list[dict[str, Any]] | None
+    #: Parsed Node objects in full mode (empty in cache mode).
+    nodes: list[NodeInfo]
+    #: Every name can be written between JSON quotes as it is (see :func:`plain`).
+    plain: bool
+
+    @property
+    def cache_mode(self) -> bool:
+        """True when the scheduler sent names only (and expects ``NodeNames`` back)."""
+        return self.node_names is not None
+
+    def node_infos(self) -> list[NodeInfo]:
+        """Full node information; names-only candidates have no labels or images."""
+        if self.node_items is not None:
+            return self.nodes
+        return [NodeInfo(n, {}, ()) for n in self.names]
+
+
+def parse_args(body: bytes) -> ExtenderArgs:
+    """Decode an ``ExtenderArgs`` body; raises :class:`BadRequestError` naming the problem."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequestError(f"body is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise BadRequestError(f"body must be a JSON object (ExtenderArgs), got {type(data).__name__}")
+    pod = get_ci(data, "Pod")
+    if not isinstance(pod, dict):
+        raise BadRequestError("body has no Pod object (ExtenderArgs.Pod)")
+    names = get_ci(data, "NodeNames")
+    nodes = get_ci(data, "Nodes")
+    # A string that needs escaping in JSON (quote, backslash, control character) can only have
+    # arrived escaped, with a backslash in the raw body; without one, every name is plain.
+    escaped = b"\\" in body
+    if names is not None:
+        if not isinstance(names, list):
+            raise BadRequestError("NodeNames must be an array of strings")
+        try:
+            "".join(names)  # C-speed type check: raises TypeError on any non-string
+        except TypeError:
+            raise BadRequestError("NodeNames must be an array of strings") from None
+        return ExtenderArgs(PodInfo.from_object(pod), names, names, None, [], not escaped or plain(names))
+    if nodes is not None:
+        items = get_ci(nodes, "items") if isinstance(nodes, dict) else None
+        if items is None:
+            items = []
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise BadRequestError("Nodes must be a NodeList object whose items are Node objects")
+        infos = [NodeInfo.from_object(item) for item in items]
+        all_names = [n.name for n in infos]
+        return ExtenderArgs(PodInfo.from_object(pod), all_names, None, items, infos, not escaped or plain(all_names))
+    raise BadRequestError("body has neither NodeNames nor Nodes; nothing to filter or score")
+
+
+# ---------------------------------------------------------------------------------------------
+# Encoding
+# ---------------------------------------------------------------------------------------------
+
+
+_NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f\x7f]')
+
+
+def plain(names: Sequence[str]) -> bool:
+    """True when every name can be written inside JSON quotes as it is (no escaping needed)."""
+    return _NEEDS_ESCAPE.search("".join(names)) is None
+
+
+def encode_names(names: Sequence[str], is_plain: bool | None = None) -> str:
+    """A JSON array of strings (``is_plain``: the caller already knows whether names need escaping)."""
+    if not names:
+        return "[]"
+    if is_plain if is_plain is not None else plain(names):
+        return '["' + '","'.join(names) + '"]'
+    return json.dumps(list(names), separators=(",", ":"))
+
+
+def encode_uniform_priorities(names: Sequence[str], score: int, is_plain: bool | None = None) -> str:
+    """``[{"Host":..,"Score":score}, ...]`` with one score for every node (the neutral reply)."""
+    if not names:
+        return "[]"
+    tail = f'","Score":{int(score)}}}'
+    if is_plain if is_plain is not None else plain(names):
+        return '[{"Host":"' + (tail + ',{"Host":"').join(names) + tail + "]"
+    return json.dumps([{"Host": n, "Score": int(score)} for n in names], separators=(",", ":"))
+
+
+def priority_fragment(name: str, score: int) -> str:
+    """One ``HostPriority`` object as JSON text, for callers that pre-encode per node."""
+    return '{"Host":' + json.dumps(name) + ',"Score":' + str(int(score)) + "}"
+
+
+def fragments_for(names: Sequence[str], scores: Sequence[int]) -> list[str]:
+    """One pre-encoded ``HostPriority`` object per node (built once per inventory snapshot)."""
+    if plain(names):
+        return [f'{{"Host":"{n}","Score":{int(s)}}}' for n, s in zip(names, scores, strict=True)]
+    return [priority_fragment(n, s) for n, s in zip(names, scores, strict=True)]
+
+
+def encode_fragments(fragments: Iterable[str]) -> str:
+    """A JSON array from pre-encoded ``HostPriority`` objects."""
+    return "[" + ",".join(fragments) + "]"
+
+
+def encode_priorities(pairs: Iterable[tuple[str, int]]) -> str:
+    """``HostPriorityList`` from (host, score) pairs."""
+    return json.dumps([{"Host": h, "Score": int(s)} for h, s in pairs], separators=(",", ":"))
+
+
+def encode_filter_result(
+    args: ExtenderArgs,
+    passing: Sequence[int] | None,
+    failed: Mapping[str, str],
+    unresolvable: Mapping[str, str],
+    *,
+    error: str = "",
+) -> str:
+    """``ExtenderFilterResult`` in the request's own form.
+
+    ``passing`` lists the positions (in request order) of nodes that pass; ``None`` means all of
+    them. Every key is written, as Go writes it: ``Nodes`` and ``NodeNames`` both appear, one of
+    them ``null``.
+    """
+    tail = (
+        ',"FailedNodes":' + json.dumps(dict(failed), separators=(",", ":"))
+        + ',"FailedAndUnresolvableNodes":' + json.dumps(dict(unresolvable), separators=(",", ":"))
+        + ',"Error":' + json.dumps(error) + "}"
+    )
+    if args.node_names is not None:
+        all_names = args.node_names
+        kept = all_names if passing is None else [all_names[i] for i in passing]
+        return '{"Nodes":null,"NodeNames":' + encode_names(kept, args.plain) + tail
+    items = args.node_items or []
+    kept_items = items if passing is None else [items[i] for i in passing]
+    node_list = json.dumps({"metadata": {}, "items": kept_items}, separators=(",", ":"))
+    return '{"Nodes":' + node_list + ',"NodeNames":null' + tail
+
+
+def encode_error(message: str) -> str:
+    """The JSON body of a 4xx/5xx reply."""
+    return json.dumps({"error": message})

@@ -1,0 +1,511 @@
+"""The Flask app at unit level: handlers through the test client, the refresher driven by hand.
+
+The store here is an in-memory stand-in with the two methods the refresher calls; the real Redis
+store is exercised by tests/test_extender_integration.py.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+
+from extender.core.errors import StateError, StoreUnavailableError
+from extender.core.inventory import NodeState, weights_key
+from extender.server.app import create_app
+from extender.server.engine import Engine
+from extender.server.scheduler import SchedulerService
+from extender.server.settings import Settings
+from tests.test_scoring import POLICY
+
+GB = 10**9
+IMAGE = "docker.io/vllm/vllm-openai:v0.11.0"
+
+
+def record(name: str, pool: str, *, image: bool = False, weights: bool = False, free: float = 1000 * GB,
+           heartbeat: float | None = None, ttl: float = 600.0) -> NodeState:
+    return NodeState.model_validate({
+        "name": name, "labels": {"pool": pool}, "nvmeFree": int(free),
+        "images": [IMAGE] if image else [],
+        "weights": {weights_key("llm", "r1"): 100 * GB, weights_key("strict", "r1"): 100 * GB} if weights else {},
+        "heartbeat": time.time() if heartbeat is None else heartbeat, "ttl": ttl,
+    })
+
+
+class MemoryStore:
+    """Stand-in for InventoryStore: a version, records, and a switch to fail like Redis does."""
+
+    def __init__(self, records: list[NodeState]) -> None:
+        self.records = records
+        self.current = 1
+        self.fail: Exception | None = None
+        self.loads = 0
+
+    def set(self, records: list[NodeState]) -> None:
+        self.records = records
+        self.current += 1
+
+    def version(self) -> int:
+        if self.fail is not None:
+            raise self.fail
+        return self.current
+
+    def load_all(self) -> tuple[int, list[NodeState], frozenset[str]]:
+        if self.fail is not None:
+            raise self.fail
+        self.loads += 1
+        return self.current, list(self.records), frozenset()
+
+
+def fleet() -> list[NodeState]:
+    return [
+        record("fast-warm", "fast", image=True, weights=True),
+        record("fast-cold", "fast"),
+        record("slow-warm", "slow", image=True, weights=True),
+        record("slow-cold", "slow"),
+        record("tiny-1", "tiny", free=10 * GB),
+    ]
+
+
+def pod(app_label: str = "llm", **extra: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "web-1", "namespace": "default", "uid": "5f0c", "labels": {"app": app_label},
+                         "creationTimestamp": None},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0", "resources": {}}],
+                     "schedulerName": "default-scheduler"},
+            "status": {"phase": "Pending"}, **extra}
+
+
+def args(names: list[str], app_label: str = "llm") -> dict[str, Any]:
+    """ExtenderArgs as kube-scheduler sends it with nodeCacheCapable: true."""
+    return {"Pod": pod(app_label), "Nodes": None, "NodeNames": names}
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path) -> Path:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY)
+    return path
+
+
+@pytest.fixture
+def store() -> MemoryStore:
+    return MemoryStore(fleet())
+
+
+def make_app(policy_file: Path, store: MemoryStore, **overrides: Any) -> Flask:
+    knobs: dict[str, Any] = {"policy_check_interval_s": 0.0, "min_rebuild_interval_s": 0.0,
+                             "rebuild_duty_factor": 0.0, **overrides}
+    settings = Settings(policy_path=policy_file, start_refresher=False, store_factory=lambda: store, **knobs)
+    return create_app(settings)
+
+
+def service(app: Flask) -> SchedulerService:
+    svc: SchedulerService = app.extensions["extender"]
+    return svc
+
+
+@pytest.fixture
+def app(policy_file: Path, store: MemoryStore) -> Flask:
+    application = make_app(policy_file, store)
+    service(application).refresher.refresh_once()
+    return application
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+def post(client: FlaskClient, verb: str, body: Any) -> Any:
+    resp = client.post(f"/{verb}", data=json.dumps(body), content_type="application/json")
+    assert resp.status_code == 200, resp.data
+    assert resp.mimetype == "application/json"
+    return json.loads(resp.data)
+
+
+def scores(reply: list[dict[str, Any]]) -> dict[str, int]:
+    return {h["Host"]: h["Score"] for h in reply}
+
+
+def metric(client: FlaskClient, line_start: str) -> float:
+    text = client.get("/metrics").data.decode()
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(line_start)]
+    return sum(values)
+
+
+# --------------------------------------------------------------------------------------------
+# Prioritize and filter
+# --------------------------------------------------------------------------------------------
+
+
+def test_prioritize_scores_are_go_shaped_integers(client: FlaskClient) -> None:
+    reply = post(client, "prioritize", args(["fast-warm", "fast-cold", "slow-warm", "slow-cold", "nobody"]))
+    assert isinstance(reply, list)
+    assert all(set(h) == {"Host", "Score"} and type(h["Score"]) is int for h in reply)
+    # fast: image+weights 175 s -> (570-175)/57 = 6.9 -> 7; cold 230 s -> 6
+    # slow: image+weights 370 s (the NVMe is slower than the network) -> 3.5 -> 4; cold 570 s -> 0
+    # unknown name: cold on seed-default bandwidths, slower than the reference -> 0
+    assert scores(reply) == {"fast-warm": 7, "fast-cold": 6, "slow-warm": 4, "slow-cold": 0, "nobody": 0}
+
+
+def test_scores_do_not_depend_on_the_other_candidates(client: FlaskClient) -> None:
+    alone = scores(post(client, "prioritize", args(["fast-cold"])))
+    together = scores(post(client, "prioritize", args(["fast-warm", "fast-cold", "slow-cold"])))
+    assert alone["fast-cold"] == together["fast-cold"] == 6
+
+
+def test_filter_is_soft_by_default(client: FlaskClient) -> None:
+    names = ["fast-warm", "slow-cold", "tiny-1", "nobody"]
+    reply = post(client, "filter", args(names))
+    assert reply == {"Nodes": None, "NodeNames": names, "FailedNodes": {}, "FailedAndUnresolvableNodes": {},
+                     "Error": ""}
+
+
+def test_filter_hard_rules_name_actionable_reasons(client: FlaskClient) -> None:
+    names = ["fast-warm", "fast-cold", "tiny-1", "nobody"]
+    reply = post(client, "filter", args(names, "strict"))
+    # fast-warm: image + weights 175 s > 120 s SLO (compile is cold); fast-cold 230 s > 120 s;
+    # tiny: 50 GB NVMe < 100 GB weights; nobody: no record, no evidence -> passes
+    assert reply["NodeNames"] == ["nobody"]
+    assert reply["FailedNodes"] == {}
+    assert set(reply["FailedAndUnresolvableNodes"]) == {"fast-warm", "fast-cold", "tiny-1"}
+    assert "exceeds the 120 s startup SLO" in reply["FailedAndUnresolvableNodes"]["fast-warm"]
+    assert "node class tiny has 50.0 GB of usable NVMe" in reply["FailedAndUnresolvableNodes"]["tiny-1"]
+    assert set(reply["NodeNames"]) | set(reply["FailedAndUnresolvableNodes"]) <= set(names)
+
+
+def test_filter_free_nvme_goes_to_failed_nodes(policy_file: Path) -> None:
+    full = record("fast-full", "fast", image=True, free=150 * GB)
+    roomy = record("fast-roomy", "fast", free=1000 * GB)
+    stale_full = record("fast-stale", "fast", free=0, heartbeat=time.time() - 3600, ttl=60)
+    application = make_app(policy_file, MemoryStore([full, roomy, stale_full]))
+    service(application).refresher.refresh_once()
+    names = ["fast-full", "fast-roomy", "fast-stale", "tiny-new"]
+    reply = post(application.test_client(), "filter", args(names, "fits"))
+    # profile "fits" has only requireNvmeFit: 150 GB free - 100 GB reserve = 50 GB < 100 GB of
+    # weights missing -> FailedNodes (space changes as caches are evicted); a stale record and a
+    # node without one are no evidence -> pass
+    assert reply["NodeNames"] == ["fast-roomy", "fast-stale", "tiny-new"]
+    assert list(reply["FailedNodes"]) == ["fast-full"]
+    assert reply["FailedAndUnresolvableNodes"] == {}
+    assert "free NVMe 50.0 GB" in reply["FailedNodes"]["fast-full"]
+
+
+def test_keys_are_read_in_any_letter_case(client: FlaskClient) -> None:
+    body = {"pod": pod(), "nodes": None, "NODENAMES": ["fast-warm", "fast-cold"]}
+    reply = post(client, "prioritize", body)
+    assert scores(reply) == {"fast-warm": 7, "fast-cold": 6}
+    reply = post(client, "filter", {"POD": pod(), "nodeNames": ["fast-cold"]})
+    assert reply["NodeNames"] == ["fast-cold"] and "Nodes" in reply
+
+
+def node_object(name: str, labels: dict[str, str], images: list[list[str]]) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": labels},
+            "status": {"images": [{"names": n, "sizeBytes": 10 * GB} for n in images]}}
+
+
+def test_full_node_list_mode_reads_labels_and_images(client: FlaskClient) -> None:
+    items = [
+        # not in the inventory: class from labels, image from kubelet's status.images
+        node_object("new-fast", {"pool": "fast"}, [["docker.io/vllm/vllm-openai@sha256:abc",
+                                                    "docker.io/vllm/vllm-openai:v0.11.0"]]),
+        node_object("new-fast-no-image", {"pool": "fast"}, [["docker.io/library/nginx:1.25"]]),
+        node_object("fast-cold", {"pool": "fast"}, []),
+    ]
+    body = {"Pod": pod(), "Nodes": {"metadata": {}, "items": items}, "NodeNames": None}
+    reply = post(client, "prioritize", body)
+    # image present 180 s -> (570-180)/57 = 6.8 -> 7; fast and cold 230 s -> 6
+    assert scores(reply) == {"new-fast": 7, "new-fast-no-image": 6, "fast-cold": 6}
+    filtered = post(client, "filter", body)
+    assert filtered["NodeNames"] is None
+    assert filtered["Nodes"]["items"] == items  # returned verbatim
+
+
+def test_unknown_nodes_are_cold_not_errors(client: FlaskClient) -> None:
+    reply = post(client, "prioritize", args(["never-heard-of-it"]))
+    assert reply == [{"Host": "never-heard-of-it", "Score": 0}]
+
+
+def test_names_that_need_escaping_are_escaped(client: FlaskClient) -> None:
+    odd = ['we"ird', "back\\slash", "tab\tname", "ünïcode"]
+    reply = post(client, "prioritize", args(odd))
+    assert [h["Host"] for h in reply] == odd
+    assert post(client, "filter", args(odd))["NodeNames"] == odd
+
+
+def test_empty_candidate_list(client: FlaskClient) -> None:
+    assert post(client, "prioritize", args([])) == []
+    assert post(client, "filter", args([]))["NodeNames"] == []
+
+
+# --------------------------------------------------------------------------------------------
+# Neutral replies and fail-open
+# --------------------------------------------------------------------------------------------
+
+
+def test_unmatched_pod_gets_the_neutral_reply(client: FlaskClient) -> None:
+    names = ["fast-warm", "slow-cold"]
+    assert post(client, "prioritize", args(names, "something-else")) == [
+        {"Host": "fast-warm", "Score": 0}, {"Host": "slow-cold", "Score": 0}]
+    assert post(client, "filter", args(names, "something-else"))["NodeNames"] == names
+    assert metric(client, 'extender_requests_total{outcome="unmatched"') == 2
+    assert metric(client, "extender_fail_open_total") == 0
+
+
+def test_no_snapshot_yet_is_neutral(policy_file: Path, store: MemoryStore) -> None:
+    client = make_app(policy_file, store).test_client()  # refresher never ran
+    assert scores(post(client, "prioritize", args(["fast-warm"]))) == {"fast-warm": 0}
+    assert metric(client, 'extender_fail_open_total{reason="no_snapshot"') == 1
+
+
+def test_store_down_past_the_bound_is_neutral(policy_file: Path, store: MemoryStore) -> None:
+    application = make_app(policy_file, store, max_snapshot_age_s=5.0)
+    refresher = service(application).refresher
+    client = application.test_client()
+    refresher.refresh_once(now=time.time())
+    assert scores(post(client, "prioritize", args(["fast-warm"]))) == {"fast-warm": 7}
+    store.fail = StoreUnavailableError("connection refused")
+    refresher.refresh_once()
+    # still within the bound: the snapshot confirmed a moment ago is used
+    assert scores(post(client, "prioritize", args(["fast-warm"]))) == {"fast-warm": 7}
+    refresher.confirmed_at -= 60  # as if the store had been down for a minute
+    assert scores(post(client, "prioritize", args(["fast-warm"]))) == {"fast-warm": 0}
+    assert post(client, "filter", args(["fast-warm"], "strict"))["NodeNames"] == ["fast-warm"]
+    assert metric(client, 'extender_fail_open_total{reason="store_unavailable"') == 2
+    store.fail = None
+    refresher.refresh_once()
+    assert scores(post(client, "prioritize", args(["fast-warm"]))) == {"fast-warm": 7}
+
+
+def test_stale_snapshot_without_store_error_is_neutral(app: Flask) -> None:
+    refresher = service(app).refresher
+    refresher.refresh_once(now=time.time() - 3600)  # the last confirmation an hour ago, no error since
+    client = app.test_client()
+    assert scores(post(client, "prioritize", args(["fast-warm"]))) == {"fast-warm": 0}
+    assert metric(client, 'extender_fail_open_total{reason="stale_snapshot"') == 1
+
+
+def test_an_exception_is_neutral_and_logged_once(app: Flask, monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    def boom(*_: Any, **__: Any) -> str:
+        raise ZeroDivisionError("bug in scoring")
+
+    monkeypatch.setattr(Engine, "prioritize_names", boom)
+    client = app.test_client()
+    with caplog.at_level(logging.ERROR, logger="extender.server.scheduler"):
+        for _ in range(3):
+            assert post(client, "prioritize", args(["fast-warm", "slow-cold"])) == [
+                {"Host": "fast-warm", "Score": 0}, {"Host": "slow-cold", "Score": 0}]
+    assert metric(client, 'extender_fail_open_total{reason="exception"') == 3
+    logged = [r for r in caplog.records if "failed; answering neutrally" in r.getMessage()]
+    assert len(logged) == 1 and logged[0].exc_info is not None
+
+
+def test_time_budget_overrun_is_neutral(policy_file: Path, store: MemoryStore) -> None:
+    application = make_app(policy_file, store, request_budget_s=1e-9)
+    service(application).refresher.refresh_once()
+    client = application.test_client()
+    assert scores(post(client, "prioritize", args(["fast-warm"]))) == {"fast-warm": 0}
+    assert metric(client, 'extender_fail_open_total{reason="budget"') == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input
+# --------------------------------------------------------------------------------------------
+
+BAD_BODIES = [
+    ("invalid JSON", b"{not json", "not valid JSON"),
+    ("not an object", b"[1, 2]", "must be a JSON object"),
+    ("no Pod", json.dumps({"NodeNames": ["a"]}).encode(), "no Pod"),
+    ("Pod is not an object", json.dumps({"Pod": "web-1", "NodeNames": ["a"]}).encode(), "no Pod"),
+    ("NodeNames not strings", json.dumps({"Pod": {}, "NodeNames": [1, 2]}).encode(), "array of strings"),
+    ("NodeNames not a list", json.dumps({"Pod": {}, "NodeNames": "a"}).encode(), "array of strings"),
+    ("neither NodeNames nor Nodes", json.dumps({"Pod": {}, "Nodes": None, "NodeNames": None}).encode(),
+     "neither NodeNames nor Nodes"),
+    ("node without a name", json.dumps({"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}}).encode(),
+     "no metadata.name"),
+    ("empty body", b"", "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "message"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_bad_input_is_400_with_a_json_error(client: FlaskClient, verb: str, name: str, body: bytes,
+                                            message: str) -> None:
+    resp = client.post(f"/{verb}", data=body, content_type="application/json")
+    assert resp.status_code == 400
+    assert message in json.loads(resp.data)["error"]
+
+
+def test_body_over_the_limit_is_413(policy_file: Path, store: MemoryStore) -> None:
+    application = make_app(policy_file, store, max_body_bytes=1000)
+    service(application).refresher.refresh_once()
+    resp = application.test_client().post("/prioritize", data=json.dumps(args(["n"] * 500)),
+                                          content_type="application/json")
+    assert resp.status_code == 413
+    assert "1000 byte limit" in json.loads(resp.data)["error"]
+
+
+@pytest.mark.parametrize(("limit", "status"), [(100_000, 200), (1000, 413)], ids=["fits", "over the limit"])
+def test_body_without_content_length(policy_file: Path, store: MemoryStore, limit: int, status: int) -> None:
+    application = make_app(policy_file, store, max_body_bytes=limit)
+    service(application).refresher.refresh_once()
+    body = json.dumps(args(["fast-warm"] * 200)).encode()  # about 5 KB, sent without Content-Length
+    resp = application.test_client().post("/prioritize", input_stream=io.BytesIO(body),
+                                          headers={"Transfer-Encoding": "chunked"})
+    assert resp.status_code == status
+    if status == 200:
+        assert len(json.loads(resp.data)) == 200
+
+
+def test_unknown_route_and_method_are_json(client: FlaskClient) -> None:
+    assert client.post("/bind", data=b"{}").status_code == 404
+    resp = client.get("/filter")
+    assert resp.status_code == 405 and "error" in json.loads(resp.data)
+
+
+# --------------------------------------------------------------------------------------------
+# Ops endpoints, explain
+# --------------------------------------------------------------------------------------------
+
+
+def test_health_ready_metrics(policy_file: Path, store: MemoryStore) -> None:
+    application = make_app(policy_file, store, startup_grace_s=3600.0)
+    client = application.test_client()
+    assert client.get("/healthz").status_code == 200
+    not_yet = client.get("/readyz")
+    assert not_yet.status_code == 503 and json.loads(not_yet.data)["mode"] == "loading"
+    service(application).refresher.refresh_once()
+    ready = json.loads(client.get("/readyz").data)
+    assert ready["ready"] and ready["mode"] == "snapshot" and ready["nodes"] == 5
+    post(client, "prioritize", args(["fast-warm"]))
+    text = client.get("/metrics").data.decode()
+    for name in ("extender_request_duration_seconds_bucket", "extender_fail_open_total",
+                 "extender_snapshot_age_seconds", "extender_nodes_known"):
+        assert name in text
+    assert metric(client, "extender_nodes_known") == 5
+
+
+def test_ready_in_declared_fail_open_mode_after_the_grace(policy_file: Path, store: MemoryStore) -> None:
+    store.fail = StoreUnavailableError("down")
+    application = make_app(policy_file, store, startup_grace_s=1.0)
+    refresher = service(application).refresher
+    refresher.refresh_once()
+    refresher.started_at -= 10  # the grace is over
+    body = json.loads(application.test_client().get("/readyz").data)
+    assert body["ready"] and body["mode"] == "fail-open" and "down" in body["storeError"]
+
+
+def test_explain_gives_phases_scores_and_verdicts(client: FlaskClient) -> None:
+    resp = client.post("/explain?nodes=fast-warm,tiny-1,nobody", data=json.dumps(pod("strict")),
+                       content_type="application/json")
+    report = json.loads(resp.data)
+    assert report["profile"] == "strict" and report["failOpen"] is None
+    by_node = {n["node"]: n for n in report["nodes"]}
+    assert by_node["fast-warm"]["phases"]["image_s"] == 0.0
+    assert by_node["fast-warm"]["totalSeconds"] == pytest.approx(175.0)
+    assert by_node["tiny-1"]["verdict"] == "FailedAndUnresolvableNodes"
+    assert by_node["nobody"]["known"] is False and by_node["nobody"]["verdict"] == "pass"
+    everything = json.loads(client.get("/explain", data=json.dumps(args([]))).data)
+    assert everything["nodes"] == []  # the body's NodeNames (empty) wins over "all nodes"
+    all_nodes = json.loads(client.post("/explain", data=json.dumps(pod())).data)
+    assert {n["node"] for n in all_nodes["nodes"]} == {r.name for r in fleet()}
+
+
+def test_explain_unmatched_pod(client: FlaskClient) -> None:
+    report = json.loads(client.post("/explain", data=json.dumps(pod("other"))).data)
+    assert report["profile"] is None and report["nodes"] == []
+
+
+# --------------------------------------------------------------------------------------------
+# Refresher: store versions, freshness, policy hot reload, the thread
+# --------------------------------------------------------------------------------------------
+
+
+def test_snapshot_follows_the_store_version(app: Flask, store: MemoryStore) -> None:
+    client = app.test_client()
+    refresher = service(app).refresher
+    assert scores(post(client, "prioritize", args(["fast-cold"]))) == {"fast-cold": 6}
+    loads = store.loads
+    refresher.refresh_once()
+    assert store.loads == loads  # version unchanged: nothing reloaded
+    store.set([record("fast-cold", "fast", image=True, weights=True)])
+    refresher.refresh_once()
+    assert scores(post(client, "prioritize", args(["fast-cold"]))) == {"fast-cold": 7}
+
+
+def test_reloads_are_spaced_by_their_cost(policy_file: Path, store: MemoryStore) -> None:
+    application = make_app(policy_file, store, rebuild_duty_factor=1e9)
+    refresher = service(application).refresher
+    refresher.refresh_once()  # the first load always happens
+    store.set(fleet())
+    refresher.refresh_once()  # a reload now would exceed the duty cycle: deferred, still confirmed
+    assert store.loads == 1 and refresher.error is None
+    assert refresher.health(time.time()).fail_open is None
+
+
+def test_a_record_going_stale_turns_cold(policy_file: Path) -> None:
+    now = time.time()
+    store = MemoryStore([record("fast-warm", "fast", image=True, weights=True, heartbeat=now, ttl=30.0)])
+    application = make_app(policy_file, store)
+    engine = service(application).refresher
+    engine.refresh_once(now=now)
+    assert engine.engine is not None
+    profile = engine.policy.profile("llm")
+    fresh = engine.engine.prioritize_names(profile, ["fast-warm"], now + 10)
+    stale = engine.engine.prioritize_names(profile, ["fast-warm"], now + 31)
+    # warm-ish 175 s -> 7 while fresh; past its TTL it is cold: 230 s -> 6
+    assert json.loads(fresh) == [{"Host": "fast-warm", "Score": 7}]
+    assert json.loads(stale) == [{"Host": "fast-warm", "Score": 6}]
+
+
+def test_refresh_errors_keep_the_last_snapshot(app: Flask, store: MemoryStore) -> None:
+    refresher = service(app).refresher
+    engine = refresher.engine
+    store.fail = StateError("WRONGTYPE")
+    refresher.refresh_once()
+    assert refresher.engine is engine and refresher.error is not None and refresher.error[0] == "store_error"
+
+
+def test_policy_hot_reload_and_invalid_versions(app: Flask, policy_file: Path,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    client = app.test_client()
+    refresher = service(app).refresher
+    assert scores(post(client, "prioritize", args(["fast-cold"]))) == {"fast-cold": 6}
+    # a valid change: secondsPerPoint 100 s -> (570 - 230) / 100 = 3.4 -> 3
+    policy_file.write_text(POLICY.replace("secondsPerPoint: 30s", "secondsPerPoint: 100s"))
+    assert refresher.check_policy()
+    refresher.refresh_once()
+    assert scores(post(client, "prioritize", args(["fast-cold"]))) == {"fast-cold": 3}
+    # an invalid change: rejected, every problem logged, the last good policy kept
+    policy_file.write_text(POLICY.replace("secondsPerPoint: 30s", "secondsPerPoint: -1s")
+                           .replace("count: 8", "count: 0"))
+    with caplog.at_level(logging.ERROR, logger="extender.server.refresher"):
+        assert not refresher.check_policy()
+    message = "\n".join(r.getMessage() for r in caplog.records)
+    assert "keeping the last good policy" in message
+    assert "gpu.count" in message and "secondsPerPoint" in message
+    refresher.refresh_once()
+    assert scores(post(client, "prioritize", args(["fast-cold"]))) == {"fast-cold": 3}
+    assert metric(client, 'extender_policy_reloads_total{result="invalid"}') == 1
+
+
+def test_the_refresher_thread_loads_and_stops(policy_file: Path, store: MemoryStore) -> None:
+    settings = Settings(policy_path=policy_file, store_factory=lambda: store, poll_interval_s=0.01)
+    application = create_app(settings)
+    refresher = service(application).refresher
+    try:
+        deadline = time.monotonic() + 10  # a setup bound, not a timing assertion
+        while refresher.engine is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert refresher.engine is not None and refresher.alive()
+    finally:
+        refresher.stop()
+    assert refresher._thread is not None and not refresher._thread.is_alive()
