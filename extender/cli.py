@@ -135,11 +135,15 @@ def build_parser() -> argparse.ArgumentParser:
     # Commands with I/O live beside the code they drive; importing them builds no client.
     # (extender.server.commands imports no Flask app: `serve` must set up Prometheus' multiprocess
     # directory before the app module is imported.)
+    from extender.agent import commands as agent_commands
+    from extender.kube import commands as kube_commands
     from extender.server import commands as server_commands
     from extender.state import commands as inventory_commands
 
     inventory_commands.register(sub)
     server_commands.register(sub)
+    agent_commands.register(sub)
+    kube_commands.register(sub)
     return parser
 
 

@@ -1,0 +1,88 @@
+"""``extender agent``: run the node agent (one per node, as a DaemonSet).
+
+    extender agent --node-name NAME --cache-root DIR [--interval S] [--ttl S]
+                   [--redis-url URL] [--data-dir DIR] [--label-nodes [--kubeconfig F]]
+                   [--once | --dry-run]
+
+``--node-name`` defaults to ``$NODE_NAME`` (set from ``spec.nodeName`` by the DaemonSet).
+``--once`` scans and writes one report, then exits (non-zero if the write failed); ``--dry-run``
+prints the report as JSON and touches neither Redis nor the API server. SIGTERM and SIGINT end
+the loop cleanly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+from extender.agent.loop import Agent, AgentSettings, Labeler
+from extender.core.errors import ExtenderError
+from extender.core.inventory import DEFAULT_TTL_S
+from extender.process import configure_logging, stop_on_signals
+from extender.state.commands import add_store_options, connect_from_args
+from extender.state.sources import SourceStore
+from extender.state.store import InventoryStore
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``agent`` to the ``extender`` command line."""
+    p = subparsers.add_parser("agent", help="node agent: scan the node's cache root, report it to the inventory")
+    p.add_argument("--node-name", default=None, metavar="NAME", help="this node's name (default: $NODE_NAME)")
+    p.add_argument("--cache-root", required=True, type=Path, metavar="DIR", help="the node's cache root")
+    p.add_argument("--interval", type=_positive, default=15.0, metavar="S", help="seconds between scans (15)")
+    p.add_argument("--ttl", type=_positive, default=DEFAULT_TTL_S, metavar="S",
+                   help=f"seconds a report stays valid without a heartbeat ({DEFAULT_TTL_S:.0f})")
+    p.add_argument("--label-nodes", action="store_true",
+                   help="also label the Node extender.io/<workload>.weights=ready (needs get/patch on nodes)")
+    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for --label-nodes (default: in-cluster)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="scan and report once, then exit")
+    mode.add_argument("--dry-run", action="store_true", help="print one report as JSON; write nothing")
+    add_store_options(p)
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    node = args.node_name or os.environ.get("NODE_NAME")
+    if not node:
+        print("extender agent: give --node-name or set $NODE_NAME", file=sys.stderr)
+        return 2
+    configure_logging()
+    settings = AgentSettings(node_name=node, cache_root=args.cache_root, interval_s=args.interval, ttl_s=args.ttl)
+
+    def open_reporter() -> SourceStore:
+        return SourceStore(InventoryStore(connect_from_args(args)))
+
+    labeler: Labeler | None = None
+    if args.label_nodes and not args.dry_run:
+        from extender.kube.client import KubeClient
+        from extender.kube.labels import NodeLabeler
+
+        labeler = NodeLabeler(KubeClient.connect(args.kubeconfig), node)
+    agent = Agent(settings, open_reporter, labeler=labeler)
+    if args.dry_run:
+        report = agent.scan()
+        print(json.dumps({"node": node, **report.model_dump(mode="python", by_alias=True)}, indent=2))
+        return 0
+    if args.once:
+        try:
+            agent.write(agent.scan())
+        except ExtenderError as exc:
+            print(f"extender agent: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    stop = threading.Event()
+    with stop_on_signals(stop):
+        agent.run(stop)
+    return 0

@@ -1,0 +1,131 @@
+"""The node cache layout: where weights, compile caches and snapshots live under one cache root.
+
+One root per node (a hostPath on local NVMe), shared by the agent (reads), the serving pods and
+the cache warmer (write)::
+
+    <root>/weights/<workload>/<version>/      model files, any tree below
+        .manifest.json                        every file with its size (the writer's promise)
+        .complete                             empty marker, written last, after every file is whole
+    <root>/compile/<cache-key>/               torch.compile / Triton / vLLM cache of one key
+                                              (VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR and
+                                              TRITON_CACHE_DIR can point inside it)
+    <root>/snapshots/<workload>/              a process snapshot for this node's class
+        .complete                             written last, as for weights
+
+Rules the agent relies on:
+
+* A weights directory is complete only when ``.complete`` exists, the manifest parses and every
+  listed file is on disk with exactly its listed size. Anything less counts the bytes actually
+  present (each file's length, capped at its listed size) and is never reported complete, even if
+  the bytes add up (the cap is one byte short of the manifest's total).
+* A writer that preallocates files must write under a name the manifest does not list and rename
+  when done: the agent counts a listed file's length as present bytes.
+* Names starting with ``.`` at the workload, version, key or snapshot level are staging areas and
+  are ignored (write there, then rename into place: a rename is atomic on one filesystem).
+* A compile-cache key counts as present once its directory holds a file: engines fill it
+  incrementally while they compile, and a partial cache still saves most of the work.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ConfigDict, Field, field_validator
+
+from extender.core.schema import Schema
+
+WEIGHTS = "weights"
+COMPILE = "compile"
+SNAPSHOTS = "snapshots"
+MANIFEST = ".manifest.json"
+COMPLETE = ".complete"
+#: Our own files inside a weights directory; never counted as model bytes.
+METADATA = frozenset({MANIFEST, COMPLETE})
+
+
+class _Model(Schema):
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class ManifestFile(_Model):
+    """One file of a weights directory."""
+
+    path: str = Field(min_length=1, description="relative to the version directory, '/'-separated")
+    size: int = Field(ge=0)
+    sha256: str | None = None
+
+    @field_validator("path")
+    @classmethod
+    def _relative(cls, value: str) -> str:
+        # plain string checks: a manifest lists thousands of files and this runs for each
+        parts = value.split("/")
+        if "" in parts or "." in parts or ".." in parts or value in METADATA or "\0" in value:
+            raise ValueError(f"{value!r} is not a plain relative path inside the directory")
+        return value
+
+
+class Manifest(_Model):
+    """``.manifest.json`` of a weights directory."""
+
+    api_version: Literal["extender.io/v1alpha1"] = "extender.io/v1alpha1"
+    kind: Literal["WeightsManifest"] = "WeightsManifest"
+    #: Where the files came from (informational).
+    source: str = ""
+    files: tuple[ManifestFile, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def weights_dir(root: Path, workload: str, version: str) -> Path:
+    return root / WEIGHTS / workload / version
+
+
+def compile_dir(root: Path, key: str) -> Path:
+    return root / COMPILE / key
+
+
+def snapshot_dir(root: Path, workload: str) -> Path:
+    return root / SNAPSHOTS / workload
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    """Write via a temporary name, fsync, rename: a reader sees the old file or the whole new one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_manifest(directory: Path, files: Iterable[tuple[str, int]], *, source: str = "") -> Manifest:
+    """Write ``.manifest.json`` listing ``(relative path, size)`` pairs (before or while downloading)."""
+    manifest = Manifest.model_validate(
+        {"source": source, "files": [{"path": p, "size": s} for p, s in files]}
+    )
+    _write_durably(directory / MANIFEST, manifest.model_dump_json(by_alias=True, exclude_none=True).encode())
+    return manifest
+
+
+def mark_complete(directory: Path) -> None:
+    """Write the ``.complete`` marker: call only after every listed file is whole and synced."""
+    _write_durably(directory / COMPLETE, b"")
+
+
+def finish_from_disk(directory: Path, *, source: str = "") -> Manifest:
+    """List the files now in ``directory`` in a manifest and mark it complete (for writers and tests)."""
+    files: list[tuple[str, int]] = []
+    for dirpath, _dirnames, filenames in os.walk(directory):
+        for name in filenames:
+            full = Path(dirpath, name)
+            rel = full.relative_to(directory).as_posix()
+            if rel not in METADATA and not name.startswith(f".{MANIFEST}"):
+                files.append((rel, full.stat().st_size))
+    manifest = write_manifest(directory, sorted(files), source=source)
+    mark_complete(directory)
+    return manifest

@@ -1,0 +1,230 @@
+"""The agent's loop: scan, report what changed, keep the heartbeat alive, ride out Redis outages.
+
+Every ``interval_s`` the agent scans the cache root and measures the filesystem. It writes its
+report (:class:`~extender.state.sources.AgentReport`) when
+
+* the content differs from the last report written (weights bytes, keys, snapshots, or free space
+  by more than ``free_tolerance_bytes``: logs and scratch files move free space all the time, and
+  rewriting the record for each of those would bump the inventory version on every scan), or
+* the last write is ``heartbeat_s`` old (default a quarter of the TTL: three lost writes in a row
+  still leave the node fresh), or
+* nothing was written yet since the agent started.
+
+So a scan that finds nothing new writes nothing unless the heartbeat is due, and every write is a
+whole report: a Redis that restarted empty is fully repaired by the next write.
+
+Outages: a failed write (Redis down, or not up yet when the agent starts) is retried with
+exponential backoff capped at ``backoff_max_s`` (well under the interval), so the report lands
+within seconds of Redis coming back; scanning goes on meanwhile and the retry sends the newest
+report. Scan problems (corrupt manifest, unreadable directory, vanished file) are logged once per
+path until they clear, never raised.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from extender.agent.disk import disk_usage
+from extender.agent.scan import CacheScan, ManifestCache, Problem, scan_cache
+from extender.core.errors import KubeError, StateError
+from extender.core.inventory import DEFAULT_TTL_S
+from extender.kube.backoff import Backoff
+from extender.state.sources import AgentReport
+
+log = logging.getLogger(__name__)
+
+
+class Reporter(Protocol):
+    """Where reports go (``extender.state.sources.SourceStore``)."""
+
+    def report_agent(self, name: str, report: AgentReport) -> int | None: ...
+
+
+class Labeler(Protocol):
+    """Mirrors readiness onto the Node (``extender.kube.labels.NodeLabeler``)."""
+
+    def apply(self, ready: Iterable[str]) -> bool: ...
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What one agent watches and how often."""
+
+    node_name: str
+    cache_root: Path
+    interval_s: float = 15.0
+    ttl_s: float = DEFAULT_TTL_S
+    #: Longest time between two writes; ``None``: a quarter of the TTL.
+    heartbeat_s: float | None = None
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 5.0
+    #: Free-space drift that alone does not make a report "changed" (the heartbeat carries it later).
+    free_tolerance_bytes: int = 2**30
+
+    @property
+    def heartbeat_every_s(self) -> float:
+        return self.heartbeat_s if self.heartbeat_s is not None else self.ttl_s / 4
+
+
+@dataclass
+class AgentStats:
+    """Counters for logs and tests."""
+
+    scans: int = 0
+    writes: int = 0
+    failed_writes: int = 0
+    label_patches: int = 0
+    last_scan: CacheScan | None = None
+    problems: frozenset[Problem] = field(default_factory=frozenset)
+
+
+class Agent:
+    """One node's reporter."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        open_reporter: Callable[[], Reporter],
+        *,
+        labeler: Labeler | None = None,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.open_reporter = open_reporter
+        self.labeler = labeler
+        self.clock = clock
+        self.monotonic = monotonic
+        self.stats = AgentStats()
+        self.last_written: AgentReport | None = None
+        self._reporter: Reporter | None = None
+        self._last_write_at = float("-inf")
+        self._labels_applied: frozenset[str] | None = None
+        self._outage = False
+        self._tombstoned = False
+        self._manifests = ManifestCache()
+        self._stop = threading.Event()
+
+    # ---- one step at a time (the loop and the tests use these) -------------------------------
+
+    def scan(self) -> AgentReport:
+        """Scan the cache root and the filesystem; the report has no heartbeat yet."""
+        scan = scan_cache(self.settings.cache_root, manifests=self._manifests)
+        try:
+            disk = disk_usage(self.settings.cache_root)
+            total, free = disk.total_bytes, disk.free_bytes
+        except OSError as exc:
+            total = free = 0
+            scan = CacheScan(scan.weights, scan.compile_keys, scan.snapshots,
+                             (*scan.problems, Problem(str(self.settings.cache_root), "unreadable",
+                                                      f"statvfs failed: {exc.strerror or exc}")), scan.files)
+        self.stats.scans += 1
+        self.stats.last_scan = scan
+        self._log_problems(scan.problems)
+        self._apply_labels(scan)
+        return AgentReport(
+            nvme_total=total,
+            nvme_free=free,
+            weights=scan.weights_bytes,
+            compile_keys=tuple(sorted(scan.compile_keys)),
+            snapshots=tuple(sorted(scan.snapshots)),
+            ttl=self.settings.ttl_s,
+        )
+
+    def due(self, report: AgentReport) -> bool:
+        """Should this report be written now?"""
+        return (
+            not report.same_content(self.last_written, free_tolerance=self.settings.free_tolerance_bytes)
+            or self.monotonic() - self._last_write_at >= self.settings.heartbeat_every_s
+        )
+
+    def write(self, report: AgentReport) -> None:
+        """Write ``report`` with a heartbeat of now; raises :class:`StateError` when the store fails."""
+        stamped = report.model_copy(update={"heartbeat": self.clock()})
+        try:
+            if self._reporter is None:
+                self._reporter = self.open_reporter()
+            version = self._reporter.report_agent(self.settings.node_name, stamped)
+        except StateError:
+            self.stats.failed_writes += 1
+            raise
+        self.last_written = stamped
+        self._last_write_at = self.monotonic()
+        self.stats.writes += 1
+        if version is None and not self._tombstoned:
+            log.warning("node %s was removed from the cluster; its reports are ignored until it returns",
+                        self.settings.node_name)
+        self._tombstoned = version is None
+
+    def step(self) -> AgentReport:
+        """One scan and, if due, one write (raises :class:`StateError` if that write fails)."""
+        report = self.scan()
+        if self.due(report):
+            self.write(report)
+        return report
+
+    # ---- the loop --------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Scan and report until ``stop`` (or :meth:`stop`) is set."""
+        stop = stop or self._stop
+        s = self.settings
+        backoff = Backoff(s.backoff_initial_s, s.backoff_max_s)
+        report: AgentReport | None = None
+        next_scan = self.monotonic()
+        log.info("agent for node %s: scanning %s every %.0fs", s.node_name, s.cache_root, s.interval_s)
+        while not stop.is_set():
+            now = self.monotonic()
+            if report is None or now >= next_scan:
+                report = self.scan()
+                next_scan = now + s.interval_s
+            wait = max(0.0, next_scan - self.monotonic())
+            if self.due(report):
+                try:
+                    self.write(report)
+                except StateError as exc:
+                    delay = backoff.next()
+                    if not self._outage:
+                        log.warning("inventory store: %s; retrying with backoff", exc)
+                    self._outage = True
+                    wait = delay
+                else:
+                    if self._outage:
+                        log.info("inventory store is back; report written")
+                    self._outage = False
+                    backoff.reset()
+            if not self._outage:
+                wait = min(wait, max(0.0, self._last_write_at + s.heartbeat_every_s - self.monotonic()))
+            stop.wait(wait)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    def _log_problems(self, problems: Iterable[Problem]) -> None:
+        current = frozenset(problems)
+        for p in sorted(current - self.stats.problems, key=lambda p: (p.path, p.kind)):
+            level = logging.INFO if p.kind == "vanished" else logging.WARNING
+            log.log(level, "cache scan: %s", p)
+        self.stats.problems = current
+
+    def _apply_labels(self, scan: CacheScan) -> None:
+        if self.labeler is None:
+            return
+        ready = scan.complete_workloads
+        if ready == self._labels_applied:
+            return
+        try:
+            if self.labeler.apply(ready):
+                self.stats.label_patches += 1
+        except KubeError as exc:
+            log.warning("node labels: %s; retrying after the next scan", exc)
+            return
+        self._labels_applied = ready

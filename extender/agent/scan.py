@@ -1,0 +1,297 @@
+"""Scan a node cache root into what it holds (the layout is in :mod:`extender.agent.layout`).
+
+The scan reads the filesystem and nothing else; the result is a plain value. It never raises for
+what it finds: a corrupt manifest, a directory it may not read, a file that vanishes between
+listing and ``lstat`` (a download finishing or a cache being evicted) each become a
+:class:`Problem` naming the path, and the rest of the tree is reported.
+
+Cost: one ``scandir`` per directory and one ``lstat`` per file below ``weights/``; compile-cache
+directories (often tens of thousands of small Triton files) are entered only until their first
+file is found. Symbolic links are neither followed nor counted: a link's target is someone else's
+bytes, and following links invites loops. Numbers are in BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationError
+
+from extender.agent.layout import COMPILE, COMPLETE, MANIFEST, METADATA, SNAPSHOTS, WEIGHTS, Manifest
+from extender.core.inventory import weights_key
+
+ProblemKind = Literal["unreadable", "vanished", "corrupt", "inconsistent"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something in the cache root the scan could not use as it is."""
+
+    path: str
+    kind: ProblemKind
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class WeightsEntry:
+    """One ``weights/<workload>/<version>/`` directory."""
+
+    workload: str
+    version: str
+    #: Bytes present (all of them when complete; never the manifest's total when not).
+    bytes: int
+    complete: bool
+    #: The manifest's total, when a readable manifest exists.
+    expected_bytes: int | None
+
+    @property
+    def key(self) -> str:
+        return weights_key(self.workload, self.version)
+
+
+@dataclass(frozen=True)
+class CacheScan:
+    """Everything one scan found."""
+
+    weights: tuple[WeightsEntry, ...] = ()
+    compile_keys: tuple[str, ...] = ()
+    snapshots: tuple[str, ...] = ()
+    problems: tuple[Problem, ...] = ()
+    #: Regular files looked at (``lstat`` calls), for logs and benchmarks.
+    files: int = 0
+
+    @property
+    def weights_bytes(self) -> dict[str, int]:
+        return {w.key: w.bytes for w in self.weights}
+
+    @property
+    def complete_workloads(self) -> frozenset[str]:
+        """Workloads with at least one complete weights version."""
+        return frozenset(w.workload for w in self.weights if w.complete)
+
+
+@dataclass
+class _Walk:
+    problems: list[Problem] = field(default_factory=list)
+    files: int = 0
+
+    def problem(self, path: str | os.PathLike[str], kind: ProblemKind, message: str) -> None:
+        self.problems.append(Problem(os.fspath(path), kind, message))
+
+    def os_problem(self, path: str | os.PathLike[str], exc: OSError) -> None:
+        if isinstance(exc, FileNotFoundError):
+            self.problem(path, "vanished", "vanished during the scan")
+        else:
+            self.problem(path, "unreadable", f"cannot read: {exc.strerror or exc}")
+
+    def entries(self, directory: Path, *, missing_ok: bool = False) -> list[os.DirEntry[str]]:
+        """The entries of a directory, sorted by name; [] (and a problem) if it cannot be listed."""
+        try:
+            with os.scandir(directory) as it:
+                return sorted(it, key=lambda e: e.name)
+        except FileNotFoundError as exc:
+            if not missing_ok:
+                self.os_problem(directory, exc)
+            return []
+        except OSError as exc:
+            self.os_problem(directory, exc)
+            return []
+
+    def subdirs(self, directory: Path, *, missing_ok: bool = False) -> list[os.DirEntry[str]]:
+        """Sub-directories that are not staging areas (names starting with '.')."""
+        out = []
+        for entry in self.entries(directory, missing_ok=missing_ok):
+            try:
+                if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False):
+                    out.append(entry)
+            except OSError as exc:
+                self.os_problem(entry.path, exc)
+        return out
+
+    def file_sizes(self, top: str) -> tuple[dict[str, int], set[str], bool]:
+        """``(relative path -> size, top-level names, complete listing?)`` of every regular file below ``top``.
+
+        Iterative (no recursion limit for deep trees). A directory that cannot be listed makes the
+        listing incomplete; a file that vanishes is simply not there.
+        """
+        sizes: dict[str, int] = {}
+        top_names: set[str] = set()
+        whole = True
+        stack: list[tuple[str, str]] = [(top, "")]
+        while stack:
+            path, prefix = stack.pop()
+            try:
+                it = os.scandir(path)
+            except OSError as exc:
+                self.os_problem(path, exc)
+                whole = False
+                continue
+            with it:
+                for entry in it:
+                    if not prefix:
+                        top_names.add(entry.name)
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append((entry.path, f"{prefix}{entry.name}/"))
+                        elif entry.is_file(follow_symlinks=False):
+                            if not prefix and entry.name in METADATA:
+                                continue
+                            self.files += 1
+                            sizes[prefix + entry.name] = entry.stat(follow_symlinks=False).st_size
+                    except OSError as exc:
+                        self.os_problem(entry.path, exc)
+                        if not isinstance(exc, FileNotFoundError):
+                            whole = False
+        return sizes, top_names, whole
+
+    def has_file(self, top: str) -> bool:
+        """Does any regular file exist below ``top`` (stops at the first one)?"""
+        stack = [top]
+        while stack:
+            path = stack.pop()
+            try:
+                with os.scandir(path) as it:
+                    for entry in it:
+                        if entry.is_file(follow_symlinks=False):
+                            return True
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+            except OSError as exc:
+                self.os_problem(path, exc)
+        return False
+
+
+ManifestResult = tuple[Manifest | None, str | None]
+
+
+class ManifestCache:
+    """Parsed manifests kept between scans, keyed by the file's identity and change stamp.
+
+    Manifests change only when a writer rewrites them (via rename, which changes the inode), and
+    parsing one that lists thousands of files costs more than ``lstat``-ing them all, so a steady
+    agent parses each manifest once. Entries of manifests not seen in the latest scan are dropped.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[tuple[int, int, int], ManifestResult]] = {}
+        self._seen: set[str] = set()
+
+    def get(self, path: str, stamp: tuple[int, int, int]) -> ManifestResult | None:
+        self._seen.add(path)
+        hit = self._entries.get(path)
+        return hit[1] if hit is not None and hit[0] == stamp else None
+
+    def put(self, path: str, stamp: tuple[int, int, int], result: ManifestResult) -> None:
+        self._entries[path] = (stamp, result)
+
+    def end_scan(self) -> None:
+        for path in self._entries.keys() - self._seen:
+            del self._entries[path]
+        self._seen = set()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def _parse_manifest(raw: bytes) -> ManifestResult:
+    try:
+        return Manifest.model_validate_json(raw), None
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(p) for p in first["loc"])
+        return None, f"corrupt manifest: {where + ': ' if where else ''}{first['msg']}"
+    except (ValueError, json.JSONDecodeError) as exc:
+        return None, f"corrupt manifest: {exc}"
+
+
+def read_manifest(directory: Path, cache: ManifestCache | None = None) -> ManifestResult:
+    """``(manifest, None)``, ``(None, None)`` when there is none, or ``(None, why it is unusable)``."""
+    path = os.path.join(directory, MANIFEST)
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+            if cache is not None and (hit := cache.get(path, stamp)) is not None:
+                return hit
+            raw = f.read()
+    except FileNotFoundError:
+        return None, None
+    except OSError as exc:
+        return None, f"cannot read: {exc.strerror or exc}"
+    result = _parse_manifest(raw)
+    if cache is not None:
+        cache.put(path, stamp, result)
+    return result
+
+
+def scan_weights(
+    walk: _Walk, directory: Path, workload: str, version: str, manifests: ManifestCache | None = None
+) -> WeightsEntry | None:
+    """One weights version directory (rules in :mod:`extender.agent.layout`); ``None`` if it vanished."""
+    sizes, top_names, whole = walk.file_sizes(str(directory))
+    if not whole and not sizes and not os.path.isdir(directory):
+        return None  # evicted while we looked: reported as a problem, not as an empty entry
+    manifest, why = read_manifest(directory, manifests) if MANIFEST in top_names else (None, None)
+    marked = COMPLETE in top_names
+    if why is not None:
+        walk.problem(directory / MANIFEST, "corrupt", why)
+    if manifest is None:
+        if marked:
+            walk.problem(directory, "inconsistent", "marked complete but has no readable manifest; counted as partial")
+        return WeightsEntry(workload, version, sum(sizes.values()), complete=False, expected_bytes=None)
+    total = manifest.total_bytes
+    present = sum(min(sizes.get(f.path, 0), f.size) for f in manifest.files)
+    mismatched = next((f.path for f in manifest.files if sizes.get(f.path) != f.size), None)
+    complete = marked and whole and mismatched is None
+    if marked and not complete:
+        detail = f"{mismatched} is missing or not {_size_of(manifest, mismatched)} bytes" if mismatched else \
+            "part of it could not be read"
+        walk.problem(directory, "inconsistent", f"marked complete but {detail}; counted as partial")
+    if not complete:
+        present = min(present, max(0, total - 1))
+    return WeightsEntry(workload, version, present, complete=complete, expected_bytes=total)
+
+
+def _size_of(manifest: Manifest, path: str | None) -> int:
+    return next((f.size for f in manifest.files if f.path == path), 0)
+
+
+def scan_cache(root: Path, *, manifests: ManifestCache | None = None) -> CacheScan:
+    """Scan ``root`` (see the module docstring); a missing root is a problem, not an error.
+
+    ``manifests`` keeps parsed manifests between scans (the agent passes one; a single scan needs none).
+    """
+    walk = _Walk()
+    if not os.path.isdir(root):
+        walk.problem(root, "unreadable", "cache root does not exist or is not a directory")
+        return CacheScan(problems=tuple(walk.problems))
+    weights: list[WeightsEntry] = []
+    for workload in walk.subdirs(root / WEIGHTS, missing_ok=True):
+        for version in walk.subdirs(Path(workload.path)):
+            entry = scan_weights(walk, Path(version.path), workload.name, version.name, manifests)
+            if entry is not None:
+                weights.append(entry)
+    if manifests is not None:
+        manifests.end_scan()
+    compile_keys = tuple(d.name for d in walk.subdirs(root / COMPILE, missing_ok=True) if walk.has_file(d.path))
+    snapshots: list[str] = []
+    for d in walk.subdirs(root / SNAPSHOTS, missing_ok=True):
+        try:
+            if os.path.lexists(os.path.join(d.path, COMPLETE)):
+                snapshots.append(d.name)
+        except OSError as exc:  # pragma: no cover - lexists swallows most errors itself
+            walk.os_problem(d.path, exc)
+    return CacheScan(
+        weights=tuple(weights),
+        compile_keys=compile_keys,
+        snapshots=tuple(snapshots),
+        problems=tuple(walk.problems),
+        files=walk.files,
+    )

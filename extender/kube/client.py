@@ -1,0 +1,175 @@
+"""A typed face on the official ``kubernetes`` client: plain JSON in and out, our errors, explicit timeouts.
+
+Why not hand the generated models around: they are untyped for mypy, large to build for thousands
+of nodes, and each caller here needs a handful of fields, which :mod:`extender.kube.objects` parses
+with pydantic. So lists are read raw (``_preload_content=False``), watches use the client's own
+:class:`kubernetes.watch.Watch` with ``return_type="object"`` (events arrive as dicts), and
+everything the client raises is mapped by :func:`extender.kube.errors.kube_errors`.
+
+Configuration: an explicit kubeconfig file wins; otherwise the in-cluster service account when
+running in a pod (``KUBERNETES_SERVICE_HOST`` is set); otherwise ``$KUBECONFIG`` /
+``~/.kube/config``. The configuration object is private to each client (never the library's
+global default), so two clients in one process can point at two servers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from kubernetes import client as _client
+from kubernetes import config as _config
+from kubernetes import watch as _watch
+
+from extender.core.errors import KubeError
+from extender.kube.errors import kube_errors
+
+# the client is only partly typed: everything from it is Any here, and nothing of it leaves this module
+k8s: Any = _client
+k8s_config: Any = _config
+k8s_watch: Any = _watch
+
+JSON = dict[str, Any]
+Resource = Literal["nodes", "pods"]
+
+#: Seconds to open a connection to the API server.
+CONNECT_TIMEOUT_S = 10.0
+#: Seconds to wait for one reply to a plain request (list pages included).
+REQUEST_TIMEOUT_S = 60.0
+#: Objects per list page: big clusters are listed in pages rather than one huge response.
+PAGE_SIZE = 500
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    """One watch event: ``ADDED``, ``MODIFIED``, ``DELETED`` or ``BOOKMARK`` with its object."""
+
+    type: str
+    object: JSON
+
+    @property
+    def resource_version(self) -> str:
+        return str(self.object.get("metadata", {}).get("resourceVersion") or "")
+
+
+class WatchStream:
+    """An open watch; iterate it for events, :meth:`stop` it from another thread to end the iteration."""
+
+    def __init__(self, describe: str, start: Any) -> None:
+        self._describe = describe
+        self._start = start
+        self._watch: Any = k8s_watch.Watch(return_type="object")
+
+    def __iter__(self) -> Iterator[WatchEvent]:
+        with kube_errors(self._describe):
+            for event in self._start(self._watch):
+                yield WatchEvent(str(event["type"]), event["raw_object"])
+
+    def stop(self) -> None:
+        """End the stream now (shuts the socket down, so a blocked read returns)."""
+        self._watch.stop()
+
+
+class KubeClient:
+    """The few API calls extender makes, typed."""
+
+    def __init__(self, api_client: Any) -> None:
+        self._api = api_client
+        self._core: Any = k8s.CoreV1Api(api_client)
+
+    @classmethod
+    def connect(cls, kubeconfig: str | None = None, *, context: str | None = None) -> KubeClient:
+        """A client from a kubeconfig file, the pod's service account, or the default kubeconfig."""
+        configuration = k8s.Configuration()
+        with kube_errors("loading the Kubernetes client configuration"):
+            if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+                k8s_config.load_incluster_config(client_configuration=configuration)
+            else:
+                k8s_config.load_kube_config(config_file=kubeconfig, context=context,
+                                            client_configuration=configuration, persist_config=False)
+        return cls(k8s.ApiClient(configuration=configuration))
+
+    @property
+    def host(self) -> str:
+        """The API server URL this client talks to."""
+        return str(self._api.configuration.host)
+
+    def close(self) -> None:
+        self._api.close()
+
+    def _lister(self, resource: Resource) -> Any:
+        return self._core.list_node if resource == "nodes" else self._core.list_pod_for_all_namespaces
+
+    def list(
+        self, resource: Resource, *, field_selector: str | None = None, label_selector: str | None = None
+    ) -> tuple[list[JSON], str]:
+        """Every matching object (all pages) and the resourceVersion to watch from."""
+        lister = self._lister(resource)
+        items: list[JSON] = []
+        token: str | None = None
+        resource_version = ""
+        while True:
+            kwargs: dict[str, Any] = {"limit": PAGE_SIZE, "_preload_content": False,
+                                      "_request_timeout": (CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S)}
+            if field_selector:
+                kwargs["field_selector"] = field_selector
+            if label_selector:
+                kwargs["label_selector"] = label_selector
+            if token:
+                kwargs["_continue"] = token
+            with kube_errors(f"listing {resource}"):
+                response = lister(**kwargs)
+                try:
+                    page = json.loads(response.data)
+                finally:
+                    response.release_conn()
+            if not isinstance(page, dict):
+                raise KubeError(f"listing {resource}: the API server sent {type(page).__name__}, not a list object")
+            items.extend(page.get("items") or [])
+            meta = page.get("metadata") or {}
+            resource_version = str(meta.get("resourceVersion") or "")
+            token = meta.get("continue") or None
+            if not token:
+                return items, resource_version
+
+    def watch(
+        self, resource: Resource, resource_version: str, *, timeout_s: int, field_selector: str | None = None
+    ) -> WatchStream:
+        """A watch from ``resource_version`` with bookmarks, ended by the server after ``timeout_s``."""
+        lister = self._lister(resource)
+        kwargs: dict[str, Any] = {
+            "resource_version": resource_version,
+            "allow_watch_bookmarks": True,
+            "timeout_seconds": timeout_s,
+            # a connection that dies without a FIN would otherwise block forever: the server ends
+            # every watch after timeout_s, so silence well beyond that means the peer is gone
+            "_request_timeout": (CONNECT_TIMEOUT_S, timeout_s + 30.0),
+        }
+        if field_selector:
+            kwargs["field_selector"] = field_selector
+        return WatchStream(f"watching {resource}", lambda w: w.stream(lister, **kwargs))
+
+    def get_node(self, name: str) -> JSON:
+        with kube_errors(f"reading node {name!r}"):
+            response = self._core.read_node(name, _preload_content=False,
+                                            _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S))
+            try:
+                node: JSON = json.loads(response.data)
+            finally:
+                response.release_conn()
+        return node
+
+    def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON:
+        """JSON merge patch (RFC 7386) of a Node: ``None`` values delete keys (labels, annotations)."""
+        with kube_errors(f"patching node {name!r}"):
+            response = self._core.patch_node(name, dict(patch), _content_type="application/merge-patch+json",
+                                              _preload_content=False,
+                                              _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S))
+            try:
+                node: JSON = json.loads(response.data)
+            finally:
+                response.release_conn()
+        return node

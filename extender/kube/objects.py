@@ -1,0 +1,218 @@
+"""What the inventory needs from Node and Pod objects, parsed from the API's JSON (pure).
+
+Only the fields we use are modelled (pydantic, unknown fields ignored: the API grows). From those:
+
+* :func:`node_facts`: class (first policy class whose ``matchLabels`` hold, else empty so readers
+  classify by labels), labels, allocatable GPUs, and every name in ``status.images``;
+* :func:`pod_facts`: for a pod bound to a node and not finished, the GPUs it holds and, when it
+  matches a workload profile, whether it is starting or running;
+* :func:`kube_report`: one node's report for the inventory, from its facts and its pods.
+
+GPU requests follow the scheduler's arithmetic: a pod holds the larger of the sum over its
+containers and the largest init container (init containers run one at a time, before the rest).
+A pod being deleted still holds its GPUs until it is gone, but no longer counts as a replica.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic.alias_generators import to_camel
+
+from extender.core.errors import KubeError
+from extender.core.policy import UNKNOWN_CLASS, Policy
+from extender.state.sources import KubeReport, Replicas
+
+#: Extended resource that counts GPUs (``--gpu-resource`` changes it, e.g. ``amd.com/gpu``).
+DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
+
+
+class _Api(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+
+class ObjectMeta(_Api):
+    name: str
+    namespace: str = ""
+    labels: dict[str, str] = {}
+    annotations: dict[str, str] = {}
+    deletion_timestamp: str | None = None
+
+
+class ContainerImage(_Api):
+    names: list[str] = []
+    size_bytes: int = 0
+
+
+class NodeStatus(_Api):
+    capacity: dict[str, str] = {}
+    allocatable: dict[str, str] = {}
+    images: list[ContainerImage] = []
+
+
+class Node(_Api):
+    metadata: ObjectMeta
+    status: NodeStatus = NodeStatus()
+
+
+class Resources(_Api):
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+
+
+class Container(_Api):
+    resources: Resources = Resources()
+
+
+class PodSpec(_Api):
+    node_name: str = ""
+    containers: list[Container] = []
+    init_containers: list[Container] = []
+
+
+class PodCondition(_Api):
+    type: str
+    status: str
+
+
+class PodStatus(_Api):
+    phase: str = "Pending"
+    conditions: list[PodCondition] = []
+
+
+class Pod(_Api):
+    metadata: ObjectMeta
+    spec: PodSpec = PodSpec()
+    status: PodStatus = PodStatus()
+
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?)([a-zA-Z]*)$")
+_SUFFIX = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+
+
+def parse_count(quantity: str | int | float | None) -> int:
+    """A resource quantity as a whole count (``"8"`` -> 8, ``"1k"`` -> 1000; fractions round up)."""
+    if quantity is None:
+        return 0
+    if isinstance(quantity, int | float):
+        return max(0, math.ceil(quantity))
+    match = _QUANTITY.match(quantity.strip())
+    if not match or match.group(2) not in _SUFFIX:
+        raise ValueError(f"not a resource quantity: {quantity!r}")
+    return max(0, math.ceil(float(match.group(1)) * _SUFFIX[match.group(2)]))
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """One Node, reduced to what the inventory records."""
+
+    name: str
+    node_class: str
+    labels: Mapping[str, str]
+    gpus: int
+    images: tuple[str, ...]
+
+
+PodState = Literal["starting", "running", "terminating"]
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """One pod bound to a node and not finished."""
+
+    key: str  # namespace/name
+    node: str
+    gpus: int
+    workload: str | None
+    state: PodState
+
+
+def _parse(model: type[Node] | type[Pod], raw: Mapping[str, Any]) -> Any:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        name = raw.get("metadata", {}).get("name", "?") if isinstance(raw.get("metadata"), Mapping) else "?"
+        raise KubeError(f"cannot read {model.__name__} {name!r}: {exc.error_count()} invalid field(s): "
+                        f"{exc.errors(include_url=False)[0]['msg']}") from exc
+
+
+def node_facts(raw: Mapping[str, Any], policy: Policy, gpu_resource: str = DEFAULT_GPU_RESOURCE) -> NodeFacts:
+    """Facts of a Node object; raises :class:`KubeError` for an object that is not a readable Node."""
+    node: Node = _parse(Node, raw)
+    labels = dict(node.metadata.labels)
+    matched = policy.classify_node(labels)
+    quantity = node.status.allocatable.get(gpu_resource, node.status.capacity.get(gpu_resource))
+    try:
+        gpus = parse_count(quantity)
+    except ValueError as exc:
+        raise KubeError(f"node {node.metadata.name!r}: {gpu_resource}: {exc}") from exc
+    images: list[str] = []
+    seen: set[str] = set()
+    for image in node.status.images:
+        for name in image.names:
+            if name not in seen:
+                seen.add(name)
+                images.append(name)
+    return NodeFacts(
+        name=node.metadata.name,
+        node_class="" if matched is UNKNOWN_CLASS else matched.name,
+        labels=labels,
+        gpus=gpus,
+        images=tuple(images),
+    )
+
+
+def _container_gpus(container: Container, resource: str) -> int:
+    value = container.resources.requests.get(resource, container.resources.limits.get(resource))
+    try:
+        return parse_count(value)
+    except ValueError:
+        return 0  # the API server rejects such pods; nothing sensible to count
+
+
+def pod_facts(raw: Mapping[str, Any], policy: Policy, gpu_resource: str = DEFAULT_GPU_RESOURCE) -> PodFacts | None:
+    """Facts of a pod, or ``None`` when it holds nothing on any node (unbound, succeeded, failed)."""
+    pod: Pod = _parse(Pod, raw)
+    if not pod.spec.node_name or pod.status.phase in ("Succeeded", "Failed"):
+        return None
+    regular = sum(_container_gpus(c, gpu_resource) for c in pod.spec.containers)
+    init = max((_container_gpus(c, gpu_resource) for c in pod.spec.init_containers), default=0)
+    profile = policy.profile_for_pod(dict(pod.metadata.labels), dict(pod.metadata.annotations))
+    state: PodState
+    if pod.metadata.deletion_timestamp:
+        state = "terminating"
+    elif pod.status.phase == "Running" and any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions):
+        state = "running"
+    else:
+        state = "starting"
+    return PodFacts(
+        key=f"{pod.metadata.namespace}/{pod.metadata.name}",
+        node=pod.spec.node_name,
+        gpus=max(regular, init),
+        workload=profile.name if profile is not None else None,
+        state=state,
+    )
+
+
+def kube_report(node: NodeFacts, pods: Iterable[PodFacts]) -> KubeReport:
+    """The sync's report of one node: its facts, the GPUs its pods hold, its replicas per workload."""
+    used = 0
+    replicas: dict[str, dict[str, int]] = {}
+    for pod in pods:
+        used += pod.gpus
+        if pod.workload is not None and pod.state != "terminating":
+            counts = replicas.setdefault(pod.workload, {"starting": 0, "running": 0})
+            counts[pod.state] += 1
+    return KubeReport(
+        node_class=node.node_class,
+        labels=dict(node.labels),
+        gpus=node.gpus,
+        gpus_free=max(0, node.gpus - used),
+        images=node.images,
+        replicas={w: Replicas(**c) for w, c in sorted(replicas.items())},
+    )

@@ -1,0 +1,334 @@
+"""``extender sync``: keep the inventory's cluster view true (Nodes, and the pods bound to them).
+
+Two reflectors (:mod:`extender.kube.reflector`) feed an in-memory view:
+
+* Nodes: class by the policy's node-class selectors, labels, allocatable GPUs, every name in
+  ``status.images``;
+* Pods bound to a node and not finished (``spec.nodeName!=,status.phase!=Succeeded,
+  status.phase!=Failed``, the scheduler's own "assigned pods" selector): the GPUs each holds and,
+  for pods matching a workload profile, whether it is starting or running there.
+
+A writer loop turns the nodes touched since the last write into :class:`KubeReport` records and
+stores them through :class:`extender.state.sources.SourceStore`, which merges them with the agents'
+reports. It writes only reports that differ from what it last wrote, waits for both resources'
+first list before the first write (a node listed before its pods would look all free for a
+moment), deletes nodes that left the cluster, and after every node (re)list prunes inventory
+records of nodes the cluster no longer has.
+
+Redis outages: the writer keeps what it could not write marked dirty and retries with backoff. A
+Redis that came back empty is noticed from its version counter going backwards (checked every
+``version_check_s``) and triggers a full rewrite; every ``resync_s`` the stored reports are also
+compared with the view, so anything else that went missing is repaired.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from extender.core.errors import KubeError, StateError
+from extender.core.policy import Policy
+from extender.kube.backoff import Backoff
+from extender.kube.client import JSON, KubeClient
+from extender.kube.objects import DEFAULT_GPU_RESOURCE, NodeFacts, PodFacts, kube_report, node_facts, pod_facts
+from extender.kube.reflector import DEFAULT_WATCH_TIMEOUT_S, Reflector
+from extender.state.sources import KubeReport, SourceStore
+
+log = logging.getLogger(__name__)
+
+#: The scheduler's selector for pods that hold resources on a node.
+ASSIGNED_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    """Knobs of the sync loop; tests shrink the time bounds."""
+
+    gpu_resource: str = DEFAULT_GPU_RESOURCE
+    watch_timeout_s: int = DEFAULT_WATCH_TIMEOUT_S
+    #: Compare every stored report with the view this often (repairs a store that lost data).
+    resync_s: float = 60.0
+    #: Read the store's version this often to notice a Redis that restarted empty.
+    version_check_s: float = 2.0
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+
+
+class ClusterView:
+    """Nodes and assigned pods as last seen, and which nodes need writing (thread-safe)."""
+
+    def __init__(self, policy: Policy, gpu_resource: str) -> None:
+        self.policy = policy
+        self.gpu_resource = gpu_resource
+        self.cond = threading.Condition()
+        self.nodes: dict[str, NodeFacts] = {}
+        self.pods: dict[str, PodFacts] = {}
+        self.pods_by_node: dict[str, dict[str, PodFacts]] = {}
+        self.dirty: set[str] = set()
+        self.removed: set[str] = set()
+        self.prune = False
+        self._bad: set[str] = set()
+
+    def _node(self, raw: JSON) -> NodeFacts | None:
+        try:
+            return node_facts(raw, self.policy, self.gpu_resource)
+        except KubeError as exc:
+            self._warn_once(str(exc))
+            return None
+
+    def _pod(self, raw: JSON) -> PodFacts | None:
+        try:
+            return pod_facts(raw, self.policy, self.gpu_resource)
+        except KubeError as exc:
+            self._warn_once(str(exc))
+            return None
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._bad:
+            self._bad.add(message)
+            log.warning("skipping an object: %s", message)
+
+    # ---- nodes -----------------------------------------------------------------------------
+
+    def replace_nodes(self, items: list[JSON]) -> None:
+        facts = [f for f in map(self._node, items) if f is not None]
+        with self.cond:
+            fresh = {f.name: f for f in facts}
+            gone = self.nodes.keys() - fresh.keys()
+            self.nodes = fresh
+            self.removed |= gone
+            self.removed -= fresh.keys()
+            self.dirty = (self.dirty | fresh.keys()) - gone
+            self.prune = True
+            self.cond.notify_all()
+
+    def node_event(self, etype: str, raw: JSON) -> None:
+        if etype == "DELETED":
+            name = str(raw.get("metadata", {}).get("name", ""))
+            with self.cond:
+                self.nodes.pop(name, None)
+                self.dirty.discard(name)
+                self.removed.add(name)
+                self.cond.notify_all()
+            return
+        facts = self._node(raw)
+        if facts is None:
+            return
+        with self.cond:
+            self.nodes[facts.name] = facts
+            self.removed.discard(facts.name)
+            self.dirty.add(facts.name)
+            self.cond.notify_all()
+
+    # ---- pods ------------------------------------------------------------------------------
+
+    def _unlink(self, key: str) -> str | None:
+        old = self.pods.pop(key, None)
+        if old is None:
+            return None
+        on_node = self.pods_by_node.get(old.node)
+        if on_node is not None:
+            on_node.pop(key, None)
+            if not on_node:
+                del self.pods_by_node[old.node]
+        return old.node
+
+    def _link(self, facts: PodFacts) -> None:
+        self.pods[facts.key] = facts
+        self.pods_by_node.setdefault(facts.node, {})[facts.key] = facts
+
+    def replace_pods(self, items: list[JSON]) -> None:
+        facts = [f for f in map(self._pod, items) if f is not None]
+        with self.cond:
+            touched = set(self.pods_by_node)
+            self.pods, self.pods_by_node = {}, {}
+            for f in facts:
+                self._link(f)
+            touched |= self.pods_by_node.keys()
+            self.dirty |= touched & self.nodes.keys()
+            self.cond.notify_all()
+
+    def pod_event(self, etype: str, raw: JSON) -> None:
+        meta = raw.get("metadata", {})
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        facts = None if etype == "DELETED" else self._pod(raw)
+        with self.cond:
+            touched = {self._unlink(key)}
+            if facts is not None:
+                self._link(facts)
+                touched.add(facts.node)
+            self.dirty |= {n for n in touched if n is not None and n in self.nodes}
+            self.cond.notify_all()
+
+    # ---- reports ---------------------------------------------------------------------------
+
+    def report(self, name: str) -> KubeReport | None:
+        """The report of one node now (``None`` if the node is not in the cluster); caller holds ``cond``."""
+        facts = self.nodes.get(name)
+        if facts is None:
+            return None
+        return kube_report(facts, self.pods_by_node.get(name, {}).values())
+
+    def mark_dirty(self, names: Iterable[str]) -> None:
+        with self.cond:
+            self.dirty |= set(names) & self.nodes.keys()
+            self.cond.notify_all()
+
+
+class ClusterSync:
+    """Runs the reflectors and the writer until stopped."""
+
+    def __init__(
+        self,
+        kube: KubeClient,
+        open_sources: Callable[[], SourceStore],
+        policy: Policy,
+        settings: SyncSettings = SyncSettings(),
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.settings = settings
+        self.view = ClusterView(policy, settings.gpu_resource)
+        self.open_sources = open_sources
+        self.clock = clock
+        self.nodes = Reflector(kube, "nodes", on_replace=self.view.replace_nodes, on_event=self.view.node_event,
+                               watch_timeout_s=settings.watch_timeout_s, backoff=self._backoff())
+        self.pods = Reflector(kube, "pods", on_replace=self.view.replace_pods, on_event=self.view.pod_event,
+                              field_selector=ASSIGNED_PODS, watch_timeout_s=settings.watch_timeout_s,
+                              backoff=self._backoff())
+        #: What each node's stored report is, as far as we know (reports equal to it are not rewritten).
+        self.written: dict[str, KubeReport] = {}
+        #: Count of completed writes (tests wait on it; logs report it).
+        self.flushes = 0
+        self._sources: SourceStore | None = None
+        self._last_version = 0
+        self._outage = False
+        self._stop = threading.Event()
+
+    def _backoff(self) -> Backoff:
+        return Backoff(self.settings.backoff_initial_s, self.settings.backoff_max_s)
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        """Sync until ``stop`` (or :meth:`stop`) is set; reflector threads are joined before returning."""
+        stop = stop or self._stop
+        threads = [threading.Thread(target=r.run, args=(stop,), name=f"reflector-{r.resource}", daemon=True)
+                   for r in (self.nodes, self.pods)]
+        for t in threads:
+            t.start()
+        try:
+            self._write_loop(stop)
+        finally:
+            stop.set()
+            for r in (self.nodes, self.pods):
+                r.interrupt()
+            for t in threads:
+                t.join()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self.view.cond:
+            self.view.cond.notify_all()
+
+    # ---- writing ---------------------------------------------------------------------------
+
+    def _write_loop(self, stop: threading.Event) -> None:
+        backoff = self._backoff()
+        next_resync = self.clock() + self.settings.resync_s
+        next_version_check = self.clock() + self.settings.version_check_s
+        while not stop.is_set():
+            with self.view.cond:
+                pending = self.view.dirty or self.view.removed or self.view.prune
+                if not pending or not self._synced():
+                    wake = min(next_resync, next_version_check) - self.clock()
+                    self.view.cond.wait(timeout=max(0.01, min(wake, 0.5)))
+            if stop.is_set():
+                break
+            if not self._synced():
+                continue
+            try:
+                sources = self._connect()
+                now = self.clock()
+                if now >= next_version_check:
+                    self._check_version(sources)
+                    next_version_check = now + self.settings.version_check_s
+                if now >= next_resync:
+                    self._resync(sources)
+                    next_resync = now + self.settings.resync_s
+                self._flush(sources)
+            except StateError as exc:
+                delay = backoff.next()
+                if not self._outage:
+                    log.warning("inventory store: %s; retrying (next in %.1fs)", exc, delay)
+                self._outage = True
+                stop.wait(delay)
+                continue
+            if self._outage:
+                log.info("inventory store is back")
+                self._outage = False
+            backoff.reset()
+
+    def _synced(self) -> bool:
+        return self.nodes.synced.is_set() and self.pods.synced.is_set()
+
+    def _connect(self) -> SourceStore:
+        if self._sources is None:
+            self._sources = self.open_sources()
+        return self._sources
+
+    def _flush(self, sources: SourceStore) -> None:
+        view = self.view
+        with view.cond:
+            dirty, removed, prune = view.dirty, view.removed, view.prune
+            view.dirty, view.removed, view.prune = set(), set(), False
+            reports = {n: r for n in dirty if (r := view.report(n)) is not None}
+            alive = set(view.nodes)
+        changed = {n: r for n, r in reports.items() if self.written.get(n) != r}
+        try:
+            if changed:
+                self._last_version = max(self._last_version, sources.report_kube(changed))
+                self.written.update(changed)
+            for name in sorted(removed):
+                self._last_version = max(self._last_version, sources.remove_node(name))
+                self.written.pop(name, None)
+                removed = removed - {name}
+            if prune:
+                for name in sorted(sources.store.names() - alive):
+                    log.info("node %s is no longer in the cluster; removing it from the inventory", name)
+                    self._last_version = max(self._last_version, sources.remove_node(name))
+                    self.written.pop(name, None)
+        except StateError:
+            with view.cond:  # keep everything not confirmed written for the next attempt
+                view.dirty |= {n for n, r in changed.items() if self.written.get(n) != r}
+                view.dirty &= view.nodes.keys()
+                view.removed |= removed - view.nodes.keys()
+                view.prune = view.prune or prune
+            raise
+        if changed or removed or prune:
+            self.flushes += 1
+
+    def _check_version(self, sources: SourceStore) -> None:
+        version = sources.store.version()
+        if version < self._last_version:
+            log.warning("inventory version went back from %d to %d: the store lost data; rewriting every node",
+                        self._last_version, version)
+            self.written.clear()
+            with self.view.cond:
+                self.view.dirty |= set(self.view.nodes)
+                self.view.prune = True
+        self._last_version = version
+
+    def _resync(self, sources: SourceStore) -> None:
+        with self.view.cond:
+            names = sorted(self.view.nodes)
+        stored = sources.kube_reports(names)
+        stale = [n for n in names if stored.get(n) is None or stored[n] != self.written.get(n)]
+        for name in stale:
+            self.written.pop(name, None)
+        if stale:
+            log.info("resync: %d node report(s) differ from the store; rewriting them", len(stale))
+            self.view.mark_dirty(stale)

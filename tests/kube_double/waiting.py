@@ -1,0 +1,24 @@
+"""Bounded waiting for tests that watch background threads: poll a condition, never sleep blindly."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+#: Upper bound for anything a test waits on; a setup bound, not a performance assertion.
+DEFAULT_TIMEOUT_S = 20.0
+
+
+def wait_until(condition: Callable[[], T], *, timeout_s: float = DEFAULT_TIMEOUT_S, what: str = "condition") -> T:
+    """Poll ``condition`` until it returns something truthy and return that; fail the test after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)

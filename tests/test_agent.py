@@ -1,0 +1,325 @@
+"""The node agent against real directory trees and a real Redis (and the API double for node labels).
+
+The inventory matches the disk; unchanged scans write nothing until the heartbeat is due; agent
+restarts and Redis restarts lose nothing; outages are ridden out; node labels follow readiness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from extender.agent.layout import COMPLETE, compile_dir, mark_complete, snapshot_dir, weights_dir
+from extender.agent.loop import Agent, AgentSettings
+from extender.core.errors import StoreUnavailableError
+from extender.kube.client import KubeClient
+from extender.kube.labels import NodeLabeler, label_key, label_patch
+from extender.state import InventoryStore, connect
+from extender.state.sources import SourceStore
+from tests.conftest import RedisServer
+from tests.kube_double import KubeDouble
+from tests.kube_double.waiting import wait_until
+from tests.test_agent_scan import GiB, make_weights, sparse
+
+ROOT = Path(__file__).resolve().parent.parent
+NODE = "gpu-node-1"
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    root = tmp_path / "cache"
+    make_weights(root, "llama3-8b", "main", {f"model-{i}.safetensors": 4 * GiB for i in range(4)})
+    make_weights(root, "mixtral-61g", "v1", {"a": 40 * GiB, "b": 21 * GiB}, present={"a": 40 * GiB, "b": 3 * GiB},
+                 complete=False)
+    sparse(compile_dir(root, "ck1-0123456789abcdef0123456789abcdef") / "triton" / "k.cubin", 4096)
+    sparse(snapshot_dir(root, "llama3-8b") / "pages.img", 8 * GiB)
+    mark_complete(snapshot_dir(root, "llama3-8b"))
+    return root
+
+
+class Clients:
+    """Redis clients opened by agents under test, closed at teardown."""
+
+    def __init__(self, url: str, data_dir: Path) -> None:
+        self.url = url
+        self.data_dir = data_dir
+        self.opened: list[redis.Redis] = []
+
+    def open(self) -> SourceStore:
+        client = connect(self.url, self.data_dir)
+        self.opened.append(client)
+        return SourceStore(InventoryStore(client))
+
+
+@pytest.fixture
+def clients(redis_server: RedisServer, tmp_path: Path) -> Iterator[Clients]:
+    c = Clients(redis_server.url, tmp_path)
+    try:
+        yield c
+    finally:
+        for client in c.opened:
+            client.close()
+
+
+@pytest.fixture
+def reader(clients: Clients) -> SourceStore:
+    return clients.open()
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand (heartbeat scheduling without sleeping)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def agent(cache: Path, clients: Clients, **settings: Any) -> Agent:
+    opts: dict[str, Any] = {"interval_s": 0.05, "ttl_s": 60.0, "backoff_initial_s": 0.02, "backoff_max_s": 0.1}
+    opts.update(settings)
+    monotonic = opts.pop("monotonic", None)
+    kwargs: dict[str, Any] = {"monotonic": monotonic} if monotonic else {}
+    return Agent(AgentSettings(node_name=NODE, cache_root=cache, **opts), clients.open, **kwargs)
+
+
+@contextmanager
+def running(a: Agent) -> Iterator[Agent]:
+    thread = threading.Thread(target=a.run, name="agent-under-test")
+    thread.start()
+    try:
+        yield a
+    finally:
+        a.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the agent did not stop"
+
+
+def test_the_inventory_matches_the_disk(cache: Path, clients: Clients, reader: SourceStore) -> None:
+    a = agent(cache, clients)
+    a.step()
+    state = reader.store.get(NODE)
+    assert state is not None
+    assert state.weights == {"llama3-8b/main": 16 * GiB, "mixtral-61g/v1": 43 * GiB}  # 40 + 3 of 61 GiB
+    assert state.compile_keys == ("ck1-0123456789abcdef0123456789abcdef",)
+    assert state.snapshots == ("llama3-8b",)
+    st = os.statvfs(cache)
+    assert state.nvme_total == st.f_blocks * st.f_frsize
+    assert 0 < state.nvme_free <= state.nvme_total
+    assert state.heartbeat > 0 and state.ttl == 60.0
+    assert a.stats.last_scan is not None and a.stats.last_scan.complete_workloads == {"llama3-8b"}
+
+
+def test_only_changes_and_due_heartbeats_are_written(cache: Path, clients: Clients, reader: SourceStore) -> None:
+    clock = FakeClock()
+    # free space of the shared test disk may move by any amount meanwhile: that is not this test's subject
+    a = agent(cache, clients, heartbeat_s=10.0, monotonic=clock, free_tolerance_bytes=2**62)
+    a.step()
+    first = reader.store.get(NODE)
+    version = reader.store.version()
+    clock.now += 5
+    a.step()  # same disk, heartbeat not due: nothing written
+    assert (a.stats.writes, reader.store.version()) == (1, version)
+    sparse(weights_dir(cache, "mixtral-61g", "v1") / "b", 21 * GiB)  # the download finished
+    mark_complete(weights_dir(cache, "mixtral-61g", "v1"))
+    a.step()
+    state = reader.store.get(NODE)
+    assert state is not None and state.weights["mixtral-61g/v1"] == 61 * GiB
+    assert a.stats.writes == 2
+    clock.now += 10
+    a.step()  # nothing changed, but the heartbeat is due
+    beat = reader.store.get(NODE)
+    assert a.stats.writes == 3 and beat is not None and first is not None
+    ignore = {"heartbeat": 0, "nvme_free": 0}
+    assert beat.heartbeat >= state.heartbeat and beat.model_copy(update=ignore) == state.model_copy(update=ignore)
+
+
+def test_an_agent_restart_loses_nothing(cache: Path, clients: Clients, reader: SourceStore) -> None:
+    agent(cache, clients).step()
+    before = reader.store.get(NODE)
+    agent(cache, clients).step()  # a new process: its first scan is written whatever was stored
+    after = reader.store.get(NODE)
+    assert before is not None and after is not None
+    # free space belongs to the whole (shared) disk and moves between the two scans
+    ignore = {"heartbeat": 0, "nvme_free": 0}
+    assert after.model_copy(update=ignore) == before.model_copy(update=ignore)
+
+
+def test_a_redis_restart_loses_nothing(cache: Path, clients: Clients, reader: SourceStore,
+                                       redis_server: RedisServer) -> None:
+    with running(agent(cache, clients, heartbeat_s=0.2)):
+        wait_until(lambda: reader.store.get(NODE), what="the first report")
+        expected = reader.store.get(NODE)
+        redis_server.restart()  # every key gone
+        wait_until(lambda: _get(reader), what="the report after the restart")
+    again = reader.store.get(NODE)
+    assert expected is not None and again is not None
+    assert again.weights == expected.weights and again.snapshots == expected.snapshots
+
+
+def _get(reader: SourceStore) -> Any:
+    try:
+        return reader.store.get(NODE)
+    except StoreUnavailableError:
+        return None
+
+
+def test_an_agent_started_while_redis_is_down_reports_when_it_returns(
+    cache: Path, clients: Clients, reader: SourceStore, redis_server: RedisServer
+) -> None:
+    redis_server.kill()
+    a = agent(cache, clients, heartbeat_s=3600.0)
+    with running(a):
+        wait_until(lambda: a.stats.scans >= 3, what="scans during the outage")
+        sparse(compile_dir(cache, "ck1-new") / "f", 1)  # the disk changes meanwhile
+        redis_server.start()
+        wait_until(lambda: (s := _get(reader)) is not None and "ck1-new" in s.compile_keys,
+                   what="the newest report once Redis is back")
+
+
+def test_an_outage_mid_run(cache: Path, clients: Clients, reader: SourceStore, redis_server: RedisServer) -> None:
+    a = agent(cache, clients, heartbeat_s=3600.0)
+    with running(a):
+        wait_until(lambda: _get(reader), what="the first report")
+        redis_server.kill()
+        shutil.rmtree(weights_dir(cache, "mixtral-61g", "v1"))  # evicted during the outage
+        wait_until(lambda: a.stats.failed_writes >= 2, what="failed writes with backoff")
+        redis_server.start()
+        wait_until(lambda: (s := _get(reader)) is not None and "mixtral-61g/v1" not in s.weights,
+                   what="the eviction reported")
+
+
+def test_a_damaged_cache_is_reported_around_the_damage(cache: Path, clients: Clients, reader: SourceStore,
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    (weights_dir(cache, "llama3-8b", "main") / ".manifest.json").write_text("[1, 2")
+    os.remove(weights_dir(cache, "llama3-8b", "main") / "model-3.safetensors")
+    a = agent(cache, clients)
+    a.step()
+    a.step()
+    state = reader.store.get(NODE)
+    assert state is not None
+    assert state.weights["llama3-8b/main"] == 12 * GiB  # three shards left, no manifest to trust
+    assert state.snapshots == ("llama3-8b",)
+    corrupt = [r for r in caplog.records if "corrupt manifest" in r.getMessage()]
+    assert len(corrupt) == 1  # logged once, not on every scan
+
+
+# ---- node labels -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("current", "ready", "expected"),
+    [
+        pytest.param({}, ["llama3-8b"], {"extender.io/llama3-8b.weights": "ready"}, id="new ready workload"),
+        pytest.param({"extender.io/llama3-8b.weights": "ready"}, ["llama3-8b"], {}, id="steady: nothing"),
+        pytest.param({"extender.io/old.weights": "ready", "team": "ml"}, [], {"extender.io/old.weights": None},
+                     id="no longer ready: removed, foreign labels untouched"),
+        pytest.param({"extender.io/other": "x"}, [], {}, id="our prefix, not our suffix: untouched"),
+        pytest.param({}, ["x" * 60], {}, id="name too long for a label key: skipped"),
+    ],
+)
+def test_label_patch(current: dict[str, str], ready: list[str], expected: dict[str, str | None]) -> None:
+    assert label_patch(current, ready) == expected
+
+
+def test_label_key() -> None:
+    assert label_key("qwen3-moe") == "extender.io/qwen3-moe.weights"
+    assert label_key("-bad") is None
+
+
+@pytest.mark.integration
+def test_node_labels_follow_readiness(cache: Path, clients: Clients, tmp_path: Path) -> None:
+    with KubeDouble.running() as double:
+        double.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"team": "ml"}}})
+        kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kc")))
+        try:
+            a = Agent(AgentSettings(node_name=NODE, cache_root=cache), clients.open,
+                      labeler=NodeLabeler(kube, NODE))
+            a.step()
+            labels = kube.get_node(NODE)["metadata"]["labels"]
+            assert labels == {"team": "ml", "extender.io/llama3-8b.weights": "ready"}
+            a.step()
+            assert double.count("patch", "nodes") == 1  # steady: no second patch
+            (weights_dir(cache, "llama3-8b", "main") / COMPLETE).unlink()
+            a.step()
+            assert kube.get_node(NODE)["metadata"]["labels"] == {"team": "ml"}
+            assert double.count("patch", "nodes") == 2
+            double.fail("patch", "nodes", 500)
+            mark_complete(weights_dir(cache, "llama3-8b", "main"))
+            writes = a.stats.writes
+            a.step()  # the API fails: the report is still written, the label is retried after the next scan
+            assert a.stats.writes == writes + 1
+            assert "extender.io/llama3-8b.weights" not in kube.get_node(NODE)["metadata"]["labels"]
+            a.step()
+            assert kube.get_node(NODE)["metadata"]["labels"]["extender.io/llama3-8b.weights"] == "ready"
+        finally:
+            kube.close()
+
+
+# ---- the command ---------------------------------------------------------------------------------
+
+COMMAND = ("import argparse, sys\n"
+           "from extender.agent import commands\n"
+           "p = argparse.ArgumentParser(); commands.register(p.add_subparsers())\n"
+           "a = p.parse_args(sys.argv[1:]); sys.exit(a.handler(a))\n")
+
+
+def run_command(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k != "NODE_NAME"}
+    return subprocess.run([sys.executable, "-c", COMMAND, "agent", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60, env={**base, "PYTHONPATH": str(ROOT), **(env or {})}, check=False)
+
+
+def test_dry_run_prints_the_report(cache: Path) -> None:
+    out = run_command("--node-name", NODE, "--cache-root", str(cache), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["node"] == NODE
+    assert report["weights"] == {"llama3-8b/main": 16 * GiB, "mixtral-61g/v1": 43 * GiB}
+
+
+def test_once_writes_one_report(cache: Path, redis_server: RedisServer, reader: SourceStore) -> None:
+    out = run_command("--cache-root", str(cache), "--once", "--redis-url", redis_server.url, env={"NODE_NAME": NODE})
+    assert out.returncode == 0, out.stderr
+    state = reader.store.get(NODE)
+    assert state is not None and state.snapshots == ("llama3-8b",)
+
+
+def test_once_fails_when_redis_is_down(cache: Path, redis_server: RedisServer) -> None:
+    redis_server.kill()
+    out = run_command("--node-name", NODE, "--cache-root", str(cache), "--once", "--redis-url", redis_server.url)
+    assert out.returncode == 1 and "unavailable" in out.stderr
+
+
+def test_the_loop_stops_on_sigterm(cache: Path, redis_server: RedisServer, reader: SourceStore) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", COMMAND, "agent", "--node-name", NODE, "--cache-root", str(cache),
+                             "--interval", "0.1", "--redis-url", redis_server.url],
+                            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_until(lambda: _get(reader) is not None or proc.poll() is not None, what="the agent's report")
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_missing_node_name_is_a_usage_error(cache: Path) -> None:
+    out = run_command("--cache-root", str(cache), "--dry-run")
+    assert out.returncode == 2 and "--node-name" in out.stderr

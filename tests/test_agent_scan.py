@@ -1,0 +1,299 @@
+"""The cache-root scanner on real directory trees (sparse files stand in for hundreds of GiB).
+
+One named row per situation a node's disk can be in; the expected bytes are worked out beside each.
+Errors the root user cannot provoke with chmod (tests run as root in CI) are injected at the one
+syscall the scanner makes, with a real tree around them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from extender.agent import scan as scan_module
+from extender.agent.layout import (
+    COMPLETE,
+    MANIFEST,
+    Manifest,
+    compile_dir,
+    finish_from_disk,
+    mark_complete,
+    snapshot_dir,
+    weights_dir,
+    write_manifest,
+)
+from extender.agent.scan import CacheScan, ManifestCache, WeightsEntry, scan_cache
+
+GiB = 2**30
+
+
+def sparse(path: Path, size: int) -> None:
+    """A file of ``size`` bytes that occupies (almost) no disk."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size)
+
+
+def make_weights(
+    root: Path,
+    workload: str,
+    version: str,
+    files: dict[str, int],
+    *,
+    present: dict[str, int] | None = None,
+    manifest: bool = True,
+    complete: bool = True,
+) -> Path:
+    """A weights directory whose manifest lists ``files``; ``present`` says what is on disk (default: all)."""
+    directory = weights_dir(root, workload, version)
+    directory.mkdir(parents=True, exist_ok=True)
+    for rel, size in (files if present is None else present).items():
+        sparse(directory / rel, size)
+    if manifest:
+        write_manifest(directory, sorted(files.items()))
+    if complete:
+        mark_complete(directory)
+    return directory
+
+
+SHARDS = {f"model-{i:05d}-of-00017.safetensors": 4 * GiB for i in range(1, 17)} | {
+    "model-00017-of-00017.safetensors": 2 * GiB, "config.json": 700, "tokenizer/tokenizer.json": 9_000_000}
+SHARDS_TOTAL = 16 * 4 * GiB + 2 * GiB + 700 + 9_000_000
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    build: Callable[[Path], Any]
+    weights: tuple[WeightsEntry, ...] = ()
+    compile_keys: tuple[str, ...] = ()
+    snapshots: tuple[str, ...] = ()
+    problems: tuple[tuple[str, str], ...] = ()  # (path relative to the root, kind)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _corrupt_manifest(root: Path) -> None:
+    d = make_weights(root, "w", "v1", {"a": 100, "b": 50}, manifest=False, complete=False)
+    (d / MANIFEST).write_text("{not json")
+
+
+def _manifest_with_escape(root: Path) -> None:
+    d = make_weights(root, "w", "v1", {"a": 100}, manifest=False, complete=False)
+    (d / MANIFEST).write_text(json.dumps({"files": [{"path": "../../etc/passwd", "size": 1}]}))
+
+
+def _symlinks(root: Path) -> None:
+    d = make_weights(root, "w", "v1", {"a": 100})
+    sparse(root / "elsewhere" / "big", 10 * GiB)
+    os.symlink(root / "elsewhere" / "big", d / "link-to-big")
+    os.symlink(root / "elsewhere", d / "link-to-dir")
+
+
+def _staging(root: Path) -> None:
+    make_weights(root, "w", ".v2-partial", {"a": 100})
+    make_weights(root, ".staging", "v1", {"a": 100})
+    sparse(root / "weights" / "README", 10)
+
+
+def _compile(root: Path) -> None:
+    sparse(compile_dir(root, "ck1-full") / "inductor" / "fx" / "ab.py", 100)  # a file deep inside
+    compile_dir(root, "ck1-empty").mkdir(parents=True)
+    (compile_dir(root, "ck1-dirs-only") / "a" / "b").mkdir(parents=True)
+    sparse(compile_dir(root, ".ck1-staging") / "x", 1)
+
+
+def _snapshots(root: Path) -> None:
+    sparse(snapshot_dir(root, "llama3-8b") / "pages.img", 20 * GiB)
+    mark_complete(snapshot_dir(root, "llama3-8b"))
+    sparse(snapshot_dir(root, "qwen") / "pages.img", 1 * GiB)  # being written: no marker
+
+
+CASES = [
+    Case("empty root", lambda root: None),
+    Case("complete weights, 17 shards of 64 GiB, nested tokenizer",
+         lambda root: make_weights(root, "llama", "rev-1", SHARDS),
+         weights=(WeightsEntry("llama", "rev-1", SHARDS_TOTAL, True, SHARDS_TOTAL),)),
+    Case("partial download: one shard whole, one half, one absent",
+         lambda root: make_weights(root, "w", "v1", {"a": 4 * GiB, "b": 4 * GiB, "c": 2 * GiB},
+                                   present={"a": 4 * GiB, "b": 2 * GiB}, complete=False),
+         weights=(WeightsEntry("w", "v1", 6 * GiB, False, 10 * GiB),)),  # 4 + 2 of 10 GiB
+    Case("every byte there but no marker: one byte short of complete",
+         lambda root: make_weights(root, "w", "v1", {"a": 100, "b": 50}, complete=False),
+         weights=(WeightsEntry("w", "v1", 149, False, 150),)),  # min(150, 150 - 1)
+    Case("marked complete with a shard missing: partial, and said so",
+         lambda root: make_weights(root, "w", "v1", {"a": 100, "b": 50}, present={"a": 100}),
+         weights=(WeightsEntry("w", "v1", 100, False, 150),),
+         problems=(("weights/w/v1", "inconsistent"),)),
+    Case("marked complete with a shard longer than listed: capped, partial",
+         lambda root: make_weights(root, "w", "v1", {"a": 100}, present={"a": 120}),
+         weights=(WeightsEntry("w", "v1", 99, False, 100),),  # min(120, 100) capped at 100 - 1
+         problems=(("weights/w/v1", "inconsistent"),)),
+    Case("files beyond the manifest are not weights",
+         lambda root: make_weights(root, "w", "v1", {"a": 100}, present={"a": 100, "extra.bin": 5000}),
+         weights=(WeightsEntry("w", "v1", 100, True, 100),)),
+    Case("no manifest: the bytes present, never complete",
+         lambda root: make_weights(root, "w", "v1", {"a": 100, "b": 50}, manifest=False, complete=False),
+         weights=(WeightsEntry("w", "v1", 150, False, None),)),
+    Case("marker without a manifest: partial, and said so",
+         lambda root: make_weights(root, "w", "v1", {"a": 100}, manifest=False, complete=True),
+         weights=(WeightsEntry("w", "v1", 100, False, None),),
+         problems=(("weights/w/v1", "inconsistent"),)),
+    Case("corrupt manifest: bytes present, a problem",
+         _corrupt_manifest,
+         weights=(WeightsEntry("w", "v1", 150, False, None),),
+         problems=(("weights/w/v1/.manifest.json", "corrupt"),)),
+    Case("a manifest path escaping the directory is corrupt",
+         _manifest_with_escape,
+         weights=(WeightsEntry("w", "v1", 100, False, None),),
+         problems=(("weights/w/v1/.manifest.json", "corrupt"),)),
+    Case("symbolic links are neither followed nor counted",
+         _symlinks,
+         weights=(WeightsEntry("w", "v1", 100, True, 100),)),
+    Case("staging directories and stray files are ignored", _staging),
+    Case("two versions of one workload, two workloads",
+         lambda root: [make_weights(root, "a", "v1", {"x": 10}), make_weights(root, "a", "v2", {"x": 20}),
+                       make_weights(root, "b", "v1", {"x": 30}, complete=False)],
+         weights=(WeightsEntry("a", "v1", 10, True, 10), WeightsEntry("a", "v2", 20, True, 20),
+                  WeightsEntry("b", "v1", 29, False, 30))),
+    Case("compile keys: present once a file exists anywhere inside", _compile, compile_keys=("ck1-full",)),
+    Case("snapshots: present only with the marker", _snapshots, snapshots=("llama3-8b",)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_scan(tmp_path: Path, case: Case) -> None:
+    root = tmp_path / "cache"
+    root.mkdir()
+    case.build(root)
+    result = scan_cache(root)
+    assert result.weights == case.weights
+    assert result.compile_keys == case.compile_keys
+    assert result.snapshots == case.snapshots
+    assert sorted((str(Path(p.path).relative_to(root)), p.kind) for p in result.problems) == sorted(case.problems)
+
+
+def test_missing_root_is_a_problem_not_an_error(tmp_path: Path) -> None:
+    result = scan_cache(tmp_path / "absent")
+    assert result == CacheScan(problems=result.problems)
+    assert [p.kind for p in result.problems] == ["unreadable"]
+
+
+def test_complete_workloads_and_bytes_by_key(tmp_path: Path) -> None:
+    make_weights(tmp_path, "a", "v1", {"x": 10})
+    make_weights(tmp_path, "b", "v1", {"x": 10}, complete=False)
+    result = scan_cache(tmp_path)
+    assert result.complete_workloads == {"a"}
+    assert result.weights_bytes == {"a/v1": 10, "b/v1": 9}
+    assert result.files == 2
+
+
+def test_finish_from_disk_writes_a_manifest_of_what_is_there(tmp_path: Path) -> None:
+    d = weights_dir(tmp_path, "w", "v1")
+    sparse(d / "a.safetensors", 3 * GiB)
+    sparse(d / "sub" / "b.json", 10)
+    manifest = finish_from_disk(d, source="s3://bucket/w/")
+    assert manifest.total_bytes == 3 * GiB + 10
+    assert (d / COMPLETE).exists()
+    assert Manifest.model_validate_json((d / MANIFEST).read_bytes()) == manifest
+    assert scan_cache(tmp_path).weights == (WeightsEntry("w", "v1", 3 * GiB + 10, True, 3 * GiB + 10),)
+
+
+# ---- errors injected at the syscall, on real trees ---------------------------------------------
+
+
+@pytest.fixture
+def scandir_hook(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Callable[[str], None]]]:
+    """Run a callback just before the scanner lists a given directory (path -> callback)."""
+    hooks: dict[str, Callable[[str], None]] = {}
+    real = os.scandir
+
+    class _Os:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(os, name)
+
+        @staticmethod
+        def scandir(path: Any) -> Any:
+            p = os.fspath(path)
+            if p in hooks:
+                hooks[p](p)
+            return real(path)
+
+    monkeypatch.setattr(scan_module, "os", _Os())
+    yield hooks
+
+
+def test_permission_denied_is_reported_and_the_rest_scanned(
+    tmp_path: Path, scandir_hook: dict[str, Callable[[str], None]]
+) -> None:
+    make_weights(tmp_path, "w", "v1", {"a": 100, "sub/b": 50})
+    make_weights(tmp_path, "ok", "v1", {"a": 7})
+
+    def deny(path: str) -> None:
+        raise PermissionError(13, "Permission denied", path)
+
+    scandir_hook[str(weights_dir(tmp_path, "w", "v1") / "sub")] = deny
+    result = scan_cache(tmp_path)
+    # the readable part counts; the directory cannot be complete since part of it is unknown
+    assert result.weights == (WeightsEntry("ok", "v1", 7, True, 7), WeightsEntry("w", "v1", 100, False, 150))
+    assert [(p.kind, Path(p.path).name) for p in result.problems] == [("unreadable", "sub"),
+                                                                        ("inconsistent", "v1")]
+
+
+def test_files_vanishing_mid_scan(tmp_path: Path, scandir_hook: dict[str, Callable[[str], None]]) -> None:
+    d = make_weights(tmp_path, "w", "v1", {"a": 100, "b": 50}, complete=False)
+    sparse(compile_dir(tmp_path, "ck1-x") / "f", 1)
+    real = os.scandir
+
+    def delete_after_listing(path: str) -> None:
+        # the listing is taken first, then the files go (an eviction running concurrently): the
+        # scanner's lstat of each entry then fails with ENOENT
+        entries = list(real(path))
+        for e in entries:
+            if e.name == "b":
+                os.remove(e.path)
+        scandir_hook.pop(path)
+
+    scandir_hook[str(d)] = delete_after_listing
+    result = scan_cache(tmp_path)
+    assert result.weights == (WeightsEntry("w", "v1", 100, False, 150),)
+    assert result.compile_keys == ("ck1-x",)
+
+
+def test_a_directory_vanishing_mid_scan(tmp_path: Path, scandir_hook: dict[str, Callable[[str], None]]) -> None:
+    make_weights(tmp_path, "gone", "v1", {"a": 100})
+    make_weights(tmp_path, "kept", "v1", {"a": 5})
+    target = weights_dir(tmp_path, "gone", "v1")
+
+    def evict(path: str) -> None:
+        for p in sorted(Path(path).rglob("*"), reverse=True):
+            p.unlink() if p.is_file() else p.rmdir()
+        Path(path).rmdir()
+
+    scandir_hook[str(target)] = evict
+    result = scan_cache(tmp_path)
+    assert result.weights == (WeightsEntry("kept", "v1", 5, True, 5),)
+    assert [p.kind for p in result.problems if Path(p.path) == target] == ["vanished"]
+
+
+def test_the_manifest_cache_sees_every_change(tmp_path: Path) -> None:
+    cache = ManifestCache()
+    d = make_weights(tmp_path, "w", "v1", {"a": 100, "b": 50})
+    assert scan_cache(tmp_path, manifests=cache).weights == (WeightsEntry("w", "v1", 150, True, 150),)
+    assert scan_cache(tmp_path, manifests=cache).weights == (WeightsEntry("w", "v1", 150, True, 150),)
+    assert len(cache) == 1
+    write_manifest(d, [("a", 100), ("b", 50), ("c", 25)])  # rewritten (by rename): parsed again
+    assert scan_cache(tmp_path, manifests=cache).weights == (WeightsEntry("w", "v1", 150, False, 175),)
+    (d / MANIFEST).write_text("{broken")  # rewritten in place: new size and mtime
+    result = scan_cache(tmp_path, manifests=cache)
+    assert result.weights == (WeightsEntry("w", "v1", 150, False, None),)
+    assert [p.kind for p in result.problems] == ["corrupt", "inconsistent"]
+    shutil.rmtree(d)
+    scan_cache(tmp_path, manifests=cache)
+    assert len(cache) == 0  # entries of vanished directories are dropped

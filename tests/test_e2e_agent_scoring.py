@@ -1,0 +1,206 @@
+"""End to end: agents and the sync keep the inventory true, and ``/prioritize`` ranks by what is on disk.
+
+Every component is a real process started the way its deployment starts it:
+
+* the API double serves three g5.48xlarge Nodes (kubelet lists the vLLM image on each);
+* ``extender sync`` list-watches them into Redis;
+* ``extender agent`` runs for two of the nodes, each on its own cache root (the third has no agent:
+  its record never gets a heartbeat, so it stays cold);
+* ``python -m extender.server serve`` (gunicorn) answers kube-scheduler's ``/prioritize``.
+
+Then weights are written into one node's cache root the way a loader would (shards, manifest,
+completion marker last) and that node's score rises after the agent's next scan and the
+extender's next refresh. Waits are bounded polls for a state, never assertions on time.
+
+Expected scores (``extender estimate`` on the policy below; s = max(30, T_ref / 10) = 72.96 s):
+cold 729.6 s -> 0; image on the node 372.5 s -> round(357.1 / 72.96) = 5; image and weights
+132.6 s -> round(597.0 / 72.96) = 8. (The NVMe pressure penalty is off: the agents report the free
+space of whatever disk the test runs on.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from extender.agent.layout import mark_complete, weights_dir, write_manifest
+from extender.state import InventoryStore, connect
+from tests.conftest import RedisServer
+from tests.kube_double import KubeDouble
+from tests.kube_double.waiting import wait_until
+from tests.test_agent_scan import sparse
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+GB = 10**9
+CLASS_LABELS = {"node.kubernetes.io/instance-type": "g5.48xlarge"}
+VLLM = ["docker.io/vllm/vllm-openai@sha256:" + "b" * 64, "docker.io/vllm/vllm-openai:v0.11.0"]
+NODES = ["gpu-a", "gpu-b", "gpu-c"]
+WITH_AGENT = ["gpu-a", "gpu-b"]
+
+POLICY = """\
+apiVersion: extender.io/v1alpha1
+kind: Policy
+nodeClasses:
+  - name: g5.48xlarge
+    matchLabels: {node.kubernetes.io/instance-type: g5.48xlarge}
+    gpu: {product: NVIDIA-A10G, count: 8}
+    nvme: {capacity: 7600GB, readBandwidth: 7GB/s, reserve: 100GB}
+    network: {nic: 100Gbps, objectStorePerStream: 5.96Gbps}
+profiles:
+  - name: big-llm
+    match:
+      labels: {extender.io/workload: big-llm}
+    image: {reference: "vllm/vllm-openai:v0.11.0", size: 10GB}
+    weights: {source: "s3://models/big/", version: rev-1, bytes: 200GB, shardFiles: 8, loaderConcurrency: 1}
+scoring:
+  # the agents report the free space of the test machine's disk, which varies: no pressure penalty
+  nvmePressurePenalty: 0
+"""
+
+#: ``extender agent`` and ``extender sync`` through their own ``register`` (the same parser entries
+#: the ``extender`` console script gets).
+COMMAND = ("import argparse, sys\n"
+           "from extender.agent import commands as agent\n"
+           "from extender.kube import commands as sync\n"
+           "p = argparse.ArgumentParser(); s = p.add_subparsers(); agent.register(s); sync.register(s)\n"
+           "a = p.parse_args(sys.argv[1:]); sys.exit(a.handler(a))\n")
+
+
+def node(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": dict(CLASS_LABELS)},
+            "status": {"allocatable": {"nvidia.com/gpu": "8"}, "capacity": {"nvidia.com/gpu": "8"},
+                       "images": [{"names": VLLM, "sizeBytes": 10 * GB}]}}
+
+
+def pod() -> dict[str, Any]:
+    return {"metadata": {"name": "big-llm-0", "namespace": "serving", "uid": "u-1",
+                         "labels": {"extender.io/workload": "big-llm"}},
+            "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Pending"}}
+
+
+def env() -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "NODE_NAME", "PROMETHEUS_MULTIPROC_DIR")}
+    return {**clean, "PYTHONPATH": str(ROOT)}
+
+
+@contextmanager
+def process(args: list[str], log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A child process with its output in ``log``; SIGTERM (then SIGKILL) and reaped at exit."""
+    with log.open("wb") as out:
+        proc = subprocess.Popen(args, cwd=ROOT, env=env(), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def prioritize(port: int) -> dict[str, int]:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        body = json.dumps({"Pod": pod(), "Nodes": None, "NodeNames": NODES})
+        conn.request("POST", "/prioritize", body, {"Content-Type": "application/json"})
+        reply = conn.getresponse()
+        assert reply.status == 200
+        return {item["Host"]: item["Score"] for item in json.loads(reply.read())}
+    finally:
+        conn.close()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def scores_or_none(port: int) -> dict[str, int] | None:
+    try:
+        return prioritize(port)
+    except (OSError, AssertionError):
+        return None
+
+
+def write_weights(root: Path) -> None:
+    """What a loader does: shards first, then the manifest, then the completion marker."""
+    directory = weights_dir(root, "big-llm", "rev-1")
+    shards = {f"model-{i:05d}-of-00008.safetensors": 25 * GB for i in range(1, 9)}
+    for name, size in shards.items():
+        sparse(directory / name, size)
+    write_manifest(directory, sorted(shards.items()), source="s3://models/big/")
+    mark_complete(directory)
+
+
+def test_writing_weights_into_a_cache_root_raises_the_nodes_score(redis_server: RedisServer, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    roots = {name: tmp_path / "nodes" / name / "cache" for name in WITH_AGENT}
+    for root in roots.values():
+        root.mkdir(parents=True)
+    port = free_port()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with KubeDouble.running(bookmark_interval_s=0.2) as double, ExitStack() as stack:
+        for name in NODES:
+            double.apply(node(name))
+        kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
+        stack.enter_context(process([sys.executable, "-c", COMMAND, "sync", "--policy", str(policy),
+                                     "--kubeconfig", str(kubeconfig), "--redis-url", redis_server.url],
+                                    logs / "sync.log"))
+        for name, root in roots.items():
+            stack.enter_context(process([sys.executable, "-c", COMMAND, "agent", "--node-name", name,
+                                         "--cache-root", str(root), "--interval", "0.2",
+                                         "--redis-url", redis_server.url], logs / f"agent-{name}.log"))
+        stack.enter_context(process([sys.executable, "-m", "extender.server", "serve", "--policy", str(policy),
+                                     "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "2",
+                                     "--redis-url", redis_server.url, "--poll-interval", "0.1",
+                                     "--min-rebuild-interval", "0.1"], logs / "extender.log"))
+
+        def logs_tail() -> str:
+            return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.iterdir()))
+
+        # every node known (the sync), two with a heartbeat (the agents): image on node -> 5, no agent -> 0
+        client = connect(redis_server.url, tmp_path)
+        stack.callback(client.close)
+        store = InventoryStore(client)
+        try:
+            wait_until(lambda: store.names() == set(NODES)
+                       and all((r := store.get(n)) is not None and r.heartbeat > 0 for n in WITH_AGENT),
+                       what="the sync's nodes and the agents' heartbeats")
+            before = wait_until(lambda: (s := scores_or_none(port)) == {"gpu-a": 5, "gpu-b": 5, "gpu-c": 0} and s,
+                                what="scores from image presence alone")
+        except AssertionError:
+            raise AssertionError(f"setup did not converge: {scores_or_none(port)}\n{logs_tail()}") from None
+        assert before == {"gpu-a": 5, "gpu-b": 5, "gpu-c": 0}
+
+        write_weights(roots["gpu-b"])
+        try:
+            after = wait_until(lambda: (s := scores_or_none(port)) is not None and s["gpu-b"] > 5 and s,
+                               what="gpu-b's score rising after its agent's next scan")
+        except AssertionError:
+            raise AssertionError(f"the score did not rise\n{logs_tail()}") from None
+        assert after == {"gpu-a": 5, "gpu-b": 8, "gpu-c": 0}
+        record = store.get("gpu-b")
+        assert record is not None and record.weights == {"big-llm/rev-1": 200 * GB}

@@ -1,0 +1,221 @@
+"""deploy/rbac.yaml grants exactly what the sync and the agent call: every call allowed, every grant used.
+
+Two checks that back each other up:
+
+* dynamic: the sync and the agent's node labeler run against the API double with the RBAC objects of
+  deploy/rbac.yaml *enforced* and each component authenticated as its ServiceAccount (a bearer token
+  per account). The scenario walks every code path that calls the API: first list, watch, a cut
+  stream (re-watch), 410 Gone (relist), label set and label removal. Any forbidden call fails it,
+  and the (verb, group, resource) triples each account used must equal what its roles grant.
+* static: every method of the official client named in extender/kube is in a table of the API
+  calls it makes; the table's calls must equal the grants. A new client call anywhere therefore
+  fails this test until the table and deploy/rbac.yaml say what it needs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from extender.agent import commands as agent_commands
+from extender.files import load_policy
+from extender.kube import commands as sync_commands
+from extender.kube.client import KubeClient
+from extender.kube.errors import KubeApiError
+from extender.kube.labels import NodeLabeler
+from extender.kube.sync import ClusterSync, SyncSettings
+from extender.state import InventoryStore, connect
+from extender.state.sources import SourceStore
+from tests.conftest import RedisServer
+from tests.kube_double import Authorizer, KubeDouble
+from tests.kube_double.waiting import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+NAMESPACE = "kube-system"
+SYNC_USER = f"system:serviceaccount:{NAMESPACE}:extender-sync"
+AGENT_USER = f"system:serviceaccount:{NAMESPACE}:extender-agent"
+G5_12 = {"node.kubernetes.io/instance-type": "g5.12xlarge"}
+
+Triple = tuple[str, str, str]  # (verb, API group, resource[/subresource])
+
+#: Every official-client method extender/kube calls, and the API requests each one makes.
+#: (list_* serve both list and, through kubernetes.watch.Watch, watch.)
+CLIENT_CALLS: dict[str, set[Triple]] = {
+    "list_node": {("list", "", "nodes"), ("watch", "", "nodes")},
+    "list_pod_for_all_namespaces": {("list", "", "pods"), ("watch", "", "pods")},
+    "read_node": {("get", "", "nodes")},
+    "patch_node": {("patch", "", "nodes")},
+}
+#: Which component makes which call.
+CALLS_BY_USER: dict[str, set[str]] = {
+    SYNC_USER: {"list_node", "list_pod_for_all_namespaces"},
+    AGENT_USER: {"read_node", "patch_node"},
+}
+
+
+def docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+
+
+@pytest.fixture(scope="module")
+def authorizer() -> Authorizer:
+    return Authorizer(docs("rbac.yaml"))
+
+
+def granted(authorizer: Authorizer, user: str) -> set[Triple]:
+    """Every (verb, group, resource) the user's roles grant; our roles use no wildcards."""
+    out: set[Triple] = set()
+    for _scope, rule in authorizer.rules_for(user):
+        assert "*" not in rule.verbs | rule.api_groups | rule.resources, "least privilege: no wildcards"
+        out |= {(v, g, r) for v in rule.verbs for g in rule.api_groups for r in rule.resources}
+    return out
+
+
+# ---- the manifests ------------------------------------------------------------------------------
+
+
+def container_args(manifest: str, kind: str) -> tuple[dict[str, Any], list[str]]:
+    (workload,) = [d for d in docs(manifest) if d["kind"] == kind]
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    return workload, [*container["command"][1:], *container["args"]]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="extender")
+    sub = p.add_subparsers(dest="command", required=True)
+    agent_commands.register(sub)
+    sync_commands.register(sub)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("manifest", "kind", "account", "command"),
+    [
+        pytest.param("agent-daemonset.yaml", "DaemonSet", "extender-agent", "agent", id="agent"),
+        pytest.param("sync.yaml", "Deployment", "extender-sync", "sync", id="sync"),
+    ],
+)
+def test_workloads_run_our_commands_as_their_accounts(manifest: str, kind: str, account: str, command: str) -> None:
+    workload, args = container_args(manifest, kind)
+    assert workload["metadata"]["namespace"] == NAMESPACE
+    assert workload["spec"]["template"]["spec"]["serviceAccountName"] == account
+    parsed = parser().parse_args(args)  # the deployed arguments are valid for the real parser
+    assert parsed.command == command
+    service_accounts = {(d["metadata"]["namespace"], d["metadata"]["name"])
+                        for d in docs("rbac.yaml") if d["kind"] == "ServiceAccount"}
+    assert (NAMESPACE, account) in service_accounts
+
+
+def test_the_agent_uses_its_node_grant_only_because_it_labels_nodes() -> None:
+    _, args = container_args("agent-daemonset.yaml", "DaemonSet")
+    assert parser().parse_args(args).label_nodes, "without --label-nodes, rbac.yaml must grant the agent nothing"
+
+
+def test_the_agent_mounts_its_cache_read_only() -> None:
+    workload, args = container_args("agent-daemonset.yaml", "DaemonSet")
+    (container,) = workload["spec"]["template"]["spec"]["containers"]
+    (mount,) = container["volumeMounts"]
+    assert mount["readOnly"] is True
+    assert parser().parse_args(args).cache_root == Path(mount["mountPath"])
+
+
+# ---- static: the calls in the code ---------------------------------------------------------------
+
+
+def test_every_client_call_in_the_code_is_in_the_table(authorizer: Authorizer) -> None:
+    source = "\n".join(p.read_text() for p in sorted((ROOT / "extender" / "kube").glob("*.py")))
+    called = set(re.findall(r"_core\.(\w+)", source))
+    assert called == set(CLIENT_CALLS), "a new client call: add it to CLIENT_CALLS and to deploy/rbac.yaml"
+    # only CoreV1Api is used (any other API class would need its own row)
+    assert set(re.findall(r"k8s\.(\w+Api)\(", source)) == {"CoreV1Api"}
+    for user, methods in CALLS_BY_USER.items():
+        needed = set().union(*(CLIENT_CALLS[m] for m in methods))
+        assert granted(authorizer, user) == needed, user
+
+
+# ---- dynamic: the code run against the double with the RBAC enforced ------------------------------
+
+
+@pytest.fixture
+def enforcing(authorizer: Authorizer) -> Iterator[KubeDouble]:
+    with KubeDouble.running(bookmark_interval_s=0.05, authorizer=authorizer,
+                            tokens={"sync-token": SYNC_USER, "agent-token": AGENT_USER}) as double:
+        yield double
+
+
+def node(name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}},
+            "status": {"allocatable": {"nvidia.com/gpu": "4"}}}
+
+
+def pod(name: str, node_name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "serving", "labels": {"extender.io/workload": "llama3-8b"}},
+            "spec": {"nodeName": node_name,
+                     "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": {"phase": "Pending"}}
+
+
+@pytest.mark.integration
+def test_every_call_is_allowed_and_every_grant_is_used(
+    enforcing: KubeDouble, authorizer: Authorizer, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    double = enforcing
+    double.apply(node("gpu-a", G5_12))
+    double.apply(pod("p1", "gpu-a"))
+    client = connect(redis_server.url, tmp_path)
+    sync_kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "sync.kubeconfig", token="sync-token")))
+    agent_kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "agent.kubeconfig", token="agent-token")))
+    sources = SourceStore(InventoryStore(client))
+    sync = ClusterSync(sync_kube, lambda: sources, load_policy(ROOT / "policies" / "g5-pcie-fleet.yaml"),
+                       SyncSettings(watch_timeout_s=60, backoff_initial_s=0.02, backoff_max_s=0.1))
+    thread = threading.Thread(target=sync.run)
+    thread.start()
+    try:
+        wait_until(lambda: sources.store.names() == {"gpu-a"}, what="the first list")
+        wait_until(lambda: double.open_watches() >= 2, what="both watches")
+        double.state.cut_watches()  # re-watch from the resourceVersion
+        wait_until(lambda: sync.nodes.watches >= 2 and sync.pods.watches >= 2 and double.open_watches() >= 2,
+                   what="both re-watches open on the server")
+        double.state.expire_watches()  # 410: relist
+        wait_until(lambda: sync.nodes.lists >= 2 and sync.pods.lists >= 2, what="relists")
+        double.apply(node("gpu-b", G5_12))
+        wait_until(lambda: sources.store.names() == {"gpu-a", "gpu-b"}, what="a watched change")
+
+        labeler = NodeLabeler(agent_kube, "gpu-a")
+        assert labeler.apply(["llama3-8b"])  # get + patch
+        assert labeler.apply([])  # patch (removal)
+    finally:
+        sync.stop()
+        thread.join(timeout=30)
+        sync_kube.close()
+        agent_kube.close()
+        client.close()
+    assert not thread.is_alive()
+
+    forbidden = [r for r in double.requests if not authorizer.allowed(r)]
+    assert forbidden == []
+    for user in (SYNC_USER, AGENT_USER):
+        used = {(verb, group, resource) for u, verb, group, resource in double.verbs_used() if u == user}
+        assert used == granted(authorizer, user), user
+
+
+@pytest.mark.integration
+def test_a_call_outside_the_grants_is_refused(enforcing: KubeDouble, tmp_path: Path) -> None:
+    """The check above is only as good as the enforcement: the sync's account may not patch nodes."""
+    enforcing.apply(node("gpu-a"))
+    kube = KubeClient.connect(str(enforcing.write_kubeconfig(tmp_path / "kc", token="sync-token")))
+    try:
+        with pytest.raises(KubeApiError) as excinfo:
+            NodeLabeler(kube, "gpu-a").apply(["llama3-8b"])
+        assert excinfo.value.status == 403
+    finally:
+        kube.close()

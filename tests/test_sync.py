@@ -1,0 +1,345 @@
+"""``extender sync`` with the official client against the API double and a real Redis.
+
+Nodes appear, change images, lose their agent's heartbeat (and turn cold), disappear; pods move
+free GPUs and replica counts; cut watch streams and ``410 Gone`` are recovered without missing a
+change; a Redis that restarts empty is refilled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+
+from extender.core.inventory import InventorySnapshot, NodeState, weights_key
+from extender.core.policy import Policy
+from extender.files import load_policy
+from extender.kube.client import KubeClient
+from extender.kube.sync import ClusterSync, SyncSettings
+from extender.state import InventoryStore, connect
+from extender.state.sources import AgentReport, KubeReport, Replicas, SourceStore
+from tests.conftest import RedisServer
+from tests.kube_double import KubeDouble
+from tests.kube_double.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICY_FILE = ROOT / "policies" / "g5-pcie-fleet.yaml"
+G5_12 = {"node.kubernetes.io/instance-type": "g5.12xlarge"}
+LLAMA = {"extender.io/workload": "llama3-8b"}
+VLLM = ["docker.io/vllm/vllm-openai@sha256:" + "a" * 64, "docker.io/vllm/vllm-openai:v0.11.0"]
+
+# watches outlive every test (no server-side timeout mid-test) unless a test asks for short ones
+FAST = SyncSettings(watch_timeout_s=60, resync_s=0.5, version_check_s=0.05, backoff_initial_s=0.02,
+                    backoff_max_s=0.2)
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return load_policy(POLICY_FILE)
+
+
+@pytest.fixture
+def double() -> Iterator[KubeDouble]:
+    with KubeDouble.running(bookmark_interval_s=0.05) as d:
+        yield d
+
+
+@pytest.fixture
+def reader(redis_server: RedisServer, tmp_path: Path) -> Iterator[SourceStore]:
+    """The test's own view of the store (a separate client, as the extender's would be)."""
+    client = connect(redis_server.url, tmp_path)
+    try:
+        yield SourceStore(InventoryStore(client))
+    finally:
+        client.close()
+
+
+def node(name: str, labels: dict[str, str] | None = None, gpus: int = 4,
+         images: list[list[str]] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels or {}},
+            "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}, "capacity": {"nvidia.com/gpu": str(gpus)},
+                       "images": [{"names": n, "sizeBytes": 1000} for n in images or []]}}
+
+
+def pod(name: str, node_name: str, *, labels: dict[str, str] | None = None, gpus: int = 1,
+        phase: str = "Pending", ready: bool = False) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "serving", "labels": labels or {}},
+            "spec": {"nodeName": node_name, "containers": [
+                {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                 "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+            "status": {"phase": phase, "conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+
+@contextmanager
+def running_sync(double: KubeDouble, redis_url: str, tmp_path: Path, policy: Policy,
+                 settings: SyncSettings = FAST) -> Iterator[ClusterSync]:
+    """A ClusterSync in a thread; stopped and joined (and its clients closed) however the test ends."""
+    kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kubeconfig")))
+    clients: list[redis.Redis] = []
+
+    def open_sources() -> SourceStore:
+        client = connect(redis_url, tmp_path)
+        clients.append(client)
+        return SourceStore(InventoryStore(client))
+
+    sync = ClusterSync(kube, open_sources, policy, settings)
+    thread = threading.Thread(target=sync.run, name="sync-under-test")
+    thread.start()
+    try:
+        yield sync
+    finally:
+        sync.stop()
+        thread.join(timeout=30)
+        kube.close()
+        for c in clients:
+            c.close()
+        assert not thread.is_alive(), "the sync did not stop"
+
+
+def record(reader: SourceStore, name: str) -> NodeState | None:
+    return reader.store.get(name)
+
+
+def eventually(reader: SourceStore, name: str, check: Callable[[NodeState | None], bool], what: str) -> None:
+    wait_until(lambda: check(record(reader, name)), what=what)
+
+
+def test_nodes_appear_with_class_gpus_and_every_image_name(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, policy: Policy
+) -> None:
+    double.apply(node("gpu-a", G5_12, gpus=4, images=[VLLM, ["registry.k8s.io/pause:3.9"]]))
+    double.apply(node("cpu-b", {"node.kubernetes.io/instance-type": "m5.large"}, gpus=0))
+    with running_sync(double, redis_server.url, tmp_path, policy):
+        wait_until(lambda: reader.store.names() == {"gpu-a", "cpu-b"}, what="both nodes")
+    a, b = record(reader, "gpu-a"), record(reader, "cpu-b")
+    assert a is not None and b is not None
+    assert (a.node_class, a.gpus, a.gpus_free, a.labels) == ("g5.12xlarge", 4, 4, G5_12)
+    assert a.images == (*VLLM, "registry.k8s.io/pause:3.9")
+    assert b.node_class == "" and b.gpus == 0  # no class: readers classify by labels
+    assert a.heartbeat == 0.0  # no agent has reported: never fresh
+
+
+def test_pods_move_free_gpus_and_replica_counts(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, policy: Policy
+) -> None:
+    double.apply(node("gpu-a", G5_12, gpus=4))
+    double.apply(pod("other", "gpu-a", gpus=2, phase="Running", ready=True))  # no profile: GPUs only
+    double.apply(pod("unbound", "", labels=LLAMA))  # not on a node: nothing
+    with running_sync(double, redis_server.url, tmp_path, policy):
+        eventually(reader, "gpu-a", lambda r: r is not None and r.gpus_free == 2, "the other pod's GPUs")
+        double.apply(pod("llama-1", "gpu-a", labels=LLAMA))
+        wait_until(lambda: reader.kube_reports(["gpu-a"])["gpu-a"] == KubeReport(
+            node_class="g5.12xlarge", labels=G5_12, gpus=4, gpus_free=1,
+            replicas={"llama3-8b": Replicas(starting=1)}), what="a starting replica")
+        eventually(reader, "gpu-a", lambda r: r is not None and r.pod_workloads == ("llama3-8b",),
+                   "the workload in use on the node")
+        double.apply(pod("llama-1", "gpu-a", labels=LLAMA, phase="Running", ready=True))
+        wait_until(lambda: (r := reader.kube_reports(["gpu-a"])["gpu-a"]) is not None
+                   and r.replicas == {"llama3-8b": Replicas(running=1)}, what="a running replica")
+        double.apply(pod("llama-1", "gpu-a", labels=LLAMA, phase="Succeeded"))
+        double.remove("v1", "Pod", "other", "serving")
+        wait_until(lambda: (r := reader.kube_reports(["gpu-a"])["gpu-a"]) is not None
+                   and r.replicas == {} and r.gpus_free == 4, what="all GPUs free again")
+
+
+def test_images_change_and_deleted_nodes_disappear(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, policy: Policy
+) -> None:
+    double.apply(node("gpu-a", G5_12, images=[["old:1"]]))
+    double.apply(node("gpu-b", G5_12))
+    with running_sync(double, redis_server.url, tmp_path, policy):
+        eventually(reader, "gpu-a", lambda r: r is not None and r.images == ("old:1",), "the first image")
+        double.apply(node("gpu-a", G5_12, images=[VLLM, ["old:1"]]))
+        eventually(reader, "gpu-a", lambda r: r is not None and r.images == (*VLLM, "old:1"), "the new images")
+        reader.report_agent("gpu-b", AgentReport(heartbeat=time.time()))
+        double.remove("v1", "Node", "gpu-b")
+        wait_until(lambda: reader.store.names() == {"gpu-a"}, what="gpu-b removed")
+        # the agent of the removed node reports once more: it must not bring the node back
+        assert reader.report_agent("gpu-b", AgentReport(heartbeat=time.time())) is None
+        assert reader.store.names() == {"gpu-a"}
+
+
+def test_a_node_whose_agent_went_silent_is_cold(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, policy: Policy
+) -> None:
+    profile = policy.profile("llama3-8b")
+    key = weights_key(profile.name, profile.weights.version)
+    double.apply(node("gpu-a", G5_12, images=[VLLM]))
+    with running_sync(double, redis_server.url, tmp_path, policy):
+        eventually(reader, "gpu-a", lambda r: r is not None, "the node")
+        heartbeat = time.time()
+        reader.report_agent("gpu-a", AgentReport(weights={key: profile.weights.bytes}, heartbeat=heartbeat, ttl=60))
+        # the sync keeps writing (a label changes) after the agent's last report ...
+        double.apply(node("gpu-a", {**G5_12, "team": "ml"}, images=[VLLM]))
+        eventually(reader, "gpu-a", lambda r: r is not None and r.labels.get("team") == "ml", "the new label")
+    state = record(reader, "gpu-a")
+    assert state is not None and state.heartbeat == heartbeat  # ... without refreshing the heartbeat
+    snapshot = InventorySnapshot.build(policy, [state])
+    rows = snapshot.lookup(["gpu-a"]).index
+    warm, _ = snapshot.state_for(profile, rows, now=heartbeat + 1)
+    cold, _ = snapshot.state_for(profile, rows, now=heartbeat + 61)  # one second past the TTL
+    assert warm.weights_bytes.tolist() == [profile.weights.bytes] and warm.image.tolist() == [True]
+    assert cold.weights_bytes.tolist() == [0.0] and not np.any(cold.image)
+
+
+def _stall_watches_and_cut(double: KubeDouble, sync: ClusterSync) -> None:
+    """Cut the open watches and keep new ones failing until the test calls clear_faults()."""
+    wait_until(lambda: double.open_watches() >= 2, what="both watches open")
+    failed = double.count("watch", "nodes")
+    double.fail("watch", "nodes", 503, times=10**6)
+    double.state.cut_watches()
+    wait_until(lambda: double.count("watch", "nodes") > failed + 1, what="a failed re-watch")
+
+
+def test_a_cut_watch_resumes_from_its_resource_version_without_missing_a_change(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, policy: Policy
+) -> None:
+    double.apply(node("a", G5_12))
+    double.apply(node("b", G5_12))
+    with running_sync(double, redis_server.url, tmp_path, policy) as sync:
+        wait_until(lambda: reader.store.names() == {"a", "b"}, what="both nodes")
+        _stall_watches_and_cut(double, sync)
+        # changes while the sync is disconnected
+        double.apply(node("a", G5_12, images=[["new:1"]]))
+        double.remove("v1", "Node", "b")
+        double.apply(node("c", G5_12))
+        double.clear_faults()
+        wait_until(lambda: reader.store.names() == {"a", "c"}, what="b gone, c added")
+        eventually(reader, "a", lambda r: r is not None and r.images == ("new:1",), "a's new image")
+        assert sync.nodes.lists == 1  # resumed from its resourceVersion: no relist was needed
+
+
+def test_410_gone_relists_and_applies_what_happened_meanwhile(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, policy: Policy
+) -> None:
+    double.apply(node("a", G5_12))
+    double.apply(node("b", G5_12))
+    with running_sync(double, redis_server.url, tmp_path, policy) as sync:
+        wait_until(lambda: reader.store.names() == {"a", "b"}, what="both nodes")
+        _stall_watches_and_cut(double, sync)
+        double.apply(node("a", G5_12, gpus=8))
+        double.remove("v1", "Node", "b")
+        double.apply(node("c", G5_12))
+        double.state.compact()  # the sync's resourceVersion is now too old
+        double.clear_faults()
+        wait_until(lambda: reader.store.names() == {"a", "c"}, what="b gone, c added")
+        eventually(reader, "a", lambda r: r is not None and r.gpus == 8, "a's new GPU count")
+        assert sync.nodes.lists == 2
+
+
+def test_an_open_watch_expired_by_the_server_relists(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, policy: Policy
+) -> None:
+    double.apply(node("a", G5_12))
+    with running_sync(double, redis_server.url, tmp_path, policy) as sync:
+        wait_until(lambda: double.open_watches() >= 2, what="both watches open")
+        double.state.expire_watches()
+        wait_until(lambda: sync.nodes.lists == 2 and sync.pods.lists == 2, what="both relists")
+        double.apply(node("b", G5_12))
+        wait_until(lambda: reader.store.names() == {"a", "b"}, what="b added after the relist")
+
+
+def test_watches_ended_by_the_server_are_reopened_without_a_relist(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, policy: Policy
+) -> None:
+    double.apply(node("a", G5_12))
+    settings = SyncSettings(watch_timeout_s=1, backoff_initial_s=0.02, backoff_max_s=0.2)
+    with running_sync(double, redis_server.url, tmp_path, policy, settings) as sync:
+        wait_until(lambda: sync.nodes.watches >= 3, what="two server-side watch timeouts")
+        double.apply(node("b", G5_12))
+        wait_until(lambda: reader.store.names() == {"a", "b"}, what="a change after the re-watches")
+        assert sync.nodes.lists == 1
+
+
+def test_api_errors_are_retried(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, policy: Policy
+) -> None:
+    double.apply(node("a", G5_12))
+    double.fail("list", "nodes", 500, times=3)
+    double.fail("list", "pods", 503, times=2)
+    with running_sync(double, redis_server.url, tmp_path, policy):
+        wait_until(lambda: reader.store.names() == {"a"}, what="the node after the failed lists")
+    assert double.count("list", "nodes") == 4
+
+
+def test_records_of_nodes_no_longer_in_the_cluster_are_pruned(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, policy: Policy
+) -> None:
+    reader.store.put(NodeState.model_validate({"name": "ghost", "heartbeat": 1.0}))
+    double.apply(node("a", G5_12))
+    with running_sync(double, redis_server.url, tmp_path, policy):
+        wait_until(lambda: reader.store.names() == {"a"}, what="the ghost pruned")
+
+
+def test_a_redis_that_restarted_empty_is_refilled(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, policy: Policy
+) -> None:
+    double.apply(node("a", G5_12, images=[VLLM]))
+    double.apply(node("b", G5_12))
+    with running_sync(double, redis_server.url, tmp_path, policy):
+        wait_until(lambda: reader.store.names() == {"a", "b"}, what="both nodes")
+        redis_server.restart()  # all data gone
+        double.apply(node("c", G5_12))  # and a change during the outage
+        wait_until(lambda: _names(reader) == {"a", "b", "c"}, what="every node back")
+        eventually(reader, "a", lambda r: r is not None and r.images == tuple(VLLM), "a's images back")
+
+
+def _names(reader: SourceStore) -> set[str]:
+    try:
+        return set(reader.store.names())
+    except Exception:  # the test's own client reconnects on the next call
+        return set()
+
+
+def test_an_outage_keeps_changes_until_redis_returns(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, policy: Policy
+) -> None:
+    double.apply(node("a", G5_12))
+    with running_sync(double, redis_server.url, tmp_path, policy) as sync:
+        wait_until(lambda: reader.store.names() == {"a"}, what="the node")
+        redis_server.kill()
+        double.apply(node("a", G5_12, gpus=8))
+        wait_until(lambda: sync._outage, what="the sync to notice the outage")
+        redis_server.start()
+        eventually(reader, "a", lambda r: r is not None and r.gpus == 8, "the change written after the outage")
+
+
+def test_the_sync_command_runs_until_sigterm(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path
+) -> None:
+    double.apply(node("a", G5_12))
+    kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
+    code = ("import argparse, sys\n"
+            "from extender.kube import commands\n"
+            "p = argparse.ArgumentParser(); commands.register(p.add_subparsers())\n"
+            "a = p.parse_args(sys.argv[1:]); sys.exit(a.handler(a))\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code, "sync", "--policy", str(POLICY_FILE), "--kubeconfig", str(kubeconfig),
+         "--redis-url", redis_server.url],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        wait_until(lambda: reader.store.names() == {"a"} or proc.poll() is not None, what="the command's write")
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == 0, err
+        assert "listed 1 object(s)" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
