@@ -1,4 +1,4 @@
-"""deploy/rbac.yaml grants exactly what the sync and the agent call: every call allowed, every grant used.
+"""deploy/rbac.yaml grants exactly what the sync, the agent and the warmer call: every call allowed, every grant used.
 
 Two checks that back each other up:
 
@@ -6,7 +6,9 @@ Two checks that back each other up:
   deploy/rbac.yaml *enforced* and each component authenticated as its ServiceAccount (a bearer token
   per account). The scenario walks every code path that calls the API: first list, watch, a cut
   stream (re-watch), 410 Gone (relist), label set and label removal. Any forbidden call fails it,
-  and the (verb, group, resource) triples each account used must equal what its roles grant.
+  and the (verb, group, resource) triples each account used must equal what its roles grant. The
+  cache warmer gets the same treatment as the scaler's account: Jobs created, failed (an Event),
+  retried (deleted), confirmed (deleted), and a new node tainted and untainted.
 * static: every method of the official client named in extender/kube is in a table of the API
   calls it makes; the table's calls must equal the grants. A new client call anywhere therefore
   fails this test until the table and deploy/rbac.yaml say what it needs.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,8 @@ DEPLOY = ROOT / "deploy"
 NAMESPACE = "kube-system"
 SYNC_USER = f"system:serviceaccount:{NAMESPACE}:extender-sync"
 AGENT_USER = f"system:serviceaccount:{NAMESPACE}:extender-agent"
+#: The warmer runs inside `extender scale`, as the scaler's account.
+WARMER_USER = f"system:serviceaccount:{NAMESPACE}:extender-scaler"
 G5_12 = {"node.kubernetes.io/instance-type": "g5.12xlarge"}
 
 Triple = tuple[str, str, str]  # (verb, API group, resource[/subresource])
@@ -53,12 +58,23 @@ CLIENT_CALLS: dict[str, set[Triple]] = {
     "list_pod_for_all_namespaces": {("list", "", "pods"), ("watch", "", "pods")},
     "read_node": {("get", "", "nodes")},
     "patch_node": {("patch", "", "nodes")},
+    "list_namespaced_job": {("list", "batch", "jobs")},
+    "create_namespaced_job": {("create", "batch", "jobs")},
+    "delete_namespaced_job": {("delete", "batch", "jobs")},
+    "create_namespaced_event": {("create", "", "events")},
 }
 #: Which component makes which call.
 CALLS_BY_USER: dict[str, set[str]] = {
     SYNC_USER: {"list_node", "list_pod_for_all_namespaces"},
     AGENT_USER: {"read_node", "patch_node"},
+    WARMER_USER: {"list_namespaced_job", "create_namespaced_job", "delete_namespaced_job", "create_namespaced_event",
+                  "list_node", "read_node", "patch_node"},
 }
+
+
+#: Methods a user calls only as a plain list: the warmer lists Nodes once at start (taint
+#: bookkeeping) and never watches them.
+LIST_ONLY: dict[str, set[str]] = {WARMER_USER: {"list_node"}}
 
 
 def docs(name: str) -> list[dict[str, Any]]:
@@ -131,13 +147,19 @@ def test_the_agent_mounts_its_cache_read_only() -> None:
 
 
 def test_every_client_call_in_the_code_is_in_the_table(authorizer: Authorizer) -> None:
-    source = "\n".join(p.read_text() for p in sorted((ROOT / "extender" / "kube").glob("*.py")))
-    called = set(re.findall(r"_core\.(\w+)", source))
+    # delegation.py (TokenReview, SubjectAccessReview, the extension-apiserver-authentication
+    # ConfigMap) is the External Metrics API's delegated auth: its grants are Kubernetes' built-in
+    # roles bound in deploy/scaler-rbac.yaml, checked by tests/test_external_metrics_deploy.py.
+    kube = sorted(p for p in (ROOT / "extender" / "kube").glob("*.py") if p.name != "delegation.py")
+    source = "\n".join(p.read_text() for p in kube)
+    called = set(re.findall(r"_(?:core|batch)\.(\w+)", source))
     assert called == set(CLIENT_CALLS), "a new client call: add it to CLIENT_CALLS and to deploy/rbac.yaml"
-    # only CoreV1Api is used (any other API class would need its own row)
-    assert set(re.findall(r"k8s\.(\w+Api)\(", source)) == {"CoreV1Api"}
+    # only these API classes are used (any other would need its own rows)
+    assert set(re.findall(r"k8s\.(\w+Api)\(", source)) == {"CoreV1Api", "BatchV1Api"}
     for user, methods in CALLS_BY_USER.items():
         needed = set().union(*(CLIENT_CALLS[m] for m in methods))
+        # a list_* the user only calls as a plain list (never through Watch) needs no watch grant
+        needed -= {("watch", g, r) for m in LIST_ONLY.get(user, set()) for _, g, r in CLIENT_CALLS[m]}
         assert granted(authorizer, user) == needed, user
 
 
@@ -147,7 +169,8 @@ def test_every_client_call_in_the_code_is_in_the_table(authorizer: Authorizer) -
 @pytest.fixture
 def enforcing(authorizer: Authorizer) -> Iterator[KubeDouble]:
     with KubeDouble.running(bookmark_interval_s=0.05, authorizer=authorizer,
-                            tokens={"sync-token": SYNC_USER, "agent-token": AGENT_USER}) as double:
+                            tokens={"sync-token": SYNC_USER, "agent-token": AGENT_USER,
+                                    "warmer-token": WARMER_USER}) as double:
         yield double
 
 
@@ -219,3 +242,48 @@ def test_a_call_outside_the_grants_is_refused(enforcing: KubeDouble, tmp_path: P
         assert excinfo.value.status == 403
     finally:
         kube.close()
+
+
+@pytest.mark.integration
+def test_every_warmer_call_is_allowed_and_every_grant_is_used(enforcing: KubeDouble, authorizer: Authorizer,
+                                                              tmp_path: Path) -> None:
+    from extender.core.warming import Expectation
+    from extender.warm.loop import WarmLoop
+    from tests.test_warm import GB, load, node
+    from tests.test_warm_executor import TAINTING, finish, snap
+
+    double = enforcing
+    policy = load(**TAINTING)
+    double.apply(node_object("gpu-a", {"pool": "gpu"}))  # joins now: young and cold
+    kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "warmer.kubeconfig", token="warmer-token")))
+    expect = [Expectation(workload="llm", replicas=1, within_s=600)]
+    try:
+        t = time.time()  # the double stamps creationTimestamp with its own clock
+        loop = WarmLoop(policy, None, kube)
+
+        def tick(now: float, *records: Any) -> Any:
+            report = loop.tick(now, expect, snapshot=snap(policy, now, *records))
+            assert report.errors == []
+            return report
+
+        report = tick(t, node("gpu-a", now=t))  # list nodes, taint (patch), list jobs, create
+        (image,) = report.started
+        finish(double, image, ok=False, at=t + 1)
+        report = tick(t + 2, node("gpu-a", now=t + 2))  # an Event; the image backs off, the weights start
+        assert report.failed == [image]
+        (weights,) = report.started
+        assert tick(t + 40, node("gpu-a", now=t + 40)).retried == [image]  # delete
+        finish(double, weights, ok=True, at=t + 41)
+        warm = node("gpu-a", now=t + 42, images=["example.com/llm:1"], weights={"llm/v1": 100 * GB})
+        double.apply(node_object("gpu-b", {"pool": "gpu"}))
+        report = tick(t + 42, warm, node("gpu-b", now=t + 42))  # confirm (delete); gpu-b: get; untaint gpu-a
+        assert report.confirmed == [weights] and "gpu-a" in report.untainted
+    finally:
+        kube.close()
+    assert [r for r in double.requests if not authorizer.allowed(r)] == []
+    used = {(verb, group, resource) for u, verb, group, resource in double.verbs_used() if u == WARMER_USER}
+    assert used == granted(authorizer, WARMER_USER)
+
+
+def node_object(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {**node(name, labels), "spec": {"taints": []}}

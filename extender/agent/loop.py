@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Protocol
 
 from extender.agent.disk import disk_usage
-from extender.agent.scan import CacheScan, ManifestCache, Problem, scan_cache
+from extender.agent.scan import CacheScan, ManifestCache, Problem, SizeCache, scan_cache
 from extender.core.errors import KubeError, StateError
 from extender.core.inventory import DEFAULT_TTL_S
 from extender.kube.backoff import Backoff
@@ -66,6 +66,8 @@ class AgentSettings:
     backoff_max_s: float = 5.0
     #: Free-space drift that alone does not make a report "changed" (the heartbeat carries it later).
     free_tolerance_bytes: int = 2**30
+    #: Longest time between two full measurements of one compile or snapshot directory (its size).
+    size_refresh_s: float = 300.0
 
     @property
     def heartbeat_every_s(self) -> float:
@@ -109,13 +111,14 @@ class Agent:
         self._outage = False
         self._tombstoned = False
         self._manifests = ManifestCache()
+        self._sizes = SizeCache(settings.size_refresh_s, clock=monotonic)
         self._stop = threading.Event()
 
     # ---- one step at a time (the loop and the tests use these) -------------------------------
 
     def scan(self) -> AgentReport:
         """Scan the cache root and the filesystem; the report has no heartbeat yet."""
-        scan = scan_cache(self.settings.cache_root, manifests=self._manifests)
+        scan = scan_cache(self.settings.cache_root, manifests=self._manifests, sizes=self._sizes)
         try:
             disk = disk_usage(self.settings.cache_root)
             total, free = disk.total_bytes, disk.free_bytes
@@ -123,7 +126,8 @@ class Agent:
             total = free = 0
             scan = CacheScan(scan.weights, scan.compile_keys, scan.snapshots,
                              (*scan.problems, Problem(str(self.settings.cache_root), "unreadable",
-                                                      f"statvfs failed: {exc.strerror or exc}")), scan.files)
+                                                      f"statvfs failed: {exc.strerror or exc}")), scan.files,
+                             scan.last_used, scan.cache_bytes)
         self.stats.scans += 1
         self.stats.last_scan = scan
         self._log_problems(scan.problems)
@@ -135,12 +139,22 @@ class Agent:
             compile_keys=tuple(sorted(scan.compile_keys)),
             snapshots=tuple(sorted(scan.snapshots)),
             ttl=self.settings.ttl_s,
+            last_used=scan.last_used,
+            cache_bytes=scan.cache_bytes,
         )
 
     def due(self, report: AgentReport) -> bool:
-        """Should this report be written now?"""
+        """Should this report be written now?
+
+        Last-use times alone do not make a report "changed": every read by a serving pod moves an
+        access time, and the heartbeat (a quarter of the TTL) carries them soon enough for
+        evictions measured in minutes.
+        """
+        last = self.last_written
+        if last is not None:
+            report = report.model_copy(update={"last_used": last.last_used})
         return (
-            not report.same_content(self.last_written, free_tolerance=self.settings.free_tolerance_bytes)
+            not report.same_content(last, free_tolerance=self.settings.free_tolerance_bytes)
             or self.monotonic() - self._last_write_at >= self.settings.heartbeat_every_s
         )
 

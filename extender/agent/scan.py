@@ -9,12 +9,25 @@ Cost: one ``scandir`` per directory and one ``lstat`` per file below ``weights/`
 directories (often tens of thousands of small Triton files) are entered only until their first
 file is found. Symbolic links are neither followed nor counted: a link's target is someone else's
 bytes, and following links invites loops. Numbers are in BENCHMARKS.md.
+
+Usage, for the cache warmer's evictions (``NodeState.last_used`` and ``cache_bytes``, keyed by
+cache id): an entry's last use is the newest of the access, modification and change times of its
+files (the change time too, because copy tools set the modification time to the source's, while
+the change time is when the file landed here). Weights get it from the ``lstat`` the scan already
+does. Compile and snapshot entries are measured in full (size and newest time) only with a
+:class:`SizeCache`, at most every ``refresh_s`` per directory, so the usual scan still stops at a
+compile directory's first file; without one, their last use is the directory's own times and
+their size is left to the policy's declared size. With ``relatime`` mounts an access time can lag
+by up to a day; the warmer's other protections (pods on the node, tracked workloads, the idle
+threshold) do not depend on it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -22,7 +35,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from extender.agent.layout import COMPILE, COMPLETE, MANIFEST, METADATA, SNAPSHOTS, WEIGHTS, Manifest
-from extender.core.inventory import weights_key
+from extender.core.inventory import cache_id, weights_key
 
 ProblemKind = Literal["unreadable", "vanished", "corrupt", "inconsistent"]
 
@@ -50,6 +63,8 @@ class WeightsEntry:
     complete: bool
     #: The manifest's total, when a readable manifest exists.
     expected_bytes: int | None
+    #: Newest access, modification or change time of its files (unix seconds); usage, not content.
+    last_used: float | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -66,6 +81,10 @@ class CacheScan:
     problems: tuple[Problem, ...] = ()
     #: Regular files looked at (``lstat`` calls), for logs and benchmarks.
     files: int = 0
+    #: Last use per cache id (weights, compile, snapshot entries); see the module docstring.
+    last_used: dict[str, float] = field(default_factory=dict, compare=False)
+    #: Bytes of compile and snapshot entries by cache id, when measured (a :class:`SizeCache`).
+    cache_bytes: dict[str, int] = field(default_factory=dict, compare=False)
 
     @property
     def weights_bytes(self) -> dict[str, int]:
@@ -115,15 +134,17 @@ class _Walk:
                 self.os_problem(entry.path, exc)
         return out
 
-    def file_sizes(self, top: str) -> tuple[dict[str, int], set[str], bool]:
-        """``(relative path -> size, top-level names, complete listing?)`` of every regular file below ``top``.
+    def file_sizes(self, top: str) -> tuple[dict[str, int], set[str], bool, float]:
+        """``(relative path -> size, top-level names, complete listing?, newest file time)`` below ``top``.
 
         Iterative (no recursion limit for deep trees). A directory that cannot be listed makes the
-        listing incomplete; a file that vanishes is simply not there.
+        listing incomplete; a file that vanishes is simply not there. The newest time is the
+        largest access, modification or change time of the files (0 without files).
         """
         sizes: dict[str, int] = {}
         top_names: set[str] = set()
         whole = True
+        newest = 0.0
         stack: list[tuple[str, str]] = [(top, "")]
         while stack:
             path, prefix = stack.pop()
@@ -144,12 +165,33 @@ class _Walk:
                             if not prefix and entry.name in METADATA:
                                 continue
                             self.files += 1
-                            sizes[prefix + entry.name] = entry.stat(follow_symlinks=False).st_size
+                            st = entry.stat(follow_symlinks=False)
+                            sizes[prefix + entry.name] = st.st_size
+                            newest = max(newest, st.st_atime, st.st_mtime, st.st_ctime)
                     except OSError as exc:
                         self.os_problem(entry.path, exc)
                         if not isinstance(exc, FileNotFoundError):
                             whole = False
-        return sizes, top_names, whole
+        return sizes, top_names, whole, newest
+
+    def usage(self, top: str) -> tuple[int, float]:
+        """``(bytes of every regular file below top, newest file time)``; unreadable parts are skipped."""
+        total, newest = 0, 0.0
+        stack = [top]
+        while stack:
+            path = stack.pop()
+            try:
+                with os.scandir(path) as it:
+                    for entry in it:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                        elif entry.is_file(follow_symlinks=False):
+                            st = entry.stat(follow_symlinks=False)
+                            total += st.st_size
+                            newest = max(newest, st.st_atime, st.st_mtime, st.st_ctime)
+            except OSError as exc:
+                self.os_problem(path, exc)
+        return total, newest
 
     def has_file(self, top: str) -> bool:
         """Does any regular file exist below ``top`` (stops at the first one)?"""
@@ -169,6 +211,50 @@ class _Walk:
 
 
 ManifestResult = tuple[Manifest | None, str | None]
+
+
+@dataclass(frozen=True)
+class _Measured:
+    stamp: tuple[int, int]
+    at: float
+    bytes: int
+    newest: float
+
+
+class SizeCache:
+    """Sizes and newest file times of compile and snapshot directories, kept between scans.
+
+    A compile cache can hold tens of thousands of files, and walking all of them every scan would
+    multiply the agent's cost; its size changes only while an engine compiles. So a directory is
+    measured when first seen, when its own identity or modification time changes (an entry added
+    or removed at its top), and otherwise at most every ``refresh_s`` seconds. Entries of
+    directories not seen in the latest scan are dropped.
+    """
+
+    def __init__(self, refresh_s: float = 300.0, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self._entries: dict[str, _Measured] = {}
+        self._seen: set[str] = set()
+        #: Full walks done (tests and logs).
+        self.walks = 0
+
+    def measure(self, walk: _Walk, path: str, stamp: tuple[int, int]) -> tuple[int, float]:
+        """``(bytes, newest time)`` of the tree at ``path``, from the cache when still current."""
+        self._seen.add(path)
+        now = self.clock()
+        hit = self._entries.get(path)
+        if hit is not None and hit.stamp == stamp and now - hit.at < self.refresh_s:
+            return hit.bytes, hit.newest
+        size, newest = walk.usage(path)
+        self.walks += 1
+        self._entries[path] = _Measured(stamp, now, size, newest)
+        return size, newest
+
+    def end_scan(self) -> None:
+        for path in self._entries.keys() - self._seen:
+            del self._entries[path]
+        self._seen = set()
 
 
 class ManifestCache:
@@ -235,9 +321,10 @@ def scan_weights(
     walk: _Walk, directory: Path, workload: str, version: str, manifests: ManifestCache | None = None
 ) -> WeightsEntry | None:
     """One weights version directory (rules in :mod:`extender.agent.layout`); ``None`` if it vanished."""
-    sizes, top_names, whole = walk.file_sizes(str(directory))
+    sizes, top_names, whole, newest = walk.file_sizes(str(directory))
     if not whole and not sizes and not os.path.isdir(directory):
         return None  # evicted while we looked: reported as a problem, not as an empty entry
+    last_used = newest or None
     manifest, why = read_manifest(directory, manifests) if MANIFEST in top_names else (None, None)
     marked = COMPLETE in top_names
     if why is not None:
@@ -245,7 +332,8 @@ def scan_weights(
     if manifest is None:
         if marked:
             walk.problem(directory, "inconsistent", "marked complete but has no readable manifest; counted as partial")
-        return WeightsEntry(workload, version, sum(sizes.values()), complete=False, expected_bytes=None)
+        return WeightsEntry(workload, version, sum(sizes.values()), complete=False, expected_bytes=None,
+                            last_used=last_used)
     total = manifest.total_bytes
     present = sum(min(sizes.get(f.path, 0), f.size) for f in manifest.files)
     mismatched = next((f.path for f in manifest.files if sizes.get(f.path) != f.size), None)
@@ -256,17 +344,32 @@ def scan_weights(
         walk.problem(directory, "inconsistent", f"marked complete but {detail}; counted as partial")
     if not complete:
         present = min(present, max(0, total - 1))
-    return WeightsEntry(workload, version, present, complete=complete, expected_bytes=total)
+    return WeightsEntry(workload, version, present, complete=complete, expected_bytes=total, last_used=last_used)
 
 
 def _size_of(manifest: Manifest, path: str | None) -> int:
     return next((f.size for f in manifest.files if f.path == path), 0)
 
 
-def scan_cache(root: Path, *, manifests: ManifestCache | None = None) -> CacheScan:
+def _dir_times(walk: _Walk, path: str) -> tuple[tuple[int, int], float] | None:
+    """``((inode, mtime ns), newest of the directory's modification and change times)``, or ``None``.
+
+    Not its access time: the scan itself lists the directory, which moves it, and the agent's own
+    reads must not make a cache look used.
+    """
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        walk.os_problem(path, exc)
+        return None
+    return (st.st_ino, st.st_mtime_ns), max(st.st_mtime, st.st_ctime)
+
+
+def scan_cache(root: Path, *, manifests: ManifestCache | None = None, sizes: SizeCache | None = None) -> CacheScan:
     """Scan ``root`` (see the module docstring); a missing root is a problem, not an error.
 
-    ``manifests`` keeps parsed manifests between scans (the agent passes one; a single scan needs none).
+    ``manifests`` keeps parsed manifests between scans (the agent passes one; a single scan needs
+    none); ``sizes``, when given, measures compile and snapshot entries (see :class:`SizeCache`).
     """
     walk = _Walk()
     if not os.path.isdir(root):
@@ -280,18 +383,41 @@ def scan_cache(root: Path, *, manifests: ManifestCache | None = None) -> CacheSc
                 weights.append(entry)
     if manifests is not None:
         manifests.end_scan()
-    compile_keys = tuple(d.name for d in walk.subdirs(root / COMPILE, missing_ok=True) if walk.has_file(d.path))
+    last_used = {cache_id("weights", w.key): w.last_used for w in weights if w.last_used is not None}
+    cache_bytes: dict[str, int] = {}
+
+    def usage(ident: str, path: str) -> None:
+        found = _dir_times(walk, path)
+        if found is None:
+            return
+        stamp, newest = found
+        if sizes is not None:
+            size, files_newest = sizes.measure(walk, path, stamp)
+            cache_bytes[ident] = size
+            newest = max(newest, files_newest)
+        last_used[ident] = newest
+
+    compile_keys: list[str] = []
+    for d in walk.subdirs(root / COMPILE, missing_ok=True):
+        if walk.has_file(d.path):
+            compile_keys.append(d.name)
+            usage(cache_id("compile", d.name), d.path)
     snapshots: list[str] = []
     for d in walk.subdirs(root / SNAPSHOTS, missing_ok=True):
         try:
             if os.path.lexists(os.path.join(d.path, COMPLETE)):
                 snapshots.append(d.name)
+                usage(cache_id("snapshot", d.name), d.path)
         except OSError as exc:  # pragma: no cover - lexists swallows most errors itself
             walk.os_problem(d.path, exc)
+    if sizes is not None:
+        sizes.end_scan()
     return CacheScan(
         weights=tuple(weights),
-        compile_keys=compile_keys,
+        compile_keys=tuple(compile_keys),
         snapshots=tuple(snapshots),
         problems=tuple(walk.problems),
         files=walk.files,
+        last_used=last_used,
+        cache_bytes=cache_bytes,
     )

@@ -66,3 +66,14 @@ class StoreUnavailableError(StateError):
 
 class KubeError(ExtenderError):
     """A call to the Kubernetes API failed."""
+
+
+class FencedOutError(StateError):
+    """A write carried a fencing token that is no longer current: another scaler took the lead.
+
+    The writer must stop acting as leader at once; nothing of the rejected write was applied.
+    """
+
+
+class SignalError(ExtenderError):
+    """A demand signal could not be read (a scrape or a Prometheus query failed)."""

@@ -221,6 +221,75 @@ class Capacity(Schema):
     unit: Literal["requests/s", "tokens/s"] = "requests/s"
 
 
+#: Signal sources the predictive scaler knows (registry: extender.scaler.signals.SOURCES).
+SignalSourceName = Literal["scrape", "prometheus"]
+#: Serving engines whose metric names the scaler knows (registry: extender.scaler.exposition.ENGINES).
+EngineName = Literal["vllm", "sglang"]
+
+
+class PrometheusSignal(Schema):
+    """Where the ``prometheus`` signal source asks, and what.
+
+    ``query`` must evaluate to the demand rate in the profile's ``capacity.unit``; ``queueQuery`` to
+    the queue depth in the matching amount. Unset, both are built from the engine's metric names,
+    restricted by ``selector`` (PromQL label matchers without braces, e.g.
+    ``namespace="llm",pod=~"qwen-.*"``) and averaged over ``rateWindow``.
+    """
+
+    url: str = Field(min_length=1, description="base URL of the Prometheus HTTP API, e.g. http://prometheus:9090")
+    query: str | None = Field(default=None, min_length=1)
+    queue_query: str | None = Field(default=None, min_length=1)
+    selector: str = ""
+    rate_window: Annotated[Duration, Field(gt=0)] = 60.0
+    timeout: Annotated[Duration, Field(gt=0)] = 5.0
+
+
+class Signal(Schema):
+    """Where a workload's demand comes from (the scaler's signal source, selected by name).
+
+    ``scrape``: the workload's pods (found through the Kubernetes API with the profile's ``match``)
+    are scraped at ``<scheme>://<podIP>:<port><path>``; ``prometheus``: a PromQL query. The rate is
+    in the profile's ``capacity.unit``; ``rateMetrics`` / ``queueMetrics`` override the engine's
+    counter and gauge names (counters are summed over every series and pod, then turned into a rate).
+    """
+
+    source: SignalSourceName = "scrape"
+    engine: EngineName = "vllm"
+    port: int = Field(default=8000, ge=1, le=65535)
+    path: str = Field(default="/metrics", pattern=r"^/")
+    scheme: Literal["http", "https"] = "http"
+    timeout: Annotated[Duration, Field(gt=0)] = 2.0
+    rate_metrics: tuple[str, ...] = ()
+    queue_metrics: tuple[str, ...] = ()
+    prometheus: PrometheusSignal | None = None
+
+    @model_validator(mode="after")
+    def _prometheus_needs_its_section(self) -> Signal:
+        if self.source == "prometheus" and self.prometheus is None:
+            raise ValueError("source 'prometheus' needs a prometheus section with at least a url")
+        return self
+
+
+class Autoscaling(Schema):
+    """The predictive scaler's view of one workload: where its pods run, replica bounds, its signal.
+
+    ``namespace``: where the workload's pods (and its HPA) live; unset, pods matching the profile in
+    any namespace count. The desired replica count is kept within ``[minReplicas, maxReplicas]``
+    (give the HPA the same bounds).
+    """
+
+    namespace: str | None = Field(default=None, min_length=1, max_length=63)
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(ge=1)
+    signal: Signal = Signal()
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas {self.min_replicas} is larger than maxReplicas {self.max_replicas}")
+        return self
+
+
 class PhaseOverride(Schema):
     """Phase times for one node class, where they differ (a B200 compiles faster than an H200)."""
 
@@ -255,6 +324,8 @@ class Profile(Schema):
     startup_slo: Duration | None = None
     overrides: dict[str, PhaseOverride] = {}
     filter: FilterRules = FilterRules()
+    #: The predictive scaler's settings for this workload; unset: ``extender scale`` leaves it alone.
+    autoscaling: Autoscaling | None = None
 
     @model_validator(mode="after")
     def _slo_rule_needs_slo(self) -> Profile:
@@ -304,6 +375,114 @@ class Scaling(Schema):
     tolerance: float = Field(default=0.1, ge=0, lt=1)
 
 
+class Toleration(Schema):
+    """A Kubernetes toleration on the warm Jobs' pods (``key`` empty with ``Exists``: every taint)."""
+
+    key: str = ""
+    operator: Literal["Exists", "Equal"] = "Equal"
+    value: str = ""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+
+
+class JobResources(Schema):
+    """Requests and limits of every container of a warm Job, as Kubernetes quantities (``100m``, ``2Gi``).
+
+    Limits matter: a copy tool without a memory limit can grow its buffers until the node's serving
+    pods are OOM-killed, and warming must never hurt what already serves.
+    """
+
+    requests: dict[str, str] = {"cpu": "100m", "memory": "256Mi"}
+    limits: dict[str, str] = {"cpu": "2", "memory": "4Gi"}
+
+
+class StepTemplate(Schema):
+    """One container of a warm Job, the team's own tooling: ``{{name}}`` placeholders are filled per action.
+
+    Placeholders may appear in ``image``, ``command``, ``args`` and ``env`` values; which names each
+    kind offers is in :data:`TEMPLATE_VARS` (and docs/warming.md). The values also reach the
+    container as ``WARM_<NAME>`` environment variables, for scripts.
+    """
+
+    image: str = Field(min_length=1)
+    command: tuple[str, ...] = Field(min_length=1)
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = {}
+    #: Secrets in the warm namespace whose keys become environment variables (object-store credentials).
+    env_from_secrets: tuple[str, ...] = ()
+
+
+#: Placeholders every template may use.
+TEMPLATE_COMMON = frozenset({"node", "nodeClass", "workload", "kind", "cacheId", "cacheRoot", "registry", "bytes"})
+#: Placeholders per template (the key is the field name under ``warming.templates``).
+TEMPLATE_VARS: dict[str, frozenset[str]] = {
+    "weights": TEMPLATE_COMMON | {"source", "version", "staging", "dest"},
+    "compile": TEMPLATE_COMMON | {"key", "staging", "dest"},
+    "snapshot": TEMPLATE_COMMON | {"staging", "dest"},
+    "publishCompile": TEMPLATE_COMMON | {"key", "dir"},
+}
+#: ``{{ name }}`` in a template.
+PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z][A-Za-z0-9]*)\s*\}\}")
+
+
+class WarmTemplates(Schema):
+    """The fetch step of each kind of warm Job, and the step that publishes a compile cache.
+
+    A kind without a template is planned (a dry run shows it) but never started. Images need no
+    template: the workload's own image is pulled by running it with ``imagePullCommand``.
+    """
+
+    weights: StepTemplate | None = None
+    compile: StepTemplate | None = None
+    snapshot: StepTemplate | None = None
+    #: Uploads ``{{dir}}`` (a node's compile cache of key ``{{key}}``) to the registry.
+    publish_compile: StepTemplate | None = None
+
+
+class Taint(Schema):
+    """The taint that keeps pods off a new node until it is warm."""
+
+    key: str = Field(default="extender.io/warming", min_length=1)
+    value: str = "true"
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class NewNodes(Schema):
+    """What happens when a node joins: keep-warm workloads are staged on it; optionally it stays tainted.
+
+    With ``taintUntilWarm``, a node the warmer first sees younger than ``joinWindow`` gets
+    ``taint`` (register nodes with it, kubelet ``--register-with-taints``, to close the window
+    before the warmer sees them); the taint comes off once the node holds every keep-warm cache it
+    can, or after ``maxTaint`` whatever happens: warming must never keep a node out of service.
+    """
+
+    taint_until_warm: bool = False
+    taint: Taint = Taint()
+    join_window: Annotated[Duration, Field(gt=0)] = 600.0
+    max_taint: Annotated[Duration, Field(gt=0)] = 1800.0
+
+
+class WarmRetry(Schema):
+    """Retries of failed warm Jobs: after ``initial * 2**(attempt-1)`` seconds, at most ``max``."""
+
+    initial: Annotated[Duration, Field(gt=0)] = 30.0
+    max: Annotated[Duration, Field(gt=0)] = 1800.0
+    #: Pod retries inside one Job (its ``backoffLimit``) before the Job counts as failed.
+    pod_retries: int = Field(default=1, ge=0, le=10)
+
+
+class PublishedSnapshot(Schema):
+    """A process snapshot of ``workload`` for ``nodeClass`` that the snapshot template can fetch."""
+
+    workload: str = Field(min_length=1)
+    node_class: str = Field(min_length=1)
+
+
+_DEFAULT_TOLERATIONS = (
+    Toleration.model_validate({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}),
+    Toleration.model_validate({"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"}),
+)
+
+
 class Warming(Schema):
     """The cache warmer: what it may start each tick (planner: extender.core.warming). Off unless enabled.
 
@@ -324,6 +503,40 @@ class Warming(Schema):
     #: A cache used more recently than this is not evicted: it is likely wanted again soon, and
     #: evicting it to warm something else only moves the cold start elsewhere.
     evict_after_idle: Duration = 600.0
+
+    # ---- the executor: how each action becomes a Kubernetes Job (extender.warm, docs/warming.md) ----
+    #: Namespace of the warm Jobs and their Events.
+    namespace: str = Field(default="extender-warm", min_length=1, max_length=63)
+    #: The cache root on the nodes (a hostPath; the agent DaemonSet's path).
+    host_cache_root: str = Field(default="/mnt/nvme/extender-cache", pattern=r"^/")
+    #: Image with the ``extender`` command, for the steps around a template (evict, stage, finish).
+    helper_image: str = Field(default="ghcr.io/example/extender:0.1.0", min_length=1)
+    #: A low PriorityClass: a warm Job never preempts a serving pod, and is the first to go under pressure.
+    priority_class_name: str | None = "extender-warm"
+    #: ServiceAccount of the Job pods (for workload identity to the object store); none by default.
+    service_account_name: str | None = None
+    tolerations: tuple[Toleration, ...] = _DEFAULT_TOLERATIONS
+    resources: JobResources = JobResources()
+    #: Finished Jobs are deleted by Kubernetes after this long (the warmer deletes them sooner once
+    #: the agent confirmed the result); the safety net if the warmer stops.
+    ttl_after_finished: Annotated[Duration, Field(gt=0)] = 3600.0
+    #: A Job running longer than this is failed by Kubernetes (a hung copy must not hold a slot forever).
+    active_deadline: Annotated[Duration, Field(gt=0)] = 7200.0
+    retry: WarmRetry = WarmRetry()
+    #: A Job that succeeded but whose cache the inventory does not show after this long counts as
+    #: failed (a template writing to the wrong place).
+    confirm_within: Annotated[Duration, Field(gt=0)] = 300.0
+    #: The command an image-pull Job runs in the workload's image (the pull is the point; it must exit 0).
+    image_pull_command: tuple[str, ...] = Field(default=("true",), min_length=1)
+    #: Where compile caches (and snapshots) are published and fetched: ``{{registry}}`` in templates.
+    registry: str = ""
+    templates: WarmTemplates = WarmTemplates()
+    #: Process snapshots the snapshot template can fetch (the inventory records no snapshot registry).
+    published_snapshots: tuple[PublishedSnapshot, ...] = ()
+    #: A compile cache is published once it has been on a node this long (engines fill it while
+    #: compiling; publishing it half-written would hand every other node a partial cache).
+    publish_after: Duration = 120.0
+    new_nodes: NewNodes = NewNodes()
 
 
 class Metadata(Schema):
@@ -424,9 +637,45 @@ def cross_check(policy: Policy) -> list[tuple[Loc, str]]:
             out.append((("profiles", i, "weights", "bytes"),
                         "weights cache is required but the weights are larger than the usable NVMe "
                         "of every node class this profile may run on"))
+    for i, p in enumerate(policy.profiles):
+        if p.autoscaling is not None and p.capacity is None:
+            out.append((("profiles", i, "autoscaling"),
+                        "autoscaling needs capacity (perReplica and unit) to turn demand into replicas"))
     for j, name in enumerate(policy.warming.keep_warm):
         if name not in profile_names:
             out.append((("warming", "keepWarm", j), f"no profile {name!r}"))
+    out.extend(_check_warming(policy, profile_names, known))
+    return out
+
+
+def _check_warming(policy: Policy, profile_names: list[str], class_names: set[str]) -> list[tuple[Loc, str]]:
+    """Unknown template placeholders, and published snapshots naming what does not exist."""
+    out: list[tuple[Loc, str]] = []
+    warming = policy.warming
+    for field_name, template in warming.templates:
+        if template is None:
+            continue
+        alias = "publishCompile" if field_name == "publish_compile" else field_name
+        allowed = TEMPLATE_VARS[alias]
+        texts: list[tuple[Loc, str]] = [(("image",), template.image)]
+        texts += [(("command", i), t) for i, t in enumerate(template.command)]
+        texts += [(("args", i), t) for i, t in enumerate(template.args)]
+        texts += [(("env", k), v) for k, v in template.env.items()]
+        for loc, text in texts:
+            unknown = sorted({m.group(1) for m in PLACEHOLDER.finditer(text)} - allowed)
+            if unknown:
+                out.append((("warming", "templates", alias, *loc),
+                            f"unknown placeholder(s) {', '.join(unknown)}; known: {', '.join(sorted(allowed))}"))
+            elif "{{" in PLACEHOLDER.sub("", text):
+                out.append((("warming", "templates", alias, *loc), "a '{{' that is not a {{name}} placeholder"))
+    for i, ref in enumerate(warming.published_snapshots):
+        if ref.workload not in profile_names:
+            out.append((("warming", "publishedSnapshots", i, "workload"), f"no profile {ref.workload!r}"))
+        elif policy.profile(ref.workload).snapshot is None:
+            out.append((("warming", "publishedSnapshots", i, "workload"),
+                        f"profile {ref.workload!r} declares no snapshot"))
+        if ref.node_class not in class_names:
+            out.append((("warming", "publishedSnapshots", i, "nodeClass"), f"no node class {ref.node_class!r}"))
     return out
 
 

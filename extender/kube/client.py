@@ -33,6 +33,8 @@ k8s_config: Any = _config
 k8s_watch: Any = _watch
 
 JSON = dict[str, Any]
+#: A list of objects (a name of its own: inside KubeClient, ``list`` is the method).
+Objects = list[JSON]
 Resource = Literal["nodes", "pods"]
 
 #: Seconds to open a connection to the API server.
@@ -79,6 +81,7 @@ class KubeClient:
     def __init__(self, api_client: Any) -> None:
         self._api = api_client
         self._core: Any = k8s.CoreV1Api(api_client)
+        self._batch: Any = k8s.BatchV1Api(api_client)
 
     @classmethod
     def connect(cls, kubeconfig: str | None = None, *, context: str | None = None) -> KubeClient:
@@ -107,7 +110,13 @@ class KubeClient:
         self, resource: Resource, *, field_selector: str | None = None, label_selector: str | None = None
     ) -> tuple[list[JSON], str]:
         """Every matching object (all pages) and the resourceVersion to watch from."""
-        lister = self._lister(resource)
+        return self._pages(self._lister(resource), resource, field_selector=field_selector,
+                           label_selector=label_selector)
+
+    def _pages(
+        self, lister: Any, what: str, *, field_selector: str | None = None, label_selector: str | None = None
+    ) -> tuple[Objects, str]:
+        """Call ``lister`` page by page (raw JSON) until the server says there is no more."""
         items: list[JSON] = []
         token: str | None = None
         resource_version = ""
@@ -120,14 +129,14 @@ class KubeClient:
                 kwargs["label_selector"] = label_selector
             if token:
                 kwargs["_continue"] = token
-            with kube_errors(f"listing {resource}"):
+            with kube_errors(f"listing {what}"):
                 response = lister(**kwargs)
                 try:
                     page = json.loads(response.data)
                 finally:
                     response.release_conn()
             if not isinstance(page, dict):
-                raise KubeError(f"listing {resource}: the API server sent {type(page).__name__}, not a list object")
+                raise KubeError(f"listing {what}: the API server sent {type(page).__name__}, not a list object")
             items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             resource_version = str(meta.get("resourceVersion") or "")
@@ -173,3 +182,42 @@ class KubeClient:
             finally:
                 response.release_conn()
         return node
+
+    # ---- the cache warmer: Jobs in its namespace, Events about them ------------------------------
+
+    def list_jobs(self, namespace: str, *, label_selector: str | None = None) -> Objects:
+        """Every Job in ``namespace`` matching ``label_selector`` (all pages)."""
+
+        def lister(**kwargs: Any) -> Any:
+            return self._batch.list_namespaced_job(namespace, **kwargs)
+
+        items, _ = self._pages(lister, f"jobs in namespace {namespace!r}", label_selector=label_selector)
+        return items
+
+    def create_job(self, namespace: str, body: Mapping[str, Any]) -> JSON:
+        """Create a Job; an existing name raises :class:`~extender.kube.errors.KubeApiError` with status 409."""
+        name = body.get("metadata", {}).get("name", "?")
+        return self._read(f"creating job {namespace}/{name}",
+                          lambda **kw: self._batch.create_namespaced_job(namespace, dict(body), **kw))
+
+    def delete_job(self, namespace: str, name: str) -> None:
+        """Delete a Job and, in the background, its pods (a 404 raises: the caller decides if that is fine)."""
+        self._read(f"deleting job {namespace}/{name}",
+                   lambda **kw: self._batch.delete_namespaced_job(name, namespace,
+                                                                   propagation_policy="Background", **kw))
+
+    def create_event(self, namespace: str, body: Mapping[str, Any]) -> JSON:
+        """Create a core/v1 Event (an existing name raises with status 409)."""
+        name = body.get("metadata", {}).get("name", "?")
+        return self._read(f"creating event {namespace}/{name}",
+                          lambda **kw: self._core.create_namespaced_event(namespace, dict(body), **kw))
+
+    def _read(self, action: str, call: Any) -> JSON:
+        """Run one request with our timeouts, raw JSON in the reply, errors mapped."""
+        with kube_errors(action):
+            response = call(_preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S))
+            try:
+                body: Any = json.loads(response.data or b"{}")
+            finally:
+                response.release_conn()
+        return body if isinstance(body, dict) else {}

@@ -80,6 +80,9 @@ class AgentReport(Report):
     images: tuple[str, ...] | None = None
     heartbeat: float = Field(default=0.0, ge=0)
     ttl: Annotated[Duration, Field(gt=0)] = DEFAULT_TTL_S
+    #: Usage for the cache warmer's evictions, by cache id (``NodeState.last_used``, ``cache_bytes``).
+    last_used: dict[str, Annotated[float, Field(ge=0)]] = {}
+    cache_bytes: dict[str, Bytes] = {}
 
     def same_content(self, other: AgentReport | None, *, free_tolerance: int = 0) -> bool:
         """Equal apart from the heartbeat and a free-space drift of at most ``free_tolerance`` bytes."""
@@ -131,6 +134,8 @@ def merge(name: str, agent: AgentReport | None, kube: KubeReport | None) -> Node
             snapshots=agent.snapshots,
             heartbeat=agent.heartbeat,
             ttl=agent.ttl,
+            last_used=agent.last_used,
+            cache_bytes=agent.cache_bytes,
         )
         if agent.images is not None:
             fields["images"] = agent.images

@@ -1,0 +1,65 @@
+"""Prometheus metrics of the cache warmer.
+
+Created per :class:`~extender.warm.loop.WarmLoop` on a registry the caller passes (the scaler's, so
+one ``/metrics`` shows both), or a private one; importing this module registers nothing.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+
+class WarmMetrics:
+    """The warmer's metric families."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.planned = Counter(
+            "extender_warm_actions_planned_total", "Warm actions the planner chose, by kind and purpose.",
+            ["kind", "purpose"], registry=r,
+        )
+        self.skipped = Counter(
+            "extender_warm_actions_skipped_total",
+            "Planned actions not started, by reason (disabled, no-template, backoff, eviction-unsafe, error).",
+            ["reason"], registry=r,
+        )
+        self.started = Counter(
+            "extender_warm_jobs_started_total", "Warm Jobs created (an existing Job counts as started once).",
+            ["kind"], registry=r,
+        )
+        self.finished = Counter(
+            "extender_warm_jobs_finished_total",
+            "Warm Jobs finished, by outcome: confirmed (the agent reports the cache), failed, unconfirmed.",
+            ["kind", "outcome"], registry=r,
+        )
+        self.retries = Counter(
+            "extender_warm_jobs_retried_total", "Failed warm Jobs removed so the action can run again.",
+            ["kind"], registry=r,
+        )
+        self.in_flight = Gauge(
+            "extender_warm_jobs_in_flight", "Warm Jobs running or awaiting the agent's confirmation.",
+            ["kind"], registry=r,
+        )
+        self.backing_off = Gauge(
+            "extender_warm_jobs_backing_off", "Failed warm actions waiting for their retry.", registry=r,
+        )
+        self.published = Counter(
+            "extender_warm_compile_published_total", "Compile-cache keys added to the registry.", registry=r,
+        )
+        self.tainted = Gauge(
+            "extender_warm_nodes_tainted", "New nodes the warmer keeps tainted until warm.", registry=r,
+        )
+        self.taint_changes = Counter(
+            "extender_warm_taint_changes_total", "Warming taints added or removed, by change and why.",
+            ["change", "reason"], registry=r,
+        )
+        self.errors = Counter(
+            "extender_warm_errors_total", "Failed calls to the API server or the store, by operation.",
+            ["operation"], registry=r,
+        )
+        self.saved = Gauge(
+            "extender_warm_plan_seconds_saved",
+            "Expected replica startup seconds the last plan's actions save, by workload.",
+            ["workload"], registry=r,
+        )

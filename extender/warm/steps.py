@@ -1,0 +1,153 @@
+"""What a warm Job does on its node, around the team's fetch command: evict, stage, finish.
+
+The cache layout (:mod:`extender.agent.layout`) has one rule that makes warming safe to run next
+to the agent and the serving pods: names starting with ``.`` are staging areas nobody reads. So a
+warm Job never writes where a reader looks:
+
+    prepare   evict each planned victim: rename it to ``.<name>.evicting-<pid>`` (one atomic step:
+              the agent stops reporting it at once), then delete the tree; then make the staging
+              directory ``.<name>.warming`` beside the destination. For weights, an existing
+              partial destination is moved into staging first, so a resumable copy tool (``aws s3
+              sync``, ``gsutil rsync``) fetches only the missing bytes.
+    fetch     the team's template writes into ``{{staging}}``.
+    finish    weights: list what was fetched in ``.manifest.json`` and write ``.complete`` (the
+              manifest is written last, after every file is whole); snapshots: write ``.complete``;
+              then rename staging onto the destination, so the agent's next scan sees the whole
+              entry or nothing.
+
+A half-finished Job leaves only a staging directory, which the next attempt resumes. Runs inside
+the Job's helper containers (``extender warm prepare`` / ``extender warm finish``); the paths are
+those of the container, where the node's cache root is mounted at :data:`CACHE_MOUNT`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path, PurePath
+from typing import TypeVar
+
+from extender.agent.layout import COMPILE, COMPLETE, MANIFEST, SNAPSHOTS, WEIGHTS, finish_from_disk, mark_complete
+from extender.core.errors import ExtenderError
+from extender.core.inventory import CacheKind
+
+#: Where the warm Job's containers see the node's cache root.
+CACHE_MOUNT = "/cache"
+STAGING_SUFFIX = ".warming"
+EVICTING_SUFFIX = ".evicting"
+
+P = TypeVar("P", bound=PurePath)
+
+
+class StepError(ExtenderError):
+    """A warm step cannot do what it was asked (an unsafe cache id, nothing fetched)."""
+
+
+def _safe(name: str, what: str) -> str:
+    # a cache id becomes a path below the cache root: it must never climb out of it or hide in a
+    # staging name the agent ignores
+    if not name or "/" in name or "\0" in name or name.startswith(".") or len(name) > 255:
+        raise StepError(f"{what} {name!r} is not a plain directory name")
+    return name
+
+
+def parse_cache_id(cache_id: str) -> tuple[CacheKind, str]:
+    """``(kind, name)`` of ``kind:name``; raises :class:`StepError` for an unknown kind."""
+    kind, sep, name = cache_id.partition(":")
+    if not sep or not name:
+        raise StepError(f"{cache_id!r} is not a cache id (kind:name)")
+    if kind == "image":
+        return "image", name
+    if kind == "weights":
+        return "weights", name
+    if kind == "compile":
+        return "compile", name
+    if kind == "snapshot":
+        return "snapshot", name
+    raise StepError(f"{cache_id!r}: unknown kind {kind!r} (image, weights, compile, snapshot)")
+
+
+def cache_path(root: P, cache_id: str) -> P:
+    """Where the entry ``cache_id`` lives below ``root`` (images live in the runtime, not here)."""
+    kind, name = parse_cache_id(cache_id)
+    if kind == "weights":
+        workload, sep, version = name.partition("/")
+        if not sep:
+            raise StepError(f"{cache_id!r}: weights are named <workload>/<version>")
+        return root / WEIGHTS / _safe(workload, "workload") / _safe(version, "version")
+    if kind == "compile":
+        return root / COMPILE / _safe(name, "compile key")
+    if kind == "snapshot":
+        return root / SNAPSHOTS / _safe(name, "workload")
+    raise StepError(f"{cache_id!r}: images are not stored in the cache root")
+
+
+def staging_path(root: P, cache_id: str) -> P:
+    """The staging directory an action fills before it is renamed onto :func:`cache_path`."""
+    dest = cache_path(root, cache_id)
+    return dest.with_name(f".{dest.name}{STAGING_SUFFIX}")
+
+
+def evict(root: Path, cache_id: str) -> bool:
+    """Delete one cache entry; ``False`` if it was not there.
+
+    Renamed out of sight first: a scan running meanwhile must not report a half-deleted tree as
+    a partial cache, and the rename is atomic where the deletion of many files is not.
+    """
+    dest = cache_path(root, cache_id)
+    return _remove(dest)
+
+
+def _remove(path: Path) -> bool:
+    tomb = path.with_name(f".{path.name}{EVICTING_SUFFIX}-{os.getpid()}")
+    try:
+        os.replace(path, tomb)
+    except FileNotFoundError:
+        return False
+    shutil.rmtree(tomb)
+    return True
+
+
+def prepare(root: Path, cache_id: str, evictions: Sequence[str] = ()) -> Path:
+    """Evict ``evictions``, then return the staging directory for ``cache_id`` (created, or resumed)."""
+    targets = [cache_path(root, e) for e in evictions]  # validate every id before deleting anything
+    for victim in targets:
+        _remove(victim)
+    kind, _ = parse_cache_id(cache_id)
+    dest, staging = cache_path(root, cache_id), staging_path(root, cache_id)
+    if staging.is_dir():
+        return staging  # an earlier attempt's bytes: resume
+    staging.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "weights" and dest.is_dir():
+        os.replace(dest, staging)  # keep the partial download: a resumable copy fetches only the rest
+        for name in (COMPLETE, MANIFEST):
+            (staging / name).unlink(missing_ok=True)
+    else:
+        staging.mkdir()
+    return staging
+
+
+def _has_file(directory: Path) -> bool:
+    return any(p.is_file() and not p.is_symlink() for p in directory.rglob("*"))
+
+
+def finish(root: Path, cache_id: str, *, source: str = "") -> Path:
+    """Seal the staging directory of ``cache_id`` and rename it into place; returns the destination.
+
+    Raises :class:`StepError` when the fetch left nothing: an empty cache entry would make the
+    agent report a compile key (any file counts) or weights that are not there.
+    """
+    kind, _ = parse_cache_id(cache_id)
+    dest, staging = cache_path(root, cache_id), staging_path(root, cache_id)
+    if not staging.is_dir() or not _has_file(staging):
+        raise StepError(f"{staging}: the fetch step left no files")
+    if kind == "weights":
+        (staging / COMPLETE).unlink(missing_ok=True)
+        finish_from_disk(staging, source=source)  # manifest of what is there, then the marker
+    elif kind == "snapshot":
+        mark_complete(staging)
+    if dest.exists():
+        _remove(dest)  # a partial entry written meanwhile: ours is whole
+    os.replace(staging, dest)
+    return dest

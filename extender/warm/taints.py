@@ -1,0 +1,194 @@
+"""New nodes kept tainted until warm (``warming.newNodes.taintUntilWarm``).
+
+Image pre-pullers are asked for this again and again: a node that joins is schedulable at once, so
+the first replica lands on it cold, which is what warming was meant to avoid. With the knob on:
+
+* **taint on join.** A node the warmer sees for the first time, younger than ``joinWindow``, of
+  a class some keep-warm workload may run on, and not already warm, gets the taint (default
+  ``extender.io/warming=true:NoSchedule``). The warmer only notices a node once the sync has
+  written it, so a pod can land in between; registering nodes with the taint (kubelet
+  ``--register-with-taints``) closes that window, and the warmer treats such nodes the same.
+* **remove when warm.** Each tick, a tainted node is untainted once its fresh inventory record
+  holds every keep-warm cache it can get (:func:`extender.warm.checks.node_warm`), or once it is
+  ``maxTaint`` old whatever its state, or at once when warming is disabled: warming must never
+  keep a node out of service.
+
+Every change is a read-modify-write of ``spec.taints`` guarded by the Node's resourceVersion (a
+merge patch replaces the whole list, and the node lifecycle controller edits taints on joining
+nodes too): a conflict is retried on the next tick. Nodes are listed once at start (to find the
+ones carrying our taint after a restart) and then read one by one only when new, so a steady
+cluster costs one GET per joining node.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from extender.core.errors import KubeError
+from extender.core.inventory import InventorySnapshot
+from extender.core.policy import Policy, Taint
+from extender.kube.client import JSON, Resource
+from extender.kube.errors import KubeApiError
+from extender.warm.checks import keep_warm_profiles, node_warm
+from extender.warm.jobspec import parse_time
+from extender.warm.metrics import WarmMetrics
+
+log = logging.getLogger(__name__)
+
+
+class NodeKube(Protocol):
+    """What the tainter needs from :class:`extender.kube.client.KubeClient`."""
+
+    def list(self, resource: Resource, *, field_selector: str | None = None,
+             label_selector: str | None = None) -> tuple[list[JSON], str]: ...
+
+    def get_node(self, name: str) -> JSON: ...
+
+    def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON: ...
+
+
+def _taints(node: JSON) -> list[JSON]:
+    return list((node.get("spec") or {}).get("taints") or [])
+
+
+def has_taint(node: JSON, taint: Taint) -> bool:
+    return any(t.get("key") == taint.key and t.get("effect") == taint.effect for t in _taints(node))
+
+
+@dataclass
+class TaintChanges:
+    """What one reconcile did, for the tick's report."""
+
+    tainted: list[str] = field(default_factory=list)
+    untainted: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Pass:
+    """One reconcile's inputs and results."""
+
+    policy: Policy
+    snapshot: InventorySnapshot
+    now: float
+    published: Collection[tuple[str, str]]
+    changes: TaintChanges
+
+    def warm(self, name: str) -> bool:
+        row = self.snapshot.positions.get(name)
+        return row is not None and node_warm(self.policy, self.snapshot, row, self.now, self.published)
+
+
+class NodeTainter:
+    """Adds the warming taint to joining nodes and removes it when they are warm."""
+
+    def __init__(self, kube: NodeKube, metrics: WarmMetrics) -> None:
+        self.kube = kube
+        self.metrics = metrics
+        #: Nodes carrying our taint -> their creation time (unix seconds).
+        self.tracked: dict[str, float] = {}
+        self.seen: set[str] = set()
+        self._listed = False
+
+    def reconcile(self, policy: Policy, snapshot: InventorySnapshot, now: float,
+                  published: Collection[tuple[str, str]]) -> TaintChanges:
+        """One pass: notice new nodes, taint the cold ones, untaint the warm or overdue ones."""
+        run = _Pass(policy, snapshot, now, published, TaintChanges())
+        if not policy.warming.new_nodes.taint_until_warm:
+            return run.changes
+        try:
+            if not self._listed:
+                nodes, _ = self.kube.list("nodes")
+                for node in nodes:
+                    self._first_sight(run, node)
+                self._listed = True
+            for record in snapshot.nodes:
+                if record.name not in self.seen:
+                    try:
+                        node = self.kube.get_node(record.name)
+                    except KubeApiError as exc:
+                        if exc.status == 404:
+                            continue  # deleted meanwhile: the sync will drop it
+                        raise
+                    self._first_sight(run, node)
+            for name, created in sorted(self.tracked.items()):
+                self._maybe_untaint(run, name, created)
+        except KubeError as exc:
+            self.metrics.errors.labels("taint").inc()
+            run.changes.errors.append(f"node taints: {exc}")
+            log.warning("node taints: %s; retrying next tick", exc)
+        self.metrics.tainted.set(len(self.tracked))
+        return run.changes
+
+    def _first_sight(self, run: _Pass, node: JSON) -> None:
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        created = parse_time(meta.get("creationTimestamp")) or run.now
+        taint = run.policy.warming.new_nodes.taint
+        if has_taint(node, taint):
+            self.tracked[name] = created
+        elif self._wants_taint(run, node, created):
+            if not self._patch(node, add=taint, remove=None):
+                return  # conflict: look again next tick
+            self.tracked[name] = created
+            run.changes.tainted.append(name)
+            self.metrics.taint_changes.labels("added", "joined").inc()
+            log.info("node %s joined cold: tainted %s until warm", name, taint.key)
+        self.seen.add(name)
+
+    def _wants_taint(self, run: _Pass, node: JSON, created: float) -> bool:
+        policy = run.policy
+        if not policy.warming.enabled or run.now - created > policy.warming.new_nodes.join_window:
+            return False
+        meta = node.get("metadata") or {}
+        name = str(meta.get("name", ""))
+        row = run.snapshot.positions.get(name)
+        if row is not None:
+            cls = run.snapshot.classes[int(run.snapshot.class_index[row])]
+        else:
+            cls = policy.classify_node(dict(meta.get("labels") or {}))
+        return bool(keep_warm_profiles(policy, cls)) and not run.warm(name)
+
+    def _maybe_untaint(self, run: _Pass, name: str, created: float) -> None:
+        nn = run.policy.warming.new_nodes
+        if not run.policy.warming.enabled:
+            why = "disabled"
+        elif run.warm(name):
+            why = "warm"
+        elif run.now - created >= nn.max_taint:
+            why = "max-taint"
+        else:
+            return
+        try:
+            node = self.kube.get_node(name)
+        except KubeApiError as exc:
+            if exc.status == 404:
+                del self.tracked[name]
+                return
+            raise
+        if has_taint(node, nn.taint) and not self._patch(node, add=None, remove=nn.taint):
+            return
+        del self.tracked[name]
+        run.changes.untainted.append(name)
+        self.metrics.taint_changes.labels("removed", why).inc()
+        log.info("node %s: warming taint removed (%s)", name, why)
+
+    def _patch(self, node: JSON, *, add: Taint | None, remove: Taint | None) -> bool:
+        """Replace the node's taints, guarded by its resourceVersion; ``False`` on a conflict."""
+        meta = node.get("metadata") or {}
+        taints = _taints(node)
+        if remove is not None:
+            taints = [t for t in taints if not (t.get("key") == remove.key and t.get("effect") == remove.effect)]
+        if add is not None:
+            taints.append({"key": add.key, "value": add.value, "effect": add.effect})
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": {"taints": taints}}
+        try:
+            self.kube.patch_node(str(meta.get("name")), patch)
+        except KubeApiError as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True

@@ -1,0 +1,535 @@
+"""The warm executor's pure parts: Job objects, templates, the node-side steps, and the inventory checks.
+
+The test policy (also used by the other ``test_warm_*`` files): one node class ``gpu`` and one
+workload ``llm`` with a compile key, weights staged by an object-store sync, compile caches fetched
+and published through the registry. Job and Event behaviour against the API double is in
+tests/test_warm_executor.py; the end-to-end warm-then-schedule run is tests/test_warm_e2e.py.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+
+from extender.agent.layout import COMPLETE, MANIFEST, weights_dir
+from extender.agent.scan import scan_cache
+from extender.core.errors import PolicyError
+from extender.core.inventory import CacheKind, InventorySnapshot, NodeState, cache_id
+from extender.core.policy import Policy, parse_policy
+from extender.core.warming import Action, Eviction
+from extender.warm.checks import node_warm, present, unsafe_evictions
+from extender.warm.executor import retry_delay
+from extender.warm.jobspec import (
+    ACTION_ANNOTATION,
+    SELECTOR,
+    JobView,
+    Publish,
+    action_job,
+    event,
+    job_name,
+    publish_job,
+    publish_job_name,
+    read_job,
+)
+from extender.warm.publish import candidates, unpublished
+from extender.warm.steps import StepError, cache_path, evict, finish, prepare, staging_path
+from extender.warm.templates import compile_key_of, env_name, render
+from tests.test_agent_scan import sparse
+
+GB = 10**9
+NOW = 1_700_000_000.0
+DIGEST = "sha256:" + "a" * 64
+KEY_INPUTS = {"modelId": "m/llm", "revision": "v1", "imageDigest": DIGEST, "engineVersion": "1",
+              "torchVersion": "2", "tritonVersion": "3", "cudaVersion": "12"}
+
+POLICY = f"""
+apiVersion: extender.io/v1alpha1
+kind: Policy
+nodeClasses:
+  - name: gpu
+    matchLabels: {{pool: gpu}}
+    gpu: {{product: TEST-GPU, count: 8}}
+    nvme: {{capacity: 1000GB, readBandwidth: 20GB/s, reserve: 100GB}}
+    network: {{nic: 100Gbps, objectStorePerStream: 8Gbps, imagePull: 100MB/s}}
+profiles:
+  - name: llm
+    match: {{labels: {{app: llm}}}}
+    image: {{reference: "example.com/llm:1", size: 10GB}}
+    weights: {{source: "s3://models/llm/", version: v1, bytes: 100GB, shardFiles: 10, loaderConcurrency: 10}}
+    parallelism: {{tensor: 8}}
+    compile: {{cold: 100s, warm: 10s, artifactBytes: 1GB, key: {KEY_INPUTS}}}
+    graphCapture: 10s
+    engineInit: 20s
+  - name: old
+    match: {{labels: {{app: old}}}}
+    image: {{reference: "example.com/old:1", size: 10GB}}
+    weights: {{source: "s3://models/old/", version: v0, bytes: 400GB}}
+    parallelism: {{tensor: 8}}
+warming:
+  enabled: true
+  registry: s3://compile-cache/prod
+  evictAfterIdle: 10m
+  templates:
+    weights:
+      image: amazon/aws-cli:2
+      command: [aws, s3, sync, --only-show-errors, "{{{{source}}}}", "{{{{ staging }}}}"]
+      envFromSecrets: [object-store]
+    compile:
+      image: amazon/aws-cli:2
+      command: [sh, -c, 'aws s3 cp "{{{{registry}}}}/{{{{key}}}}.tar" - | tar -x -C "$WARM_STAGING"']
+    publishCompile:
+      image: amazon/aws-cli:2
+      command: [sh, -c, 'tar -C "{{{{dir}}}}" -c . | aws s3 cp - "{{{{registry}}}}/{{{{key}}}}.tar"']
+"""
+
+
+def load(text: str = POLICY, **warming: Any) -> Policy:
+    """The test policy, with warming knobs replaced (camelCase, as in a file)."""
+    policy = parse_policy(text)
+    if not warming:
+        return policy
+    data = policy.warming.model_dump(by_alias=True, exclude_unset=True)
+    data.update(warming)
+    return policy.model_copy(update={"warming": type(policy.warming).model_validate(data)})
+
+
+BASE = load()
+
+
+def _llm_key() -> str:
+    key = compile_key_of(BASE.profile("llm"), BASE.node_class("gpu"))
+    assert key is not None
+    return key
+
+
+#: llm's compile-cache key on class gpu.
+LLM_KEY = _llm_key()
+
+
+def node(name: str, *, now: float = NOW, **fields: Any) -> NodeState:
+    """A fresh gpu node, empty unless ``fields`` (camelCase NodeState fields) say otherwise."""
+    doc: dict[str, Any] = {"name": name, "labels": {"pool": "gpu"}, "gpus": 8, "gpusFree": 8,
+                           "nvmeTotal": 1000 * GB, "nvmeFree": 900 * GB, "heartbeat": now - 1}
+    doc.update(fields)
+    return NodeState.model_validate(doc)
+
+
+def action(kind: CacheKind = "weights", node_name: str = "gpu-a", *, evictions: tuple[Eviction, ...] = (),
+           workload: str = "llm") -> Action:
+    cache = {"image": "image:example.com/llm:1", "weights": "weights:llm/v1", "compile": f"compile:{LLM_KEY}",
+             "snapshot": "snapshot:llm"}[kind]
+    return Action(node=node_name, workload=workload, kind=kind, cache=cache, bytes=100 * GB, nvme_bytes=100 * GB,
+                  duration_s=10.0, deadline=NOW + 600, saved_s=5.0, purpose="demand", evictions=evictions)
+
+
+# ---------------------------------------------------------------------------------------------
+# Job names
+# ---------------------------------------------------------------------------------------------
+
+
+class NameCase(NamedTuple):
+    id: str
+    kind: str
+    node: str
+    cache: str
+
+
+NAME_CASES = [
+    NameCase("plain", "weights", "gpu-a", "weights:llm/v1"),
+    NameCase("dots and capitals in the node name", "image", "ip-10-0-1-2.EC2.internal", "image:example.com/llm:1"),
+    NameCase("a node name longer than the Job name allows", "snapshot", "n" * 250, "snapshot:llm"),
+    NameCase("a node name of symbols only", "compile", "...", f"compile:{LLM_KEY}"),
+]
+
+
+@pytest.mark.parametrize("case", NAME_CASES, ids=[c.id for c in NAME_CASES])
+def test_job_names_are_stable_valid_and_at_most_63_characters(case: NameCase) -> None:
+    name = job_name(case.kind, case.node, case.cache)
+    assert name == job_name(case.kind, case.node, case.cache)  # re-planning names the same Job
+    assert len(name) <= 63
+    assert name.startswith(f"warm-{case.kind}-")
+    assert all((c.isalnum() and c.islower()) or c.isdigit() or c == "-" for c in name)
+    assert not name.endswith("-")
+
+
+def test_job_names_differ_by_node_and_by_cache() -> None:
+    names = {job_name("weights", n, c) for n in ("gpu-a", "gpu-b") for c in ("weights:llm/v1", "weights:llm/v2")}
+    assert len(names) == 4
+    # two nodes whose names only differ beyond the shortened part still get distinct names
+    assert job_name("image", "n" * 100 + "a", "image:x") != job_name("image", "n" * 100 + "b", "image:x")
+    assert publish_job_name("k1") != publish_job_name("k2")
+
+
+# ---------------------------------------------------------------------------------------------
+# Templates
+# ---------------------------------------------------------------------------------------------
+
+
+def test_render_fills_placeholders_and_leaves_shell_variables_alone() -> None:
+    values = {"source": "s3://m/", "staging": "/cache/weights/llm/.v1.warming"}
+    assert render('aws s3 sync {{source}} "{{ staging }}" && echo ${HOME} $X', values) == \
+        'aws s3 sync s3://m/ "/cache/weights/llm/.v1.warming" && echo ${HOME} $X'
+    assert env_name("cacheRoot") == "WARM_CACHE_ROOT"
+    assert env_name("node") == "WARM_NODE"
+
+
+class BadTemplate(NamedTuple):
+    id: str
+    template: str
+    path: str
+    message: str
+
+
+BAD_TEMPLATES = [
+    BadTemplate("unknown name", 'weights: {image: x, command: [cp, "{{srce}}", "{{staging}}"]}',
+                "warming.templates.weights.command[1]", "unknown placeholder(s) srce"),
+    BadTemplate("a name of another kind", 'compile: {image: x, command: [get, "{{source}}"]}',
+                "warming.templates.compile.command[1]", "unknown placeholder(s) source"),
+    BadTemplate("in the image", 'weights: {image: "{{tag}}", command: [x]}',
+                "warming.templates.weights.image", "unknown placeholder(s) tag"),
+    BadTemplate("in env", 'publishCompile: {image: x, command: [x], env: {DEST: "{{staging}}"}}',
+                "warming.templates.publishCompile.env.DEST", "unknown placeholder(s) staging"),
+    BadTemplate("a brace that is not a placeholder", 'weights: {image: x, command: ["{{ 1 }}"]}',
+                "warming.templates.weights.command[0]", "not a {{name}} placeholder"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_TEMPLATES, ids=[c.id for c in BAD_TEMPLATES])
+def test_template_placeholders_are_checked_when_the_policy_loads(case: BadTemplate) -> None:
+    text = POLICY.split("warming:", maxsplit=1)[0] + "warming:\n  templates:\n    " + case.template + "\n"
+    with pytest.raises(PolicyError) as excinfo:
+        parse_policy(text)
+    (problem,) = excinfo.value.problems
+    assert problem.path == case.path
+    assert case.message in problem.message
+
+
+def test_published_snapshots_must_name_a_profile_with_a_snapshot_and_a_class() -> None:
+    text = POLICY + "  publishedSnapshots: [{workload: llm, nodeClass: gpu}, {workload: nope, nodeClass: cpu}]\n"
+    with pytest.raises(PolicyError) as excinfo:
+        parse_policy(text)
+    assert {(p.path, p.message) for p in excinfo.value.problems} == {
+        ("warming.publishedSnapshots[0].workload", "profile 'llm' declares no snapshot"),
+        ("warming.publishedSnapshots[1].workload", "no profile 'nope'"),
+        ("warming.publishedSnapshots[1].nodeClass", "no node class 'cpu'"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Job objects
+# ---------------------------------------------------------------------------------------------
+
+
+def _containers(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    pod = job["spec"]["template"]["spec"]
+    return {c["name"]: c for c in [*pod.get("initContainers", []), *pod["containers"]]}
+
+
+def test_a_weights_job_is_pinned_low_priority_tolerant_limited_and_expires() -> None:
+    victim = Eviction(node="gpu-a", cache="weights:old/v0", bytes=400 * GB, last_used=NOW - 7200)
+    a = action("weights", evictions=(victim,))
+    job = action_job(BASE, a, attempt=3, node_class="gpu")
+    meta, spec = job["metadata"], job["spec"]
+    pod = spec["template"]["spec"]
+    assert meta["name"] == job_name("weights", "gpu-a", "weights:llm/v1")
+    assert meta["namespace"] == "extender-warm"
+    assert meta["labels"] == {"app.kubernetes.io/managed-by": "extender-warmer", "extender.io/warm-kind": "weights",
+                              "extender.io/warm-workload": "llm"}
+    assert SELECTOR == "app.kubernetes.io/managed-by=extender-warmer"
+    assert Action.model_validate_json(meta["annotations"][ACTION_ANNOTATION]) == a
+    assert meta["annotations"]["extender.io/warm-attempt"] == "3"
+    # the Job: bounded retries and runtime, cleaned up after it finishes
+    assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (1, 7200, 3600)
+    # the pod: through the scheduler, on exactly this node
+    assert pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"] == {
+        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-a"]}]}]}
+    assert "nodeName" not in pod
+    assert pod["priorityClassName"] == "extender-warm"
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {"key": "extender.io/warming", "operator": "Exists", "effect": "NoSchedule"},
+    ]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["volumes"] == [{"name": "cache", "hostPath": {"path": "/mnt/nvme/extender-cache", "type": "Directory"}}]
+    containers = _containers(job)
+    assert list(containers) == ["prepare", "fetch", "finish"]  # init: prepare, fetch; then finish
+    for c in containers.values():
+        assert c["resources"] == {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                  "limits": {"cpu": "2", "memory": "4Gi"}}
+        assert c["volumeMounts"] == [{"name": "cache", "mountPath": "/cache"}]
+    assert containers["prepare"]["image"] == containers["finish"]["image"] == "ghcr.io/example/extender:0.1.0"
+    assert containers["prepare"]["command"] == ["extender", "warm", "prepare", "--root", "/cache",
+                                                "--cache", "weights:llm/v1", "--evict", "weights:old/v0"]
+    assert containers["finish"]["command"] == ["extender", "warm", "finish", "--root", "/cache",
+                                               "--cache", "weights:llm/v1", "--source", "s3://models/llm/"]
+    fetch = containers["fetch"]
+    assert fetch["image"] == "amazon/aws-cli:2"
+    assert fetch["command"] == ["aws", "s3", "sync", "--only-show-errors", "s3://models/llm/",
+                                "/cache/weights/llm/.v1.warming"]
+    assert fetch["envFrom"] == [{"secretRef": {"name": "object-store"}}]
+    env = {e["name"]: e["value"] for e in fetch["env"]}
+    assert env["WARM_STAGING"] == "/cache/weights/llm/.v1.warming"
+    assert env["WARM_DEST"] == "/cache/weights/llm/v1"
+    assert env["WARM_NODE_CLASS"] == "gpu"
+    assert env["WARM_VERSION"] == "v1"
+
+
+def test_an_image_job_runs_the_workloads_own_image_with_a_no_op() -> None:
+    job = action_job(BASE, action("image"))
+    pod = job["spec"]["template"]["spec"]
+    assert "initContainers" not in pod and "volumes" not in pod
+    (pull,) = pod["containers"]
+    assert (pull["image"], pull["imagePullPolicy"], pull["command"]) == ("example.com/llm:1", "IfNotPresent", ["true"])
+    assert pull["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
+
+
+def test_a_compile_job_fetches_the_key_from_the_registry() -> None:
+    fetch = _containers(action_job(BASE, action("compile"), node_class="gpu"))["fetch"]
+    assert fetch["command"] == ["sh", "-c", f'aws s3 cp "s3://compile-cache/prod/{LLM_KEY}.tar" - | tar -x -C '
+                                            '"$WARM_STAGING"']
+
+
+def test_a_kind_without_a_template_has_no_job() -> None:
+    with pytest.raises(ValueError, match="snapshot"):
+        action_job(BASE, action("snapshot"))
+
+
+def test_knobs_reach_the_job() -> None:
+    policy = load(priorityClassName=None, serviceAccountName="warm-s3", namespace="caches",
+                  tolerations=[{"operator": "Exists"}], resources={"requests": {"cpu": "1"}, "limits": {}},
+                  ttlAfterFinished="10m", activeDeadline="30m", retry={"podRetries": 0},
+                  imagePullCommand=["/bin/sh", "-c", "exit 0"], newNodes={"taint": {"key": "x/warm"}})
+    job = action_job(policy, action("image"))
+    pod = job["spec"]["template"]["spec"]
+    assert job["metadata"]["namespace"] == "caches"
+    assert "priorityClassName" not in pod and pod["serviceAccountName"] == "warm-s3"
+    assert pod["tolerations"] == [{"operator": "Exists"}, {"key": "x/warm", "operator": "Exists",
+                                                           "effect": "NoSchedule"}]
+    assert pod["containers"][0]["resources"] == {"requests": {"cpu": "1"}, "limits": {}}
+    assert pod["containers"][0]["command"] == ["/bin/sh", "-c", "exit 0"]
+    assert (job["spec"]["ttlSecondsAfterFinished"], job["spec"]["activeDeadlineSeconds"],
+            job["spec"]["backoffLimit"]) == (600, 1800, 0)
+
+
+def test_a_publish_job_mounts_the_cache_read_only() -> None:
+    p = Publish(key=LLM_KEY, node="gpu-b", workload="llm", node_class="gpu", bytes=GB)
+    job = publish_job(BASE, p, attempt=2)
+    (upload,) = job["spec"]["template"]["spec"]["containers"]
+    assert job["metadata"]["name"] == publish_job_name(LLM_KEY)
+    assert upload["volumeMounts"] == [{"name": "cache", "mountPath": "/cache", "readOnly": True}]
+    assert upload["command"][-1] == f'tar -C "/cache/compile/{LLM_KEY}" -c . | aws s3 cp - ' \
+                                    f'"s3://compile-cache/prod/{LLM_KEY}.tar"'
+    view = read_job({**job, "metadata": {**job["metadata"], "uid": "u"}})
+    assert view is not None and view.publish == p and view.attempt == 2 and view.kind == "publish"
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading Jobs back
+# ---------------------------------------------------------------------------------------------
+
+
+def _with_status(job: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    return {**job, "metadata": {**job["metadata"], "uid": "0123456789abcdef"}, "status": status}
+
+
+STATES = [
+    ("no status yet", {}, "active", None, ""),
+    ("running", {"active": 1}, "active", None, ""),
+    ("complete", {"succeeded": 1, "completionTime": "2023-11-14T22:13:30Z",
+                  "conditions": [{"type": "Complete", "status": "True"}]}, "succeeded", 1_700_000_010.0, ""),
+    ("failed", {"failed": 2, "conditions": [
+        {"type": "FailureTarget", "status": "True", "lastTransitionTime": "2023-11-14T22:13:25Z"},
+        {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded", "message": "Job has reached the "
+         "specified backoff limit", "lastTransitionTime": "2023-11-14T22:13:30Z"}]},
+     "failed", 1_700_000_010.0, "BackoffLimitExceeded"),
+    ("a condition that is not true does not count", {"conditions": [{"type": "Failed", "status": "False"}]},
+     "active", None, ""),
+]
+
+
+@pytest.mark.parametrize(("status", "state", "finished", "reason"), [s[1:] for s in STATES],
+                         ids=[s[0] for s in STATES])
+def test_read_job(status: dict[str, Any], state: str, finished: float | None, reason: str) -> None:
+    a = action("weights")
+    view = read_job(_with_status(action_job(BASE, a), status))
+    assert view is not None
+    assert (view.state, view.finished_at, view.reason) == (state, finished, reason)
+    assert view.action == a and view.key == ("gpu-a", "weights:llm/v1") and view.node == "gpu-a"
+
+
+def test_a_job_without_our_annotations_is_not_read() -> None:
+    job = action_job(BASE, action("image"))
+    job["metadata"]["annotations"][ACTION_ANNOTATION] = "{not json"
+    assert read_job(job) is None
+    del job["metadata"]["annotations"][ACTION_ANNOTATION]
+    assert read_job(job) is None
+
+
+def test_one_event_name_per_failed_job_and_reason() -> None:
+    view = read_job(_with_status(action_job(BASE, action()), {}))
+    assert isinstance(view, JobView)
+    e = event(view, reason="WarmJobFailed", message="x" * 5000, now=NOW, instance="scaler-0")
+    assert e["metadata"]["name"] == f"{view.name}.01234567.warmjobfailed"
+    assert e["involvedObject"] == {"apiVersion": "batch/v1", "kind": "Job", "name": view.name,
+                                   "namespace": "extender-warm", "uid": "0123456789abcdef"}
+    assert (e["type"], e["reason"], len(e["message"])) == ("Warning", "WarmJobFailed", 1024)
+    assert e["firstTimestamp"] == "2023-11-14T22:13:20Z"
+
+
+# retry after initial * 2**(attempt-1), capped: 30, 60, 120, ... 1800
+@pytest.mark.parametrize(("attempt", "delay"), [(1, 30.0), (2, 60.0), (3, 120.0), (7, 1800.0), (500, 1800.0)])
+def test_retry_delay_doubles_up_to_the_cap(attempt: int, delay: float) -> None:
+    assert retry_delay(BASE.warming.retry, attempt) == delay
+
+
+# ---------------------------------------------------------------------------------------------
+# The steps a Job runs on its node
+# ---------------------------------------------------------------------------------------------
+
+
+def test_weights_land_whole_or_not_at_all(tmp_path: Path) -> None:
+    staging = prepare(tmp_path, "weights:llm/v1")
+    assert staging == staging_path(tmp_path, "weights:llm/v1") == tmp_path / "weights" / "llm" / ".v1.warming"
+    for i in range(3):
+        sparse(staging / f"model-{i}.safetensors", GB)
+    assert scan_cache(tmp_path).weights == ()  # staging is invisible to the agent
+    dest = finish(tmp_path, "weights:llm/v1", source="s3://models/llm/")
+    assert dest == weights_dir(tmp_path, "llm", "v1") and not staging.exists()
+    (entry,) = scan_cache(tmp_path).weights
+    assert (entry.key, entry.bytes, entry.complete) == ("llm/v1", 3 * GB, True)
+
+
+def test_a_partial_download_is_resumed_not_fetched_again(tmp_path: Path) -> None:
+    dest = weights_dir(tmp_path, "llm", "v1")
+    sparse(dest / "a.safetensors", 100)
+    (dest / COMPLETE).write_bytes(b"")  # a stale marker from an older, broken writer
+    staging = prepare(tmp_path, "weights:llm/v1")
+    assert (staging / "a.safetensors").stat().st_size == 100
+    assert not (staging / COMPLETE).exists() and not (staging / MANIFEST).exists()
+    assert prepare(tmp_path, "weights:llm/v1") == staging  # a second attempt resumes the same staging
+    sparse(staging / "b.safetensors", 50)
+    finish(tmp_path, "weights:llm/v1")
+    (entry,) = scan_cache(tmp_path).weights
+    assert (entry.bytes, entry.complete) == (150, True)
+
+
+def test_evictions_happen_before_staging_and_are_atomic(tmp_path: Path) -> None:
+    old = weights_dir(tmp_path, "old", "v0")
+    sparse(old / "x", 10)
+    sparse(cache_path(tmp_path, f"compile:{LLM_KEY}") / "k", 10)
+    prepare(tmp_path, "snapshot:llm", ["weights:old/v0", "snapshot:absent"])
+    assert not old.exists()
+    assert [p.name for p in (tmp_path / "weights" / "old").iterdir()] == []  # no tombstone left behind
+    assert evict(tmp_path, f"compile:{LLM_KEY}") is True
+    assert evict(tmp_path, f"compile:{LLM_KEY}") is False
+
+
+def test_compile_and_snapshot_entries(tmp_path: Path) -> None:
+    sparse(prepare(tmp_path, f"compile:{LLM_KEY}") / "inductor" / "a.py", 10)
+    finish(tmp_path, f"compile:{LLM_KEY}")
+    sparse(prepare(tmp_path, "snapshot:llm") / "pages.img", 10)
+    finish(tmp_path, "snapshot:llm")
+    result = scan_cache(tmp_path)
+    assert (result.compile_keys, result.snapshots) == ((LLM_KEY,), ("llm",))
+
+
+def test_finish_refuses_an_empty_fetch(tmp_path: Path) -> None:
+    prepare(tmp_path, f"compile:{LLM_KEY}")
+    with pytest.raises(StepError, match="no files"):
+        finish(tmp_path, f"compile:{LLM_KEY}")
+    assert scan_cache(tmp_path).compile_keys == ()
+
+
+@pytest.mark.parametrize("bad", ["weights:../etc/v1", "weights:llm", "weights:llm/.hidden", "compile:a/b",
+                                 "snapshot:", "image:nginx", "model:llm", "weights"])
+def test_cache_ids_that_would_leave_the_cache_root_are_refused(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(StepError):
+        prepare(tmp_path, "snapshot:llm", [bad])
+    assert not (tmp_path / "snapshots").exists()  # nothing was done
+
+
+# ---------------------------------------------------------------------------------------------
+# What the inventory says
+# ---------------------------------------------------------------------------------------------
+
+
+def test_present_reads_the_cache_as_the_planner_does() -> None:
+    records = [node("full", images=["docker.io/other:1", "example.com/llm:1"], weights={"llm/v1": 100 * GB},
+                    compileKeys=[LLM_KEY]),
+               node("partial", weights={"llm/v1": 100 * GB - 1}),
+               node("stale", weights={"llm/v1": 100 * GB}, heartbeat=NOW - 3600)]
+    snap = InventorySnapshot.build(BASE, records)
+    assert [present(BASE, snap, action(k, "full"), NOW) for k in ("image", "weights", "compile", "snapshot")] == \
+        [True, True, True, False]
+    assert present(BASE, snap, action("weights", "partial"), NOW) is False
+    assert present(BASE, snap, action("weights", "stale"), NOW) is None
+    assert present(BASE, snap, action("weights", "unknown"), NOW) is None
+
+
+def test_an_eviction_a_pod_now_needs_is_unsafe() -> None:
+    cls = BASE.node_class("gpu")
+    victims = (Eviction(node="a", cache="weights:old/v0", bytes=1, last_used=0),
+               Eviction(node="a", cache="snapshot:old", bytes=1, last_used=0),
+               Eviction(node="a", cache=f"compile:{LLM_KEY}", bytes=1, last_used=0))
+    idle = node("a", weights={"old/v0": 1})
+    assert unsafe_evictions(BASE, idle, cls, victims) == []
+    busy_old = node("a", weights={"old/v0": 1}, podWorkloads=["old"])
+    assert unsafe_evictions(BASE, busy_old, cls, victims) == ["weights:old/v0", "snapshot:old"]
+    busy_llm = node("a", podWorkloads=["llm"], inUse=["snapshot:old"])
+    assert unsafe_evictions(BASE, busy_llm, cls, victims) == ["snapshot:old", f"compile:{LLM_KEY}"]
+    assert len(unsafe_evictions(BASE, None, cls, victims)) == 3  # the node's record is gone: evict nothing
+
+
+def test_a_node_is_warm_when_it_holds_every_keep_warm_cache_it_can_get() -> None:
+    policy = load(keepWarm=["llm"])
+    image = ["example.com/llm:1"]
+    cases = {
+        "cold": (node("n"), False),
+        "image only": (node("n", images=image), False),
+        "image and weights, key not in the registry": (node("n", images=image, weights={"llm/v1": 100 * GB}), True),
+        "stale": (node("n", images=image, weights={"llm/v1": 100 * GB}, heartbeat=NOW - 3600), False),
+    }
+    for name, (record, warm) in cases.items():
+        snap = InventorySnapshot.build(policy, [record])
+        assert node_warm(policy, snap, 0, NOW, ()) is warm, name
+    # with the key in the registry, the compile cache is something the node can get
+    snap = InventorySnapshot.build(policy, [cases["image and weights, key not in the registry"][0]], registry=[LLM_KEY])
+    assert node_warm(policy, snap, 0, NOW, ()) is False
+    # no keep-warm workload: nothing to wait for
+    assert node_warm(BASE, InventorySnapshot.build(BASE, [node("n")]), 0, NOW, ()) is True
+
+
+def test_publish_candidates_wait_for_the_cache_to_settle_and_pick_one_node() -> None:
+    snap = InventorySnapshot.build(BASE, [
+        node("gpu-b", compileKeys=[LLM_KEY, "unknown-key"], cacheBytes={cache_id("compile", LLM_KEY): 3 * GB}),
+        node("gpu-a", compileKeys=[LLM_KEY]),
+        node("gpu-c", compileKeys=[LLM_KEY], heartbeat=NOW - 3600),
+    ])
+    holders = unpublished(BASE, snap, NOW)
+    assert list(holders) == [LLM_KEY]  # a key no profile computes is nothing anyone would fetch
+    assert [h.node for h in holders[LLM_KEY]] == ["gpu-a", "gpu-b"]  # fresh nodes only, by name
+    seen = {LLM_KEY: NOW - 60}
+    assert candidates(BASE, holders, seen, NOW, busy=(), limit=4) == []  # 60 s < publishAfter 120 s
+    (p,) = candidates(BASE, holders, seen, NOW + 60, busy=(), limit=4)
+    assert (p.key, p.node, p.workload, p.node_class, p.bytes) == (LLM_KEY, "gpu-a", "llm", "gpu", GB)
+    assert candidates(BASE, holders, seen, NOW + 60, busy={LLM_KEY}, limit=4) == []
+    assert candidates(BASE, holders, seen, NOW + 60, busy=(), limit=0) == []
+    registered = InventorySnapshot.build(BASE, snap.nodes, registry=[LLM_KEY])
+    assert unpublished(BASE, registered, NOW) == {}
+
+
+def test_usage_times_come_from_the_files(tmp_path: Path) -> None:
+    """The agent's eviction inputs: last use from file times, never from its own reading."""
+    d = weights_dir(tmp_path, "llm", "v1")
+    sparse(d / "a", 10)
+    old = time.time() - 86_400
+    os.utime(d / "a", (old, old))
+    result = scan_cache(tmp_path)
+    # the copy tool set an old mtime, but the file landed now: its change time says so
+    assert result.last_used[cache_id("weights", "llm/v1")] >= old + 80_000

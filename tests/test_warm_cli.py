@@ -1,0 +1,150 @@
+"""``extender warm plan | status | prepare | finish`` through their argument parser, as the console script runs them.
+
+``plan`` and ``status`` read a real Redis and the API double; the dry run must leave both as they were.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from extender.agent.scan import scan_cache
+from extender.core.errors import DocumentError, ExtenderError
+from extender.core.warming import Expectation
+from extender.kube.client import KubeClient
+from extender.state import InventoryStore, connect
+from extender.warm import commands as warm_commands
+from extender.warm.loop import WarmLoop
+from tests.conftest import RedisServer
+from tests.kube_double import KubeDouble
+from tests.test_agent_scan import sparse
+from tests.test_warm import GB, POLICY, node
+from tests.test_warm_executor import finish, jobs
+
+WEIGHTS_A = "weights:llm/v1"
+
+
+def run(argv: Sequence[str]) -> int:
+    """What ``extender.cli.main`` does with a ``warm`` command."""
+    parser = argparse.ArgumentParser(prog="extender")
+    warm_commands.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(list(argv))
+    try:
+        code: int = args.handler(args)
+    except DocumentError as exc:
+        raise AssertionError(exc.problems) from exc
+    except ExtenderError:
+        return 1
+    return code
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("llm=2", Expectation(workload="llm", replicas=2, within_s=600)),
+    ("llm=1@5m", Expectation(workload="llm", replicas=1, within_s=300)),
+    ("a.b=0@90s", Expectation(workload="a.b", replicas=0, within_s=90)),
+])
+def test_expectations_on_the_command_line(text: str, expected: Expectation) -> None:
+    assert warm_commands.parse_expectation(text) == expected
+
+
+@pytest.mark.parametrize("text", ["llm", "=2", "llm=two", "llm=-1", "llm=1@soon", "llm=1@-5s"])
+def test_bad_expectations_are_usage_errors(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        warm_commands.parse_expectation(text)
+
+
+@pytest.mark.integration
+def test_plan_prints_what_a_tick_would_do_and_does_nothing(
+    redis_server: RedisServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    now = time.time()
+    client = connect(redis_server.url, tmp_path)
+    try:
+        store = InventoryStore(client)
+        store.put_many([node("gpu-a", now=now, images=["example.com/llm:1"]), node("gpu-b", now=now)])
+        version = store.version()
+        with KubeDouble.running() as double:
+            kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
+            base = ["warm", "plan", "--policy", str(policy), "--redis-url", redis_server.url, "--now", str(now),
+                    "--expect", "llm=1@10m"]
+            assert run(base) == 0
+            text = capsys.readouterr().out
+            assert run([*base, "--json", "--kubeconfig", str(kubeconfig)]) == 0
+            doc = json.loads(capsys.readouterr().out)
+            assert {r.verb for r in double.requests} == {"list"}  # read the Jobs, nothing else
+        assert store.version() == version  # nothing written
+    finally:
+        client.close()
+    assert "warming enabled; dry run: nothing is started" in text
+    # gpu-a has the image: 140 s; staging its weights: 135 s (hand arithmetic in tests/test_warm_executor.py)
+    assert "llm: 1 replica(s) within 10m: mean startup 140.0s -> 135.0s on gpu-a" in text
+    assert "gpu-a  llm       weights  demand   100GB" in text
+    (action,) = doc["plan"]["actions"]
+    assert (action["node"], action["cache"], action["saved_s"]) == ("gpu-a", WEIGHTS_A, 5.0)
+    assert doc["would_start"] == ["warm-weights-gpu-a-1fe3c4b98384"] and doc["in_flight"] == []
+
+
+@pytest.mark.integration
+def test_status_lists_the_jobs_and_where_each_stands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_warm import BASE, NOW
+    from tests.test_warm_executor import ONE_LLM, snap, two_nodes
+
+    policy_file = tmp_path / "policy.yaml"
+    policy_file.write_text(POLICY)
+    with KubeDouble.running() as double:
+        kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
+        kube = KubeClient.connect(str(kubeconfig))
+        try:
+            loop = WarmLoop(BASE, None, kube)
+            loop.tick(NOW, ONE_LLM, snapshot=snap(BASE, NOW, *two_nodes(NOW)))
+            (name,) = jobs(double)
+            finish(double, name, ok=False, at=time.time())
+        finally:
+            kube.close()
+        assert run(["warm", "status", "--policy", str(policy_file), "--kubeconfig", str(kubeconfig)]) == 0
+        table = capsys.readouterr().out
+        assert run(["warm", "status", "--kubeconfig", str(kubeconfig), "--json"]) == 0
+        (row,) = json.loads(capsys.readouterr().out)
+        assert run(["warm", "status", "--namespace", "elsewhere", "--kubeconfig", str(kubeconfig)]) == 0
+        empty = capsys.readouterr().out
+    assert table.splitlines()[0].split() == ["JOB", "NODE", "WORKLOAD", "KIND", "STATE", "ATTEMPT", "DETAIL"]
+    assert f"{name}  gpu-a  llm       weights  failed  1        BackoffLimitExceeded; retry in" in table
+    assert (row["job"], row["state"], row["cache"], row["attempt"]) == (name, "failed", WEIGHTS_A, 1)
+    assert empty == "no warm jobs in namespace elsewhere\n"
+
+
+def test_prepare_and_finish_as_a_warm_job_runs_them(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    root = str(tmp_path)
+    assert run(["warm", "prepare", "--root", root, "--cache", WEIGHTS_A, "--evict", "weights:old/v0"]) == 0
+    staging = Path(capsys.readouterr().out.strip())
+    sparse(staging / "model.safetensors", GB)
+    assert run(["warm", "finish", "--root", root, "--cache", WEIGHTS_A, "--source", "s3://m/"]) == 0
+    (entry,) = scan_cache(tmp_path).weights
+    assert (entry.key, entry.bytes, entry.complete) == ("llm/v1", GB, True)
+    # a fetch that wrote nothing fails the Job (exit 1), and nothing appears in the cache
+    assert run(["warm", "prepare", "--root", root, "--cache", "snapshot:llm"]) == 0
+    assert run(["warm", "finish", "--root", root, "--cache", "snapshot:llm"]) == 1
+    assert "left no files" in capsys.readouterr().err
+    assert scan_cache(tmp_path).snapshots == ()
+
+
+@pytest.mark.integration
+def test_publish_records_a_key_for_a_sidecar(redis_server: RedisServer, tmp_path: Path) -> None:
+    client = connect(redis_server.url, tmp_path)
+    try:
+        store = InventoryStore(client)
+        before = store.version()
+        assert run(["warm", "publish", "--key", "ck1-abc", "--redis-url", redis_server.url]) == 0
+        _, _, registry = store.load_all()
+        assert registry == {"ck1-abc"} and store.version() == before + 1  # readers notice through the version
+    finally:
+        client.close()
