@@ -26,7 +26,7 @@ import shutil
 import ssl
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -133,10 +133,14 @@ def prepare_metrics_dir() -> None:
     atexit.register(cleanup)
 
 
-def run(factory: Callable[[], Any], options: ServeOptions) -> None:
-    """Run gunicorn with ``factory`` building the app in each worker; returns when gunicorn stops."""
+def run(factory: Callable[[], Any], options: ServeOptions, *, overrides: Mapping[str, Any] | None = None) -> None:
+    """Run gunicorn with ``factory`` building the app in each worker; returns when gunicorn stops.
+
+    ``overrides`` replace or add gunicorn settings (``extender scale`` sets its own TLS context and
+    a worker-exit hook that stops its loop).
+    """
     logging.basicConfig(
         level=options.log_level.upper(),
         format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s",
     )
-    _Application(factory, gunicorn_options(options)).run()
+    _Application(factory, {**gunicorn_options(options), **(overrides or {})}).run()

@@ -1,0 +1,412 @@
+"""``extender scale --policy FILE`` (the predictive scaler) and ``extender scale explain WORKLOAD``.
+
+Wire into the CLI with :func:`register`::
+
+    from extender.scaler import commands as scale_commands
+    scale_commands.register(sub)   # sub = parser.add_subparsers(...)
+
+Modes of ``scale``:
+
+* default: gunicorn serves the External Metrics API (TLS) and runs the loop in its worker
+  (:mod:`extender.scaler.serve`);
+* ``--no-metrics-api``: the loop alone, in the foreground (SIGTERM/SIGINT: finish the tick,
+  release the lock, exit);
+* ``--no-loop``: the API alone (more API replicas than loop candidates, or debugging);
+* ``--once``: one tick in the foreground, the decisions printed, then exit (as leader or standby).
+
+Authentication of the API (:mod:`extender.server.metrics_auth`): the CAs and header names come
+from the flags named as kube-apiserver's, else from the cluster's
+``kube-system/extension-apiserver-authentication`` ConfigMap (skip with
+``--authentication-skip-lookup``); bearer tokens and authorization go through TokenReview and
+SubjectAccessReview unless ``--no-delegated-auth``. ``--insecure-no-auth`` turns all of it off and
+allows plain HTTP: for a laptop only.
+
+``explain`` prints the latest recorded decision of a workload with every input and reason
+(``--last N`` adds a table of the N latest, ``--json`` the raw records).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from extender.core.errors import DocumentError, ExtenderError
+from extender.core.scaler import Decision
+from extender.files import load_policy, read_text
+from extender.state.commands import DEFAULT_DATA_DIR, add_store_options
+
+log = logging.getLogger(__name__)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def _bind(text: str) -> str:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return text if host else f"0.0.0.0:{port}"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``scale`` (with its ``explain`` action) to an ``add_subparsers()`` object."""
+    scale = subparsers.add_parser(
+        "scale", help="predictive scaler: forecast demand one startup ahead, publish desired replicas to the HPA",
+        description="Run the predictive scaler loop and serve its External Metrics API; "
+                    "'extender scale explain WORKLOAD' shows why it decided what it did.",
+    )
+    scale.add_argument("--policy", metavar="FILE", help="policy file (profiles with an autoscaling section)")
+    scale.add_argument("--tick", type=_positive_float, metavar="SECONDS",
+                       help="seconds between decisions (default: the policy's scaling.tick, 15 s)")
+    scale.add_argument("--lease-ttl", type=_positive_float, metavar="SECONDS",
+                       help="a leader that stops renewing is replaced after this long (default: three ticks)")
+    scale.add_argument("--identity", metavar="ID",
+                       help="this candidate's name in the leader lock (default: $POD_NAME or host, pid, random)")
+    scale.add_argument("--prefix", default="extender", metavar="PREFIX", help="Redis key prefix (default: extender)")
+    scale.add_argument("--history-max-age", type=_positive_float, metavar="SECONDS",
+                       help="demand history kept per workload (default: 3 days)")
+    scale.add_argument("--history-max-points", type=_positive_int, metavar="N",
+                       help="samples kept per workload (default: 20000)")
+    add_store_options(scale)
+    kube = scale.add_argument_group("Kubernetes")
+    kube.add_argument("--kubeconfig", metavar="FILE",
+                      help="kubeconfig (default: the pod's service account, else $KUBECONFIG / ~/.kube/config)")
+    kube.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    mode = scale.add_argument_group("mode")
+    mode.add_argument("--once", action="store_true", help="run one tick in the foreground, print it, exit")
+    mode.add_argument("--no-metrics-api", action="store_true",
+                      help="run the loop alone in the foreground, without the External Metrics API")
+    mode.add_argument("--no-loop", action="store_true", help="serve the External Metrics API only")
+    api = scale.add_argument_group("External Metrics API")
+    api.add_argument("--bind", default="0.0.0.0:6443", type=_bind, metavar="HOST:PORT",
+                     help="listen address (default: 0.0.0.0:6443)")
+    api.add_argument("--threads", default=4, type=_positive_int, metavar="N", help="request threads (default: 4)")
+    api.add_argument("--tls-cert", metavar="FILE", help="serving certificate (PEM); needs --tls-key")
+    api.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
+    api.add_argument("--requestheader-client-ca-file", metavar="FILE",
+                     help="CA of the front proxy's client certificate (default: from the cluster's ConfigMap)")
+    api.add_argument("--requestheader-allowed-names", metavar="a,b",
+                     help="common names the front proxy's certificate may carry (empty: any)")
+    api.add_argument("--requestheader-username-headers", metavar="H,..", help="default: X-Remote-User")
+    api.add_argument("--requestheader-group-headers", metavar="H,..", help="default: X-Remote-Group")
+    api.add_argument("--requestheader-extra-headers-prefix", metavar="P,..", help="default: X-Remote-Extra-")
+    api.add_argument("--client-ca-file", metavar="FILE",
+                     help="CA of client certificates accepted directly (default: from the cluster's ConfigMap)")
+    api.add_argument("--authentication-skip-lookup", action="store_true",
+                     help="do not read kube-system/extension-apiserver-authentication")
+    api.add_argument("--no-delegated-auth", action="store_true",
+                     help="no TokenReview / SubjectAccessReview: certificates only, every authenticated caller allowed")
+    api.add_argument("--insecure-no-auth", action="store_true",
+                     help="LOCAL USE ONLY: no authentication at all, plain HTTP allowed")
+    scale.set_defaults(handler=_scale)
+
+    actions = scale.add_subparsers(dest="scale_command", metavar="ACTION")
+    explain = actions.add_parser("explain", help="why the scaler decided what it did for a workload")
+    explain.add_argument("workload", metavar="WORKLOAD")
+    explain.add_argument("--last", type=_positive_int, default=1, metavar="N",
+                         help="also list the N latest decisions (default: 1, the latest only)")
+    explain.add_argument("--json", action="store_true", help="print the stored records as JSON")
+    # SUPPRESS: without a value here, argparse must not overwrite what was given before 'explain'
+    explain.add_argument("--redis-url", default=argparse.SUPPRESS, metavar="URL", help="as for scale")
+    explain.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR", help="as for scale")
+    explain.add_argument("--prefix", default=argparse.SUPPRESS, metavar="PREFIX", help="as for scale")
+    explain.set_defaults(handler=_explain)
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+
+
+def _store(args: argparse.Namespace) -> tuple[str | None, Path]:
+    url = getattr(args, "redis_url", None) or os.environ.get("REDIS_URL") or None
+    data_dir = Path(getattr(args, "data_dir", None) or os.environ.get("EXTENDER_DATA_DIR") or DEFAULT_DATA_DIR)
+    return url, data_dir
+
+
+def _usage(message: str) -> int:
+    print(f"extender scale: {message}", file=sys.stderr)
+    return 2
+
+
+def _list(text: str | None) -> tuple[str, ...] | None:
+    from extender.server.metrics_auth import parse_list
+
+    return None if text is None else parse_list(text)
+
+
+def resolve_auth(args: argparse.Namespace) -> Any:
+    """The API's :class:`~extender.scaler.serve.AuthSettings`: flags first, then the cluster's ConfigMap."""
+    from extender.scaler.serve import AuthSettings
+
+    if args.insecure_no_auth:
+        return AuthSettings(insecure=True, delegated=False)
+    requestheader = read_text(args.requestheader_client_ca_file) if args.requestheader_client_ca_file else None
+    client_ca = read_text(args.client_ca_file) if args.client_ca_file else None
+    names = _list(args.requestheader_allowed_names)
+    users = _list(args.requestheader_username_headers)
+    groups = _list(args.requestheader_group_headers)
+    extras = _list(args.requestheader_extra_headers_prefix)
+    delegated = not args.no_delegated_auth
+    wanted = (requestheader, client_ca, names, users, groups, extras)
+    if delegated and not args.authentication_skip_lookup and any(v is None for v in wanted):
+        from extender.kube.delegation import AUTH_CONFIGMAP_NAME, AUTH_CONFIGMAP_NAMESPACE, Delegation
+
+        try:
+            delegation = Delegation.connect(args.kubeconfig, context=args.context)
+            try:
+                data = delegation.authentication_config()
+            finally:
+                delegation.close()
+        except ExtenderError as exc:
+            # as the generic apiserver does: go on with what the flags gave
+            print(f"extender scale: warning: cannot read {AUTH_CONFIGMAP_NAMESPACE}/{AUTH_CONFIGMAP_NAME} "
+                  f"({exc}); continuing with the flags only", file=sys.stderr)
+            data = {}
+        requestheader = requestheader if requestheader is not None else data.get("requestheader-client-ca-file")
+        client_ca = client_ca if client_ca is not None else data.get("client-ca-file")
+        names = names if names is not None else _list(data.get("requestheader-allowed-names"))
+        users = users if users is not None else _list(data.get("requestheader-username-headers"))
+        groups = groups if groups is not None else _list(data.get("requestheader-group-headers"))
+        extras = extras if extras is not None else _list(data.get("requestheader-extra-headers-prefix"))
+    defaults = AuthSettings()
+    return AuthSettings(
+        requestheader_ca_pem=requestheader or "",
+        client_ca_pem=client_ca or "",
+        allowed_names=names or (),
+        username_headers=users or defaults.username_headers,
+        group_headers=groups or defaults.group_headers,
+        extra_prefixes=extras or defaults.extra_prefixes,
+        delegated=delegated,
+    )
+
+
+# ---- scale ---------------------------------------------------------------------------------------
+
+
+def _scale(args: argparse.Namespace) -> int:
+    if not args.policy:
+        return _usage("--policy FILE is required (or use 'extender scale explain WORKLOAD')")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return _usage("--tls-cert and --tls-key go together")
+    modes = [m for m in ("once", "no_metrics_api", "no_loop") if getattr(args, m)]
+    if len(modes) > 1:
+        return _usage("--once, --no-metrics-api and --no-loop exclude each other")
+    serving = not (args.once or args.no_metrics_api)
+    if serving and not args.tls_cert and not args.insecure_no_auth:
+        return _usage("the External Metrics API is served over TLS (give --tls-cert and --tls-key); "
+                      "--insecure-no-auth serves plain HTTP without authentication, for local use only")
+    try:
+        policy = load_policy(args.policy)
+    except DocumentError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"extender scale: not starting: {args.policy} is invalid ({len(exc.problems)} problem(s))",
+              file=sys.stderr)
+        return 1
+
+    from extender.scaler.loop import scaled_profiles
+    from extender.scaler.serve import AuthSettings, ScaleSettings, default_identity
+
+    if not scaled_profiles(policy):
+        print(f"extender scale: {args.policy} has no profile with an autoscaling section (and a capacity): "
+              "nothing to scale", file=sys.stderr)
+        return 1
+    url, data_dir = _store(args)
+    settings = ScaleSettings(
+        policy=policy, redis_url=url, data_dir=data_dir.resolve(), prefix=args.prefix,
+        kubeconfig=args.kubeconfig, kube_context=args.context, tick_s=args.tick, lease_ttl_s=args.lease_ttl,
+        identity=args.identity or default_identity(), run_loop=not args.no_loop,
+        auth=resolve_auth(args) if serving else AuthSettings(delegated=False),
+        **({"history_max_age_s": args.history_max_age} if args.history_max_age else {}),
+        **({"history_max_points": args.history_max_points} if args.history_max_points else {}),
+    )
+    if settings.auth.insecure:
+        print("extender scale: WARNING: --insecure-no-auth: the External Metrics API answers anyone", file=sys.stderr)
+    if args.once:
+        return _once(settings)
+    if args.no_metrics_api:
+        return _foreground(settings)
+    trouble = _preflight(settings)
+    if trouble:
+        print(f"extender scale: not starting: {trouble}", file=sys.stderr)
+        return 1
+    return _serve(settings, args)
+
+
+def _preflight(settings: Any) -> str:
+    """Connect once to what the gunicorn worker will need, so a mistake is one clear line, not a worker crash."""
+    from extender.kube.client import KubeClient
+    from extender.kube.delegation import Delegation
+    from extender.state import connect
+
+    try:
+        connect(settings.redis_url, settings.data_dir).close()
+        if settings.run_loop:
+            KubeClient.connect(settings.kubeconfig, context=settings.kube_context).close()
+    except ExtenderError as exc:
+        return str(exc)
+    if settings.auth.delegated and not settings.auth.insecure:
+        try:
+            Delegation.connect(settings.kubeconfig, context=settings.kube_context).close()
+        except ExtenderError as exc:
+            return f"{exc} (TokenReview/SubjectAccessReview need it; --no-delegated-auth checks certificates only)"
+    return ""
+
+
+def _once(settings: Any) -> int:
+    from extender.scaler.serve import build_loop
+    from extender.state import connect
+
+    loop = build_loop(settings, connect(settings.redis_url, settings.data_dir))
+    report = loop.tick()
+    loop.step_down()
+    if report.error and not report.leader:
+        print(f"extender scale: {report.error}", file=sys.stderr)
+        return 1
+    if not report.leader:
+        print(f"standby: {report.holder} leads (fencing token {report.token})")
+        return 0
+    print(f"leader {report.holder} (fencing token {report.token})")
+    for result in report.results:
+        if result.decision is None:
+            print(f"{result.workload}: no decision: {result.error}")
+        else:
+            print(result.decision.explain())
+    if report.fenced_out:
+        print(f"stepped down: {report.error}")
+    return 0
+
+
+def _foreground(settings: Any) -> int:
+    from extender.scaler.loop import LoopThread
+    from extender.scaler.serve import build_loop
+    from extender.state import connect
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s")
+    runner = LoopThread(build_loop(settings, connect(settings.redis_url, settings.data_dir)))
+
+    def stop(signum: int, frame: Any) -> None:
+        runner.stop(timeout_s=0)  # run() notices at its next wait, finishes the tick, releases the lock
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("scaler %s: ticking every %gs (lock ttl %gs), no External Metrics API",
+             settings.identity, settings.tick, settings.lease_ttl)
+    runner.run()
+    return 0
+
+
+def _serve(settings: Any, args: argparse.Namespace) -> int:
+    from extender.scaler.serve import create_worker_app, gunicorn_overrides
+    from extender.server.launcher import ServeOptions, run
+
+    options = ServeOptions(
+        bind=args.bind, workers=1, threads=args.threads,
+        tls_cert=Path(args.tls_cert) if args.tls_cert else None,
+        tls_key=Path(args.tls_key) if args.tls_key else None,
+    )
+    run(lambda: create_worker_app(settings), options, overrides=gunicorn_overrides(settings))
+    return 0
+
+
+# ---- explain -------------------------------------------------------------------------------------
+
+
+def _when(t: float) -> str:
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def render_record(record: dict[str, Any]) -> str:
+    """The latest decision of a workload, as ``extender scale explain`` prints it."""
+    decision = Decision.model_validate(record["decision"])
+    sig, pods, place, pub = record["signal"], record["pods"], record["placement"], record["published"]
+    answered = f"{sig['answered']} of {sig['expected']} answered"
+    complete = "complete" if sig["complete"] else "incomplete: a lower bound"
+    lines = [
+        f"decided {_when(float(record['t']))} by {record['holder']} (fencing token {record['token']})",
+        decision.explain(),
+        f"  signal: {sig['source']}, {answered}, {complete}" + (f"; {sig['note']}" if sig["note"] else ""),
+        f"  pods: {pods['listed']} listed, {pods['ready']} ready, {pods['starting']} starting",
+        f"  next replica: {place['node'] or '(no node yet)'} ({place['nodeClass'] or '?'}), "
+        f"estimated startup {float(place['startupSeconds']):.0f}s, {place['cache']}",
+        f"  published: extender-desired-replicas {pub['desired']}, extender-forecast-load "
+        f"{float(pub['load']):.3g} {pub['unit']}",
+    ]
+    return "\n".join(lines)
+
+
+def render_table(records: list[dict[str, Any]]) -> str:
+    """One line per decision, newest first."""
+    head = f"{'time (UTC)':<19} {'action':<10} {'desired':>7} {'current':>7} {'demand':>9} {'p-upper':>9} " \
+           f"{'horizon':>8}  driver"
+    rows = [head]
+    for r in records:
+        d = r["decision"]
+        i = d["inputs"]
+        demand = "-" if i["demand"] is None else f"{i['demand']:.3g}"
+        upper = "-" if i["forecast"] is None else f"{i['forecast']['upper']:.3g}"
+        when = datetime.fromtimestamp(float(r["t"]), UTC).strftime("%Y-%m-%d %H:%M:%S")
+        rows.append(f"{when:<19} {d['action']:<10} {d['desired']:>7} {d['current']:>7} {demand:>9} {upper:>9} "
+                    f"{i['horizon']['seconds']:>7.0f}s  {d['driver']}")
+    return "\n".join(rows)
+
+
+def _explain(args: argparse.Namespace) -> int:
+    from extender.state import connect
+    from extender.state.decisions import DecisionStore
+
+    url, data_dir = _store(args)
+    store = DecisionStore(connect(url, data_dir), prefix=getattr(args, "prefix", None) or "extender")
+    records = store.records(args.workload, args.last)
+    if args.json:
+        print(json.dumps(records if args.last > 1 else (records[0] if records else None), indent=2))
+        return 0 if records else 1
+    if not records:
+        print(f"extender scale explain: no decision recorded for {args.workload!r} (is 'extender scale' running "
+              "with a policy that autoscales it, against this Redis?)", file=sys.stderr)
+        return 1
+    print(render_record(records[0]))
+    if args.last > 1:
+        print()
+        print(render_table(records))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m extender.scaler scale ...`` (the same commands ``extender`` gets once wired)."""
+    parser = argparse.ArgumentParser(prog="extender", description="predictive scaler commands")
+    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.handler(args)
+        return code
+    except DocumentError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        return 1
+    except ExtenderError as exc:
+        print(f"extender: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,321 @@
+"""The scaler loop: one tick decides every autoscaled workload once, as leader, or stands by.
+
+A tick (default every 15 s, the HPA's own sync period)::
+
+    lease = lock.acquire()                      take / renew / stand by (extender.state.lock)
+    standby -> done
+    snapshot = live inventory (rebuilt only when its version moved)
+    for each profile with an autoscaling section:
+        pods      = list pods (profile's labels)  -> ready, starting
+        obs       = signal source.observe(pods)   -> rate, queue, complete?
+        placement = next replica's node + estimate -> horizon = startup + tick + hpa sync
+        history   = Redis history + this sample   -> forecast(horizon) at the upper quantile
+        decision  = decide(...)                   (extender.core.scaler, pure)
+        commit, fenced by the lease's token: sample, decision record, stabilisation window,
+        published desired replicas and load -- all or nothing
+
+An incomplete observation (some ready pods did not answer) is a lower bound of the demand: if the
+decision made on it is a scale-down, it is made again as "not observed" (hold, forecast may raise),
+and the record says why. A workload whose pods cannot be listed is skipped this tick (its replica
+count is unknown, and a decision without it could only be wrong); the others go on. A fenced-out
+commit ends the tick at once: another scaler leads, and this one must not write anything more.
+
+A newly elected leader has no previous counter values for the ``scrape`` source, so its first tick
+observes nothing and holds; the forecast still comes from the shared history.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from extender.core.errors import ExtenderError, FencedOutError
+from extender.core.forecast import Forecast, ForecastParams, forecast
+from extender.core.inventory import InventorySnapshot, NodeState
+from extender.core.placement import Placement, next_replica
+from extender.core.policy import Policy, Profile
+from extender.core.scaler import Decision, DecisionInputs, Recommendation, decide, horizon, prune
+from extender.scaler.observation import Fetcher, Observation, SignalSource, http_get
+from extender.scaler.pods import PodLister, Replicas, count_replicas, label_selector, workload_pods
+from extender.scaler.signals import build_source
+from extender.state.decisions import DecisionStore, Published
+from extender.state.history import HistoryStore, Sample
+from extender.state.lock import LeaderLock
+
+log = logging.getLogger(__name__)
+
+
+class InventoryReader(Protocol):
+    """What the loop reads from the inventory store (``extender.state.InventoryStore``)."""
+
+    def version(self) -> int: ...
+
+    def load_all(self) -> tuple[int, list[NodeState], frozenset[str]]: ...
+
+
+@dataclass(frozen=True)
+class WorkloadResult:
+    """What one tick did for one workload: a decision, or the error that prevented it."""
+
+    workload: str
+    decision: Decision | None = None
+    observation: Observation | None = None
+    replicas: Replicas | None = None
+    placement: Placement | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class TickReport:
+    """One tick: whether this candidate led (with which token), and per workload what happened."""
+
+    now: float
+    leader: bool
+    token: int
+    holder: str
+    results: tuple[WorkloadResult, ...] = ()
+    fenced_out: bool = False
+    error: str = ""
+
+
+def scaled_profiles(policy: Policy) -> tuple[Profile, ...]:
+    """The profiles the scaler decides for: those with an ``autoscaling`` section (and so a capacity)."""
+    return tuple(p for p in policy.profiles if p.autoscaling is not None and p.capacity is not None)
+
+
+@dataclass
+class ScaleLoop:
+    """Every piece of one scaler candidate; :meth:`tick` runs one round (module docstring).
+
+    ``tick_s`` / ``hpa_sync_s`` default to the policy's ``scaling`` section. ``sources`` may preset a
+    workload's signal source (tests script demand this way); the others are built from the policy.
+    """
+
+    policy: Policy
+    lock: LeaderLock
+    history: HistoryStore
+    decisions: DecisionStore
+    pods: PodLister
+    inventory: InventoryReader | None = None
+    fetch: Fetcher = http_get
+    sources: dict[str, SignalSource] = field(default_factory=dict)
+    tick_s: float | None = None
+    hpa_sync_s: float | None = None
+    clock: Callable[[], float] = time.time
+    #: Called after every tick this candidate led to the end (e.g. the cache warmer, which acts on
+    #: the leader only); an exception is logged and does not stop the loop.
+    on_leader_tick: list[Callable[[TickReport], None]] = field(default_factory=list)
+    _snapshot: InventorySnapshot | None = field(default=None, init=False, repr=False)
+    _lease_token: int | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        scaling = self.policy.scaling
+        self.tick_s = self.tick_s if self.tick_s is not None else scaling.tick
+        self.hpa_sync_s = self.hpa_sync_s if self.hpa_sync_s is not None else scaling.hpa_sync_delay
+        self.params = ForecastParams.from_scaling(scaling)
+        self.profiles = scaled_profiles(self.policy)
+        for p in self.profiles:
+            if p.name not in self.sources:
+                self.sources[p.name] = build_source(p, self.fetch)
+
+    @property
+    def holder(self) -> str:
+        return self.lock.holder
+
+    # ---- one tick --------------------------------------------------------------------------------
+
+    def tick(self, now: float | None = None) -> TickReport:
+        """Lead or stand by for one round; never raises for a failure it can report."""
+        now = self.clock() if now is None else now
+        try:
+            lease = self.lock.acquire()
+        except ExtenderError as exc:
+            self._lease_token = None
+            return TickReport(now, False, 0, self.holder, error=f"leader election: {exc}")
+        if not lease.leader:
+            if self._lease_token is not None:
+                log.warning("scaler %s lost the lead to %s (token %d)", self.holder, lease.holder, lease.token)
+            self._lease_token = None
+            return TickReport(now, False, lease.token, lease.holder)
+        if self._lease_token != lease.token:
+            log.info("scaler %s leads with fencing token %d", self.holder, lease.token)
+        self._lease_token = lease.token
+        snapshot = self._inventory(now)
+        results: list[WorkloadResult] = []
+        for profile in self.profiles:
+            try:
+                results.append(self.step(profile, lease.token, now, snapshot))
+            except FencedOutError as exc:
+                log.warning("scaler %s stepping down: %s", self.holder, exc)
+                self._lease_token = None
+                return TickReport(now, True, lease.token, self.holder, tuple(results), fenced_out=True,
+                                  error=str(exc))
+            except ExtenderError as exc:
+                log.warning("scaler: %s: %s", profile.name, exc)
+                results.append(WorkloadResult(profile.name, error=str(exc)))
+            except Exception as exc:
+                # a bug for one workload must not stop the others, nor the loop thread
+                log.exception("scaler: %s: unexpected error", profile.name)
+                results.append(WorkloadResult(profile.name, error=f"unexpected error: {exc!r}"))
+        report = TickReport(now, True, lease.token, self.holder, tuple(results))
+        for listener in self.on_leader_tick:
+            try:
+                listener(report)
+            except Exception:
+                log.exception("scaler: a leader-tick listener failed")
+        return report
+
+    def step_down(self) -> None:
+        """Release the lock if this candidate holds it (clean shutdown: a standby takes over next tick)."""
+        token, self._lease_token = self._lease_token, None
+        if token is not None:
+            try:
+                self.lock.release(token)
+            except ExtenderError as exc:  # the lock then simply expires
+                log.warning("scaler %s could not release the lock: %s", self.holder, exc)
+
+    def _inventory(self, now: float) -> InventorySnapshot | None:
+        if self.inventory is None:
+            return None
+        try:
+            version = self.inventory.version()
+            if self._snapshot is None or self._snapshot.version != version:
+                version, records, registry = self.inventory.load_all()
+                self._snapshot = InventorySnapshot.build(self.policy, records, version=version, taken_at=now,
+                                                         registry=registry)
+        except ExtenderError as exc:
+            # with no inventory the horizon is the cold estimate: the longest, never a late start
+            log.warning("scaler: inventory unavailable, assuming cold nodes: %s", exc)
+            return None
+        return self._snapshot
+
+    # ---- one workload ----------------------------------------------------------------------------
+
+    def step(self, profile: Profile, token: int, now: float, snapshot: InventorySnapshot | None) -> WorkloadResult:
+        """Observe, forecast, decide and commit (fenced) for one workload."""
+        auto, capacity = profile.autoscaling, profile.capacity
+        assert auto is not None and capacity is not None  # scaled_profiles() keeps only these
+        assert self.tick_s is not None and self.hpa_sync_s is not None
+        name = profile.name
+        pods = workload_pods(self.pods.list_pods(label_selector(profile)), profile, auto.namespace)
+        replicas = count_replicas(pods)
+        observation = self.sources[name].observe(pods, now)
+        placement = next_replica(self.policy, profile, snapshot, now)
+        h = horizon(placement.startup_s, self.tick_s, self.hpa_sync_s, node=placement.node,
+                    node_class=placement.node_class, cache=placement.cache)
+        samples = self.history.read(name, now=now)
+        new = [Sample(now, observation.rate, observation.queue)] if observation.rate is not None else []
+        fc = self._forecast(samples + new, h.seconds, now)
+        recent = tuple(Recommendation(at_s=a, replicas=n) for a, n in self.decisions.recommendations(name))
+        scaling = self.policy.scaling
+        inputs = DecisionInputs(
+            workload=name, now_s=now, unit=capacity.unit, demand=observation.rate,
+            queue=max(0.0, observation.queue) if observation.rate is not None else 0.0, capacity=capacity.per_replica,
+            forecast=fc, horizon=h, ready=replicas.ready, starting=replicas.starting,
+            min_replicas=auto.min_replicas, max_replicas=auto.max_replicas, tolerance=scaling.tolerance,
+            stabilisation_s=scaling.scale_down_stabilisation, queue_drain_s=scaling.queue_drain, recent=recent,
+        )
+        decision = decide(inputs)
+        if decision.action == "scale-down" and not observation.complete:
+            held = decide(inputs.model_copy(update={"demand": None, "queue": 0.0}))
+            note = (f"observation incomplete ({observation.note or 'not every ready pod answered'}): "
+                    f"{observation.rate:g} {capacity.unit} is a lower bound, so no scale-down this tick")
+            decision = held.model_copy(update={"reasons": (*held.reasons, note)})
+        window = prune((*recent, Recommendation(at_s=now, replicas=decision.recommendation)), now,
+                       scaling.scale_down_stabilisation)
+        load = decision.need * capacity.per_replica
+        published = Published(desired=decision.desired, load=load if math.isfinite(load) else 0.0,
+                               unit=capacity.unit, t=now, window=max(1, round(self.tick_s)), token=token)
+        record = decision_record(decision, observation, replicas, placement, published=published,
+                                 source=self.sources[name].name, holder=self.holder, token=token, pods=len(pods))
+        self.lock.commit(
+            token,
+            self.history.stage_append(name, new, now=now),
+            self.decisions.stage_record(name, record),
+            self.decisions.stage_recommendations(name, [(r.at_s, r.replicas) for r in window]),
+            self.decisions.stage_published(name, published),
+            action=f"recording the decision for {name}",
+        )
+        if decision.action != "hold":
+            log.info("scaler: %s", decision.explain().splitlines()[0])
+        return WorkloadResult(name, decision, observation, replicas, placement)
+
+    def _forecast(self, samples: Sequence[Sample], horizon_s: float, now: float) -> Forecast | None:
+        if not samples:
+            return None
+        return forecast(self.policy.scaling.forecaster, [s.t for s in samples], [s.rate for s in samples],
+                        horizon_s, self.params, now_s=now)
+
+
+def decision_record(decision: Decision, observation: Observation, replicas: Replicas, placement: Placement, *,
+                    published: Published, source: str, holder: str, token: int, pods: int) -> dict[str, Any]:
+    """The JSON stored for ``extender scale explain``: the decision with its inputs, and how they were got."""
+    return {
+        "t": decision.inputs.now_s,
+        "workload": decision.inputs.workload,
+        "holder": holder,
+        "token": token,
+        "signal": {"source": source, "rate": observation.rate, "queue": observation.queue,
+                   "complete": observation.complete, "expected": observation.expected,
+                   "answered": observation.answered, "note": observation.note},
+        "pods": {"listed": pods, "ready": replicas.ready, "starting": replicas.starting},
+        "placement": {"node": placement.node, "nodeClass": placement.node_class, "cache": placement.cache,
+                      "startupSeconds": placement.startup_s},
+        "published": {"desired": published.desired, "load": published.load, "unit": published.unit},
+        "decision": decision.model_dump(mode="json"),
+    }
+
+
+class LoopThread:
+    """Runs :meth:`ScaleLoop.tick` every ``tick_s`` until stopped; releases the lock on the way out.
+
+    Used in the foreground (``run``) by ``extender scale --no-metrics-api`` and as a thread (``start`` /
+    ``stop``) next to the External Metrics API. Ticks keep their cadence: the wait after a tick is
+    the tick period minus the time the tick took.
+    """
+
+    def __init__(self, loop: ScaleLoop, *, on_report: Callable[[TickReport], None] | None = None,
+                 max_ticks: int | None = None) -> None:
+        self.loop = loop
+        self.on_report = on_report
+        self.max_ticks = max_ticks
+        self.ticks = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run(self) -> None:
+        """Tick until :meth:`stop` (or ``max_ticks``); always steps down at the end."""
+        period = self.loop.tick_s or 15.0
+        try:
+            while not self._stop.is_set():
+                started = time.monotonic()
+                report = self.loop.tick()
+                self.ticks += 1
+                if report.error and not report.fenced_out:
+                    log.warning("scaler tick: %s", report.error)
+                if self.on_report is not None:
+                    self.on_report(report)
+                if self.max_ticks is not None and self.ticks >= self.max_ticks:
+                    break
+                self._stop.wait(max(0.0, period - (time.monotonic() - started)))
+        finally:
+            self.loop.step_down()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="scaler-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float | None = 30.0) -> None:
+        """Ask the loop to end and wait for the current tick to finish (``run`` then releases the lock)."""
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+

@@ -1,0 +1,65 @@
+"""One tick's demand observation, and the interface every signal source implements.
+
+A source turns "the pods of a workload right now" into an :class:`Observation`: the demand rate in
+the workload's unit (requests/s or tokens/s), the queue depth in the matching amount, and whether
+the observation is *complete*. Incomplete means some serving pods (or queries) did not answer, so
+the rate is a lower bound: the loop lets a lower bound raise the decision but never lower it.
+``rate=None`` means nothing was observed at all; the decision then holds (never scales down on
+missing data) and the history gets a gap, not a zero.
+"""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from extender.core.errors import SignalError
+from extender.scaler.pods import Pod
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Demand seen at one tick (module docstring): ``expected`` targets, ``answered`` of them."""
+
+    rate: float | None
+    queue: float = 0.0
+    complete: bool = True
+    expected: int = 0
+    answered: int = 0
+    note: str = ""
+
+
+class SignalSource(Protocol):
+    """Observes one workload's demand; may keep state between ticks (counter values)."""
+
+    name: str
+
+    def observe(self, pods: Sequence[Pod], now: float) -> Observation:
+        """The demand at ``now`` (unix seconds), given the workload's current pods."""
+        ...
+
+
+#: ``fetch(url, timeout_s) -> body``; raises :class:`SignalError` on any failure.
+Fetcher = Callable[[str, float], str]
+
+#: Largest body a scrape or query may return (a vLLM /metrics page is tens of KB).
+MAX_BODY_BYTES = 16 * 2**20
+
+
+def http_get(url: str, timeout_s: float) -> str:
+    """GET ``url`` and return its body as text: the default :data:`Fetcher` (standard library only)."""
+    request = urllib.request.Request(url, headers={"Accept": "text/plain, application/json;q=0.9, */*;q=0.1"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            body: bytes = response.read(MAX_BODY_BYTES + 1)
+            charset = response.headers.get_content_charset() or "utf-8"
+    except urllib.error.HTTPError as exc:
+        raise SignalError(f"GET {url}: HTTP {exc.code} {exc.reason}") from exc
+    except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
+        raise SignalError(f"GET {url}: {getattr(exc, 'reason', None) or exc}") from exc
+    if len(body) > MAX_BODY_BYTES:
+        raise SignalError(f"GET {url}: body larger than {MAX_BODY_BYTES} bytes")
+    return body.decode(charset, errors="replace")

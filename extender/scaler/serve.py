@@ -1,0 +1,238 @@
+"""Assembling ``extender scale``: the loop, the External Metrics API, and the gunicorn process they run in.
+
+One gunicorn worker per scaler pod serves the External Metrics API (gthread: a few threads are
+plenty, the HPA controller asks once per HPA per 15 s) and runs the loop in a thread next to it.
+Every scaler pod serves the API from Redis, so the APIService's Service may route to any of them;
+only the elected leader's loop writes (extender.state.lock). One worker, because each worker would
+otherwise run its own loop candidate: correct (the lock still elects one), but pointless work.
+
+TLS (protocols.md 4.6): the server certificate from ``--tls-cert``/``--tls-key``; client
+certificates are *requested* (``CERT_OPTIONAL``) and verified against the request-header CA plus
+the client CA, so the aggregator's front-proxy certificate and direct clients' certificates both
+pass the handshake and :mod:`extender.server.metrics_auth` decides what each may do. A client
+without a certificate still gets in far enough to present a bearer token. The context is built
+here rather than by gunicorn's default, which would also trust the system's public CAs for
+client certificates.
+
+Everything is built inside the worker after the fork (no preload): Redis client, Kubernetes
+clients, the loop thread. gunicorn's ``worker_exit`` hook stops the loop, which releases the lock
+so a standby takes over at its next tick instead of waiting for the lock to expire.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flask import Flask
+
+from extender.core.errors import ExtenderError
+from extender.core.policy import Policy
+from extender.kube.client import KubeClient
+from extender.kube.delegation import Delegation
+from extender.scaler.loop import LoopThread, ScaleLoop, TickReport, scaled_profiles
+from extender.server.external_metrics import ExternalMetricsApi, create_app
+from extender.server.metrics_auth import Access, AuthConfig, Authenticator, User, ca_subjects
+from extender.state import InventoryStore, connect
+from extender.state.decisions import DecisionStore
+from extender.state.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_POINTS, HistoryStore
+from extender.state.lock import LeaderLock
+from extender.warm.loop import WarmLoop, expectations
+
+log = logging.getLogger(__name__)
+
+
+def default_identity() -> str:
+    """``<pod or host>-<pid>-<random>``: unique per process, so two processes never share a fencing token."""
+    base = os.environ.get("POD_NAME") or socket.gethostname() or "scaler"
+    return f"{base}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class AuthSettings:
+    """Where the External Metrics API's callers are verified (PEM text, resolved before the fork)."""
+
+    insecure: bool = False
+    requestheader_ca_pem: str = ""
+    client_ca_pem: str = ""
+    allowed_names: tuple[str, ...] = ()
+    username_headers: tuple[str, ...] = ("X-Remote-User",)
+    group_headers: tuple[str, ...] = ("X-Remote-Group",)
+    extra_prefixes: tuple[str, ...] = ("X-Remote-Extra-",)
+    #: TokenReview for bearer tokens and SubjectAccessReview for every request, through the cluster.
+    delegated: bool = True
+
+    def config(self) -> AuthConfig:
+        return AuthConfig(
+            insecure=self.insecure,
+            requestheader_cas=ca_subjects(self.requestheader_ca_pem),
+            allowed_names=self.allowed_names,
+            username_headers=self.username_headers,
+            group_headers=self.group_headers,
+            extra_prefixes=self.extra_prefixes,
+            client_cas=ca_subjects(self.client_ca_pem),
+        )
+
+
+@dataclass(frozen=True)
+class ScaleSettings:
+    """Everything one ``extender scale`` process needs (decided by the command, shared by its worker)."""
+
+    policy: Policy
+    redis_url: str | None = None
+    data_dir: Path = Path("var/redis")
+    prefix: str = "extender"
+    kubeconfig: str | None = None
+    kube_context: str | None = None
+    #: Seconds between ticks; ``None``: the policy's ``scaling.tick``.
+    tick_s: float | None = None
+    #: Seconds a leader's lock lives without renewal; ``None``: three ticks.
+    lease_ttl_s: float | None = None
+    identity: str = field(default_factory=default_identity)
+    run_loop: bool = True
+    history_max_age_s: float = DEFAULT_MAX_AGE_S
+    history_max_points: int = DEFAULT_MAX_POINTS
+    auth: AuthSettings = AuthSettings()
+
+    @property
+    def tick(self) -> float:
+        return self.tick_s if self.tick_s is not None else self.policy.scaling.tick
+
+    @property
+    def lease_ttl(self) -> float:
+        return self.lease_ttl_s if self.lease_ttl_s is not None else 3 * self.tick
+
+
+class KubePodLister:
+    """:class:`~extender.scaler.pods.PodLister` over the official client (every namespace, one selector)."""
+
+    def __init__(self, client: KubeClient) -> None:
+        self.client = client
+
+    def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
+        items, _ = self.client.list("pods", label_selector=label_selector or None)
+        return items
+
+
+class DelegatedReviews:
+    """The External Metrics API's token and access reviewers, backed by :class:`Delegation`."""
+
+    def __init__(self, delegation: Delegation) -> None:
+        self.delegation = delegation
+
+    def review_token(self, token: str) -> User | None:
+        identity = self.delegation.review_token(token)
+        if identity is None:
+            return None
+        return User(identity.username, identity.groups, identity.extra, method="token")
+
+    def review_access(self, user: User, access: Access) -> tuple[bool, str]:
+        return self.delegation.review_access(
+            user.name, user.groups, dict(user.extra), verb=access.verb, group=access.group,
+            version=access.version, resource=access.resource, namespace=access.namespace)
+
+
+def build_loop(settings: ScaleSettings, client: Any, pods: KubePodLister | None = None,
+               kube: KubeClient | None = None) -> ScaleLoop:
+    """The loop of one candidate, on a Redis client from :func:`extender.state.connect`.
+
+    The cache warmer runs inside the leader's tick (one leader for both: two warmers would race
+    for the same nodes' NVMe), fed with that tick's decisions. It is attached only with a
+    Kubernetes client (``kube``); without ``warming.enabled`` it plans and acts on nothing.
+    """
+    if pods is None:
+        kube = kube or KubeClient.connect(settings.kubeconfig, context=settings.kube_context)
+        pods = KubePodLister(kube)
+    inventory = InventoryStore(client, prefix=settings.prefix)
+    loop = ScaleLoop(
+        policy=settings.policy,
+        lock=LeaderLock(client, settings.identity, ttl_s=settings.lease_ttl, prefix=settings.prefix),
+        history=HistoryStore(client, prefix=settings.prefix, max_age_s=settings.history_max_age_s,
+                             max_points=settings.history_max_points),
+        decisions=DecisionStore(client, prefix=settings.prefix),
+        pods=pods,
+        inventory=inventory,
+        tick_s=settings.tick,
+    )
+    if kube is not None:
+        warm = WarmLoop(settings.policy, inventory, kube, instance=settings.identity)
+
+        def warm_after(report: TickReport) -> None:
+            warm.tick(report.now, expectations(r.decision for r in report.results))
+
+        loop.on_leader_tick.append(warm_after)
+    return loop
+
+
+def workload_namespaces(policy: Policy) -> Mapping[str, str | None]:
+    """Autoscaled workload -> the namespace its metrics are served in (``None``: every namespace)."""
+    return {p.name: p.autoscaling.namespace if p.autoscaling else None for p in scaled_profiles(policy)}
+
+
+def create_worker_app(settings: ScaleSettings) -> Flask:
+    """The WSGI app of one ``extender scale`` worker: the External Metrics API, plus the loop thread."""
+    client = connect(settings.redis_url, settings.data_dir)
+    decisions = DecisionStore(client, prefix=settings.prefix)
+    reviews = None
+    if settings.auth.delegated and not settings.auth.insecure:
+        reviews = DelegatedReviews(Delegation.connect(settings.kubeconfig, context=settings.kube_context))
+    auth = Authenticator(settings.auth.config(), tokens=reviews, access=reviews)
+    runner: LoopThread | None = None
+    last: dict[str, TickReport] = {}
+    if settings.run_loop:
+        runner = LoopThread(build_loop(settings, client), on_report=lambda r: last.__setitem__("report", r))
+        runner.start()
+
+    def ready() -> tuple[bool, dict[str, Any]]:
+        detail: dict[str, Any] = {"identity": settings.identity}
+        try:
+            decisions.published()
+        except ExtenderError as exc:
+            return False, {**detail, "store": str(exc)}
+        if runner is None:
+            return True, {**detail, "loop": "off"}
+        report = last.get("report")
+        detail.update(loop="running" if runner.alive() else "stopped",
+                      leader=report.holder if report else None, token=report.token if report else None)
+        return runner.alive(), detail
+
+    app = create_app(ExternalMetricsApi(published=decisions.published, workloads=workload_namespaces(settings.policy),
+                                        auth=auth, ready=ready))
+    app.extensions["scaler_runner"] = runner
+    return app
+
+
+def tls_context_hook(ca_pem: str) -> Any:
+    """gunicorn ``ssl_context`` hook: our certificate, TLS >= 1.2, client certificates optional (module docstring)."""
+
+    def ssl_context(conf: Any, default_ssl_context_factory: Any) -> ssl.SSLContext:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(certfile=conf.certfile, keyfile=conf.keyfile)
+        if ca_pem.strip():
+            context.load_verify_locations(cadata=ca_pem)
+            context.verify_mode = ssl.CERT_OPTIONAL
+        return context
+
+    return ssl_context
+
+
+def _worker_exit(server: Any, worker: Any) -> None:
+    app = getattr(worker, "wsgi", None)
+    runner = app.extensions.get("scaler_runner") if isinstance(app, Flask) else None
+    if isinstance(runner, LoopThread):
+        runner.stop()
+
+
+def gunicorn_overrides(settings: ScaleSettings) -> dict[str, Any]:
+    """The gunicorn settings ``extender scale`` changes from ``extender serve``'s (module docstring)."""
+    ca = "\n".join(p.strip() for p in (settings.auth.requestheader_ca_pem, settings.auth.client_ca_pem) if p.strip())
+    return {"workers": 1, "ssl_context": tls_context_hook(ca), "worker_exit": _worker_exit,
+            "proc_name": "extender-scale"}

@@ -1,0 +1,243 @@
+"""The External Metrics API (``external.metrics.k8s.io/v1beta1``) that the stock HPA reads the scaler through.
+
+Served by ``extender scale`` on its own port; paths, JSON and status codes follow protocols.md
+section 4 to the letter:
+
+* discovery: ``GET /apis`` (APIGroupList), ``GET /apis/external.metrics.k8s.io`` (APIGroup),
+  ``GET /apis/external.metrics.k8s.io/v1beta1`` (APIResourceList, one resource per metric);
+* ``GET /apis/external.metrics.k8s.io/v1beta1/namespaces/{ns}/{metric}?labelSelector=...``:
+  an ``ExternalMetricValueList`` with one item per workload the selector matches;
+* errors are ``metav1.Status`` objects with the matching HTTP code, every reply is
+  ``Content-Type: application/json`` (client-go decodes by that header, and the HPA's client asks
+  for protobuf first);
+* ``/healthz``, ``/livez``, ``/readyz`` need no authentication (the kubelet probes them).
+
+Two metrics, one item per workload, labelled ``workload=<profile name>``:
+
+==============================  ================================  ==================================
+metric                          value                             HPA target
+==============================  ================================  ==================================
+``extender-desired-replicas``   the scaler's desired replicas     ``AverageValue: 1``
+``extender-forecast-load``      the demand the decision sized     ``AverageValue: <capacity per
+                                for (rate, in the profile unit)   replica>``
+==============================  ================================  ==================================
+
+A workload the scaler has not decided for yet is served as one item with value ``"0"`` (an empty
+list is an error to the HPA). A selector that matches no autoscaled workload of the namespace is a
+``404``: a typo in an HPA must show up as ``FailedGetExternalMetric``, not as a silent zero.
+Values are Kubernetes quantity strings in milli-units (``"3"``, ``"1500m"``), which is the
+precision the HPA reads them in (``MilliValue``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import ssl
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from flask import Blueprint, Flask, Response, current_app, g, request
+from werkzeug.exceptions import HTTPException
+
+from extender.core.errors import ExtenderError
+from extender.server.label_selector import SelectorError, parse_selector
+from extender.server.metrics_auth import Access, Authenticator, AuthError, User
+from extender.state.decisions import Published
+
+GROUP = "external.metrics.k8s.io"
+VERSION = "v1beta1"
+GROUP_VERSION = f"{GROUP}/{VERSION}"
+JSON_TYPE = "application/json"
+
+#: Metric name (the path's resource segment) -> which published value it serves.
+METRICS: Mapping[str, str] = {
+    "extender-desired-replicas": "desired",
+    "extender-forecast-load": "load",
+}
+#: The label every item carries and HPAs select on.
+WORKLOAD_LABEL = "workload"
+
+#: Paths served without authentication (probes).
+OPEN_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
+
+#: Environ key under which a server other than gunicorn (or a test) hands over the verified peer
+#: certificate (the ``ssl`` module's ``getpeercert()`` dict). Clients cannot set environ keys.
+PEER_CERT_ENVIRON = "extender.peer_cert"
+
+
+def format_quantity(value: float) -> str:
+    """A Kubernetes quantity string for ``value`` at milli precision: ``"3"``, ``"1500m"``, ``"0"``.
+
+    Non-finite and negative values (which no decision produces) are served as ``"0"``.
+    """
+    if not math.isfinite(value) or value <= 0:
+        return "0"
+    milli = math.floor(value * 1000 + 0.5)
+    return str(milli // 1000) if milli % 1000 == 0 else f"{milli}m"
+
+
+def rfc3339(t: float) -> str:
+    """Unix seconds as ``metav1.Time`` JSON: RFC 3339, UTC, whole seconds."""
+    return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def status(code: int, reason: str, message: str) -> Response:
+    """A ``metav1.Status`` failure reply."""
+    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+    return Response(json.dumps(body), status=code, mimetype=JSON_TYPE)
+
+
+def _json(body: Any) -> Response:
+    return Response(json.dumps(body, separators=(",", ":")), mimetype=JSON_TYPE)
+
+
+def group_document() -> dict[str, Any]:
+    gv = {"groupVersion": GROUP_VERSION, "version": VERSION}
+    return {"name": GROUP, "versions": [gv], "preferredVersion": gv}
+
+
+@dataclass
+class ExternalMetricsApi:
+    """What the blueprint serves from: published values, the autoscaled workloads, and auth.
+
+    ``published`` reads every workload's values (``DecisionStore.published``; may raise our
+    errors, answered with 503). ``workloads`` maps each autoscaled workload to its namespace
+    (``None``: served in every namespace).
+    """
+
+    published: Callable[[], Mapping[str, Published]]
+    workloads: Mapping[str, str | None]
+    auth: Authenticator
+    clock: Callable[[], float] = time.time
+    ready: Callable[[], tuple[bool, dict[str, Any]]] | None = None
+
+
+bp = Blueprint("external_metrics", __name__)
+
+
+def _api() -> ExternalMetricsApi:
+    api: ExternalMetricsApi = current_app.extensions["external_metrics"]
+    return api
+
+
+def peer_certificate(environ: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The verified client certificate of this request's connection, if any."""
+    given = environ.get(PEER_CERT_ENVIRON)
+    if given is not None:
+        return dict(given)
+    sock = environ.get("gunicorn.socket")
+    if isinstance(sock, ssl.SSLSocket):
+        cert = sock.getpeercert()
+        return dict(cert) if cert else None
+    return None
+
+
+@bp.before_request
+def _authenticate() -> Response | None:
+    if request.path in OPEN_PATHS:
+        return None
+    try:
+        g.user = _api().auth.authenticate(peer_certificate(request.environ), request.headers)
+    except AuthError as exc:
+        return status(exc.code, exc.reason, str(exc))
+    return None
+
+
+@bp.get("/apis")
+def api_groups() -> Response:
+    return _json({"kind": "APIGroupList", "apiVersion": "v1", "groups": [group_document()]})
+
+
+@bp.get(f"/apis/{GROUP}")
+def api_group() -> Response:
+    return _json({"kind": "APIGroup", "apiVersion": "v1", **group_document()})
+
+
+@bp.get(f"/apis/{GROUP_VERSION}")
+def api_resources() -> Response:
+    resources = [{"name": name, "singularName": "", "namespaced": True, "kind": "ExternalMetricValueList",
+                  "verbs": ["get"]} for name in METRICS]
+    return _json({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": GROUP_VERSION,
+                  "resources": resources})
+
+
+@bp.get(f"/apis/{GROUP_VERSION}/namespaces/<namespace>/<metric>")
+def metric_values(namespace: str, metric: str) -> Response:
+    api = _api()
+    field = METRICS.get(metric)
+    if field is None:
+        return status(404, "NotFound", f"the server could not find the metric {metric!r} "
+                      f"(served: {', '.join(METRICS)})")
+    user: User = g.user
+    try:
+        api.auth.authorize(user, Access(verb="list", group=GROUP, version=VERSION, resource=metric,
+                                        namespace=namespace))
+    except AuthError as exc:
+        return status(exc.code, exc.reason, str(exc))
+    try:
+        selector = parse_selector(request.args.get("labelSelector", ""))
+    except SelectorError as exc:
+        return status(400, "BadRequest", str(exc))
+    workloads = sorted(w for w, ns in api.workloads.items()
+                       if (ns is None or ns == namespace) and selector.matches({WORKLOAD_LABEL: w}))
+    if not workloads:
+        return status(404, "NotFound", f"no autoscaled workload in namespace {namespace!r} matches the "
+                      f"selector {str(selector) or '(everything)'!r} (label {WORKLOAD_LABEL!r}; "
+                      f"workloads: {', '.join(sorted(api.workloads)) or 'none'})")
+    try:
+        published = api.published()
+    except ExtenderError as exc:
+        return status(503, "ServiceUnavailable", f"the scaler's metrics cannot be read: {exc}")
+    now = api.clock()
+    items = []
+    for w in workloads:
+        value = published.get(w)
+        item: dict[str, Any] = {"metricName": metric, "metricLabels": {WORKLOAD_LABEL: w}}
+        if value is None:  # not decided yet: "0", as an empty list would be an error to the HPA
+            item.update(timestamp=rfc3339(now), value="0")
+        else:
+            number = float(value.desired) if field == "desired" else value.load
+            item.update(timestamp=rfc3339(value.t), window=value.window, value=format_quantity(number))
+        items.append(item)
+    return _json({"kind": "ExternalMetricValueList", "apiVersion": GROUP_VERSION, "metadata": {}, "items": items})
+
+
+@bp.get("/healthz")
+@bp.get("/livez")
+def healthz() -> Response:
+    return _json({"status": "ok"})
+
+
+@bp.get("/readyz")
+def readyz() -> Response:
+    ready = _api().ready
+    ok, detail = ready() if ready is not None else (True, {})
+    return Response(json.dumps({"ready": ok, **detail}), status=200 if ok else 503, mimetype=JSON_TYPE)
+
+
+def create_app(api: ExternalMetricsApi) -> Flask:
+    """A Flask app serving only the External Metrics API (``extender scale`` builds one per worker)."""
+    app = Flask("extender.external_metrics")
+    app.config["MAX_CONTENT_LENGTH"] = 1 << 16  # every call is a GET; a body is a mistake
+    app.extensions["external_metrics"] = api
+    app.register_blueprint(bp)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException) -> Response:
+        code = exc.code or 500
+        reasons = {404: "NotFound", 405: "MethodNotAllowed", 413: "RequestEntityTooLarge", 400: "BadRequest"}
+        message = ("the server could not find the requested resource" if code == 404
+                   else exc.description or exc.name)
+        return status(code, reasons.get(code, "InternalError"), message)
+
+    @app.errorhandler(Exception)
+    def internal_error(exc: Exception) -> Response:
+        current_app.logger.exception("external metrics API: unhandled error")
+        return status(500, "InternalError", f"internal error: {type(exc).__name__}")
+
+    return app

@@ -1,0 +1,112 @@
+"""Per-workload demand history in Redis: bounded, shared by every scaler candidate, surviving restarts.
+
+The forecasters are stateless (:mod:`extender.core.forecast`): they refit from the history on every
+call. So the history is the only thing a restarted or newly elected scaler needs to forecast as
+well as the one before it, and it lives in Redis rather than in the process.
+
+Key (``<p>`` is the prefix)::
+
+    <p>:scaler:history:<workload>   sorted set   score: unix seconds; member: "t rate queue"
+
+The member holds the timestamp too, so two samples never collide (a sorted set keeps one copy of
+a member), and it is three numbers separated by spaces rather than JSON: a three-day history at a
+15 s tick is ~17,000 members, read on every tick, and ``str.split`` parses them several times
+faster than ``json.loads``.
+
+Bounds, applied in the same transaction as every append: samples older than ``max_age_s`` are
+dropped (Holt-Winters needs two daily seasons; three days is the default), and so is everything
+beyond the newest ``max_points`` (a tick shortened by mistake cannot grow the key without limit).
+
+Only observed rates are stored. A tick without an observation (every scrape failed) leaves a gap,
+which the forecasters treat as missing data, never as zero demand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from redis.client import Pipeline
+
+from extender.core.errors import StateError
+from extender.state.errors import redis_errors
+from extender.state.lock import Stage
+
+#: Seconds of history kept by default: three daily seasons (Holt-Winters starts after two).
+DEFAULT_MAX_AGE_S = 3 * 86_400.0
+#: Samples kept by default per workload: three days at the default 15 s tick, plus slack.
+DEFAULT_MAX_POINTS = 20_000
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Observed demand at ``t`` (unix seconds): ``rate`` in the workload's unit, ``queue`` waiting."""
+
+    t: float
+    rate: float
+    queue: float = 0.0
+
+    def encode(self) -> str:
+        return f"{self.t!r} {self.rate!r} {self.queue!r}"
+
+    @classmethod
+    def decode(cls, member: str | bytes) -> Sample:
+        text = member.decode() if isinstance(member, bytes) else member
+        t, rate, queue = text.split(" ")
+        return cls(float(t), float(rate), float(queue))
+
+
+class HistoryStore:
+    """Read the history of a workload; stage appends for a fenced commit (:mod:`extender.state.lock`)."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str = "extender", max_age_s: float = DEFAULT_MAX_AGE_S,
+                 max_points: int = DEFAULT_MAX_POINTS) -> None:
+        if max_age_s <= 0 or max_points < 1:
+            raise ValueError("history bounds must be positive")
+        self.client = client
+        self.prefix = prefix
+        self.max_age_s = max_age_s
+        self.max_points = max_points
+
+    def key(self, workload: str) -> str:
+        return f"{self.prefix}:scaler:history:{workload}"
+
+    def read(self, workload: str, *, now: float | None = None) -> list[Sample]:
+        """Samples in time order; with ``now``, only those within ``max_age_s`` of it."""
+        low: float | str = "-inf" if now is None else now - self.max_age_s
+        with redis_errors(f"reading the demand history of {workload!r}"):
+            members: Any = self.client.zrangebyscore(self.key(workload), low, "+inf")
+        out: list[Sample] = []
+        for m in members:
+            try:
+                out.append(Sample.decode(m))
+            except ValueError as exc:
+                raise StateError(f"demand history of {workload!r} holds an unreadable sample {m!r}") from exc
+        return out
+
+    def stage_append(self, workload: str, samples: Sequence[Sample], *, now: float) -> Stage:
+        """A fenced-commit stage that adds ``samples`` and trims the key to its bounds."""
+        for s in samples:
+            if not (math.isfinite(s.t) and math.isfinite(s.rate) and math.isfinite(s.queue)):
+                raise ValueError(f"a history sample must be finite, got {s}")
+        key = self.key(workload)
+        members = {s.encode(): s.t for s in samples}
+        cutoff = now - self.max_age_s
+        keep = self.max_points
+
+        def stage(pipe: Pipeline) -> None:
+            if members:
+                pipe.zadd(key, members)
+            pipe.zremrangebyscore(key, "-inf", f"({cutoff!r}")
+            pipe.zremrangebyrank(key, 0, -(keep + 1))
+
+        return stage
+
+    def length(self, workload: str) -> int:
+        """Samples stored for ``workload``."""
+        with redis_errors(f"counting the demand history of {workload!r}"):
+            count: Any = self.client.zcard(self.key(workload))
+        return int(count)

@@ -1,0 +1,423 @@
+"""The External Metrics API in-process: selectors, quantities, discovery, metric replies, Status errors, auth rules.
+
+Real clients over TLS (kubectl, the official Python client) are in test_external_metrics_tls.py.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from werkzeug.datastructures import Headers
+
+from extender.core.errors import StateError, StoreUnavailableError
+from extender.server.external_metrics import (
+    GROUP_VERSION,
+    PEER_CERT_ENVIRON,
+    ExternalMetricsApi,
+    create_app,
+    format_quantity,
+    rfc3339,
+)
+from extender.server.label_selector import Selector, SelectorError, parse_selector
+from extender.server.metrics_auth import (
+    Access,
+    AuthConfig,
+    Authenticator,
+    AuthUnavailableError,
+    ForbiddenError,
+    Name,
+    UnauthenticatedError,
+    User,
+    parse_list,
+)
+from extender.state.decisions import Published
+
+# ---- label selectors -----------------------------------------------------------------------------
+
+#: (id, selector text, canonical form, labels that match, labels that do not)
+SELECTORS: list[tuple[str, str, str, list[dict[str, str]], list[dict[str, str]]]] = [
+    ("empty", "", "", [{}, {"a": "b"}], []),
+    ("equals", "workload=qwen3", "workload=qwen3", [{"workload": "qwen3"}], [{"workload": "x"}, {}]),
+    ("double-equals", "workload==qwen3", "workload=qwen3", [{"workload": "qwen3"}], [{}]),
+    ("not-equals", "workload!=qwen3", "workload!=qwen3", [{"workload": "x"}, {}], [{"workload": "qwen3"}]),
+    ("in", "workload in (qwen3,llama)", "workload in (llama,qwen3)",
+     [{"workload": "qwen3"}, {"workload": "llama"}], [{"workload": "x"}, {}]),
+    ("notin", "workload notin (qwen3)", "workload notin (qwen3)", [{"workload": "x"}, {}], [{"workload": "qwen3"}]),
+    ("exists", "workload", "workload", [{"workload": ""}, {"workload": "a"}], [{}]),
+    ("not-exists", "!workload", "!workload", [{}], [{"workload": "a"}]),
+    ("greater", "replicas>3", "replicas>3", [{"replicas": "4"}], [{"replicas": "3"}, {"replicas": "x"}, {}]),
+    ("less", "replicas<3", "replicas<3", [{"replicas": "-1"}], [{"replicas": "3"}]),
+    ("whitespace", "  workload  in ( a , b ) ,  tier = gpu ", "tier=gpu,workload in (a,b)",
+     [{"workload": "a", "tier": "gpu"}], [{"workload": "a"}]),
+    # labels.Selector.String() sorts by key; parsing must not care about the order it gets
+    ("sorted-by-key", "zone=a,app=x", "app=x,zone=a", [{"zone": "a", "app": "x"}], [{"zone": "a"}]),
+    ("empty-value", "tier=", "tier=", [{"tier": ""}], [{"tier": "gpu"}, {}]),
+    ("empty-in-set", "tier in (a,)", "tier in (,a)", [{"tier": ""}, {"tier": "a"}], [{}]),
+    ("prefixed-key", "example.com/app=x", "example.com/app=x", [{"example.com/app": "x"}], [{"app": "x"}]),
+    ("mixed", "workload=qwen3,!canary,tier notin (cpu)", "!canary,tier notin (cpu),workload=qwen3",
+     [{"workload": "qwen3"}], [{"workload": "qwen3", "canary": "1"}, {"workload": "qwen3", "tier": "cpu"}]),
+]
+
+
+@pytest.mark.parametrize(("text", "canonical", "yes", "no"), [r[1:] for r in SELECTORS], ids=[r[0] for r in SELECTORS])
+def test_selector_forms(text: str, canonical: str, yes: list[dict[str, str]], no: list[dict[str, str]]) -> None:
+    selector = parse_selector(text)
+    assert str(selector) == canonical
+    assert str(parse_selector(str(selector))) == canonical  # what we print parses back the same
+    for labels in yes:
+        assert selector.matches(labels), labels
+    for labels in no:
+        assert not selector.matches(labels), labels
+
+
+BAD_SELECTORS = [
+    ("empty-set", "workload in ()", "must not be empty"),
+    ("unclosed-set", "workload in (a,b", "unclosed"),
+    ("no-key", "=qwen3", "expected a label key"),
+    ("trailing-comma", "workload=qwen3,", "expected a label key"),
+    ("set-without-parens", "workload notin a", "expected '('"),
+    ("bad-key", "-bad=x", "invalid label key"),
+    ("bad-prefix", "Example.COM/app=x", "prefix must be a DNS subdomain"),
+    ("long-value", "a=" + "v" * 64, "invalid label value"),
+    ("bad-value-char", "a=b@c", "invalid label value"),
+    ("not-an-integer", "replicas>three", "must be an integer"),
+    ("two-values", "a = b c", "expected ','"),
+    ("missing-comma-in-set", "a in (b c)", "expected ',' or ')'"),
+]
+
+
+@pytest.mark.parametrize(("text", "words"), [r[1:] for r in BAD_SELECTORS], ids=[r[0] for r in BAD_SELECTORS])
+def test_bad_selectors_are_errors(text: str, words: str) -> None:
+    with pytest.raises(SelectorError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        parse_selector(text)
+
+
+# ---- quantities ----------------------------------------------------------------------------------
+
+QUANTITIES = [
+    ("zero", 0.0, "0"),
+    ("integer", 3.0, "3"),
+    ("half", 1.5, "1500m"),  # the HPA reads MilliValue(): 1500
+    ("below-a-milli", 0.0004, "0"),
+    ("half-a-milli-rounds-up", 0.0005, "1m"),
+    ("float-noise", 2.0000001, "2"),
+    ("large", 1e9, "1000000000"),
+    ("fraction-of-large", 12345.6789, "12345679m"),
+    ("nan", math.nan, "0"),
+    ("infinite", math.inf, "0"),
+    ("negative", -1.0, "0"),
+]
+
+
+@pytest.mark.parametrize(("value", "text"), [q[1:] for q in QUANTITIES], ids=[q[0] for q in QUANTITIES])
+def test_quantities(value: float, text: str) -> None:
+    assert format_quantity(value) == text
+
+
+def test_timestamps_are_rfc3339_utc() -> None:
+    assert rfc3339(1735732800.9) == "2025-01-01T12:00:00Z"
+
+
+# ---- the app -------------------------------------------------------------------------------------
+
+NOW = 1_735_732_800.0  # 2025-01-01T12:00:00Z
+PUBLISHED = {"qwen3": Published(desired=5, load=17.5, unit="requests/s", t=NOW - 10, window=15, token=3)}
+WORKLOADS: dict[str, str | None] = {"qwen3": "default", "llama": "ml", "anywhere": None}
+
+
+def make_app(published: Callable[[], Mapping[str, Published]] = lambda: PUBLISHED,
+             auth: Authenticator | None = None) -> Flask:
+    return create_app(ExternalMetricsApi(published=published, workloads=WORKLOADS,
+                                         auth=auth or Authenticator(AuthConfig(insecure=True)), clock=lambda: NOW))
+
+
+@pytest.fixture
+def client() -> FlaskClient:
+    return make_app().test_client()
+
+
+def test_discovery_documents(client: FlaskClient) -> None:
+    gv = {"groupVersion": "external.metrics.k8s.io/v1beta1", "version": "v1beta1"}
+    group = {"name": "external.metrics.k8s.io", "versions": [gv], "preferredVersion": gv}
+    r = client.get("/apis")
+    assert r.content_type == "application/json"
+    assert r.get_json() == {"kind": "APIGroupList", "apiVersion": "v1", "groups": [group]}
+    assert client.get("/apis/external.metrics.k8s.io").get_json() == {"kind": "APIGroup", "apiVersion": "v1", **group}
+    resources = client.get("/apis/external.metrics.k8s.io/v1beta1").get_json()
+    assert resources["kind"] == "APIResourceList"
+    assert resources["groupVersion"] == GROUP_VERSION
+    assert resources["resources"] == [
+        {"name": name, "singularName": "", "namespaced": True, "kind": "ExternalMetricValueList", "verbs": ["get"]}
+        for name in ("extender-desired-replicas", "extender-forecast-load")
+    ]
+
+
+def get(client: FlaskClient, path: str, selector: str | None = None) -> tuple[int, dict[str, Any], str]:
+    query = {} if selector is None else {"labelSelector": selector}
+    r = client.get(f"/apis/external.metrics.k8s.io/v1beta1/{path}", query_string=query)
+    return r.status_code, json.loads(r.data), r.content_type
+
+
+def test_desired_replicas_of_one_workload(client: FlaskClient) -> None:
+    code, body, ctype = get(client, "namespaces/default/extender-desired-replicas", "workload=qwen3")
+    assert (code, ctype) == (200, "application/json")
+    assert body == {
+        "kind": "ExternalMetricValueList", "apiVersion": "external.metrics.k8s.io/v1beta1", "metadata": {},
+        "items": [{"metricName": "extender-desired-replicas", "metricLabels": {"workload": "qwen3"},
+                   "timestamp": "2025-01-01T11:59:50Z", "window": 15, "value": "5"}],
+    }
+
+
+def test_forecast_load_is_a_milli_quantity(client: FlaskClient) -> None:
+    _, body, _ = get(client, "namespaces/default/extender-forecast-load", "workload=qwen3")
+    assert body["items"][0]["value"] == "17500m"  # HPA: ceil(17500 / 4000 per replica) = 5
+
+
+def test_no_data_yet_is_one_zero_item(client: FlaskClient) -> None:
+    # an empty list is an error to the HPA ("no metrics returned from external metrics API")
+    code, body, _ = get(client, "namespaces/ml/extender-desired-replicas", "workload=llama")
+    assert code == 200
+    assert body["items"] == [{"metricName": "extender-desired-replicas", "metricLabels": {"workload": "llama"},
+                              "timestamp": "2025-01-01T12:00:00Z", "value": "0"}]
+
+
+def test_a_set_selector_returns_every_match_sorted(client: FlaskClient) -> None:
+    _, body, _ = get(client, "namespaces/default/extender-desired-replicas", "workload in (qwen3,anywhere)")
+    assert [i["metricLabels"]["workload"] for i in body["items"]] == ["anywhere", "qwen3"]
+
+
+DESIRED = "namespaces/default/extender-desired-replicas"
+ERRORS: list[tuple[str, str, str | None, int, str, str]] = [
+    ("unknown-metric", "namespaces/default/queue_depth", "workload=qwen3", 404, "NotFound",
+     "could not find the metric"),
+    ("wrong-namespace", "namespaces/ml/extender-desired-replicas", "workload=qwen3", 404, "NotFound",
+     "no autoscaled workload in namespace 'ml'"),
+    ("selector-matches-nothing", DESIRED, "workload=typo", 404, "NotFound", "matches the selector 'workload=typo'"),
+    ("bad-selector", DESIRED, "workload in (", 400, "BadRequest", "unable to parse label selector"),
+    ("cluster-scoped-path", "extender-desired-replicas", None, 404, "NotFound",
+     "could not find the requested resource"),
+    ("too-deep", "namespaces/default/extender-desired-replicas/x", None, 404, "NotFound", "could not find"),
+]
+
+
+@pytest.mark.parametrize("row", ERRORS, ids=[e[0] for e in ERRORS])
+def test_errors_are_status_objects(client: FlaskClient, row: tuple[str, str, str | None, int, str, str]) -> None:
+    _, path, selector, code, reason, words = row
+    got, body, ctype = get(client, path, selector)
+    assert (got, ctype) == (code, "application/json")
+    assert {k: body[k] for k in ("kind", "apiVersion", "status", "reason", "code")} == {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "code": code}
+    assert words in body["message"]
+
+
+def test_wrong_method_is_a_status(client: FlaskClient) -> None:
+    r = client.post("/apis/external.metrics.k8s.io/v1beta1/namespaces/default/extender-desired-replicas")
+    assert r.status_code == 405
+    assert r.get_json()["reason"] == "MethodNotAllowed"
+
+
+def test_store_outage_is_503() -> None:
+    def down() -> Mapping[str, Published]:
+        raise StoreUnavailableError("Redis is unavailable: connection refused")
+
+    code, body, _ = get(make_app(down).test_client(), "namespaces/default/extender-desired-replicas", "workload=qwen3")
+    assert (code, body["reason"]) == (503, "ServiceUnavailable")
+    assert "connection refused" in body["message"]
+
+
+def test_probes_need_no_credentials() -> None:
+    app = make_app(auth=Authenticator(AuthConfig()))
+    c = app.test_client()
+    assert c.get("/healthz").status_code == 200
+    assert c.get("/readyz").status_code == 200
+    assert c.get("/apis").status_code == 401
+
+
+# ---- authentication and authorization ------------------------------------------------------------
+
+FRONT_PROXY_CA: Name = ((("commonName", "front-proxy-ca"),),)
+CLIENT_CA: Name = ((("commonName", "kubernetes"),),)
+OTHER_CA: Name = ((("commonName", "someone-else"),),)
+
+
+def cert(issuer: Name, cn: str, *orgs: str) -> dict[str, Any]:
+    subject = ((("commonName", cn),), *((("organizationName", o),) for o in orgs))
+    return {"issuer": issuer, "subject": subject}
+
+
+class FakeReviews:
+    """TokenReview / SubjectAccessReview stand-ins that count their calls."""
+
+    def __init__(self, allowed: set[str] | None = None, fail: bool = False) -> None:
+        self.tokens = {"good-token": User("system:serviceaccount:kube-system:horizontal-pod-autoscaler",
+                                          ("system:serviceaccounts",), method="token")}
+        self.allowed = allowed if allowed is not None else set()
+        self.fail = fail
+        self.token_calls = 0
+        self.access_calls = 0
+
+    def review_token(self, token: str) -> User | None:
+        self.token_calls += 1
+        if self.fail:
+            raise StateError("the API server is unreachable")
+        return self.tokens.get(token)
+
+    def review_access(self, user: User, access: Access) -> tuple[bool, str]:
+        self.access_calls += 1
+        if self.fail:
+            raise StateError("the API server is unreachable")
+        return user.name in self.allowed, "" if user.name in self.allowed else "RBAC: not allowed"
+
+
+CONFIG = AuthConfig(requestheader_cas=frozenset({FRONT_PROXY_CA}), allowed_names=("front-proxy-client",),
+                    client_cas=frozenset({CLIENT_CA}))
+HPA = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
+
+#: (id, peer certificate, headers, expected user name or the error type)
+AUTHN = [
+    ("front-proxy", cert(FRONT_PROXY_CA, "front-proxy-client"),
+     {"X-Remote-User": HPA, "X-Remote-Group": "system:serviceaccounts"}, HPA),
+    ("front-proxy-name-not-allowed", cert(FRONT_PROXY_CA, "mallory"), {"X-Remote-User": "admin"},
+     UnauthenticatedError),
+    ("headers-without-proxy-cert", None, {"X-Remote-User": "admin", "X-Remote-Group": "system:masters"},
+     UnauthenticatedError),
+    ("headers-with-a-client-cert-are-ignored", cert(CLIENT_CA, "jane", "team-a"), {"X-Remote-User": "admin"}, "jane"),
+    ("client-cert", cert(CLIENT_CA, "jane", "team-a"), {}, "jane"),
+    ("unknown-issuer", cert(OTHER_CA, "jane"), {}, UnauthenticatedError),
+    ("proxy-cert-without-user-header-and-no-token", cert(FRONT_PROXY_CA, "front-proxy-client"), {},
+     UnauthenticatedError),
+    ("bearer-token", None, {"Authorization": "Bearer good-token"}, HPA),
+    ("bad-token", None, {"Authorization": "Bearer forged"}, UnauthenticatedError),
+    ("basic-auth-is-not-a-token", None, {"Authorization": "Basic Zm9vOmJhcg=="}, UnauthenticatedError),
+    ("nothing", None, {}, UnauthenticatedError),
+]
+
+
+@pytest.mark.parametrize(("peer", "headers", "expected"), [a[1:] for a in AUTHN], ids=[a[0] for a in AUTHN])
+def test_authentication(peer: dict[str, Any] | None, headers: dict[str, str], expected: str | type[Exception]) -> None:
+    auth = Authenticator(CONFIG, tokens=FakeReviews())
+    if isinstance(expected, str):
+        user = auth.authenticate(peer, Headers(headers))
+        assert user.name == expected
+        assert "system:authenticated" in user.groups
+    else:
+        with pytest.raises(expected):
+            auth.authenticate(peer, Headers(headers))
+
+
+def test_front_proxy_carries_groups_and_extras() -> None:
+    headers = Headers([("X-Remote-User", "jane"), ("X-Remote-Group", "team-a"), ("X-Remote-Group", "team-b"),
+                       ("X-Remote-Extra-Scopes", "read"), ("X-Remote-Extra-Scopes", "write"),
+                       ("X-Remote-Extra-Acme.com%2Fproject", "p1")])
+    user = Authenticator(CONFIG).authenticate(cert(FRONT_PROXY_CA, "front-proxy-client"), headers)
+    assert user.groups == ("team-a", "team-b", "system:authenticated")
+    assert dict(user.extra) == {"acme.com/project": ("p1",), "scopes": ("read", "write")}
+    assert user.method == "front-proxy"
+
+
+def test_client_cert_groups_are_its_organizations() -> None:
+    user = Authenticator(CONFIG).authenticate(cert(CLIENT_CA, "jane", "team-a", "team-b"), Headers())
+    assert user.groups == ("team-a", "team-b", "system:authenticated")
+
+
+def test_token_reviews_are_cached_for_their_ttl() -> None:
+    now = [0.0]
+    reviews = FakeReviews()
+    auth = Authenticator(CONFIG, tokens=reviews, clock=lambda: now[0])
+    headers = Headers({"Authorization": "Bearer good-token"})
+    for _ in range(3):
+        auth.authenticate(None, headers)
+    assert reviews.token_calls == 1
+    now[0] = 10.5  # past the 10 s cache
+    auth.authenticate(None, headers)
+    assert reviews.token_calls == 2
+    for _ in range(2):  # a rejected token is cached too: a flood of bad tokens costs one review each 10 s
+        with pytest.raises(UnauthenticatedError):
+            auth.authenticate(None, Headers({"Authorization": "Bearer forged"}))
+    assert reviews.token_calls == 3
+
+
+def test_review_outage_is_unavailable_not_unauthorized() -> None:
+    auth = Authenticator(CONFIG, tokens=FakeReviews(fail=True), access=FakeReviews(fail=True))
+    with pytest.raises(AuthUnavailableError):
+        auth.authenticate(None, Headers({"Authorization": "Bearer good-token"}))
+    with pytest.raises(AuthUnavailableError):
+        auth.authorize(User("jane", ("system:authenticated",)), Access("list", "g", "v", "m", "default"))
+
+
+def test_tokens_without_a_reviewer_are_refused() -> None:
+    with pytest.raises(UnauthenticatedError, match="no TokenReview"):
+        Authenticator(CONFIG).authenticate(None, Headers({"Authorization": "Bearer good-token"}))
+
+
+ACCESS = Access("list", "external.metrics.k8s.io", "v1beta1", "extender-desired-replicas", "default")
+
+
+def test_authorization_asks_per_user_and_caches() -> None:
+    reviews = FakeReviews(allowed={HPA})
+    auth = Authenticator(CONFIG, access=reviews)
+    hpa = User(HPA, ("system:serviceaccounts", "system:authenticated"))
+    auth.authorize(hpa, ACCESS)
+    auth.authorize(hpa, ACCESS)
+    assert reviews.access_calls == 1
+    with pytest.raises(ForbiddenError) as err:
+        auth.authorize(User("jane", ("system:authenticated",)), ACCESS)
+    assert str(err.value).startswith('extender-desired-replicas.external.metrics.k8s.io is forbidden: User "jane" '
+                                     'cannot list resource "extender-desired-replicas" in API group '
+                                     '"external.metrics.k8s.io" in the namespace "default"')
+    # system:masters (the aggregator's availability checks) is never asked about
+    auth.authorize(User("system:kube-aggregator", ("system:masters",)), ACCESS)
+    assert reviews.access_calls == 2
+
+
+def test_forbidden_reply_over_http() -> None:
+    auth = Authenticator(CONFIG, tokens=FakeReviews(), access=FakeReviews(allowed=set()))
+    c = make_app(auth=auth).test_client()
+    r = c.get("/apis/external.metrics.k8s.io/v1beta1/namespaces/default/extender-desired-replicas",
+              query_string={"labelSelector": "workload=qwen3"}, headers={"Authorization": "Bearer good-token"})
+    assert r.status_code == 403
+    assert r.get_json()["reason"] == "Forbidden"
+    # discovery needs authentication only
+    assert c.get("/apis", headers={"Authorization": "Bearer good-token"}).status_code == 200
+
+
+def test_front_proxy_over_http_through_the_peer_certificate() -> None:
+    auth = Authenticator(CONFIG, access=FakeReviews(allowed={HPA}))
+    c = make_app(auth=auth).test_client()
+    path = f"/apis/external.metrics.k8s.io/v1beta1/{DESIRED}?labelSelector=workload%3Dqwen3"
+    ok = c.get(path, headers={"X-Remote-User": HPA},
+               environ_base={PEER_CERT_ENVIRON: cert(FRONT_PROXY_CA, "front-proxy-client")})
+    assert ok.status_code == 200
+    spoofed = c.get(path, headers={"X-Remote-User": HPA})
+    assert spoofed.status_code == 401
+    assert spoofed.get_json()["reason"] == "Unauthorized"
+
+
+def test_overlapping_cas_need_allowed_names() -> None:
+    with pytest.raises(ValueError, match="allowed names"):
+        Authenticator(AuthConfig(requestheader_cas=frozenset({CLIENT_CA}), client_cas=frozenset({CLIENT_CA})))
+    Authenticator(AuthConfig(requestheader_cas=frozenset({CLIENT_CA}), client_cas=frozenset({CLIENT_CA}),
+                             allowed_names=("front-proxy-client",)))
+
+
+LISTS = [
+    ("json-array", '["front-proxy-client","aggregator"]', ("front-proxy-client", "aggregator")),
+    ("commas", "a, b,,c", ("a", "b", "c")),
+    ("empty", "", ()),
+    ("empty-array", "[]", ()),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), [x[1:] for x in LISTS], ids=[x[0] for x in LISTS])
+def test_configmap_lists(text: str, expected: tuple[str, ...]) -> None:
+    assert parse_list(text) == expected
+
+
+def test_selector_is_a_value() -> None:
+    assert parse_selector("b=1,a=2") == Selector(parse_selector("a=2,b=1").requirements)

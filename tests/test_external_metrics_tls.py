@@ -1,0 +1,264 @@
+"""Real clients read the External Metrics API over TLS: kubectl and the official Python client.
+
+One ``python -m extender.scaler scale --no-loop`` process (gunicorn, TLS, the same entry ``extender
+scale`` uses) serves a published value from a real Redis. It learns its front-proxy and client CAs
+from the cluster's ``extension-apiserver-authentication`` ConfigMap and checks bearer tokens and
+access through TokenReview / SubjectAccessReview, all served by tests/delegation_double.py. The
+certificates are made for the test with ``openssl`` (tests/pki.py).
+
+Waits are bounded polls for the server to come up (a setup bound), never assertions on time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import ssl
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import urllib3
+import yaml
+from kubernetes import client as k8s
+
+from extender.state import connect
+from extender.state.decisions import DecisionStore, Published
+from extender.state.lock import LeaderLock
+from tests.conftest import RedisServer
+from tests.delegation_double import DelegationDouble, running
+from tests.pki import Pki, make_pki
+from tests.scaler_policy import policy_text
+from tests.vllm_endpoint import free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+HPA = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
+PATH = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/extender-desired-replicas"
+SELECTOR = "workload%3Dqwen3"
+START_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Served:
+    url: str
+    pki: Pki
+    double: DelegationDouble
+    directory: Path
+
+
+def _wait_up(url: str, pki: Pki, process: subprocess.Popen[bytes], log: Path) -> None:
+    context = ssl.create_default_context(cafile=str(pki.server_ca.cert))
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"extender scale exited with {process.returncode}: {log.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", context=context, timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            time.sleep(0.05)
+    raise AssertionError(f"extender scale did not come up: {log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    directory = tmp_path_factory.mktemp("tls")
+    pki = make_pki(directory / "pki")
+    redis_server = RedisServer(tmp_path_factory.mktemp("redis"))
+    redis_server.start()
+    try:
+        with running() as double:
+            double.state.tokens = {"hpa-token": (HPA, ["system:serviceaccounts", "system:serviceaccounts:kube-system"]),
+                                   "bob-token": ("bob", [])}
+            double.state.rule = lambda user, groups, attrs: user in (HPA, "jane")
+            double.state.configmap = {
+                "client-ca-file": pki.client_ca.pem(),
+                "requestheader-client-ca-file": pki.front_proxy_ca.pem(),
+                "requestheader-allowed-names": '["front-proxy-client"]',
+                "requestheader-username-headers": '["X-Remote-User"]',
+                "requestheader-group-headers": '["X-Remote-Group"]',
+                "requestheader-extra-headers-prefix": '["X-Remote-Extra-"]',
+            }
+            client = connect(redis_server.url, directory)
+            lock = LeaderLock(client, "seeder", ttl_s=60)
+            token = lock.acquire().token
+            lock.commit(token, DecisionStore(client).stage_published(
+                "qwen3", Published(desired=5, load=17.5, unit="requests/s", t=1_735_732_800.0, window=15, token=token)))
+            client.close()
+            policy = directory / "policy.yaml"
+            policy.write_text(policy_text())
+            kubeconfig = double.write_kubeconfig(directory / "scaler-kubeconfig.yaml")
+            port = free_port()
+            log = directory / "scale.log"
+            with log.open("wb") as out:
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "extender.scaler", "scale", "--policy", str(policy),
+                     "--redis-url", redis_server.url, "--kubeconfig", str(kubeconfig), "--no-loop",
+                     "--bind", f"127.0.0.1:{port}",
+                     "--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key)],
+                    cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                )
+            url = f"https://127.0.0.1:{port}"
+            try:
+                _wait_up(url, pki, process, log)
+                yield Served(url, pki, double, directory)
+            finally:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
+    finally:
+        redis_server.stop()
+
+
+# ---- kubectl -------------------------------------------------------------------------------------
+
+
+def kubeconfig(served: Served, name: str, user: dict[str, Any]) -> Path:
+    doc = {"apiVersion": "v1", "kind": "Config",
+           "clusters": [{"name": "scaler", "cluster": {"server": served.url,
+                                                       "certificate-authority": str(served.pki.server_ca.cert)}}],
+           "users": [{"name": name, "user": user}],
+           "contexts": [{"name": name, "context": {"cluster": "scaler", "user": name, "namespace": "default"}}],
+           "current-context": name}
+    path = served.directory / f"kubeconfig-{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def kubectl(served: Served, config: Path, raw: str) -> subprocess.CompletedProcess[str]:
+    if shutil.which("kubectl") is None:
+        pytest.fail("kubectl is not installed (Debian: apt-get install kubernetes-client, or the upstream binary)")
+    return subprocess.run(["kubectl", "--kubeconfig", str(config), "--cache-dir", str(served.directory / "kcache"),
+                           "--request-timeout", "20s", "get", "--raw", raw],
+                          capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_kubectl_reads_the_metric_with_a_token(served: Served) -> None:
+    done = kubectl(served, kubeconfig(served, "hpa", {"token": "hpa-token"}), f"{PATH}?labelSelector={SELECTOR}")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)
+    assert body["kind"] == "ExternalMetricValueList"
+    assert body["items"] == [{"metricName": "extender-desired-replicas", "metricLabels": {"workload": "qwen3"},
+                              "timestamp": "2025-01-01T12:00:00Z", "window": 15, "value": "5"}]
+
+
+def test_kubectl_reads_the_metric_with_a_client_certificate(served: Served) -> None:
+    config = kubeconfig(served, "jane", {"client-certificate": str(served.pki.client.cert),
+                                         "client-key": str(served.pki.client.key)})
+    done = kubectl(served, config, f"{PATH}?labelSelector={SELECTOR}")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["items"][0]["value"] == "5"
+    review = served.double.state.access_reviews[-1]
+    assert review["user"] == "jane"
+    assert "team-a" in review["groups"]
+    assert review["resourceAttributes"] == {"verb": "list", "group": "external.metrics.k8s.io", "version": "v1beta1",
+                                            "resource": "extender-desired-replicas", "namespace": "default"}
+
+
+def test_kubectl_reads_discovery(served: Served) -> None:
+    done = kubectl(served, kubeconfig(served, "hpa", {"token": "hpa-token"}), "/apis/external.metrics.k8s.io/v1beta1")
+    assert done.returncode == 0, done.stderr
+    names = [r["name"] for r in json.loads(done.stdout)["resources"]]
+    assert names == ["extender-desired-replicas", "extender-forecast-load"]
+
+
+@pytest.mark.parametrize(("user", "words"), [
+    pytest.param({"token": "bob-token"}, "Forbidden", id="forbidden-user"),
+    pytest.param({"token": "not-a-token"}, "Unauthorized", id="unknown-token"),
+])
+def test_kubectl_is_refused_without_the_right_credentials(served: Served, user: dict[str, Any], words: str) -> None:
+    done = kubectl(served, kubeconfig(served, "other", user), f"{PATH}?labelSelector={SELECTOR}")
+    assert done.returncode != 0
+    assert words in done.stderr
+
+
+# ---- the official Python client ------------------------------------------------------------------
+
+
+def python_client(served: Served, *, token: str | None = None, cert: tuple[Path, Path] | None = None,
+                  headers: dict[str, str] | None = None) -> k8s.ApiClient:
+    configuration = k8s.Configuration()
+    configuration.host = served.url
+    configuration.ssl_ca_cert = str(served.pki.server_ca.cert)
+    if token:
+        configuration.api_key = {"BearerToken": token}
+        configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    if cert:
+        configuration.cert_file, configuration.key_file = str(cert[0]), str(cert[1])
+    configuration.retries = 0
+    api = k8s.ApiClient(configuration)
+    for name, value in (headers or {}).items():
+        api.set_default_header(name, value)  # type: ignore[no-untyped-call]
+    return api
+
+
+def read_metric(api: k8s.ApiClient, metric: str = "extender-desired-replicas") -> Any:
+    return k8s.CustomObjectsApi(api).list_namespaced_custom_object(
+        "external.metrics.k8s.io", "v1beta1", "default", metric, label_selector="workload=qwen3")
+
+
+def test_python_client_reads_both_metrics_with_a_token(served: Served) -> None:
+    with python_client(served, token="hpa-token") as api:
+        desired = read_metric(api)
+        load = read_metric(api, "extender-forecast-load")
+    assert desired["items"][0]["value"] == "5"
+    assert load["items"][0]["value"] == "17500m"
+
+
+def test_python_client_through_the_front_proxy(served: Served) -> None:
+    # what kube-apiserver's aggregator does: its front-proxy certificate, the caller in X-Remote-*
+    before = len(served.double.state.token_reviews)
+    with python_client(served, cert=(served.pki.front_proxy.cert, served.pki.front_proxy.key),
+                       headers={"X-Remote-User": HPA, "X-Remote-Group": "system:serviceaccounts"}) as api:
+        assert read_metric(api)["items"][0]["value"] == "5"
+    assert served.double.state.access_reviews[-1]["user"] == HPA
+    assert len(served.double.state.token_reviews) == before  # no token involved
+
+
+def test_identity_headers_from_a_user_certificate_are_ignored(served: Served) -> None:
+    with python_client(served, cert=(served.pki.client.cert, served.pki.client.key),
+                       headers={"X-Remote-User": "admin", "X-Remote-Group": "system:masters"}) as api:
+        read_metric(api, "extender-forecast-load")
+    # had the headers been trusted, system:masters would have skipped the review altogether
+    review = served.double.state.access_reviews[-1]
+    assert (review["user"], review["resourceAttributes"]["resource"]) == ("jane", "extender-forecast-load")
+
+
+def test_a_certificate_no_ca_signed_fails_the_handshake(served: Served) -> None:
+    rogue = (served.pki.rogue.cert, served.pki.rogue.key)
+    with python_client(served, cert=rogue, headers={"X-Remote-User": HPA}) as api, \
+            pytest.raises((urllib3.exceptions.HTTPError, ssl.SSLError)):
+        read_metric(api)
+
+
+def test_python_client_without_credentials_gets_401(served: Served) -> None:
+    # (kubectl would prompt for a password on a 401 without credentials, so this case uses the client)
+    with python_client(served) as api, pytest.raises(k8s.ApiException) as err:
+        read_metric(api)
+    assert err.value.status == 401
+    assert json.loads(err.value.body or "")["reason"] == "Unauthorized"
+
+
+def test_python_client_sees_status_errors(served: Served) -> None:
+    with python_client(served, token="hpa-token") as api, pytest.raises(k8s.ApiException) as err:
+        k8s.CustomObjectsApi(api).list_namespaced_custom_object(
+            "external.metrics.k8s.io", "v1beta1", "default", "extender-desired-replicas",
+            label_selector="workload=nope")
+    assert err.value.status == 404
+    status = json.loads(err.value.body or "")
+    assert (status["kind"], status["reason"], status["code"]) == ("Status", "NotFound", 404)

@@ -1,0 +1,130 @@
+"""Demand history and decision records in a real Redis: order, bounds, restarts, fencing, unreadable data."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from extender.core.errors import FencedOutError, StateError, StoreUnavailableError
+from extender.state import connect
+from extender.state.decisions import DecisionStore, Published
+from extender.state.history import HistoryStore, Sample
+from extender.state.lock import LeaderLock
+from tests.conftest import RedisServer
+
+
+@pytest.fixture
+def parts(redis_server: RedisServer, tmp_path: object) -> tuple[HistoryStore, DecisionStore, LeaderLock, int]:
+    client = connect(redis_server.url, "/nonexistent")
+    lock = LeaderLock(client, "a", ttl_s=60)
+    return HistoryStore(client, max_age_s=100, max_points=5), DecisionStore(client, keep=3), lock, lock.acquire().token
+
+
+SAMPLES = [
+    ("plain", Sample(1000.5, 4.25, 3.0)),
+    ("zero", Sample(0.0, 0.0, 0.0)),
+    ("tiny-and-huge", Sample(1.7e9, 1e-12, 1e12)),
+]
+
+
+@pytest.mark.parametrize("sample", [s[1] for s in SAMPLES], ids=[s[0] for s in SAMPLES])
+def test_sample_round_trips(sample: Sample) -> None:
+    assert Sample.decode(sample.encode()) == sample
+
+
+def test_append_and_read_in_time_order(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
+    history, _, lock, token = parts
+    lock.commit(token, history.stage_append("w", [Sample(30, 3), Sample(10, 1)], now=30))
+    lock.commit(token, history.stage_append("w", [Sample(20, 2, 5)], now=30))
+    assert history.read("w") == [Sample(10, 1), Sample(20, 2, 5), Sample(30, 3)]
+    assert history.read("other") == []
+
+
+def test_bounded_by_age_and_by_count(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
+    history, _, lock, token = parts
+    # max_age 100 s: at now=200 everything before t=100 goes; max_points 5 keeps the newest five
+    lock.commit(token, history.stage_append("w", [Sample(t, t) for t in range(0, 200, 10)], now=200))
+    assert [s.t for s in history.read("w")] == [150, 160, 170, 180, 190]
+    assert history.length("w") == 5
+    lock.commit(token, history.stage_append("w", [], now=275))  # trimming happens even without a new sample
+    assert [s.t for s in history.read("w")] == [180, 190]
+    assert [s.t for s in history.read("w", now=285)] == [190]  # a reader may ask for less
+
+
+def test_history_survives_a_restart_of_the_scaler(redis_server: RedisServer) -> None:
+    first = connect(redis_server.url, "/nonexistent")
+    lock = LeaderLock(first, "old", ttl_s=60)
+    token = lock.acquire().token
+    lock.commit(token, HistoryStore(first).stage_append("w", [Sample(1, 2.0), Sample(2, 3.0)], now=2))
+    lock.release(token)
+    first.close()
+    # a new process: new client, new store objects, same Redis
+    again = HistoryStore(connect(redis_server.url, "/nonexistent"))
+    assert again.read("w") == [Sample(1, 2.0), Sample(2, 3.0)]
+
+
+def test_a_fenced_out_write_changes_nothing(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
+    history, decisions, lock, token = parts
+    with pytest.raises(FencedOutError):
+        lock.commit(token + 1, history.stage_append("w", [Sample(1, 1)], now=1),
+                    decisions.stage_record("w", {"t": 1}))
+    assert history.read("w") == []
+    assert decisions.records("w") == []
+
+
+@pytest.mark.parametrize("bad", [Sample(math.nan, 1), Sample(1, math.inf), Sample(1, 1, -math.inf)],
+                         ids=["nan-time", "infinite-rate", "infinite-queue"])
+def test_non_finite_samples_are_refused(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int],
+                                        bad: Sample) -> None:
+    history, *_ = parts
+    with pytest.raises(ValueError, match="finite"):
+        history.stage_append("w", [bad], now=1)
+
+
+def test_unreadable_data_is_a_state_error(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
+    history, decisions, *_ = parts
+    history.client.zadd(history.key("w"), {"not a sample": 1})
+    with pytest.raises(StateError, match="unreadable sample"):
+        history.read("w")
+    history.client.lpush(decisions.log_key("w"), "{broken")
+    with pytest.raises(StateError, match="unreadable JSON"):
+        decisions.records("w")
+    history.client.hset(decisions.published_key, "w", '{"desired": 1}')
+    with pytest.raises(StateError, match="published metrics of 'w' are unreadable"):
+        decisions.published()
+
+
+def test_store_outage_is_store_unavailable(redis_server: RedisServer) -> None:
+    history = HistoryStore(connect(redis_server.url, "/nonexistent"))
+    redis_server.kill()
+    with pytest.raises(StoreUnavailableError):
+        history.read("w")
+
+
+def test_decision_log_is_newest_first_and_trimmed(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
+    _, decisions, lock, token = parts
+    for i in range(5):
+        lock.commit(token, decisions.stage_record("w", {"t": i}))
+    assert [r["t"] for r in decisions.records("w", 10)] == [4, 3, 2]  # keep=3
+    assert decisions.records("w") == [{"t": 4}]
+    with pytest.raises(ValueError):
+        decisions.stage_record("w", {"t": math.nan})
+
+
+def test_recommendations_are_replaced_as_a_window(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
+    _, decisions, lock, token = parts
+    lock.commit(token, decisions.stage_recommendations("w", [(10.0, 3), (25.0, 4)]))
+    lock.commit(token, decisions.stage_recommendations("w", [(25.0, 4), (40.0, 2)]))
+    assert decisions.recommendations("w") == [(25.0, 4), (40.0, 2)]
+    lock.commit(token, decisions.stage_recommendations("w", []))
+    assert decisions.recommendations("w") == []
+
+
+def test_published_values_round_trip(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
+    _, decisions, lock, token = parts
+    value = Published(desired=7, load=26.5, unit="requests/s", t=1000.0, window=15, token=token)
+    lock.commit(token, decisions.stage_published("qwen3", value))
+    assert decisions.published() == {"qwen3": value}
+    with pytest.raises(ValueError):
+        decisions.stage_published("qwen3", Published(1, math.nan, "requests/s", 1.0, 15, token))

@@ -1,0 +1,177 @@
+"""``extender scale`` as a command: usage errors, ``--once``, and the full process (gunicorn + loop thread).
+
+The full-process test starts ``python -m extender.scaler scale`` (the entry ``extender scale`` uses)
+with the loop and the External Metrics API in one gunicorn worker, reads a decision the loop
+published through the API, and stops it with SIGTERM: the worker's exit hook stops the loop, which
+releases the lock. Waits are bounded polls for a state, never assertions on time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from extender.scaler import commands
+from extender.scaler.loop import TickReport
+from extender.state import connect
+from extender.state.lock import LeaderLock
+from tests.conftest import RedisServer
+from tests.kube_double import KubeDouble
+from tests.scaler_policy import policy_text
+from tests.vllm_endpoint import Counters, MetricsEndpoint, free_port, pod, serving
+
+ROOT = Path(__file__).resolve().parent.parent
+SETTLE_S = 60.0
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[tuple[KubeDouble, MetricsEndpoint, Path, Path]]:
+    with serving(("127.0.0.2",)) as (endpoint,), KubeDouble.running() as double:
+        endpoint.counters = Counters(rate=8.0)
+        double.apply(pod("qwen3-a", "127.0.0.2"))
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(policy_text(port=endpoint.port))
+        yield double, endpoint, policy, double.write_kubeconfig(tmp_path / "kubeconfig")
+
+
+USAGE = [
+    ("no-policy", ["scale"], 2, "--policy FILE is required"),
+    ("cert-without-key", ["scale", "--policy", "p.yaml", "--tls-cert", "c.pem"], 2, "go together"),
+    ("two-modes", ["scale", "--policy", "p.yaml", "--once", "--no-loop"], 2, "exclude each other"),
+    ("api-without-tls", ["scale", "--policy", "p.yaml"], 2, "served over TLS"),
+    ("missing-policy-file", ["scale", "--policy", "/nonexistent/p.yaml", "--once"], 1, "cannot read"),
+]
+
+
+@pytest.mark.parametrize(("argv", "code", "words"), [u[1:] for u in USAGE], ids=[u[0] for u in USAGE])
+def test_usage_errors(argv: list[str], code: int, words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert commands.main(argv) == code
+    assert words in capsys.readouterr().err
+
+
+def test_a_policy_without_autoscaling_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    text = policy_text()
+    start = text.index("    autoscaling:\n      namespace: default")
+    end = text.index("  - name: llama")
+    text = text[:start] + text[end:]
+    start = text.index("    autoscaling:\n      namespace: ml")
+    end = text.index("  - name: batch")
+    policy = tmp_path / "p.yaml"
+    policy.write_text(text[:start] + text[end:])
+    assert commands.main(["scale", "--policy", str(policy), "--once"]) == 1
+    assert "no profile with an autoscaling section" in capsys.readouterr().err
+
+
+def test_serving_checks_its_store_before_starting(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(policy_text())
+    argv = ["scale", "--policy", str(policy), "--insecure-no-auth", "--no-loop",
+            "--redis-url", f"redis://127.0.0.1:{free_port()}/0"]  # nothing listens there
+    assert commands.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "not starting" in err and "Redis is unavailable" in err
+
+
+@pytest.mark.integration
+def test_once_runs_one_tick_and_releases(cluster: tuple[KubeDouble, MetricsEndpoint, Path, Path],
+                                         redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    _, _, policy, kubeconfig = cluster
+    argv = ["scale", "--policy", str(policy), "--kubeconfig", str(kubeconfig), "--redis-url", redis_server.url,
+            "--once"]
+    assert commands.main([*argv, "--identity", "first"]) == 0
+    out = capsys.readouterr().out
+    assert "leader first (fencing token 1)" in out
+    assert "qwen3: hold at 1 (current 1 ready + 0 starting)" in out
+    assert "no observation this tick" in out  # one tick: no previous counters to make a rate from
+    assert commands.main([*argv, "--identity", "second"]) == 0  # the first released the lock
+    assert "leader second (fencing token 2)" in capsys.readouterr().out
+
+
+def test_leader_tick_listeners_see_every_led_tick(redis_server: RedisServer) -> None:
+    from extender.scaler.loop import ScaleLoop
+    from extender.state.decisions import DecisionStore
+    from extender.state.history import HistoryStore
+    from tests.scaler_policy import make_policy
+
+    client = connect(redis_server.url, "/nonexistent")
+    seen: list[TickReport] = []
+
+    def broken(report: TickReport) -> None:
+        raise RuntimeError("a listener's bug must not stop the scaler")
+
+    class NoPods:
+        def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
+            return []
+
+    loop = ScaleLoop(policy=make_policy(), lock=LeaderLock(client, "a", ttl_s=45), history=HistoryStore(client),
+                     decisions=DecisionStore(client), pods=NoPods(), on_leader_tick=[broken, seen.append])
+    loop.tick()
+    loop.tick()
+    assert [r.token for r in seen] == [1, 1]
+    standby = ScaleLoop(policy=make_policy(), lock=LeaderLock(client, "b", ttl_s=45), history=HistoryStore(client),
+                        decisions=DecisionStore(client), pods=NoPods(), on_leader_tick=[seen.append])
+    standby.tick()
+    assert len(seen) == 2
+
+
+def get_json(url: str) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+@pytest.mark.integration
+def test_the_full_process_publishes_what_the_loop_decides(cluster: tuple[KubeDouble, MetricsEndpoint, Path, Path],
+                                                          redis_server: RedisServer, tmp_path: Path) -> None:
+    _, _, policy, kubeconfig = cluster
+    port = free_port()
+    log = tmp_path / "scale.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "extender.scaler", "scale", "--policy", str(policy), "--kubeconfig", str(kubeconfig),
+             "--redis-url", redis_server.url, "--bind", f"127.0.0.1:{port}", "--insecure-no-auth", "--tick", "0.2",
+             "--lease-ttl", "2", "--identity", "scaler-x"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+    url = (f"{base}/apis/external.metrics.k8s.io/v1beta1/namespaces/default/extender-forecast-load"
+           "?labelSelector=workload%3Dqwen3")
+    try:
+        deadline = time.monotonic() + SETTLE_S
+        item: dict[str, Any] = {}
+        while not item.get("window"):  # "window" is set once a decision (not the "0" placeholder) is served
+            assert process.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"no decision served: {log.read_text()[-3000:]}"
+            try:
+                code, body = get_json(url)
+                if code == 200 and body["items"][0]["value"] != "0":
+                    item = body["items"][0]
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.05)
+        assert item["metricLabels"] == {"workload": "qwen3"}
+        assert item["window"] == 1  # the 0.2 s tick, rounded to whole seconds (at least 1)
+        code, ready = get_json(f"{base}/readyz")
+        assert (code, ready["loop"], ready["leader"]) == (200, "running", "scaler-x")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            exit_code = process.wait(timeout=SETTLE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise
+    assert exit_code == 0, log.read_text()[-3000:]
+    assert LeaderLock(connect(redis_server.url, tmp_path), "observer", ttl_s=1).current() is None

@@ -1,0 +1,209 @@
+"""The ``prometheus`` source against a real Prometheus server, and the ``scrape`` source on the same pods.
+
+The test starts Debian's ``prometheus`` on a free loopback port with a temporary config that scrapes
+two vLLM-format endpoints (127.0.0.2 and 127.0.0.3, one port) every second, and removes its data
+directory afterwards. The endpoints' counters grow by exactly 6 requests/s each (100 prompt and 50
+generation tokens per request), so any correct rate is 12 requests/s or 1800 tokens/s in total,
+whichever way it is measured.
+
+No Prometheus binary is a failure with the install step, not a skip: ``scripts/test`` installs it
+when run as root.
+
+Waits are bounded polls for Prometheus to have scraped enough (a setup bound), never assertions on time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from extender.kube.client import KubeClient
+from extender.scaler.pods import label_selector, workload_pods
+from extender.scaler.prometheus import PrometheusSource
+from extender.scaler.scrape import ScrapeSource
+from extender.scaler.serve import KubePodLister
+from tests.kube_double import KubeDouble
+from tests.scaler_policy import make_policy
+from tests.vllm_endpoint import MetricsEndpoint, free_port, pod, serving
+
+pytestmark = pytest.mark.integration
+
+RATE_PER_POD = 6.0
+TOTAL = 2 * RATE_PER_POD
+#: Setup bound: Prometheus starting and gathering two scrapes per series.
+SETTLE_S = 60.0
+
+
+@dataclass
+class Prometheus:
+    url: str
+    process: subprocess.Popen[bytes]
+
+
+def prometheus_binary() -> str:
+    path = shutil.which("prometheus")
+    if path is None:
+        pytest.fail("the prometheus binary is not installed; run scripts/test as root (it installs Debian's "
+                    "package), or: apt-get update && apt-get install -y prometheus")
+    return path
+
+
+@contextlib.contextmanager
+def running_prometheus(targets: list[str]) -> Iterator[Prometheus]:
+    """Prometheus scraping ``targets`` every second; stopped and its data directory removed afterwards."""
+    binary = prometheus_binary()
+    work = Path(tempfile.mkdtemp(prefix="extender-prometheus-"))
+    try:
+        config = work / "prometheus.yml"
+        static = "\n".join(f"      - targets: ['{t}']\n        labels: {{namespace: default, pod: pod-{i}}}"
+                           for i, t in enumerate(targets))
+        config.write_text(f"global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
+                          f"scrape_configs:\n  - job_name: vllm\n    static_configs:\n{static}\n")
+        port = free_port()
+        log = work / "prometheus.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=work,
+            )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + SETTLE_S
+            while True:
+                if process.poll() is not None:
+                    raise AssertionError(f"prometheus exited with {process.returncode}: {log.read_text()[-2000:]}")
+                try:
+                    with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
+                        if r.status == 200:
+                            break
+                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"prometheus did not become ready: {log.read_text()[-2000:]}")
+                time.sleep(0.1)
+            yield Prometheus(url, process)
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    assert not work.exists()
+
+
+@pytest.fixture(scope="module")
+def pods_and_prometheus() -> Iterator[tuple[list[MetricsEndpoint], Prometheus]]:
+    with serving(("127.0.0.2", "127.0.0.3")) as endpoints:
+        start = time.time()
+        for ep in endpoints:
+            ep.counters.rate, ep.counters.t0, ep.counters.waiting = RATE_PER_POD, start, 3.0
+        with running_prometheus([f"{ep.host}:{ep.port}" for ep in endpoints]) as prom:
+            yield endpoints, prom
+
+
+def wait_for_value(source: PrometheusSource, query: str) -> float:
+    """Poll until both pods have filled the 5 s window with samples, then evaluate ``query``.
+
+    (rate() over a window a series only partly covers extrapolates just half an interval past its
+    first sample, so it reads low until the window is full.)
+    """
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        series = source.run('count(vllm:request_success_total{finished_reason="stop"})') or 0
+        samples = source.run('min(count_over_time(vllm:request_success_total{finished_reason="stop"}[5s]))') or 0
+        if series >= 2 and samples >= 5:
+            value = source.run(query)
+            if value is not None:
+                return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"prometheus gave no value for {query!r} within the setup bound")
+        time.sleep(0.2)
+
+
+def test_prometheus_source_reads_the_rate_and_queue(
+        pods_and_prometheus: tuple[list[MetricsEndpoint], Prometheus]) -> None:
+    _, prom = pods_and_prometheus
+    policy = make_policy(signal={"source": "prometheus", "prometheus": {
+        "url": prom.url, "selector": 'job="vllm"', "rateWindow": "5s"}})
+    source = PrometheusSource.for_profile(policy.profile("qwen3"))
+    wait_for_value(source, source.query)
+    obs = source.observe([], time.time())
+    assert obs.complete
+    assert obs.rate == pytest.approx(TOTAL, rel=0.05)
+    assert obs.queue == 6.0  # 3 waiting on each pod
+
+
+def test_prometheus_tokens_per_second_and_converted_queue(
+        pods_and_prometheus: tuple[list[MetricsEndpoint], Prometheus]) -> None:
+    _, prom = pods_and_prometheus
+    text_signal = {"source": "prometheus", "prometheus": {"url": prom.url, "rateWindow": "5s"}}
+    policy = make_policy(signal=text_signal)
+    llama = policy.profile("llama").model_copy(update={"autoscaling": policy.profile("qwen3").autoscaling})
+    source = PrometheusSource.for_profile(llama)
+    wait_for_value(source, source.query)
+    obs = source.observe([], time.time())
+    # 12 requests/s x (100 + 50) tokens = 1800 tokens/s; 6 waiting requests x 150 tokens = 900 tokens
+    assert obs.rate == pytest.approx(TOTAL * 150, rel=0.05)
+    assert obs.queue == pytest.approx(6 * 150, rel=0.05)
+
+
+def test_prometheus_answers_that_are_not_a_rate(pods_and_prometheus: tuple[list[MetricsEndpoint], Prometheus]) -> None:
+    _, prom = pods_and_prometheus
+    scalar = PrometheusSource(url=prom.url, query="scalar(vector(3.5))", queue_query=None)
+    assert scalar.observe([], time.time()).rate == 3.5
+    empty = PrometheusSource(url=prom.url, query="sum(rate(no_such_metric_total[5s]))", queue_query=None)
+    obs = empty.observe([], time.time())
+    assert (obs.rate, obs.complete, obs.note) == (None, False, "rate query returned no series")
+    broken = PrometheusSource(url=prom.url, query="sum(rate(", queue_query=None)
+    obs = broken.observe([], time.time())
+    assert obs.rate is None
+    assert "HTTP 400" in obs.note
+    bad_queue = PrometheusSource(url=prom.url, query="scalar(vector(1))", queue_query="sum(")
+    obs = bad_queue.observe([], time.time())
+    assert (obs.rate, obs.queue, obs.complete) == (1.0, 0.0, True)
+    assert "queue query" in obs.note
+
+
+def test_unreachable_prometheus_is_no_observation() -> None:
+    source = PrometheusSource(url=f"http://127.0.0.1:{free_port()}", query="vector(1)", queue_query=None, timeout_s=1)
+    obs = source.observe([], time.time())
+    assert (obs.rate, obs.complete) == (None, False)
+    assert "rate query" in obs.note
+
+
+def test_scrape_source_agrees_through_the_api_double(pods_and_prometheus: tuple[list[MetricsEndpoint], Prometheus],
+                                                     tmp_path: Path) -> None:
+    endpoints, prom = pods_and_prometheus
+    profile = make_policy(port=endpoints[0].port).profile("qwen3")
+    with KubeDouble.running() as double:
+        double.apply(pod("qwen3-a", "127.0.0.2"))
+        double.apply(pod("qwen3-b", "127.0.0.3"))
+        client = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kubeconfig")))
+        try:
+            lister = KubePodLister(client)
+            source = ScrapeSource.for_profile(profile)
+            rates = []
+            for _ in range(2):
+                pods = workload_pods(lister.list_pods(label_selector(profile)), profile, "default")
+                rates.append(source.observe(pods, time.time()).rate)
+                time.sleep(1.0)  # one interval between the two scrapes
+        finally:
+            client.close()
+    assert rates[0] is None
+    assert rates[1] == pytest.approx(TOTAL, rel=0.05)
+    promql = PrometheusSource(url=prom.url, query="sum(rate(vllm:request_success_total[5s]))", queue_query=None)
+    assert wait_for_value(promql, promql.query) == pytest.approx(rates[1], rel=0.05)
