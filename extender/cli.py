@@ -137,13 +137,19 @@ def build_parser() -> argparse.ArgumentParser:
     # directory before the app module is imported.)
     from extender.agent import commands as agent_commands
     from extender.kube import commands as kube_commands
+    from extender.scaler import commands as scale_commands
     from extender.server import commands as server_commands
+    from extender.sim import commands as sim_commands
     from extender.state import commands as inventory_commands
+    from extender.warm import commands as warm_commands
 
     inventory_commands.register(sub)
     server_commands.register(sub)
     agent_commands.register(sub)
     kube_commands.register(sub)
+    sim_commands.register(sub)
+    warm_commands.register(sub)
+    scale_commands.register(sub)
     return parser
 
 

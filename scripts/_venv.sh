@@ -14,8 +14,13 @@ fi
 stamp="$venv/.extender-stamp"
 want=$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  "$venv/bin/python" -m pip install --quiet --upgrade pip
-  "$venv/bin/python" -m pip install --quiet -e "$root[dev]"
+  echo "installing extender and its dependencies into $venv (log: $venv/install.log)" >&2
+  if ! { "$venv/bin/python" -m pip install --upgrade pip && "$venv/bin/python" -m pip install -e "$root[dev]"; } \
+      > "$venv/install.log" 2>&1; then
+    tail -n 40 "$venv/install.log" >&2
+    echo "install failed; full log: $venv/install.log" >&2
+    exit 1
+  fi
   echo "$want" > "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

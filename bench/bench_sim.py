@@ -1,0 +1,141 @@
+"""Simulation speed: simulated seconds per wall-clock second, per strategy, against a bare trace replay.
+
+Two workloads of the simulator, each run once per strategy in one process:
+
+* **interval**: a 14-day interval trace (one rate row per minute, 20,160 rows, written to a
+  temporary CSV from the seeded synthetic generator: daily and weekly cycles, trend, noise, bursts)
+  replayed through ``llama3-8b`` on 200 nodes of the bundled ``mixed-fleet`` policy (100
+  g5.12xlarge, 50 g5.48xlarge, 50 g5.xlarge: 850 GPUs) at 15 s ticks (80,640 ticks);
+* **requests**: the sample request trace (``AzureLLMInferenceTrace_code.csv``, 8,819 requests over
+  57 minutes; Azure Public Dataset (Microsoft), CC-BY 4.0) through ``scenarios/azure-code-sample.yaml``.
+  The file is read from ``--requests`` (default ``../shared/data/``); the row is skipped when absent.
+
+The **baseline** is the same trace replay without any strategy: the demand loaded, then per tick the
+queue placed at a fixed service rate (``FifoQueue.serve``) and read back (``queued``), then the
+delays computed. The ratio ``strategy / baseline`` is what scheduling, scaling, estimating and
+warming cost on top of moving the requests.
+
+Run (from the repository root)::
+
+    .venv/bin/python bench/bench_sim.py
+    .venv/bin/python bench/bench_sim.py --days 14 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from extender.sim.queueing import FifoQueue  # noqa: E402
+from extender.sim.scenario import LoadedScenario, SyntheticSpec, load_scenario  # noqa: E402
+from extender.sim.simulation import Prepared, prepare, simulate  # noqa: E402
+from extender.sim.synthetic import rate_trace  # noqa: E402
+
+STRATEGIES = ("default", "cache-aware", "predictive", "oracle")
+
+INTERVAL_SCENARIO = """\
+apiVersion: extender.io/v1alpha1
+kind: Scenario
+metadata: {{name: bench-interval}}
+policy: {policy}
+seed: 11
+slo: {{queueDelay: 10s}}
+cluster:
+  nodes:
+    - {{nodeClass: g5.12xlarge, count: 100, warm: [{{workload: llama3-8b, fraction: 0.2}}]}}
+    - {{nodeClass: g5.48xlarge, count: 50, warm: [{{workload: llama3-8b, fraction: 0.2}}]}}
+    - {{nodeClass: g5.xlarge, count: 50, warm: [{{workload: llama3-8b, fraction: 0.2}}]}}
+workloads:
+  - name: llama3-8b
+    maxReplicas: 600
+    demand: {{trace: {{path: {trace}}}}}
+"""
+
+
+def write_interval_trace(path: Path, days: float) -> int:
+    """A per-minute rate trace of ``days`` days from the synthetic generator; returns its rows."""
+    spec = SyntheticSpec.model_validate({
+        "duration": f"{days}d", "step": "1m", "base": 400, "daily": {"amplitude": 0.6, "peak": "14h"},
+        "weekly": {"amplitude": 0.15, "peak": "2d"}, "trend": 0.01, "noise": 0.08,
+        "bursts": {"perDay": 3, "amplitude": 0.8, "duration": "20m"}})
+    trace = rate_trace(spec, np.random.default_rng(11))
+    rows = "".join(f"{t:.0f},{r:.4f}\n" for t, r in zip(trace.starts, trace.rates, strict=True))
+    path.write_text("timestamp,rate\n" + rows)
+    return len(trace.starts)
+
+
+def baseline(prepared: Prepared) -> float:
+    """Seconds for the bare replay: every workload's queue served at a fixed rate, tick by tick."""
+    start = time.perf_counter()
+    for w in prepared.workloads:
+        q = FifoQueue(w.arrivals, prepared.n_ticks, prepared.tick_s)
+        rate = w.capacity * max(w.initial_replicas, 1)
+        for k in range(prepared.n_ticks):
+            q.queued(k)
+            q.serve(k, rate)
+        q.delays()
+    return time.perf_counter() - start
+
+
+def measure(name: str, loaded: LoadedScenario, trace: str | None = None) -> dict[str, Any]:
+    """Prepare once (timed), the baseline, then each strategy; simulated seconds per wall second."""
+    t0 = time.perf_counter()
+    prepared = prepare(loaded, trace=trace)
+    load_s = time.perf_counter() - t0
+    base_s = baseline(prepared)
+    sim_s = prepared.duration_s
+    row: dict[str, Any] = {"name": name, "ticks": prepared.n_ticks, "nodes": len(prepared.nodes),
+                           "simulated_s": sim_s, "load_s": load_s, "baseline_s": base_s,
+                           "baseline_speed": sim_s / base_s, "strategies": {}}
+    for s in STRATEGIES:
+        t = time.perf_counter()
+        simulate(prepared, [s])
+        wall = time.perf_counter() - t
+        row["strategies"][s] = {"wall_s": wall, "speed": sim_s / wall, "vs_baseline": wall / base_s}
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--days", type=float, default=14.0, help="length of the interval trace")
+    parser.add_argument("--requests", default=str(ROOT.parent / "shared/data/AzureLLMInferenceTrace_code.csv"),
+                        help="the sample request trace (Azure format)")
+    parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        n = write_interval_trace(d / "interval.csv", args.days)
+        (d / "bench.yaml").write_text(INTERVAL_SCENARIO.format(
+            policy=ROOT / "scenarios/mixed-fleet-policy.yaml", trace=d / "interval.csv"))
+        rows.append({**measure(f"interval ({n} rows, {args.days:g} days)", load_scenario(d / "bench.yaml")),
+                     "rows": n})
+    requests = Path(args.requests)
+    if requests.is_file():
+        rows.append(measure("requests (Azure code sample)", load_scenario(ROOT / "scenarios/azure-code-sample.yaml"),
+                            trace=str(requests)))
+    print(f"machine: {platform.machine()}, Python {platform.python_version()}, numpy {np.__version__}")
+    head = ("trace", "ticks", "nodes", "strategy", "wall s", "sim s / wall s", "x baseline")
+    print(f"{head[0]:<36}{head[1]:>8}{head[2]:>7}  {head[3]:<12}{head[4]:>9}{head[5]:>16}{head[6]:>12}")
+    for r in rows:
+        print(f"{r['name']:<36}{r['ticks']:>8}{r['nodes']:>7}  {'(baseline)':<12}{r['baseline_s']:>9.2f}"
+              f"{r['baseline_speed']:>16,.0f}{1.0:>12.1f}")
+        for s, v in r["strategies"].items():
+            print(f"{'':<36}{'':>8}{'':>7}  {s:<12}{v['wall_s']:>9.2f}{v['speed']:>16,.0f}{v['vs_baseline']:>12.1f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

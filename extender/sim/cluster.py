@@ -1,0 +1,451 @@
+"""The simulated cluster: nodes with their caches and GPUs, pods from creation to deletion, and pulls.
+
+Truth lives in one :class:`~extender.core.inventory.NodeState` per node, the record the inventory
+would hold if every agent reported instantly; the estimator's per-profile columns are derived from
+those records by the inventory's own :meth:`InventorySnapshot.cache_state` (rebuilt for the rows
+that changed), so the simulator reads caches exactly as the extender and the warmer do.
+
+Lifecycle of a pod::
+
+    created (pending) --placed on a node--> starting --after the estimated startup--> ready
+           \\______________________ deleted (scale-down) at any point ___________________/
+
+* **Placed**: its GPUs are taken and its startup is the estimator's total *on that node at that
+  moment* (``extender.core.estimate``), including the wait for bytes other pulls still have in
+  flight to the node. What it downloads (image if absent, remote weights, a compile artifact from
+  the registry) is in flight from placement until the end of its download phases, shrinking
+  linearly; other starts and warm actions on the node wait behind it.
+* **Ready**: it serves from the first tick at or after its ready time, and its node keeps what it
+  brought: the image (images are not evicted: they live in the container runtime's store, which
+  the class's NVMe reserve is for), the weights when the profile caches them and the class has
+  NVMe, the compile artifacts when the profile has a compile-cache key (the inventory cannot name
+  them otherwise). Weights and artifacts need free NVMe above the class reserve; when there is too
+  little, caches no pod on the node uses and idle for ``warming.evictAfterIdle`` are evicted,
+  least recently used first, and if that is not enough the pod runs without caching.
+* **Deleted**: its GPUs are freed; its caches stay (last used now); a start cut short leaves nothing.
+
+Warm actions (``extender.core.warming``) are pulls too while they run, and their result is applied
+with the warmer's own :func:`extender.core.warming.apply` when they finish.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from extender.core.cachekey import compile_cache_key
+from extender.core.estimate import CacheState, ClassTable, CompileCache, Estimate, estimate
+from extender.core.inventory import InventorySnapshot, NodeState, cache_id, weights_key
+from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
+from extender.core.warming import Action, apply
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+#: Records never go stale in the simulation: the inventory is assumed to be current.
+_TTL_S = 1e15
+
+
+@dataclass
+class Pod:
+    """One replica. Times in simulation seconds; ``node`` is -1 while pending."""
+
+    id: int
+    workload: int
+    created_s: float
+    node: int = -1
+    placed_s: float = math.nan
+    startup_s: float = math.nan
+    ready_s: float = math.inf
+    cold: bool = False
+    deleted_s: float = math.inf
+
+    @property
+    def pending(self) -> bool:
+        """Not placed yet (no node had room)."""
+        return self.node < 0
+
+    def is_ready(self, now: float) -> bool:
+        """Placed and past its startup."""
+        return self.node >= 0 and self.ready_s <= now
+
+
+@dataclass
+class _Pull:
+    node: int
+    bytes: float
+    start_s: float
+    end_s: float
+    owner: int  # pod id, or -1 for a warm action
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A node at t = 0: name, class and what it holds."""
+
+    name: str
+    node_class: str
+    images: tuple[str, ...] = ()
+    weights: tuple[tuple[str, int], ...] = ()
+    compile_keys: tuple[tuple[str, int], ...] = ()
+    snapshots: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass
+class Start:
+    """What placing a pod on a node costs: the estimator's phases and whether it was fully warm."""
+
+    estimate: Estimate
+    cold: bool
+    download_bytes: float
+    download_s: float
+
+
+@dataclass
+class Cluster:
+    """Nodes, pods and pulls of one simulation run (see the module docstring)."""
+
+    policy: Policy
+    profiles: tuple[Profile, ...]
+    records: list[NodeState]
+    compile_registry: bool = False
+    classes: tuple[NodeClass, ...] = ()
+    class_index: NDArray[np.intp] = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    gpus: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    gpus_used: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    registry: set[str] = field(default_factory=set)
+    pods_on: list[dict[int, Pod]] = field(default_factory=list)
+    pulls: list[_Pull] = field(default_factory=list)
+    in_flight: list[tuple[float, Action]] = field(default_factory=list)
+    #: Bumped on every change a planner or placement could see.
+    version: int = 0
+    index: dict[str, int] = field(default_factory=dict)
+    _columns: list[CacheState] = field(default_factory=list)
+    _tables: list[ClassTable] = field(default_factory=list)
+    _compile_keys: list[list[str | None]] = field(default_factory=list)
+
+    @classmethod
+    def build(cls, policy: Policy, profiles: Sequence[Profile], nodes: Sequence[NodeSpec], *,
+              compile_registry: bool = False) -> Cluster:
+        """The cluster at t = 0 (caches as given, last used at t = 0, nothing running)."""
+        classes = (*policy.node_classes, UNKNOWN_CLASS)
+        by_name = {c.name: i for i, c in enumerate(classes)}
+        records: list[NodeState] = []
+        for spec in nodes:
+            c = classes[by_name[spec.node_class]]
+            used = sum(b for _, b in (*spec.weights, *spec.compile_keys, *spec.snapshots))
+            sizes = {cache_id("compile", k): b for k, b in spec.compile_keys}
+            sizes.update({cache_id("snapshot", w): b for w, b in spec.snapshots})
+            last_used = {cache_id("weights", k): 0.0 for k, _ in spec.weights}
+            last_used.update(dict.fromkeys(sizes, 0.0))
+            records.append(NodeState.model_validate({
+                "name": spec.name, "nodeClass": c.name, "gpus": c.gpu.count, "gpusFree": c.gpu.count,
+                "nvmeTotal": c.nvme.capacity, "nvmeFree": max(c.nvme.capacity - used, 0), "images": spec.images,
+                "weights": dict(spec.weights), "compileKeys": tuple(k for k, _ in spec.compile_keys),
+                "snapshots": tuple(w for w, _ in spec.snapshots), "heartbeat": 0.0, "ttl": _TTL_S,
+                "lastUsed": last_used, "cacheBytes": sizes,
+            }))
+        cluster = cls(policy=policy, profiles=tuple(profiles), records=records, compile_registry=compile_registry)
+        cluster.classes = classes
+        cluster.class_index = np.array([by_name[r.node_class] for r in records], dtype=np.intp)
+        cluster.gpus = np.array([r.gpus for r in records], dtype=np.int64)
+        cluster.gpus_used = np.zeros(len(records), dtype=np.int64)
+        cluster.pods_on = [{} for _ in records]
+        cluster.index = {r.name: i for i, r in enumerate(records)}
+        snap = cluster.snapshot_of(records)
+        for p in cluster.profiles:
+            state, table = snap.cache_state(p)
+            cluster._columns.append(_rows(state, slice(0, len(records))))
+            cluster._tables.append(table)
+            cluster._compile_keys.append([compile_key_for(p, c) for c in classes])
+        return cluster
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    # ---- views ---------------------------------------------------------------------------
+
+    def snapshot_of(self, records: Sequence[NodeState]) -> InventorySnapshot:
+        """An inventory snapshot of the given records (with the compile registry)."""
+        return InventorySnapshot.build(self.policy, records, registry=self.registry)
+
+    def queued_bytes(self, now: float) -> F64:
+        """Per node: bytes other pulls still have to bring (each pull shrinks linearly to its end)."""
+        n = len(self.records)
+        if not self.pulls:
+            return np.zeros(n)
+        self.pulls = [p for p in self.pulls if p.end_s > now]
+        if not self.pulls:
+            return np.zeros(n)
+        node = np.array([p.node for p in self.pulls], dtype=np.intp)
+        size = np.array([p.bytes for p in self.pulls])
+        start = np.array([p.start_s for p in self.pulls])
+        end = np.array([p.end_s for p in self.pulls])
+        left = size * np.clip((end - now) / np.maximum(end - start, 1e-9), 0.0, 1.0)
+        return np.bincount(node, weights=left, minlength=n).astype(np.float64)
+
+    def state(self, w: int, now: float, rows: NDArray[np.intp] | None = None) -> CacheState:
+        """The cache state of workload ``w``'s profile on every node (or ``rows``), pulls included."""
+        col = self._columns[w]
+        queued = self.queued_bytes(now)
+        if rows is None:
+            return CacheState(col.image, col.weights_bytes, col.compile, col.snapshot, queued)
+        return CacheState(col.image[rows], col.weights_bytes[rows], col.compile[rows], col.snapshot[rows], queued[rows])
+
+    def table(self, w: int) -> ClassTable:
+        """The class table of workload ``w``'s profile (for :func:`extender.core.estimate.estimate`)."""
+        return self._tables[w]
+
+    def gpus_free(self) -> I64:
+        """Free GPUs per node."""
+        return np.asarray(self.gpus - self.gpus_used, dtype=np.int64)
+
+    def allowed(self, w: int) -> NDArray[np.bool_]:
+        """Nodes of a class workload ``w``'s profile may run on."""
+        p = self.profiles[w]
+        if not p.node_classes:
+            return np.asarray(self.class_index < len(self.classes) - 1, dtype=np.bool_)
+        ok = {i for i, c in enumerate(self.classes) if c.name in p.node_classes}
+        return np.isin(self.class_index, list(ok))
+
+    def feasible(self, w: int) -> NDArray[np.bool_]:
+        """Nodes where a replica of workload ``w`` fits now (class allowed, GPUs free)."""
+        return self.allowed(w) & (self.gpus_free() >= self.profiles[w].parallelism.gpus)
+
+    # ---- pods ----------------------------------------------------------------------------
+
+    def cost(self, w: int, node: int, now: float) -> Start:
+        """What starting workload ``w`` on ``node`` now takes, from the estimator."""
+        p = self.profiles[w]
+        rows = np.array([node], dtype=np.intp)
+        state = self.state(w, now, rows)
+        est = estimate(p, self.classes, self.class_index[rows], state, self._tables[w])
+        cls = self.classes[int(self.class_index[node])]
+        caches_weights = p.weights.cache != "none" and cls.nvme.capacity > 0
+        missing = not bool(state.image[0])
+        missing |= caches_weights and float(state.weights_bytes[0]) < p.weights.bytes
+        has_key = self._compile_keys[w][int(self.class_index[node])] is not None
+        missing |= has_key and int(state.compile[0]) != CompileCache.LOCAL
+        cold = missing and float(est.restore_s[0]) == 0.0
+        remote = p.weights.bytes - min(max(float(state.weights_bytes[0]), 0.0), float(p.weights.bytes))
+        image = 0.0 if bool(state.image[0]) else float(p.image.size)
+        artifact = float(p.compile.artifact_bytes) if int(state.compile[0]) == CompileCache.REGISTRY else 0.0
+        restoring = float(est.restore_s[0]) > 0
+        download = image + (0.0 if restoring else remote + artifact)
+        seconds = float(est.queue_s[0] + est.image_s[0] + est.weights_s[0])
+        if artifact and not restoring:
+            seconds += float(est.compile_s[0])
+        return Start(est, cold, download, seconds)
+
+    def place(self, pod: Pod, node: int, now: float) -> Start:
+        """Bind ``pod`` to ``node`` now: take its GPUs, time its start, register its downloads."""
+        start = self.cost(pod.workload, node, now)
+        pod.node = node
+        pod.placed_s = now
+        pod.startup_s = float(start.estimate.total_s[0])
+        pod.ready_s = now + pod.startup_s
+        pod.cold = start.cold
+        self.gpus_used[node] += self.profiles[pod.workload].parallelism.gpus
+        self.pods_on[node][pod.id] = pod
+        if start.download_bytes > 0 and start.download_s > 0:
+            self.pulls.append(_Pull(node, start.download_bytes, now, now + start.download_s, pod.id))
+        self.version += 1
+        return start
+
+    def delete(self, pod: Pod, now: float) -> None:
+        """Remove ``pod``: free its GPUs, cancel its downloads; its node's caches were used until now."""
+        pod.deleted_s = now
+        if pod.node < 0:
+            return
+        self.gpus_used[pod.node] -= self.profiles[pod.workload].parallelism.gpus
+        del self.pods_on[pod.node][pod.id]
+        self.pulls = [p for p in self.pulls if p.owner != pod.id]
+        if pod.ready_s <= now:
+            self._touch(pod.node, self._ids(pod.workload, pod.node), now)
+        self.version += 1
+
+    def ready(self, pod: Pod) -> None:
+        """``pod`` became ready at its ``ready_s``: its node keeps the caches it brought."""
+        node, w, now = pod.node, pod.workload, pod.ready_s
+        p = self.profiles[w]
+        record = self.records[node]
+        cls = self.classes[int(self.class_index[node])]
+        images = record.images if p.image.reference in record.images else (*record.images, p.image.reference)
+        record = record.model_copy(update={"images": images})
+        self.records[node] = record
+        wkey = weights_key(p.name, p.weights.version)
+        if p.weights.cache != "none" and cls.nvme.capacity > 0:
+            lacking = p.weights.bytes - min(record.weights.get(wkey, 0), p.weights.bytes)
+            if lacking > 0 and self._make_room(node, lacking, now):
+                record = self.records[node]
+                weights = dict(record.weights)
+                weights[wkey] = p.weights.bytes
+                self.records[node] = record.model_copy(update={"weights": weights,
+                                                               "nvme_free": record.nvme_free - lacking})
+        key = self._compile_keys[w][int(self.class_index[node])]
+        if key is not None and key not in self.records[node].compile_keys:
+            size = p.compile.artifact_bytes
+            if cls.nvme.capacity > 0 and self._make_room(node, size, now):
+                record = self.records[node]
+                sizes = dict(record.cache_bytes)
+                sizes[cache_id("compile", key)] = size
+                self.records[node] = record.model_copy(update={
+                    "compile_keys": (*record.compile_keys, key), "cache_bytes": sizes,
+                    "nvme_free": record.nvme_free - size})
+            if self.compile_registry and key not in self.registry:
+                self.registry.add(key)  # every node of the class can now fetch it: refresh them all
+                self._touch(node, self._ids(w, node), now)
+                self.refresh(np.flatnonzero(self.class_index == self.class_index[node]))
+                return
+        self._touch(node, self._ids(w, node), now)
+        self.refresh([node])
+
+    def _ids(self, w: int, node: int) -> list[str]:
+        """Cache ids (other than the image) a replica of workload ``w`` uses on ``node``."""
+        p = self.profiles[w]
+        ids = [cache_id("weights", weights_key(p.name, p.weights.version)), cache_id("snapshot", p.name)]
+        key = self._compile_keys[w][int(self.class_index[node])]
+        if key is not None:
+            ids.append(cache_id("compile", key))
+        return ids
+
+    def _touch(self, node: int, ids: Iterable[str], now: float) -> None:
+        """Record a use of the caches ``ids`` that the node holds."""
+        record = self.records[node]
+        held = {cache_id("weights", k) for k in record.weights} | {cache_id("compile", k) for k in record.compile_keys}
+        held |= {cache_id("snapshot", s) for s in record.snapshots}
+        last_used = dict(record.last_used)
+        for i in ids:
+            if i in held:
+                last_used[i] = now
+        self.records[node] = record.model_copy(update={"last_used": last_used})
+        self.version += 1
+
+    def in_use(self, node: int) -> set[str]:
+        """Cache ids the pods on ``node`` (starting or ready) read."""
+        out: set[str] = set()
+        for pod in self.pods_on[node].values():
+            out.update(self._ids(pod.workload, node))
+        return out
+
+    def _make_room(self, node: int, need: int, now: float) -> bool:
+        """Free ``need`` NVMe bytes above the reserve, evicting idle unused caches LRU first."""
+        record = self.records[node]
+        reserve = self.classes[int(self.class_index[node])].nvme.reserve
+        room = record.nvme_free - reserve
+        if need <= room:
+            return True
+        busy = self.in_use(node)
+        idle_after = self.policy.warming.evict_after_idle
+        sizes: dict[str, int] = {cache_id("weights", k): b for k, b in record.weights.items()}
+        sizes.update({i: b for i, b in record.cache_bytes.items() if i.startswith(("compile:", "snapshot:"))})
+        candidates = sorted((used, ident) for ident, used in record.last_used.items()
+                            if ident in sizes and ident not in busy and now - used >= idle_after)
+        chosen: list[str] = []
+        for _, ident in candidates:
+            chosen.append(ident)
+            room += sizes[ident]
+            if need <= room:
+                break
+        if need > room:
+            return False
+        weights = dict(record.weights)
+        compile_keys = list(record.compile_keys)
+        snapshots = list(record.snapshots)
+        last_used = dict(record.last_used)
+        cache_bytes = dict(record.cache_bytes)
+        freed = 0
+        for ident in chosen:
+            kind, _, name = ident.partition(":")
+            freed += sizes[ident]
+            if kind == "weights":
+                weights.pop(name, None)
+            elif kind == "compile":
+                compile_keys.remove(name)
+            else:
+                snapshots.remove(name)
+            last_used.pop(ident, None)
+            cache_bytes.pop(ident, None)
+        self.records[node] = record.model_copy(update={
+            "weights": weights, "compile_keys": tuple(compile_keys), "snapshots": tuple(snapshots),
+            "last_used": last_used, "cache_bytes": cache_bytes, "nvme_free": record.nvme_free + freed})
+        return True
+
+    # ---- warm actions --------------------------------------------------------------------
+
+    def start_action(self, action: Action, now: float) -> None:
+        """Run a planned warm action: a pull on its node until it finishes."""
+        node = self.index[action.node]
+        done = now + action.duration_s
+        if action.bytes > 0 and action.duration_s > 0:
+            self.pulls.append(_Pull(node, float(action.bytes), now, done, -1))
+        self.in_flight.append((done, action))
+        self.version += 1
+
+    def finish_actions(self, now: float) -> int:
+        """Apply the warm actions done by ``now`` (in finishing order); returns how many."""
+        done = sorted((a for a in self.in_flight if a[0] <= now), key=lambda a: a[0])
+        if not done:
+            return 0
+        self.in_flight = [a for a in self.in_flight if a[0] > now]
+        rows: list[int] = []
+        for at, action in done:
+            node = self.index[action.node]
+            self.records[node] = apply(self.records[node], action, now=at)
+            rows.append(node)
+        self.refresh(rows)
+        return len(done)
+
+    def planning_snapshot(self, now: float) -> InventorySnapshot:
+        """The inventory the warmer plans on: records with free GPUs, pulls and pod usage filled in."""
+        queued = self.queued_bytes(now)
+        free = self.gpus_free()
+        records = []
+        for i, r in enumerate(self.records):
+            pods = self.pods_on[i].values()
+            records.append(r.model_copy(update={
+                "gpus_free": int(free[i]), "pulling_bytes": int(queued[i]),
+                "in_use": tuple(sorted(self.in_use(i))),
+                "pod_workloads": tuple(sorted({self.profiles[p.workload].name for p in pods})),
+            }))
+        return self.snapshot_of(records)
+
+    def in_flight_actions(self) -> list[Action]:
+        """Warm actions started and not finished."""
+        return [a for _, a in self.in_flight]
+
+    # ---- derived columns -----------------------------------------------------------------
+
+    def refresh(self, rows: Iterable[int] | NDArray[np.intp]) -> None:
+        """Re-derive the estimator's columns of ``rows`` from their records (the inventory's own code)."""
+        idx = sorted({int(r) for r in rows})
+        if not idx:
+            return
+        snap = self.snapshot_of([self.records[i] for i in idx])
+        for w, p in enumerate(self.profiles):
+            state, _ = snap.cache_state(p)
+            col = self._columns[w]
+            col.image[idx] = state.image[:-1]
+            col.weights_bytes[idx] = state.weights_bytes[:-1]
+            col.compile[idx] = state.compile[:-1]
+            col.snapshot[idx] = state.snapshot[:-1]
+        self.version += 1
+
+
+def _rows(state: CacheState, rows: slice) -> CacheState:
+    """Writable copies of some rows of a cache state."""
+    return CacheState(state.image[rows].copy(), state.weights_bytes[rows].copy(), state.compile[rows].copy(),
+                      state.snapshot[rows].copy(), state.queued_bytes[rows].copy())
+
+
+def compile_key_for(profile: Profile, node_class: NodeClass) -> str | None:
+    """The profile's compile-cache key on a class, as the inventory computes it (None without a key)."""
+    if profile.compile.key is None or node_class.name == UNKNOWN_CLASS.name:
+        return None
+    return compile_cache_key(profile.compile.key, gpu_product=node_class.gpu.product,
+                             tensor_parallel=profile.parallelism.tensor,
+                             pipeline_parallel=profile.parallelism.pipeline)

@@ -1,0 +1,201 @@
+"""The figures of a run, and the terminal table, JSON summary and markdown report that show them.
+
+Per strategy, over every workload's requests and pods (formulas; w_j is a packet's requests)::
+
+    slo_attainment = sum of w_j with delay_j <= SLO  /  all requests that arrived
+                     (requests still queued at the end count as misses)
+    pXX_delay_s    = weighted XX-th percentile of the queueing delay of served requests
+                     (inverted CDF: the smallest delay d with at least XX % of the weight <= d)
+    cold_starts    = pods placed during the run that did not find every cache they can use on their
+                     node (image; weights when the profile caches them and the class has NVMe;
+                     compile artifacts when the profile has a compile-cache key); a snapshot
+                     restore is warm. Initial replicas are not counted.
+    mean_startup_s, p95_startup_s = over the estimated startups of the pods placed during the run
+    gpu_hours      = GPUs held by placed pods (starting or ready) x time, in hours
+    idle_gpu_hours = gpu_hours - served requests / capacity per replica x GPUs per replica / 3600
+
+and, across strategies, the gap closed on SLO attainment::
+
+    gap_closed = (predictive - default) / (oracle - default)      (undefined when oracle = default)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+from extender.sim.simulation import RunResult, WorkloadResult
+
+F64 = NDArray[np.float64]
+
+#: The figures of ``--json``, per strategy, in this order (issue 7).
+FIGURES = ("slo_attainment", "p50_delay_s", "p95_delay_s", "p99_delay_s", "cold_starts", "mean_startup_s",
+           "p95_startup_s", "gpu_hours", "idle_gpu_hours")
+
+
+@dataclass(frozen=True)
+class Summary:
+    """The figures of one strategy (or one workload of it); NaN where there is nothing to measure."""
+
+    slo_attainment: float
+    p50_delay_s: float
+    p95_delay_s: float
+    p99_delay_s: float
+    cold_starts: int
+    mean_startup_s: float
+    p95_startup_s: float
+    gpu_hours: float
+    idle_gpu_hours: float
+
+
+def weighted_quantile(values: F64, weights: F64, q: float) -> float:
+    """The smallest value with at least ``q`` of the total weight at or below it (NaN when empty)."""
+    keep = weights > 0
+    v, w = values[keep], weights[keep]
+    if len(v) == 0:
+        return math.nan
+    order = np.argsort(v, kind="stable")
+    cum = np.cumsum(w[order])
+    i = int(np.searchsorted(cum, q * cum[-1] * (1 - 1e-12), side="left"))
+    return float(v[order][min(i, len(v) - 1)])
+
+
+def summarise(workloads: Sequence[WorkloadResult], slo_s: float) -> Summary:
+    """The figures over the given workloads' requests and pods (formulas in the module docstring)."""
+    delays = np.concatenate([w.delays.delay_s for w in workloads]) if workloads else np.zeros(0)
+    weights = np.concatenate([w.delays.weights for w in workloads]) if workloads else np.zeros(0)
+    arrived = float(weights.sum())
+    served = ~np.isnan(delays)
+    met = float(weights[served & (delays <= slo_s + 1e-9)].sum())
+    d, w = delays[served], weights[served]
+    startups = np.concatenate([w.startups for w in workloads]) if workloads else np.zeros(0)
+    cold = int(sum(int(w.cold.sum()) for w in workloads))
+    gpu_s = sum(w.gpu_seconds for w in workloads)
+    busy_s = sum(w.busy_gpu_seconds for w in workloads)
+    return Summary(
+        slo_attainment=met / arrived if arrived > 0 else math.nan,
+        p50_delay_s=weighted_quantile(d, w, 0.50),
+        p95_delay_s=weighted_quantile(d, w, 0.95),
+        p99_delay_s=weighted_quantile(d, w, 0.99),
+        cold_starts=cold,
+        mean_startup_s=float(startups.mean()) if len(startups) else math.nan,
+        p95_startup_s=float(np.quantile(startups, 0.95, method="inverted_cdf")) if len(startups) else math.nan,
+        gpu_hours=gpu_s / 3600.0,
+        idle_gpu_hours=max(gpu_s - busy_s, 0.0) / 3600.0,
+    )
+
+
+def gap_closed(summaries: dict[str, Summary]) -> float | None:
+    """``(predictive - default) / (oracle - default)`` on SLO attainment, when all three ran and differ."""
+    try:
+        d, p, o = (summaries[k].slo_attainment for k in ("default", "predictive", "oracle"))
+    except KeyError:
+        return None
+    if not all(math.isfinite(x) for x in (d, p, o)) or abs(o - d) < 1e-9:
+        return None
+    return (p - d) / (o - d)
+
+
+@dataclass(frozen=True)
+class Report:
+    """Everything the outputs show."""
+
+    title: str
+    slo_s: float
+    duration_s: float
+    summaries: dict[str, Summary]
+    per_workload: dict[str, dict[str, Summary]]
+    gap: float | None
+    credits: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+def build(title: str, slo_s: float, duration_s: float, runs: Sequence[RunResult], *, credits: Sequence[str] = (),
+          notes: Sequence[str] = ()) -> Report:
+    """Summaries of each run, overall and per workload."""
+    summaries = {r.strategy.name: summarise(r.workloads, slo_s) for r in runs}
+    per_workload = {r.strategy.name: {w.name: summarise([w], slo_s) for w in r.workloads} for r in runs}
+    return Report(title, slo_s, duration_s, summaries, per_workload, gap_closed(summaries),
+                  tuple(dict.fromkeys(credits)), tuple(notes))
+
+
+def _round(name: str, value: float | int) -> float | int | None:
+    if isinstance(value, int):
+        return value
+    if not math.isfinite(value):
+        return None
+    return round(value, 6 if name == "slo_attainment" else 3)
+
+
+def to_json(report: Report) -> str:
+    """``{strategy: {figure: value}}`` with exactly :data:`FIGURES` per strategy (null where undefined)."""
+    doc = {name: {k: _round(k, v) for k, v in asdict(s).items()} for name, s in report.summaries.items()}
+    return json.dumps(doc, indent=2)
+
+
+def _fmt(value: float, spec: str) -> str:
+    return "-" if not math.isfinite(value) else format(value, spec)
+
+
+COLUMNS = (("strategy", "<12"), ("SLO met", ">8"), ("p50 s", ">7"), ("p95 s", ">7"), ("p99 s", ">7"),
+           ("cold", ">5"), ("start s", ">8"), ("p95 s", ">7"), ("GPU-h", ">8"), ("idle GPU-h", ">10"))
+
+
+def _cells(name: str, s: Summary) -> list[str]:
+    return [name, _fmt(100 * s.slo_attainment, ".1f") + " %" if math.isfinite(s.slo_attainment) else "-",
+            _fmt(s.p50_delay_s, ".1f"), _fmt(s.p95_delay_s, ".1f"), _fmt(s.p99_delay_s, ".1f"), str(s.cold_starts),
+            _fmt(s.mean_startup_s, ".0f"), _fmt(s.p95_startup_s, ".0f"), _fmt(s.gpu_hours, ".1f"),
+            _fmt(s.idle_gpu_hours, ".1f")]
+
+
+def gap_line(report: Report) -> str:
+    """One sentence on the gap closed (or why it is not shown)."""
+    if report.gap is None:
+        return "gap closed: n/a (needs default, predictive and oracle with different SLO attainment)"
+    return (f"gap closed: predictive recovers {100 * report.gap:.0f} % of the SLO-attainment gap between "
+            f"default and oracle")
+
+
+def table(report: Report) -> str:
+    """The terminal table: one row per strategy, then the gap closed."""
+    head = "  ".join(format(h, spec) for h, spec in COLUMNS)
+    lines = [f"{report.title}: {report.duration_s / 3600:.1f} h simulated, queueing-delay SLO {report.slo_s:g} s",
+             "", head, "-" * len(head)]
+    for name, s in report.summaries.items():
+        lines.append("  ".join(format(c, spec) for c, (_, spec) in zip(_cells(name, s), COLUMNS, strict=True)))
+    lines += ["", gap_line(report)]
+    lines += [f"note: {n}" for n in report.notes]
+    lines += [f"demand data: {c}" for c in report.credits]
+    return "\n".join(lines)
+
+
+def _md_table(rows: dict[str, Summary]) -> list[str]:
+    head = [h for h, _ in COLUMNS]
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join(["---"] + ["---:"] * (len(head) - 1)) + "|"]
+    out += ["| " + " | ".join(_cells(name, s)) + " |" for name, s in rows.items()]
+    return out
+
+
+def markdown(report: Report, images: Sequence[tuple[str, str]], strategies: dict[str, str]) -> str:
+    """The markdown report: the table, the gap, per-workload tables, the plots (``(caption, file)``)."""
+    lines = [f"# {report.title}", "",
+             f"{report.duration_s / 3600:.1f} h simulated; a request meets the SLO when it waits at most "
+             f"{report.slo_s:g} s for a replica.", "", *_md_table(report.summaries), "", gap_line(report) + ".", ""]
+    lines += ["Strategies:", ""] + [f"* `{k}`: {v}" for k, v in strategies.items() if k in report.summaries] + [""]
+    workloads = sorted({w for per in report.per_workload.values() for w in per})
+    for w in workloads:
+        rows = {name: per[w] for name, per in report.per_workload.items() if w in per}
+        lines += [f"## Workload `{w}`", "", *_md_table(rows), ""]
+    for caption, file in images:
+        lines += [f"## {caption}", "", f"![{caption}]({file})", ""]
+    if report.notes:
+        lines += ["## Notes", ""] + [f"* {n}" for n in report.notes] + [""]
+    if report.credits:
+        lines += ["## Data", ""] + [f"* Demand trace: {c}" for c in report.credits] + [""]
+    lines += ["Figures: see `docs/simulator.md` for how each is computed."]
+    return "\n".join(lines) + "\n"

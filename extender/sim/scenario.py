@@ -1,0 +1,358 @@
+"""The scenario file: which policy, which cluster, which demand, which SLO, which strategies.
+
+A scenario is YAML validated like a policy (unknown fields are errors; every problem is reported at
+once as ``file:line: path: message``). Paths inside it (the policy, traces) are relative to the
+scenario file. Example::
+
+    apiVersion: extender.io/v1alpha1
+    kind: Scenario
+    policy: fleet-policy.yaml
+    seed: 7
+    slo: {queueDelay: 10s}
+    cluster:
+      nodes:
+        - nodeClass: g5.12xlarge
+          count: 8
+          warm: [{workload: llama3-8b, fraction: 0.25}]   # image, weights, compile on 2 of 8
+    workloads:
+      - name: llama3-8b                                   # a profile of the policy
+        demand:
+          synthetic: {duration: 2d, base: 40, daily: {amplitude: 0.5, peak: 14h}}
+    strategies: [default, cache-aware, predictive, oracle]
+
+Checks that need the policy (a node class or workload it does not define, a per-replica capacity
+it does not give, a snapshot the profile does not have) run in :func:`check_against` and are
+reported with the scenario's own lines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from extender.core.document import Loc, compose, format_path, line_of, validate
+from extender.core.errors import DocumentError, PolicyError, Problem
+from extender.core.policy import Name, Policy
+from extender.core.schema import Schema
+from extender.core.units import Duration
+from extender.files import load_policy, read_text
+from extender.sim.errors import ScenarioError
+from extender.sim.strategies import STRATEGIES
+
+API_VERSION = "extender.io/v1alpha1"
+
+#: The strategies, in the order reports list them (extender.sim.strategies defines each).
+STRATEGY_NAMES = tuple(STRATEGIES)
+
+PositiveDuration = Annotated[Duration, Field(gt=0)]
+CacheName = Literal["image", "weights", "compile", "snapshot"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Demand
+# ---------------------------------------------------------------------------------------------
+
+
+class TraceSpec(Schema):
+    """A CSV trace: one row per request, or one row per interval (timestamp and rate).
+
+    ``loadScale`` multiplies the load (requests are thinned or replicated, seeded; rates are
+    multiplied). ``timeScale`` stretches the clock: a row ``d`` seconds after the first is replayed
+    at ``d x timeScale``; rates are divided by it, so the number of requests is kept.
+    """
+
+    path: str = Field(min_length=1)
+    format: Literal["auto", "requests", "rate"] = "auto"
+    time_column: str | None = None
+    rate_column: str | None = None
+    load_scale: float = Field(default=1.0, gt=0)
+    time_scale: float = Field(default=1.0, gt=0)
+    #: Shown wherever the trace's results are (CC-BY data must be credited).
+    credit: str = ""
+
+
+class Cycle(Schema):
+    """A cosine cycle: ``1 + amplitude cos(2 pi (t - peak) / period)``."""
+
+    amplitude: float = Field(default=0.0, ge=0, le=1)
+    #: Offset of the maximum from the start of the period (a day: ``14h``; a week: ``2d``).
+    peak: Duration = 0.0
+
+
+class Bursts(Schema):
+    """Unforecastable bursts: ``perDay`` on average (Poisson), each multiplying the rate by
+    ``1 + amplitude`` for ``duration``."""
+
+    per_day: float = Field(default=0.0, ge=0)
+    amplitude: float = Field(default=1.0, ge=0)
+    duration: PositiveDuration = 600.0
+
+
+class SyntheticSpec(Schema):
+    """A seeded synthetic demand (extender.sim.synthetic has the formula).
+
+    ``base`` is the mean rate in requests/s at t = 0, before cycles. ``trend`` is the relative
+    change per day (0.05: +5 % a day). ``noise`` is the standard deviation of a multiplicative
+    log-normal factor per ``step``. ``arrivals: poisson`` draws each bin's request count from a
+    Poisson law (seeded); ``fluid`` uses the expected count.
+    """
+
+    duration: PositiveDuration
+    step: PositiveDuration = 60.0
+    base: float = Field(gt=0)
+    daily: Cycle = Cycle()
+    weekly: Cycle = Cycle()
+    trend: float = Field(default=0.0, ge=-0.5, le=10)
+    noise: float = Field(default=0.0, ge=0, le=2)
+    bursts: Bursts = Bursts()
+    arrivals: Literal["poisson", "fluid"] = "poisson"
+
+
+class DemandSpec(Schema):
+    """Exactly one of a trace and a synthetic generator."""
+
+    trace: TraceSpec | None = None
+    synthetic: SyntheticSpec | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> DemandSpec:
+        if (self.trace is None) == (self.synthetic is None):
+            raise ValueError("give exactly one of trace and synthetic")
+        return self
+
+
+class Workload(Schema):
+    """One workload: its profile (by name), its demand and its serving model.
+
+    ``capacity``: requests/s one ready replica serves (default: the profile's
+    ``capacity.perReplica`` when its unit is requests/s). ``initialReplicas``: replicas ready at
+    t = 0 (default: enough for the first minute's mean demand, at least ``minReplicas``).
+    """
+
+    name: Name
+    demand: DemandSpec
+    capacity: float | None = Field(default=None, gt=0)
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(default=1000, ge=1)
+    initial_replicas: int | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Workload:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas {self.min_replicas} is larger than maxReplicas {self.max_replicas}")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster
+# ---------------------------------------------------------------------------------------------
+
+
+class WarmSpec(Schema):
+    """Caches present at t = 0 on some nodes of a group: a ``fraction`` of them (the first
+    ``round(fraction x count)``) or the listed ``nodes`` (0-based positions in the group)."""
+
+    workload: Name
+    caches: tuple[CacheName, ...] = ("image", "weights", "compile")
+    fraction: float | None = Field(default=None, ge=0, le=1)
+    nodes: tuple[Annotated[int, Field(ge=0)], ...] | None = None
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> WarmSpec:
+        if (self.fraction is None) == (self.nodes is None):
+            raise ValueError("give exactly one of fraction and nodes")
+        return self
+
+
+class NodeGroup(Schema):
+    """``count`` nodes of one class, named ``<name>-<i>`` (``name`` defaults to the class name)."""
+
+    node_class: str = Field(min_length=1)
+    count: int = Field(ge=1, le=100_000)
+    name: Name | None = None
+    warm: tuple[WarmSpec, ...] = ()
+
+
+class Cluster(Schema):
+    """The nodes; ``compileRegistry``: a compile-cache key built once is fetchable by every node of
+    its class (the inventory's compile registry)."""
+
+    nodes: tuple[NodeGroup, ...] = Field(min_length=1)
+    compile_registry: bool = False
+
+
+class Slo(Schema):
+    """The service-level objective: a request meets it when it waits at most ``queueDelay``."""
+
+    queue_delay: Duration
+
+
+class SchedulerSpec(Schema):
+    """kube-scheduler's configuration as far as the simulation needs it.
+
+    ``extenderWeight``: the extender's weight in ``KubeSchedulerConfiguration.extenders`` (its 0..10
+    score adds ``score x weight x 10``); 2 as in ``deploy/scheduler-config.yaml``.
+    """
+
+    extender_weight: int = Field(default=2, ge=1)
+
+
+class Metadata(Schema):
+    """Identification only."""
+
+    name: str = ""
+    description: str = ""
+
+
+class Scenario(Schema):
+    """A whole scenario file."""
+
+    api_version: Literal["extender.io/v1alpha1"]
+    kind: Literal["Scenario"]
+    metadata: Metadata = Metadata()
+    policy: str = Field(min_length=1)
+    seed: int = 0
+    #: The simulation step: the HPA's sync period and the scaler's tick.
+    tick: PositiveDuration = 15.0
+    #: Simulated time; default: the longest demand.
+    duration: PositiveDuration | None = None
+    slo: Slo
+    cluster: Cluster
+    workloads: tuple[Workload, ...] = Field(min_length=1)
+    strategies: tuple[str, ...] = STRATEGY_NAMES
+    scheduler: SchedulerSpec = SchedulerSpec()
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks against the policy
+# ---------------------------------------------------------------------------------------------
+
+
+def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
+    """Problems that need the policy (or span fields), as ``(location, message)`` pairs."""
+    out: list[tuple[Loc, str]] = []
+    classes = {c.name: c for c in policy.node_classes}
+    profiles = {p.name: p for p in policy.profiles}
+    known_classes = ", ".join(classes) or "none"
+    known_profiles = ", ".join(profiles) or "none"
+    names = [w.name for w in scenario.workloads]
+    for i, w in enumerate(scenario.workloads):
+        if names.index(w.name) != i:
+            out.append((("workloads", i, "name"), f"workload {w.name!r} is listed twice"))
+        profile = profiles.get(w.name)
+        if profile is None:
+            out.append((("workloads", i, "name"), f"the policy has no profile {w.name!r} (known: {known_profiles})"))
+            continue
+        if w.capacity is None:
+            if profile.capacity is None:
+                out.append((("workloads", i), f"profile {w.name!r} gives no capacity.perReplica; set capacity "
+                                              "(requests/s per replica) here"))
+            elif profile.capacity.unit != "requests/s":
+                out.append((("workloads", i), f"profile {w.name!r} gives its capacity in {profile.capacity.unit}; "
+                                              "the simulator counts requests: set capacity (requests/s) here"))
+    for g, group in enumerate(scenario.cluster.nodes):
+        cls = classes.get(group.node_class)
+        if cls is None:
+            out.append((("cluster", "nodes", g, "nodeClass"),
+                        f"the policy has no node class {group.node_class!r} (known: {known_classes})"))
+        for j, warm in enumerate(group.warm):
+            where: Loc = ("cluster", "nodes", g, "warm", j)
+            profile = profiles.get(warm.workload)
+            if profile is None:
+                out.append(((*where, "workload"),
+                            f"the policy has no profile {warm.workload!r} (known: {known_profiles})"))
+                continue
+            if cls is not None and profile.node_classes and cls.name not in profile.node_classes:
+                out.append(((*where, "workload"), f"profile {warm.workload!r} does not run on node class {cls.name!r}"))
+            if "snapshot" in warm.caches and profile.snapshot is None:
+                out.append(((*where, "caches"), f"profile {warm.workload!r} has no snapshot"))
+            for k, n in enumerate(warm.nodes or ()):
+                if n >= group.count:
+                    out.append(((*where, "nodes", k), f"node {n} does not exist: the group has {group.count} "
+                                                      f"(0..{group.count - 1})"))
+    for i, s in enumerate(scenario.strategies):
+        if s not in STRATEGIES:
+            out.append((("strategies", i), f"no strategy {s!r} (known: {', '.join(STRATEGIES)})"))
+    if len(set(scenario.strategies)) != len(scenario.strategies):
+        out.append((("strategies",), "a strategy is listed twice"))
+    group_names = [g.name or g.node_class for g in scenario.cluster.nodes]
+    for g, name in enumerate(group_names):
+        if group_names.index(name) != g:
+            out.append((("cluster", "nodes", g), f"two node groups are named {name!r}: give one a name"))
+    return out
+
+
+def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
+    """Parse and validate a scenario document (schema only); raises :class:`ScenarioError`."""
+    data, lines = _compose(text, source)
+    return validate(Scenario, data, lines, source, error=ScenarioError)
+
+
+def _compose(text: str, source: str) -> tuple[object, dict[Loc, int]]:
+    try:
+        data, lines = compose(text, source)
+    except DocumentError as exc:
+        raise ScenarioError(exc.problems) from exc
+    if not isinstance(data, dict):
+        raise ScenarioError([Problem(source, 1 if data is not None else None, "",
+                                     "a scenario must be a mapping with apiVersion, kind, policy, slo, cluster "
+                                     "and workloads")])
+    return data, lines
+
+
+# ---------------------------------------------------------------------------------------------
+# The I/O edge: read the scenario and its policy from disk
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadedScenario:
+    """A checked scenario, its policy, and the directory its relative paths start from."""
+
+    scenario: Scenario
+    policy: Policy
+    source: str
+    base_dir: Path
+
+    def resolve(self, path: str) -> Path:
+        """A path from the scenario, relative to the scenario file's directory."""
+        p = Path(path)
+        return p if p.is_absolute() else self.base_dir / p
+
+
+def load_scenario(path: str | Path) -> LoadedScenario:
+    """Read a scenario and its policy and check them together; every problem is reported at once.
+
+    Problems in the policy file are reported with the policy's own file and lines.
+    """
+    source = str(path)
+    try:
+        text = read_text(path)
+    except DocumentError as exc:
+        raise ScenarioError(exc.problems) from exc
+    data, lines = _compose(text, source)
+    scenario = validate(Scenario, data, lines, source, error=ScenarioError)
+    base = Path(path).resolve().parent
+    policy_path = Path(scenario.policy) if Path(scenario.policy).is_absolute() else base / scenario.policy
+    if not policy_path.is_file():
+        raise ScenarioError([Problem(source, line_of(lines, ("policy",)), "policy",
+                                     f"no policy file {scenario.policy!r} (looked in {policy_path})")])
+    try:
+        policy = load_policy(policy_path)
+    except PolicyError as exc:
+        raise ScenarioError(exc.problems) from exc
+    problems = [Problem(source, line_of(lines, loc), format_path(loc), msg)
+                for loc, msg in check_against(scenario, policy)]
+    for i, w in enumerate(scenario.workloads):
+        trace = w.demand.trace
+        if trace is not None:
+            p = Path(trace.path) if Path(trace.path).is_absolute() else base / trace.path
+            if not p.is_file():
+                loc: Loc = ("workloads", i, "demand", "trace", "path")
+                problems.append(Problem(source, line_of(lines, loc), format_path(loc), f"no trace file {trace.path!r}"))
+    if problems:
+        raise ScenarioError(sorted(problems, key=lambda p: (p.line or 0, p.path)))
+    return LoadedScenario(scenario, policy, source, base)

@@ -1,0 +1,551 @@
+"""The simulation loop: demand arrives, strategies scale and place, pods start, requests queue.
+
+One run replays every workload's demand through one strategy (extender.sim.strategies) on a fresh
+copy of the cluster. Time advances in ticks of ``tick`` seconds (the HPA's sync period). At tick k,
+``t = k x tick``:
+
+1. **Events.** Pods whose startup ended by ``t`` become ready (their caches land on their nodes);
+   warm actions finished by ``t`` are applied; both in time order.
+2. **Observe.** Per workload: demand over the last tick (requests/s) and the queue at ``t``.
+3. **Decide.** The strategy's scaler sets each workload's replicas (extender.sim.hpa for the stock
+   HPA; ``extender.core.forecast`` + ``extender.core.scaler.decide`` for the predictive scaler,
+   whose horizon is the estimator's startup on the node the extender would choose next).
+4. **Scale.** New pods are created pending; on a scale-down, pods are deleted in the ReplicaSet
+   controller's order (unscheduled, then not ready, then doubled-up on a node, then newest).
+5. **Place.** Pending pods are placed one by one (extender.sim.kubescheduler, plus the extender's
+   ``extender.core.scoring.evaluate`` for the extender strategies); a pod that fits nowhere stays
+   pending and is retried next tick. Each placed pod's startup is ``extender.core.estimate`` on
+   its node at that moment.
+6. **Warm.** Strategies with warming plan with ``extender.core.warming.plan`` and start the actions.
+7. **Serve.** The tick's service rate is ``ready replicas x capacity`` (pods ready by ``t``), and the
+   queue (extender.sim.queueing) places the tick's arrivals.
+
+The cluster starts with each workload's initial replicas running (placed by the strategy at t = 0,
+ready, not counted as starts). Everything random (placement ties) comes from a generator seeded by
+the scenario seed and the strategy's name, so a run is deterministic and adding a strategy does not
+change another's results.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from extender.core.estimate import estimate
+from extender.core.forecast import Forecast, ForecastParams, forecast
+from extender.core.inventory import weights_key
+from extender.core.policy import Policy, Profile
+from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
+from extender.core.scoring import NodeInputs, Scale, evaluate, scale_for
+from extender.core.warming import Expectation, plan
+from extender.sim import hpa as hpa_model
+from extender.sim.cluster import Cluster, NodeSpec, Pod, compile_key_for
+from extender.sim.kubescheduler import EXTENDER_SCALE, in_tree_scores, select_host
+from extender.sim.queueing import Delays, FifoQueue
+from extender.sim.scenario import LoadedScenario, NodeGroup, Scenario, TraceSpec, Workload
+from extender.sim.strategies import STRATEGIES, Strategy
+from extender.sim.synthetic import synthetic_arrivals
+from extender.sim.traces import Arrivals, RequestTrace, arrivals_from, read_trace
+
+F64 = NDArray[np.float64]
+I64 = NDArray[np.int64]
+
+#: Fluid demand is split into this many bins per tick (their arrivals join the queue spread out).
+BINS_PER_TICK = 3
+#: History the predictive scaler forecasts from: two daily seasons (Holt-Winters' minimum) plus a
+#: margin, or six hours for the forecasters without a season (their state forgets faster than that).
+SHORT_HISTORY_S = 6 * 3600.0
+#: The warmer's look-ahead forecast is refreshed every this many ticks (a minute at 15 s): its
+#: horizon is a whole cold start, so a minute-old forecast changes nothing it plans, and it halves
+#: the forecasting work of a run.
+FAR_EVERY_TICKS = 4
+
+ProgressFn = Callable[[int], None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Preparing a scenario: demand and nodes
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class WorkloadSetup:
+    """A workload ready to simulate."""
+
+    index: int
+    profile: Profile
+    capacity: float
+    min_replicas: int
+    max_replicas: int
+    initial_replicas: int
+    arrivals: Arrivals
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Everything every strategy's run shares: policy, clock, demand, nodes at t = 0."""
+
+    scenario: Scenario
+    policy: Policy
+    source: str
+    tick_s: float
+    n_ticks: int
+    workloads: tuple[WorkloadSetup, ...]
+    nodes: tuple[NodeSpec, ...]
+    seed: int
+
+    @property
+    def duration_s(self) -> float:
+        """Simulated seconds."""
+        return self.n_ticks * self.tick_s
+
+
+def _seed(*parts: int | str) -> list[int]:
+    """A stable seed sequence from ints and names (crc32, not Python's salted hash)."""
+    return [p if isinstance(p, int) else zlib.crc32(p.encode()) for p in parts]
+
+
+def load_demand(loaded: LoadedScenario, workload: Workload, *, seed: int, bin_s: float,
+                trace_path: str | None = None, duration_s: float | None = None) -> Arrivals:
+    """A workload's arrivals: its trace (or ``trace_path`` instead) or its synthetic demand."""
+    rng = np.random.default_rng(_seed(seed, "demand", workload.name))
+    spec = workload.demand
+    if trace_path is not None or spec.trace is not None:
+        tspec = spec.trace if spec.trace is not None else TraceSpec(path=trace_path or "")
+        if trace_path is not None:
+            tspec = tspec.model_copy(update={"path": trace_path})
+        path = loaded.resolve(tspec.path) if trace_path is None else trace_path
+        raw = read_trace(path, tspec)
+        trace = raw.scaled(tspec, rng) if isinstance(raw, RequestTrace) else raw.scaled(tspec)
+        return arrivals_from(trace, bin_s=bin_s, duration_s=duration_s, description=f"trace {tspec.path}")
+    assert spec.synthetic is not None
+    return synthetic_arrivals(spec.synthetic, rng, bin_s=bin_s, duration_s=duration_s)
+
+
+def node_specs(policy: Policy, groups: Sequence[NodeGroup]) -> tuple[NodeSpec, ...]:
+    """The nodes at t = 0: names ``<group>-<i>`` (zero-padded) and the warm caches of each group."""
+    out: list[NodeSpec] = []
+    for g in groups:
+        cls = policy.node_class(g.node_class)
+        width = max(2, len(str(g.count - 1)))
+        prefix = g.name or g.node_class
+        images: list[list[str]] = [[] for _ in range(g.count)]
+        weights: list[list[tuple[str, int]]] = [[] for _ in range(g.count)]
+        keys: list[list[tuple[str, int]]] = [[] for _ in range(g.count)]
+        snaps: list[list[tuple[str, int]]] = [[] for _ in range(g.count)]
+        for warm in g.warm:
+            p = policy.profile(warm.workload)
+            chosen = range(round((warm.fraction or 0.0) * g.count)) if warm.nodes is None else warm.nodes
+            key = compile_key_for(p, cls)
+            for i in chosen:
+                if "image" in warm.caches and p.image.reference not in images[i]:
+                    images[i].append(p.image.reference)
+                if "weights" in warm.caches and p.weights.cache != "none" and cls.nvme.capacity > 0:
+                    weights[i].append((weights_key(p.name, p.weights.version), p.weights.bytes))
+                if "compile" in warm.caches and key is not None:
+                    keys[i].append((key, p.compile.artifact_bytes))
+                if "snapshot" in warm.caches and p.snapshot is not None:
+                    snaps[i].append((p.name, p.snapshot.bytes))
+        for i in range(g.count):
+            out.append(NodeSpec(f"{prefix}-{i:0{width}d}", cls.name, tuple(images[i]), tuple(weights[i]),
+                                tuple(keys[i]), tuple(snaps[i])))
+    return tuple(out)
+
+
+def prepare(loaded: LoadedScenario, *, trace: str | None = None, seed: int | None = None) -> Prepared:
+    """Demand, clock and nodes for a loaded scenario. ``trace`` replaces the first workload's demand."""
+    sc = loaded.scenario
+    policy = loaded.policy
+    s = sc.seed if seed is None else seed
+    dt = float(sc.tick)
+    bin_s = dt / BINS_PER_TICK
+    demands = [load_demand(loaded, w, seed=s, bin_s=bin_s, trace_path=trace if i == 0 else None,
+                           duration_s=sc.duration)
+               for i, w in enumerate(sc.workloads)]
+    if sc.duration is not None:
+        n_ticks = max(1, math.ceil(sc.duration / dt - 1e-9))
+    else:
+        # a rate covers [0, span); the last request of a request trace arrives *at* its span
+        n_ticks = max(max(1, math.ceil(d.span_s / dt - 1e-9)) if d.fluid else math.floor(d.span_s / dt) + 1
+                      for d in demands)
+    end = n_ticks * dt
+    setups: list[WorkloadSetup] = []
+    for i, (w, full) in enumerate(zip(sc.workloads, demands, strict=True)):
+        keep = full.times < end
+        d = Arrivals(full.times[keep], full.weights[keep], full.fluid, full.bin_s, full.span_s, full.description,
+                     full.credit)
+        p = policy.profile(w.name)
+        cap = w.capacity if w.capacity is not None else (p.capacity.per_replica if p.capacity else 1.0)
+        initial = w.initial_replicas
+        if initial is None:
+            first = float(d.weights[d.times < 60.0].sum()) / min(60.0, end)
+            initial = max(w.min_replicas, math.ceil(first / cap - 1e-9))
+        initial = min(max(initial, 0), w.max_replicas)
+        setups.append(WorkloadSetup(i, p, float(cap), w.min_replicas, w.max_replicas, initial, d))
+    return Prepared(sc, policy, loaded.source, dt, n_ticks, tuple(setups), node_specs(policy, sc.cluster.nodes), s)
+
+
+# ---------------------------------------------------------------------------------------------
+# Results of one run
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Timeline:
+    """Per tick of one workload: demand and ready capacity (requests/s), replicas, queue at tick start."""
+
+    demand: F64
+    capacity: F64
+    ready: I64
+    starting: I64
+    pending: I64
+    queue: F64
+    served: F64  # requests whose service began before the tick's start (cumulative)
+
+    @classmethod
+    def empty(cls, n: int) -> Timeline:
+        return cls(np.zeros(n), np.zeros(n), np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64),
+                   np.zeros(n), np.zeros(n + 1))
+
+
+@dataclass
+class WorkloadResult:
+    """One workload's outcome in one run."""
+
+    name: str
+    capacity: float
+    gpus_per_replica: int
+    timeline: Timeline
+    delays: Delays
+    arrived: float
+    served: float
+    queued: float
+    startups: F64  # estimated startup seconds of every pod placed during the run
+    cold: NDArray[np.bool_]
+    gpu_seconds: float
+    busy_gpu_seconds: float
+
+
+@dataclass
+class RunResult:
+    """One strategy's run."""
+
+    strategy: Strategy
+    tick_s: float
+    n_ticks: int
+    workloads: list[WorkloadResult]
+    warm_actions: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# One run
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _WorkloadState:
+    setup: WorkloadSetup
+    queue: FifoQueue
+    hpa: hpa_model.Hpa
+    scale: Scale
+    pods: dict[int, Pod] = field(default_factory=dict)
+    ready: int = 0
+    recent: tuple[Recommendation, ...] = ()
+    hist_t: F64 = field(default_factory=lambda: np.zeros(0))
+    hist_v: F64 = field(default_factory=lambda: np.zeros(0))
+    true_rate: F64 = field(default_factory=lambda: np.zeros(0))
+    timeline: Timeline | None = None
+    gpu_s: float = 0.0
+    far: Forecast | None = None  # the warmer's look-ahead forecast, and the tick it was made
+    far_at: int = 0
+    next_startup: tuple[int, float] | None = None  # (cluster version, seconds) while no pull is running
+
+
+class Run:
+    """The state of one strategy's run over a prepared scenario (see the module docstring)."""
+
+    def __init__(self, prepared: Prepared, strategy: Strategy) -> None:
+        self.p = prepared
+        self.strategy = strategy
+        self.policy = prepared.policy
+        self.dt = prepared.tick_s
+        self.rng = np.random.default_rng(_seed(prepared.seed, "placement", strategy.name))
+        self.cluster = Cluster.build(self.policy, [w.profile for w in prepared.workloads], prepared.nodes,
+                                     compile_registry=prepared.scenario.cluster.compile_registry)
+        self.weight = prepared.scenario.scheduler.extender_weight
+        scaling = self.policy.scaling
+        self.params = ForecastParams.from_scaling(scaling)
+        self.history_s = (2 * scaling.season + 4 * (scaling.step or self.dt) if scaling.forecaster == "holt-winters"
+                          else SHORT_HISTORY_S)
+        n = prepared.n_ticks
+        self.w: list[_WorkloadState] = []
+        for s in prepared.workloads:
+            q = FifoQueue(s.arrivals, n, self.dt)
+            true_rate = q.per_tick() / self.dt if strategy.scaling == "oracle" else None
+            self.w.append(_WorkloadState(
+                setup=s, queue=q, hpa=hpa_model.Hpa(s.min_replicas, s.max_replicas),
+                scale=scale_for(self.policy, s.profile), hist_t=np.zeros(n), hist_v=np.zeros(n),
+                true_rate=true_rate if true_rate is not None else np.zeros(0), timeline=Timeline.empty(n)))
+        self.next_id = 0
+        self.starting: list[tuple[float, int, Pod]] = []  # heap by ready time
+        self.placed: list[Pod] = []
+        self.warm_actions = 0
+        self._plan_key: tuple[object, ...] | None = None
+
+    # ---- placement -----------------------------------------------------------------------
+
+    def _scores(self, w: int, now: float) -> tuple[NDArray[np.bool_], I64, F64]:
+        """Feasible nodes, total scores and the extender's estimates (NaN without the extender)."""
+        c = self.cluster
+        profile = self.w[w].setup.profile
+        state = c.state(w, now)
+        feasible = c.feasible(w)
+        totals = in_tree_scores(c.gpus, c.gpus_used, profile.parallelism.gpus, state.image, profile.image.size)
+        if self.strategy.placement != "extender":
+            return feasible, totals, np.full(len(c), np.nan)
+        ones = np.ones(len(c), dtype=np.bool_)
+        nvme_free = np.fromiter((r.nvme_free for r in c.records), dtype=np.float64, count=len(c))
+        inputs = NodeInputs(c.classes, c.class_index, state, ones, ones, nvme_free)
+        ev = evaluate(self.policy, profile, inputs, scale=self.w[w].scale, table=c.table(w))
+        feasible = feasible & (ev.judgement.verdict == 0)
+        return feasible, totals + ev.score * self.weight * EXTENDER_SCALE, ev.estimate.total_s
+
+    def _place_pending(self, now: float) -> None:
+        pending = sorted((p for s in self.w for p in s.pods.values() if p.pending), key=lambda p: (p.created_s, p.id))
+        for pod in pending:
+            feasible, totals, _ = self._scores(pod.workload, now)
+            node = select_host(feasible, totals, self.rng)
+            if node is None:
+                continue
+            self.cluster.place(pod, node, now)
+            heapq.heappush(self.starting, (pod.ready_s, pod.id, pod))
+            self.placed.append(pod)
+
+    def _initial(self) -> None:
+        """Each workload's initial replicas, running at t = 0 on the nodes the strategy picks."""
+        for s in self.w:
+            for _ in range(s.setup.initial_replicas):
+                pod = self._new_pod(s.setup.index, 0.0)
+                feasible, totals, _ = self._scores(pod.workload, 0.0)
+                node = select_host(feasible, totals, self.rng)
+                if node is None:
+                    continue  # stays pending: the cluster is too small for the initial replicas
+                self.cluster.place(pod, node, 0.0)
+                self.cluster.pulls = [p for p in self.cluster.pulls if p.owner != pod.id]
+                pod.startup_s, pod.ready_s, pod.cold = 0.0, 0.0, False
+                self.cluster.ready(pod)
+                s.ready += 1
+
+    def _new_pod(self, w: int, now: float) -> Pod:
+        pod = Pod(self.next_id, w, now)
+        self.next_id += 1
+        self.w[w].pods[pod.id] = pod
+        return pod
+
+    # ---- events --------------------------------------------------------------------------
+
+    def _events(self, now: float) -> None:
+        """Pods ready and warm actions done by ``now``, in time order."""
+        c = self.cluster
+        while True:
+            pod_at = self.starting[0][0] if self.starting else math.inf
+            action_at = min((a for a, _ in c.in_flight), default=math.inf)
+            if min(pod_at, action_at) > now:
+                return
+            if action_at < pod_at:
+                c.finish_actions(action_at)
+                continue
+            _, _, pod = heapq.heappop(self.starting)
+            if math.isfinite(pod.deleted_s):
+                continue  # deleted while starting
+            c.ready(pod)
+            self.w[pod.workload].ready += 1
+
+    # ---- scaling -------------------------------------------------------------------------
+
+    def _startup_next(self, w: int, now: float) -> float:
+        """The estimator's startup of the next replica, as the production scaler takes it.
+
+        ``extender.core.placement.next_replica``: the smallest estimate among the nodes where a
+        replica fits now (the node the extender scores best), or, when none has room, the cold
+        estimate on the slowest class the profile may run on. Computed here on the simulator's
+        columns (the tests check it against ``next_replica`` on the same cluster) and memoised while
+        the cluster does not change and no pull is running (nothing the estimate reads differs then).
+        """
+        s = self.w[w]
+        quiet = not self.cluster.pulls
+        if quiet and s.next_startup is not None and s.next_startup[0] == self.cluster.version:
+            return s.next_startup[1]
+        c = self.cluster
+        rows = np.flatnonzero(c.feasible(w)).astype(np.intp)
+        if len(rows) == 0:
+            value = float(s.scale.reference_s)
+        else:
+            est = estimate(s.setup.profile, c.classes, c.class_index[rows], c.state(w, now, rows), c.table(w))
+            value = float(est.total_s.min())
+        s.next_startup = (self.cluster.version, value) if quiet else None
+        return value
+
+    def _truth(self, s: _WorkloadState, k: int, ahead_s: float) -> Forecast:
+        """The oracle's forecast: the largest true demand from now until ``ahead_s`` later."""
+        h = max(1, math.ceil(ahead_s / self.dt))
+        window = s.true_rate[k: k + h + 1]
+        v = float(window.max()) if len(window) else 0.0
+        return Forecast(point=v, upper=v, level=self.params.level, horizon_s=ahead_s, lead_s=ahead_s,
+                        requested="oracle", method="none", note="true future demand", observations=0,
+                        residuals=0, step_s=self.dt, spread=0.0, t_end=k * self.dt)
+
+    def _forecast(self, s: _WorkloadState, k: int, ahead_s: float) -> Forecast:
+        if self.strategy.scaling == "oracle":
+            return self._truth(s, k, ahead_s)
+        now = k * self.dt
+        lo = int(np.searchsorted(s.hist_t[1:k + 1], now - self.history_s, side="left")) + 1
+        return forecast(self.policy.scaling.forecaster, s.hist_t[lo:k + 1], s.hist_v[lo:k + 1], ahead_s,
+                        self.params, now_s=now)
+
+    def _decide(self, s: _WorkloadState, k: int, demand: float, queue: float) -> tuple[int, Expectation | None]:
+        """Replicas for this tick, and the warmer's expectation (predictive scaling only)."""
+        now = k * self.dt
+        setup = s.setup
+        current = len(s.pods)
+        scaling = self.policy.scaling
+        if self.strategy.scaling == "hpa":
+            load = demand + queue / scaling.queue_drain
+            return s.hpa.sync(now, current, current, load, setup.capacity), None
+        h = horizon(self._startup_next(setup.index, now), self.dt, scaling.hpa_sync_delay)
+        fc = self._forecast(s, k, h.seconds)
+        ready = s.ready
+        decision = decide(DecisionInputs(
+            workload=setup.profile.name, now_s=now, demand=demand, queue=queue, capacity=setup.capacity,
+            forecast=fc, horizon=h, ready=ready, starting=current - ready, min_replicas=setup.min_replicas,
+            max_replicas=setup.max_replicas, tolerance=scaling.tolerance,
+            stabilisation_s=scaling.scale_down_stabilisation, queue_drain_s=scaling.queue_drain, recent=s.recent))
+        s.recent = prune((*s.recent, Recommendation(at_s=now, replicas=decision.recommendation)), now,
+                         scaling.scale_down_stabilisation)
+        desired = s.hpa.sync(now, current, current, float(decision.desired), 1.0)
+        # the warmer looks one cold start further: replicas that would have to start cold to be ready then
+        far = horizon(s.scale.reference_s, self.dt, scaling.hpa_sync_delay)
+        if s.far is None or k - s.far_at >= FAR_EVERY_TICKS:
+            s.far, s.far_at = self._forecast(s, k, far.seconds), k
+        need = max(math.ceil(s.far.upper / setup.capacity - 1e-9), decision.desired)
+        need = min(need, setup.max_replicas)
+        return desired, Expectation(workload=setup.profile.name, replicas=max(need - current, 0), within_s=far.seconds)
+
+    def _scale(self, s: _WorkloadState, desired: int, now: float) -> None:
+        current = len(s.pods)
+        for _ in range(desired - current):
+            self._new_pod(s.setup.index, now)
+        if desired >= current:
+            return
+        on_node: dict[int, int] = {}
+        for pod in s.pods.values():
+            if not pod.pending:
+                on_node[pod.node] = on_node.get(pod.node, 0) + 1
+
+        def rank(pod: Pod) -> tuple[int, int, int, float, float, int]:
+            # the ReplicaSet controller deletes first: unscheduled, not ready, doubled-up, newest
+            ready = pod.is_ready(now)
+            return (0 if pod.pending else 1, 1 if ready else 0, -on_node.get(pod.node, 0),
+                    -(pod.ready_s if ready else 0.0), -pod.created_s, -pod.id)
+
+        for pod in sorted(s.pods.values(), key=rank)[: current - desired]:
+            if pod.is_ready(now):
+                s.ready -= 1
+            self.cluster.delete(pod, now)
+            del s.pods[pod.id]
+
+    def _warm(self, expectations: list[Expectation], now: float) -> None:
+        wanted = [e for e in expectations if e.replicas > 0]
+        if not wanted and not self.policy.warming.keep_warm:
+            return
+        key = (tuple((e.workload, e.replicas, e.within_s) for e in wanted), self.cluster.version)
+        if key == self._plan_key:
+            return  # nothing the planner reads has changed: it would plan nothing new
+        snapshot = self.cluster.planning_snapshot(now)
+        result = plan(self.policy, snapshot, wanted, now=now, in_flight=self.cluster.in_flight_actions())
+        for action in result.actions:
+            self.cluster.start_action(action, now)
+            self.warm_actions += 1
+        self._plan_key = (key[0], self.cluster.version)
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def run(self, progress: ProgressFn | None = None) -> RunResult:
+        """Simulate every tick; ``progress(ticks_done)`` is called now and then."""
+        self._initial()
+        n, dt = self.p.n_ticks, self.dt
+        report_every = max(1, n // 200)
+        for k in range(n):
+            now = k * dt
+            self._events(now)
+            expectations: list[Expectation] = []
+            for s in self.w:
+                assert s.timeline is not None
+                q = s.queue
+                queued = q.queued(k)
+                s.timeline.queue[k] = queued
+                s.timeline.served[k] = q.served(k)
+                if k == 0:
+                    continue  # nothing observed yet: the initial replicas hold
+                demand = q.arrived_in(k - 1) / dt
+                s.hist_t[k], s.hist_v[k] = now, demand
+                desired, expectation = self._decide(s, k, demand, queued)
+                self._scale(s, desired, now)
+                if expectation is not None:
+                    expectations.append(expectation)
+            self._place_pending(now)
+            if self.strategy.warming:
+                self._warm(expectations, now)
+            for s in self.w:
+                assert s.timeline is not None
+                tl = s.timeline
+                rate = s.ready * s.setup.capacity
+                s.queue.serve(k, rate)
+                tl.demand[k] = s.queue.arrived_in(k) / dt
+                tl.capacity[k] = rate
+                tl.ready[k] = s.ready
+                placed = sum(1 for p in s.pods.values() if not p.pending)
+                tl.starting[k] = placed - s.ready
+                tl.pending[k] = len(s.pods) - placed
+                s.gpu_s += placed * s.setup.profile.parallelism.gpus * dt
+            if progress is not None and (k + 1) % report_every == 0:
+                progress(k + 1)
+        if progress is not None:
+            progress(n)
+        return self._result()
+
+    def _result(self) -> RunResult:
+        n = self.p.n_ticks
+        out: list[WorkloadResult] = []
+        for s in self.w:
+            assert s.timeline is not None
+            q = s.queue
+            s.timeline.served[n] = q.served(n)
+            pods = [p for p in self.placed if p.workload == s.setup.index]
+            gpus = s.setup.profile.parallelism.gpus
+            served = q.served(n)
+            out.append(WorkloadResult(
+                name=s.setup.profile.name, capacity=s.setup.capacity, gpus_per_replica=gpus,
+                timeline=s.timeline, delays=q.delays(), arrived=q.arrived(n) + 0.0, served=served,
+                queued=q.queued(n), startups=np.array([p.startup_s for p in pods], dtype=np.float64),
+                cold=np.array([p.cold for p in pods], dtype=np.bool_), gpu_seconds=s.gpu_s,
+                busy_gpu_seconds=served / s.setup.capacity * gpus,
+            ))
+        return RunResult(self.strategy, self.dt, n, out, self.warm_actions)
+
+
+def simulate(prepared: Prepared, strategies: Sequence[str], progress: Callable[[str, int], None] | None = None
+             ) -> list[RunResult]:
+    """Run each named strategy on the prepared scenario, in the order given."""
+    results: list[RunResult] = []
+    for name in strategies:
+        strategy = STRATEGIES[name]
+        cb: ProgressFn | None = (lambda done, _n=name: progress(_n, done)) if progress is not None else None
+        results.append(Run(prepared, strategy).run(cb))
+    return results

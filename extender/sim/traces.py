@@ -1,0 +1,351 @@
+"""Demand traces: CSV files of requests or of rates, read with numpy, and the arrivals they become.
+
+Two kinds of file, both CSV with a header line:
+
+* **requests**: one row per request, a timestamp column (ISO-8601, e.g. ``2023-11-16
+  18:17:03.9799600`` or ``...T...Z``, or seconds as a number) and any other columns (ignored). The
+  Azure LLM inference trace format (``TIMESTAMP,ContextTokens,GeneratedTokens``) loads as is.
+* **rate**: one row per interval, a timestamp (the interval's start) and a rate in requests/s. The
+  rate holds until the next row; the last row holds for the median interval.
+
+``format: auto`` picks *rate* when the header has a rate column (``rate``, ``rps``, ``qps``,
+``requests_per_second``, or ``rateColumn``), else *requests*. The time column is ``timeColumn``
+or the first of ``timestamp``, ``time``, ``ts``, ``t`` (any letter case).
+
+Reading is vectorised: the file is read in blocks of about 32 MiB and each block is parsed by
+``numpy.loadtxt`` and converted with ``astype`` (``datetime64[ns]`` or ``float64``); there is no
+Python loop over rows, so tens of millions of requests load in seconds. Only when a block fails to
+parse are its lines scanned one by one, to name the first bad line.
+
+Rows need not be sorted: request logs merged from several frontends interleave, so requests are
+sorted by time (stable). An interval trace with two rows for one start is an error.
+
+Scaling (``loadScale``, ``timeScale``)::
+
+    requests: t' = t x timeScale; each request kept floor(s) times plus once more with
+              probability frac(s), s = loadScale (seeded)
+    rate:     t' = t x timeScale; rate' = rate x loadScale / timeScale   (same requests, longer clock)
+
+Every trace starts at t = 0 on the simulation clock (its first row).
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+
+from extender.core.errors import Problem
+from extender.sim.errors import TraceError
+from extender.sim.scenario import TraceSpec
+
+F64 = NDArray[np.float64]
+
+TIME_COLUMNS = ("timestamp", "time", "ts", "t")
+RATE_COLUMNS = ("rate", "rps", "qps", "requests_per_second")
+#: The Azure LLM inference trace header; a file with it is credited to its source.
+AZURE_COLUMNS = ("timestamp", "contexttokens", "generatedtokens")
+AZURE_CREDIT = "Azure Public Dataset (Microsoft), CC-BY 4.0"
+#: Bytes read per block: large enough that per-block overhead vanishes, small enough for memory.
+BLOCK_BYTES = 32 * 2**20
+
+
+@dataclass(frozen=True)
+class RequestTrace:
+    """Request arrival times in seconds from the first request (sorted)."""
+
+    times: F64
+    credit: str = ""
+
+    def scaled(self, spec: TraceSpec, rng: np.random.Generator) -> RequestTrace:
+        """The trace with ``timeScale`` and ``loadScale`` applied (module docstring)."""
+        times = self.times * spec.time_scale
+        s = spec.load_scale
+        if s != 1.0:
+            whole = math.floor(s)
+            counts = np.full(len(times), whole, dtype=np.int64) + (rng.random(len(times)) < s - whole)
+            times = np.repeat(times, counts)
+        return RequestTrace(times, self.credit)
+
+
+@dataclass(frozen=True)
+class RateTrace:
+    """A piecewise-constant rate (requests/s): ``rates[i]`` from ``starts[i]`` to the next start (or ``end``)."""
+
+    starts: F64
+    rates: F64
+    end: float
+    credit: str = ""
+
+    def scaled(self, spec: TraceSpec) -> RateTrace:
+        """The trace with ``timeScale`` and ``loadScale`` applied (module docstring)."""
+        k = spec.time_scale
+        return RateTrace(self.starts * k, self.rates * spec.load_scale / k, self.end * k, self.credit)
+
+    def cumulative(self, t: F64) -> F64:
+        """Requests arrived by each time ``t``: the integral of the step rate, exact (it is piecewise linear)."""
+        knots = np.append(self.starts, self.end)
+        area = np.concatenate(([0.0], np.cumsum(self.rates * np.diff(knots))))
+        return np.asarray(np.interp(t, knots, area, left=0.0, right=float(area[-1])), dtype=np.float64)
+
+
+Trace = RequestTrace | RateTrace
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """A workload's demand on the simulation clock, as packets in time order.
+
+    ``fluid=False``: packet j is one request (weight 1) arriving at ``times[j]``. ``fluid=True``:
+    packet j is ``weights[j]`` requests arriving uniformly over ``[times[j], times[j] + bin_s)``
+    (rate traces and the synthetic generator). ``span_s``: how long the demand lasts.
+    """
+
+    times: F64
+    weights: F64
+    fluid: bool
+    bin_s: float
+    span_s: float
+    description: str = ""
+    credit: str = ""
+
+    @property
+    def total(self) -> float:
+        """Requests in the whole demand."""
+        return float(self.weights.sum())
+
+    def __len__(self) -> int:
+        return len(self.times)
+
+
+def arrivals_from(trace: Trace, *, bin_s: float, description: str = "", duration_s: float | None = None) -> Arrivals:
+    """The packets of a trace: requests as they are; a rate integrated over bins of ``bin_s`` seconds.
+
+    A rate trace's bins cover ``[0, duration)`` (default: the trace's end, rounded up to a bin).
+    """
+    if isinstance(trace, RequestTrace):
+        span = float(trace.times[-1]) if len(trace.times) else 0.0
+        times = trace.times if duration_s is None else trace.times[trace.times < duration_s]
+        return Arrivals(times, np.ones(len(times)), False, bin_s, span, description, trace.credit)
+    end = trace.end if duration_s is None else duration_s
+    n = max(1, math.ceil(end / bin_s - 1e-9))
+    edges = np.arange(n + 1, dtype=np.float64) * bin_s
+    weights = np.diff(trace.cumulative(edges))
+    return Arrivals(edges[:-1], np.maximum(weights, 0.0), True, bin_s, trace.end, description, trace.credit)
+
+
+# ---------------------------------------------------------------------------------------------
+# CSV parsing
+# ---------------------------------------------------------------------------------------------
+
+
+def _header(line: str) -> list[str]:
+    return [c.strip().strip('"').strip() for c in line.rstrip("\r\n").split(",")]
+
+
+def _pick(columns: list[str], wanted: str | None, candidates: tuple[str, ...]) -> int | None:
+    lowered = [c.lower() for c in columns]
+    if wanted is not None:
+        return lowered.index(wanted.lower()) if wanted.lower() in lowered else None
+    return next((lowered.index(c) for c in candidates if c in lowered), None)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    kind: Literal["requests", "rate"]
+    time_col: int
+    rate_col: int | None
+    ncols: int
+    credit: str
+
+
+def _layout(columns: list[str], spec: TraceSpec, source: str) -> _Layout:
+    listed = ", ".join(columns)
+    time_col = _pick(columns, spec.time_column, TIME_COLUMNS)
+    if time_col is None:
+        wanted = repr(spec.time_column) if spec.time_column else f"one of {', '.join(TIME_COLUMNS)}"
+        raise TraceError([Problem(source, 1, "", f"no time column: expected {wanted} (the header has {listed})")])
+    rate_col = _pick(columns, spec.rate_column, RATE_COLUMNS)
+    if spec.rate_column is not None and rate_col is None:
+        raise TraceError([Problem(source, 1, "", f"no rate column {spec.rate_column!r} (the header has {listed})")])
+    auto: Literal["requests", "rate"] = "rate" if rate_col is not None else "requests"
+    kind = auto if spec.format == "auto" else spec.format
+    if kind == "rate" and rate_col is None:
+        raise TraceError([Problem(source, 1, "", f"a rate trace needs a rate column: one of {', '.join(RATE_COLUMNS)} "
+                                                 f"or rateColumn (the header has {listed})")])
+    azure = tuple(c.lower() for c in columns) == AZURE_COLUMNS
+    credit = spec.credit or (AZURE_CREDIT if azure else "")
+    return _Layout(kind, time_col, rate_col if kind == "rate" else None, len(columns), credit)
+
+
+def _blocks(f: BinaryIO) -> Iterator[bytes]:
+    """The rest of the file in blocks of whole lines."""
+    while True:
+        block = f.read(BLOCK_BYTES)
+        if not block:
+            return
+        if not block.endswith(b"\n"):
+            block += f.readline()
+        yield block
+
+
+def _data_lines(text: str, first_line: int) -> Iterator[tuple[int, str]]:
+    """(line number, line) for the lines numpy.loadtxt reads as rows: not blank, not a comment."""
+    for i, line in enumerate(text.splitlines()):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            yield first_line + i, line
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_iso(text: str) -> bool:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            value = np.datetime64(text.strip(), "ns")
+    except ValueError:
+        return False
+    return not np.isnat(value)
+
+
+def _bad_line(text: str, first_line: int, layout: _Layout, numeric: bool, source: str) -> Problem | None:
+    """The first line of a block that cannot be read, with what is wrong with it (the slow path)."""
+    for line_no, line in _data_lines(text, first_line):
+        fields = line.split(",")
+        if len(fields) != layout.ncols:
+            return Problem(source, line_no, "", f"the row has {len(fields)} columns, the header has {layout.ncols}")
+        ts = fields[layout.time_col].strip().strip('"')
+        if numeric and not _is_number(ts):
+            return Problem(source, line_no, "", f"timestamp {ts!r} is not a number of seconds (like the first row's)")
+        if not numeric and not _is_iso(ts):
+            return Problem(source, line_no, "", f"timestamp {ts!r} is not an ISO-8601 time (like the first row's)")
+        if layout.rate_col is not None:
+            rate = fields[layout.rate_col].strip().strip('"')
+            if not _is_number(rate):
+                return Problem(source, line_no, "", f"rate {rate!r} is not a number")
+            if not math.isfinite(float(rate)) or float(rate) < 0:
+                return Problem(source, line_no, "", f"rate {rate!r} must be a finite number >= 0")
+        if numeric and not math.isfinite(float(ts)):
+            return Problem(source, line_no, "", f"timestamp {ts!r} is not finite")
+    return None
+
+
+def _parse_block(text: str, first_line: int, layout: _Layout, numeric: bool,
+                 source: str) -> tuple[NDArray[np.int64] | F64, F64 | None]:
+    """Timestamps (int64 ns for ISO, float seconds for numbers) and rates of one block of rows."""
+    cols = (layout.time_col,) if layout.rate_col is None else (layout.time_col, layout.rate_col)
+    dtype = [("t", "S64")] if layout.rate_col is None else [("t", "S64"), ("r", "f8")]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an empty block warns; timezone offsets warn
+            rows = np.loadtxt(io.StringIO(text), delimiter=",", usecols=cols, dtype=dtype, ndmin=1,
+                              quotechar='"')
+            raw = np.char.strip(rows["t"])
+            ts: NDArray[np.int64] | F64
+            if numeric:
+                ts = raw.astype(np.float64)
+                ok = bool(np.isfinite(ts).all())
+            else:
+                stamps = raw.astype("datetime64[ns]")
+                ok = not bool(np.isnat(stamps).any())
+                ts = stamps.astype(np.int64)
+            rates = rows["r"].astype(np.float64) if layout.rate_col is not None else None
+            if rates is not None and not bool((np.isfinite(rates) & (rates >= 0)).all()):
+                ok = False
+        if not ok:
+            raise ValueError("non-finite or negative value")
+    except ValueError as exc:
+        problem = _bad_line(text, first_line, layout, numeric, source)
+        if problem is None:  # numpy disagreed with the slow path: report numpy's words, without a line
+            problem = Problem(source, None, "", f"cannot parse the rows from line {first_line}: {exc}")
+        raise TraceError([problem]) from exc
+    return ts, rates
+
+
+def _line_of_row(path: str | Path, row: int) -> int:
+    """The line number of data row ``row`` (0-based), counting as numpy.loadtxt does (error path only)."""
+    with Path(path).open(encoding="utf-8-sig") as f:
+        f.readline()
+        seen = -1
+        for line_no, line in enumerate(f, start=2):
+            stripped = line.strip()
+            if stripped and not stripped.startswith("#"):
+                seen += 1
+                if seen == row:
+                    return line_no
+    return 0
+
+
+def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
+    """Read a CSV trace (rules in the module docstring); :class:`TraceError` names the file and line."""
+    source = str(path)
+    try:
+        f = Path(path).open("rb")  # noqa: SIM115 - closed by the with block below; open errors mapped here
+    except OSError as exc:
+        raise TraceError([Problem(source, None, "", f"cannot read: {exc.strerror or exc}")]) from exc
+    with f:
+        header_bytes = f.readline()
+        try:
+            header = header_bytes.decode("utf-8-sig")
+        except UnicodeDecodeError as exc:
+            raise TraceError([Problem(source, 1, "", f"not UTF-8 text: {exc.reason}")]) from exc
+        if not header.strip():
+            raise TraceError([Problem(source, None, "", "the file is empty: expected a header line and rows")])
+        layout = _layout(_header(header), spec, source)
+        times: list[NDArray[np.int64] | F64] = []
+        rates: list[F64] = []
+        numeric: bool | None = None
+        line = 2
+        for block in _blocks(f):
+            try:
+                text = block.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                where = line + block[: exc.start].count(b"\n")
+                raise TraceError([Problem(source, where, "", f"not UTF-8 text: {exc.reason}")]) from exc
+            if numeric is None:
+                first = next(_data_lines(text, line), None)
+                if first is not None:
+                    fields = first[1].split(",")
+                    value = fields[layout.time_col].strip().strip('"') if layout.time_col < len(fields) else ""
+                    numeric = _is_number(value)
+            if numeric is not None:
+                ts, rs = _parse_block(text, line, layout, numeric, source)
+                times.append(ts)
+                if rs is not None:
+                    rates.append(rs)
+            line += text.count("\n")
+    if numeric is None or sum(len(t) for t in times) == 0:
+        raise TraceError([Problem(source, None, "", "the trace has a header but no rows")])
+    raw = np.concatenate(times)
+    if numeric:
+        order = np.argsort(raw, kind="stable")
+        seconds = raw[order] - raw[order[0]]
+    else:
+        order = np.argsort(raw, kind="stable")
+        ns = raw[order]
+        seconds = (ns - ns[0]).astype(np.float64) / 1e9
+    if layout.kind == "requests":
+        return RequestTrace(np.ascontiguousarray(seconds, dtype=np.float64), layout.credit)
+    rate = np.concatenate(rates)[order]
+    same = np.flatnonzero(np.diff(seconds) == 0)
+    if len(same):
+        pair = sorted((int(order[same[0]]), int(order[same[0] + 1])))
+        earlier, later = (_line_of_row(path, r) for r in pair)
+        raise TraceError([Problem(source, later, "", f"this interval starts at the same time as line {earlier}; "
+                                                      "an interval trace needs one row per start")])
+    step = float(np.median(np.diff(seconds))) if len(seconds) > 1 else 1.0
+    return RateTrace(np.ascontiguousarray(seconds, dtype=np.float64), rate, float(seconds[-1]) + step, layout.credit)
