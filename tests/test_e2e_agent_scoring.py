@@ -68,13 +68,8 @@ scoring:
   nvmePressurePenalty: 0
 """
 
-#: ``extender agent`` and ``extender sync`` through their own ``register`` (the same parser entries
-#: the ``extender`` console script gets).
-COMMAND = ("import argparse, sys\n"
-           "from extender.agent import commands as agent\n"
-           "from extender.kube import commands as sync\n"
-           "p = argparse.ArgumentParser(); s = p.add_subparsers(); agent.register(s); sync.register(s)\n"
-           "a = p.parse_args(sys.argv[1:]); sys.exit(a.handler(a))\n")
+#: ``extender agent`` and ``extender sync``, as the console script runs them.
+COMMAND = "import sys\nfrom extender.cli import main\nsys.exit(main())\n"
 
 
 def node(name: str) -> dict[str, Any]:
@@ -143,6 +138,21 @@ def scores_or_none(port: int) -> dict[str, int] | None:
         return None
 
 
+def start_stack(stack: ExitStack, *, policy: Path, kubeconfig: Path, roots: dict[str, Path], redis_url: str,
+                port: int, logs: Path, agent_command: str = COMMAND) -> None:
+    """The cluster side of an end-to-end test: the sync, one agent per cache root, the extender."""
+    stack.enter_context(process([sys.executable, "-c", COMMAND, "sync", "--policy", str(policy),
+                                 "--kubeconfig", str(kubeconfig), "--redis-url", redis_url], logs / "sync.log"))
+    for name, root in roots.items():
+        stack.enter_context(process([sys.executable, "-c", agent_command, "agent", "--node-name", name,
+                                     "--cache-root", str(root), "--interval", "0.2",
+                                     "--redis-url", redis_url], logs / f"agent-{name}.log"))
+    stack.enter_context(process([sys.executable, "-m", "extender.server", "serve", "--policy", str(policy),
+                                 "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "2",
+                                 "--redis-url", redis_url, "--poll-interval", "0.1",
+                                 "--min-rebuild-interval", "0.1"], logs / "extender.log"))
+
+
 def write_weights(root: Path) -> None:
     """What a loader does: shards first, then the manifest, then the completion marker."""
     directory = weights_dir(root, "big-llm", "rev-1")
@@ -166,17 +176,8 @@ def test_writing_weights_into_a_cache_root_raises_the_nodes_score(redis_server: 
         for name in NODES:
             double.apply(node(name))
         kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
-        stack.enter_context(process([sys.executable, "-c", COMMAND, "sync", "--policy", str(policy),
-                                     "--kubeconfig", str(kubeconfig), "--redis-url", redis_server.url],
-                                    logs / "sync.log"))
-        for name, root in roots.items():
-            stack.enter_context(process([sys.executable, "-c", COMMAND, "agent", "--node-name", name,
-                                         "--cache-root", str(root), "--interval", "0.2",
-                                         "--redis-url", redis_server.url], logs / f"agent-{name}.log"))
-        stack.enter_context(process([sys.executable, "-m", "extender.server", "serve", "--policy", str(policy),
-                                     "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "2",
-                                     "--redis-url", redis_server.url, "--poll-interval", "0.1",
-                                     "--min-rebuild-interval", "0.1"], logs / "extender.log"))
+        start_stack(stack, policy=policy, kubeconfig=kubeconfig, roots=roots, redis_url=redis_server.url,
+                    port=port, logs=logs)
 
         def logs_tail() -> str:
             return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.iterdir()))

@@ -25,11 +25,11 @@ from typing import Any
 
 import pytest
 
+from extender import cli
 from extender.core.errors import KubeError
 from extender.core.inventory import NodeState, weights_key
 from extender.core.policy import Policy
 from extender.core.scaler import Decision
-from extender.scaler import commands
 from extender.scaler.loop import ScaleLoop, TickReport
 from extender.scaler.observation import Observation
 from extender.scaler.pods import Pod
@@ -342,7 +342,7 @@ def test_history_window_and_decisions_survive_a_restart(redis_server: RedisServe
     assert (d.action, d.desired) == ("hold", 10)
 
     url = redis_server.url
-    assert commands.main(["scale", "explain", "qwen3", "--redis-url", url]) == 0
+    assert cli.main(["scale", "explain", "qwen3", "--redis-url", url]) == 0
     out = capsys.readouterr().out
     assert "by scaler-b (fencing token 2)" in out
     assert "qwen3: hold at 10 (current 10 ready + 0 starting)" in out
@@ -351,15 +351,15 @@ def test_history_window_and_decisions_survive_a_restart(redis_server: RedisServe
     assert "signal: scripted, 1 of 1 answered, complete" in out
     assert "published: extender-desired-replicas 10" in out
 
-    assert commands.main(["scale", "explain", "qwen3", "--last", "3", "--redis-url", url]) == 0
+    assert cli.main(["scale", "explain", "qwen3", "--last", "3", "--redis-url", url]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[-4].startswith("time (UTC)") and len(table[-3:]) == 3
 
-    assert commands.main(["scale", "--redis-url", url, "explain", "qwen3", "--json"]) == 0
+    assert cli.main(["scale", "--redis-url", url, "explain", "qwen3", "--json"]) == 0
     record = json.loads(capsys.readouterr().out)
     assert (record["holder"], record["token"], record["decision"]["desired"]) == ("scaler-b", 2, 10)
 
-    assert commands.main(["scale", "explain", "nope", "--redis-url", url]) == 1
+    assert cli.main(["scale", "explain", "nope", "--redis-url", url]) == 1
     assert "no decision recorded for 'nope'" in capsys.readouterr().err
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from extender.scaler import commands
+from extender import cli
 from extender.scaler.loop import TickReport
 from extender.state import connect
 from extender.state.lock import LeaderLock
@@ -56,7 +56,7 @@ USAGE = [
 
 @pytest.mark.parametrize(("argv", "code", "words"), [u[1:] for u in USAGE], ids=[u[0] for u in USAGE])
 def test_usage_errors(argv: list[str], code: int, words: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert commands.main(argv) == code
+    assert cli.main(argv) == code
     assert words in capsys.readouterr().err
 
 
@@ -69,7 +69,7 @@ def test_a_policy_without_autoscaling_is_refused(tmp_path: Path, capsys: pytest.
     end = text.index("  - name: batch")
     policy = tmp_path / "p.yaml"
     policy.write_text(text[:start] + text[end:])
-    assert commands.main(["scale", "--policy", str(policy), "--once"]) == 1
+    assert cli.main(["scale", "--policy", str(policy), "--once"]) == 1
     assert "no profile with an autoscaling section" in capsys.readouterr().err
 
 
@@ -78,7 +78,7 @@ def test_serving_checks_its_store_before_starting(tmp_path: Path, capsys: pytest
     policy.write_text(policy_text())
     argv = ["scale", "--policy", str(policy), "--insecure-no-auth", "--no-loop",
             "--redis-url", f"redis://127.0.0.1:{free_port()}/0"]  # nothing listens there
-    assert commands.main(argv) == 1
+    assert cli.main(argv) == 1
     err = capsys.readouterr().err
     assert "not starting" in err and "Redis is unavailable" in err
 
@@ -89,12 +89,12 @@ def test_once_runs_one_tick_and_releases(cluster: tuple[KubeDouble, MetricsEndpo
     _, _, policy, kubeconfig = cluster
     argv = ["scale", "--policy", str(policy), "--kubeconfig", str(kubeconfig), "--redis-url", redis_server.url,
             "--once"]
-    assert commands.main([*argv, "--identity", "first"]) == 0
+    assert cli.main([*argv, "--identity", "first"]) == 0
     out = capsys.readouterr().out
     assert "leader first (fencing token 1)" in out
     assert "qwen3: hold at 1 (current 1 ready + 0 starting)" in out
     assert "no observation this tick" in out  # one tick: no previous counters to make a rate from
-    assert commands.main([*argv, "--identity", "second"]) == 0  # the first released the lock
+    assert cli.main([*argv, "--identity", "second"]) == 0  # the first released the lock
     assert "leader second (fencing token 2)" in capsys.readouterr().out
 
 

@@ -22,7 +22,6 @@ weights, the next tick confirms the Job and deletes it, and:
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -53,8 +52,8 @@ from tests.test_e2e_agent_scoring import (
     WITH_AGENT,
     free_port,
     node,
-    process,
     scores_or_none,
+    start_stack,
 )
 from tests.test_warm_executor import finish, jobs
 
@@ -121,17 +120,8 @@ def test_warm_then_schedule(redis_server: RedisServer, tmp_path: Path) -> None:
         for name in NODES:
             double.apply(node(name))
         kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
-        stack.enter_context(process([sys.executable, "-c", COMMAND, "sync", "--policy", str(policy_file),
-                                     "--kubeconfig", str(kubeconfig), "--redis-url", redis_server.url],
-                                    logs / "sync.log"))
-        for name, root in roots.items():
-            stack.enter_context(process([sys.executable, "-c", AGENT_COMMAND, "agent", "--node-name", name,
-                                         "--cache-root", str(root), "--interval", "0.2",
-                                         "--redis-url", redis_server.url], logs / f"agent-{name}.log"))
-        stack.enter_context(process([sys.executable, "-m", "extender.server", "serve", "--policy", str(policy_file),
-                                     "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "2",
-                                     "--redis-url", redis_server.url, "--poll-interval", "0.1",
-                                     "--min-rebuild-interval", "0.1"], logs / "extender.log"))
+        start_stack(stack, policy=policy_file, kubeconfig=kubeconfig, roots=roots, redis_url=redis_server.url,
+                    port=port, logs=logs, agent_command=AGENT_COMMAND)
         client = connect(redis_server.url, tmp_path)
         stack.callback(client.close)
         store = InventoryStore(client)

@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 
 from extender.agent.loop import Agent, AgentSettings, Labeler
+from extender.arguments import positive_float
 from extender.core.errors import ExtenderError
 from extender.core.inventory import DEFAULT_TTL_S
 from extender.process import configure_logging, stop_on_signals
@@ -28,20 +29,13 @@ from extender.state.sources import SourceStore
 from extender.state.store import InventoryStore
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``agent`` to the ``extender`` command line."""
     p = subparsers.add_parser("agent", help="node agent: scan the node's cache root, report it to the inventory")
     p.add_argument("--node-name", default=None, metavar="NAME", help="this node's name (default: $NODE_NAME)")
     p.add_argument("--cache-root", required=True, type=Path, metavar="DIR", help="the node's cache root")
-    p.add_argument("--interval", type=_positive, default=15.0, metavar="S", help="seconds between scans (15)")
-    p.add_argument("--ttl", type=_positive, default=DEFAULT_TTL_S, metavar="S",
+    p.add_argument("--interval", type=positive_float, default=15.0, metavar="S", help="seconds between scans (15)")
+    p.add_argument("--ttl", type=positive_float, default=DEFAULT_TTL_S, metavar="S",
                    help=f"seconds a report stays valid without a heartbeat ({DEFAULT_TTL_S:.0f})")
     p.add_argument("--label-nodes", action="store_true",
                    help="also label the Node extender.io/<workload>.weights=ready (needs get/patch on nodes)")

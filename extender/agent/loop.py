@@ -32,9 +32,9 @@ from typing import Protocol
 
 from extender.agent.disk import disk_usage
 from extender.agent.scan import CacheScan, ManifestCache, Problem, SizeCache, scan_cache
+from extender.core.backoff import Backoff
 from extender.core.errors import KubeError, StateError
 from extender.core.inventory import DEFAULT_TTL_S
-from extender.kube.backoff import Backoff
 from extender.state.sources import AgentReport
 
 log = logging.getLogger(__name__)

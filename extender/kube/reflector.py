@@ -22,8 +22,8 @@ import threading
 from collections.abc import Callable
 from typing import Protocol
 
+from extender.core.backoff import Backoff
 from extender.core.errors import KubeError
-from extender.kube.backoff import Backoff
 from extender.kube.client import JSON, Resource, WatchStream
 from extender.kube.errors import KubeGoneError
 

@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from extender.core.backoff import Backoff
 from extender.core.errors import KubeError, StateError
 from extender.core.policy import Policy
-from extender.kube.backoff import Backoff
 from extender.kube.client import JSON, KubeClient
 from extender.kube.objects import DEFAULT_GPU_RESOURCE, NodeFacts, PodFacts, kube_report, node_facts, pod_facts
 from extender.kube.reflector import DEFAULT_WATCH_TIMEOUT_S, Reflector

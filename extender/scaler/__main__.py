@@ -1,9 +1,9 @@
-"""``python -m extender.scaler scale ...``: the scaler commands without the full CLI."""
+"""``python -m extender.scaler scale ...``: the same as ``extender scale ...``."""
 
 from __future__ import annotations
 
 import sys
 
-from extender.scaler.commands import main
+from extender.cli import main
 
 sys.exit(main())

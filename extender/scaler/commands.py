@@ -37,39 +37,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from extender.arguments import bind_address, positive_float, positive_int
 from extender.core.errors import DocumentError, ExtenderError
 from extender.core.scaler import Decision
 from extender.files import load_policy, read_text
 from extender.state.commands import DEFAULT_DATA_DIR, add_store_options
 
 log = logging.getLogger(__name__)
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return value
-
-
-def _bind(text: str) -> str:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
-    return text if host else f"0.0.0.0:{port}"
 
 
 def register(subparsers: Any) -> None:
@@ -80,16 +54,16 @@ def register(subparsers: Any) -> None:
                     "'extender scale explain WORKLOAD' shows why it decided what it did.",
     )
     scale.add_argument("--policy", metavar="FILE", help="policy file (profiles with an autoscaling section)")
-    scale.add_argument("--tick", type=_positive_float, metavar="SECONDS",
+    scale.add_argument("--tick", type=positive_float, metavar="SECONDS",
                        help="seconds between decisions (default: the policy's scaling.tick, 15 s)")
-    scale.add_argument("--lease-ttl", type=_positive_float, metavar="SECONDS",
+    scale.add_argument("--lease-ttl", type=positive_float, metavar="SECONDS",
                        help="a leader that stops renewing is replaced after this long (default: three ticks)")
     scale.add_argument("--identity", metavar="ID",
                        help="this candidate's name in the leader lock (default: $POD_NAME or host, pid, random)")
     scale.add_argument("--prefix", default="extender", metavar="PREFIX", help="Redis key prefix (default: extender)")
-    scale.add_argument("--history-max-age", type=_positive_float, metavar="SECONDS",
+    scale.add_argument("--history-max-age", type=positive_float, metavar="SECONDS",
                        help="demand history kept per workload (default: 3 days)")
-    scale.add_argument("--history-max-points", type=_positive_int, metavar="N",
+    scale.add_argument("--history-max-points", type=positive_int, metavar="N",
                        help="samples kept per workload (default: 20000)")
     add_store_options(scale)
     kube = scale.add_argument_group("Kubernetes")
@@ -102,9 +76,9 @@ def register(subparsers: Any) -> None:
                       help="run the loop alone in the foreground, without the External Metrics API")
     mode.add_argument("--no-loop", action="store_true", help="serve the External Metrics API only")
     api = scale.add_argument_group("External Metrics API")
-    api.add_argument("--bind", default="0.0.0.0:6443", type=_bind, metavar="HOST:PORT",
+    api.add_argument("--bind", default="0.0.0.0:6443", type=bind_address, metavar="HOST:PORT",
                      help="listen address (default: 0.0.0.0:6443)")
-    api.add_argument("--threads", default=4, type=_positive_int, metavar="N", help="request threads (default: 4)")
+    api.add_argument("--threads", default=4, type=positive_int, metavar="N", help="request threads (default: 4)")
     api.add_argument("--tls-cert", metavar="FILE", help="serving certificate (PEM); needs --tls-key")
     api.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
     api.add_argument("--requestheader-client-ca-file", metavar="FILE",
@@ -127,7 +101,7 @@ def register(subparsers: Any) -> None:
     actions = scale.add_subparsers(dest="scale_command", metavar="ACTION")
     explain = actions.add_parser("explain", help="why the scaler decided what it did for a workload")
     explain.add_argument("workload", metavar="WORKLOAD")
-    explain.add_argument("--last", type=_positive_int, default=1, metavar="N",
+    explain.add_argument("--last", type=positive_int, default=1, metavar="N",
                          help="also list the N latest decisions (default: 1, the latest only)")
     explain.add_argument("--json", action="store_true", help="print the stored records as JSON")
     # SUPPRESS: without a value here, argparse must not overwrite what was given before 'explain'
@@ -393,20 +367,3 @@ def _explain(args: argparse.Namespace) -> int:
         print()
         print(render_table(records))
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m extender.scaler scale ...`` (the same commands ``extender`` gets once wired)."""
-    parser = argparse.ArgumentParser(prog="extender", description="predictive scaler commands")
-    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    try:
-        code: int = args.handler(args)
-        return code
-    except DocumentError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        return 1
-    except ExtenderError as exc:
-        print(f"extender: {exc}", file=sys.stderr)
-        return 1

@@ -1,9 +1,9 @@
-"""``python -m extender.server serve|explain``: the server commands without the full CLI."""
+"""``python -m extender.server serve|explain``: the same as ``extender serve|explain``."""
 
 from __future__ import annotations
 
 import sys
 
-from extender.server.commands import main
+from extender.cli import main
 
 sys.exit(main())

@@ -25,36 +25,10 @@ from typing import Any
 
 import yaml
 
-from extender.core.errors import DocumentError, ExtenderError, Problem
+from extender.arguments import bind_address, positive_float, positive_int
+from extender.core.errors import DocumentError, Problem
 from extender.files import load_policy, read_text
 from extender.state.commands import DEFAULT_DATA_DIR, add_store_options
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return value
-
-
-def _bind(text: str) -> str:
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
-    return text if host else f"0.0.0.0:{port}"
 
 
 def register(subparsers: Any) -> None:
@@ -63,11 +37,11 @@ def register(subparsers: Any) -> None:
         "serve", help="run the scheduler extender (filter/prioritize for kube-scheduler) under gunicorn"
     )
     serve.add_argument("--policy", required=True, metavar="FILE", help="policy file (reloaded when it changes)")
-    serve.add_argument("--bind", default="0.0.0.0:8888", type=_bind, metavar="HOST:PORT",
+    serve.add_argument("--bind", default="0.0.0.0:8888", type=bind_address, metavar="HOST:PORT",
                        help="listen address (default: 0.0.0.0:8888)")
-    serve.add_argument("--workers", default=2, type=_positive_int, metavar="N",
+    serve.add_argument("--workers", default=2, type=positive_int, metavar="N",
                        help="worker processes (default: 2)")
-    serve.add_argument("--threads", default=4, type=_positive_int, metavar="N",
+    serve.add_argument("--threads", default=4, type=positive_int, metavar="N",
                        help="threads per worker for keep-alive connections (default: 4)")
     add_store_options(serve)
     tls = serve.add_argument_group("TLS (kube-scheduler: enableHTTPS, tlsConfig)")
@@ -76,15 +50,15 @@ def register(subparsers: Any) -> None:
     tls.add_argument("--tls-client-ca", metavar="FILE",
                      help="require client certificates signed by this CA (mutual TLS)")
     knobs = serve.add_argument_group("fail-open bounds")
-    knobs.add_argument("--max-snapshot-age", type=_positive_float, default=15.0, metavar="SECONDS",
+    knobs.add_argument("--max-snapshot-age", type=positive_float, default=15.0, metavar="SECONDS",
                        help="answer neutrally when the inventory snapshot is older (default: 15)")
-    knobs.add_argument("--request-budget", type=_positive_float, default=0.5, metavar="SECONDS",
+    knobs.add_argument("--request-budget", type=positive_float, default=0.5, metavar="SECONDS",
                        help="answer neutrally when one request takes longer (default: 0.5)")
-    knobs.add_argument("--poll-interval", type=_positive_float, default=0.5, metavar="SECONDS",
+    knobs.add_argument("--poll-interval", type=positive_float, default=0.5, metavar="SECONDS",
                        help="how often each worker checks the store version (default: 0.5)")
-    knobs.add_argument("--min-rebuild-interval", type=_positive_float, default=2.0, metavar="SECONDS",
+    knobs.add_argument("--min-rebuild-interval", type=positive_float, default=2.0, metavar="SECONDS",
                        help="rebuild the snapshot at most this often while the store keeps changing (default: 2)")
-    knobs.add_argument("--max-body", type=_positive_int, default=64 * 2**20, metavar="BYTES",
+    knobs.add_argument("--max-body", type=positive_int, default=64 * 2**20, metavar="BYTES",
                        help="largest request body; larger ones get HTTP 413 (default: 64 MiB)")
     serve.add_argument("--access-log", action="store_true", help="log every request (off: it costs latency)")
     serve.set_defaults(handler=_serve)
@@ -217,20 +191,3 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"{'':<{width}}   reason: {n['reason']}")
     if any(n["nvmePressure"] for n in report["nodes"]):
         print("* NVMe pressure: free NVMe cannot hold the missing weights; penalty applied")
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m extender.server serve|explain ...`` (the same commands ``extender`` gets)."""
-    parser = argparse.ArgumentParser(prog="extender", description="scheduler extender commands")
-    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    args = parser.parse_args(argv)
-    try:
-        code: int = args.handler(args)
-        return code
-    except DocumentError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        return 1
-    except ExtenderError as exc:
-        print(f"extender: {exc}", file=sys.stderr)
-        return 1

@@ -3,9 +3,6 @@
 ``delay_n = min(max_s, initial_s * factor**n) * (1 + jitter * u)``, ``u`` uniform in [-1, 1].
 The jitter spreads the retries of many agents (one per node) that lost Redis at the same moment, so
 they do not all reconnect in the same millisecond when it returns.
-
-Pure arithmetic; it lives here rather than in ``extender/core`` only because that package is owned
-elsewhere (see docs/agent-and-sync.md).
 """
 
 from __future__ import annotations
