@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from extender.core.errors import DocumentError, PolicyError, Problem
@@ -25,3 +26,19 @@ def load_policy(path: str | Path) -> Policy:
     except DocumentError as exc:
         raise PolicyError(exc.problems) from exc
     return parse_policy(text, str(path))
+
+
+def load_policy_to_start(path: str | Path, command: str) -> Policy | None:
+    """The policy a long-running command starts with, or ``None`` after printing why it will not.
+
+    A service must refuse to start on an invalid policy rather than run with a guess: every problem
+    goes to stderr, then one line saying the command is not starting.
+    """
+    try:
+        return load_policy(path)
+    except DocumentError as exc:
+        for problem in exc.problems:
+            print(problem, file=sys.stderr)
+        print(f"extender {command}: not starting: {path} is invalid ({len(exc.problems)} problem(s))",
+              file=sys.stderr)
+        return None

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from extender.arguments import bind_address, positive_float, positive_int
-from extender.core.errors import DocumentError, ExtenderError
+from extender.core.errors import ExtenderError
 from extender.core.scaler import Decision
-from extender.files import load_policy, read_text
+from extender.files import load_policy_to_start, read_text
 from extender.state.commands import DEFAULT_DATA_DIR, add_store_options
 
 log = logging.getLogger(__name__)
@@ -192,13 +192,8 @@ def _scale(args: argparse.Namespace) -> int:
     if serving and not args.tls_cert and not args.insecure_no_auth:
         return _usage("the External Metrics API is served over TLS (give --tls-cert and --tls-key); "
                       "--insecure-no-auth serves plain HTTP without authentication, for local use only")
-    try:
-        policy = load_policy(args.policy)
-    except DocumentError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        print(f"extender scale: not starting: {args.policy} is invalid ({len(exc.problems)} problem(s))",
-              file=sys.stderr)
+    policy = load_policy_to_start(args.policy, "scale")
+    if policy is None:
         return 1
 
     from extender.scaler.loop import scaled_profiles

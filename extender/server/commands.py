@@ -27,7 +27,7 @@ import yaml
 
 from extender.arguments import bind_address, positive_float, positive_int
 from extender.core.errors import DocumentError, Problem
-from extender.files import load_policy, read_text
+from extender.files import load_policy, load_policy_to_start, read_text
 from extender.state.commands import DEFAULT_DATA_DIR, add_store_options
 
 
@@ -88,13 +88,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tls_client_ca and not args.tls_cert:
         print("extender serve: --tls-client-ca needs --tls-cert and --tls-key", file=sys.stderr)
         return 2
-    try:
-        policy = load_policy(args.policy)
-    except DocumentError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        print(f"extender serve: not starting: {args.policy} is invalid ({len(exc.problems)} problem(s))",
-              file=sys.stderr)
+    policy = load_policy_to_start(args.policy, "serve")
+    if policy is None:
         return 1
     url, data_dir = _store_location(args)
 
