@@ -25,8 +25,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,20 +139,88 @@ def scores_or_none(port: int) -> dict[str, int] | None:
         return None
 
 
-def start_stack(stack: ExitStack, *, policy: Path, kubeconfig: Path, roots: dict[str, Path], redis_url: str,
-                port: int, logs: Path, agent_command: str = COMMAND) -> None:
-    """The cluster side of an end-to-end test: the sync, one agent per cache root, the extender."""
-    stack.enter_context(process([sys.executable, "-c", COMMAND, "sync", "--policy", str(policy),
-                                 "--kubeconfig", str(kubeconfig), "--redis-url", redis_url], logs / "sync.log"))
-    for name, root in roots.items():
-        stack.enter_context(process([sys.executable, "-c", agent_command, "agent", "--node-name", name,
-                                     "--cache-root", str(root), "--interval", "0.2",
-                                     "--redis-url", redis_url], logs / f"agent-{name}.log"))
-    stack.enter_context(process([sys.executable, "-m", "extender.server", "serve", "--policy", str(policy),
-                                 "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "2",
-                                 "--redis-url", redis_url, "--poll-interval", "0.1",
-                                 "--min-rebuild-interval", "0.1"], logs / "extender.log"))
 
+@dataclass
+class E2EStack:
+    """A running end-to-end cluster: the API double, the sync, one agent per cache root, the extender."""
+
+    double: KubeDouble
+    kubeconfig: Path
+    roots: dict[str, Path]
+    port: int
+    logs: Path
+    store: InventoryStore
+
+    def logs_tail(self) -> str:
+        """The end of every process's log, for a failure message."""
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(self.logs.iterdir()))
+
+    def scores(self) -> dict[str, int] | None:
+        """``/prioritize`` for the test pod, or ``None`` while the extender is not answering yet."""
+        return scores_or_none(self.port)
+
+    def wait_for_setup(self, *, with_images: bool = False) -> dict[str, int]:
+        """Wait until the sync knows every node and each agent has reported; the scores then.
+
+        Image on the node (kubelet's list, through the sync) -> 5; no agent (unknown = cold) -> 0.
+        """
+        try:
+            wait_until(lambda: self.store.names() == set(NODES)
+                       and all((r := self.store.get(n)) is not None and r.heartbeat > 0
+                               and (r.images or not with_images) for n in WITH_AGENT),
+                       what="the sync's nodes and the agents' heartbeats")
+            return self._wait_for_scores(lambda s: s == {"gpu-a": 5, "gpu-b": 5, "gpu-c": 0},
+                                         "scores from image presence alone")
+        except AssertionError:
+            raise AssertionError(f"setup did not converge: {self.scores()}\n{self.logs_tail()}") from None
+
+    def wait_for_rise(self, node_name: str) -> dict[str, int]:
+        """Wait until ``node_name`` scores above the image-only 5; the scores then."""
+        try:
+            return self._wait_for_scores(lambda s: s[node_name] > 5,
+                                         f"{node_name}'s score rising after its agent's next scan")
+        except AssertionError:
+            raise AssertionError(f"the score did not rise\n{self.logs_tail()}") from None
+
+    def _wait_for_scores(self, ok: Callable[[dict[str, int]], bool], what: str) -> dict[str, int]:
+        def matching() -> dict[str, int] | None:
+            scores = self.scores()
+            return scores if scores is not None and ok(scores) else None
+
+        found = wait_until(matching, what=what)
+        assert found is not None
+        return found
+
+
+@contextmanager
+def running_stack(tmp_path: Path, policy_text: str, redis_url: str, *,
+                  agent_command: str = COMMAND) -> Iterator[E2EStack]:
+    """Start the end-to-end cluster on ``policy_text``; every process is stopped on exit."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text)
+    roots = {name: tmp_path / "nodes" / name / "cache" for name in WITH_AGENT}
+    for root in roots.values():
+        root.mkdir(parents=True)
+    port = free_port()
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    with KubeDouble.running(bookmark_interval_s=0.2) as double, ExitStack() as stack:
+        for name in NODES:
+            double.apply(node(name))
+        kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
+        stack.enter_context(process([sys.executable, "-c", COMMAND, "sync", "--policy", str(policy),
+                                     "--kubeconfig", str(kubeconfig), "--redis-url", redis_url], logs / "sync.log"))
+        for name, root in roots.items():
+            stack.enter_context(process([sys.executable, "-c", agent_command, "agent", "--node-name", name,
+                                         "--cache-root", str(root), "--interval", "0.2",
+                                         "--redis-url", redis_url], logs / f"agent-{name}.log"))
+        stack.enter_context(process([sys.executable, "-m", "extender.server", "serve", "--policy", str(policy),
+                                     "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "2",
+                                     "--redis-url", redis_url, "--poll-interval", "0.1",
+                                     "--min-rebuild-interval", "0.1"], logs / "extender.log"))
+        client = connect(redis_url, tmp_path)
+        stack.callback(client.close)
+        yield E2EStack(double, kubeconfig, roots, port, logs, InventoryStore(client))
 
 def write_weights(root: Path) -> None:
     """What a loader does: shards first, then the manifest, then the completion marker."""
@@ -164,44 +233,9 @@ def write_weights(root: Path) -> None:
 
 
 def test_writing_weights_into_a_cache_root_raises_the_nodes_score(redis_server: RedisServer, tmp_path: Path) -> None:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(POLICY)
-    roots = {name: tmp_path / "nodes" / name / "cache" for name in WITH_AGENT}
-    for root in roots.values():
-        root.mkdir(parents=True)
-    port = free_port()
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with KubeDouble.running(bookmark_interval_s=0.2) as double, ExitStack() as stack:
-        for name in NODES:
-            double.apply(node(name))
-        kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
-        start_stack(stack, policy=policy, kubeconfig=kubeconfig, roots=roots, redis_url=redis_server.url,
-                    port=port, logs=logs)
-
-        def logs_tail() -> str:
-            return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.iterdir()))
-
-        # every node known (the sync), two with a heartbeat (the agents): image on node -> 5, no agent -> 0
-        client = connect(redis_server.url, tmp_path)
-        stack.callback(client.close)
-        store = InventoryStore(client)
-        try:
-            wait_until(lambda: store.names() == set(NODES)
-                       and all((r := store.get(n)) is not None and r.heartbeat > 0 for n in WITH_AGENT),
-                       what="the sync's nodes and the agents' heartbeats")
-            before = wait_until(lambda: (s := scores_or_none(port)) == {"gpu-a": 5, "gpu-b": 5, "gpu-c": 0} and s,
-                                what="scores from image presence alone")
-        except AssertionError:
-            raise AssertionError(f"setup did not converge: {scores_or_none(port)}\n{logs_tail()}") from None
-        assert before == {"gpu-a": 5, "gpu-b": 5, "gpu-c": 0}
-
-        write_weights(roots["gpu-b"])
-        try:
-            after = wait_until(lambda: (s := scores_or_none(port)) is not None and s["gpu-b"] > 5 and s,
-                               what="gpu-b's score rising after its agent's next scan")
-        except AssertionError:
-            raise AssertionError(f"the score did not rise\n{logs_tail()}") from None
-        assert after == {"gpu-a": 5, "gpu-b": 8, "gpu-c": 0}
-        record = store.get("gpu-b")
+    with running_stack(tmp_path, POLICY, redis_server.url) as cluster:
+        assert cluster.wait_for_setup() == {"gpu-a": 5, "gpu-b": 5, "gpu-c": 0}
+        write_weights(cluster.roots["gpu-b"])
+        assert cluster.wait_for_rise("gpu-b") == {"gpu-a": 5, "gpu-b": 8, "gpu-c": 0}
+        record = cluster.store.get("gpu-b")
         assert record is not None and record.weights == {"big-llm/rev-1": 200 * GB}

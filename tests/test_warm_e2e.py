@@ -36,25 +36,14 @@ from extender.core.policy import Policy, parse_policy
 from extender.core.scaler import Horizon, horizon
 from extender.core.warming import Expectation
 from extender.kube.client import KubeClient
-from extender.state import InventoryStore, connect
+from extender.state import InventoryStore
 from extender.warm import commands as warm_commands
 from extender.warm.loop import WarmLoop
 from extender.warm.steps import CACHE_MOUNT
 from tests.conftest import RedisServer
-from tests.kube_double import KubeDouble
 from tests.kube_double.waiting import wait_until
 from tests.test_agent_scan import sparse
-from tests.test_e2e_agent_scoring import (
-    COMMAND,
-    GB,
-    NODES,
-    POLICY,
-    WITH_AGENT,
-    free_port,
-    node,
-    scores_or_none,
-    start_stack,
-)
+from tests.test_e2e_agent_scoring import COMMAND, GB, POLICY, running_stack
 from tests.test_warm_executor import finish, jobs
 
 pytestmark = pytest.mark.integration
@@ -107,38 +96,13 @@ def run_job(job: dict[str, Any], root: Path, helper_image: str) -> None:
 
 
 def test_warm_then_schedule(redis_server: RedisServer, tmp_path: Path) -> None:
-    policy_file = tmp_path / "policy.yaml"
-    policy_file.write_text(WARM_POLICY)
     policy = parse_policy(WARM_POLICY)
-    roots = {name: tmp_path / "nodes" / name / "cache" for name in WITH_AGENT}
-    for root in roots.values():
-        root.mkdir(parents=True)
-    port = free_port()
-    logs = tmp_path / "logs"
-    logs.mkdir()
-    with KubeDouble.running(bookmark_interval_s=0.2) as double, ExitStack() as stack:
-        for name in NODES:
-            double.apply(node(name))
-        kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")
-        start_stack(stack, policy=policy_file, kubeconfig=kubeconfig, roots=roots, redis_url=redis_server.url,
-                    port=port, logs=logs, agent_command=AGENT_COMMAND)
-        client = connect(redis_server.url, tmp_path)
-        stack.callback(client.close)
-        store = InventoryStore(client)
-        kube = KubeClient.connect(str(kubeconfig))
+    with running_stack(tmp_path, WARM_POLICY, redis_server.url, agent_command=AGENT_COMMAND) as cluster, \
+            ExitStack() as stack:
+        double, roots, store = cluster.double, cluster.roots, cluster.store
+        kube = KubeClient.connect(str(cluster.kubeconfig))
         stack.callback(kube.close)
-
-        def logs_tail() -> str:
-            return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-1500:]}" for p in sorted(logs.iterdir()))
-
-        try:
-            wait_until(lambda: store.names() == set(NODES)
-                       and all((r := store.get(n)) is not None and r.heartbeat > 0 and r.images for n in WITH_AGENT),
-                       what="the sync's nodes and the agents' heartbeats")
-            before = wait_until(lambda: (s := scores_or_none(port)) == {"gpu-a": 5, "gpu-b": 5, "gpu-c": 0} and s,
-                                what="scores from image presence alone")
-        except AssertionError:
-            raise AssertionError(f"setup did not converge: {scores_or_none(port)}\n{logs_tail()}") from None
+        before = cluster.wait_for_setup(with_images=True)
         horizon_before = best_horizon(policy, store, time.time())
 
         # the scaler's leader tick: one more replica expected within ten minutes
@@ -151,7 +115,8 @@ def test_warm_then_schedule(redis_server: RedisServer, tmp_path: Path) -> None:
         assert (action.node, action.kind, action.cache) == ("gpu-a", "weights", "weights:big-llm/rev-1")
         (name,) = report.started
         # a second tick while the Job runs: nothing new
-        assert loop.tick(time.time(), expect).started == []
+        again = loop.tick(time.time(), expect)
+        assert again.started == []
 
         # the Job runs on gpu-a and completes
         run_job(jobs(double)[name], roots["gpu-a"], policy.warming.helper_image)
@@ -162,11 +127,7 @@ def test_warm_then_schedule(redis_server: RedisServer, tmp_path: Path) -> None:
                                what="the warm loop confirming the Job")
         assert confirmed == [name] and jobs(double) == {}
 
-        try:
-            after = wait_until(lambda: (s := scores_or_none(port)) is not None and s["gpu-a"] > 5 and s,
-                               what="gpu-a's score rising")
-        except AssertionError:
-            raise AssertionError(f"the score did not rise\n{logs_tail()}") from None
+        after = cluster.wait_for_rise("gpu-a")
         horizon_after = best_horizon(policy, store, time.time())
 
     assert before == {"gpu-a": 5, "gpu-b": 5, "gpu-c": 0}
