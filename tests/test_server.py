@@ -448,7 +448,8 @@ def test_reloads_are_spaced_by_their_cost(policy_file: Path, store: MemoryStore)
     store.set(fleet())
     refresher.refresh_once()  # a reload now would exceed the duty cycle: deferred, still confirmed
     assert store.loads == 1 and refresher.error is None
-    assert refresher.health(time.time()).fail_open is None
+    health = refresher.health(time.time())
+    assert health.fail_open is None
 
 
 def test_a_record_going_stale_turns_cold(policy_file: Path) -> None:

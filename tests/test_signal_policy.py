@@ -102,4 +102,5 @@ def test_tokens_queue_promql_converts_requests_to_tokens() -> None:
 
 @pytest.mark.parametrize(("seconds", "text"), [(60.0, "60s"), (1.5, "1500ms"), (0.0001, "1ms"), (300.0, "300s")])
 def test_promql_durations(seconds: float, text: str) -> None:
-    assert promql_duration(seconds) == text
+    rendered = promql_duration(seconds)
+    assert rendered == text

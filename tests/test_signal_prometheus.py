@@ -164,7 +164,8 @@ def test_prometheus_tokens_per_second_and_converted_queue(
 def test_prometheus_answers_that_are_not_a_rate(pods_and_prometheus: tuple[list[MetricsEndpoint], Prometheus]) -> None:
     _, prom = pods_and_prometheus
     scalar = PrometheusSource(url=prom.url, query="scalar(vector(3.5))", queue_query=None)
-    assert scalar.observe([], time.time()).rate == 3.5
+    observed = scalar.observe([], time.time())
+    assert observed.rate == 3.5
     empty = PrometheusSource(url=prom.url, query="sum(rate(no_such_metric_total[5s]))", queue_query=None)
     obs = empty.observe([], time.time())
     assert (obs.rate, obs.complete, obs.note) == (None, False, "rate query returned no series")

@@ -169,7 +169,8 @@ def test_images_change_and_deleted_nodes_disappear(
         double.remove("v1", "Node", "gpu-b")
         wait_until(lambda: reader.store.names() == {"gpu-a"}, what="gpu-b removed")
         # the agent of the removed node reports once more: it must not bring the node back
-        assert reader.report_agent("gpu-b", AgentReport(heartbeat=time.time())) is None
+        written = reader.report_agent("gpu-b", AgentReport(heartbeat=time.time()))
+        assert written is None
         assert reader.store.names() == {"gpu-a"}
 
 

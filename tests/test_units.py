@@ -75,7 +75,8 @@ DURATIONS = [
 
 @pytest.mark.parametrize(("text", "expected"), [(r[1], r[2]) for r in DURATIONS], ids=[r[0] for r in DURATIONS])
 def test_parse_duration(text: Any, expected: float) -> None:
-    assert parse_duration(text) == expected
+    seconds = parse_duration(text)
+    assert seconds == expected
 
 
 ERRORS = [
@@ -144,4 +145,5 @@ def test_bandwidth_round_trip(bps: float) -> None:
 
 @given(st.floats(min_value=0, max_value=1e7, allow_nan=False, allow_infinity=False))
 def test_duration_round_trip(seconds: float) -> None:
-    assert parse_duration(format_duration(seconds)) == seconds
+    back = parse_duration(format_duration(seconds))
+    assert back == seconds

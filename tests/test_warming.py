@@ -587,7 +587,8 @@ def test_plan_properties(c: dict[str, Any]) -> None:
     for a in got.actions:
         assert a.saved_s > 0
         if a.purpose == "demand":
-            assert a.deadline is not None and NOW + a.duration_s <= a.deadline + 1e-9
+            done_at = NOW + a.duration_s
+            assert a.deadline is not None and done_at <= a.deadline + 1e-9
         assert by_name[a.node].fresh(NOW)
     # evictions: only idle, known-use, unprotected entries, each once, keep-warm never evicts
     for name in {a.node for a in got.actions}:
