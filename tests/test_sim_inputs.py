@@ -185,6 +185,9 @@ BAD_SCENARIOS = [
                 "no strategy 'psychic'"),
     BadScenario("missing trace file", GOOD.replace("synthetic: {duration: 1h, base: 1}", "trace: {path: gone.csv}"),
                 12, "workloads[0].demand.trace.path", "no trace file 'gone.csv'"),
+    BadScenario("empty replica range", GOOD.replace("  - name: llama3-8b\n", "  - name: llama3-8b\n    minReplicas: 5\n"
+                                                                     "    maxReplicas: 2\n"),
+                10, "workloads[0]", "minReplicas 5 is larger than maxReplicas 2"),
     BadScenario("warm node out of range", GOOD.replace("count: 2", "count: 2\n      warm: [{workload: llama3-8b, "
                                                                      "nodes: [5]}]"),
                 9, "cluster.nodes[0].warm[0].nodes[0]", "node 5 does not exist"),

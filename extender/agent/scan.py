@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -174,9 +174,9 @@ class _Walk:
                             whole = False
         return sizes, top_names, whole, newest
 
-    def usage(self, top: str) -> tuple[int, float]:
-        """``(bytes of every regular file below top, newest file time)``; unreadable parts are skipped."""
-        total, newest = 0, 0.0
+    def files_below(self, top: str) -> Generator[os.DirEntry[str], None, None]:
+        """Every regular file below ``top``, depth first, symlinks not followed; an unreadable
+        directory is logged and skipped."""
         stack = [top]
         while stack:
             path = stack.pop()
@@ -186,29 +186,30 @@ class _Walk:
                         if entry.is_dir(follow_symlinks=False):
                             stack.append(entry.path)
                         elif entry.is_file(follow_symlinks=False):
-                            st = entry.stat(follow_symlinks=False)
-                            total += st.st_size
-                            newest = max(newest, st.st_atime, st.st_mtime, st.st_ctime)
+                            yield entry
             except OSError as exc:
                 self.os_problem(path, exc)
+
+    def usage(self, top: str) -> tuple[int, float]:
+        """``(bytes of every regular file below top, newest file time)``; unreadable parts are skipped."""
+        total, newest = 0, 0.0
+        for entry in self.files_below(top):
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError as exc:  # vanished or unreadable since the listing
+                self.os_problem(entry.path, exc)
+                continue
+            total += st.st_size
+            newest = max(newest, st.st_atime, st.st_mtime, st.st_ctime)
         return total, newest
 
     def has_file(self, top: str) -> bool:
         """Does any regular file exist below ``top`` (stops at the first one)?"""
-        stack = [top]
-        while stack:
-            path = stack.pop()
-            try:
-                with os.scandir(path) as it:
-                    for entry in it:
-                        if entry.is_file(follow_symlinks=False):
-                            return True
-                        if entry.is_dir(follow_symlinks=False):
-                            stack.append(entry.path)
-            except OSError as exc:
-                self.os_problem(path, exc)
-        return False
-
+        files = self.files_below(top)
+        try:
+            return next(files, None) is not None
+        finally:
+            files.close()  # releases the open scandir handle now, not at garbage collection
 
 ManifestResult = tuple[Manifest | None, str | None]
 

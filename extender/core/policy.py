@@ -270,7 +270,21 @@ class Signal(Schema):
         return self
 
 
-class Autoscaling(Schema):
+class ReplicaBounds(Schema):
+    """``minReplicas`` <= ``maxReplicas``: shared by the scaler's policy section and the simulator's
+    workloads, so both refuse an empty range with the same words."""
+
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> ReplicaBounds:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"minReplicas {self.min_replicas} is larger than maxReplicas {self.max_replicas}")
+        return self
+
+
+class Autoscaling(ReplicaBounds):
     """The predictive scaler's view of one workload: where its pods run, replica bounds, its signal.
 
     ``namespace``: where the workload's pods (and its HPA) live; unset, pods matching the profile in
@@ -279,15 +293,7 @@ class Autoscaling(Schema):
     """
 
     namespace: str | None = Field(default=None, min_length=1, max_length=63)
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: int = Field(ge=1)
     signal: Signal = Signal()
-
-    @model_validator(mode="after")
-    def _bounds(self) -> Autoscaling:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"minReplicas {self.min_replicas} is larger than maxReplicas {self.max_replicas}")
-        return self
 
 
 class PhaseOverride(Schema):

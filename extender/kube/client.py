@@ -75,6 +75,19 @@ class WatchStream:
         self._watch.stop()
 
 
+def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
+    """An official ``ApiClient``: in-cluster when running in a pod and no kubeconfig is given, else
+    from the kubeconfig (``None``: ``$KUBECONFIG`` or ``~/.kube/config``)."""
+    configuration = k8s.Configuration()
+    with kube_errors("loading the Kubernetes client configuration"):
+        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        else:
+            k8s_config.load_kube_config(config_file=kubeconfig, context=context,
+                                        client_configuration=configuration, persist_config=False)
+    return k8s.ApiClient(configuration=configuration)
+
+
 class KubeClient:
     """The few API calls extender makes, typed."""
 
@@ -86,14 +99,7 @@ class KubeClient:
     @classmethod
     def connect(cls, kubeconfig: str | None = None, *, context: str | None = None) -> KubeClient:
         """A client from a kubeconfig file, the pod's service account, or the default kubeconfig."""
-        configuration = k8s.Configuration()
-        with kube_errors("loading the Kubernetes client configuration"):
-            if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-                k8s_config.load_incluster_config(client_configuration=configuration)
-            else:
-                k8s_config.load_kube_config(config_file=kubeconfig, context=context,
-                                            client_configuration=configuration, persist_config=False)
-        return cls(k8s.ApiClient(configuration=configuration))
+        return cls(api_client(kubeconfig, context))
 
     @property
     def host(self) -> str:

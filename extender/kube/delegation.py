@@ -18,12 +18,11 @@ Plain values in and out (our errors on failure, the client's models never leave 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from extender.kube.client import CONNECT_TIMEOUT_S, k8s, k8s_config
+from extender.kube.client import CONNECT_TIMEOUT_S, api_client, k8s
 from extender.kube.errors import kube_errors
 
 #: Seconds to wait for one review (the HPA's request is waiting on it).
@@ -39,17 +38,6 @@ class TokenIdentity:
     username: str
     groups: tuple[str, ...]
     extra: tuple[tuple[str, tuple[str, ...]], ...]
-
-
-def _api_client(kubeconfig: str | None, context: str | None) -> Any:
-    configuration = k8s.Configuration()
-    with kube_errors("loading the Kubernetes client configuration"):
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
-            k8s_config.load_incluster_config(client_configuration=configuration)
-        else:
-            k8s_config.load_kube_config(config_file=kubeconfig, context=context,
-                                        client_configuration=configuration, persist_config=False)
-    return k8s.ApiClient(configuration=configuration)
 
 
 def _body(response: Any) -> dict[str, Any]:
@@ -72,7 +60,7 @@ class Delegation:
     @classmethod
     def connect(cls, kubeconfig: str | None = None, *, context: str | None = None) -> Delegation:
         """Built like :meth:`extender.kube.client.KubeClient.connect` (kubeconfig, service account, default)."""
-        return cls(_api_client(kubeconfig, context))
+        return cls(api_client(kubeconfig, context))
 
     def close(self) -> None:
         self._api.close()

@@ -35,7 +35,7 @@ from pydantic import Field, model_validator
 
 from extender.core.document import Loc, compose, format_path, line_of, validate
 from extender.core.errors import DocumentError, PolicyError, Problem
-from extender.core.policy import Name, Policy
+from extender.core.policy import Name, Policy, ReplicaBounds
 from extender.core.schema import Schema
 from extender.core.units import Duration
 from extender.files import load_policy, read_text
@@ -124,7 +124,7 @@ class DemandSpec(Schema):
         return self
 
 
-class Workload(Schema):
+class Workload(ReplicaBounds):
     """One workload: its profile (by name), its demand and its serving model.
 
     ``capacity``: requests/s one ready replica serves (default: the profile's
@@ -135,15 +135,8 @@ class Workload(Schema):
     name: Name
     demand: DemandSpec
     capacity: float | None = Field(default=None, gt=0)
-    min_replicas: int = Field(default=1, ge=0)
     max_replicas: int = Field(default=1000, ge=1)
     initial_replicas: int | None = Field(default=None, ge=0)
-
-    @model_validator(mode="after")
-    def _bounds(self) -> Workload:
-        if self.min_replicas > self.max_replicas:
-            raise ValueError(f"minReplicas {self.min_replicas} is larger than maxReplicas {self.max_replicas}")
-        return self
 
 
 # ---------------------------------------------------------------------------------------------
