@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,16 +21,10 @@ import pytest
 import redis
 
 from extender.state import embedded
+from tests.net import free_port
 
 #: Seconds a test server has to answer PING after it was started (a setup bound, not an assertion).
 START_TIMEOUT_S = 15.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -39,7 +32,7 @@ class RedisServer:
     """One redis-server process on 127.0.0.1:``port``, data (none kept) and log in ``directory``."""
 
     directory: Path
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -64,7 +57,7 @@ class RedisServer:
                 return
             if "Address already in use" not in self.log.read_text(errors="replace"):
                 break
-            self.port = _free_port()
+            self.port = free_port()
         raise RuntimeError(f"redis-server did not start: {self.log.read_text(errors='replace')[-2000:]}")
 
     def _wait_ready(self) -> bool:

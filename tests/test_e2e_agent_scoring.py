@@ -38,6 +38,7 @@ from extender.state import InventoryStore, connect
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
 from tests.kube_double.waiting import wait_until
+from tests.net import free_port
 from tests.test_agent_scan import sparse
 
 pytestmark = pytest.mark.integration
@@ -121,15 +122,6 @@ def prioritize(port: int) -> dict[str, int]:
         return {item["Host"]: item["Score"] for item in json.loads(reply.read())}
     finally:
         conn.close()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def scores_or_none(port: int) -> dict[str, int] | None:

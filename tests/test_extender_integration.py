@@ -16,7 +16,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from flask import Flask
 from extender.core.inventory import NodeState, weights_key
 from extender.state import InventoryStore, connect
 from tests.conftest import RedisServer
+from tests.net import free_port
 from tests.test_scoring import POLICY
 
 pytestmark = pytest.mark.integration
@@ -187,13 +187,6 @@ def go_filter(raw: bytes, sent: list[str], *, cache_mode: bool) -> FilterReply:
 # --------------------------------------------------------------------------------------------
 # Servers
 # --------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass

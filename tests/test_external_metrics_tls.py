@@ -36,9 +36,9 @@ from extender.state.decisions import DecisionStore, Published
 from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
 from tests.delegation_double import DelegationDouble, running
+from tests.net import free_port
 from tests.pki import Pki, make_pki
 from tests.scaler_policy import policy_text
-from tests.vllm_endpoint import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -28,8 +28,9 @@ from extender.state import connect
 from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
+from tests.net import free_port
 from tests.scaler_policy import policy_text
-from tests.vllm_endpoint import Counters, MetricsEndpoint, free_port, pod, serving
+from tests.vllm_endpoint import Counters, MetricsEndpoint, pod, serving
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTLE_S = 60.0

@@ -33,8 +33,9 @@ from extender.scaler.prometheus import PrometheusSource
 from extender.scaler.scrape import ScrapeSource
 from extender.scaler.serve import KubePodLister
 from tests.kube_double import KubeDouble
+from tests.net import free_port
 from tests.scaler_policy import make_policy
-from tests.vllm_endpoint import MetricsEndpoint, free_port, pod, serving
+from tests.vllm_endpoint import MetricsEndpoint, pod, serving
 
 pytestmark = pytest.mark.integration
 

@@ -38,37 +38,17 @@ from extender.warm.jobspec import (
 from extender.warm.publish import candidates, unpublished
 from extender.warm.steps import StepError, cache_path, evict, finish, prepare, staging_path
 from extender.warm.templates import compile_key_of, env_name, render
+from tests.gpu_policy import GPU_LLM_POLICY
 from tests.test_agent_scan import sparse
 
 GB = 10**9
 NOW = 1_700_000_000.0
-DIGEST = "sha256:" + "a" * 64
-KEY_INPUTS = {"modelId": "m/llm", "revision": "v1", "imageDigest": DIGEST, "engineVersion": "1",
-              "torchVersion": "2", "tritonVersion": "3", "cudaVersion": "12"}
-
-POLICY = f"""
-apiVersion: extender.io/v1alpha1
-kind: Policy
-nodeClasses:
-  - name: gpu
-    matchLabels: {{pool: gpu}}
-    gpu: {{product: TEST-GPU, count: 8}}
-    nvme: {{capacity: 1000GB, readBandwidth: 20GB/s, reserve: 100GB}}
-    network: {{nic: 100Gbps, objectStorePerStream: 8Gbps, imagePull: 100MB/s}}
-profiles:
-  - name: llm
-    match: {{labels: {{app: llm}}}}
-    image: {{reference: "example.com/llm:1", size: 10GB}}
-    weights: {{source: "s3://models/llm/", version: v1, bytes: 100GB, shardFiles: 10, loaderConcurrency: 10}}
-    parallelism: {{tensor: 8}}
-    compile: {{cold: 100s, warm: 10s, artifactBytes: 1GB, key: {KEY_INPUTS}}}
-    graphCapture: 10s
-    engineInit: 20s
+POLICY = GPU_LLM_POLICY + """\
   - name: old
-    match: {{labels: {{app: old}}}}
-    image: {{reference: "example.com/old:1", size: 10GB}}
-    weights: {{source: "s3://models/old/", version: v0, bytes: 400GB}}
-    parallelism: {{tensor: 8}}
+    match: {labels: {app: old}}
+    image: {reference: "example.com/old:1", size: 10GB}
+    weights: {source: "s3://models/old/", version: v0, bytes: 400GB}
+    parallelism: {tensor: 8}
 warming:
   enabled: true
   registry: s3://compile-cache/prod
@@ -76,14 +56,14 @@ warming:
   templates:
     weights:
       image: amazon/aws-cli:2
-      command: [aws, s3, sync, --only-show-errors, "{{{{source}}}}", "{{{{ staging }}}}"]
+      command: [aws, s3, sync, --only-show-errors, "{{source}}", "{{ staging }}"]
       envFromSecrets: [object-store]
     compile:
       image: amazon/aws-cli:2
-      command: [sh, -c, 'aws s3 cp "{{{{registry}}}}/{{{{key}}}}.tar" - | tar -x -C "$WARM_STAGING"']
+      command: [sh, -c, 'aws s3 cp "{{registry}}/{{key}}.tar" - | tar -x -C "$WARM_STAGING"']
     publishCompile:
       image: amazon/aws-cli:2
-      command: [sh, -c, 'tar -C "{{{{dir}}}}" -c . | aws s3 cp - "{{{{registry}}}}/{{{{key}}}}.tar"']
+      command: [sh, -c, 'tar -C "{{dir}}" -c . | aws s3 cp - "{{registry}}/{{key}}.tar"']
 """
 
 

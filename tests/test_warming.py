@@ -46,42 +46,22 @@ from extender.core.warming import (
     best_k_sums_after,
     plan,
 )
+from tests.gpu_policy import GPU_LLM_POLICY, KEY_INPUTS, LLM_IMAGE
 
 NOW = 1_000_000.0
 GB = 10**9
-DIGEST = "sha256:" + "a" * 64
-KEY = {"modelId": "m/llm", "revision": "v1", "imageDigest": DIGEST, "engineVersion": "1", "torchVersion": "2",
-       "tritonVersion": "3", "cudaVersion": "12"}
-POLICY = f"""
-apiVersion: extender.io/v1alpha1
-kind: Policy
-nodeClasses:
-  - name: gpu
-    matchLabels: {{pool: gpu}}
-    gpu: {{product: TEST-GPU, count: 8}}
-    nvme: {{capacity: 1000GB, readBandwidth: 20GB/s, reserve: 100GB}}
-    network: {{nic: 100Gbps, objectStorePerStream: 8Gbps, imagePull: 100MB/s}}
-profiles:
-  - name: llm
-    match: {{labels: {{app: llm}}}}
-    image: {{reference: "example.com/llm:1", size: 10GB}}
-    weights: {{source: "s3://m/llm/", version: v1, bytes: 100GB, shardFiles: 10, loaderConcurrency: 10}}
-    parallelism: {{tensor: 8}}
-    compile: {{cold: 100s, warm: 10s, artifactBytes: 1GB, key: {KEY}}}
-    graphCapture: 10s
-    engineInit: 20s
+POLICY = GPU_LLM_POLICY + """\
   - name: snapw
-    match: {{labels: {{app: snapw}}}}
-    image: {{reference: "example.com/snapw:1", size: 10GB}}
-    weights: {{source: "s3://m/snapw/", version: v1, bytes: 100GB, shardFiles: 10, loaderConcurrency: 10}}
-    parallelism: {{tensor: 8}}
-    compile: {{cold: 100s, warm: 10s, artifactBytes: 1GB}}
+    match: {labels: {app: snapw}}
+    image: {reference: "example.com/snapw:1", size: 10GB}
+    weights: {source: "s3://m/snapw/", version: v1, bytes: 100GB, shardFiles: 10, loaderConcurrency: 10}
+    parallelism: {tensor: 8}
+    compile: {cold: 100s, warm: 10s, artifactBytes: 1GB}
     graphCapture: 10s
     engineInit: 20s
-    snapshot: {{bytes: 40GB, restore: 5s}}
+    snapshot: {bytes: 40GB, restore: 5s}
 """
 BASE = parse_policy(POLICY)
-LLM_IMAGE = "example.com/llm:1"
 SNAPW_IMAGE = "example.com/snapw:1"
 
 
@@ -105,7 +85,7 @@ def node(name: str, *, image: bool = False, llm_weights: int = 0, compile: bool 
         "nvmeFree": nvme_free, "heartbeat": NOW - 1,
         "images": [LLM_IMAGE] if image else [],
         "weights": {"llm/v1": llm_weights} if llm_weights else {},
-        "compileKeys": [compile_cache_key(CompileKeyInputs.model_validate(KEY), gpu_product="TEST-GPU",
+        "compileKeys": [compile_cache_key(CompileKeyInputs.model_validate(KEY_INPUTS), gpu_product="TEST-GPU",
                                           tensor_parallel=8, pipeline_parallel=1)] if compile else [],
     }
     extra_weights = fields.pop("weights", None)
