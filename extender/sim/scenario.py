@@ -35,7 +35,7 @@ from pydantic import Field, model_validator
 
 from extender.core.document import Loc, compose, format_path, line_of, validate
 from extender.core.errors import DocumentError, PolicyError, Problem
-from extender.core.policy import Name, Policy, ReplicaBounds
+from extender.core.policy import Metadata, Name, Policy, ReplicaBounds
 from extender.core.schema import Schema
 from extender.core.units import Duration
 from extender.files import load_policy, read_text
@@ -191,13 +191,6 @@ class SchedulerSpec(Schema):
     """
 
     extender_weight: int = Field(default=2, ge=1)
-
-
-class Metadata(Schema):
-    """Identification only."""
-
-    name: str = ""
-    description: str = ""
 
 
 class Scenario(Schema):
