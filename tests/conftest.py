@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ import redis
 
 from extender.state import embedded
 from tests.net import free_port
+from tests.cluster_stack import Demand, Stack, running
+from tests.real_cluster import Cluster
 
 #: Seconds a test server has to answer PING after it was started (a setup bound, not an assertion).
 START_TIMEOUT_S = 15.0
@@ -134,3 +137,31 @@ def embedded_data_dir(tmp_path: Path) -> Iterator[Path]:
         if paths.pidfile.exists():
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(paths.pidfile.read_text().strip()), signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def kube_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The real control plane (tests/real_cluster.py), one per test session; built on first use.
+
+    On teardown it stops exactly the processes it started. When any test of the session failed,
+    every component's log is kept and its folder printed.
+    """
+    directory = tmp_path_factory.mktemp("cluster")
+    with Cluster.started(directory) as cluster:
+        yield cluster
+        if request.session.testsfailed:
+            sys.__stderr__.write(f"\nkube_cluster: a test failed; component logs kept in {cluster.logs}\n")
+
+
+@pytest.fixture(scope="session")
+def cluster_stack(kube_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """extender deployed on :func:`kube_cluster` (tests/cluster_stack.py), one per test session."""
+    directory = tmp_path_factory.mktemp("stack")
+    server = RedisServer(directory / "redis")
+    server.directory.mkdir()
+    server.start()
+    try:
+        with Demand().serving() as demand, running(kube_cluster, server, directory, demand) as stack:
+            yield stack
+    finally:
+        server.stop()

@@ -1,0 +1,137 @@
+"""deploy/ against the real kube-apiserver: every object validates, and the RBAC is right for real.
+
+* **Validation.** Every object in deploy/ passes server-side validation (``kubectl apply
+  --dry-run=server``, strict field validation, admission included) and the scheduler configuration
+  is loaded by the real kube-scheduler in the scheduling tests. A misspelt field is refused, so the
+  check can fail.
+* **RBAC.** The stack (tests/cluster_stack.py) runs ``extender sync`` and the agents with tokens of
+  the ServiceAccounts deploy/rbac.yaml binds; here each account's grants meet the real authorizer:
+  what the components do is allowed (the sync fills the inventory, the agent labels its Node), and
+  anything outside the grants is refused with 403, through kubectl and through our own client
+  (which must map it to :class:`KubeApiError` with the status). The warmer's and the scaler's calls
+  are exercised under their account in test_cluster_warming.py and test_cluster_scaling.py.
+
+The API double's RBAC evaluator (tests/test_rbac.py) stays for what the real server cannot tell us
+cheaply: that no grant goes unused.
+"""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from extender.kube.client import KubeClient
+from extender.kube.errors import KubeApiError
+from tests.cluster_stack import DEPLOY, WITH_AGENT, Stack, deploy_documents
+from tests.real_cluster import Cluster
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+MANIFESTS = sorted(p.name for p in DEPLOY.glob("*.yaml") if p.name != "scheduler-config.yaml")
+
+
+@pytest.mark.parametrize("manifest", MANIFESTS)
+def test_every_deploy_object_passes_server_side_validation(cluster_stack: Stack, manifest: str) -> None:
+    # the stack applied rbac.yaml for real, so the extender-warm namespace exists for its Role
+    documents = deploy_documents(manifest)
+    out = cluster_stack.cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-",
+                                        input=yaml.safe_dump_all(documents)).stdout
+    assert out.count("(server dry run)") == len(documents), out
+
+
+def test_a_misspelt_field_is_refused_by_the_same_check(kube_cluster: Cluster) -> None:
+    (service,) = [d for d in deploy_documents("extender.yaml") if d["kind"] == "Service"]
+    service["spec"]["clusterIp"] = "None"  # clusterIP
+    done = kube_cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-",
+                                input=yaml.safe_dump(service), check=False)
+    assert done.returncode != 0 and 'unknown field "spec.clusterIp"' in done.stderr, done.stderr
+
+
+def test_the_sync_and_the_agents_work_with_only_their_grants(cluster_stack: Stack) -> None:
+    # the stack waited for the sync's nodes and the agents' heartbeats; the agents also label
+    # their Node (get + patch of nodes), which needs extender-agent's ClusterRole
+    store, cluster = cluster_stack.store, cluster_stack.cluster
+    assert store.names() >= {"gpu-a", "gpu-b", "gpu-c"}
+    for name in WITH_AGENT:
+        record = store.get(name)
+        assert record is not None and record.node_class == "g5.48xlarge" and record.gpus == 8
+    for name in ("sync", *(f"agent-{n}" for n in WITH_AGENT)):
+        log = cluster.processes[name].log.read_text(errors="replace")
+        assert "403" not in log and "forbidden" not in log.lower(), log[-2000:]
+
+
+#: (account, kubectl verb and resource, namespace): calls outside each account's grants.
+REFUSED = [
+    pytest.param("extender-sync", ["get", "secrets"], "kube-system", id="sync-reads-secrets"),
+    pytest.param("extender-sync", ["delete", "pod", "any-pod"], "default", id="sync-deletes-pods"),
+    pytest.param("extender-sync", ["patch", "nodes", "gpu-a", "--type=merge", "-p", '{"metadata":{"labels":{"x":"y"}}}'],
+                 None, id="sync-patches-nodes"),
+    pytest.param("extender-agent", ["get", "pods"], "default", id="agent-lists-pods"),
+    pytest.param("extender-agent", ["delete", "node", "gpu-a"], None, id="agent-deletes-nodes"),
+    pytest.param("extender-scaler", ["get", "jobs"], "default", id="warmer-jobs-outside-its-namespace"),
+    pytest.param("extender-scaler", ["get", "jobs", "some-job"], "extender-warm", id="warmer-gets-a-job"),
+    pytest.param("extender-scaler", ["get", "secrets"], "kube-system", id="scaler-reads-secrets"),
+]
+
+
+@pytest.mark.parametrize(("account", "call", "namespace"), REFUSED)
+def test_calls_outside_the_grants_are_refused(cluster_stack: Stack, account: str, call: list[str],
+                                              namespace: str | None) -> None:
+    cluster = cluster_stack.cluster
+    config = cluster.token_kubeconfig("kube-system", account)
+    where = ["-n", namespace] if namespace else []
+    done = cluster.kubectl(*call, *where, kubeconfig=config, check=False)
+    assert done.returncode != 0 and "forbidden" in done.stderr.lower(), done.stderr
+
+
+def test_our_client_reports_a_refusal_as_403(cluster_stack: Stack) -> None:
+    config = cluster_stack.cluster.token_kubeconfig("kube-system", "extender-agent")
+    client = KubeClient.connect(str(config))
+    try:
+        for resource in ("pods", "nodes"):  # the agent may get and patch one Node, list nothing
+            with pytest.raises(KubeApiError) as refused:
+                client.list(resource)
+            assert refused.value.status == 403, resource
+    finally:
+        client.close()
+
+
+#: (account, verb, resource, group, namespace, name): what each component calls (extender/kube, the
+#: scaler's delegated authentication), each of which the real authorizer must allow.
+NEEDED = [
+    ("extender-sync", "list", "nodes", "", "", ""),
+    ("extender-sync", "watch", "nodes", "", "", ""),
+    ("extender-sync", "list", "pods", "", "", ""),
+    ("extender-sync", "watch", "pods", "", "", ""),
+    ("extender-agent", "get", "nodes", "", "", "gpu-a"),
+    ("extender-agent", "patch", "nodes", "", "", "gpu-a"),
+    ("extender-scaler", "list", "pods", "", "", ""),
+    ("extender-scaler", "create", "tokenreviews", "authentication.k8s.io", "", ""),
+    ("extender-scaler", "create", "subjectaccessreviews", "authorization.k8s.io", "", ""),
+    ("extender-scaler", "get", "configmaps", "", "kube-system", "extension-apiserver-authentication"),
+    ("extender-scaler", "list", "jobs", "batch", "extender-warm", ""),
+    ("extender-scaler", "create", "jobs", "batch", "extender-warm", ""),
+    ("extender-scaler", "delete", "jobs", "batch", "extender-warm", "warm-x"),
+    ("extender-scaler", "create", "events", "", "extender-warm", ""),
+    ("extender-scaler", "patch", "nodes", "", "", "gpu-a"),
+]
+
+
+@pytest.mark.parametrize(("account", "verb", "resource", "group", "namespace", "name"), NEEDED,
+                         ids=[f"{a}-{v}-{r}" for a, v, r, *_ in NEEDED])
+def test_what_the_components_call_is_allowed(cluster_stack: Stack, account: str, verb: str, resource: str,
+                                             group: str, namespace: str, name: str) -> None:
+    allowed, reason = cluster_stack.cluster.allowed(f"system:serviceaccount:kube-system:{account}", verb, resource,
+                                                    group=group, namespace=namespace, name=name)
+    assert allowed, reason
+
+
+@pytest.mark.parametrize("metric", ["extender-desired-replicas", "extender-forecast-load"])
+def test_the_hpa_controller_may_read_the_metrics(cluster_stack: Stack, metric: str) -> None:
+    # The HPA reads GET .../namespaces/<ns>/<metric>?labelSelector=..., a "list" to the authorizer.
+    # Kubernetes' own bootstrap role for the HPA controller already grants it every external
+    # metric, so deploy/ needs no binding of its own for it (see docs/scaler.md).
+    allowed, reason = cluster_stack.cluster.allowed(
+        "system:serviceaccount:kube-system:horizontal-pod-autoscaler", "list", metric,
+        group="external.metrics.k8s.io", namespace="chat")
+    assert allowed and "system:controller:horizontal-pod-autoscaler" in reason, reason
