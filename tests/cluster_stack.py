@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import parse_qs, urlsplit
 
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from extender.agent.layout import mark_complete, weights_dir, write_manifest
 from extender.state import InventoryStore, connect
@@ -264,6 +265,32 @@ class Stack:
         """Start ``extender ARGS`` as a component of the cluster (logged and stopped with it)."""
         self.cluster.start(name, [sys.executable, "-c", command, *args], env=env())
 
+    def scheduler(self, name: str = "default-scheduler", *, node_cache_capable: bool = True,
+                  url: str | None = None) -> str:
+        """A kube-scheduler (started once per name) on deploy/scheduler-config.yaml, with only the
+        profile's schedulerName, the extender's urlPrefix and ``nodeCacheCapable`` changed (plus the
+        kubeconfig and leader election, which a test cluster must set); returns the name."""
+        if name not in self.cluster.processes:
+            config = yaml.safe_load((DEPLOY / "scheduler-config.yaml").read_text())
+            (profile,) = config["profiles"]
+            profile["schedulerName"] = name
+            (extender,) = config["extenders"]
+            extender["urlPrefix"] = url or f"http://127.0.0.1:{self.extender_port}"
+            extender["nodeCacheCapable"] = node_cache_capable
+            self.cluster.start_scheduler(name, config)
+        return name
+
+    def extender_calls(self) -> dict[tuple[str, str], float]:
+        """``extender_requests_total`` by (verb, outcome), from the extender's own /metrics."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.extender_port, timeout=10)
+        try:
+            conn.request("GET", "/metrics")
+            text = conn.getresponse().read().decode()
+        finally:
+            conn.close()
+        return {(s.labels["verb"], s.labels["outcome"]): s.value for family in text_string_to_metric_families(text)
+                if family.name == "extender_requests" for s in family.samples if s.name.endswith("_total")}
+
     def explain(self, pod_object: dict[str, Any]) -> dict[str, Any]:
         status, report = post_json(self.extender_port, "/explain", pod_object)
         assert status == 200, report
@@ -277,7 +304,7 @@ class Stack:
 
     def startup_s(self, pod_object: dict[str, Any]) -> dict[str, float]:
         """The estimator's seconds to ready of the pod on each node, as ``/explain`` reports them."""
-        return {row["node"]: float(row["estimate"]["total_s"]) for row in self.explain(pod_object)["nodes"]}
+        return {row["node"]: float(row["totalSeconds"]) for row in self.explain(pod_object)["nodes"]}
 
 
 @contextmanager
