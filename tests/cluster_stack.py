@@ -93,7 +93,7 @@ profiles:
     autoscaling:
       namespace: chat
       minReplicas: 1
-      maxReplicas: 6
+      maxReplicas: 4
       signal:
         source: prometheus
         prometheus: {{url: "{prometheus}", query: "demand", queueQuery: "queue"}}
@@ -279,6 +279,13 @@ class Stack:
             extender["nodeCacheCapable"] = node_cache_capable
             self.cluster.start_scheduler(name, config)
         return name
+
+    def wait_for_empty_nodes(self) -> None:
+        """Wait until no pod is bound to the stack's nodes (another module's pods are gone)."""
+        def empty() -> bool:
+            pods = self.cluster.get("pods", "--all-namespaces")["items"]
+            return not [p for p in pods if p["spec"].get("nodeName") in NODES]
+        wait(empty, "the nodes to be free of other tests' pods", report=self.cluster.report)
 
     def extender_calls(self) -> dict[tuple[str, str], float]:
         """``extender_requests_total`` by (verb, outcome), from the extender's own /metrics."""

@@ -16,6 +16,7 @@ against gpu-a's 372.5 s, tests/test_e2e_agent_scoring.py). Then real pods are cr
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -29,14 +30,16 @@ NAMESPACE = "placement"
 
 
 @pytest.fixture(scope="module")
-def warm_gpu_b(cluster_stack: Stack) -> Stack:
+def warm_gpu_b(cluster_stack: Stack) -> Iterator[Stack]:
     """big-llm's weights on gpu-b, seen by the extender (its score above gpu-a's)."""
+    cluster_stack.wait_for_empty_nodes()
     cluster_stack.cluster.apply([namespace(NAMESPACE)])
     write_weights(cluster_stack.roots["gpu-b"], "big-llm", "s3://models/big/")
     probe = pod("probe", NAMESPACE, "big-llm")
     wait(lambda: cluster_stack.best_nodes(probe, ["gpu-a", "gpu-b", "gpu-c"]) == {"gpu-b"},
          "the extender ranking gpu-b first for big-llm", report=cluster_stack.cluster.report)
-    return cluster_stack
+    yield cluster_stack
+    cluster_stack.cluster.kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 
 
 def bound_node(stack: Stack, name: str) -> str:

@@ -321,6 +321,17 @@ def test_front_proxy_carries_groups_and_extras() -> None:
     assert user.method == "front-proxy"
 
 
+def test_repeated_headers_joined_by_the_wsgi_server_are_split_again() -> None:
+    # kube-apiserver's aggregator sends X-Remote-Group once per group (admin: system:masters and
+    # system:authenticated); gunicorn hands them over as one comma-joined value. Read as one group,
+    # a cluster admin was refused by the real aggregator (tests/test_cluster_scaling.py).
+    headers = Headers([("X-Remote-User", "admin"), ("X-Remote-Group", "system:masters,system:authenticated"),
+                       ("X-Remote-Extra-Scopes", "read,write")])
+    user = Authenticator(CONFIG).authenticate(cert(FRONT_PROXY_CA, "front-proxy-client"), headers)
+    assert user.groups == ("system:masters", "system:authenticated")
+    assert dict(user.extra) == {"scopes": ("read", "write")}
+
+
 def test_client_cert_groups_are_its_organizations() -> None:
     user = Authenticator(CONFIG).authenticate(cert(CLIENT_CA, "jane", "team-a", "team-b"), Headers())
     assert user.groups == ("team-a", "team-b", "system:authenticated")

@@ -222,13 +222,13 @@ class Authenticator:
         name = next((v.strip() for h in c.username_headers for v in headers.getlist(h) if v.strip()), "")
         if not name:
             return None
-        groups = tuple(v.strip() for h in c.group_headers for v in headers.getlist(h) if v.strip())
+        groups = tuple(v for h in c.group_headers for v in _header_values(headers, h))
         extra: dict[str, list[str]] = {}
         for header in dict.fromkeys(k for k, _ in headers.items()):
             for prefix in c.extra_prefixes:
                 if header.lower().startswith(prefix.lower()):
                     key = unquote(header[len(prefix):]).lower()
-                    extra.setdefault(key, []).extend(headers.getlist(header))
+                    extra.setdefault(key, []).extend(_header_values(headers, header))
         extras = tuple(sorted((k, tuple(v)) for k, v in extra.items()))
         return _with_authenticated(User(name, groups, extras, method="front-proxy"))
 
@@ -274,6 +274,13 @@ def _with_authenticated(user: User) -> User:
     if AUTHENTICATED in user.groups:
         return user
     return User(user.name, (*user.groups, AUTHENTICATED), user.extra, user.method)
+
+
+def _header_values(headers: Headers, name: str) -> list[str]:
+    """Every value of a repeated header. The aggregator sends one ``X-Remote-Group`` header per
+    group; WSGI servers (gunicorn) join repeated headers into one value with commas, so split it
+    again (a Kubernetes group or extra value with a comma in it cannot survive WSGI either way)."""
+    return [part.strip() for value in headers.getlist(name) for part in value.split(",") if part.strip()]
 
 
 def parse_list(text: str | None) -> tuple[str, ...]:
