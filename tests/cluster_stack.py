@@ -281,10 +281,11 @@ class Stack:
         return name
 
     def wait_for_empty_nodes(self) -> None:
-        """Wait until no pod is bound to the stack's nodes (another module's pods are gone)."""
+        """Wait until no running pod is bound to the stack's nodes (another module's pods are gone)."""
         def empty() -> bool:
             pods = self.cluster.get("pods", "--all-namespaces")["items"]
-            return not [p for p in pods if p["spec"].get("nodeName") in NODES]
+            return not [p for p in pods if p["spec"].get("nodeName") in NODES
+                        and p["status"].get("phase") not in ("Succeeded", "Failed")]
         wait(empty, "the nodes to be free of other tests' pods", report=self.cluster.report)
 
     def extender_calls(self) -> dict[tuple[str, str], float]:

@@ -12,7 +12,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,9 +21,9 @@ import pytest
 import redis
 
 from extender.state import embedded
-from tests.net import free_port
 from tests.cluster_stack import Demand, Stack, running
-from tests.real_cluster import Cluster
+from tests.net import free_port
+from tests.real_cluster import Cluster, terminal
 
 #: Seconds a test server has to answer PING after it was started (a setup bound, not an assertion).
 START_TIMEOUT_S = 15.0
@@ -150,7 +149,7 @@ def kube_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
     with Cluster.started(directory) as cluster:
         yield cluster
         if request.session.testsfailed:
-            sys.__stderr__.write(f"\nkube_cluster: a test failed; component logs kept in {cluster.logs}\n")
+            terminal().write(f"\nkube_cluster: a test failed; component logs kept in {cluster.logs}\n")
 
 
 @pytest.fixture(scope="session")

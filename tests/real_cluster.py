@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import signal
 import ssl
@@ -39,7 +38,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import yaml
 
@@ -57,15 +56,19 @@ READY_DELAY_ANNOTATION = "extender.test/ready-after"
 START_TIMEOUT_S = 120.0
 
 
+def terminal() -> TextIO:
+    """The real standard error, past pytest's capture."""
+    return sys.__stderr__ or sys.stderr
+
+
 def binaries() -> Path:
     """The folder of built binaries; builds them first (with progress on the terminal) when missing."""
     found = subprocess.run([str(BUILD), "--print"], capture_output=True, text=True, check=False)
     if found.returncode == 0:
         return Path(found.stdout.strip())
-    # Straight to the terminal: pytest captures the fixture's output, and a 20-minute build with no
+    # Straight to the terminal: pytest captures the fixture's output, and a build of minutes with no
     # sign of life looks like a hang.
-    terminal = open(os.devnull, "w") if os.environ.get("CI_QUIET") else sys.__stderr__  # noqa: SIM115
-    done = subprocess.run([str(BUILD)], stdout=subprocess.PIPE, stderr=terminal, text=True, check=False)
+    done = subprocess.run([str(BUILD)], stdout=subprocess.PIPE, stderr=terminal(), text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"scripts/build-cluster failed (exit {done.returncode}); run it by hand to see why")
     return Path(done.stdout.strip().splitlines()[-1])
@@ -195,7 +198,7 @@ class Cluster:
                 "get", "serviceaccount", "default", "-n", "default"))
             yield cluster
         except BaseException:
-            sys.__stderr__.write(cluster.report())
+            terminal().write(cluster.report())
             raise
         finally:
             cluster.stop()
@@ -205,7 +208,7 @@ class Cluster:
         for process in reversed(list(self.processes.values())):
             process.stop()
 
-    def start(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> Process:
+    def start(self, name: str, args: Sequence[str | Path], env: dict[str, str] | None = None) -> Process:
         """Start (or restart) a component; its output goes to ``logs/<name>.log``."""
         if name in self.processes:
             self.processes[name].stop()
@@ -283,6 +286,14 @@ class Cluster:
             "--requestheader-extra-headers-prefix=X-Remote-Extra-",
         ])
         self.wait_for("kube-apiserver /readyz", lambda: self._healthy(self.apiserver_port, "/readyz"))
+
+    def restart_apiserver(self) -> None:
+        """Stop kube-apiserver and start it again on the same flags (what an upgrade looks like to
+        clients: watches end, and the new server's watch cache starts at the current revision)."""
+        process = self.processes["kube-apiserver"]
+        process.stop()
+        process.start()
+        self.wait_for("kube-apiserver /readyz after a restart", lambda: self._healthy(self.apiserver_port, "/readyz"))
 
     def _start_controller_manager(self) -> None:
         port = free_port()

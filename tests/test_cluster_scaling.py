@@ -142,9 +142,8 @@ def test_demand_rises_the_hpa_scales_and_warm_replicas_are_ready_first(scaler: S
     def pod_states() -> str:
         return cluster.kubectl("get", "pods", "-n", NAMESPACE, "-o", "yaml").stdout + cluster.report()
 
-    pods = wait(all_ready, "4 Ready replicas", report=pod_states)
     placed: dict[str, list[float]] = {}
-    for p in pods:
+    for p in wait(all_ready, "4 Ready replicas", report=pod_states) or []:
         conditions = {c["type"]: at(c["lastTransitionTime"]) for c in p["status"]["conditions"]}
         placed.setdefault(p["spec"]["nodeName"], []).append(conditions["Ready"] - conditions["PodScheduled"])
     sys.stderr.write(f"chat replicas: seconds from scheduled to Ready by node {placed}\n")

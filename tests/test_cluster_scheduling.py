@@ -89,7 +89,8 @@ def test_a_hard_rule_puts_the_filter_reason_in_the_pods_event(warm_gpu_b: Stack)
     manifest = pod(name, NAMESPACE, "slo-llm")
     manifest["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "gpu-a"}
     (row,) = [r for r in stack.explain(manifest)["nodes"] if r["node"] == "gpu-a"]
-    assert row["verdict"] == "FailedAndUnresolvableNodes" and row["reason"], row  # what the extender will say about gpu-a
+    # what the extender will say about gpu-a
+    assert row["verdict"] == "FailedAndUnresolvableNodes" and row["reason"], row
     stack.cluster.apply([manifest])
     message = wait(lambda: failed_scheduling(stack, name), "a FailedScheduling event", report=stack.cluster.report)
     assert row["reason"] in message, message

@@ -77,8 +77,9 @@ def best_horizon(policy: Policy, store: InventoryStore, now: float) -> Horizon:
                    node=snap.nodes[best].name)
 
 
-def run_job(job: dict[str, Any], root: Path, helper_image: str) -> None:
-    """Do on ``root`` what the Job's containers would do on its node (cache root mounted at /cache)."""
+def run_job(job: dict[str, Any], root: Path, helper_image: str, source: str = "s3://models/big/") -> None:
+    """Do on ``root`` what the Job's containers would do on its node (cache root mounted at /cache);
+    the fetch step (the team's ``aws s3 sync <source> <staging>``) writes eight 25 GB shards."""
     parser = argparse.ArgumentParser()
     warm_commands.register(parser.add_subparsers())
     pod = job["spec"]["template"]["spec"]
@@ -88,9 +89,9 @@ def run_job(job: dict[str, Any], root: Path, helper_image: str) -> None:
             parsed = parser.parse_args(args)
             assert parsed.handler(parsed) == 0
         else:  # the team's fetch: `aws s3 sync s3://models/big/ <staging>`, here eight 25 GB shards
-            env = {e["name"]: e["value"] for e in c["env"]}
+            env = {e["name"]: e.get("value", "") for e in c["env"]}  # the API drops empty values
             staging = root / Path(env["WARM_STAGING"]).relative_to(CACHE_MOUNT)
-            assert c["command"][-2:] == ["s3://models/big/", env["WARM_STAGING"]]
+            assert c["command"][-2:] == [source, env["WARM_STAGING"]]
             for i in range(1, 9):
                 sparse(staging / f"model-{i:05d}-of-00008.safetensors", 25 * GB)
 

@@ -1,0 +1,151 @@
+"""The warmer and the sync against the real API: warm Jobs, taint-until-warm, and real watches.
+
+The warm loop runs in the test, ticked as the scaler's leader ticks it, authenticated as the
+scaler's ServiceAccount (deploy/rbac.yaml gives it Jobs in ``extender-warm`` and Nodes), on the
+stack's policy with ``warm-llm`` kept warm and joining nodes tainted until warm:
+
+* a warm Job is created in the real API, pinned to its node; the Job controller creates its pod,
+  the stock scheduler binds it there (the Job asks for no GPU, so the extender is not called) and
+  KWOK completes it; a second warm loop (a restarted scaler) plans the same work and creates nothing;
+  once the node's agent reports the staged weights, the Job is confirmed and deleted;
+* a joining Node gets the warming taint on the real Node object and loses it once its agent
+  reports every keep-warm cache;
+* ``extender sync`` follows real watches: a relabelled Node changes class in the inventory, a
+  deleted Node leaves it, and after kube-apiserver restarts (its watch cache starts anew, so the
+  sync's resourceVersion is too old: 410 Gone) the sync lists again and carries on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from extender.core.policy import Policy, parse_policy
+from extender.core.warming import Expectation
+from extender.kube.client import KubeClient
+from extender.warm.loop import WarmLoop
+from tests.cluster_stack import AGENT_COMMAND, BIG, POLICY, VLLM_IMAGE, Stack, node, wait, write_weights
+from tests.test_warm_e2e import run_job
+
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
+
+WARM_NS = "extender-warm"
+SOURCE = "s3://models/warm/"
+
+
+def warm_policy(stack: Stack) -> Policy:
+    """The stack's policy with ``warm-llm`` kept warm and joining nodes tainted until warm."""
+    text = POLICY.format(image=VLLM_IMAGE, prometheus=stack.demand.url)
+    text = text.replace("warming:\n  enabled: true\n", "warming:\n  enabled: true\n  keepWarm: [warm-llm]\n"
+                        "  newNodes: {taintUntilWarm: true}\n")
+    return parse_policy(text)
+
+
+@pytest.fixture(scope="module")
+def warmer(cluster_stack: Stack) -> Iterator[tuple[Stack, KubeClient]]:
+    cluster_stack.scheduler()  # the warm Jobs' pods are scheduled by the stock scheduler
+    client = KubeClient.connect(str(cluster_stack.cluster.token_kubeconfig("kube-system", "extender-scaler")))
+    try:
+        yield cluster_stack, client
+    finally:
+        client.close()
+
+
+def jobs(stack: Stack) -> dict[str, dict[str, Any]]:
+    return {j["metadata"]["name"]: j for j in stack.cluster.get("jobs", "-n", WARM_NS)["items"]}
+
+
+def complete(job: dict[str, Any]) -> bool:
+    return any(c["type"] == "Complete" and c["status"] == "True" for c in job.get("status", {}).get("conditions", []))
+
+
+def test_warm_jobs_run_pinned_are_not_duplicated_and_are_confirmed(warmer: tuple[Stack, KubeClient]) -> None:
+    stack, client = warmer
+    policy = warm_policy(stack)
+    expect = [Expectation(workload="warm-llm", replicas=1, within_s=600)]
+    loop = WarmLoop(policy, stack.store, client, instance="scaler-0")
+    report = loop.tick(time.time(), expect)
+    assert report.errors == [], report.errors
+    started = [a for a in (report.plan.actions if report.plan else []) if a.workload == "warm-llm"]
+    assert started, report
+    action = started[0]
+    name = next(n for n in report.started if n in jobs(stack))
+    job = jobs(stack)[name]
+    terms = job["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert str(terms).count(action.node) == 1
+
+    # a restarted scaler sees the Job in flight (or plans the same work and finds it): nothing new
+    before = set(jobs(stack))
+    again = WarmLoop(policy, stack.store, client, instance="scaler-1").tick(time.time(), expect)
+    assert again.errors == [] and again.started == [], again
+    assert set(jobs(stack)) == before
+
+    # the Job controller, the scheduler and KWOK run it to completion on the pinned node
+    wait(lambda: complete(jobs(stack).get(name, {})), f"Job {name} to complete", report=stack.cluster.report)
+    (job_pod,) = stack.cluster.get("pods", "-n", WARM_NS, "-l", f"job-name={name}")["items"]
+    assert job_pod["spec"]["nodeName"] == action.node
+
+    # what the Job's containers did on the node; the agent reports it and the loop confirms
+    run_job(jobs(stack)[name], stack.roots[action.node], policy.warming.helper_image, source=SOURCE)
+    confirmed = wait(lambda: loop.tick(time.time(), expect).confirmed, "the warm loop confirming the Job",
+                     report=stack.cluster.report)
+    assert name in confirmed
+    wait(lambda: name not in jobs(stack), f"Job {name} deleted after confirmation", report=stack.cluster.report)
+
+
+def taints(stack: Stack, name: str) -> list[str]:
+    return [t["key"] for t in stack.cluster.get("node", name)["spec"].get("taints", [])]
+
+
+def test_a_joining_node_is_tainted_until_warm(warmer: tuple[Stack, KubeClient], tmp_path: Path) -> None:
+    stack, client = warmer
+    policy = warm_policy(stack)
+    loop = WarmLoop(policy, stack.store, client, instance="scaler-0")
+    loop.tick(time.time())  # a running warmer, before the node joins
+    stack.cluster.apply([node("gpu-d", BIG)])
+    wait(lambda: "gpu-d" in stack.store.names(), "the sync adding gpu-d", report=stack.cluster.report)
+    tainted = wait(lambda: loop.tick(time.time()).tainted, "the warmer tainting gpu-d", report=stack.cluster.report)
+    assert tainted == ["gpu-d"]
+    assert policy.warming.new_nodes.taint.key in taints(stack, "gpu-d")
+
+    # the node gets its keep-warm cache and an agent that reports it: the taint comes off
+    root = tmp_path / "gpu-d"
+    write_weights(root, "warm-llm", SOURCE)
+    stack.python("agent-gpu-d", ["agent", "--node-name", "gpu-d", "--cache-root", str(root), "--interval", "0.2",
+                                 "--redis-url", stack.redis.url], AGENT_COMMAND)
+    wait(lambda: loop.tick(time.time()).untainted == ["gpu-d"], "the warmer untainting gpu-d",
+         report=stack.cluster.report)
+    assert policy.warming.new_nodes.taint.key not in taints(stack, "gpu-d")
+
+    # a deleted Node leaves the inventory (the sync's watch sees DELETED)
+    stack.cluster.processes["agent-gpu-d"].stop()
+    stack.cluster.kubectl("delete", "node", "gpu-d")
+    wait(lambda: "gpu-d" not in stack.store.names(), "the sync removing gpu-d", report=stack.cluster.report)
+
+
+def node_class(stack: Stack, name: str) -> str:
+    record = stack.store.get(name)
+    return record.node_class if record is not None else ""
+
+
+def test_the_sync_follows_watches_and_relists_after_an_apiserver_restart(warmer: tuple[Stack, KubeClient]) -> None:
+    stack, _ = warmer
+    cluster = stack.cluster
+    assert node_class(stack, "gpu-c") == "g5.12xlarge"
+    cluster.kubectl("label", "node", "gpu-c", "--overwrite", "node.kubernetes.io/instance-type=g5.48xlarge")
+    wait(lambda: node_class(stack, "gpu-c") == "g5.48xlarge", "the sync seeing gpu-c relabelled",
+         report=cluster.report)
+
+    sync_log = cluster.processes["sync"].log
+    relists_before = sync_log.read_text(errors="replace").count("listing again")
+    cluster.restart_apiserver()
+    cluster.kubectl("label", "node", "gpu-c", "--overwrite", "node.kubernetes.io/instance-type=g5.12xlarge")
+    wait(lambda: node_class(stack, "gpu-c") == "g5.12xlarge", "the sync seeing gpu-c relabelled back",
+         report=cluster.report)
+    relists = sync_log.read_text(errors="replace").count("listing again") - relists_before
+    assert relists >= 1, sync_log.read_text(errors="replace")[-3000:]
