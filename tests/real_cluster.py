@@ -166,6 +166,8 @@ class Cluster:
     pki: ClusterPki
     apiserver_port: int
     processes: dict[str, Process] = field(default_factory=dict)
+    #: The secure port of each kube-scheduler started by :meth:`start_scheduler`, by name.
+    scheduler_ports: dict[str, int] = field(default_factory=dict)
 
     @property
     def server(self) -> str:
@@ -238,14 +240,19 @@ class Cluster:
 
     _vital = ("etcd", "kube-apiserver", "kube-controller-manager", "kwok")
 
-    def _healthy(self, port: int, path: str = "/healthz") -> bool:
+    def fetch(self, port: int, path: str) -> str:
+        """GET ``https://127.0.0.1:PORT/PATH`` of a control-plane component, as admin."""
         context = ssl.create_default_context(cafile=str(self.pki.ca.cert))
         context.check_hostname = False
         context.verify_mode = ssl.CERT_NONE  # controller-manager and scheduler serve self-signed certificates
         context.load_cert_chain(str(self.pki.admin.cert), str(self.pki.admin.key))
+        with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", context=context, timeout=5) as reply:
+            return str(reply.read().decode())
+
+    def _healthy(self, port: int, path: str = "/healthz") -> bool:
         try:
-            with urllib.request.urlopen(f"https://127.0.0.1:{port}{path}", context=context, timeout=5) as reply:
-                return bool(reply.status == 200)
+            self.fetch(port, path)
+            return True
         except OSError:
             return False
 
@@ -338,6 +345,7 @@ class Cluster:
                                     f"--secure-port={port}", f"--authentication-kubeconfig={kc}",
                                     f"--authorization-kubeconfig={kc}"])
         self.wait_for(f"{name} /healthz", lambda: self._healthy(port))
+        self.scheduler_ports[name] = port
         return process
 
     # ----- clients
