@@ -332,6 +332,15 @@ BAD_BODIES = [
     ("node without a name", json.dumps({"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}}).encode(),
      "no metadata.name"),
     ("empty body", b"", "not valid JSON"),
+    # valid JSON, but the reply could not be written as UTF-8 (a lone surrogate is no Unicode text)
+    ("lone surrogate in NodeNames", b'{"Pod":{},"NodeNames":["\\ud800"]}', "not valid JSON"),
+    ("lone surrogate as raw bytes", b'{"Pod":{},"NodeNames":["\xed\xa0\x80"]}', "not valid JSON"),
+    # 1,000 levels overflowed Python's stack inside json.loads (RecursionError, not a ValueError)
+    ("nested 1,000 levels", b'{"Pod":{},"NodeNames":[],"x":' + b"[" * 1000 + b"]" * 1000 + b"}", "nested deeper"),
+    ("Nodes is a string", json.dumps({"Pod": {}, "Nodes": "abc"}).encode(), "NodeList object"),
+    ("Nodes is an array", json.dumps({"Pod": {}, "Nodes": [{"metadata": {"name": "a"}}]}).encode(),
+     "NodeList object"),
+    ("Nodes.items is an object", json.dumps({"Pod": {}, "Nodes": {"items": {"a": 1}}}).encode(), "NodeList object"),
 ]
 
 
@@ -342,6 +351,38 @@ def test_bad_input_is_400_with_a_json_error(client: FlaskClient, verb: str, name
     resp = client.post(f"/{verb}", data=body, content_type="application/json")
     assert resp.status_code == 400
     assert message in json.loads(resp.data)["error"]
+
+
+EXPLAIN_BAD_BODIES = [
+    ("NodeNames not strings", json.dumps({"Pod": pod(), "NodeNames": [1, 2]}).encode(), "array of strings"),
+    ("Nodes is a string", json.dumps({"Pod": pod(), "Nodes": "abc"}).encode(), "NodeList object"),
+    ("nested 1,000 levels", b'{"metadata":' + b"[" * 1000 + b"]" * 1000 + b"}", "nested deeper"),
+    ("lone surrogate", b'{"Pod":{},"NodeNames":["\\udfff"]}', "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "message"), EXPLAIN_BAD_BODIES, ids=[b[0] for b in EXPLAIN_BAD_BODIES])
+def test_explain_bad_input_is_400_not_every_node(client: FlaskClient, name: str, body: bytes, message: str) -> None:
+    resp = client.post("/explain", data=body, content_type="application/json")
+    assert resp.status_code == 400, resp.data
+    assert message in json.loads(resp.data)["error"]
+
+
+def test_an_unexpected_error_is_counted_and_logged_once(app: Flask, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    # A failure outside the fail-open guard (here: while parsing) still answers JSON, is counted in
+    # extender_requests_total, and writes one traceback per interval, not one per request.
+    def boom(_: bytes) -> Any:
+        raise ZeroDivisionError("bug in parsing")
+
+    monkeypatch.setattr("extender.server.scheduler.parse_args", boom)
+    client = app.test_client()
+    with caplog.at_level(logging.ERROR):
+        statuses = [client.post("/prioritize", data=json.dumps(args(["fast-warm"]))).status_code for _ in range(3)]
+    assert statuses == [500, 500, 500]
+    assert metric(client, 'extender_requests_total{outcome="error",verb="prioritize"}') == 3
+    tracebacks = [r for r in caplog.records if r.exc_info is not None]
+    assert len(tracebacks) == 1, [r.getMessage() for r in caplog.records]
 
 
 def test_body_over_the_limit_is_413(policy_file: Path, store: MemoryStore) -> None:

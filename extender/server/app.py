@@ -16,9 +16,10 @@ Besides the scheduler verbs (:mod:`extender.server.scheduler`):
 from __future__ import annotations
 
 import json
+import logging
 import time
 
-from flask import Flask, Response
+from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
@@ -27,6 +28,8 @@ from extender.server.metrics import Metrics
 from extender.server.refresher import Refresher, Throttle
 from extender.server.scheduler import JSON, SchedulerService, bp
 from extender.server.settings import Settings
+
+log = logging.getLogger(__name__)
 
 
 def create_app(settings: Settings) -> Flask:
@@ -50,6 +53,19 @@ def create_app(settings: Settings) -> Flask:
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:
         return Response(json.dumps({"error": exc.description or exc.name}), status=exc.code or 500, mimetype=JSON)
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> Response:
+        # A bug outside the fail-open guard of the verbs. Flask would log a traceback per request
+        # and leave the reply out of the metrics; count it, and log one traceback per interval.
+        rule = request.url_rule
+        route = rule.rule.strip("/") if rule is not None else "other"
+        metrics.requests.labels(route, "error").inc()
+        held = throttle.allow(f"error:{route}:{type(exc).__name__}")
+        if held is not None:
+            log.error("%s %s failed with an unexpected error%s", request.method, request.path,
+                      f" [{held} similar failures not logged]" if held else "", exc_info=exc)
+        return Response(json.dumps({"error": f"internal error: {type(exc).__name__}"}), status=500, mimetype=JSON)
 
     @app.get("/healthz")
     def healthz() -> Response:
