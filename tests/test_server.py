@@ -508,6 +508,27 @@ def test_a_record_going_stale_turns_cold(policy_file: Path) -> None:
     assert json.loads(stale) == [{"Host": "fast-warm", "Score": 6}]
 
 
+def test_a_record_that_breaks_the_build_is_skipped_not_the_whole_inventory(
+        app: Flask, store: MemoryStore, caplog: pytest.LogCaptureFixture) -> None:
+    # The model refuses 2**64 GPUs now; a record that still slipped past it (another writer, a
+    # future field) must cost only itself. Before, the OverflowError stopped every rebuild, and the
+    # old snapshot was served as fresh while later valid updates never arrived.
+    poison = NodeState.model_construct(**{**record("poison", "fast").__dict__, "gpus_free": 2**64})
+    store.set([*fleet(), poison, record("joined-later", "fast", image=True, weights=True)])
+    refresher = service(app).refresher
+    with caplog.at_level(logging.WARNING, logger="extender.server.refresher"):
+        refresher.refresh_once()
+        store.set(list(store.records))  # a heartbeat elsewhere: a new version, the same poison
+        refresher.refresh_once()
+    engine = refresher.engine
+    assert engine is not None and engine.snapshot.version == store.current
+    assert sorted(r.name for r in engine.snapshot.nodes) == sorted([*(r.name for r in fleet()), "joined-later"])
+    client = app.test_client()
+    assert scores(post(client, "prioritize", args(["joined-later"]))) == {"joined-later": 7}
+    assert metric(client, 'extender_snapshot_refresh_errors_total{reason="bad_record"}') == 2
+    assert len([r for r in caplog.records if "'poison'" in r.getMessage()]) == 1  # throttled
+
+
 def test_refresh_errors_keep_the_last_snapshot(app: Flask, store: MemoryStore) -> None:
     refresher = service(app).refresher
     engine = refresher.engine

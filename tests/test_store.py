@@ -236,6 +236,11 @@ CORRUPTIONS: list[tuple[str, Callable[[redis.Redis], None], str]] = [
     ("json-but-not-an-object", _store_raw("[1, 2]"), "input"),
     ("listed-but-missing", _no_record, "missing"),
     ("hash-instead-of-string", _hash_record, "missing"),
+    # valid JSON and once accepted by the model; 2**64 GPUs overflowed every later snapshot build
+    ("gpus-over-int64", _store_raw('{"name": "bad", "gpus": 18446744073709551616}'), "gpus"),
+    ("heartbeat-infinite", _store_raw('{"name": "bad", "heartbeat": 1e400}'), "heartbeat"),
+    ("control-characters", _store_raw('{"name": "bad", "images": ["x\\u001b[2J"]}'), "images"),
+    ("oversized", _store_raw('{"name": "bad", "labels": {"k": "' + "v" * 2_000_000 + '"}}'), "larger than"),
 ]
 
 
@@ -268,6 +273,27 @@ def test_a_corrupt_record_is_skipped_and_reported_once(
     with caplog.at_level(logging.WARNING, logger="extender.state.store"):
         store.load_all()
     assert len([r for r in caplog.records if "extender:node:bad" in r.getMessage()]) == 2
+
+
+def test_a_record_under_a_name_that_is_no_node_name_is_skipped_and_logged_escaped(
+    store: InventoryStore, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.put(node("good-1"))
+    evil = "bad\n\x1b[2Jfake"
+    client.sadd("extender:nodes", evil)
+    client.set(f"extender:node:{evil}", json.dumps({"name": evil}))
+    with caplog.at_level(logging.WARNING, logger="extender.state.store"):
+        _, records, _ = store.load_all()
+    assert [r.name for r in records] == ["good-1"]
+    assert "name" in store.corrupt[f"extender:node:{evil}"]
+    assert all("\x1b" not in r.getMessage() and "\n" not in r.getMessage() for r in caplog.records)
+
+
+def test_a_write_of_an_oversized_record_is_refused(store: InventoryStore) -> None:
+    huge = node("big", images=[f"registry.example/image-{n}:" + "t" * 900 for n in range(1200)])
+    with pytest.raises(StateError, match="larger than"):
+        store.put(huge)
+    assert store.load_all()[1] == []
 
 
 def test_get_of_a_corrupt_record_is_a_state_error_naming_the_key(store: InventoryStore, client: redis.Redis) -> None:

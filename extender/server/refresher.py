@@ -146,12 +146,11 @@ class Refresher:
             if self._records is None or (version != self._version and t - self._last_load >= spacing):
                 started = time.perf_counter()
                 loaded, records, registry = store.load_all()
-                self._records, self._registry, self._version = records, registry, loaded
                 self._last_load = t
-                self._rebuild(t)
+                self._rebuild(t, records, registry, loaded)
                 self._rebuild_cost = time.perf_counter() - started
-            elif self._policy_dirty:
-                self._rebuild(t)
+            elif self._policy_dirty and self._records is not None:
+                self._rebuild(t, self._records, self._registry, self._version)
             elif self.engine is not None:
                 # A record whose heartbeat just expired makes its profile tables outdated; rebuild
                 # them here rather than in the next request.
@@ -185,16 +184,57 @@ class Refresher:
             log.warning("inventory refresh failed (%s): %s%s", reason, exc,
                         f" [{held} similar messages suppressed]" if held else "")
 
-    def _rebuild(self, now: float) -> None:
-        if self._records is None:
-            return
-        snapshot = InventorySnapshot.build(
-            self.policy, self._records, version=self._version, taken_at=now, registry=self._registry
-        )
-        engine = Engine(self.policy, snapshot)
-        engine.warm(now)
+    def _rebuild(self, now: float, records: list[NodeState], registry: frozenset[str], version: int) -> None:
+        """Swap in an engine for ``records``; what it was built from is kept only once it was built.
+
+        A build that fails leaves the version unconsumed, so the next iteration tries again and the
+        snapshot is not confirmed meanwhile (it goes stale and the replies neutral, instead of an
+        old snapshot passing for the current one).
+        """
+        engine, skipped = self._build(now, records, registry, version)
+        for name, why in skipped:
+            self.metrics.refresh_errors.labels("bad_record").inc()
+            if self.throttle.allow(f"bad-record:{name}") is not None:
+                log.warning("skipping inventory record %r: it breaks the snapshot build (%s)", name, why)
+        bad = {name for name, _ in skipped}
+        self._records = [r for r in records if r.name not in bad] if bad else records
+        self._registry, self._version = registry, version
         self.engine = engine
         self._policy_dirty = False
+
+    def _build(self, now: float, records: list[NodeState], registry: frozenset[str],
+               version: int) -> tuple[Engine, list[tuple[str, str]]]:
+        """The engine for ``records``, leaving out any record that makes the build fail.
+
+        The model bounds every field so that no record should; this is the second line, for a
+        record that still does (another writer, a future field). Bisecting finds the culprits in
+        O(k log n) builds for k of them, and costs nothing while every record is fine.
+        """
+
+        def attempt(part: list[NodeState]) -> Engine:
+            snapshot = InventorySnapshot.build(self.policy, part, version=version, taken_at=now, registry=registry)
+            engine = Engine(self.policy, snapshot)
+            engine.warm(now)
+            return engine
+
+        try:
+            return attempt(records), []
+        except Exception:
+            pass
+        skipped: list[tuple[str, str]] = []
+
+        def usable(part: list[NodeState]) -> list[NodeState]:
+            try:
+                attempt(part)
+                return part
+            except Exception as exc:
+                if len(part) <= 1:
+                    skipped.extend((r.name, f"{type(exc).__name__}: {exc}") for r in part)
+                    return []
+                mid = len(part) // 2
+                return usable(part[:mid]) + usable(part[mid:])
+
+        return attempt(usable(records)), skipped
 
     def _publish(self, now: float) -> None:
         engine = self.engine

@@ -40,7 +40,7 @@ from pydantic import ValidationError
 from redis.client import Pipeline
 
 from extender.core.errors import StateError
-from extender.core.inventory import NodeState
+from extender.core.inventory import MAX_RECORD_BYTES, NodeState
 from extender.state.errors import redis_errors
 
 log = logging.getLogger(__name__)
@@ -81,11 +81,20 @@ def encode(state: NodeState) -> str:
     Numbers, not ``64GiB``-style strings: other writers (agents in any language) produce them
     without a units library, and reading them back skips the unit parser. The model accepts both.
     """
-    return json.dumps(state.model_dump(mode="python", by_alias=True), separators=(",", ":"), allow_nan=False)
+    text = json.dumps(state.model_dump(mode="python", by_alias=True), separators=(",", ":"), allow_nan=False)
+    if len(text) > MAX_RECORD_BYTES:  # ASCII (json.dumps escapes the rest): characters are bytes
+        raise StateError(f"the record of node {state.name!r} is {len(text)} bytes, larger than the "
+                         f"{MAX_RECORD_BYTES} byte limit of one record")
+    return text
 
 
 def decode(name: str, raw: str | bytes) -> NodeState:
-    """Parse a stored record; raises ``ValueError`` (pydantic's included) when it is unusable."""
+    """Parse a stored record; raises ``ValueError`` (pydantic's included) when it is unusable.
+
+    The size is checked before parsing, so an oversized record costs a reader nothing.
+    """
+    if len(raw) > MAX_RECORD_BYTES:
+        raise ValueError(f"record is {len(raw)} bytes, larger than the {MAX_RECORD_BYTES} byte limit")
     state = NodeState.model_validate_json(raw)
     if state.name != name:
         raise ValueError(f"record is stored under node {name!r} but names node {state.name!r}")
@@ -291,7 +300,8 @@ class InventoryStore:
             self._reported = set(corrupt)  # a key that heals and breaks again is reported again
             self.corrupt = corrupt
         for key in sorted(new):
-            log.warning("skipping corrupt inventory record %s: %s", key, corrupt[key])
+            # %r: the key holds whatever name a writer put in the node set (newlines, escapes)
+            log.warning("skipping corrupt inventory record %r: %s", key, corrupt[key])
 
 
 def _version(raw: str | bytes | None) -> int:
