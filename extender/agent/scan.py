@@ -34,8 +34,18 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from extender.agent.layout import COMPILE, COMPLETE, MANIFEST, METADATA, SNAPSHOTS, WEIGHTS, Manifest
+from extender.agent.layout import (
+    COMPILE,
+    COMPLETE,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    METADATA,
+    SNAPSHOTS,
+    WEIGHTS,
+    Manifest,
+)
 from extender.core.inventory import cache_id, weights_key
+from extender.files import read_regular
 
 ProblemKind = Literal["unreadable", "vanished", "corrupt", "inconsistent"]
 
@@ -302,12 +312,13 @@ def read_manifest(directory: Path, cache: ManifestCache | None = None) -> Manife
     """``(manifest, None)``, ``(None, None)`` when there is none, or ``(None, why it is unusable)``."""
     path = os.path.join(directory, MANIFEST)
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-            if cache is not None and (hit := cache.get(path, stamp)) is not None:
-                return hit
-            raw = f.read()
+        st = os.lstat(path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if cache is not None and (hit := cache.get(path, stamp)) is not None:
+            return hit
+        # a regular file inside the root, bounded: a FIFO hung the agent (deaf to SIGTERM), a
+        # symlink to /dev/zero crashed it, a symlink elsewhere read a file outside the root
+        raw = read_regular(path, MAX_MANIFEST_BYTES, follow_symlinks=False)
     except FileNotFoundError:
         return None, None
     except OSError as exc:

@@ -30,12 +30,11 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from extender.core.errors import DocumentError, StateError, StoreUnavailableError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy, parse_policy
-from extender.files import read_text
+from extender.files import MAX_DOCUMENT_BYTES, read_regular, read_text
 from extender.server.engine import Engine
 from extender.server.metrics import Metrics
 from extender.server.settings import Settings, Store
@@ -255,7 +254,7 @@ class Refresher:
 
     def _digest_of_file(self) -> str | None:
         try:
-            return hashlib.sha256(Path(self.settings.policy_path).read_bytes()).hexdigest()
+            return hashlib.sha256(read_regular(self.settings.policy_path, MAX_DOCUMENT_BYTES)).hexdigest()
         except OSError:
             return None
 
