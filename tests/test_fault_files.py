@@ -154,3 +154,25 @@ def test_an_abusive_manifest_is_a_scan_problem(tmp_path: Path, make: Callable[[P
     (problem,) = scan.problems
     assert (Path(problem.path).name, problem.kind) == (MANIFEST, "corrupt")
     assert words in problem.message
+
+
+# ---- the node agent stays inside its cache root -------------------------------------------------------
+
+
+@pytest.mark.parametrize("top", ["weights", "compile", "snapshots"])
+def test_a_top_level_directory_that_is_a_symlink_is_not_followed(tmp_path: Path, top: str) -> None:
+    # compile -> /etc once reported 50 compile keys: the link's target is someone else's directory
+    outside = tmp_path / "outside"
+    make_weights(outside, "w", "v1", {"a": 100})  # outside/weights/w/v1, complete
+    (outside / "compile" / "ck1-x").mkdir(parents=True)
+    (outside / "compile" / "ck1-x" / "f").write_text("x")
+    (outside / "snapshots" / "s").mkdir(parents=True)
+    (outside / "snapshots" / "s" / ".complete").write_text("")
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / top).symlink_to(outside / top)
+    scan = scan_cache(root)
+    assert (scan.weights, scan.compile_keys, scan.snapshots) == ((), (), ())
+    (problem,) = scan.problems
+    assert (Path(problem.path).name, problem.kind) == (top, "unreadable")
+    assert "symbolic link" in problem.message

@@ -7,8 +7,9 @@ listing and ``lstat`` (a download finishing or a cache being evicted) each becom
 
 Cost: one ``scandir`` per directory and one ``lstat`` per file below ``weights/``; compile-cache
 directories (often tens of thousands of small Triton files) are entered only until their first
-file is found. Symbolic links are neither followed nor counted: a link's target is someone else's
-bytes, and following links invites loops. Numbers are in BENCHMARKS.md.
+file is found. Symbolic links are neither followed nor counted, at any level below the root (the
+top-level ``weights``, ``compile`` and ``snapshots`` too): a link's target is someone else's bytes,
+and following links invites loops. Numbers are in BENCHMARKS.md.
 
 Usage, for the cache warmer's evictions (``NodeState.last_used`` and ``cache_bytes``, keyed by
 cache id): an entry's last use is the newest of the access, modification and change times of its
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -132,6 +134,28 @@ class _Walk:
         except OSError as exc:
             self.os_problem(directory, exc)
             return []
+
+    def top(self, root: Path, name: str) -> Path | None:
+        """``root/name`` when it is a real directory inside the root; ``None`` (and a problem if it exists) otherwise.
+
+        The cache root itself may be a link (the operator chose it), but nothing below it is
+        followed: ``compile -> /etc`` once reported every file of /etc as compile caches.
+        """
+        path = root / name
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self.os_problem(path, exc)
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            self.problem(path, "unreadable", "a symbolic link, not followed: the agent stays inside its cache root")
+            return None
+        if not stat.S_ISDIR(st.st_mode):
+            self.problem(path, "unreadable", "not a directory")
+            return None
+        return path
 
     def subdirs(self, directory: Path, *, missing_ok: bool = False) -> list[os.DirEntry[str]]:
         """Sub-directories that are not staging areas (names starting with '.')."""
@@ -387,8 +411,9 @@ def scan_cache(root: Path, *, manifests: ManifestCache | None = None, sizes: Siz
     if not os.path.isdir(root):
         walk.problem(root, "unreadable", "cache root does not exist or is not a directory")
         return CacheScan(problems=tuple(walk.problems))
+    tops = {name: walk.top(root, name) for name in (WEIGHTS, COMPILE, SNAPSHOTS)}
     weights: list[WeightsEntry] = []
-    for workload in walk.subdirs(root / WEIGHTS, missing_ok=True):
+    for workload in walk.subdirs(top, missing_ok=True) if (top := tops[WEIGHTS]) else []:
         for version in walk.subdirs(Path(workload.path)):
             entry = scan_weights(walk, Path(version.path), workload.name, version.name, manifests)
             if entry is not None:
@@ -410,12 +435,12 @@ def scan_cache(root: Path, *, manifests: ManifestCache | None = None, sizes: Siz
         last_used[ident] = newest
 
     compile_keys: list[str] = []
-    for d in walk.subdirs(root / COMPILE, missing_ok=True):
+    for d in walk.subdirs(top, missing_ok=True) if (top := tops[COMPILE]) else []:
         if walk.has_file(d.path):
             compile_keys.append(d.name)
             usage(cache_id("compile", d.name), d.path)
     snapshots: list[str] = []
-    for d in walk.subdirs(root / SNAPSHOTS, missing_ok=True):
+    for d in walk.subdirs(top, missing_ok=True) if (top := tops[SNAPSHOTS]) else []:
         try:
             if os.path.lexists(os.path.join(d.path, COMPLETE)):
                 snapshots.append(d.name)
