@@ -7,6 +7,7 @@ ever; a symlink to ``/dev/zero`` filled memory), and never more than a stated nu
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import stat
 import sys
@@ -62,23 +63,36 @@ def read_text(path: str | Path, max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
         raise DocumentError([Problem(str(path), None, "", f"not UTF-8 text: {exc.reason}")]) from exc
 
 
-def load_policy(path: str | Path) -> Policy:
-    """Read and fully check a policy file; raises :class:`PolicyError` listing every problem."""
+def policy_version(text: str) -> str:
+    """A policy's version: the first 16 hex digits of the SHA-256 of its text (what /readyz shows)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_policy(path: str | Path) -> tuple[Policy, str]:
+    """Read and fully check a policy file: ``(policy, version)``; raises :class:`PolicyError` listing every problem.
+
+    Both come from one read, so the version always describes the policy returned with it.
+    """
     try:
         text = read_text(path)
     except DocumentError as exc:
         raise PolicyError(exc.problems) from exc
-    return parse_policy(text, str(path))
+    return parse_policy(text, str(path)), policy_version(text)
 
 
-def load_policy_to_start(path: str | Path, command: str) -> Policy | None:
-    """The policy a long-running command starts with, or ``None`` after printing why it will not.
+def load_policy(path: str | Path) -> Policy:
+    """Read and fully check a policy file; raises :class:`PolicyError` listing every problem."""
+    return read_policy(path)[0]
+
+
+def load_policy_to_start(path: str | Path, command: str) -> tuple[Policy, str] | None:
+    """The policy (and its version) a long-running command starts with, or ``None`` after printing why it will not.
 
     A service must refuse to start on an invalid policy rather than run with a guess: every problem
     goes to stderr, then one line saying the command is not starting.
     """
     try:
-        return load_policy(path)
+        return read_policy(path)
     except DocumentError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

@@ -560,6 +560,37 @@ def test_policy_hot_reload_and_invalid_versions(app: Flask, policy_file: Path,
     assert metric(client, 'extender_policy_reloads_total{result="invalid"}') == 1
 
 
+def test_a_worker_started_after_a_reload_serves_the_files_policy(policy_file: Path, store: MemoryStore) -> None:
+    # gunicorn restarts a worker with the launch-time Settings, whose policy is the one the master
+    # validated at start. The file has changed since; the new worker must not serve the old policy
+    # next to workers on the new one (the same node scored 9 and 3 on alternate requests).
+    from extender.files import read_policy
+
+    launch_policy, launch_version = read_policy(policy_file)
+    policy_file.write_text(POLICY.replace("secondsPerPoint: 30s", "secondsPerPoint: 100s"))
+    settings = Settings(policy_path=policy_file, policy=launch_policy, policy_version=launch_version,
+                        start_refresher=False, store_factory=lambda: store, min_rebuild_interval_s=0.0,
+                        rebuild_duty_factor=0.0)
+    application = create_app(settings)
+    service(application).refresher.refresh_once()
+    client = application.test_client()
+    assert scores(post(client, "prioritize", args(["fast-cold"]))) == {"fast-cold": 3}  # (570 - 230) / 100
+    ready = json.loads(client.get("/readyz").data)
+    assert ready["policyVersion"] == read_policy(policy_file)[1] != launch_version
+    assert metric(client, 'extender_policy_reloads_total{result="ok"}') == 1
+
+
+def test_an_unchanged_file_is_not_reloaded_at_worker_start(policy_file: Path, store: MemoryStore) -> None:
+    from extender.files import read_policy
+
+    launch_policy, launch_version = read_policy(policy_file)
+    settings = Settings(policy_path=policy_file, policy=launch_policy, policy_version=launch_version,
+                        start_refresher=False, store_factory=lambda: store)
+    client = create_app(settings).test_client()
+    assert metric(client, "extender_policy_reloads_total") == 0
+    assert json.loads(client.get("/readyz").data)["policyVersion"] == launch_version
+
+
 def test_the_refresher_thread_loads_and_stops(policy_file: Path, store: MemoryStore) -> None:
     settings = Settings(policy_path=policy_file, store_factory=lambda: store, poll_interval_s=0.01)
     application = create_app(settings)

@@ -192,9 +192,10 @@ def _scale(args: argparse.Namespace) -> int:
     if serving and not args.tls_cert and not args.insecure_no_auth:
         return _usage("the External Metrics API is served over TLS (give --tls-cert and --tls-key); "
                       "--insecure-no-auth serves plain HTTP without authentication, for local use only")
-    policy = load_policy_to_start(args.policy, "scale")
-    if policy is None:
+    started = load_policy_to_start(args.policy, "scale")
+    if started is None:
         return 1
+    policy = started[0]
 
     from extender.scaler.loop import scaled_profiles
     from extender.scaler.serve import AuthSettings, ScaleSettings, default_identity

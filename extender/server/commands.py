@@ -88,9 +88,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tls_client_ca and not args.tls_cert:
         print("extender serve: --tls-client-ca needs --tls-cert and --tls-key", file=sys.stderr)
         return 2
-    policy = load_policy_to_start(args.policy, "serve")
-    if policy is None:
+    started = load_policy_to_start(args.policy, "serve")
+    if started is None:
         return 1
+    policy, version = started
     url, data_dir = _store_location(args)
 
     from extender.server.launcher import ServeOptions, prepare_metrics_dir, run
@@ -100,8 +101,11 @@ def _serve(args: argparse.Namespace) -> int:
     from extender.server.settings import Settings
 
     settings = Settings(
-        policy_path=Path(args.policy).resolve(),
+        # absolute, not resolved: with a ConfigMap volume the path is a symlink chain through
+        # ..data that kubelet swaps on every update; resolving it once pinned the first version
+        policy_path=Path(args.policy).absolute(),
         policy=policy,
+        policy_version=version,
         redis_url=url,
         data_dir=data_dir.resolve(),
         poll_interval_s=args.poll_interval,

@@ -24,7 +24,6 @@ one rebuild, and doubles as the health check that drives fail-open.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
@@ -34,7 +33,7 @@ from dataclasses import dataclass
 from extender.core.errors import DocumentError, StateError, StoreUnavailableError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy, parse_policy
-from extender.files import MAX_DOCUMENT_BYTES, read_regular, read_text
+from extender.files import policy_version, read_text
 from extender.server.engine import Engine
 from extender.server.metrics import Metrics
 from extender.server.settings import Settings, Store
@@ -78,11 +77,17 @@ class Health:
 class Refresher:
     """Keeps one worker's (policy, snapshot) current; see the module docstring."""
 
-    def __init__(self, settings: Settings, policy: Policy, metrics: Metrics, throttle: Throttle) -> None:
+    def __init__(self, settings: Settings, policy: Policy, metrics: Metrics, throttle: Throttle, *,
+                 version: str | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
         self.throttle = throttle
         self.policy = policy
+        #: Version of :attr:`policy` (:func:`extender.files.policy_version`); ``None``: unknown, so
+        #: the first look at the file takes whatever valid policy it holds.
+        self.policy_version = version
+        #: Version of the policy the current engine was built with (what requests are scored by).
+        self.engine_policy_version: str | None = None
         self.engine: Engine | None = None
         self.started_at = time.time()
         self.confirmed_at = 0.0
@@ -94,9 +99,11 @@ class Refresher:
         self._last_load = -float("inf")
         self._rebuild_cost = 0.0
         self._policy_dirty = False
-        self._policy_sig = self._stat()
-        self._policy_digest = self._digest_of_file()
+        # No real stat looks like this: the first check reads the file and compares its version
+        # with the policy we hold (which may be the launcher's, older than the file).
+        self._policy_sig: tuple[int, int, int] | None = (-1, -1, -1)
         self._policy_checked = time.monotonic()
+        self._rejected_version: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -135,6 +142,8 @@ class Refresher:
         t = time.time() if now is None else now
         if time.monotonic() - self._policy_checked >= self.settings.policy_check_interval_s:
             self.check_policy()
+        if self._policy_dirty and self._records is not None:
+            self._rebuild(t, self._records, self._registry, self._version)  # no Redis needed
         try:
             store = self._store if self._store is not None else self._connect()
             version = store.version()
@@ -148,8 +157,6 @@ class Refresher:
                 self._last_load = t
                 self._rebuild(t, records, registry, loaded)
                 self._rebuild_cost = time.perf_counter() - started
-            elif self._policy_dirty and self._records is not None:
-                self._rebuild(t, self._records, self._registry, self._version)
             elif self.engine is not None:
                 # A record whose heartbeat just expired makes its profile tables outdated; rebuild
                 # them here rather than in the next request.
@@ -199,7 +206,13 @@ class Refresher:
         self._records = [r for r in records if r.name not in bad] if bad else records
         self._registry, self._version = registry, version
         self.engine = engine
+        self.engine_policy_version = self.policy_version
         self._policy_dirty = False
+
+    @property
+    def serving_version(self) -> str | None:
+        """The version of the policy requests are answered with now."""
+        return self.engine_policy_version if self.engine is not None else self.policy_version
 
     def _build(self, now: float, records: list[NodeState], registry: frozenset[str],
                version: int) -> tuple[Engine, list[tuple[str, str]]]:
@@ -252,12 +265,6 @@ class Refresher:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
-    def _digest_of_file(self) -> str | None:
-        try:
-            return hashlib.sha256(read_regular(self.settings.policy_path, MAX_DOCUMENT_BYTES)).hexdigest()
-        except OSError:
-            return None
-
     def check_policy(self) -> bool:
         """Reload the policy if the file changed; True when a new policy was taken."""
         self._policy_checked = time.monotonic()
@@ -272,18 +279,18 @@ class Refresher:
             if self.throttle.allow(f"policy-read:{exc}") is not None:
                 log.error("policy file %s unreadable, keeping the last good policy: %s", path, exc)
             return False
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        if digest == self._policy_digest:
+        version = policy_version(text)
+        if version in (self.policy_version, self._rejected_version):
             return False
-        self._policy_digest = digest
         try:
             policy = parse_policy(text, path)
         except DocumentError as exc:
+            self._rejected_version = version
             self.metrics.policy_reloads.labels("invalid").inc()
             log.error("policy %s changed but is invalid; keeping the last good policy. Problems:\n%s",
                       path, "\n".join(f"  {p}" for p in exc.problems))
             return False
-        self.policy = policy
+        self.policy, self.policy_version = policy, version
         self._policy_dirty = True
         self.metrics.policy_reloads.labels("ok").inc()
         log.info("policy %s reloaded: %d node class(es), %d profile(s)", path,

@@ -38,6 +38,9 @@ class Settings:
     #: The policy already validated by the launcher (so a worker never starts on a different file
     #: than the one checked); ``None``: load ``policy_path`` in ``create_app``.
     policy: Policy | None = None
+    #: The version of ``policy`` (:func:`extender.files.policy_version` of its text). A worker that
+    #: starts later compares it with the file's and takes the file's policy when they differ.
+    policy_version: str | None = None
     redis_url: str | None = None
     #: The embedded Redis's directory when ``redis_url`` is empty (as ``extender inventory`` uses).
     data_dir: Path = Path("var/redis")
