@@ -44,7 +44,7 @@ def create_app(settings: Settings) -> Flask:
     refresher = Refresher(settings, policy, metrics, throttle, version=version)
     # A worker gunicorn (re)starts after a hot reload gets the launch-time policy in its settings;
     # it must serve the file's current one from its first request, like the workers that reloaded.
-    pass
+    refresher.check_policy()
     service = SchedulerService(settings, refresher, metrics, throttle)
 
     app = Flask("extender.server")
