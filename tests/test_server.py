@@ -434,6 +434,23 @@ def test_health_ready_metrics(policy_file: Path, store: MemoryStore) -> None:
     assert metric(client, "extender_nodes_known") == 5
 
 
+def test_readyz_says_fail_open_during_a_store_outage_past_the_bound(app: Flask, store: MemoryStore) -> None:
+    # Readiness stays 200: neutral replies still serve the scheduler better than a removed endpoint
+    # (docs/extender.md). But it must say that the answers are neutral, not "snapshot".
+    refresher = service(app).refresher
+    client = app.test_client()
+    assert json.loads(client.get("/readyz").data)["mode"] == "snapshot"
+    store.fail = StoreUnavailableError("Redis is unavailable: connection refused")
+    refresher.refresh_once()
+    within = json.loads(client.get("/readyz").data)
+    assert (within["mode"], within["storeError"] is not None) == ("snapshot", True)  # within the bound
+    refresher.confirmed_at -= 3600  # the bound has passed
+    resp = client.get("/readyz")
+    body = json.loads(resp.data)
+    assert resp.status_code == 200
+    assert (body["ready"], body["mode"], body["failOpen"]) == (True, "fail-open", "store_unavailable")
+
+
 def test_ready_in_declared_fail_open_mode_after_the_grace(policy_file: Path, store: MemoryStore) -> None:
     store.fail = StoreUnavailableError("down")
     application = make_app(policy_file, store, startup_grace_s=1.0)

@@ -238,6 +238,19 @@ def _preflight(settings: Any) -> str:
             KubeClient.connect(settings.kubeconfig, context=settings.kube_context).close()
     except ExtenderError as exc:
         return str(exc)
+    if not settings.auth.insecure:
+        # what the worker checks at boot, checked here: a refusal is one line before start, not a
+        # traceback in every worker gunicorn keeps restarting
+        try:
+            config = settings.auth.config()
+            config.check()
+        except ValueError as exc:
+            return str(exc)
+        if not settings.auth.delegated and not config.client_cas and not config.requestheader_cas:
+            return ("the External Metrics API could authenticate no caller: --no-delegated-auth turns off "
+                    "tokens, and there is no --client-ca-file or --requestheader-client-ca-file "
+                    "(nor the cluster's extension-apiserver-authentication ConfigMap, with "
+                    "--authentication-skip-lookup); every request would be answered 401")
     if settings.auth.delegated and not settings.auth.insecure:
         try:
             Delegation.connect(settings.kubeconfig, context=settings.kube_context).close()

@@ -77,6 +77,9 @@ def gunicorn_options(options: ServeOptions) -> dict[str, Any]:
         "accesslog": "-" if options.access_log else None,
         "child_exit": _child_exit,
         "post_fork": _switch_interval_hook(options.switch_interval_s),
+        # gunicorn 25.1+ opens a control socket at one fixed path per user ($XDG_RUNTIME_DIR or
+        # ~/.gunicorn), shared by every instance on the host and able to stop or resize it
+        "control_socket_disable": True,
     }
     if Path("/dev/shm").is_dir():  # the heartbeat file must not sit on a slow or full disk
         cfg["worker_tmp_dir"] = "/dev/shm"
@@ -112,7 +115,8 @@ class _Application(BaseApplication):  # type: ignore[misc]
 
     def load_config(self) -> None:
         for key, value in self._options.items():
-            self.cfg.set(key, value)
+            if key in self.cfg.settings:  # a setting an older gunicorn lacks (control_socket_*) is moot there
+                self.cfg.set(key, value)
 
     def load(self) -> Any:
         return self._factory()

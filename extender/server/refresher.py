@@ -167,6 +167,10 @@ class Refresher:
             self.error = None
         except StoreUnavailableError as exc:
             self._note_error("store_unavailable", exc)
+            if self.settings.store_factory is None and not self.settings.redis_url:
+                # The embedded server is ours to keep running: connecting again starts it anew
+                # (one server per data directory, whichever worker gets there first).
+                self._drop_store()
         except StateError as exc:
             self._note_error("store_error", exc)
         finally:
@@ -181,6 +185,12 @@ class Refresher:
 
             self._store = InventoryStore(connect(self.settings.redis_url, self.settings.data_dir))
         return self._store
+
+    def _drop_store(self) -> None:
+        store, self._store = self._store, None
+        client = getattr(store, "client", None)
+        if client is not None:
+            client.close()
 
     def _note_error(self, reason: str, exc: Exception) -> None:
         self.error = (reason, str(exc))
@@ -311,9 +321,15 @@ class Refresher:
         return Health(engine.policy, engine, None, age)
 
     def ready(self, now: float) -> tuple[bool, str]:
-        """Readiness: a snapshot is loaded, or the startup grace is over and fail-open is declared."""
+        """Readiness: a snapshot is loaded, or the startup grace is over and fail-open is declared.
+
+        Ready either way once the grace is over: neutral replies serve the scheduler better than an
+        endpoint taken out of the Service. The mode says which replies it gets: ``snapshot`` while
+        the snapshot is within its bound, ``fail-open`` when every reply is neutral (no snapshot,
+        or the store down or the refresher stuck past ``max_snapshot_age_s``).
+        """
         if self.engine is not None:
-            return True, "snapshot"
+            return True, "snapshot" if self.health(now).fail_open is None else "fail-open"
         if now - self.started_at >= self.settings.startup_grace_s:
             return True, "fail-open"
         return False, "loading"
