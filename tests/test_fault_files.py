@@ -176,3 +176,39 @@ def test_a_top_level_directory_that_is_a_symlink_is_not_followed(tmp_path: Path,
     (problem,) = scan.problems
     assert (Path(problem.path).name, problem.kind) == (top, "unreadable")
     assert "symbolic link" in problem.message
+
+
+def test_sparse_files_larger_than_the_disk_are_counted_by_their_blocks(tmp_path: Path) -> None:
+    # 11.5 PB of sparse files on a 270 GB disk were believed. Sizes that add up to more than the
+    # filesystem holds cannot all be data: the scan then counts allocated blocks instead.
+    from extender.agent.layout import compile_dir, write_manifest
+    from extender.agent.scan import SizeCache
+
+    root = tmp_path / "cache"
+    st = os.statvfs(tmp_path)
+    disk = st.f_blocks * st.f_frsize
+    directory = weights_dir(root, "w", "v1")
+    directory.mkdir(parents=True)
+    with (directory / "shard").open("wb") as f:
+        f.write(b"x" * 8192)  # real data at the start, then a hole past the disk's size
+        f.truncate(2 * disk)
+    write_manifest(directory, [("shard", 2 * disk)])
+    (directory / ".complete").write_text("")
+    key_dir = compile_dir(root, "ck1-x")
+    key_dir.mkdir(parents=True)
+    with (key_dir / "blob").open("wb") as f:
+        f.truncate(disk)
+    scan = scan_cache(root, sizes=SizeCache())
+    (entry,) = scan.weights
+    assert entry.complete is False
+    assert 8192 <= entry.bytes < 1 << 20  # the data written, in whole blocks; never the holes
+    assert scan.cache_bytes["compile:ck1-x"] < 1 << 20
+    assert any(p.kind == "inconsistent" and "sparse" in p.message for p in scan.problems)
+
+
+def test_sparse_files_within_the_disk_keep_their_sizes(tmp_path: Path) -> None:
+    # the common case (and every other test's fixtures): apparent sizes that fit the disk are believed
+    root = tmp_path / "cache"
+    make_weights(root, "w", "v1", {"a": 1 << 30})
+    (entry,) = scan_cache(root).weights
+    assert (entry.bytes, entry.complete) == (1 << 30, True)

@@ -25,6 +25,7 @@ threshold) do not depend on it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -112,6 +113,11 @@ class CacheScan:
 class _Walk:
     problems: list[Problem] = field(default_factory=list)
     files: int = 0
+    #: Count a file's allocated blocks (at most its length) instead of its length: see :func:`scan_cache`.
+    allocated: bool = False
+
+    def size_of(self, st: os.stat_result) -> int:
+        return min(st.st_size, st.st_blocks * 512) if self.allocated else st.st_size
 
     def problem(self, path: str | os.PathLike[str], kind: ProblemKind, message: str) -> None:
         self.problems.append(Problem(os.fspath(path), kind, message))
@@ -200,7 +206,7 @@ class _Walk:
                                 continue
                             self.files += 1
                             st = entry.stat(follow_symlinks=False)
-                            sizes[prefix + entry.name] = st.st_size
+                            sizes[prefix + entry.name] = self.size_of(st)
                             newest = max(newest, st.st_atime, st.st_mtime, st.st_ctime)
                     except OSError as exc:
                         self.os_problem(entry.path, exc)
@@ -233,7 +239,7 @@ class _Walk:
             except OSError as exc:  # vanished or unreadable since the listing
                 self.os_problem(entry.path, exc)
                 continue
-            total += st.st_size
+            total += self.size_of(st)
             newest = max(newest, st.st_atime, st.st_mtime, st.st_ctime)
         return total, newest
 
@@ -406,8 +412,30 @@ def scan_cache(root: Path, *, manifests: ManifestCache | None = None, sizes: Siz
 
     ``manifests`` keeps parsed manifests between scans (the agent passes one; a single scan needs
     none); ``sizes``, when given, measures compile and snapshot entries (see :class:`SizeCache`).
+
+    File lengths are believed while they fit the filesystem: a download in progress may be sparse,
+    and transparent compression makes allocated blocks undercount real data. Lengths that add up
+    to more than the filesystem's size cannot all be data (11.5 PB of sparse files on a 270 GB disk
+    were once reported), so the scan is then redone counting each file's allocated blocks, and a
+    problem says so.
     """
-    walk = _Walk()
+    scan = _scan(root, manifests, sizes, allocated=False)
+    try:
+        st = os.statvfs(root)
+    except OSError:
+        return scan
+    disk = st.f_blocks * st.f_frsize
+    claimed = sum(w.bytes for w in scan.weights) + sum(scan.cache_bytes.values())
+    if claimed <= disk:
+        return scan
+    recount = _scan(root, manifests, SizeCache(refresh_s=0.0) if sizes is not None else None, allocated=True)
+    note = Problem(os.fspath(root), "inconsistent", f"files claim {claimed} bytes on a {disk} byte filesystem "
+                                                    "(sparse files): counted by allocated blocks")
+    return dataclasses.replace(recount, problems=(*recount.problems, note))
+
+
+def _scan(root: Path, manifests: ManifestCache | None, sizes: SizeCache | None, *, allocated: bool) -> CacheScan:
+    walk = _Walk(allocated=allocated)
     if not os.path.isdir(root):
         walk.problem(root, "unreadable", "cache root does not exist or is not a directory")
         return CacheScan(problems=tuple(walk.problems))
