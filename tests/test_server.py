@@ -47,6 +47,7 @@ class MemoryStore:
         self.current = 1
         self.fail: Exception | None = None
         self.loads = 0
+        self.previous: set[str] = set()  # every name ever served, so that removals are reported
 
     def set(self, records: list[NodeState]) -> None:
         self.records = records
@@ -62,6 +63,14 @@ class MemoryStore:
             raise self.fail
         self.loads += 1
         return self.current, list(self.records), frozenset()
+
+    def changes_since(self, version: int) -> tuple[int, dict[str, NodeState | None], frozenset[str]]:
+        # no change log here: everything counts as changed, and a name no longer held as gone
+        current, records, registry = self.load_all()
+        changed: dict[str, NodeState | None] = {r.name: r for r in records}
+        changed.update({n: None for n in self.previous - changed.keys()})
+        self.previous = set(changed)
+        return current, changed, registry
 
 
 def fleet() -> list[NodeState]:

@@ -461,3 +461,32 @@ def test_a_killed_server_leaves_a_stale_socket_that_the_next_connect_replaces(em
 def test_a_data_dir_too_long_for_a_socket_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StateError, match="too long for a unix socket"):
         connect(None, tmp_path / ("d" * 120))
+
+
+# ---- incremental reads: what changed since a version -----------------------------------------------
+
+
+def test_changes_since_names_what_each_write_touched(store: InventoryStore, client: redis.Redis) -> None:
+    from extender.state.sources import AgentReport, SourceStore
+
+    v1 = store.put_many([node("a"), node("b"), node("c")])
+    assert store.changes_since(0)[1].keys() == {"a", "b", "c"}
+    v2 = store.put(node("b", gpus=8))
+    version, changed, _ = store.changes_since(v1)
+    assert (version, {n: r.gpus if r else None for n, r in changed.items()}) == (v2, {"b": 8})
+    v3 = store.delete("c")
+    assert store.changes_since(v2)[:2] == (v3, {"c": None})
+    v4 = SourceStore(store).report_agent("a", AgentReport(nvme_free=5, nvme_total=10, heartbeat=1.0))
+    assert v4 is not None and set(store.changes_since(v3)[1]) == {"a"}
+    v5 = store.replace([node("d")], [])
+    assert {n: r is not None for n, r in store.changes_since(v4)[1].items()} == {"a": False, "b": False, "d": True}
+    assert store.changes_since(v5)[:2] == (v5, {})
+
+
+def test_changes_since_skips_a_corrupt_record(store: InventoryStore, client: redis.Redis) -> None:
+    v1 = store.put(node("a"))
+    store.put(node("bad"))
+    client.set("extender:node:bad", '{"name": "bad", "gpus": 18446744073709551616}')
+    _, changed, _ = store.changes_since(v1)
+    assert changed == {"bad": None}
+    assert "gpus" in store.corrupt["extender:node:bad"]

@@ -97,6 +97,7 @@ class Refresher:
         self._registry: frozenset[str] = frozenset()
         self._version = -1
         self._last_load = -float("inf")
+        self._last_full = -float("inf")
         self._rebuild_cost = 0.0
         self._policy_dirty = False
         # No real stat looks like this: the first check reads the file and compares its version
@@ -153,7 +154,12 @@ class Refresher:
             spacing = max(self.settings.min_rebuild_interval_s, self.settings.rebuild_duty_factor * self._rebuild_cost)
             if self._records is None or (version != self._version and t - self._last_load >= spacing):
                 started = time.perf_counter()
-                loaded, records, registry = store.load_all()
+                if self._records is None or t - self._last_full >= self.settings.full_reload_interval_s:
+                    loaded, records, registry = store.load_all()
+                    self._last_full = t
+                else:  # only what was written since our version: a heartbeat costs one record
+                    loaded, changed, registry = store.changes_since(self._version)
+                    records = _apply(self._records, changed)
                 self._last_load = t
                 self._rebuild(t, records, registry, loaded)
                 self._rebuild_cost = time.perf_counter() - started
@@ -333,3 +339,16 @@ class Refresher:
         if now - self.started_at >= self.settings.startup_grace_s:
             return True, "fail-open"
         return False, "loading"
+
+
+def _apply(records: list[NodeState], changed: dict[str, NodeState | None]) -> list[NodeState]:
+    """``records`` with ``changed`` applied (``None``: the node is gone), sorted by name like ``load_all``."""
+    if not changed:
+        return records
+    by_name = {r.name: r for r in records}
+    for name, record in changed.items():
+        if record is None:
+            by_name.pop(name, None)
+        else:
+            by_name[name] = record
+    return [by_name[name] for name in sorted(by_name)]

@@ -22,6 +22,10 @@ class Store(Protocol):
         """``(version, records, compile registry)`` from one instant."""
         ...
 
+    def changes_since(self, version: int) -> tuple[int, dict[str, NodeState | None], frozenset[str]]:
+        """``(version, name -> record or None when gone, compile registry)`` for nodes written after ``version``."""
+        ...
+
 
 StoreFactory = Callable[[], Store]
 
@@ -61,6 +65,9 @@ class Settings:
     #: Largest request body accepted; bigger ones get 413. Names-only requests for 15,000 nodes are
     #: about 0.5 MB; full NodeLists are tens of KB per node.
     max_body_bytes: int = 64 * 2**20
+    #: Between full reads the refresher reads only the records written since its version; a full
+    #: read this often all the same catches a writer that does not mark what it changed.
+    full_reload_interval_s: float = 60.0
     #: How often the policy file is checked for changes.
     policy_check_interval_s: float = 2.0
     #: Each distinct fail-open reason or refresh error is logged at most once per this interval.

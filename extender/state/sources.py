@@ -201,7 +201,7 @@ class SourceStore:
             kube = _load(KubeReport, key, stored.get(KUBE))
             pipe.hset(key, AGENT, _dump(report))
             self._stage_record(pipe, merge(name, report, kube))
-            pipe.incr(self.store.keys.version)
+            self.store.stage_bump(pipe, [name])
             outcome.append(0)
 
         with redis_errors(f"writing the agent report of node {name!r}"):
@@ -228,7 +228,7 @@ class SourceStore:
                     pipe.hdel(k, DELETED)
                     pipe.persist(k)
                     self._stage_record(pipe, merge(name, _load(AgentReport, k, raw), report))
-                pipe.incr(self.store.keys.version)
+                self.store.stage_bump(pipe, [name for name, _ in batch])
 
             with redis_errors(f"writing the cluster reports of {len(batch)} node(s)"):
                 result: Any = self.client.transaction(write, *keys)
@@ -245,7 +245,7 @@ class SourceStore:
             pipe.expire(key, TOMBSTONE_TTL_S)
             pipe.delete(self.store.keys.node(name))
             pipe.srem(self.store.keys.nodes, name)
-            pipe.incr(self.store.keys.version)
+            self.store.stage_bump(pipe, [name])
 
         with redis_errors(f"removing node {name!r}"), self.client.pipeline(transaction=True) as pipe:
             write(pipe)
