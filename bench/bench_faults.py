@@ -46,6 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 POLICY = ROOT / "policies" / "eks-p5-qwen3-moe.yaml"
 #: Seconds any one wait for a process state may take (a setup bound).
 SETUP_BOUND_S = 60.0
+#: Seconds the clients may take to reach a third of their requests (the run's own bound).
+RUN_BOUND_S = 3600.0
 
 
 @dataclass
@@ -93,8 +95,8 @@ def free_port() -> int:
         return port
 
 
-def wait_until(check: Any, what: str) -> None:
-    deadline = time.monotonic() + SETUP_BOUND_S
+def wait_until(check: Any, what: str, bound_s: float = SETUP_BOUND_S) -> None:
+    deadline = time.monotonic() + bound_s
     while time.monotonic() < deadline:
         with contextlib.suppress(OSError, http.client.HTTPException, ValueError):
             if check():
@@ -278,10 +280,10 @@ def run(clients: int, requests: int, nodes: int, slow: int) -> dict[str, Any]:
                        for _ in range(clients)]
             for t in threads:
                 t.start()
-            wait_until(lambda: progress[0] >= total // 3, "a third of the requests")
+            wait_until(lambda: progress[0] >= total // 3, "a third of the requests", RUN_BOUND_S)
             outcome.swap_at = time.monotonic()
             volume.publish(new_text)
-            wait_until(lambda: progress[0] >= 2 * total // 3, "two thirds of the requests")
+            wait_until(lambda: progress[0] >= 2 * total // 3, "two thirds of the requests", RUN_BOUND_S)
             redis_server.kill()
             time.sleep(1.0)  # an outage, shorter than --max-snapshot-age: replies keep the snapshot
             redis_server.start()
