@@ -212,3 +212,23 @@ def test_sparse_files_within_the_disk_keep_their_sizes(tmp_path: Path) -> None:
     make_weights(root, "w", "v1", {"a": 1 << 30})
     (entry,) = scan_cache(root).weights
     assert (entry.bytes, entry.complete) == (1 << 30, True)
+
+
+@pytest.mark.parametrize("step", ["evict", "prepare", "finish"])
+def test_the_warm_steps_do_not_follow_a_top_level_symlink_out_of_the_root(tmp_path: Path, step: str) -> None:
+    # evict renamed and deleted compile/<key> through compile -> elsewhere: outside the cache root
+    from extender.warm.steps import StepError, evict, finish, prepare
+
+    outside = tmp_path / "outside"
+    (outside / "ck1-x").mkdir(parents=True)
+    (outside / "ck1-x" / "precious").write_text("not a cache")
+    root = tmp_path / "cache"
+    root.mkdir()
+    (root / "compile").symlink_to(outside)
+    steps: dict[str, Callable[[], object]] = {
+        "evict": lambda: evict(root, "compile:ck1-x"), "prepare": lambda: prepare(root, "compile:ck1-y"),
+        "finish": lambda: finish(root, "compile:ck1-x")}
+    with pytest.raises(StepError, match="symbolic link"):
+        steps[step]()
+    assert (outside / "ck1-x" / "precious").read_text() == "not a cache"
+    assert sorted(p.name for p in outside.iterdir()) == ["ck1-x"]
