@@ -12,6 +12,7 @@ latency assertion).
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import socket
 from collections.abc import Iterator
@@ -30,6 +31,7 @@ from tests.test_extender_integration import (
     running,
     serve_command,
     vllm_pod,
+    wait_for,
     wait_ready,
 )
 from tests.test_scoring import POLICY
@@ -104,3 +106,62 @@ def test_a_body_over_the_limit_is_refused_while_it_arrives(tmp_path: Path, redis
                 break
             reply += data
         assert reply.startswith(b"HTTP/1.1 413")
+
+
+def test_a_worker_stopping_loses_no_request_on_kept_alive_connections(tmp_path: Path,
+                                                                     redis_server: RedisServer) -> None:
+    # Go does not retry a POST that meets a closed connection: a stopping worker must announce
+    # Connection: close before it closes, never drop a connection a client is about to reuse.
+    import os
+    import signal
+    import threading
+
+    from tests.test_fault_reload import workers
+
+    load_inventory(redis_server.url, tmp_path)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    port = free_port()
+    command = serve_command(policy, port, redis_server.url)
+    command[command.index("--workers") + 1] = "2"
+    body = json.dumps(cache_args(vllm_pod(), NAMES)).encode()
+    errors: list[str] = []
+    answered = [0]
+    stop = threading.Event()
+
+    def client(server: Server) -> None:
+        conn = server.connection()
+        for _ in range(20_000):  # bounded; stopped much earlier
+            if stop.is_set():
+                break
+            try:
+                conn.request("POST", "/prioritize", body, {"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                resp.read()
+                answered[0] += 1
+                if resp.status != 200:
+                    errors.append(str(resp.status))
+            except (OSError, http.client.HTTPException) as exc:
+                errors.append(type(exc).__name__)
+                conn.close()
+                conn = server.connection()
+        conn.close()
+
+    with running(command, tmp_path, port) as server:
+        wait_ready(server)
+        threads = [threading.Thread(target=client, args=(server,)) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            for _ in range(2):
+                before = workers(server)
+                victim = min(before)
+                os.kill(victim, signal.SIGTERM)
+                wait_for(lambda: victim not in workers(server) and len(workers(server)) == 2,  # noqa: B023
+                         "a replacement worker", server)
+                wait_ready(server)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(60)
+    assert answered[0] > 0 and errors == []

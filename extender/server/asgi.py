@@ -19,11 +19,36 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.wsgi import WsgiToAsgiInstance
+from gunicorn.workers.gasgi import ASGIWorker
+
+#: Seconds a stopping worker keeps serving the connections it has, after it stopped accepting new
+#: ones. Every reply in that time says ``Connection: close``, so a client that keeps a connection
+#: alive (kube-scheduler does, and Go does not retry a POST that hits a closed one) moves to
+#: another worker between two requests instead of losing one. gunicorn's gthread worker lingers
+#: the same way; its asyncio worker closed kept-alive connections right after a reply that had not
+#: announced it.
+STOP_LINGER_S = 2.0
+
+_draining = threading.Event()
+
+
+class LingeringASGIWorker(ASGIWorker):  # type: ignore[misc]
+    """gunicorn's asyncio worker whose SIGTERM first drains connections, then stops as usual."""
+
+    def handle_exit_signal(self) -> None:
+        if _draining.is_set():
+            return
+        _draining.set()  # replies now say Connection: close (whole_requests)
+        for server in self.servers:
+            server.close()  # no new connections here; the other workers accept them
+        self.loop.call_later(STOP_LINGER_S, super().handle_exit_signal)
+
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -70,6 +95,8 @@ def whole_requests(wsgi_app: Any, max_body_bytes: int, threads: int = 4) -> ASGI
                 break
         loop = asyncio.get_running_loop()
         status, headers, body = await loop.run_in_executor(pool, _call, wsgi_app, scope, b"".join(chunks))
+        if _draining.is_set():
+            headers = [*headers, (b"connection", b"close")]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 

@@ -72,7 +72,7 @@ def gunicorn_options(options: ServeOptions) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "bind": [options.bind],
         "workers": options.workers,
-        "worker_class": options.worker_model,
+        "worker_class": "extender.server.asgi.LingeringASGIWorker" if options.worker_model == "asgi" else "gthread",
         "threads": options.threads if options.worker_model == "gthread" else 1,
         "keepalive": KEEPALIVE_S,
         "timeout": options.timeout_s,
