@@ -224,7 +224,8 @@ def wait_ready(port: int, path: str, timeout_s: float = 60.0) -> None:
 
 
 @contextlib.contextmanager
-def servers(data_dir: Path, workers: int, threads: int, log: Path) -> Iterator[tuple[Server, Server]]:
+def servers(data_dir: Path, workers: int, threads: int, log: Path,
+            worker_model: str = "asgi") -> Iterator[tuple[Server, Server]]:
     """Start the extender and the floor; stop both however the block ends."""
     started: list[Server] = []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -234,13 +235,13 @@ def servers(data_dir: Path, workers: int, threads: int, log: Path) -> Iterator[t
             app = subprocess.Popen(
                 [sys.executable, "-m", "extender.server", "serve", "--policy", str(POLICY),
                  "--bind", f"127.0.0.1:{app_port}", "--workers", str(workers), "--threads", str(threads),
-                 "--data-dir", str(data_dir), "--max-snapshot-age", "3600"],
+                 "--data-dir", str(data_dir), "--max-snapshot-age", "3600", "--worker-model", worker_model],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
             )
             started.append(Server("app", app_port, app))
             floor = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "--serve-floor", f"127.0.0.1:{floor_port}",
-                 "--workers", str(workers), "--threads", str(threads)],
+                 "--workers", str(workers), "--threads", str(threads), "--worker-model", worker_model],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
             )
             started.append(Server("floor", floor_port, floor))
@@ -337,7 +338,7 @@ def churn(data_dir: Path, records: list[Any], per_second: int) -> Iterator[None]
 
 
 def run_bench(sizes: Sequence[int], requests: int | None, workers: int, threads: int,
-              churn_per_second: int = 0) -> dict[str, Any]:
+              churn_per_second: int = 0, *, worker_model: str = "asgi") -> dict[str, Any]:
     from extender.state import InventoryStore, connect
     from extender.state.embedded import stop
 
@@ -347,7 +348,7 @@ def run_bench(sizes: Sequence[int], requests: int | None, workers: int, threads:
         "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "system": platform.platform()},
         "setup": {"inventoryNodes": INVENTORY_NODES, "policy": str(POLICY.relative_to(ROOT)), "profile": PROFILE,
-                  "workers": workers, "threads": threads, "warmup": WARMUP,
+                  "workers": workers, "threads": threads, "workerModel": worker_model, "warmup": WARMUP,
                   "churnHeartbeatsPerSecond": churn_per_second},
         "runs": [],
     }
@@ -358,7 +359,7 @@ def run_bench(sizes: Sequence[int], requests: int | None, workers: int, threads:
         client.close()
         pod = vllm_pod()
         all_names = [r.name for r in records]
-        with servers(data_dir, workers, threads, tmp / "servers.log") as (app, floor), \
+        with servers(data_dir, workers, threads, tmp / "servers.log", worker_model) as (app, floor), \
                 churn(data_dir, records, churn_per_second):
             for size in sizes:
                 step = max(1, (INVENTORY_NODES - size) // 16) if size < INVENTORY_NODES else 0
@@ -398,12 +399,18 @@ HEADER = ("| nodes  | verb       | floor p50 ms | floor p99 ms | extender p50 ms
           "ratio p50 | ratio p99 |\n|---:|---|---:|---:|---:|---:|---:|---:|")
 
 
-def serve_floor(bind: str, workers: int, threads: int) -> None:
-    """Serve the protocol floor with the extender's own launcher and gunicorn options."""
+def serve_floor(bind: str, workers: int, threads: int, worker_model: str) -> None:
+    """Serve the protocol floor with the extender's own launcher, gunicorn options and worker model."""
     from extender.server.floor import create_floor_app
     from extender.server.launcher import ServeOptions, run
 
-    run(create_floor_app, ServeOptions(bind=bind, workers=workers, threads=threads))
+    options = ServeOptions(bind=bind, workers=workers, threads=threads, worker_model=worker_model)
+    if worker_model == "asgi":
+        from extender.server.asgi import whole_requests
+
+        run(lambda: whole_requests(create_floor_app(), 64 << 20, threads), options)
+    else:
+        run(create_floor_app, options)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -415,15 +422,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=4, help="gthread threads per worker (default: 4)")
     parser.add_argument("--churn", type=int, default=0, metavar="N",
                         help="agents write N heartbeats a second during the run (default: 0, a quiet store)")
+    parser.add_argument("--worker-model", choices=("asgi", "gthread"), default="asgi",
+                        help="gunicorn worker model of both servers (default: asgi, as extender serve)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--serve-floor", metavar="HOST:PORT", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve_floor:
-        serve_floor(args.serve_floor, args.workers, args.threads)
+        serve_floor(args.serve_floor, args.workers, args.threads, args.worker_model)
         return 0
     sizes = [int(s) for s in args.sizes.split(",") if s]
     print(HEADER)
-    results = run_bench(sizes, args.requests, args.workers, args.threads, args.churn)
+    results = run_bench(sizes, args.requests, args.workers, args.threads, args.churn, worker_model=args.worker_model)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -1,41 +1,98 @@
-"""Reading documents from disk: the I/O edge in front of the pure parsers in ``extender.core``."""
+"""Reading documents from disk: the I/O edge in front of the pure parsers in ``extender.core``.
+
+Every read is bounded: only regular files are read (a FIFO nobody writes to hung the reader for
+ever; a symlink to ``/dev/zero`` filled memory), and never more than a stated number of bytes.
+"""
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import os
+import stat
 import sys
 from pathlib import Path
 
 from extender.core.errors import DocumentError, PolicyError, Problem
 from extender.core.policy import Policy, parse_policy
 
+#: Largest policy, inventory or scenario document read (an inventory of 15,000 nodes is ~10 MB).
+MAX_DOCUMENT_BYTES = 64 << 20
 
-def read_text(path: str | Path) -> str:
-    """Read a UTF-8 document; a missing or unreadable file is a located problem, not a traceback."""
+
+def read_regular(path: str | os.PathLike[str], max_bytes: int, *, follow_symlinks: bool = True) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes``; anything else raises ``OSError``.
+
+    Opened non-blocking, so a FIFO is refused instead of waiting for a writer; checked with
+    ``fstat`` on the open descriptor (no race with a swap of the path); read to at most one byte
+    past the limit, so a file that grows meanwhile is refused too. ``follow_symlinks=False``
+    refuses a symbolic link (``O_NOFOLLOW``), for readers that must stay inside a directory.
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     try:
-        return Path(path).read_text(encoding="utf-8")
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP and not follow_symlinks:
+            raise OSError(errno.ELOOP, "not a regular file (a symbolic link, not followed)") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device, socket or directory)")
+        if st.st_size > max_bytes:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, larger than the {max_bytes} byte limit")
+        chunks: list[bytes] = []
+        size = 0
+        while chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > max_bytes:
+                raise OSError(errno.EFBIG, f"grew past the {max_bytes} byte limit while being read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str | Path, max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
+    """Read a UTF-8 document; a missing, unreadable or oversized file is a located problem, not a traceback."""
+    try:
+        return read_regular(path, max_bytes).decode("utf-8")
     except OSError as exc:
         raise DocumentError([Problem(str(path), None, "", f"cannot read: {exc.strerror or exc}")]) from exc
     except UnicodeDecodeError as exc:
         raise DocumentError([Problem(str(path), None, "", f"not UTF-8 text: {exc.reason}")]) from exc
 
 
-def load_policy(path: str | Path) -> Policy:
-    """Read and fully check a policy file; raises :class:`PolicyError` listing every problem."""
+def policy_version(text: str) -> str:
+    """A policy's version: the first 16 hex digits of the SHA-256 of its text (what /readyz shows)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def read_policy(path: str | Path) -> tuple[Policy, str]:
+    """Read and fully check a policy file: ``(policy, version)``; raises :class:`PolicyError` listing every problem.
+
+    Both come from one read, so the version always describes the policy returned with it.
+    """
     try:
         text = read_text(path)
     except DocumentError as exc:
         raise PolicyError(exc.problems) from exc
-    return parse_policy(text, str(path))
+    return parse_policy(text, str(path)), policy_version(text)
 
 
-def load_policy_to_start(path: str | Path, command: str) -> Policy | None:
-    """The policy a long-running command starts with, or ``None`` after printing why it will not.
+def load_policy(path: str | Path) -> Policy:
+    """Read and fully check a policy file; raises :class:`PolicyError` listing every problem."""
+    return read_policy(path)[0]
+
+
+def load_policy_to_start(path: str | Path, command: str) -> tuple[Policy, str] | None:
+    """The policy (and its version) a long-running command starts with, or ``None`` after printing why it will not.
 
     A service must refuse to start on an invalid policy rather than run with a guess: every problem
     goes to stderr, then one line saying the command is not starting.
     """
     try:
-        return load_policy(path)
+        return read_policy(path)
     except DocumentError as exc:
         for problem in exc.problems:
             print(problem, file=sys.stderr)

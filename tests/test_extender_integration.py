@@ -571,3 +571,42 @@ def test_explain_command_reads_the_live_inventory(policy_file: Path, redis_serve
     redis_server.kill()
     down = subprocess.run(base, capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
     assert down.returncode == 1 and "unavailable" in down.stderr
+
+
+def test_a_heartbeat_costs_a_reader_one_record_not_the_inventory(
+        policy_file: Path, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1,000 heartbeats a second used to make every worker re-read all 15,000 records per reload
+    from extender.server.app import create_app
+    from extender.server.settings import Settings
+    from extender.state import store as store_module
+
+    decoded: list[str] = []
+    real_decode = store_module.decode
+
+    def counting(name: str, raw: str | bytes) -> NodeState:
+        decoded.append(name)
+        return real_decode(name, raw)
+
+    monkeypatch.setattr(store_module, "decode", counting)
+    client = connect(redis_server.url, tmp_path / "unused")
+    writer = InventoryStore(client)
+    now = time.time()
+    writer.replace(records(now), [])
+    settings = Settings(policy_path=policy_file, start_refresher=False, store_factory=lambda: InventoryStore(client),
+                        min_rebuild_interval_s=0.0, rebuild_duty_factor=0.0)
+    app = create_app(settings)
+    refresher = app.extensions["extender"].refresher
+    refresher.refresh_once()
+    assert sorted(decoded) == sorted(NAMES)  # the first read is whole
+    decoded.clear()
+    beat = records(now + 1)[1]
+    writer.put(beat.model_copy(update={"heartbeat": now + 1, "gpus_free": 3}))
+    refresher.refresh_once()
+    assert decoded == ["gpu-fast-cold"]
+    engine = refresher.engine
+    assert engine is not None and engine.snapshot.version == writer.version()
+    held = {r.name: r for r in engine.snapshot.nodes}
+    assert sorted(held) == sorted(NAMES) and held["gpu-fast-cold"].gpus_free == 3
+    writer.delete("gpu-slow-cold")
+    refresher.refresh_once()
+    assert sorted(r.name for r in refresher.engine.snapshot.nodes) == sorted(set(NAMES) - {"gpu-slow-cold"})

@@ -262,3 +262,26 @@ def test_python_client_sees_status_errors(served: Served) -> None:
     assert err.value.status == 404
     status = json.loads(err.value.body or "")
     assert (status["kind"], status["reason"], status["code"]) == ("Status", "NotFound", 404)
+
+
+def test_half_sent_tls_handshakes_do_not_stop_the_hpa(served: Served) -> None:
+    # Eight clients send the start of a TLS ClientHello and stall (the scaler has 4 request
+    # threads). Each handshake is bounded, so the HPA's call is answered once they time out.
+    import socket
+
+    port = int(served.url.rsplit(":", 1)[1])
+    stalled = []
+    try:
+        for _ in range(8):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a record header, a few bytes of hello
+            stalled.append(s)
+        context = ssl.create_default_context(cafile=str(served.pki.server_ca.cert))
+        request = urllib.request.Request(f"{served.url}{PATH}?labelSelector={SELECTOR}",
+                                         headers={"Authorization": "Bearer hpa-token"})
+        with urllib.request.urlopen(request, context=context, timeout=START_TIMEOUT_S) as reply:
+            assert reply.status == 200
+            assert json.loads(reply.read())["items"][0]["value"] == "5"
+    finally:
+        for s in stalled:
+            s.close()

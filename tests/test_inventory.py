@@ -148,3 +148,54 @@ IMAGES = [
 @pytest.mark.parametrize(("ref", "expected"), [i[1:] for i in IMAGES], ids=[i[0] for i in IMAGES])
 def test_image_normalisation(ref: str, expected: str) -> None:
     assert normalise(ref) == expected
+
+
+# ---- bounded records: nothing a writer stores can stop a snapshot build ---------------------------
+
+POISONED: list[tuple[str, dict[str, object]]] = [
+    # (id, fields that must be refused on write and skipped on read)
+    ("gpus over int64", {"gpus": 2**64}),
+    ("gpusFree over int64", {"gpusFree": 2**64}),
+    ("gpus absurd", {"gpus": 100_000}),
+    ("nvme over an exabyte", {"nvmeTotal": 2**80}),
+    ("weights bytes over an exabyte", {"weights": {"w/r1": 2**70}}),
+    ("heartbeat infinite", {"heartbeat": float("inf")}),
+    ("heartbeat NaN", {"heartbeat": float("nan")}),
+    ("ttl infinite", {"ttl": float("inf")}),
+    ("lastUsed infinite", {"lastUsed": {"image:x": float("inf")}}),
+    ("image name with a newline", {"images": ["evil\n\x1b[2J"]}),
+    ("image name of 5,000 characters", {"images": ["i" * 5000]}),
+    ("100,000 images", {"images": [f"i{n}" for n in range(100_000)]}),
+    ("label value with NUL", {"labels": {"a": "b\x00"}}),
+]
+BAD_NAMES: list[tuple[str, str]] = [
+    ("NUL", "node\x00a"),
+    ("newline", "node\nfake-row"),
+    ("300 characters", "n" * 300),
+    ("escape sequence", "\x1b[31mred"),
+    ("space", "node a"),
+    ("upper case", "Node-A"),
+    ("empty", ""),
+]
+
+
+@pytest.mark.parametrize("fields", [f for _, f in POISONED], ids=[i for i, _ in POISONED])
+def test_unbounded_values_are_refused(fields: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        node("n1", **fields)
+
+
+@pytest.mark.parametrize("name", [n for _, n in BAD_NAMES], ids=[i for i, _ in BAD_NAMES])
+def test_node_names_must_be_kubernetes_names(name: str) -> None:
+    with pytest.raises(ValueError):
+        node(name)
+
+
+def test_the_largest_valid_record_still_builds(policy: Policy) -> None:
+    # Every bound at its maximum: the numpy columns must hold them (int64 GPUs, float64 bytes).
+    from extender.core.inventory import MAX_BYTES, MAX_GPUS, MAX_NAME_LENGTH
+
+    biggest = node("a" * MAX_NAME_LENGTH, gpus=MAX_GPUS, gpusFree=MAX_GPUS, nvmeTotal=MAX_BYTES, nvmeFree=MAX_BYTES,
+                   pullingBytes=MAX_BYTES, weights={"w/r1": MAX_BYTES})
+    snap = InventorySnapshot.build(policy, [biggest, node("b")])
+    assert snap.gpus_free.tolist() == [MAX_GPUS, 0, 0]

@@ -170,6 +170,35 @@ def test_cross_field_checks(edit: object, path: str, words: str) -> None:
     assert problems[0].line is not None
 
 
+HOSTILE_FIELDS = [
+    # (id, edit applied to MINIMAL, path, words): values that reach warm templates and node paths
+    ("source with a quote and semicolon",
+     lambda t: t.replace('source: "s3://m/small/"', "source: \"s3://m'; rm -rf /\""),
+     "profiles[0].weights.source", "not a URI"),
+    ("source with command substitution", lambda t: t.replace('source: "s3://m/small/"', 'source: "s3://m/$(id)"'),
+     "profiles[0].weights.source", "not a URI"),
+    ("source starting with a dash", lambda t: t.replace('source: "s3://m/small/"', "source: --delete"),
+     "profiles[0].weights.source", "not a URI"),
+    ("version escaping the cache root", lambda t: t.replace("version: v1,", "version: ../../etc,"),
+     "profiles[0].weights.version", "not a valid version"),
+    ("version with a space", lambda t: t.replace("version: v1,", "version: v1 v2,"),
+     "profiles[0].weights.version", "not a valid version"),
+    ("image with a backtick", lambda t: t.replace('reference: "vllm/vllm-openai:v0.11.0"', 'reference: "x`id`"'),
+     "profiles[0].image.reference", "not a URI or image reference"),
+    ("registry with a newline", lambda t: t + 'warming: {registry: "s3://a\\nb"}\n',
+     "warming.registry", "not a URI"),
+]
+
+
+@pytest.mark.parametrize(("edit", "path", "words"), [c[1:] for c in HOSTILE_FIELDS], ids=[c[0] for c in HOSTILE_FIELDS])
+def test_values_that_reach_templates_are_validated(edit: object, path: str, words: str) -> None:
+    text = edit(MINIMAL)  # type: ignore[operator]
+    assert text != MINIMAL
+    problems = problems_of(text)
+    assert [p.path for p in problems] == [path]
+    assert words in problems[0].message
+
+
 def test_required_cache_that_fits_some_class_is_fine() -> None:
     # 3000 GB fits the 3800 GB class: the check is "every class", not "any class"
     parse_policy(MINIMAL.replace("bytes: 16GB}", "bytes: 3000GB, cache: required}"))

@@ -47,6 +47,7 @@ class MemoryStore:
         self.current = 1
         self.fail: Exception | None = None
         self.loads = 0
+        self.previous: set[str] = set()  # every name ever served, so that removals are reported
 
     def set(self, records: list[NodeState]) -> None:
         self.records = records
@@ -62,6 +63,14 @@ class MemoryStore:
             raise self.fail
         self.loads += 1
         return self.current, list(self.records), frozenset()
+
+    def changes_since(self, version: int) -> tuple[int, dict[str, NodeState | None], frozenset[str]]:
+        # no change log here: everything counts as changed, and a name no longer held as gone
+        current, records, registry = self.load_all()
+        changed: dict[str, NodeState | None] = {r.name: r for r in records}
+        changed.update({n: None for n in self.previous - changed.keys()})
+        self.previous = set(changed)
+        return current, changed, registry
 
 
 def fleet() -> list[NodeState]:
@@ -332,6 +341,15 @@ BAD_BODIES = [
     ("node without a name", json.dumps({"Pod": {}, "Nodes": {"items": [{"metadata": {}}]}}).encode(),
      "no metadata.name"),
     ("empty body", b"", "not valid JSON"),
+    # valid JSON, but the reply could not be written as UTF-8 (a lone surrogate is no Unicode text)
+    ("lone surrogate in NodeNames", b'{"Pod":{},"NodeNames":["\\ud800"]}', "not valid JSON"),
+    ("lone surrogate as raw bytes", b'{"Pod":{},"NodeNames":["\xed\xa0\x80"]}', "not valid JSON"),
+    # 1,000 levels overflowed Python's stack inside json.loads (RecursionError, not a ValueError)
+    ("nested 1,000 levels", b'{"Pod":{},"NodeNames":[],"x":' + b"[" * 1000 + b"]" * 1000 + b"}", "nested deeper"),
+    ("Nodes is a string", json.dumps({"Pod": {}, "Nodes": "abc"}).encode(), "NodeList object"),
+    ("Nodes is an array", json.dumps({"Pod": {}, "Nodes": [{"metadata": {"name": "a"}}]}).encode(),
+     "NodeList object"),
+    ("Nodes.items is an object", json.dumps({"Pod": {}, "Nodes": {"items": {"a": 1}}}).encode(), "NodeList object"),
 ]
 
 
@@ -342,6 +360,38 @@ def test_bad_input_is_400_with_a_json_error(client: FlaskClient, verb: str, name
     resp = client.post(f"/{verb}", data=body, content_type="application/json")
     assert resp.status_code == 400
     assert message in json.loads(resp.data)["error"]
+
+
+EXPLAIN_BAD_BODIES = [
+    ("NodeNames not strings", json.dumps({"Pod": pod(), "NodeNames": [1, 2]}).encode(), "array of strings"),
+    ("Nodes is a string", json.dumps({"Pod": pod(), "Nodes": "abc"}).encode(), "NodeList object"),
+    ("nested 1,000 levels", b'{"metadata":' + b"[" * 1000 + b"]" * 1000 + b"}", "nested deeper"),
+    ("lone surrogate", b'{"Pod":{},"NodeNames":["\\udfff"]}', "not valid JSON"),
+]
+
+
+@pytest.mark.parametrize(("name", "body", "message"), EXPLAIN_BAD_BODIES, ids=[b[0] for b in EXPLAIN_BAD_BODIES])
+def test_explain_bad_input_is_400_not_every_node(client: FlaskClient, name: str, body: bytes, message: str) -> None:
+    resp = client.post("/explain", data=body, content_type="application/json")
+    assert resp.status_code == 400, resp.data
+    assert message in json.loads(resp.data)["error"]
+
+
+def test_an_unexpected_error_is_counted_and_logged_once(app: Flask, monkeypatch: pytest.MonkeyPatch,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    # A failure outside the fail-open guard (here: while parsing) still answers JSON, is counted in
+    # extender_requests_total, and writes one traceback per interval, not one per request.
+    def boom(_: bytes) -> Any:
+        raise ZeroDivisionError("bug in parsing")
+
+    monkeypatch.setattr("extender.server.scheduler.parse_args", boom)
+    client = app.test_client()
+    with caplog.at_level(logging.ERROR):
+        statuses = [client.post("/prioritize", data=json.dumps(args(["fast-warm"]))).status_code for _ in range(3)]
+    assert statuses == [500, 500, 500]
+    assert metric(client, 'extender_requests_total{outcome="error",verb="prioritize"}') == 3
+    tracebacks = [r for r in caplog.records if r.exc_info is not None]
+    assert len(tracebacks) == 1, [r.getMessage() for r in caplog.records]
 
 
 def test_body_over_the_limit_is_413(policy_file: Path, store: MemoryStore) -> None:
@@ -391,6 +441,23 @@ def test_health_ready_metrics(policy_file: Path, store: MemoryStore) -> None:
                  "extender_snapshot_age_seconds", "extender_nodes_known"):
         assert name in text
     assert metric(client, "extender_nodes_known") == 5
+
+
+def test_readyz_says_fail_open_during_a_store_outage_past_the_bound(app: Flask, store: MemoryStore) -> None:
+    # Readiness stays 200: neutral replies still serve the scheduler better than a removed endpoint
+    # (docs/extender.md). But it must say that the answers are neutral, not "snapshot".
+    refresher = service(app).refresher
+    client = app.test_client()
+    assert json.loads(client.get("/readyz").data)["mode"] == "snapshot"
+    store.fail = StoreUnavailableError("Redis is unavailable: connection refused")
+    refresher.refresh_once()
+    within = json.loads(client.get("/readyz").data)
+    assert (within["mode"], within["storeError"] is not None) == ("snapshot", True)  # within the bound
+    refresher.confirmed_at -= 3600  # the bound has passed
+    resp = client.get("/readyz")
+    body = json.loads(resp.data)
+    assert resp.status_code == 200
+    assert (body["ready"], body["mode"], body["failOpen"]) == (True, "fail-open", "store_unavailable")
 
 
 def test_ready_in_declared_fail_open_mode_after_the_grace(policy_file: Path, store: MemoryStore) -> None:
@@ -467,6 +534,27 @@ def test_a_record_going_stale_turns_cold(policy_file: Path) -> None:
     assert json.loads(stale) == [{"Host": "fast-warm", "Score": 6}]
 
 
+def test_a_record_that_breaks_the_build_is_skipped_not_the_whole_inventory(
+        app: Flask, store: MemoryStore, caplog: pytest.LogCaptureFixture) -> None:
+    # The model refuses 2**64 GPUs now; a record that still slipped past it (another writer, a
+    # future field) must cost only itself. Before, the OverflowError stopped every rebuild, and the
+    # old snapshot was served as fresh while later valid updates never arrived.
+    poison = NodeState.model_construct(**{**record("poison", "fast").__dict__, "gpus_free": 2**64})
+    store.set([*fleet(), poison, record("joined-later", "fast", image=True, weights=True)])
+    refresher = service(app).refresher
+    with caplog.at_level(logging.WARNING, logger="extender.server.refresher"):
+        refresher.refresh_once()
+        store.set(list(store.records))  # a heartbeat elsewhere: a new version, the same poison
+        refresher.refresh_once()
+    engine = refresher.engine
+    assert engine is not None and engine.snapshot.version == store.current
+    assert sorted(r.name for r in engine.snapshot.nodes) == sorted([*(r.name for r in fleet()), "joined-later"])
+    client = app.test_client()
+    assert scores(post(client, "prioritize", args(["joined-later"]))) == {"joined-later": 7}
+    assert metric(client, 'extender_snapshot_refresh_errors_total{reason="bad_record"}') == 2
+    assert len([r for r in caplog.records if "'poison'" in r.getMessage()]) == 1  # throttled
+
+
 def test_refresh_errors_keep_the_last_snapshot(app: Flask, store: MemoryStore) -> None:
     refresher = service(app).refresher
     engine = refresher.engine
@@ -496,6 +584,37 @@ def test_policy_hot_reload_and_invalid_versions(app: Flask, policy_file: Path,
     refresher.refresh_once()
     assert scores(post(client, "prioritize", args(["fast-cold"]))) == {"fast-cold": 3}
     assert metric(client, 'extender_policy_reloads_total{result="invalid"}') == 1
+
+
+def test_a_worker_started_after_a_reload_serves_the_files_policy(policy_file: Path, store: MemoryStore) -> None:
+    # gunicorn restarts a worker with the launch-time Settings, whose policy is the one the master
+    # validated at start. The file has changed since; the new worker must not serve the old policy
+    # next to workers on the new one (the same node scored 9 and 3 on alternate requests).
+    from extender.files import read_policy
+
+    launch_policy, launch_version = read_policy(policy_file)
+    policy_file.write_text(POLICY.replace("secondsPerPoint: 30s", "secondsPerPoint: 100s"))
+    settings = Settings(policy_path=policy_file, policy=launch_policy, policy_version=launch_version,
+                        start_refresher=False, store_factory=lambda: store, min_rebuild_interval_s=0.0,
+                        rebuild_duty_factor=0.0)
+    application = create_app(settings)
+    service(application).refresher.refresh_once()
+    client = application.test_client()
+    assert scores(post(client, "prioritize", args(["fast-cold"]))) == {"fast-cold": 3}  # (570 - 230) / 100
+    ready = json.loads(client.get("/readyz").data)
+    assert ready["policyVersion"] == read_policy(policy_file)[1] != launch_version
+    assert metric(client, 'extender_policy_reloads_total{result="ok"}') == 1
+
+
+def test_an_unchanged_file_is_not_reloaded_at_worker_start(policy_file: Path, store: MemoryStore) -> None:
+    from extender.files import read_policy
+
+    launch_policy, launch_version = read_policy(policy_file)
+    settings = Settings(policy_path=policy_file, policy=launch_policy, policy_version=launch_version,
+                        start_refresher=False, store_factory=lambda: store)
+    client = create_app(settings).test_client()
+    assert metric(client, "extender_policy_reloads_total") == 0
+    assert json.loads(client.get("/readyz").data)["policyVersion"] == launch_version
 
 
 def test_the_refresher_thread_loads_and_stops(policy_file: Path, store: MemoryStore) -> None:

@@ -236,6 +236,11 @@ CORRUPTIONS: list[tuple[str, Callable[[redis.Redis], None], str]] = [
     ("json-but-not-an-object", _store_raw("[1, 2]"), "input"),
     ("listed-but-missing", _no_record, "missing"),
     ("hash-instead-of-string", _hash_record, "missing"),
+    # valid JSON and once accepted by the model; 2**64 GPUs overflowed every later snapshot build
+    ("gpus-over-int64", _store_raw('{"name": "bad", "gpus": 18446744073709551616}'), "gpus"),
+    ("heartbeat-infinite", _store_raw('{"name": "bad", "heartbeat": 1e400}'), "heartbeat"),
+    ("control-characters", _store_raw('{"name": "bad", "images": ["x\\u001b[2J"]}'), "images"),
+    ("oversized", _store_raw('{"name": "bad", "labels": {"k": "' + "v" * 2_000_000 + '"}}'), "larger than"),
 ]
 
 
@@ -268,6 +273,27 @@ def test_a_corrupt_record_is_skipped_and_reported_once(
     with caplog.at_level(logging.WARNING, logger="extender.state.store"):
         store.load_all()
     assert len([r for r in caplog.records if "extender:node:bad" in r.getMessage()]) == 2
+
+
+def test_a_record_under_a_name_that_is_no_node_name_is_skipped_and_logged_escaped(
+    store: InventoryStore, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.put(node("good-1"))
+    evil = "bad\n\x1b[2Jfake"
+    client.sadd("extender:nodes", evil)
+    client.set(f"extender:node:{evil}", json.dumps({"name": evil}))
+    with caplog.at_level(logging.WARNING, logger="extender.state.store"):
+        _, records, _ = store.load_all()
+    assert [r.name for r in records] == ["good-1"]
+    assert "name" in store.corrupt[f"extender:node:{evil}"]
+    assert all("\x1b" not in r.getMessage() and "\n" not in r.getMessage() for r in caplog.records)
+
+
+def test_a_write_of_an_oversized_record_is_refused(store: InventoryStore) -> None:
+    huge = node("big", images=[f"registry.example/image-{n}:" + "t" * 900 for n in range(1200)])
+    with pytest.raises(StateError, match="larger than"):
+        store.put(huge)
+    assert store.load_all()[1] == []
 
 
 def test_get_of_a_corrupt_record_is_a_state_error_naming_the_key(store: InventoryStore, client: redis.Redis) -> None:
@@ -435,3 +461,32 @@ def test_a_killed_server_leaves_a_stale_socket_that_the_next_connect_replaces(em
 def test_a_data_dir_too_long_for_a_socket_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(StateError, match="too long for a unix socket"):
         connect(None, tmp_path / ("d" * 120))
+
+
+# ---- incremental reads: what changed since a version -----------------------------------------------
+
+
+def test_changes_since_names_what_each_write_touched(store: InventoryStore, client: redis.Redis) -> None:
+    from extender.state.sources import AgentReport, SourceStore
+
+    v1 = store.put_many([node("a"), node("b"), node("c")])
+    assert store.changes_since(0)[1].keys() == {"a", "b", "c"}
+    v2 = store.put(node("b", gpus=8))
+    version, changed, _ = store.changes_since(v1)
+    assert (version, {n: r.gpus if r else None for n, r in changed.items()}) == (v2, {"b": 8})
+    v3 = store.delete("c")
+    assert store.changes_since(v2)[:2] == (v3, {"c": None})
+    v4 = SourceStore(store).report_agent("a", AgentReport(nvme_free=5, nvme_total=10, heartbeat=1.0))
+    assert v4 is not None and set(store.changes_since(v3)[1]) == {"a"}
+    v5 = store.replace([node("d")], [])
+    assert {n: r is not None for n, r in store.changes_since(v4)[1].items()} == {"a": False, "b": False, "d": True}
+    assert store.changes_since(v5)[:2] == (v5, {})
+
+
+def test_changes_since_skips_a_corrupt_record(store: InventoryStore, client: redis.Redis) -> None:
+    v1 = store.put(node("a"))
+    store.put(node("bad"))
+    client.set("extender:node:bad", '{"name": "bad", "gpus": 18446744073709551616}')
+    _, changed, _ = store.changes_since(v1)
+    assert changed == {"bad": None}
+    assert "gpus" in store.corrupt["extender:node:bad"]

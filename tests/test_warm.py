@@ -9,6 +9,8 @@ tests/test_warm_executor.py; the end-to-end warm-then-schedule run is tests/test
 from __future__ import annotations
 
 import os
+import re
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -157,6 +159,60 @@ def test_render_fills_placeholders_and_leaves_shell_variables_alone() -> None:
     assert env_name("node") == "WARM_NODE"
 
 
+#: Values that a shell would take for syntax if they were pasted into a script as text.
+HOSTILE_VALUES = [
+    ("quote and semicolon", "x'; touch pwned; echo '"),
+    ("double quote and semicolon", 'x"; touch pwned; echo "'),
+    ("command substitution", "$(touch pwned)"),
+    ("backticks", "`touch pwned`"),
+    ("variable", "${HOME}"),
+    ("glob", "*"),
+    ("spaces", "a  b   c"),
+    ("trailing backslash", "x\\"),
+    ("newline", "line1\ntouch pwned"),
+    ("plain", "s3://models/llm/"),
+]
+#: A shell script in every quoting context a placeholder can stand in.
+SCRIPTS = [
+    ("unquoted", "printf %s {{source}} > out"),
+    ("double quoted", 'printf %s "{{source}}" > out'),
+    ("single quoted", "printf %s '{{source}}' > out"),
+    ("inside a longer word", 'printf %s "[{{source}}]"/{{source}} > out'),
+]
+
+
+@pytest.mark.parametrize("value", [v for _, v in HOSTILE_VALUES], ids=[i for i, _ in HOSTILE_VALUES])
+@pytest.mark.parametrize("script", [s for _, s in SCRIPTS], ids=[i for i, _ in SCRIPTS])
+@pytest.mark.parametrize("shape", ["command", "args", "bash -ec"])
+def test_a_shell_script_gets_each_value_as_data_never_as_code(tmp_path: Path, value: str, script: str,
+                                                             shape: str) -> None:
+    from extender.core.policy import StepTemplate
+    from extender.warm.templates import container
+
+    if shape == "command":
+        template = StepTemplate(image="x", command=("sh", "-c", script))
+    elif shape == "args":
+        template = StepTemplate(image="x", command=("/bin/sh",), args=("-c", script))
+    else:
+        template = StepTemplate(image="x", command=("bash", "-ec", script))
+    spec = container("fetch", template, {"source": value, "staging": "/cache/s"})
+    argv = [*spec["command"], *spec.get("args", [])]
+    env = {"PATH": os.environ["PATH"], **{e["name"]: e["value"] for e in spec["env"]}}
+    subprocess.run(argv, cwd=tmp_path, env=env, check=True, timeout=30)
+    expected = script.replace("printf %s ", "").replace(" > out", "").replace("'", "").replace('"', "")
+    assert (tmp_path / "out").read_text() == expected.replace("{{source}}", value)
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_an_exec_form_command_gets_each_value_as_one_argument() -> None:
+    from extender.core.policy import StepTemplate
+    from extender.warm.templates import container
+
+    template = StepTemplate(image="x", command=("aws", "s3", "sync", "{{source}}", "{{staging}}/"))
+    spec = container("fetch", template, {"source": "a b'c", "staging": "/cache/s"})
+    assert spec["command"] == ["aws", "s3", "sync", "a b'c", "/cache/s/"]
+
+
 class BadTemplate(NamedTuple):
     id: str
     template: str
@@ -269,10 +325,17 @@ def test_an_image_job_runs_the_workloads_own_image_with_a_no_op() -> None:
     assert pull["resources"]["limits"] == {"cpu": "2", "memory": "4Gi"}
 
 
+def expand(container: dict[str, Any], script: str) -> str:
+    """What the shell makes of the ``${WARM_...}`` references a rendered script holds."""
+    env = {e["name"]: e["value"] for e in container["env"]}
+    return re.sub(r"\$\{(WARM_[A-Z_]+)\}", lambda m: env[m.group(1)], script)
+
+
 def test_a_compile_job_fetches_the_key_from_the_registry() -> None:
     fetch = _containers(action_job(BASE, action("compile"), node_class="gpu"))["fetch"]
-    assert fetch["command"] == ["sh", "-c", f'aws s3 cp "s3://compile-cache/prod/{LLM_KEY}.tar" - | tar -x -C '
-                                            '"$WARM_STAGING"']
+    assert fetch["command"][:2] == ["sh", "-c"]
+    assert expand(fetch, fetch["command"][2]) == \
+        f'aws s3 cp "s3://compile-cache/prod/{LLM_KEY}.tar" - | tar -x -C "$WARM_STAGING"'
 
 
 def test_a_kind_without_a_template_has_no_job() -> None:
@@ -303,8 +366,8 @@ def test_a_publish_job_mounts_the_cache_read_only() -> None:
     (upload,) = job["spec"]["template"]["spec"]["containers"]
     assert job["metadata"]["name"] == publish_job_name(LLM_KEY)
     assert upload["volumeMounts"] == [{"name": "cache", "mountPath": "/cache", "readOnly": True}]
-    assert upload["command"][-1] == f'tar -C "/cache/compile/{LLM_KEY}" -c . | aws s3 cp - ' \
-                                    f'"s3://compile-cache/prod/{LLM_KEY}.tar"'
+    assert expand(upload, upload["command"][-1]) == f'tar -C "/cache/compile/{LLM_KEY}" -c . | aws s3 cp - ' \
+                                                   f'"s3://compile-cache/prod/{LLM_KEY}.tar"'
     view = read_job({**job, "metadata": {**job["metadata"], "uid": "u"}})
     assert view is not None and view.publish == p and view.attempt == 2 and view.kind == "publish"
 

@@ -41,6 +41,8 @@ WEIGHTS = "weights"
 COMPILE = "compile"
 SNAPSHOTS = "snapshots"
 MANIFEST = ".manifest.json"
+#: Largest manifest read: 100,000 files of about 100 bytes each, with room to spare.
+MAX_MANIFEST_BYTES = 32 << 20
 COMPLETE = ".complete"
 #: Our own files inside a weights directory; never counted as model bytes.
 METADATA = frozenset({MANIFEST, COMPLETE})

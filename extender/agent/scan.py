@@ -7,8 +7,9 @@ listing and ``lstat`` (a download finishing or a cache being evicted) each becom
 
 Cost: one ``scandir`` per directory and one ``lstat`` per file below ``weights/``; compile-cache
 directories (often tens of thousands of small Triton files) are entered only until their first
-file is found. Symbolic links are neither followed nor counted: a link's target is someone else's
-bytes, and following links invites loops. Numbers are in BENCHMARKS.md.
+file is found. Symbolic links are neither followed nor counted, at any level below the root (the
+top-level ``weights``, ``compile`` and ``snapshots`` too): a link's target is someone else's bytes,
+and following links invites loops. Numbers are in BENCHMARKS.md.
 
 Usage, for the cache warmer's evictions (``NodeState.last_used`` and ``cache_bytes``, keyed by
 cache id): an entry's last use is the newest of the access, modification and change times of its
@@ -24,8 +25,10 @@ threshold) do not depend on it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
@@ -34,8 +37,18 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from extender.agent.layout import COMPILE, COMPLETE, MANIFEST, METADATA, SNAPSHOTS, WEIGHTS, Manifest
+from extender.agent.layout import (
+    COMPILE,
+    COMPLETE,
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    METADATA,
+    SNAPSHOTS,
+    WEIGHTS,
+    Manifest,
+)
 from extender.core.inventory import cache_id, weights_key
+from extender.files import read_regular
 
 ProblemKind = Literal["unreadable", "vanished", "corrupt", "inconsistent"]
 
@@ -100,6 +113,11 @@ class CacheScan:
 class _Walk:
     problems: list[Problem] = field(default_factory=list)
     files: int = 0
+    #: Count a file's allocated blocks (at most its length) instead of its length: see :func:`scan_cache`.
+    allocated: bool = False
+
+    def size_of(self, st: os.stat_result) -> int:
+        return min(st.st_size, st.st_blocks * 512) if self.allocated else st.st_size
 
     def problem(self, path: str | os.PathLike[str], kind: ProblemKind, message: str) -> None:
         self.problems.append(Problem(os.fspath(path), kind, message))
@@ -122,6 +140,28 @@ class _Walk:
         except OSError as exc:
             self.os_problem(directory, exc)
             return []
+
+    def top(self, root: Path, name: str) -> Path | None:
+        """``root/name`` when it is a real directory inside the root; ``None`` (and a problem if it exists) otherwise.
+
+        The cache root itself may be a link (the operator chose it), but nothing below it is
+        followed: ``compile -> /etc`` once reported every file of /etc as compile caches.
+        """
+        path = root / name
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            self.os_problem(path, exc)
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            self.problem(path, "unreadable", "a symbolic link, not followed: the agent stays inside its cache root")
+            return None
+        if not stat.S_ISDIR(st.st_mode):
+            self.problem(path, "unreadable", "not a directory")
+            return None
+        return path
 
     def subdirs(self, directory: Path, *, missing_ok: bool = False) -> list[os.DirEntry[str]]:
         """Sub-directories that are not staging areas (names starting with '.')."""
@@ -166,7 +206,7 @@ class _Walk:
                                 continue
                             self.files += 1
                             st = entry.stat(follow_symlinks=False)
-                            sizes[prefix + entry.name] = st.st_size
+                            sizes[prefix + entry.name] = self.size_of(st)
                             newest = max(newest, st.st_atime, st.st_mtime, st.st_ctime)
                     except OSError as exc:
                         self.os_problem(entry.path, exc)
@@ -199,7 +239,7 @@ class _Walk:
             except OSError as exc:  # vanished or unreadable since the listing
                 self.os_problem(entry.path, exc)
                 continue
-            total += st.st_size
+            total += self.size_of(st)
             newest = max(newest, st.st_atime, st.st_mtime, st.st_ctime)
         return total, newest
 
@@ -302,12 +342,13 @@ def read_manifest(directory: Path, cache: ManifestCache | None = None) -> Manife
     """``(manifest, None)``, ``(None, None)`` when there is none, or ``(None, why it is unusable)``."""
     path = os.path.join(directory, MANIFEST)
     try:
-        with open(path, "rb") as f:
-            st = os.fstat(f.fileno())
-            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
-            if cache is not None and (hit := cache.get(path, stamp)) is not None:
-                return hit
-            raw = f.read()
+        st = os.lstat(path)
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if cache is not None and (hit := cache.get(path, stamp)) is not None:
+            return hit
+        # a regular file inside the root, bounded: a FIFO hung the agent (deaf to SIGTERM), a
+        # symlink to /dev/zero crashed it, a symlink elsewhere read a file outside the root
+        raw = read_regular(path, MAX_MANIFEST_BYTES, follow_symlinks=False)
     except FileNotFoundError:
         return None, None
     except OSError as exc:
@@ -371,13 +412,36 @@ def scan_cache(root: Path, *, manifests: ManifestCache | None = None, sizes: Siz
 
     ``manifests`` keeps parsed manifests between scans (the agent passes one; a single scan needs
     none); ``sizes``, when given, measures compile and snapshot entries (see :class:`SizeCache`).
+
+    File lengths are believed while they fit the filesystem: a download in progress may be sparse,
+    and transparent compression makes allocated blocks undercount real data. Lengths that add up
+    to more than the filesystem's size cannot all be data (11.5 PB of sparse files on a 270 GB disk
+    were once reported), so the scan is then redone counting each file's allocated blocks, and a
+    problem says so.
     """
-    walk = _Walk()
+    scan = _scan(root, manifests, sizes, allocated=False)
+    try:
+        st = os.statvfs(root)
+    except OSError:
+        return scan
+    disk = st.f_blocks * st.f_frsize
+    claimed = sum(w.bytes for w in scan.weights) + sum(scan.cache_bytes.values())
+    if claimed <= disk:
+        return scan
+    recount = _scan(root, manifests, SizeCache(refresh_s=0.0) if sizes is not None else None, allocated=True)
+    note = Problem(os.fspath(root), "inconsistent", f"files claim {claimed} bytes on a {disk} byte filesystem "
+                                                    "(sparse files): counted by allocated blocks")
+    return dataclasses.replace(recount, problems=(*recount.problems, note))
+
+
+def _scan(root: Path, manifests: ManifestCache | None, sizes: SizeCache | None, *, allocated: bool) -> CacheScan:
+    walk = _Walk(allocated=allocated)
     if not os.path.isdir(root):
         walk.problem(root, "unreadable", "cache root does not exist or is not a directory")
         return CacheScan(problems=tuple(walk.problems))
+    tops = {name: walk.top(root, name) for name in (WEIGHTS, COMPILE, SNAPSHOTS)}
     weights: list[WeightsEntry] = []
-    for workload in walk.subdirs(root / WEIGHTS, missing_ok=True):
+    for workload in walk.subdirs(top, missing_ok=True) if (top := tops[WEIGHTS]) else []:
         for version in walk.subdirs(Path(workload.path)):
             entry = scan_weights(walk, Path(version.path), workload.name, version.name, manifests)
             if entry is not None:
@@ -399,12 +463,12 @@ def scan_cache(root: Path, *, manifests: ManifestCache | None = None, sizes: Siz
         last_used[ident] = newest
 
     compile_keys: list[str] = []
-    for d in walk.subdirs(root / COMPILE, missing_ok=True):
+    for d in walk.subdirs(top, missing_ok=True) if (top := tops[COMPILE]) else []:
         if walk.has_file(d.path):
             compile_keys.append(d.name)
             usage(cache_id("compile", d.name), d.path)
     snapshots: list[str] = []
-    for d in walk.subdirs(root / SNAPSHOTS, missing_ok=True):
+    for d in walk.subdirs(top, missing_ok=True) if (top := tops[SNAPSHOTS]) else []:
         try:
             if os.path.lexists(os.path.join(d.path, COMPLETE)):
                 snapshots.append(d.name)

@@ -33,6 +33,43 @@ from extender.core.units import Bytes, Duration
 #: default, so four missed reports in a row make a node unknown).
 DEFAULT_TTL_S = 60.0
 
+# ---- bounds of a record ---------------------------------------------------------------------------
+# Every writer (agents, sync, ``inventory load``, anything with Redis access) is checked against the
+# same model on write and on read. The bounds keep one record from stopping every worker's snapshot
+# build (2**64 GPUs overflowed the int64 column), from pinning a node warm forever (an infinite
+# heartbeat), from growing a reader's memory without limit, and from writing terminal escapes
+# through ``inventory show``. They are far above anything a real node reports.
+
+#: A node name is a Kubernetes object name: a DNS subdomain (RFC 1123) of at most 253 characters.
+MAX_NAME_LENGTH = 253
+NODE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+#: GPUs on one node (the largest machines today have 72 in one NVLink domain).
+MAX_GPUS = 4096
+#: Any size in bytes (one exbibyte); float64 columns hold it exactly enough, int64 would too.
+MAX_BYTES = 2**60
+#: Unix seconds: year 5138. Finite, so a heartbeat can never keep a node fresh forever.
+MAX_TIMESTAMP = 1e11
+#: A record's TTL: finite, but long enough for "never stale" in tests and hand-written files.
+MAX_TTL_S = MAX_TIMESTAMP
+#: Entries of one list or map in a record (images, weights, keys, labels, usage).
+MAX_ENTRIES = 4096
+#: Characters of one string in a record (image references with a digest are about 150).
+MAX_TEXT = 1024
+#: The stored JSON of one record; larger ones are refused on write and skipped on read.
+MAX_RECORD_BYTES = 1 << 20
+
+NodeName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NODE_NAME_PATTERN)]
+#: Printable text: no control characters (NUL, newline, terminal escapes), bounded length.
+Text = Annotated[str, Field(max_length=MAX_TEXT, pattern=r"^[^\x00-\x1f\x7f]*$")]
+Count = Annotated[int, Field(ge=0, le=MAX_GPUS)]
+StoredBytes = Annotated[Bytes, Field(ge=0, le=MAX_BYTES)]
+Timestamp = Annotated[float, Field(ge=0, le=MAX_TIMESTAMP, allow_inf_nan=False)]
+Ttl = Annotated[Duration, Field(gt=0, le=MAX_TTL_S, allow_inf_nan=False)]
+Texts = Annotated[tuple[Text, ...], Field(max_length=MAX_ENTRIES)]
+TextMap = Annotated[dict[Text, Text], Field(max_length=MAX_ENTRIES)]
+BytesMap = Annotated[dict[Text, StoredBytes], Field(max_length=MAX_ENTRIES)]
+TimeMap = Annotated[dict[Text, Timestamp], Field(max_length=MAX_ENTRIES)]
+
 
 def weights_key(workload: str, version: str) -> str:
     """Identity of a profile's weights on a node: ``<workload>/<version>``."""
@@ -55,40 +92,40 @@ def cache_id(kind: CacheKind, name: str) -> str:
 class NodeState(Schema):
     """One node's cache and capacity state."""
 
-    name: str = Field(min_length=1)
+    name: NodeName
     #: Node class name; empty: classify by ``labels`` against the policy.
-    node_class: str = ""
-    labels: dict[str, str] = {}
-    gpus: int = Field(default=0, ge=0)
-    gpus_free: int = Field(default=0, ge=0)
-    nvme_total: Bytes = 0
-    nvme_free: Bytes = 0
+    node_class: Text = ""
+    labels: TextMap = {}
+    gpus: Count = 0
+    gpus_free: Count = 0
+    nvme_total: StoredBytes = 0
+    nvme_free: StoredBytes = 0
     #: Every name of every image present (tags and digests), as in ``status.images[].names``.
-    images: tuple[str, ...] = ()
+    images: Texts = ()
     #: Bytes present per ``weights_key(workload, version)``; complete when equal to the profile's.
-    weights: dict[str, Bytes] = {}
+    weights: BytesMap = {}
     #: Compile-cache keys present on the node (``extender.core.cachekey``).
-    compile_keys: tuple[str, ...] = ()
+    compile_keys: Texts = ()
     #: Workloads with a process snapshot on this node (valid for the node's class).
-    snapshots: tuple[str, ...] = ()
+    snapshots: Texts = ()
     #: Bytes other pulls (starting pods, warm jobs) still have to bring onto this node.
-    pulling_bytes: Bytes = 0
-    heartbeat: float = Field(default=0.0, ge=0)
-    ttl: Annotated[Duration, Field(gt=0)] = DEFAULT_TTL_S
+    pulling_bytes: StoredBytes = 0
+    heartbeat: Timestamp = 0.0
+    ttl: Ttl = DEFAULT_TTL_S
     # Usage, for the cache warmer's evictions (extender.core.warming). Keys are cache ids
     # (:func:`cache_id`). A record without them is still valid; its caches are then never evicted,
     # because nothing says whether a pod needs them.
     #: Unix seconds each cache entry was last used by a pod (or staged, if no pod used it yet).
     #: Only entries listed here are eviction candidates.
-    last_used: dict[str, Annotated[float, Field(ge=0)]] = {}
+    last_used: TimeMap = {}
     #: Cache ids that running or starting pods on this node use (node agent); never evicted.
-    in_use: tuple[str, ...] = ()
+    in_use: Texts = ()
     #: Workloads with a running or starting pod on this node (cluster sync). Their current compile
     #: cache and snapshot, and their weights of every version, count as in use.
-    pod_workloads: tuple[str, ...] = ()
+    pod_workloads: Texts = ()
     #: Bytes of compile-cache and snapshot entries by cache id (weights bytes are in ``weights``);
     #: where missing, the size the policy declares for the matching profile is used.
-    cache_bytes: dict[str, Bytes] = {}
+    cache_bytes: BytesMap = {}
 
     def fresh(self, now: float) -> bool:
         """True while the last report is younger than the TTL."""

@@ -56,6 +56,34 @@ def _name(value: str) -> str:
 
 
 Name = Annotated[str, AfterValidator(_name)]
+
+# Values the warmer hands to the team's templates and that end up in paths and command lines.
+# Templates never let a shell parse them (extender.warm.templates), but a value that is no URI or
+# version at all is a typo or an attack either way: refuse it where a person can see it.
+_REFERENCE = re.compile(r"^[^\s'\"\\`$;|&<>(){}*?\[\]!#~-][^\s'\"\\`$;|&<>(){}*?\[\]!#~]*$")
+_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+
+
+def _reference(value: str) -> str:
+    if value and (not _REFERENCE.match(value) or len(value) > 1024 or not value.isprintable()):
+        raise ValueError(
+            f"{value!r} is not a URI or image reference: no spaces, quotes, shell characters "
+            "($ ; | & < > ( ) { } * ? [ ] ! # ~ `) or leading '-', at most 1024 characters"
+        )
+    return value
+
+
+def _version(value: str) -> str:
+    if not _VERSION.match(value) or len(value) > 128:
+        raise ValueError(
+            f"{value!r} is not a valid version: letters, digits, '.', '_', '+' and '-', starting "
+            "with a letter or digit, at most 128 characters (it names a directory on every node)"
+        )
+    return value
+
+
+Reference = Annotated[str, AfterValidator(_reference)]
+Version = Annotated[str, AfterValidator(_version)]
 PositiveBandwidth = Annotated[Bandwidth, Field(gt=0)]
 PositiveBytes = Annotated[Bytes, Field(gt=0)]
 
@@ -144,7 +172,7 @@ class PodMatch(Schema):
 class Image(Schema):
     """The serving container image."""
 
-    reference: str = Field(min_length=1)
+    reference: Annotated[Reference, Field(min_length=1)]
     size: PositiveBytes = defaults.IMAGE_BYTES
 
 
@@ -159,8 +187,8 @@ class Weights(Schema):
     room), ``none`` (always stream from the source).
     """
 
-    source: str = Field(min_length=1, description="URI: s3://, gs://, hf://, file://, ...")
-    version: str = Field(min_length=1)
+    source: Annotated[Reference, Field(min_length=1, description="URI: s3://, gs://, hf://, file://, ...")]
+    version: Version
     bytes: PositiveBytes
     shard_files: int = Field(default=0, ge=0, description="0: derived from bytes and a 3.9 GiB shard")
     loader_concurrency: int = Field(default=defaults.LOADER_CONCURRENCY, ge=1)
@@ -535,7 +563,7 @@ class Warming(Schema):
     #: The command an image-pull Job runs in the workload's image (the pull is the point; it must exit 0).
     image_pull_command: tuple[str, ...] = Field(default=("true",), min_length=1)
     #: Where compile caches (and snapshots) are published and fetched: ``{{registry}}`` in templates.
-    registry: str = ""
+    registry: Reference = ""
     templates: WarmTemplates = WarmTemplates()
     #: Process snapshots the snapshot template can fetch (the inventory records no snapshot registry).
     published_snapshots: tuple[PublishedSnapshot, ...] = ()

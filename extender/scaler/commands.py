@@ -192,9 +192,10 @@ def _scale(args: argparse.Namespace) -> int:
     if serving and not args.tls_cert and not args.insecure_no_auth:
         return _usage("the External Metrics API is served over TLS (give --tls-cert and --tls-key); "
                       "--insecure-no-auth serves plain HTTP without authentication, for local use only")
-    policy = load_policy_to_start(args.policy, "scale")
-    if policy is None:
+    started = load_policy_to_start(args.policy, "scale")
+    if started is None:
         return 1
+    policy = started[0]
 
     from extender.scaler.loop import scaled_profiles
     from extender.scaler.serve import AuthSettings, ScaleSettings, default_identity
@@ -237,6 +238,19 @@ def _preflight(settings: Any) -> str:
             KubeClient.connect(settings.kubeconfig, context=settings.kube_context).close()
     except ExtenderError as exc:
         return str(exc)
+    if not settings.auth.insecure:
+        # what the worker checks at boot, checked here: a refusal is one line before start, not a
+        # traceback in every worker gunicorn keeps restarting
+        try:
+            config = settings.auth.config()
+            config.check()
+        except ValueError as exc:
+            return str(exc)
+        if not settings.auth.delegated and not config.client_cas and not config.requestheader_cas:
+            return ("the External Metrics API could authenticate no caller: --no-delegated-auth turns off "
+                    "tokens, and there is no --client-ca-file or --requestheader-client-ca-file "
+                    "(nor the cluster's extension-apiserver-authentication ConfigMap, with "
+                    "--authentication-skip-lookup); every request would be answered 401")
     if settings.auth.delegated and not settings.auth.insecure:
         try:
             Delegation.connect(settings.kubeconfig, context=settings.kube_context).close()

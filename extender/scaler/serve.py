@@ -21,6 +21,7 @@ so a standby takes over at its next tick instead of waiting for the lock to expi
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import secrets
@@ -209,11 +210,29 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
     return app
 
 
+#: Seconds a client has to complete its TLS handshake (and, on a new connection, to send its first
+#: request). gunicorn's gthread worker performs the handshake in a pool thread with a blocking call:
+#: without a bound, four half-sent handshakes held every thread before authentication.
+TLS_HANDSHAKE_TIMEOUT_S = 5.0
+
+
+class _BoundedTLSContext(ssl.SSLContext):
+    """An :class:`ssl.SSLContext` whose server sockets time out a stalled handshake."""
+
+    def wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> Any:
+        sock.settimeout(TLS_HANDSHAKE_TIMEOUT_S)  # the wrapped socket keeps it for the first request
+        try:
+            return super().wrap_socket(sock, *args, **kwargs)
+        except TimeoutError:
+            # gunicorn logs a reset quietly; a bare timeout would be a traceback per stalled client
+            raise ConnectionResetError(errno.ECONNRESET, "TLS handshake not completed in time") from None
+
+
 def tls_context_hook(ca_pem: str) -> Any:
     """gunicorn ``ssl_context`` hook: our certificate, TLS >= 1.2, client certificates optional (module docstring)."""
 
     def ssl_context(conf: Any, default_ssl_context_factory: Any) -> ssl.SSLContext:
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context = _BoundedTLSContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(certfile=conf.certfile, keyfile=conf.keyfile)
         if ca_pem.strip():
@@ -235,4 +254,5 @@ def gunicorn_overrides(settings: ScaleSettings) -> dict[str, Any]:
     """The gunicorn settings ``extender scale`` changes from ``extender serve``'s (module docstring)."""
     ca = "\n".join(p.strip() for p in (settings.auth.requestheader_ca_pem, settings.auth.client_ca_pem) if p.strip())
     return {"workers": 1, "ssl_context": tls_context_hook(ca), "worker_exit": _worker_exit,
+            "do_handshake_on_connect": True,  # in wrap_socket, where the handshake timeout applies
             "proc_name": "extender-scale"}

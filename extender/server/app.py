@@ -16,25 +16,35 @@ Besides the scheduler verbs (:mod:`extender.server.scheduler`):
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 
-from flask import Flask, Response
+from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from extender.files import load_policy
+from extender.files import read_policy
 from extender.server.metrics import Metrics
 from extender.server.refresher import Refresher, Throttle
 from extender.server.scheduler import JSON, SchedulerService, bp
 from extender.server.settings import Settings
 
+log = logging.getLogger(__name__)
+
 
 def create_app(settings: Settings) -> Flask:
     """Build the extender app for one worker process (starts its refresher unless told not to)."""
-    policy = settings.policy if settings.policy is not None else load_policy(settings.policy_path)
+    if settings.policy is not None:
+        policy, version = settings.policy, settings.policy_version
+    else:
+        policy, version = read_policy(settings.policy_path)
     metrics = Metrics()
     throttle = Throttle(settings.log_interval_s)
-    refresher = Refresher(settings, policy, metrics, throttle)
+    refresher = Refresher(settings, policy, metrics, throttle, version=version)
+    # A worker gunicorn (re)starts after a hot reload gets the launch-time policy in its settings;
+    # it must serve the file's current one from its first request, like the workers that reloaded.
+    refresher.check_policy()
     service = SchedulerService(settings, refresher, metrics, throttle)
 
     app = Flask("extender.server")
@@ -50,6 +60,19 @@ def create_app(settings: Settings) -> Flask:
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException) -> Response:
         return Response(json.dumps({"error": exc.description or exc.name}), status=exc.code or 500, mimetype=JSON)
+
+    @app.errorhandler(Exception)
+    def unexpected(exc: Exception) -> Response:
+        # A bug outside the fail-open guard of the verbs. Flask would log a traceback per request
+        # and leave the reply out of the metrics; count it, and log one traceback per interval.
+        rule = request.url_rule
+        route = rule.rule.strip("/") if rule is not None else "other"
+        metrics.requests.labels(route, "error").inc()
+        held = throttle.allow(f"error:{route}:{type(exc).__name__}")
+        if held is not None:
+            log.error("%s %s failed with an unexpected error%s", request.method, request.path,
+                      f" [{held} similar failures not logged]" if held else "", exc_info=exc)
+        return Response(json.dumps({"error": f"internal error: {type(exc).__name__}"}), status=500, mimetype=JSON)
 
     @app.get("/healthz")
     def healthz() -> Response:
@@ -71,6 +94,8 @@ def create_app(settings: Settings) -> Flask:
             "snapshotAgeSeconds": round(health.age_s, 3),
             "nodes": len(engine.snapshot) if engine else 0,
             "policy": health.policy.metadata.name,
+            "policyVersion": refresher.serving_version,
+            "worker": os.getpid(),
             "storeError": refresher.error[1] if refresher.error else None,
         }
         return Response(json.dumps(body), status=200 if ok else 503, mimetype=JSON)

@@ -42,7 +42,10 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--workers", default=2, type=positive_int, metavar="N",
                        help="worker processes (default: 2)")
     serve.add_argument("--threads", default=4, type=positive_int, metavar="N",
-                       help="threads per worker for keep-alive connections (default: 4)")
+                       help="threads per worker that run requests (default: 4)")
+    serve.add_argument("--worker-model", choices=("asgi", "gthread"), default="asgi",
+                       help="asgi (default): an event loop reads each request whole, so slow clients hold no "
+                            "thread; gthread: a thread pool reads requests itself")
     add_store_options(serve)
     tls = serve.add_argument_group("TLS (kube-scheduler: enableHTTPS, tlsConfig)")
     tls.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM); needs --tls-key")
@@ -88,9 +91,10 @@ def _serve(args: argparse.Namespace) -> int:
     if args.tls_client_ca and not args.tls_cert:
         print("extender serve: --tls-client-ca needs --tls-cert and --tls-key", file=sys.stderr)
         return 2
-    policy = load_policy_to_start(args.policy, "serve")
-    if policy is None:
+    started = load_policy_to_start(args.policy, "serve")
+    if started is None:
         return 1
+    policy, version = started
     url, data_dir = _store_location(args)
 
     from extender.server.launcher import ServeOptions, prepare_metrics_dir, run
@@ -100,8 +104,11 @@ def _serve(args: argparse.Namespace) -> int:
     from extender.server.settings import Settings
 
     settings = Settings(
-        policy_path=Path(args.policy).resolve(),
+        # absolute, not resolved: with a ConfigMap volume the path is a symlink chain through
+        # ..data that kubelet swaps on every update; resolving it once pinned the first version
+        policy_path=Path(args.policy).absolute(),
         policy=policy,
+        policy_version=version,
         redis_url=url,
         data_dir=data_dir.resolve(),
         poll_interval_s=args.poll_interval,
@@ -119,8 +126,14 @@ def _serve(args: argparse.Namespace) -> int:
         tls_key=Path(args.tls_key) if args.tls_key else None,
         tls_client_ca=Path(args.tls_client_ca) if args.tls_client_ca else None,
         access_log=args.access_log,
+        worker_model=args.worker_model,
     )
-    run(lambda: create_app(settings), options)
+    if args.worker_model == "asgi":
+        from extender.server.asgi import whole_requests
+
+        run(lambda: whole_requests(create_app(settings), settings.max_body_bytes, args.threads), options)
+    else:
+        run(lambda: create_app(settings), options)
     return 0
 
 

@@ -1,12 +1,16 @@
 """Running the extender under gunicorn, in-process (``extender serve``).
 
-Worker class: ``gthread``. kube-scheduler's HTTP client keeps connections alive and sends about one
+Worker class: gunicorn's asyncio worker (``asgi``) for ``extender serve``, ``gthread`` on request and
+for ``extender scale``. kube-scheduler's HTTP client keeps connections alive and sends about one
 filter and one prioritize call at a time per scheduler (the scheduling cycle is sequential,
 protocols.md 2.10). ``sync`` workers close the connection after every reply, so every call would
-pay a TCP (and TLS) handshake; ``gevent``/``eventlet`` would add a dependency and monkey-patching
-for concurrency we do not need and cannot use (the work is CPU-bound numpy and JSON under the GIL).
-``gthread`` parks idle keep-alive connections in a selector and hands a readable one to a small
-thread pool; throughput across cores comes from several worker processes.
+pay a TCP (and TLS) handshake; ``gevent``/``eventlet`` would add monkey-patching for concurrency the
+CPU-bound work cannot use. ``gthread`` parks idle keep-alive connections in a selector but lets a
+pool thread read each request in a blocking read, so a few clients that stall mid-request hold
+every thread and the scheduler's calls wait behind them. The asyncio worker reads every connection
+in its event loop and runs the Flask app only on a whole request (:mod:`extender.server.asgi`), so
+a stalled client costs a buffer, not a thread. Throughput across cores comes from several worker
+processes either way.
 
 ``keepalive`` is longer than Go's ``http.Transport`` idle timeout (90 s) so the client always closes
 an idle connection first; if the server closed first, the scheduler could send its next POST on a
@@ -58,6 +62,9 @@ class ServeOptions:
     switch_interval_s: float = 0.0005
     log_level: str = "info"
     access_log: bool = False
+    #: ``asgi``: gunicorn's asyncio worker reads every request whole before a thread runs the app
+    #: (:mod:`extender.server.asgi`), so slow clients cost no thread; ``gthread``: threads read.
+    worker_model: str = "gthread"
 
 
 def gunicorn_options(options: ServeOptions) -> dict[str, Any]:
@@ -65,8 +72,8 @@ def gunicorn_options(options: ServeOptions) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "bind": [options.bind],
         "workers": options.workers,
-        "worker_class": "gthread",
-        "threads": options.threads,
+        "worker_class": "extender.server.asgi.LingeringASGIWorker" if options.worker_model == "asgi" else "gthread",
+        "threads": options.threads if options.worker_model == "gthread" else 1,
         "keepalive": KEEPALIVE_S,
         "timeout": options.timeout_s,
         "graceful_timeout": 10,
@@ -77,6 +84,9 @@ def gunicorn_options(options: ServeOptions) -> dict[str, Any]:
         "accesslog": "-" if options.access_log else None,
         "child_exit": _child_exit,
         "post_fork": _switch_interval_hook(options.switch_interval_s),
+        # gunicorn 25.1+ opens a control socket at one fixed path per user ($XDG_RUNTIME_DIR or
+        # ~/.gunicorn), shared by every instance on the host and able to stop or resize it
+        "control_socket_disable": True,
     }
     if Path("/dev/shm").is_dir():  # the heartbeat file must not sit on a slow or full disk
         cfg["worker_tmp_dir"] = "/dev/shm"
@@ -112,7 +122,8 @@ class _Application(BaseApplication):  # type: ignore[misc]
 
     def load_config(self) -> None:
         for key, value in self._options.items():
-            self.cfg.set(key, value)
+            if key in self.cfg.settings:  # a setting an older gunicorn lacks (control_socket_*) is moot there
+                self.cfg.set(key, value)
 
     def load(self) -> Any:
         return self._factory()

@@ -42,7 +42,7 @@ class Metrics:
         )
         self.requests = Counter(
             "extender_requests_total",
-            "Scheduler calls by verb and outcome (scored, unmatched, fail_open, bad_request).",
+            "Calls by verb and outcome (scored, unmatched, fail_open, bad_request; error for an unexpected 500).",
             ["verb", "outcome"], registry=r,
         )
         self.fail_open = Counter(

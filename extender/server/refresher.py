@@ -24,18 +24,16 @@ one rebuild, and doubles as the health check that drives fail-open.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from extender.core.errors import DocumentError, StateError, StoreUnavailableError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy, parse_policy
-from extender.files import read_text
+from extender.files import policy_version, read_text
 from extender.server.engine import Engine
 from extender.server.metrics import Metrics
 from extender.server.settings import Settings, Store
@@ -79,11 +77,17 @@ class Health:
 class Refresher:
     """Keeps one worker's (policy, snapshot) current; see the module docstring."""
 
-    def __init__(self, settings: Settings, policy: Policy, metrics: Metrics, throttle: Throttle) -> None:
+    def __init__(self, settings: Settings, policy: Policy, metrics: Metrics, throttle: Throttle, *,
+                 version: str | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
         self.throttle = throttle
         self.policy = policy
+        #: Version of :attr:`policy` (:func:`extender.files.policy_version`); ``None``: unknown, so
+        #: the first look at the file takes whatever valid policy it holds.
+        self.policy_version = version
+        #: Version of the policy the current engine was built with (what requests are scored by).
+        self.engine_policy_version: str | None = None
         self.engine: Engine | None = None
         self.started_at = time.time()
         self.confirmed_at = 0.0
@@ -93,11 +97,14 @@ class Refresher:
         self._registry: frozenset[str] = frozenset()
         self._version = -1
         self._last_load = -float("inf")
+        self._last_full = -float("inf")
         self._rebuild_cost = 0.0
         self._policy_dirty = False
-        self._policy_sig = self._stat()
-        self._policy_digest = self._digest_of_file()
+        # No real stat looks like this: the first check reads the file and compares its version
+        # with the policy we hold (which may be the launcher's, older than the file).
+        self._policy_sig: tuple[int, int, int] | None = (-1, -1, -1)
         self._policy_checked = time.monotonic()
+        self._rejected_version: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -136,6 +143,8 @@ class Refresher:
         t = time.time() if now is None else now
         if time.monotonic() - self._policy_checked >= self.settings.policy_check_interval_s:
             self.check_policy()
+        if self._policy_dirty and self._records is not None:
+            self._rebuild(t, self._records, self._registry, self._version)  # no Redis needed
         try:
             store = self._store if self._store is not None else self._connect()
             version = store.version()
@@ -145,13 +154,15 @@ class Refresher:
             spacing = max(self.settings.min_rebuild_interval_s, self.settings.rebuild_duty_factor * self._rebuild_cost)
             if self._records is None or (version != self._version and t - self._last_load >= spacing):
                 started = time.perf_counter()
-                loaded, records, registry = store.load_all()
-                self._records, self._registry, self._version = records, registry, loaded
+                if self._records is None or t - self._last_full >= self.settings.full_reload_interval_s:
+                    loaded, records, registry = store.load_all()
+                    self._last_full = t
+                else:  # only what was written since our version: a heartbeat costs one record
+                    loaded, changed, registry = store.changes_since(self._version)
+                    records = _apply(self._records, changed)
                 self._last_load = t
-                self._rebuild(t)
+                self._rebuild(t, records, registry, loaded)
                 self._rebuild_cost = time.perf_counter() - started
-            elif self._policy_dirty:
-                self._rebuild(t)
             elif self.engine is not None:
                 # A record whose heartbeat just expired makes its profile tables outdated; rebuild
                 # them here rather than in the next request.
@@ -162,6 +173,10 @@ class Refresher:
             self.error = None
         except StoreUnavailableError as exc:
             self._note_error("store_unavailable", exc)
+            if self.settings.store_factory is None and not self.settings.redis_url:
+                # The embedded server is ours to keep running: connecting again starts it anew
+                # (one server per data directory, whichever worker gets there first).
+                self._drop_store()
         except StateError as exc:
             self._note_error("store_error", exc)
         finally:
@@ -177,6 +192,12 @@ class Refresher:
             self._store = InventoryStore(connect(self.settings.redis_url, self.settings.data_dir))
         return self._store
 
+    def _drop_store(self) -> None:
+        store, self._store = self._store, None
+        client = getattr(store, "client", None)
+        if client is not None:
+            client.close()
+
     def _note_error(self, reason: str, exc: Exception) -> None:
         self.error = (reason, str(exc))
         self.metrics.refresh_errors.labels(reason).inc()
@@ -185,16 +206,63 @@ class Refresher:
             log.warning("inventory refresh failed (%s): %s%s", reason, exc,
                         f" [{held} similar messages suppressed]" if held else "")
 
-    def _rebuild(self, now: float) -> None:
-        if self._records is None:
-            return
-        snapshot = InventorySnapshot.build(
-            self.policy, self._records, version=self._version, taken_at=now, registry=self._registry
-        )
-        engine = Engine(self.policy, snapshot)
-        engine.warm(now)
+    def _rebuild(self, now: float, records: list[NodeState], registry: frozenset[str], version: int) -> None:
+        """Swap in an engine for ``records``; what it was built from is kept only once it was built.
+
+        A build that fails leaves the version unconsumed, so the next iteration tries again and the
+        snapshot is not confirmed meanwhile (it goes stale and the replies neutral, instead of an
+        old snapshot passing for the current one).
+        """
+        engine, skipped = self._build(now, records, registry, version)
+        for name, why in skipped:
+            self.metrics.refresh_errors.labels("bad_record").inc()
+            if self.throttle.allow(f"bad-record:{name}") is not None:
+                log.warning("skipping inventory record %r: it breaks the snapshot build (%s)", name, why)
+        bad = {name for name, _ in skipped}
+        self._records = [r for r in records if r.name not in bad] if bad else records
+        self._registry, self._version = registry, version
         self.engine = engine
+        self.engine_policy_version = self.policy_version
         self._policy_dirty = False
+
+    @property
+    def serving_version(self) -> str | None:
+        """The version of the policy requests are answered with now."""
+        return self.engine_policy_version if self.engine is not None else self.policy_version
+
+    def _build(self, now: float, records: list[NodeState], registry: frozenset[str],
+               version: int) -> tuple[Engine, list[tuple[str, str]]]:
+        """The engine for ``records``, leaving out any record that makes the build fail.
+
+        The model bounds every field so that no record should; this is the second line, for a
+        record that still does (another writer, a future field). Bisecting finds the culprits in
+        O(k log n) builds for k of them, and costs nothing while every record is fine.
+        """
+
+        def attempt(part: list[NodeState]) -> Engine:
+            snapshot = InventorySnapshot.build(self.policy, part, version=version, taken_at=now, registry=registry)
+            engine = Engine(self.policy, snapshot)
+            engine.warm(now)
+            return engine
+
+        try:
+            return attempt(records), []
+        except Exception:
+            pass
+        skipped: list[tuple[str, str]] = []
+
+        def usable(part: list[NodeState]) -> list[NodeState]:
+            try:
+                attempt(part)
+                return part
+            except Exception as exc:
+                if len(part) <= 1:
+                    skipped.extend((r.name, f"{type(exc).__name__}: {exc}") for r in part)
+                    return []
+                mid = len(part) // 2
+                return usable(part[:mid]) + usable(part[mid:])
+
+        return attempt(usable(records)), skipped
 
     def _publish(self, now: float) -> None:
         engine = self.engine
@@ -213,12 +281,6 @@ class Refresher:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
-    def _digest_of_file(self) -> str | None:
-        try:
-            return hashlib.sha256(Path(self.settings.policy_path).read_bytes()).hexdigest()
-        except OSError:
-            return None
-
     def check_policy(self) -> bool:
         """Reload the policy if the file changed; True when a new policy was taken."""
         self._policy_checked = time.monotonic()
@@ -233,18 +295,18 @@ class Refresher:
             if self.throttle.allow(f"policy-read:{exc}") is not None:
                 log.error("policy file %s unreadable, keeping the last good policy: %s", path, exc)
             return False
-        digest = hashlib.sha256(text.encode()).hexdigest()
-        if digest == self._policy_digest:
+        version = policy_version(text)
+        if version in (self.policy_version, self._rejected_version):
             return False
-        self._policy_digest = digest
         try:
             policy = parse_policy(text, path)
         except DocumentError as exc:
+            self._rejected_version = version
             self.metrics.policy_reloads.labels("invalid").inc()
             log.error("policy %s changed but is invalid; keeping the last good policy. Problems:\n%s",
                       path, "\n".join(f"  {p}" for p in exc.problems))
             return False
-        self.policy = policy
+        self.policy, self.policy_version = policy, version
         self._policy_dirty = True
         self.metrics.policy_reloads.labels("ok").inc()
         log.info("policy %s reloaded: %d node class(es), %d profile(s)", path,
@@ -265,9 +327,28 @@ class Refresher:
         return Health(engine.policy, engine, None, age)
 
     def ready(self, now: float) -> tuple[bool, str]:
-        """Readiness: a snapshot is loaded, or the startup grace is over and fail-open is declared."""
+        """Readiness: a snapshot is loaded, or the startup grace is over and fail-open is declared.
+
+        Ready either way once the grace is over: neutral replies serve the scheduler better than an
+        endpoint taken out of the Service. The mode says which replies it gets: ``snapshot`` while
+        the snapshot is within its bound, ``fail-open`` when every reply is neutral (no snapshot,
+        or the store down or the refresher stuck past ``max_snapshot_age_s``).
+        """
         if self.engine is not None:
-            return True, "snapshot"
+            return True, "snapshot" if self.health(now).fail_open is None else "fail-open"
         if now - self.started_at >= self.settings.startup_grace_s:
             return True, "fail-open"
         return False, "loading"
+
+
+def _apply(records: list[NodeState], changed: dict[str, NodeState | None]) -> list[NodeState]:
+    """``records`` with ``changed`` applied (``None``: the node is gone), sorted by name like ``load_all``."""
+    if not changed:
+        return records
+    by_name = {r.name: r for r in records}
+    for name, record in changed.items():
+        if record is None:
+            by_name.pop(name, None)
+        else:
+            by_name[name] = record
+    return [by_name[name] for name in sorted(by_name)]

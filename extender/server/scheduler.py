@@ -18,6 +18,7 @@ time budget overrun      neutral                                          reason
 invalid JSON, no Pod,    HTTP 400 ``{"error": ...}``                      outcome=bad_request
 no NodeNames/Nodes
 body over the limit      HTTP 413 ``{"error": ...}``                      (werkzeug)
+a bug outside the guard  HTTP 500 ``{"error": ...}``                      outcome=error
 =======================  ===============================================  ====================
 
 No ``bind`` verb: binding through an extender replaces the in-tree binder (the extender must then
@@ -45,6 +46,7 @@ from extender.server.wire import (
     ExtenderArgs,
     NodeInfo,
     PodInfo,
+    decode_json,
     encode_error,
     encode_filter_result,
     encode_priorities,
@@ -225,23 +227,27 @@ def explain() -> Response:
     """
     body = request.get_data(cache=False)
     try:
-        data = json.loads(body) if body else None
-    except ValueError as exc:
-        return _reply(400, encode_error(f"body is not valid JSON: {exc}"))
+        data = decode_json(body) if body else None
+    except BadRequestError as exc:
+        return _reply(400, encode_error(str(exc)))
     if not isinstance(data, dict):
         return _reply(400, encode_error("post a Pod object, or an ExtenderArgs body with Pod"))
     nodes: list[NodeInfo] | None = None
-    if get_ci(data, "Pod") is not None:
+    pod_obj = get_ci(data, "Pod")
+    if pod_obj is None:
+        pod = PodInfo.from_object(data)
+    elif get_ci(data, "NodeNames") is None and get_ci(data, "Nodes") is None:
+        if not isinstance(pod_obj, dict):
+            return _reply(400, encode_error("Pod must be an object"))
+        pod = PodInfo.from_object(pod_obj)
+    else:
+        # Candidates that cannot be read are an error, never "explain every node" (the caller
+        # asked about some nodes and would get an answer about others).
         try:
             args = parse_args(body)
-            pod, nodes = args.pod, args.node_infos()
-        except BadRequestError:
-            pod_obj = get_ci(data, "Pod")
-            if not isinstance(pod_obj, dict):
-                return _reply(400, encode_error("Pod must be an object"))
-            pod = PodInfo.from_object(pod_obj)
-    else:
-        pod = PodInfo.from_object(data)
+        except BadRequestError as exc:
+            return _reply(400, encode_error(str(exc)))
+        pod, nodes = args.pod, args.node_infos()
     query = request.args.get("nodes")
     if query:
         nodes = [NodeInfo(n.strip(), {}, ()) for n in query.split(",") if n.strip()]

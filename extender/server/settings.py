@@ -22,6 +22,10 @@ class Store(Protocol):
         """``(version, records, compile registry)`` from one instant."""
         ...
 
+    def changes_since(self, version: int) -> tuple[int, dict[str, NodeState | None], frozenset[str]]:
+        """``(version, name -> record or None when gone, compile registry)`` for nodes written after ``version``."""
+        ...
+
 
 StoreFactory = Callable[[], Store]
 
@@ -38,6 +42,9 @@ class Settings:
     #: The policy already validated by the launcher (so a worker never starts on a different file
     #: than the one checked); ``None``: load ``policy_path`` in ``create_app``.
     policy: Policy | None = None
+    #: The version of ``policy`` (:func:`extender.files.policy_version` of its text). A worker that
+    #: starts later compares it with the file's and takes the file's policy when they differ.
+    policy_version: str | None = None
     redis_url: str | None = None
     #: The embedded Redis's directory when ``redis_url`` is empty (as ``extender inventory`` uses).
     data_dir: Path = Path("var/redis")
@@ -58,6 +65,9 @@ class Settings:
     #: Largest request body accepted; bigger ones get 413. Names-only requests for 15,000 nodes are
     #: about 0.5 MB; full NodeLists are tens of KB per node.
     max_body_bytes: int = 64 * 2**20
+    #: Between full reads the refresher reads only the records written since its version; a full
+    #: read this often all the same catches a writer that does not mark what it changed.
+    full_reload_interval_s: float = 60.0
     #: How often the policy file is checked for changes.
     policy_check_interval_s: float = 2.0
     #: Each distinct fail-open reason or refresh error is logged at most once per this interval.

@@ -27,6 +27,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic_core import from_json
+
 from extender.core.errors import ExtenderError
 
 
@@ -141,12 +143,30 @@ class ExtenderArgs:
         return [NodeInfo(n, {}, ()) for n in self.names]
 
 
+#: jiter's fixed nesting limit. A Pod or Node object is a few dozen levels deep; a document deeper
+#: than this is not Kubernetes JSON, and without a limit it overflowed Python's stack (a 500).
+MAX_JSON_DEPTH = 200
+
+
+def decode_json(body: bytes) -> Any:
+    """Parse a request body as JSON text; raises :class:`BadRequestError` naming the problem.
+
+    pydantic's parser (jiter) instead of :func:`json.loads`: it refuses lone surrogates, which
+    ``json.loads`` accepts as valid JSON and which then cannot be written back as UTF-8 (the reply
+    failed after it was decided), and it stops at :data:`MAX_JSON_DEPTH` levels instead of raising
+    ``RecursionError``. Without string caching it is also about twice as fast as ``json.loads``.
+    """
+    try:
+        return from_json(body, cache_strings=False)
+    except ValueError as exc:
+        if "recursion limit" in str(exc):
+            raise BadRequestError(f"body is nested deeper than {MAX_JSON_DEPTH} levels") from None
+        raise BadRequestError(f"body is not valid JSON: {exc}") from None
+
+
 def parse_args(body: bytes) -> ExtenderArgs:
     """Decode an ``ExtenderArgs`` body; raises :class:`BadRequestError` naming the problem."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequestError(f"body is not valid JSON: {exc}") from exc
+    data = decode_json(body)
     if not isinstance(data, dict):
         raise BadRequestError(f"body must be a JSON object (ExtenderArgs), got {type(data).__name__}")
     pod = get_ci(data, "Pod")
@@ -166,7 +186,9 @@ def parse_args(body: bytes) -> ExtenderArgs:
             raise BadRequestError("NodeNames must be an array of strings") from None
         return ExtenderArgs(PodInfo.from_object(pod), names, names, None, [], not escaped or plain(names))
     if nodes is not None:
-        items = get_ci(nodes, "items") if isinstance(nodes, dict) else None
+        if not isinstance(nodes, dict):  # Go's decoder refuses anything but an object here
+            raise BadRequestError("Nodes must be a NodeList object whose items are Node objects")
+        items = get_ci(nodes, "items")
         if items is None:
             items = []
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):

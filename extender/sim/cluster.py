@@ -39,15 +39,16 @@ from numpy.typing import NDArray
 
 from extender.core.cachekey import compile_cache_key
 from extender.core.estimate import CacheState, ClassTable, CompileCache, Estimate, estimate
-from extender.core.inventory import InventorySnapshot, NodeState, cache_id, weights_key
+from extender.core.inventory import MAX_TTL_S, InventorySnapshot, NodeState, cache_id, weights_key
 from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
 from extender.core.warming import Action, apply
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
-#: Records never go stale in the simulation: the inventory is assumed to be current.
-_TTL_S = 1e15
+#: Records never go stale in the simulation: the inventory is assumed to be current (the longest
+#: TTL a record may carry, some 3,000 years of simulated time).
+_TTL_S = MAX_TTL_S
 
 
 @dataclass

@@ -41,9 +41,21 @@ from typing import Annotated, Any
 from pydantic import ConfigDict, Field, ValidationError
 from redis.client import Pipeline
 
-from extender.core.inventory import DEFAULT_TTL_S, NodeState
+from extender.core.inventory import (
+    DEFAULT_TTL_S,
+    MAX_ENTRIES,
+    BytesMap,
+    Count,
+    NodeState,
+    StoredBytes,
+    Text,
+    TextMap,
+    Texts,
+    TimeMap,
+    Timestamp,
+    Ttl,
+)
 from extender.core.schema import Schema
-from extender.core.units import Bytes, Duration
 from extender.state.errors import redis_errors
 from extender.state.store import InventoryStore, encode
 
@@ -70,19 +82,19 @@ class Report(Schema):
 class AgentReport(Report):
     """What the node agent measured on the node's disk."""
 
-    nvme_total: Bytes = 0
-    nvme_free: Bytes = 0
-    weights: dict[str, Bytes] = {}
-    compile_keys: tuple[str, ...] = ()
-    snapshots: tuple[str, ...] = ()
+    nvme_total: StoredBytes = 0
+    nvme_free: StoredBytes = 0
+    weights: BytesMap = {}
+    compile_keys: Texts = ()
+    snapshots: Texts = ()
     #: Every name of every image the container runtime holds; ``None`` when the agent cannot see the
     #: runtime (kubelet's capped list is used then).
-    images: tuple[str, ...] | None = None
-    heartbeat: float = Field(default=0.0, ge=0)
-    ttl: Annotated[Duration, Field(gt=0)] = DEFAULT_TTL_S
+    images: Texts | None = None
+    heartbeat: Timestamp = 0.0
+    ttl: Ttl = DEFAULT_TTL_S
     #: Usage for the cache warmer's evictions, by cache id (``NodeState.last_used``, ``cache_bytes``).
-    last_used: dict[str, Annotated[float, Field(ge=0)]] = {}
-    cache_bytes: dict[str, Bytes] = {}
+    last_used: TimeMap = {}
+    cache_bytes: BytesMap = {}
 
     def same_content(self, other: AgentReport | None, *, free_tolerance: int = 0) -> bool:
         """Equal apart from the heartbeat and a free-space drift of at most ``free_tolerance`` bytes."""
@@ -102,14 +114,14 @@ class Replicas(Report):
 class KubeReport(Report):
     """What the API server says about a node and the pods bound to it."""
 
-    node_class: str = ""
-    labels: dict[str, str] = {}
-    gpus: int = Field(default=0, ge=0)
-    gpus_free: int = Field(default=0, ge=0)
+    node_class: Text = ""
+    labels: TextMap = {}
+    gpus: Count = 0
+    gpus_free: Count = 0
     #: Every name in kubelet's ``status.images`` (at most 50 images, largest first).
-    images: tuple[str, ...] = ()
+    images: Texts = ()
     #: Workload -> pods starting / running on this node.
-    replicas: dict[str, Replicas] = {}
+    replicas: Annotated[dict[Text, Replicas], Field(max_length=MAX_ENTRIES)] = {}
 
 
 def merge(name: str, agent: AgentReport | None, kube: KubeReport | None) -> NodeState:
@@ -189,7 +201,7 @@ class SourceStore:
             kube = _load(KubeReport, key, stored.get(KUBE))
             pipe.hset(key, AGENT, _dump(report))
             self._stage_record(pipe, merge(name, report, kube))
-            pipe.incr(self.store.keys.version)
+            self.store.stage_bump(pipe, [name])
             outcome.append(0)
 
         with redis_errors(f"writing the agent report of node {name!r}"):
@@ -216,7 +228,7 @@ class SourceStore:
                     pipe.hdel(k, DELETED)
                     pipe.persist(k)
                     self._stage_record(pipe, merge(name, _load(AgentReport, k, raw), report))
-                pipe.incr(self.store.keys.version)
+                self.store.stage_bump(pipe, [name for name, _ in batch])
 
             with redis_errors(f"writing the cluster reports of {len(batch)} node(s)"):
                 result: Any = self.client.transaction(write, *keys)
@@ -233,7 +245,7 @@ class SourceStore:
             pipe.expire(key, TOMBSTONE_TTL_S)
             pipe.delete(self.store.keys.node(name))
             pipe.srem(self.store.keys.nodes, name)
-            pipe.incr(self.store.keys.version)
+            self.store.stage_bump(pipe, [name])
 
         with redis_errors(f"removing node {name!r}"), self.client.pipeline(transaction=True) as pipe:
             write(pipe)

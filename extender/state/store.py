@@ -6,6 +6,7 @@ Keys (``<p>`` is the prefix, ``extender`` by default; see docs/inventory.md)::
     <p>:nodes                set      names of every stored node
     <p>:compile-registry     set      compile-cache keys any node can fetch
     <p>:inventory:version    string   integer, INCR'd in the same MULTI/EXEC as every write
+    <p>:inventory:changes    zset     node name -> version of the last write that touched it
 
 Why one JSON string per node rather than a hash: a record is validated as a whole by the same
 pydantic model that checks ``inventory load`` files, it has nested maps and lists that a flat hash
@@ -15,6 +16,11 @@ Why a version counter rather than keyspace notifications: a reader learns "anyth
 one ``GET`` of one key, notifications need ``notify-keyspace-events`` configured on the server
 (often not allowed on managed Redis) and are lost while a subscriber is disconnected, whereas a
 counter read after a reconnect still tells the truth.
+
+Incremental reads: the same transaction records, per node name, the version its write produced
+(one member per node ever written, so the set is bounded by the fleet). A reader at version v asks
+for the names scored above v and reads only those records (:meth:`InventoryStore.changes_since`):
+with 1,000 heartbeats a second a reader pays for the nodes that reported, not for all 15,000.
 
 Consistency of :meth:`InventoryStore.load_all`: every write changes records, the name set and the
 version in one MULTI/EXEC, and the read takes the version, the name set, the registry and the
@@ -40,7 +46,7 @@ from pydantic import ValidationError
 from redis.client import Pipeline
 
 from extender.core.errors import StateError
-from extender.core.inventory import NodeState
+from extender.core.inventory import MAX_RECORD_BYTES, NodeState
 from extender.state.errors import redis_errors
 
 log = logging.getLogger(__name__)
@@ -74,6 +80,19 @@ class Keys:
     def version(self) -> str:
         return f"{self.prefix}:inventory:version"
 
+    @property
+    def changes(self) -> str:
+        return f"{self.prefix}:inventory:changes"
+
+
+#: Bumps the version and marks each written name with the new version, inside the write's
+#: MULTI/EXEC (a script sees the INCR; a plain ZADD queued beside it could not know the value).
+_BUMP = """
+local v = redis.call('INCR', KEYS[1])
+for _, name in ipairs(ARGV) do redis.call('ZADD', KEYS[2], v, name) end
+return v
+"""
+
 
 def encode(state: NodeState) -> str:
     """The stored form of a record: JSON with camelCase keys and plain numbers in SI units.
@@ -81,11 +100,20 @@ def encode(state: NodeState) -> str:
     Numbers, not ``64GiB``-style strings: other writers (agents in any language) produce them
     without a units library, and reading them back skips the unit parser. The model accepts both.
     """
-    return json.dumps(state.model_dump(mode="python", by_alias=True), separators=(",", ":"), allow_nan=False)
+    text = json.dumps(state.model_dump(mode="python", by_alias=True), separators=(",", ":"), allow_nan=False)
+    if len(text) > MAX_RECORD_BYTES:  # ASCII (json.dumps escapes the rest): characters are bytes
+        raise StateError(f"the record of node {state.name!r} is {len(text)} bytes, larger than the "
+                         f"{MAX_RECORD_BYTES} byte limit of one record")
+    return text
 
 
 def decode(name: str, raw: str | bytes) -> NodeState:
-    """Parse a stored record; raises ``ValueError`` (pydantic's included) when it is unusable."""
+    """Parse a stored record; raises ``ValueError`` (pydantic's included) when it is unusable.
+
+    The size is checked before parsing, so an oversized record costs a reader nothing.
+    """
+    if len(raw) > MAX_RECORD_BYTES:
+        raise ValueError(f"record is {len(raw)} bytes, larger than the {MAX_RECORD_BYTES} byte limit")
     state = NodeState.model_validate_json(raw)
     if state.name != name:
         raise ValueError(f"record is stored under node {name!r} but names node {state.name!r}")
@@ -148,7 +176,7 @@ class InventoryStore:
             if registry_keys:
                 pipe.sadd(self.keys.registry, *registry_keys)
 
-        return self._write("writing node records", write)
+        return self._write("writing node records", write, names)
 
     def replace(self, states: Iterable[NodeState], registry: Iterable[str]) -> int:
         """Make the inventory exactly ``states`` and ``registry``: other nodes are deleted.
@@ -173,7 +201,7 @@ class InventoryStore:
                 pipe.sadd(self.keys.nodes, *names)
             if registry_keys:
                 pipe.sadd(self.keys.registry, *registry_keys)
-            pipe.incr(self.keys.version)
+            self.stage_bump(pipe, sorted(names | stale))
 
         with redis_errors("replacing the inventory"):
             result = self.client.transaction(swap, self.keys.nodes)  # retried on WatchError
@@ -188,7 +216,7 @@ class InventoryStore:
             pipe.delete(self.keys.node(name))
             pipe.srem(self.keys.nodes, name)
 
-        return self._write(f"deleting node {name!r}", write)
+        return self._write(f"deleting node {name!r}", write, [name])
 
     def set_registry(self, keys: Iterable[str]) -> int:
         """Replace the compile registry with ``keys``; returns the new version."""
@@ -205,11 +233,19 @@ class InventoryStore:
         """Add one compile-cache key to the registry; returns the new version."""
         return self._write("adding to the compile registry", lambda pipe: pipe.sadd(self.keys.registry, key))
 
-    def _write(self, action: str, commands: Callable[[Pipeline], Any]) -> int:
+    def _write(self, action: str, commands: Callable[[Pipeline], Any], names: Iterable[str] = ()) -> int:
         with redis_errors(action), self.client.pipeline(transaction=True) as pipe:
             commands(pipe)
-            pipe.incr(self.keys.version)
+            self.stage_bump(pipe, names)
             return int(pipe.execute()[-1])
+
+    def stage_bump(self, pipe: Pipeline, names: Iterable[str]) -> None:
+        """Queue the version bump of a write touching ``names`` (its result is the new version).
+
+        Every writer of records (here and :mod:`extender.state.sources`) must bump through this, or
+        incremental readers would not learn of its change.
+        """
+        pipe.eval(_BUMP, 2, self.keys.version, self.keys.changes, *names)
 
     # ---- reads ---------------------------------------------------------------------------------
 
@@ -285,13 +321,43 @@ class InventoryStore:
             self._names_hint = sorted(members)
         return _version(raw_version), records, frozenset(_text(k) for k in raw_registry)
 
+    def changes_since(self, version: int) -> tuple[int, dict[str, NodeState | None], frozenset[str]]:
+        """``(current version, name -> record, compile registry)`` for the nodes written after ``version``.
+
+        A record that was deleted, or that cannot be read (skipped and listed in :attr:`corrupt`,
+        like :meth:`load_all` does), maps to ``None``. The records may be newer than the version
+        returned (a write landed between the two round trips); the next call returns them again,
+        and applying a record twice is harmless.
+        """
+        with redis_errors("reading inventory changes"):
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.get(self.keys.version)
+                pipe.zrangebyscore(self.keys.changes, f"({version}", "+inf")
+                pipe.smembers(self.keys.registry)
+                raw_version, raw_names, raw_registry = pipe.execute()
+            names = [_text(n) for n in raw_names]
+            fetched = self.client.mget([self.keys.node(n) for n in names]) if names else []
+        changed: dict[str, NodeState | None] = {}
+        corrupt = {k: v for k, v in self.corrupt.items() if k not in {self.keys.node(n) for n in names}}
+        for name, raw in zip(names, fetched, strict=True):
+            changed[name] = None
+            if raw is None:
+                continue
+            try:
+                changed[name] = decode(name, raw)
+            except ValueError as exc:
+                corrupt[self.keys.node(name)] = _reason(exc)
+        self._note_corrupt(corrupt)
+        return _version(raw_version), changed, frozenset(_text(k) for k in raw_registry)
+
     def _note_corrupt(self, corrupt: dict[str, str]) -> None:
         with self._lock:
             new = corrupt.keys() - self._reported
             self._reported = set(corrupt)  # a key that heals and breaks again is reported again
             self.corrupt = corrupt
         for key in sorted(new):
-            log.warning("skipping corrupt inventory record %s: %s", key, corrupt[key])
+            # %r: the key holds whatever name a writer put in the node set (newlines, escapes)
+            log.warning("skipping corrupt inventory record %r: %s", key, corrupt[key])
 
 
 def _version(raw: str | bytes | None) -> int:

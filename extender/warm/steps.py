@@ -89,14 +89,28 @@ def staging_path(root: P, cache_id: str) -> P:
     return dest.with_name(f".{dest.name}{STAGING_SUFFIX}")
 
 
+def on_node(root: Path, cache_id: str) -> Path:
+    """:func:`cache_path` on the node, refused when a directory between the root and it is a symbolic link.
+
+    The steps rename and delete below that path; through a link (``compile -> /etc``) they would
+    rename and delete outside the cache root. The agent does not follow such links either.
+    """
+    dest = cache_path(root, cache_id)
+    current = root
+    for part in dest.relative_to(root).parts[:-1]:
+        current = current / part
+        if current.is_symlink():
+            raise StepError(f"{current} is a symbolic link: the warmer does not leave the cache root {root}")
+    return dest
+
+
 def evict(root: Path, cache_id: str) -> bool:
     """Delete one cache entry; ``False`` if it was not there.
 
     Renamed out of sight first: a scan running meanwhile must not report a half-deleted tree as
     a partial cache, and the rename is atomic where the deletion of many files is not.
     """
-    dest = cache_path(root, cache_id)
-    return _remove(dest)
+    return _remove(on_node(root, cache_id))
 
 
 def _remove(path: Path) -> bool:
@@ -111,11 +125,11 @@ def _remove(path: Path) -> bool:
 
 def prepare(root: Path, cache_id: str, evictions: Sequence[str] = ()) -> Path:
     """Evict ``evictions``, then return the staging directory for ``cache_id`` (created, or resumed)."""
-    targets = [cache_path(root, e) for e in evictions]  # validate every id before deleting anything
+    targets = [on_node(root, e) for e in evictions]  # validate every id before deleting anything
     for victim in targets:
         _remove(victim)
     kind, _ = parse_cache_id(cache_id)
-    dest, staging = cache_path(root, cache_id), staging_path(root, cache_id)
+    dest, staging = on_node(root, cache_id), staging_path(root, cache_id)
     if staging.is_dir():
         return staging  # an earlier attempt's bytes: resume
     staging.parent.mkdir(parents=True, exist_ok=True)
@@ -139,7 +153,7 @@ def finish(root: Path, cache_id: str, *, source: str = "") -> Path:
     agent report a compile key (any file counts) or weights that are not there.
     """
     kind, _ = parse_cache_id(cache_id)
-    dest, staging = cache_path(root, cache_id), staging_path(root, cache_id)
+    dest, staging = on_node(root, cache_id), staging_path(root, cache_id)
     if not staging.is_dir() or not _has_file(staging):
         raise StepError(f"{staging}: the fetch step left no files")
     if kind == "weights":

@@ -6,10 +6,19 @@ should not become one more client to configure. The warmer only decides *where* 
 a directory on the node's cache root) and *what* (``{{source}}``, ``{{key}}``, ...); the layout's
 bookkeeping (manifest, marker, atomic rename) is done by our own helper steps (:mod:`.steps`).
 
-Substitution is plain text, no expressions: ``{{ name }}`` becomes the value, nothing else is
-touched (``$VAR`` and ``${VAR}`` stay for the shell). Unknown names are rejected when the policy
-loads (:func:`extender.core.policy.cross_check`), so rendering cannot fail on a typo at 3 a.m.
-The same values are also set as ``WARM_<NAME>`` environment variables.
+Substitution, no expressions: ``{{ name }}`` becomes the value, nothing else is touched (``$VAR``
+and ``${VAR}`` stay for the shell). Unknown names are rejected when the policy loads
+(:func:`extender.core.policy.cross_check`), so rendering cannot fail on a typo at 3 a.m. The same
+values are also set as ``WARM_<NAME>`` environment variables.
+
+A value never becomes code. Weights sources, versions, registries and cache keys come from the
+policy and the inventory, and pasted into ``sh -c`` as text a value with a quote and a ``;`` was a
+command. In a shell script (the argument after ``-c`` of ``sh``, ``bash``, ...) a placeholder
+therefore becomes a reference to its ``WARM_<NAME>`` variable, written for the quoting context it
+stands in (``"${WARM_SOURCE}"`` outside quotes, ``${WARM_SOURCE}`` inside double quotes, and
+closing and reopening single quotes around it), so the shell expands it as one word of data and
+never parses it. Elsewhere (exec-form ``command`` and ``args``, ``env``, ``image``) no shell reads
+the text and the value is put in as it is, one argument.
 """
 
 from __future__ import annotations
@@ -33,6 +42,72 @@ def render(text: str, values: Mapping[str, str]) -> str:
     return PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
 
 
+#: Programs whose ``-c`` argument is a shell script (by the basename of the program).
+SHELLS = frozenset({"sh", "bash", "dash", "ash", "ksh", "mksh", "zsh", "busybox"})
+#: A short-option cluster that includes ``c`` (``-c``, ``-ec``, ``-lc``): the next argument is the script.
+_SCRIPT_FLAG = re.compile(r"^-[A-Za-z]*c[A-Za-z]*$")
+
+
+def script_positions(argv: list[str]) -> set[int]:
+    """Indexes of ``argv`` that a shell will parse as a script (after ``-c``, once a shell was named)."""
+    for i, word in enumerate(argv):
+        if PurePosixPath(word).name in SHELLS:
+            for j in range(i + 1, len(argv) - 1):
+                if _SCRIPT_FLAG.match(argv[j]):
+                    return {j + 1}
+            return set()
+    return set()
+
+
+def render_script(script: str, values: Mapping[str, str]) -> str:
+    """``script`` with every placeholder replaced by a quoted reference to its environment variable.
+
+    The quoting state (outside quotes, in ``'...'``, in ``"..."``, with backslash escapes) is
+    tracked up to each placeholder, so the reference is one word in every context and the value
+    itself never passes through the shell's parser.
+    """
+    out: list[str] = []
+    state = ""  # "", "'" or '"'
+    pos = 0
+    for match in PLACEHOLDER.finditer(script):
+        text = script[pos:match.start()]
+        state = _quote_state(text, state)
+        out.append(text)
+        name = match.group(1)
+        if name not in values:  # as render() does: the policy check makes this unreachable
+            raise KeyError(name)
+        ref = "${" + env_name(name) + "}"
+        out.append({"": f'"{ref}"', '"': ref, "'": f"'\"{ref}\"'"}[state])
+        pos = match.end()
+    out.append(script[pos:])
+    return "".join(out)
+
+
+def _quote_state(text: str, state: str) -> str:
+    """The POSIX shell quoting state after ``text``, starting from ``state``."""
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if state == "'":
+            if c == "'":
+                state = ""
+        elif c == "\\":
+            i += 1  # the next character is escaped (outside quotes and inside double quotes)
+        elif state == '"':
+            if c == '"':
+                state = ""
+        elif c in "'\"":
+            state = c
+        i += 1
+    return state
+
+
+def render_argv(argv: list[str], values: Mapping[str, str]) -> list[str]:
+    """Render a container's full argv: scripts by :func:`render_script`, other words by :func:`render`."""
+    scripts = script_positions(argv)
+    return [render_script(w, values) if i in scripts else render(w, values) for i, w in enumerate(argv)]
+
+
 def env_name(name: str) -> str:
     """``cacheRoot`` -> ``WARM_CACHE_ROOT``."""
     return "WARM_" + re.sub(r"(?<!^)(?=[A-Z])", "_", name).upper()
@@ -42,14 +117,15 @@ def container(name: str, template: StepTemplate, values: Mapping[str, str]) -> J
     """The container a template describes, rendered (without resources and mounts: the Job adds them)."""
     env = [{"name": env_name(k), "value": v} for k, v in sorted(values.items())]
     env += [{"name": k, "value": render(v, values)} for k, v in template.env.items()]
+    argv = render_argv([*template.command, *template.args], values)
     out: JSON = {
         "name": name,
         "image": render(template.image, values),
-        "command": [render(c, values) for c in template.command],
+        "command": argv[:len(template.command)],
         "env": env,
     }
     if template.args:
-        out["args"] = [render(a, values) for a in template.args]
+        out["args"] = argv[len(template.command):]
     if template.env_from_secrets:
         out["envFrom"] = [{"secretRef": {"name": s}} for s in template.env_from_secrets]
     return out
