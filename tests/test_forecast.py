@@ -641,14 +641,25 @@ def test_fitted_constants_are_in_bounds_and_reported(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_short_history_uses_the_fixed_constants(name: str) -> None:
-    # 30 min: no refit boundary with 20 training points behind it
-    t, y = hourly_history(30)
+    # 20 min at 1 min: however the refit period is halved, no training part holds 20 observations
+    t, y = hourly_history(20)
     f = forecast(name, t, y, 120.0, ForecastParams(alpha=0.4, beta=0.1))
     assert not f.fitted
     if f.method in ("ewma", "holt"):
         assert f.constants["alpha"] == 0.4
     assert f.point == pytest.approx(ref_forecast(name, t.tolist(), y.tolist(), 120.0,
                                                  ForecastParams(alpha=0.4, beta=0.1, fit=False))[0])
+
+
+def test_a_young_history_is_fitted_before_the_first_refit_period_ends() -> None:
+    # 30 min at 1 min, refit 1 h: the period halves to 225 s, whose boundary (1575 s) has 27 points
+    # behind it, 21 of them in the training part
+    t, y = hourly_history(30)
+    f = forecast("holt", t, y, 120.0)
+    assert f.fitted
+    # and a slightly longer history whose boundary at 1800 s holds enough keeps the whole period
+    t, y = hourly_history(36)
+    assert forecast("holt", t, y, 60.0).constants == forecast("holt", t[:32], y[:32], 60.0).constants
 
 
 def test_constants_change_only_at_the_refit_boundary() -> None:

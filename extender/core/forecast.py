@@ -34,7 +34,8 @@ recursion, k-step forecasts and gap rule are in :mod:`extender.core.smoothing`::
     holt-winters  level + damped trend + season alpha, beta, phi, gamma   (m = season_s / s)
 
 Refit schedule and fit window. ``B = floor(t_end / refit_s) * refit_s`` (epoch seconds, so every
-replica agrees on it). The fit data D are the grid points in ``(B - fit_window_s, B]``; the
+replica agrees on it; a young history halves ``refit_s`` until there is something to fit,
+:func:`window`). The fit data D are the grid points in ``(B - fit_window_s, B]``; the
 forecast runs over ``Y = D + the points after B``, and older history is not read at all. D is
 split: the first ``1 - holdout`` of it (the *training* part) fixes the constants (smoothing.fit: the
 least one-step squared error over a bounded grid); the rest is held out. Constants change only when
@@ -321,19 +322,31 @@ class Window:
 
 
 def window(series: Series, params: ForecastParams) -> Window:
-    """Y and the length of D (module docstring); without fitting, the whole grid and no D."""
+    """Y and the lengths of D and of its training part (module docstring); without fitting, the
+    whole grid and no D.
+
+    A young history (less than one refit period behind the boundary) would go unfitted for up to
+    ``refit_s``; so the period is halved until the training part holds :data:`MIN_FIT_POINTS`
+    observations, down to two grid steps. The boundaries of every halved period are epoch multiples
+    too, so the choice is still a function of the history alone.
+    """
     y = series.values
     n = len(y)
     if not params.fit or series.step_s <= 0 or series.t_end is None:
         return Window(y, 0, 0)
     s = series.step_s
-    boundary = math.floor(series.t_end / params.refit_s) * params.refit_s
-    # grid point i is at t_end - (n-1-i) s; D is i <= n-1 - (t_end - B)/s
-    n_b = min(n, max(0, math.floor(n - 1 - (series.t_end - boundary) / s + 1e-9) + 1))
-    d0 = max(0, n_b - math.floor(params.fit_window_s / s + 1e-9))
-    n_fit = n_b - d0
-    split = n_fit - math.ceil(n_fit * params.holdout)
-    return Window(y[d0:], n_fit, split)
+    period = params.refit_s
+    seen = np.concatenate(([0], np.cumsum(~np.isnan(y))))  # observations in y[:i] = seen[i]
+    while True:
+        boundary = math.floor(series.t_end / period) * period
+        # grid point i is at t_end - (n-1-i) s; D is i <= n-1 - (t_end - B)/s
+        n_b = min(n, max(0, math.floor(n - 1 - (series.t_end - boundary) / s + 1e-9) + 1))
+        d0 = max(0, n_b - math.floor(params.fit_window_s / s + 1e-9))
+        n_fit = n_b - d0
+        split = n_fit - math.ceil(n_fit * params.holdout)
+        if seen[d0 + split] - seen[d0] >= MIN_FIT_POINTS or period / 2 < 2 * s:
+            return Window(y[d0:], n_fit, split)
+        period /= 2
 
 
 @dataclass(frozen=True)
