@@ -171,7 +171,7 @@ def ref_forecast(name: str, ts: list[float], ys: list[float], horizon: float, p:
     h = lead / step if step > 0 else 0.0
     m = round(p.season_s / step) if step > 0 else 0
     if name == "auto":
-        name = "holt"
+        name = "last"  # no fit, no held-out errors to choose by
     if name == "holt-winters" and not hw_usable(y, m, p.min_seasons):
         name = "holt"
     c = {"alpha": p.alpha, "beta": p.beta, "gamma": p.gamma, "phi": p.phi}
@@ -631,11 +631,11 @@ def hourly_history(n: int, step: float = 60.0, seed: int = 0, start: float = 0.0
     return t, 80 + np.cumsum(rng.normal(0, 2, n)).clip(-70)
 
 
-@pytest.mark.parametrize("name", ["ewma", "holt", "auto"])
+@pytest.mark.parametrize("name", ["ewma", "holt", "holt-winters", "auto"])
 def test_fitted_constants_are_in_bounds_and_reported(name: str) -> None:
     t, y = hourly_history(400)  # 400 min: D = the first 6 h, 288 training points
-    f = forecast(name, t, y, 300.0)
-    assert f.fitted
+    f = forecast(name, t, y, 300.0, ForecastParams(season_s=3600.0))
+    assert f.fitted or f.method == "last"  # auto may pick the last value, which has nothing to fit
     assert in_bounds(f.constants)
 
 
@@ -691,7 +691,7 @@ def test_a_constant_series_forecasts_itself(name: str, level: float, n: int, hor
 
 @settings(max_examples=40, deadline=None)
 @given(st.sampled_from(["holt", "auto"]), st.floats(0, 500), st.floats(-0.5, 5).filter(lambda b: abs(b) > 0.01),
-       st.integers(120, 400), st.integers(1, 10))
+       st.integers(400, 700), st.integers(1, 10))
 def test_a_linear_trend_is_followed(name: str, a: float, b: float, n: int, k: int) -> None:
     t = np.arange(n) * 60.0
     y = 1000 + a + b * np.arange(n)
@@ -747,10 +747,10 @@ def test_auto_never_takes_a_season_a_random_walk_does_not_have() -> None:
         assert f.method != "holt-winters", (lead, f.note)
 
 
-def test_auto_without_enough_held_out_errors_runs_holt() -> None:
-    t, y = hourly_history(100)  # D = the first hour: 12 held-out points, fewer than 20 errors
+def test_auto_without_enough_held_out_errors_runs_the_last_value() -> None:
+    t, y = hourly_history(30)  # the period halves to 225 s: 6 held-out points, fewer than 20 errors
     f = forecast("auto", t, y, 120.0)
-    assert (f.requested, f.method) == ("auto", "holt")
+    assert (f.requested, f.method) == ("auto", "last")
     assert "too little history" in f.note
 
 

@@ -51,14 +51,16 @@ Before that it falls back to Holt, which follows a daily cycle as a slowly turni
 lag; ``method`` and ``note`` say so.
 
 ``auto`` (model choice by out-of-sample error). Each of last value, EWMA, Holt and (when it can
-start) Holt-Winters is fitted on the training part and run on through the held-out part; each
-scores the mean absolute k-step error over the held-out origins, ``k = max(1, ceil(h))`` the
-horizon actually needed. The least error wins (ties: the simpler model, in that order). These
-forecasts are out of sample twice over: the constants never saw the held-out data, and each forecast
-uses only data before its origin. Without enough held-out errors (:func:`enough_errors`: at least
-:data:`MIN_ERRORS`, and :data:`MIN_WINDOWS` horizons' worth), ``auto`` has no evidence and runs
-``holt``; the note says so. Holt-Winters is a candidate only when the fit data shows a daily shape
-at all (:func:`has_season`).
+start) Holt-Winters is fitted on the training part and run on through the held-out part, giving
+its absolute k-step errors over the held-out origins, ``k = max(1, ceil(h))`` the horizon actually
+needed. These forecasts are out of sample twice over: the constants never saw the held-out data,
+and each forecast uses only data before its origin. Going from the simplest up, a candidate
+replaces the pick only when its errors are lower by more than :data:`AUTO_Z` standard errors of
+the paired difference (:func:`clearly_better`). Holt-Winters is a candidate only when the fit data
+shows a daily shape at all (:func:`has_season`). Without enough held-out errors
+(:func:`enough_errors`: at least :data:`MIN_ERRORS`, and :data:`MIN_WINDOWS` horizons' worth),
+``auto`` has no evidence and runs the last value, the baseline every model has to beat; the note
+says so.
 
 Projection at lead h = lead_s / s steps (fractional allowed)::
 
@@ -309,44 +311,47 @@ def horizon_steps(h_steps: float) -> int:
 
 @dataclass(frozen=True)
 class Window:
-    """``y`` = the history the forecast reads; its first ``n_fit`` points are the fit data D, of which
-    the first ``split`` are the training part."""
+    """What the fitted forecasters read.
 
-    y: F64
-    n_fit: int
+    ``fit``: the fit data D, the samples in ``(B - fit_window_s, B]`` on their own grid (anchored at
+    the last of them, so it does not move with later samples); its first ``split`` points are the
+    training part. ``y``: the forecast grid from the fit window's start on; origins from
+    ``held_from`` on lie after the training part (their forecasts are out of sample).
+    """
+
+    fit: F64
     split: int
-
-    @property
-    def fit_data(self) -> F64:
-        return self.y[:self.n_fit]
+    y: F64
+    held_from: int
 
 
-def window(series: Series, params: ForecastParams) -> Window:
-    """Y and the lengths of D and of its training part (module docstring); without fitting, the
-    whole grid and no D.
+def window(t: F64, v: F64, series: Series, params: ForecastParams) -> Window | None:
+    """D, its split and Y (module docstring); ``None`` when there is nothing to fit.
 
     A young history (less than one refit period behind the boundary) would go unfitted for up to
     ``refit_s``; so the period is halved until the training part holds :data:`MIN_FIT_POINTS`
     observations, down to two grid steps. The boundaries of every halved period are epoch multiples
     too, so the choice is still a function of the history alone.
     """
-    y = series.values
-    n = len(y)
-    if not params.fit or series.step_s <= 0 or series.t_end is None:
-        return Window(y, 0, 0)
-    s = series.step_s
+    s, t_end = series.step_s, series.t_end
+    if not params.fit or s <= 0 or t_end is None:
+        return None
     period = params.refit_s
-    seen = np.concatenate(([0], np.cumsum(~np.isnan(y))))  # observations in y[:i] = seen[i]
-    while True:
-        boundary = math.floor(series.t_end / period) * period
-        # grid point i is at t_end - (n-1-i) s; D is i <= n-1 - (t_end - B)/s
-        n_b = min(n, max(0, math.floor(n - 1 - (series.t_end - boundary) / s + 1e-9) + 1))
-        d0 = max(0, n_b - math.floor(params.fit_window_s / s + 1e-9))
-        n_fit = n_b - d0
-        split = n_fit - math.ceil(n_fit * params.holdout)
-        if seen[d0 + split] - seen[d0] >= MIN_FIT_POINTS or period / 2 < 2 * s:
-            return Window(y[d0:], n_fit, split)
+    while period >= 2 * s:
+        boundary = math.floor(t_end / period) * period
+        start = boundary - params.fit_window_s
+        inside = (t <= boundary) & (t > start)
+        d = resample(t[inside], v[inside], s)
+        split = len(d) - math.ceil(len(d) * params.holdout)
+        if d.t_end is not None and int(np.count_nonzero(~np.isnan(d.values[:split]))) >= MIN_FIT_POINTS:
+            n = len(series)
+            # grid point i of the forecast grid is at t_end - (n-1-i) s
+            first = max(0, n - 1 - math.floor((t_end - start) / s - 1e-9))
+            split_t = d.t_end - (len(d) - 1 - split) * s
+            held = n - 1 - math.floor((t_end - split_t) / s + 0.5)
+            return Window(d.values, split, series.values[first:], max(0, held - first))
         period /= 2
+    return None
 
 
 @dataclass(frozen=True)
@@ -382,7 +387,7 @@ def _digest(y: F64) -> bytes:
 
 
 def _fit_key(w: Window, params: ForecastParams) -> tuple[object, ...]:
-    return (_digest(w.fit_data), w.n_fit, w.split, params.model_dump_json(exclude={"level"}))
+    return (_digest(w.fit), len(w.fit), w.split, params.model_dump_json(exclude={"level"}))
 
 
 def _shape(name: str, m: int) -> Shape:
@@ -401,22 +406,31 @@ def _fixed(name: str, params: ForecastParams) -> Constants:
     return c
 
 
-def _can_fit(w: Window, shape: Shape, params: ForecastParams) -> bool:
-    train = w.y[:w.split]
-    if int(np.count_nonzero(~np.isnan(train))) < MIN_FIT_POINTS:
+def _can_fit(w: Window | None, shape: Shape, params: ForecastParams) -> bool:
+    """Whether ``shape`` can be fitted on D's training part and run over Y."""
+    if w is None:
         return False
-    return not shape.seasonal or not smoothing.seasonal_ready(train, shape.m, params.min_seasons)
+    if not shape.seasonal:
+        return True
+    return not (smoothing.seasonal_ready(w.fit[:w.split], shape.m, params.min_seasons)
+                or smoothing.seasonal_ready(w.y, shape.m, params.min_seasons))
 
 
 def _fitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Fitted:
     """``name`` fitted on the training part of D and run over D (cached by D's content)."""
     def make() -> Fitted:
-        d = w.fit_data
-        c = Constants(alpha=1.0) if name == "last" else smoothing.fit(d[:w.split], shape, _fixed(name, params))
-        return Fitted(smoothing.run(d, shape, c), w.split)
+        c = Constants(alpha=1.0) if name == "last" else smoothing.fit(w.fit[:w.split], shape, _fixed(name, params))
+        return Fitted(smoothing.run(w.fit, shape, c), w.split)
     got = _cached(("fit", name, shape, *_fit_key(w, params)), make)
     assert isinstance(got, Fitted)
     return got
+
+
+def _fitted_forecast(name: str, ctx: Context, w: Window, note: str) -> Forecast:
+    """The fitted constants run over Y, the quantile from the errors after the training part."""
+    shape = _shape(name, ctx.m)
+    c = _fitted(name, shape, w, ctx.params).run.constants
+    return _finish(ctx, name, smoothing.run(w.y, shape, c), w.held_from, note)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,6 +447,7 @@ class Context:
     lead_s: float
     params: ForecastParams
     requested: str
+    window: Window | None
 
     @property
     def h(self) -> float:
@@ -473,11 +488,9 @@ def _model(name: str, ctx: Context, *, note: str = "") -> Forecast:
     """One model: fitted on D when its training part is long enough, else fixed constants over the
     whole grid; Holt-Winters without its seasons falls back to Holt."""
     p = ctx.params
-    w = window(ctx.series, p)
     shape = _shape(name, ctx.m)
-    if p.fit and _can_fit(w, shape, p):
-        f = _fitted(name, shape, w, p)
-        return _finish(ctx, name, smoothing.resume(f.run, w.y[w.n_fit:]), f.first, note)
+    if ctx.window is not None and _can_fit(ctx.window, shape, p):
+        return _fitted_forecast(name, ctx, ctx.window, note)
     if shape.seasonal:
         why = smoothing.seasonal_ready(ctx.series.values, shape.m, p.min_seasons)
         if why:
@@ -488,6 +501,9 @@ def _model(name: str, ctx: Context, *, note: str = "") -> Forecast:
 
 #: The models ``auto`` chooses among, simplest first (ties go to the simpler).
 AUTO_CANDIDATES = ("last", "ewma", "holt", "holt-winters")
+#: How many standard errors a candidate's mean held-out error must be below the current pick's to
+#: replace it (:func:`clearly_better`): about a one-sided 97.5% test.
+AUTO_Z = 2.0
 
 
 @dataclass(frozen=True)
@@ -520,45 +536,65 @@ def has_season(y: F64, m: int) -> bool:
 
 
 def choose(w: Window, ctx: Context, k: int) -> Choice | None:
-    """The candidate with the least mean absolute k-step held-out error (``None``: too few errors).
+    """The model ``auto`` runs at horizon k (``None``: too few held-out errors to tell).
 
+    Candidates in order of complexity; a candidate replaces the current pick only when its k-step
+    absolute errors are *clearly* lower on the same held-out origins (:func:`clearly_better`).
     Holt-Winters is a candidate only when the fit data has a daily shape (:func:`has_season`).
     """
     scores: list[tuple[str, float]] = []
+    pick: tuple[str, F64] | None = None
     count = 0
     for name in AUTO_CANDIDATES:
         shape = _shape(name, ctx.m)
         if not _can_fit(w, shape, ctx.params):
             continue
-        if shape.seasonal and not has_season(w.fit_data, shape.m):
+        if shape.seasonal and not has_season(w.fit, shape.m):
             continue
         f = _fitted(name, shape, w, ctx.params)
-        e = smoothing.errors_at(f.run, k, f.first)
+        e = np.abs(smoothing.errors_at(f.run, k, f.first))
         if not enough_errors(e.size, k):
             return None
         count = e.size
-        scores.append((name, float(np.mean(np.abs(e)))))
-    if not scores:
+        scores.append((name, float(np.mean(e))))
+        if pick is None or (e.size == pick[1].size and clearly_better(e, pick[1], k)):
+            pick = (name, e)
+    if pick is None:
         return None
-    best = min(range(len(scores)), key=lambda i: (scores[i][1], i))
-    return Choice(scores[best][0], tuple(scores), count)
+    return Choice(pick[0], tuple(scores), count)
+
+
+def clearly_better(new: F64, old: F64, k: int) -> bool:
+    """Whether absolute errors ``new`` beat ``old`` (same origins) by more than chance::
+
+        d_i = old_i - new_i,   mean(d) > AUTO_Z * sd(d) / sqrt(N / k)
+
+    N / k: errors of origins less than k apart share most of their path, so N errors at horizon k
+    hold about N / k independent ones. On most series the smoothers' held-out errors differ by a
+    few percent, driven by a burst or two inside the held-out stretch; choosing on that would add
+    the choice's own noise to every forecast (a smoother picked in a calm stretch lags the next
+    burst by its whole time constant).
+    """
+    d = old - new
+    n_eff = max(1.0, d.size / k)
+    return float(np.mean(d)) > AUTO_Z * float(np.std(d)) / math.sqrt(n_eff)
 
 
 def _auto(ctx: Context) -> Forecast:
     p = ctx.params
     if not p.fit:
-        return _model("holt", ctx, note="auto: constants are fixed (fit off), no model choice: holt")
-    w = window(ctx.series, p)
+        return _model("last", ctx, note="auto: fit is off, so no held-out errors to choose by: the last value")
+    w = ctx.window
     k = horizon_steps(ctx.h)
-    got = _cached(("choice", k, ctx.m, *_fit_key(w, p)), lambda: choose(w, ctx, k) or "none")
+    got = _cached(("choice", k, ctx.m, *_fit_key(w, p)), lambda: choose(w, ctx, k) or "none") if w else None
     if not isinstance(got, Choice):
-        held = max(0, w.n_fit - w.split)
-        return _model("holt", ctx, note=f"auto: too little history before the refit boundary to compare models "
-                                        f"({held} held-out steps at a horizon of {k}): holt")
+        held = 0 if w is None else len(w.fit) - w.split
+        return _model("last", ctx, note=f"auto: too little history before the refit boundary to compare models "
+                                        f"({held} held-out steps at a horizon of {k}): the last value")
     table = ", ".join(f"{n} {v:.4g}" for n, v in got.scores)
     note = f"auto chose {got.name} by mean abs error at {k} step(s) over {got.errors} held-out origins: {table}"
-    f = _fitted(got.name, _shape(got.name, ctx.m), w, p)
-    return _finish(ctx, got.name, smoothing.resume(f.run, w.y[w.n_fit:]), f.first, note)
+    assert w is not None
+    return _fitted_forecast(got.name, ctx, w, note)
 
 
 def _join(a: str, b: str) -> str:
@@ -623,4 +659,7 @@ def forecast(name: str, timestamps: ArrayLike, values: ArrayLike, horizon_s: flo
                         requested=name, method="none", note="no observations", observations=0,
                         residuals=0, step_s=series.step_s, spread=0.0, t_end=None)
     stale = max(0.0, now_s - series.t_end) if now_s is not None else 0.0
-    return fn(Context(series, horizon_s, horizon_s + stale, p, name))
+    t = np.asarray(timestamps, dtype=np.float64).ravel()
+    v = np.asarray(values, dtype=np.float64).ravel()
+    ok = np.isfinite(t) & np.isfinite(v)
+    return fn(Context(series, horizon_s, horizon_s + stale, p, name, window(t[ok], v[ok], series, p)))

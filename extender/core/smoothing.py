@@ -224,27 +224,6 @@ def run(y: F64, shape: Shape, c: Constants, begin: Start | None = None) -> Run:
     return Run(y, shape, c, s0.t0, levels, trends, slots, s0.season, np.array(season, dtype=np.float64))
 
 
-def resume(prefix: Run, tail: F64) -> Run:
-    """The run over ``prefix.y`` followed by ``tail``, continuing from the prefix's last state.
-
-    Equal to ``run(concat(prefix.y, tail), ...)`` when the prefix got past its initial state; it only
-    costs ``len(tail)`` steps.
-    """
-    if len(tail) == 0:
-        return prefix
-    y = np.concatenate([prefix.y, tail])
-    n0 = len(prefix.y)
-    if n0 == 0 or start(y, prefix.shape).t0 != prefix.t0:
-        return run(y, prefix.shape, prefix.constants)  # the prefix had not reached the full run's start
-    begin = Start(n0 - 1, float(prefix.level[-1]), float(prefix.trend[-1]), prefix.season)
-    rest = run(y, prefix.shape, prefix.constants, begin)
-    keep = slice(0, n0)
-    return Run(y, prefix.shape, prefix.constants, prefix.t0,
-               np.concatenate([prefix.level[keep], rest.level[n0:]]),
-               np.concatenate([prefix.trend[keep], rest.trend[n0:]]),
-               np.concatenate([prefix.slot[keep], rest.slot[n0:]]), prefix.season_init, rest.season)
-
-
 def forecasts_at(r: Run, k: int, origins: NDArray[np.intp]) -> F64:
     """``f_{t,k}`` for each origin t (each ``>= r.t0``), by the formula in the module docstring."""
     f = r.level[origins] + damped_sum(r.constants.phi, k) * r.trend[origins]
