@@ -134,6 +134,12 @@ def ref_errors(name: str, y: list[float], k: int, c: dict[str, float], m: int) -
     return out
 
 
+def ref_forecasts(name: str, y: list[float], k: int, c: dict[str, float], m: int) -> list[float]:
+    """The forecasts behind :func:`ref_errors`, in the same order."""
+    return [ref_project(ref_state(name, y, t, c, m), t + k, k, c["phi"], m)
+            for t in range(max(ref_t0(name, y, m), 0), len(y) - k) if not math.isnan(y[t + k])]
+
+
 def mean_of_seen(xs: list[float]) -> float:
     seen = [x for x in xs if not math.isnan(x)]
     return sum(seen) / len(seen) if seen else NAN
@@ -186,7 +192,10 @@ def ref_forecast(name: str, ts: list[float], ys: list[float], horizon: float, p:
     k = max(1, math.ceil(h - 1e-9))
     errs = ref_errors(kind, y, k, c, m)
     if len(errs) >= max(20, 3 * k):  # enough errors, over three horizons at least
-        spread = max(ref_quantile(errs, p.level), 0.0)
+        seen = [v for v in y if not math.isnan(v)]
+        floor = max(0.1 * sum(seen) / len(seen), 1e-12)
+        rel = [e / max(f, floor) for e, f in zip(errs, ref_forecasts(kind, y, k, c, m), strict=True)]
+        spread = max(ref_quantile(rel, p.level), 0.0) * max(raw, floor)
     else:
         a, b, g, phi = c["alpha"], c["beta"], c["gamma"], c["phi"]
 

@@ -247,6 +247,19 @@ def errors_at(r: Run, k: int, first: int = 0) -> F64:
     return np.asarray(target[seen] - forecasts_at(r, k, origins[seen]), dtype=np.float64)
 
 
+def relative_errors_at(r: Run, k: int, first: int, floor: float) -> F64:
+    """The k-step errors of :func:`errors_at` over their forecasts: ``e_{t,k} / max(f_{t,k}, floor)``."""
+    lo = max(first, r.t0, 0)
+    hi = len(r.y) - k
+    if hi <= lo:
+        return np.empty(0)
+    origins = np.arange(lo, hi)
+    target = r.y[origins + k]
+    seen = ~np.isnan(target)
+    f = forecasts_at(r, k, origins[seen])
+    return np.asarray((target[seen] - f) / np.maximum(f, floor), dtype=np.float64)
+
+
 def point_at(r: Run, h: float) -> float:
     """The forecast ``h`` steps (fractional allowed) after the last step: the season interpolated
     linearly between the two slots around position ``n - 1 + h``."""
