@@ -575,3 +575,15 @@ def test_max_replicas_caps_a_forecast_driven_ramp() -> None:
 
 def test_horizon_type_round_trips() -> None:
     assert Horizon.model_validate_json(H.model_dump_json()) == H
+
+
+def test_explain_shows_the_forecast_constants() -> None:
+    ts = [float(t) for t in np.arange(0, 4 * 3600, 60.0)]
+    ys = [20.0 + 0.01 * t for t in ts]
+    f = forecast("holt", ts, ys, 300.0)
+    hz = horizon(180.0, 15.0, SYNC, node_class="sim", cache="cold")
+    d = decide(DecisionInputs(workload="sim", now_s=ts[-1], demand=ys[-1], queue=0.0, capacity=CAPACITY,
+                              forecast=f, horizon=hz, ready=5, starting=0, min_replicas=1, max_replicas=100))
+    line = next(x for x in d.explain().splitlines() if "constants" in x)
+    assert line.startswith("  constants (fitted): alpha ")
+    assert f"phi {f.constants['phi']:g}" in line
