@@ -8,9 +8,10 @@ maps the policy's ``scaling.forecaster`` name to the implementation; ``auto`` is
 Pipeline, every call::
 
     raw samples (t_s, value) --resample--> regular grid y[0..n-1], step s, NaN = gap
-                             --window----> Y = the last fit window up to the refit boundary B, then on to the end
-                             --fit-------> constants from the older part of Y up to B (cached per B)
-                             --run-------> state after every step (extender.core.smoothing)
+                             --window----> D = the samples of the fit window before the refit
+                                           boundary B, on their own grid; Y = y from the window on
+                             --fit-------> constants from the older part of D (cached by D's content)
+                             --run-------> state after every step of Y (extender.core.smoothing)
                              --project---> point at h = lead_s / s steps; upper from the k-step errors
 
 Stateless in the sense that matters: the forecast is a function of the history alone, so a
@@ -35,11 +36,14 @@ recursion, k-step forecasts and gap rule are in :mod:`extender.core.smoothing`::
 
 Refit schedule and fit window. ``B = floor(t_end / refit_s) * refit_s`` (epoch seconds, so every
 replica agrees on it; a young history halves ``refit_s`` until there is something to fit,
-:func:`window`). The fit data D are the grid points in ``(B - fit_window_s, B]``; the
-forecast runs over ``Y = D + the points after B``, and older history is not read at all. D is
-split: the first ``1 - holdout`` of it (the *training* part) fixes the constants (smoothing.fit: the
-least one-step squared error over a bounded grid); the rest is held out. Constants change only when
-B moves (once per ``refit_s``), never on every tick.
+:func:`window`). The fit data D are the samples in ``(B - fit_window_s, B]``, resampled on a grid
+anchored at the last of them, so that D does not move while later samples arrive (a grid
+anchored at the newest sample would, whenever the step is coarser than the sampling). The
+forecast runs the fitted constants over ``Y``, the forecast grid from ``B - fit_window_s`` on;
+older history is not read at all. D is split: the first ``1 - holdout`` of it (the *training*
+part) fixes the constants (smoothing.fit: the least one-step squared error over a bounded grid);
+the rest is held out. Constants change only when B moves (once per ``refit_s``), never on every
+tick.
 
 Fixed constants (``params.alpha``, ``beta``, ``gamma``, ``phi``) are used, over the whole history,
 when ``params.fit`` is off or the training part holds fewer than :data:`MIN_FIT_POINTS`
@@ -402,22 +406,27 @@ def _shape(name: str, m: int) -> Shape:
             "holt-winters": Shape(trend=True, m=m)}[name]
 
 
+#: The fixed constants each model runs with when it is not fitted (unused ones stay 0, phi 1).
+_FIXED: Mapping[str, Callable[[ForecastParams], Constants]] = MappingProxyType({
+    "last": lambda p: Constants(alpha=1.0),
+    "ewma": lambda p: Constants(alpha=p.alpha),
+    "holt": lambda p: Constants(alpha=p.alpha, beta=p.beta, phi=p.phi),
+    "holt-winters": ForecastParams.fixed,
+})
+#: The ``method`` a model's forecasts report.
+_METHOD: Mapping[str, Method] = MappingProxyType({
+    "last": "last", "ewma": "ewma", "holt": "holt", "holt-winters": "holt-winters"})
+
+
 def _fixed(name: str, params: ForecastParams) -> Constants:
-    c = params.fixed()
-    if name == "last":
-        return Constants(alpha=1.0)
-    if name == "ewma":
-        return Constants(alpha=c.alpha)
-    if name == "holt":
-        return Constants(alpha=c.alpha, beta=c.beta, phi=c.phi)
-    return c
+    return _FIXED[name](params)
 
 
-def _can_fit(w: Window | None, shape: Shape, params: ForecastParams) -> bool:
-    """Whether ``shape`` can be fitted on D's training part and run over Y."""
+def _can_fit(w: Window | None, name: str, shape: Shape, params: ForecastParams) -> bool:
+    """Whether model ``name`` (of ``shape``) can be fitted on D's training part and run over Y."""
     if w is None:
         return False
-    if not shape.seasonal:
+    if name != "holt-winters":
         return True
     return not (smoothing.seasonal_ready(w.fit[:w.split], shape.m, params.min_seasons)
                 or smoothing.seasonal_ready(w.y, shape.m, params.min_seasons))
@@ -480,8 +489,7 @@ def _finish(ctx: Context, name: str, r: Run, first: int, note: str) -> Forecast:
         c = r.constants
         c_h = spread_factor(h, c.alpha, c.beta, c.gamma, r.shape.m, phi=c.phi)
         spread, n_err, steps = max(residual_quantile(res, ctx.params.level), 0.0) * c_h, res.size, 1 if res.size else 0
-    method: Method = "holt-winters" if r.shape.seasonal else ("holt" if r.shape.trend else
-                                                              ("last" if name == "last" else "ewma"))
+    method = _METHOD[name]
     if ctx.series.observations == 1 and method == "holt":
         note = (note + "; " if note else "") + "one observation: flat forecast"
     s = ctx.series
@@ -498,9 +506,9 @@ def _model(name: str, ctx: Context, *, note: str = "") -> Forecast:
     whole grid; Holt-Winters without its seasons falls back to Holt."""
     p = ctx.params
     shape = _shape(name, ctx.m)
-    if ctx.window is not None and _can_fit(ctx.window, shape, p):
+    if ctx.window is not None and _can_fit(ctx.window, name, shape, p):
         return _fitted_forecast(name, ctx, ctx.window, note)
-    if shape.seasonal:
+    if name == "holt-winters":  # (not shape.seasonal: a grid without a step has no season at all)
         why = smoothing.seasonal_ready(ctx.series.values, shape.m, p.min_seasons)
         if why:
             return _model("holt", ctx, note=_join(note, f"fell back to holt: {why}"))
@@ -556,7 +564,7 @@ def choose(w: Window, ctx: Context, k: int) -> Choice | None:
     count = 0
     for name in AUTO_CANDIDATES:
         shape = _shape(name, ctx.m)
-        if not _can_fit(w, shape, ctx.params):
+        if not _can_fit(w, name, shape, ctx.params):
             continue
         if shape.seasonal and not has_season(w.fit, shape.m):
             continue
