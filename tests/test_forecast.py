@@ -12,12 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extender.core import smoothing
 from extender.core.errors import UnknownNameError
 from extender.core.forecast import (
     FORECASTERS,
     Forecast,
     ForecastParams,
-    fit_holt_winters,
     forecast,
     forecaster,
     resample,
@@ -53,64 +53,96 @@ def ref_grid(ts: list[float], ys: list[float], step: float | None) -> tuple[list
     return [sum(bins[k]) / len(bins[k]) if k in bins else NAN for k in range(n - 1, -1, -1)], step, t_end
 
 
-def ref_ewma(y: list[float], alpha: float) -> tuple[float, list[float]]:
-    level = y[0]
-    res = []
-    for v in y[1:]:
-        if math.isnan(v):
-            continue
-        res.append(v - level)
-        level = alpha * v + (1 - alpha) * level
-    return level, res
+def observed_at(y: list[float]) -> list[int]:
+    return [i for i, v in enumerate(y) if not math.isnan(v)]
 
 
-def ref_holt(y: list[float], alpha: float, beta: float) -> tuple[float, float, list[float]]:
-    seen = [i for i, v in enumerate(y) if not math.isnan(v)]
-    if len(seen) == 1:
-        return y[seen[0]], 0.0, []
-    i0, i1 = seen[0], seen[1]
-    level, trend = y[i1], (y[i1] - y[i0]) / (i1 - i0)
-    res = []
-    for v in y[i1 + 1:]:
+class RefState(NamedTuple):
+    """The oracle's state after step ``t``: level, trend, the whole season (empty without one)."""
+
+    level: float
+    trend: float
+    season: list[float]
+
+
+def ref_t0(name: str, y: list[float], m: int) -> int:
+    """The step after which the initial state holds (-1: before y[0])."""
+    seen = observed_at(y)
+    if name == "holt-winters":
+        return -1
+    if name == "holt" and len(seen) > 1:
+        return seen[1]
+    return seen[0]
+
+
+def ref_state(name: str, y: list[float], upto: int, c: dict[str, float], m: int) -> RefState:
+    """Component-form recursion (textbook, damped) from the initial state to step ``upto``."""
+    a, b, g, phi = c["alpha"], c["beta"], c["gamma"], c["phi"]
+    seen = observed_at(y)
+    if name == "holt-winters":
+        a1, a2 = mean_of_seen(y[:m]), mean_of_seen(y[m:2 * m])
+        b0 = (a2 - a1) / m
+        season = []
+        for i in range(m):
+            devs = [y[j * m + i] - (mean + b0 * (i - (m - 1) / 2)) for j, mean in ((0, a1), (1, a2))]
+            d = mean_of_seen(devs)
+            season.append(0.0 if math.isnan(d) else d)
+        centre = sum(season) / m
+        season = [s - centre for s in season]
+        level, trend, t0 = a1 - b0 * (m - 1) / 2 - b0, b0, -1
+    elif name == "holt" and len(seen) > 1:
+        i0, i1 = seen[0], seen[1]
+        level, trend, season, t0 = y[i1], (y[i1] - y[i0]) / (i1 - i0), [], i1
+    else:
+        level, trend, season, t0 = y[seen[0]], 0.0, [], seen[0]
+    for t in range(t0 + 1, upto + 1):
+        v = y[t]
         if math.isnan(v):
-            level = level + trend
+            level, trend = level + phi * trend, phi * trend
             continue
-        res.append(v - (level + trend))
-        new_level = alpha * v + (1 - alpha) * (level + trend)
-        trend = beta * (new_level - level) + (1 - beta) * trend
-        level = new_level
-    return level, trend, res
+        s = season[t % m] if season else 0.0
+        new_level = a * (v - s) + (1 - a) * (level + phi * trend)
+        new_trend = b * (new_level - level) + (1 - b) * phi * trend
+        if season:
+            season[t % m] = g * (v - level - phi * trend) + (1 - g) * s
+        level, trend = new_level, new_trend
+    return RefState(level, trend, season)
+
+
+def ref_damped(phi: float, h: float) -> float:
+    if phi == 1.0:
+        return h
+    return sum(phi ** j for j in range(1, int(h) + 1)) if h == int(h) else phi * (1 - phi ** h) / (1 - phi)
+
+
+def ref_project(st: RefState, pos: float, h: float, phi: float, m: int) -> float:
+    """The forecast at grid position ``pos`` = origin + h."""
+    f = st.level + ref_damped(phi, h) * st.trend
+    if st.season:
+        lo = math.floor(pos)
+        f += (1 - (pos - lo)) * st.season[lo % m] + (pos - lo) * st.season[(lo + 1) % m]
+    return f
+
+
+def ref_errors(name: str, y: list[float], k: int, c: dict[str, float], m: int) -> list[float]:
+    """k-step errors by brute force: rerun the recursion to every origin, project k steps."""
+    out = []
+    for t in range(max(ref_t0(name, y, m), 0), len(y) - k):
+        if math.isnan(y[t + k]):
+            continue
+        out.append(y[t + k] - ref_project(ref_state(name, y, t, c, m), t + k, k, c["phi"], m))
+    return out
+
+
+def ref_forecasts(name: str, y: list[float], k: int, c: dict[str, float], m: int) -> list[float]:
+    """The forecasts behind :func:`ref_errors`, in the same order."""
+    return [ref_project(ref_state(name, y, t, c, m), t + k, k, c["phi"], m)
+            for t in range(max(ref_t0(name, y, m), 0), len(y) - k) if not math.isnan(y[t + k])]
 
 
 def mean_of_seen(xs: list[float]) -> float:
     seen = [x for x in xs if not math.isnan(x)]
     return sum(seen) / len(seen) if seen else NAN
-
-
-def ref_hw(y: list[float], m: int, alpha: float, beta: float, gamma: float) -> tuple[float, float, list[float],
-                                                                                     list[float]]:
-    a1, a2 = mean_of_seen(y[:m]), mean_of_seen(y[m:2 * m])
-    b0 = (a2 - a1) / m
-    season = []
-    for i in range(m):
-        devs = [y[j * m + i] - (a + b0 * (i - (m - 1) / 2)) for j, a in ((0, a1), (1, a2))]
-        d = mean_of_seen(devs)
-        season.append(0.0 if math.isnan(d) else d)
-    centre = sum(season) / m
-    season = [s - centre for s in season]
-    level, trend = a1 - b0 * (m - 1) / 2 - b0, b0
-    res = []
-    for t, v in enumerate(y):
-        i = t % m
-        if math.isnan(v):
-            level = level + trend
-            continue
-        res.append(v - (level + trend + season[i]))
-        new_level = alpha * (v - season[i]) + (1 - alpha) * (level + trend)
-        new_trend = beta * (new_level - level) + (1 - beta) * trend
-        season[i] = gamma * (v - level - trend) + (1 - gamma) * season[i]
-        level, trend = new_level, new_trend
-    return level, trend, season, res
 
 
 def ref_quantile(res: list[float], level: float) -> float:
@@ -136,34 +168,42 @@ def hw_usable(y: list[float], m: int, min_seasons: int) -> bool:
 
 def ref_forecast(name: str, ts: list[float], ys: list[float], horizon: float, p: ForecastParams, *,
                  now: float | None = None) -> tuple[float, float, str]:
-    """(point, upper, method) by the module docstring, step by step."""
+    """(point, upper, method) with fixed constants (``p.fit`` off), by the module docstring, step by step."""
+    assert not p.fit
     y, step, t_end = ref_grid(ts, ys, p.step_s)
     if t_end is None:
         return 0.0, 0.0, "none"
     lead = horizon + (max(0.0, now - t_end) if now is not None else 0.0)
     h = lead / step if step > 0 else 0.0
-    a, b, g = p.alpha, p.beta, p.gamma
     m = round(p.season_s / step) if step > 0 else 0
-    if name == "holt-winters" and hw_usable(y, m, p.min_seasons):
-        level, trend, season, res = ref_hw(y, m, a, b, g)
-        pos = len(y) - 1 + h
-        lo = math.floor(pos)
-        seasonal = (1 - (pos - lo)) * season[lo % m] + (pos - lo) * season[(lo + 1) % m]
-        raw = level + h * trend + seasonal
-        c = ref_spread_factor(h, lambda j: a + j * a * b + (g if j % m == 0 else 0.0))
-        method = "holt-winters"
-    elif name in ("holt", "holt-winters"):
-        level, trend, res = ref_holt(y, a, b)
-        raw = level + h * trend
-        c = ref_spread_factor(h, lambda j: a + j * a * b)
-        method = "holt"
+    if name == "auto":
+        name = "last"  # no fit, no held-out errors to choose by
+    if name == "holt-winters" and not hw_usable(y, m, p.min_seasons):
+        name = "holt"
+    c = {"alpha": p.alpha, "beta": p.beta, "gamma": p.gamma, "phi": p.phi}
+    if name in ("ewma", "last"):
+        c.update(beta=0.0, gamma=0.0, phi=1.0)
+        if name == "last":
+            c["alpha"] = 1.0
+    elif name == "holt":
+        c["gamma"] = 0.0
+    kind = "ewma" if name == "last" else name
+    raw = ref_project(ref_state(kind, y, len(y) - 1, c, m), len(y) - 1 + h, h, c["phi"], m)
+    k = max(1, math.ceil(h - 1e-9))
+    errs = ref_errors(kind, y, k, c, m)
+    if len(errs) >= max(20, 3 * k):  # enough errors, over three horizons at least
+        seen = [v for v in y if not math.isnan(v)]
+        floor = max(0.1 * sum(seen) / len(seen), 1e-12)
+        rel = [e / max(f, floor) for e, f in zip(errs, ref_forecasts(kind, y, k, c, m), strict=True)]
+        spread = max(ref_quantile(rel, p.level), 0.0) * max(raw, floor)
     else:
-        level, res = ref_ewma(y, a)
-        raw = level
-        c = ref_spread_factor(h, lambda j: a)
-        method = "ewma"
-    spread = max(ref_quantile(res, p.level), 0.0) * c
-    return max(raw, 0.0), max(raw + spread, 0.0), method
+        a, b, g, phi = c["alpha"], c["beta"], c["gamma"], c["phi"]
+
+        def psi(j: int) -> float:
+            return a + a * b * ref_damped(phi, j) + (g if name == "holt-winters" and j % m == 0 else 0.0)
+
+        spread = max(ref_quantile(ref_errors(kind, y, 1, c, m), p.level), 0.0) * ref_spread_factor(h, psi)
+    return max(raw, 0.0), max(raw + spread, 0.0), name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,16 +266,19 @@ def test_hand_computed(row: Hand) -> None:
     assert f.point == pytest.approx(row.point, abs=1e-12)
     assert f.upper == pytest.approx(row.upper, abs=1e-12)
     # and the oracle agrees with the hand arithmetic
-    oracle = ref_forecast(row.forecaster, row.timestamps, row.values, row.horizon_s, params)
+    oracle = ref_forecast(row.forecaster, row.timestamps, row.values, row.horizon_s,
+                          params.model_copy(update={"fit": False}))
     assert oracle[:2] == pytest.approx((row.point, row.upper))
 
 
 def test_holt_winters_hand_state() -> None:
     # the state behind the "holt-winters-m2" row
-    level, trend, season, res = fit_holt_winters(np.array([1, 3, 2, 4, 4, 5.0]), 2, 0.5, 0.5, 0.5)
-    assert (level, trend) == (4.625, 0.5625)
-    assert season.tolist() == [-0.25, 0.375]
-    assert res.tolist() == [0, 0, 0, 0, 1, -0.75]
+    y = np.array([1, 3, 2, 4, 4, 5.0])
+    r = smoothing.run(y, smoothing.Shape(trend=True, m=2), smoothing.Constants(alpha=0.5, beta=0.5, gamma=0.5))
+    assert (r.level[-1], r.trend[-1]) == (4.625, 0.5625)
+    assert r.season.tolist() == [-0.25, 0.375]
+    # one-step errors from origin 0 on (the residual of y[0] against the initial state is not one)
+    assert smoothing.errors_at(r, 1).tolist() == [0, 0, 0, 1, -0.75]
 
 
 def test_empty_history_says_so() -> None:
@@ -299,7 +342,8 @@ def test_resample_rejects_mismatched_lengths() -> None:
 def test_constant_series_gives_constant_forecast(name: str) -> None:
     t = np.arange(0, 3 * 96) * 900.0  # three days at 15 min, enough for holt-winters
     f = forecast(name, t, np.full(t.size, 42.0), 1800.0)
-    assert f.method == name
+    # auto: every candidate is exact here, so the tie goes to the simplest
+    assert f.method == ("last" if name == "auto" else name)
     assert f.point == pytest.approx(42.0, abs=1e-9)
     assert f.upper == pytest.approx(42.0, abs=1e-9)
 
@@ -432,6 +476,7 @@ def histories(draw: st.DrawFn, min_size: int = 0) -> tuple[list[float], list[flo
 
 
 PARAMS = st.builds(ForecastParams, alpha=st.floats(0.05, 1), beta=st.floats(0, 1), gamma=st.floats(0, 1),
+                   phi=st.sampled_from([1.0, 1.0, 0.98, 0.9, 0.8]), fit=st.just(False),
                    level=st.sampled_from([0.8, 0.9, 0.95, 0.99]), season_s=st.sampled_from([60.0, 90.0, 150.0]))
 
 
@@ -491,7 +536,8 @@ def test_spread_factor_by_hand() -> None:
 
 
 def test_unknown_forecaster_names_the_known_ones() -> None:
-    with pytest.raises(UnknownNameError, match=r"no forecaster 'prophet' \(known: ewma, holt, holt-winters\)"):
+    known = r"\(known: auto, ewma, holt, holt-winters, last\)"
+    with pytest.raises(UnknownNameError, match=r"no forecaster 'prophet' " + known):
         forecaster("prophet")
     with pytest.raises(UnknownNameError):
         forecast("arima", [0], [1], 60.0)
@@ -523,3 +569,267 @@ def test_forecast_is_a_value() -> None:
     f = forecast("holt", [0, 15, 30], [1, 2, 3], 15.0)
     assert isinstance(f, Forecast)
     assert Forecast.model_validate_json(f.model_dump_json()) == f
+
+
+# ---------------------------------------------------------------------------------------------
+# Fitted constants: bounds, brute-force oracle, schedule, properties
+# ---------------------------------------------------------------------------------------------
+
+SHAPES = {"ewma": smoothing.Shape(trend=False), "holt": smoothing.Shape(trend=True),
+          "holt-winters": smoothing.Shape(trend=True, m=4)}
+#: The bounds the docs promise (smoothing.ALPHAS etc.), written out again on purpose.
+BOUNDS = {"alpha": (0.02, 1.0), "beta": (0.0, 0.4), "gamma": (0.0, 0.4), "phi": (0.8, 1.0)}
+
+
+def in_bounds(c: dict[str, float]) -> bool:
+    lo_hi = all(BOUNDS[k][0] <= v <= BOUNDS[k][1] for k, v in c.items())
+    return lo_hi and c["gamma"] <= 1.0 - c["alpha"] + 1e-12
+
+
+def ref_sse(name: str, y: list[float], c: dict[str, float], m: int) -> float:
+    return sum(e * e for e in ref_errors(name, y, 1, c, m)) + (ref_first_residual(y, c, m) if m else 0.0)
+
+
+def ref_first_residual(y: list[float], c: dict[str, float], m: int) -> float:
+    """The seasonal model's fit also scores y[0] against the initial state (before step 0)."""
+    if math.isnan(y[0]):
+        return 0.0
+    st0 = ref_state("holt-winters", y, -1, c, m)
+    return (y[0] - (st0.level + c["phi"] * st0.trend + st0.season[0])) ** 2
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(sorted(SHAPES)), st.lists(st.one_of(st.floats(0, 1000), st.just(NAN)), min_size=12,
+                                                 max_size=40).filter(lambda v: sum(not math.isnan(x) for x in v) >= 3))
+def test_fit_is_the_grid_minimum_of_the_one_step_error(name: str, y: list[float]) -> None:
+    shape = SHAPES[name]
+    if shape.seasonal and smoothing.seasonal_ready(np.array(y), shape.m):
+        return
+    c = smoothing.fit(np.array(y), shape).as_dict()
+    assert in_bounds(c)
+    # brute force: every grid row scored by the plain-Python oracle; the fit is no worse than any
+    rows = smoothing.candidates(shape)
+    best = min(ref_sse(name, y, dict(zip(("alpha", "beta", "gamma", "phi"), map(float, r), strict=True)),
+                       shape.m) for r in rows)
+    got = ref_sse(name, y, c, shape.m)
+    assert got <= best * (1 + 1e-9) + 1e-9
+
+
+def test_sse_matches_the_scalar_run() -> None:
+    rng = np.random.default_rng(5)
+    y = 50 + np.cumsum(rng.normal(0, 3, 80))
+    y[[7, 30, 31]] = np.nan
+    for shape in (smoothing.Shape(trend=True), smoothing.Shape(trend=True, m=6)):
+        grid = smoothing.candidates(shape)[::37]
+        fast = smoothing.sse(y, shape, grid, smoothing.start(y, shape))
+        for row, score in zip(grid, fast, strict=True):
+            a, b, g, phi = (float(x) for x in row)
+            c = smoothing.Constants(alpha=a, beta=b, gamma=g, phi=phi)
+            r = smoothing.run(y, shape, c)
+            e = smoothing.errors_at(r, 1)
+            first = 0.0
+            if shape.seasonal:  # the residual of y[0] against the initial state
+                s0 = smoothing.start(y, shape)
+                first = (y[0] - (s0.level + c.phi * s0.trend + s0.season[0])) ** 2
+            assert score == pytest.approx(float(np.sum(e * e)) + first, rel=1e-9)
+
+
+def hourly_history(n: int, step: float = 60.0, seed: int = 0, start: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    t = start + np.arange(n) * step
+    return t, 80 + np.cumsum(rng.normal(0, 2, n)).clip(-70)
+
+
+@pytest.mark.parametrize("name", ["ewma", "holt", "holt-winters", "auto"])
+def test_fitted_constants_are_in_bounds_and_reported(name: str) -> None:
+    t, y = hourly_history(400)  # 400 min: D = the first 6 h, 288 training points
+    f = forecast(name, t, y, 300.0, ForecastParams(season_s=3600.0))
+    assert f.fitted or f.method == "last"  # auto may pick the last value, which has nothing to fit
+    assert in_bounds(f.constants)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_short_history_uses_the_fixed_constants(name: str) -> None:
+    # 20 min at 1 min: however the refit period is halved, no training part holds 20 observations
+    t, y = hourly_history(20)
+    f = forecast(name, t, y, 120.0, ForecastParams(alpha=0.4, beta=0.1))
+    assert not f.fitted
+    if f.method in ("ewma", "holt"):
+        assert f.constants["alpha"] == 0.4
+    assert f.point == pytest.approx(ref_forecast(name, t.tolist(), y.tolist(), 120.0,
+                                                 ForecastParams(alpha=0.4, beta=0.1, fit=False))[0])
+
+
+def test_a_young_history_is_fitted_before_the_first_refit_period_ends() -> None:
+    # 30 min at 1 min, refit 1 h: the period halves to 225 s, whose boundary (1575 s) has 27 points
+    # behind it, 21 of them in the training part
+    t, y = hourly_history(30)
+    f = forecast("holt", t, y, 120.0)
+    assert f.fitted
+    # and a slightly longer history whose boundary at 1800 s holds enough keeps the whole period
+    t, y = hourly_history(36)
+    assert forecast("holt", t, y, 60.0).constants == forecast("holt", t[:32], y[:32], 60.0).constants
+
+
+def test_constants_change_only_at_the_refit_boundary() -> None:
+    t, y = hourly_history(24 * 60, seed=2)  # a day at 1 min
+    p = ForecastParams(refit_s=3600.0)
+    inside = [forecast("holt", t[:i], y[:i], 300.0, p).constants for i in range(12 * 60 + 1, 12 * 60 + 59, 7)]
+    assert all(c == inside[0] for c in inside)
+    # what came after the boundary does not enter the fit: change it, same constants
+    y2 = y.copy()
+    y2[12 * 60 + 5:12 * 60 + 50] *= 3
+    assert forecast("holt", t[:12 * 60 + 50], y2[:12 * 60 + 50], 300.0, p).constants == inside[0]
+
+
+finite_values = st.floats(0.5, 1e4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(NAMES), finite_values, st.integers(60, 400), st.floats(0, 3000),
+       st.lists(st.integers(1, 398), max_size=20))
+def test_a_constant_series_forecasts_itself(name: str, level: float, n: int, horizon: float,
+                                            missing: list[int]) -> None:
+    t = np.arange(n) * 60.0
+    y = np.full(n, level)
+    y[[i for i in missing if i < n - 1]] = np.nan
+    f = forecast(name, t, y, horizon)
+    assert f.point == pytest.approx(level, rel=1e-9)
+    assert f.upper == pytest.approx(level, rel=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(["holt", "auto"]), st.floats(0, 500), st.floats(-0.5, 5).filter(lambda b: abs(b) > 0.01),
+       st.integers(400, 700), st.integers(1, 10))
+def test_a_linear_trend_is_followed(name: str, a: float, b: float, n: int, k: int) -> None:
+    t = np.arange(n) * 60.0
+    y = 1000 + a + b * np.arange(n)
+    f = forecast(name, t, y, k * 60.0)
+    assert f.method == "holt"
+    assert f.point == pytest.approx(1000 + a + b * (n - 1 + k), rel=1e-9)
+    assert f.upper == pytest.approx(f.point, rel=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(NAMES), st.integers(0, 10_000), st.integers(30, 500), st.floats(0, 3000))
+def test_the_same_history_gives_the_same_forecast(name: str, seed: int, n: int, horizon: float) -> None:
+    t, y = hourly_history(n, seed=seed, start=1_700_000_000.0)
+    first = forecast(name, t, y, horizon)
+    order = np.random.default_rng(seed).permutation(n)
+    forecast_module_cache_clear()  # another replica after a failover: nothing cached
+    again = forecast(name, t[order], y[order], horizon)
+    assert again == first
+
+
+def forecast_module_cache_clear() -> None:
+    from extender.core import forecast as module
+    with module._CACHE_LOCK:
+        module._CACHE.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# auto and calibration
+# ---------------------------------------------------------------------------------------------
+
+
+def noisy_daily(days: float, step: float, seed: int, noise: float = 4.0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    t = np.arange(0, days * 86_400, step)
+    return t, 100 + 60 * np.sin(2 * np.pi * t / 86_400) + rng.normal(0, noise, t.size)
+
+
+def test_auto_takes_the_season_when_the_horizon_needs_it() -> None:
+    # 3 days at 15 min, 3 h ahead: only the season knows how far the cycle turns by then (the
+    # held-out 13 h give 41 errors at 12 steps, over the three horizons' worth auto needs)
+    t, y = noisy_daily(3, 900.0, seed=1)
+    f = forecast("auto", t, y, 3 * 3600.0)
+    assert f.method == "holt-winters", f.note
+    assert "auto chose holt-winters" in f.note
+
+
+def test_auto_never_takes_a_season_a_random_walk_does_not_have() -> None:
+    rng = np.random.default_rng(4)
+    t = np.arange(0, 3 * 86_400, 900.0)
+    y = 200 + np.cumsum(rng.normal(0, 5, t.size))
+    for lead in (900.0, 2700.0, 6 * 3600.0):
+        f = forecast("auto", t, y, lead)
+        assert f.method != "holt-winters", (lead, f.note)
+
+
+def test_auto_without_enough_held_out_errors_runs_the_last_value() -> None:
+    t, y = hourly_history(30)  # the period halves to 225 s: 6 held-out points, fewer than 20 errors
+    f = forecast("auto", t, y, 120.0)
+    assert (f.requested, f.method) == ("auto", "last")
+    assert "too little history" in f.note
+
+
+@pytest.mark.parametrize(("level", "k"), [(0.9, 1), (0.95, 1), (0.95, 3), (0.8, 2)],
+                         ids=["p90-1", "p95-1", "p95-3", "p80-2"])
+def test_upper_quantile_coverage_at_the_horizon(level: float, k: int) -> None:
+    # AR(1) noise on a level that wanders: rolling origin at every step over the last 2 days; issue
+    # 17 asks for coverage within 3 points of the level
+    rng = np.random.default_rng(11)
+    n = 4 * 144
+    e = np.zeros(n)
+    for i in range(1, n):
+        e[i] = 0.6 * e[i - 1] + rng.normal(0, 5)
+    y = 100 + np.cumsum(rng.normal(0, 0.5, n)) + e
+    t = np.arange(n) * 600.0
+    p = ForecastParams(level=level, refit_s=7200.0)
+    hits = [y[i + k] <= forecast("auto", t[:i + 1], y[:i + 1], k * 600.0, p).upper
+            for i in range(2 * 144, n - k)]
+    assert abs(float(np.mean(hits)) - level) <= 0.03, float(np.mean(hits))
+
+
+def _cos_days(days: int, m: int) -> np.ndarray:
+    return 100 + 40 * np.cos(2 * np.pi * np.arange(days * m) / m)
+
+
+HAS_SEASON: list[tuple[str, np.ndarray, int, bool]] = [
+    # (id, series, m, has a daily shape)
+    # yesterday's value is exact; six hours ago is a quarter turn off: |40 cos - 40 sin| on average
+    ("daily-cosine", _cos_days(3, 24), 24, True),
+    # a random walk: a day back is twice as far (sqrt(24) vs sqrt(6) steps of noise) as a quarter day
+    ("random-walk", 100 + np.cumsum(np.random.default_rng(1).normal(0, 1, 72)), 24, False),
+    # flat: both errors are 0, and 0 < 0 is false: no evidence of a season
+    ("flat", np.full(72, 5.0), 24, False),
+    ("shorter-than-a-season-and-one", _cos_days(1, 24), 24, False),
+    ("season-of-one-step", _cos_days(3, 24), 1, False),
+]
+
+
+@pytest.mark.parametrize(("y", "m", "expected"), [r[1:] for r in HAS_SEASON], ids=[r[0] for r in HAS_SEASON])
+def test_has_season(y: np.ndarray, m: int, expected: bool) -> None:
+    from extender.core.forecast import has_season
+    assert has_season(y.astype(np.float64), m) is expected
+
+
+_D = np.random.default_rng(9).normal(0.3, 1.0, 100)
+
+CLEARLY: list[tuple[str, np.ndarray, np.ndarray, int, bool]] = [
+    # (id, new errors, old errors, k, clearly better)
+    # lower by 1 every time: sd 0, any positive mean is clear
+    ("always-lower", np.full(50, 1.0), np.full(50, 2.0), 1, True),
+    ("identical", np.full(50, 1.0), np.full(50, 1.0), 1, False),
+    ("always-higher", np.full(50, 2.0), np.full(50, 1.0), 1, False),
+    # d ~ N(0.3, 1), 100 of them: se = sd / 10 ~ 0.1, mean 0.3 > 2 se at k = 1 ...
+    ("noisy-gain-one-step", np.full(100, 5.0) - _D, np.full(100, 5.0), 1, True),
+    # ... but at k = 10 only 10 independent errors: se ~ 0.32, and 0.3 < 2 se
+    ("noisy-gain-ten-steps", np.full(100, 5.0) - _D, np.full(100, 5.0), 10, False),
+]
+
+
+@pytest.mark.parametrize(("new", "old", "k", "expected"), [r[1:] for r in CLEARLY], ids=[r[0] for r in CLEARLY])
+def test_clearly_better(new: np.ndarray, old: np.ndarray, k: int, expected: bool) -> None:
+    from extender.core.forecast import clearly_better
+    d = old - new  # the slow way: mean against two standard errors of N / k samples
+    assert (statistics.fmean(d) > 2 * statistics.pstdev(d) / math.sqrt(len(d) / k)) is expected
+    assert clearly_better(new, old, k) is expected
+
+
+def test_auto_says_what_it_chose_and_why() -> None:
+    t, y = noisy_daily(3, 900.0, seed=1)
+    f = forecast("auto", t, y, 3 * 3600.0)
+    for name in ("last", "ewma", "holt", "holt-winters"):
+        assert f"{name} " in f.note  # every candidate's held-out error is listed
+    assert f.fitted and f.errors_steps == 12

@@ -8,6 +8,7 @@ and so the next order, comes one tick later.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -355,13 +356,31 @@ def leads(ticks: list[Tick], levels: range) -> dict[int, float]:
 LEARNED = range(6, 10)
 
 
+#: The ramp's slope in req/s per second: a margin of x req/s above the point forecast is x / SLOPE
+#: seconds of the ramp, so it moves the decision that much earlier.
+SLOPE = 0.05
+
+
+def margin_s(ticks: list[Tick], levels: range) -> dict[int, float]:
+    """Seconds of the ramp the upper quantile's margin stood for when desired first reached k."""
+    out: dict[int, float] = {}
+    for k in levels:
+        f = next(x.decision.inputs.forecast for x in ticks if x.decision.desired >= k)
+        assert f is not None
+        out[k] = f.spread / SLOPE
+    return out
+
+
 @pytest.mark.parametrize("startup_s", [16.0, 180.0], ids=["warm", "cold"])
 def test_ramp_desired_rises_one_horizon_ahead(startup_s: float) -> None:
     h = startup_s + 15.0 + SYNC
     ticks = simulate(ramp, begin=0.0, end=RAMP_START + 1800, forecaster="holt", startup_s=startup_s)
+    margins = margin_s(ticks, LEARNED)
     for k, lead in leads(ticks, LEARNED).items():
         assert lead >= h - 15.0, (k, lead, h)  # one horizon, to the tick
-        assert lead <= h + 4 * 15.0, (k, lead, h)  # and not wildly earlier
+        # and no earlier than the upper quantile's margin explains: while Holt learns the slope its
+        # errors at the horizon are large, and the calibrated p95 carries them
+        assert lead <= h + margins[k] + 4 * 15.0, (k, lead, h, margins[k])
     # so, once the slope is learned, ready capacity never falls behind demand ...
     assert short(ticks, since=RAMP_START + 600) == []
     # ... while the reactive scaler rises with the load (lead 0) and is short all along the ramp
@@ -371,11 +390,27 @@ def test_ramp_desired_rises_one_horizon_ahead(startup_s: float) -> None:
 
 
 def test_ramp_warm_cluster_acts_later_than_cold() -> None:
-    warm = leads(simulate(ramp, begin=0.0, end=RAMP_START + 1800, forecaster="holt", startup_s=16.0), LEARNED)
-    cold = leads(simulate(ramp, begin=0.0, end=RAMP_START + 1800, forecaster="holt", startup_s=180.0), LEARNED)
-    # the horizons differ by 180 - 16 = 164 s; so do the leads, to within a tick or two
-    for k in LEARNED:
+    warm_ticks = simulate(ramp, begin=0.0, end=RAMP_START + 1800, forecaster="holt", startup_s=16.0)
+    cold_ticks = simulate(ramp, begin=0.0, end=RAMP_START + 1800, forecaster="holt", startup_s=180.0)
+    # the point projects Holt's still-short slope 210 s ahead on the cold cluster, so it needs two
+    # more replicas' worth of ramp (levels 8 and 9: 20 min into it) to be past learning
+    point_learned = range(8, 10)
+    warm, cold = point_leads(warm_ticks, point_learned), point_leads(cold_ticks, point_learned)
+    # the horizons differ by 180 - 16 = 164 s; so do the leads of the point forecast, to within a
+    # tick or two (the upper quantile's margin is wider at the longer horizon and adds to that)
+    for k in point_learned:
         assert cold[k] - warm[k] == pytest.approx(164.0, abs=30.0), (k, warm[k], cold[k])
+    assert all(c >= p for c, p in zip(leads(cold_ticks, point_learned).values(), cold.values(), strict=True))
+
+
+def point_leads(ticks: list[Tick], levels: range) -> dict[int, float]:
+    """Seconds between the point forecast needing k replicas and demand needing k."""
+    out: dict[int, float] = {}
+    for k in levels:
+        needed = next(x.t for x in ticks if x.demand > (k - 1) * CAPACITY)
+        point = next(x.t for x in ticks if (x.decision.forecast_point_replicas or 0.0) > k - 1)
+        out[k] = needed - point
+    return out
 
 
 # --- daily cycle -----------------------------------------------------------------------------
@@ -450,7 +485,12 @@ def test_step_with_a_forecaster_follows_the_forecast_not_the_replicas(forecaster
         assert d.candidate == math.ceil(max(x.demand, d.inputs.forecast.upper) / CAPACITY - 1e-9)
     worst = max(x.decision.inputs.forecast.upper for x in ticks if x.decision.inputs.forecast)
     assert max(x.decision.desired for x in ticks) <= math.ceil(worst / CAPACITY)
-    assert max(x.decision.desired for x in ticks) <= 10  # 60 req/s needs 6; headroom, not a cascade
+    # headroom, not a cascade: once at its peak, desired never rises again while demand stays at 60
+    # (a cascade would keep adding while the replicas it ordered start). The p95 margin is the step
+    # itself (+40) for as long as the step's k-step errors are more than 5% of the history's.
+    desired = [x.decision.desired for x in ticks]
+    peak = desired.index(max(desired))
+    assert all(b <= a for a, b in itertools.pairwise(desired[peak:]))
 
 
 def test_spike_no_cascade_then_stabilised_scale_down() -> None:
@@ -535,3 +575,15 @@ def test_max_replicas_caps_a_forecast_driven_ramp() -> None:
 
 def test_horizon_type_round_trips() -> None:
     assert Horizon.model_validate_json(H.model_dump_json()) == H
+
+
+def test_explain_shows_the_forecast_constants() -> None:
+    ts = [float(t) for t in np.arange(0, 4 * 3600, 60.0)]
+    ys = [20.0 + 0.01 * t for t in ts]
+    f = forecast("holt", ts, ys, 300.0)
+    hz = horizon(180.0, 15.0, SYNC, node_class="sim", cache="cold")
+    d = decide(DecisionInputs(workload="sim", now_s=ts[-1], demand=ys[-1], queue=0.0, capacity=CAPACITY,
+                              forecast=f, horizon=hz, ready=5, starting=0, min_replicas=1, max_replicas=100))
+    line = next(x for x in d.explain().splitlines() if "constants" in x)
+    assert line.startswith("  constants (fitted): alpha ")
+    assert f"phi {f.constants['phi']:g}" in line

@@ -1,16 +1,22 @@
-"""Demand forecasters: EWMA, Holt (level + trend) and additive Holt-Winters (daily season).
+"""Demand forecasters: last value, EWMA, damped Holt, Holt-Winters (daily season), and ``auto``.
 
 Each forecaster turns a demand history into the demand expected one *lead* ahead, as a point value
 and an upper quantile, in the unit of the history (requests/s or tokens/s). The scaler sizes the
 forecast need from the upper quantile (DESIGN.md section 6). One registry, :data:`FORECASTERS`,
-maps the policy's ``scaling.forecaster`` name to the implementation.
+maps the policy's ``scaling.forecaster`` name to the implementation; ``auto`` is the default.
 
-Pipeline, every call (stateless: a restarted or newly elected scaler forecasts the same from the
-same history, so no smoother state has to survive a failover)::
+Pipeline, every call::
 
     raw samples (t_s, value) --resample--> regular grid y[0..n-1], step s, NaN = gap
-                             --fit-------> state after y[n-1] + one-step residuals e_t
-                             --project---> point at h = lead_s / s steps, upper quantile
+                             --window----> D = the samples of the fit window before the refit
+                                           boundary B, on their own grid; Y = y from the window on
+                             --fit-------> constants from the older part of D (cached by D's content)
+                             --run-------> state after every step of Y (extender.core.smoothing)
+                             --project---> point at h = lead_s / s steps; upper from the k-step errors
+
+Stateless in the sense that matters: the forecast is a function of the history alone, so a
+restarted or newly elected scaler forecasts the same from the same history. The fit is cached in
+the process only to save work; the cache key is the data the fit read.
 
 Resampling (:func:`resample`). Samples with a non-finite timestamp or value are missing data, not
 zero demand. The step is ``params.step_s`` or, when unset, the median spacing of the samples. The
@@ -20,65 +26,74 @@ Rounding to the nearest point, rather than flooring into intervals, keeps a jitt
 (15.0 s, 15.2 s, 14.9 s) one sample per point; a step coarser than the sampling averages several
 samples per point. A grid point with no sample is a gap (NaN); nothing is interpolated.
 
-Gaps in the smoothers. At a gap the state is predicted and not updated: the level advances by the
-trend, trend and season stay. That is the state-space reading of "not observed"; it neither invents
-a value nor drops the time that passed.
+The models are one additive state-space model with optional damped trend and season; the
+recursion, k-step forecasts and gap rule are in :mod:`extender.core.smoothing`::
 
-The smoothers, in error-correction form (e_t = y_t - one-step forecast; alpha, beta, gamma in [0, 1];
-m = season length in steps)::
+    last          EWMA with alpha = 1 (nothing to fit)
+    ewma          level                         alpha
+    holt          level + damped trend          alpha, beta, phi
+    holt-winters  level + damped trend + season alpha, beta, phi, gamma   (m = season_s / s)
 
-    EWMA          f_t = l            l <- l + alpha e_t
-    Holt          f_t = l + b        l <- l + b + alpha e_t        b <- b + alpha beta e_t
-    Holt-Winters  f_t = l + b + s_i  (same l, b updates)           s_i <- s_i + gamma e_t,  i = t mod m
+Refit schedule and fit window. ``B = floor(t_end / refit_s) * refit_s`` (epoch seconds, so every
+replica agrees on it; a young history halves ``refit_s`` until there is something to fit,
+:func:`window`). The fit data D are the samples in ``(B - fit_window_s, B]``, resampled on a grid
+anchored at the last of them, so that D does not move while later samples arrive (a grid
+anchored at the newest sample would, whenever the step is coarser than the sampling). The
+forecast runs the fitted constants over ``Y``, the forecast grid from ``B - fit_window_s`` on;
+older history is not read at all. D is split: the first ``1 - holdout`` of it (the *training*
+part) fixes the constants (smoothing.fit: the least one-step squared error over a bounded grid);
+the rest is held out. Constants change only when B moves (once per ``refit_s``), never on every
+tick.
 
-These are algebraically the textbook component forms (e.g. Holt: l_t = alpha y_t + (1 - alpha)
-(l_{t-1} + b_{t-1}), b_t = beta (l_t - l_{t-1}) + (1 - beta) b_{t-1}); the tests check that against
-a plain-Python reference written in the component form. The fits are a Python loop over time steps
-on purpose: the recursion is sequential and a loop is the clearest statement of it; even a daily
-season at 15 s (two days = 11 520 steps) takes milliseconds.
+Fixed constants (``params.alpha``, ``beta``, ``gamma``, ``phi``) are used, over the whole history,
+when ``params.fit`` is off or the training part holds fewer than :data:`MIN_FIT_POINTS`
+observations; the returned :class:`Forecast` says which (``constants``, ``fitted``).
 
-Initial state. EWMA: l = first sample. Holt: l = second observed sample, b = slope between the first
-two observed samples (per step); one observation gives a flat forecast. Holt-Winters: from the first
-two seasons, with season means A1, A2::
+Holt-Winters needs ``params.min_seasons`` (default 2) full seasons, each of the first two at least
+half observed: in the training part to be fitted, else in the whole history with fixed constants.
+Before that it falls back to Holt, which follows a daily cycle as a slowly turning trend with some
+lag; ``method`` and ``note`` say so.
 
-    b0 = (A2 - A1) / m                                  trend per step
-    s_i = mean over j in {1, 2} of (y[(j-1)m + i] - A_j - b0 (i - (m-1)/2))   then centred to sum 0
-    l  = A1 - b0 (m-1)/2 - b0                           level one step before y[0]
-
-and the recursion then runs over the whole series (so the first two seasons' residuals are in
-sample and somewhat optimistic).
-
-Holt-Winters needs ``params.min_seasons`` (default 2) full seasons on the grid, each of the first two
-at least half observed. Before that it falls back to Holt, which follows a daily cycle as a slowly
-turning trend with some lag; the returned :class:`Forecast` says so in ``method`` and ``note``.
+``auto`` (model choice by out-of-sample error). Each of last value, EWMA, Holt and (when it can
+start) Holt-Winters is fitted on the training part and run on through the held-out part, giving
+its absolute k-step errors over the held-out origins, ``k = max(1, ceil(h))`` the horizon actually
+needed. These forecasts are out of sample twice over: the constants never saw the held-out data,
+and each forecast uses only data before its origin. Going from the simplest up, a candidate
+replaces the pick only when its errors are lower by more than :data:`AUTO_Z` standard errors of
+the paired difference (:func:`clearly_better`). Holt-Winters is a candidate only when the fit data
+shows a daily shape at all (:func:`has_season`). Without enough held-out errors
+(:func:`enough_errors`: at least :data:`MIN_ERRORS`, and :data:`MIN_WINDOWS` horizons' worth),
+``auto`` has no evidence and runs the last value, the baseline every model has to beat; the note
+says so.
 
 Projection at lead h = lead_s / s steps (fractional allowed)::
 
-    point = l                      (EWMA)
-          = l + h b                (Holt)
-          = l + h b + s(n-1+h)     (Holt-Winters; the season interpolated linearly between slots)
+    point = l + D_h b + s(n-1+h)      D_h = phi + ... + phi^h; the season interpolated between slots
 
 The forecast is *at* the end of the lead, not a maximum over it: capacity ordered now cannot serve
 demand earlier than the lead, and the decisions at later ticks cover later times.
 
-Upper quantile. From the empirical distribution of the one-step residuals, widened to the lead with
-the model's own variance growth::
+Upper quantile, from the model's own out-of-sample errors at the horizon used, relative to the
+forecast they missed::
 
-    q     = r_(ceil(level (N-1)))           r_(0) <= ... <= r_(N-1) the sorted one-step residuals
-    c_h   = sqrt(1 + sum_{j=1}^{k-1} psi_j^2),  k = max(1, ceil(h))
-    psi_j = alpha                                        (EWMA)
-          = alpha + j alpha beta                         (Holt)
-          = alpha + j alpha beta + gamma [j mod m = 0]   (Holt-Winters)
-    upper = point_raw + max(q, 0) c_h
+    r_{t,k} = (y[t+k] - f_{t,k}) / max(f_{t,k}, u)      every origin t after the training part (or
+                                                       after the initial state with fixed constants)
+                                                       whose target is observed; u = 0.1 x mean(y)
+    q       = r_(ceil(level (N-1)))                    sorted, numpy's method="higher"
+    upper   = point_raw + max(q, 0) max(point_raw, u)
 
-c_h is the ratio of the k-step to the one-step forecast standard deviation of the matching
-exponential-smoothing state-space model (Hyndman et al., *Forecasting with Exponential Smoothing*,
-2008, class 1). Using the empirical quantile rather than a normal z keeps the skew of bursty demand;
-scaling it by c_h is exact for normal errors and an approximation otherwise. The order statistic is
-taken rounding *up* (numpy's ``method="higher"``), so a short history answers with its largest
-error rather than an interpolation below it. No residuals (fewer than two observations for EWMA,
-three for Holt) gives upper = point: the forecast then cannot raise the decision above the point,
-and the scaler's reactive path still sees the observed load.
+The empirical quantile of k-step errors keeps the skew of bursty demand and needs no variance model,
+so its coverage is the asked level whatever the model's misfit. Relative, because demand's noise
+grows with its level (Poisson counts, bursts that multiply the rate): errors measured at night
+under-cover the afternoon peak in absolute terms (the benchmark showed 1-3 points less coverage).
+Without enough such errors (:func:`enough_errors`) it falls back to the one-step residuals widened
+by the model's variance growth (Hyndman et al., *Forecasting with Exponential Smoothing*, 2008, class 1)::
+
+    upper = point_raw + max(r_(ceil(level (N-1))), 0) c_h      c_h = sqrt(1 + sum_{j=1}^{k-1} psi_j^2)
+    psi_j = alpha + alpha beta D_j + gamma [j mod m = 0]
+
+and with no residual at all (one observation) upper = point: the forecast then cannot raise the
+decision above the point, and the scaler's reactive path still sees the observed load.
 
 Non-negativity. Demand is never negative, so ``point = max(point_raw, 0)`` and
 ``upper = max(point_raw + spread, 0)``; since spread >= 0, ``upper >= point`` always.
@@ -90,8 +105,11 @@ that demand is zero.
 
 from __future__ import annotations
 
+import hashlib
 import math
-from collections.abc import Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -100,29 +118,50 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
+from extender.core import smoothing
 from extender.core.errors import UnknownNameError
+from extender.core.smoothing import Constants, Run, Shape
 
 if TYPE_CHECKING:
     from extender.core.policy import Scaling
 
 F64 = NDArray[np.float64]
 
-Method = Literal["ewma", "holt", "holt-winters", "none"]
+Method = Literal["last", "ewma", "holt", "holt-winters", "none"]
 
 #: A stray timestamp far in the past must not make the grid (and memory) explode; older points are
 #: dropped. 100 000 points is a week at 6 s, about three weeks at 15 s.
 MAX_POINTS = 100_000
+#: Observations the training part needs before constants are fitted: fewer, and one burst decides
+#: alpha; the fixed constants are the safer guess.
+MIN_FIT_POINTS = 20
+#: Relative errors are taken over ``max(forecast, SCALE_FLOOR x mean demand)``: near zero demand a
+#: relative error means nothing (one request over a forecast of 0.01 is +10 000%).
+SCALE_FLOOR = 0.1
+#: k-step errors needed for an empirical quantile or a model choice: at the 95th percentile of 20
+#: errors the quantile is already the largest one.
+MIN_ERRORS = 20
+#: ... and at least this many horizons' worth of them: errors of origins less than k apart share
+#: most of their path, so 20 errors at a 30-step horizon are one event seen 20 times (a single step
+#: in the history would then be the "95th percentile").
+MIN_WINDOWS = 3
+
+
+def enough_errors(count: int, k: int) -> bool:
+    """``count >= max(MIN_ERRORS, MIN_WINDOWS k)``: enough k-step errors to be a distribution."""
+    return count >= max(MIN_ERRORS, MIN_WINDOWS * k)
 
 
 class ForecastParams(BaseModel):
-    """Smoothing constants, quantile level and grid of the forecasters (defaults: DESIGN.md section 6).
+    """Constants, fit schedule, quantile level and grid of the forecasters (defaults: DESIGN.md section 6).
 
-    ``alpha``: level smoothing (1 = follow the last sample). ``beta``: trend smoothing; small, because
-    a trend projected a startup time ahead (up to ~1000 s) amplifies noise. ``gamma``: seasonal
-    smoothing; each slot is revisited only once a season, so it can be larger than beta. ``level``:
-    the upper quantile (AHPA's template uses 95). ``step_s``: grid step in seconds (``None``: the
-    median sample spacing). ``season_s``: season length in seconds (a day). ``min_seasons``: full
-    seasons required before Holt-Winters is used.
+    ``alpha``, ``beta``, ``gamma``, ``phi``: the fixed constants, used when ``fit`` is off or the
+    history is too short to fit (level, trend, season smoothing; trend damping, 1 = none). ``fit``:
+    fit the constants to the history. ``refit_s``: the refit period; ``fit_window_s``: history the
+    fit reads; ``holdout``: the share of it held out to choose a model and calibrate the quantile.
+    ``level``: the upper quantile (AHPA's template uses 95). ``step_s``: grid step in seconds
+    (``None``: the median sample spacing). ``season_s``: season length in seconds (a day).
+    ``min_seasons``: full seasons required before Holt-Winters is used.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -130,6 +169,13 @@ class ForecastParams(BaseModel):
     alpha: float = Field(default=0.3, gt=0, le=1)
     beta: float = Field(default=0.05, ge=0, le=1)
     gamma: float = Field(default=0.2, ge=0, le=1)
+    phi: float = Field(default=1.0, gt=0, le=1)
+    fit: bool = True
+    refit_s: float = Field(default=3600.0, gt=0)
+    #: 66 h: two daily seasons for Holt-Winters' training part plus the fifth held out, inside the
+    #: history store's default three days with room for the refit period.
+    fit_window_s: float = Field(default=66 * 3600.0, gt=0)
+    holdout: float = Field(default=0.2, gt=0, lt=1)
     level: float = Field(default=0.95, gt=0.5, lt=1)
     step_s: float | None = Field(default=None, gt=0)
     season_s: float = Field(default=86_400.0, gt=0)
@@ -138,17 +184,23 @@ class ForecastParams(BaseModel):
     @classmethod
     def from_scaling(cls, scaling: Scaling) -> ForecastParams:
         """The parameters a policy's ``scaling`` section sets."""
-        return cls(alpha=scaling.alpha, beta=scaling.beta, gamma=scaling.gamma, level=scaling.quantile,
-                   step_s=scaling.step, season_s=scaling.season)
+        return cls(alpha=scaling.alpha, beta=scaling.beta, gamma=scaling.gamma, phi=scaling.phi,
+                   fit=scaling.fit, refit_s=scaling.refit, fit_window_s=scaling.fit_window,
+                   level=scaling.quantile, step_s=scaling.step, season_s=scaling.season)
+
+    def fixed(self) -> Constants:
+        return Constants(alpha=self.alpha, beta=self.beta, gamma=self.gamma, phi=self.phi)
 
 
 class Forecast(BaseModel):
     """Demand expected ``lead_s`` after the last sample, in the unit of the history.
 
     ``requested`` is the forecaster asked for, ``method`` the one that produced the numbers (they
-    differ on a fallback, and ``note`` says why). ``spread`` is ``max(q, 0) * c_h`` from the module
-    docstring; ``residuals`` how many one-step residuals ``q`` came from; ``observations`` how many
-    grid points held a sample.
+    differ on a fallback or an ``auto`` choice, and ``note`` says why). ``spread`` is
+    ``upper - point_raw`` from the module docstring; ``residuals`` how many errors the quantile came
+    from and ``errors_steps`` their horizon in grid steps (1 with the one-step fallback, 0 without
+    errors); ``observations`` how many grid points held a sample. ``constants`` are the smoothing
+    constants used, ``fitted`` whether they were fitted to this history.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -166,6 +218,9 @@ class Forecast(BaseModel):
     step_s: float
     spread: float
     t_end: float | None
+    errors_steps: int = 0
+    constants: dict[str, float] = {}
+    fitted: bool = False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -229,125 +284,7 @@ def resample(timestamps: ArrayLike, values: ArrayLike, step_s: float | None = No
 
 
 # ---------------------------------------------------------------------------------------------
-# The smoothers (state after the last grid point + one-step residuals)
-# ---------------------------------------------------------------------------------------------
-
-
-def _observed(y: F64) -> NDArray[np.intp]:
-    return np.flatnonzero(~np.isnan(y))
-
-
-def fit_ewma(y: F64, alpha: float) -> tuple[float, F64]:
-    """Simple exponential smoothing of a grid; returns ``(level, residuals)``.
-
-    ``l = first observation``; then per step ``e = y - l; l += alpha e`` (gaps: no change).
-    """
-    obs = _observed(y)
-    if obs.size == 0:
-        raise ValueError("no observations to fit")
-    level = float(y[obs[0]])
-    residuals: list[float] = []
-    for v in y[obs[0] + 1:].tolist():
-        if math.isnan(v):
-            continue
-        e = v - level
-        residuals.append(e)
-        level += alpha * e
-    return level, np.array(residuals, dtype=np.float64)
-
-
-def fit_holt(y: F64, alpha: float, beta: float) -> tuple[float, float, F64]:
-    """Holt's linear trend on a grid; returns ``(level, trend per step, residuals)``.
-
-    State at the second observation i1 (after the first, i0): ``l = y[i1]``,
-    ``b = (y[i1] - y[i0]) / (i1 - i0)``. Then per step ``f = l + b``; gap: ``l = f``; else
-    ``e = y - f; l = f + alpha e; b += alpha beta e``. One observation: ``l = y[i0], b = 0``.
-    """
-    obs = _observed(y)
-    if obs.size == 0:
-        raise ValueError("no observations to fit")
-    i0 = int(obs[0])
-    if obs.size == 1:
-        return float(y[i0]), 0.0, np.empty(0)
-    i1 = int(obs[1])
-    level = float(y[i1])
-    trend = (level - float(y[i0])) / (i1 - i0)
-    residuals: list[float] = []
-    for v in y[i1 + 1:].tolist():
-        f = level + trend
-        if math.isnan(v):
-            level = f
-            continue
-        e = v - f
-        residuals.append(e)
-        level = f + alpha * e
-        trend += alpha * beta * e
-    return level, trend, np.array(residuals, dtype=np.float64)
-
-
-def _nanmean(a: F64, axis: int | None = None) -> F64:
-    """Mean over non-NaN entries; NaN where there are none (without numpy's empty-slice warning)."""
-    mask = ~np.isnan(a)
-    counts = mask.sum(axis=axis)
-    sums = np.where(mask, a, 0.0).sum(axis=axis)
-    return np.asarray(np.where(counts > 0, sums / np.maximum(counts, 1), np.nan), dtype=np.float64)
-
-
-def holt_winters_ready(y: F64, m: int, min_seasons: int = 2) -> str:
-    """Why Holt-Winters cannot run on this grid yet, or ``""`` when it can.
-
-    Needs ``m >= 2``, ``len(y) >= min_seasons * m`` and the first two seasons each at least half
-    observed (their means and slot deviations are the initial state).
-    """
-    if m < 2:
-        return f"a season of {m} step(s) is too short to estimate"
-    need = min_seasons * m
-    if len(y) < need:
-        return f"{len(y)} of {need} steps ({min_seasons} seasons of {m}) of history"
-    for j in (0, 1):
-        seen = int(np.count_nonzero(~np.isnan(y[j * m:(j + 1) * m])))
-        if 2 * seen < m:
-            return f"season {j + 1} is only {seen} of {m} steps observed"
-    return ""
-
-
-def fit_holt_winters(y: F64, m: int, alpha: float, beta: float,
-                     gamma: float) -> tuple[float, float, F64, F64]:
-    """Additive Holt-Winters on a grid; returns ``(level, trend, season by slot, residuals)``.
-
-    ``season[i]`` is the seasonal term of grid points ``t`` with ``t mod m == i``. The initial state
-    (module docstring) comes from the first two seasons; the caller checks
-    :func:`holt_winters_ready` first. Per step, slot ``i = t mod m``: ``f = l + b + s_i``; gap:
-    ``l += b``; else ``e = y - f; l += b + alpha e; b += alpha beta e; s_i += gamma e``.
-    """
-    if len(y) < 2 * m:
-        raise ValueError(f"Holt-Winters needs two seasons ({2 * m} steps), got {len(y)}")
-    first_two = y[:2 * m].reshape(2, m)
-    a = _nanmean(first_two, axis=1)  # A1, A2
-    b0 = float(a[1] - a[0]) / m
-    centre = np.arange(m) - (m - 1) / 2.0
-    deviations = first_two - (a[:, None] + b0 * centre[None, :])
-    season = np.nan_to_num(_nanmean(deviations, axis=0), nan=0.0)  # a slot unseen in both: no offset
-    season = season - season.mean()
-    level = float(a[0]) - b0 * (m - 1) / 2.0 - b0
-    trend = b0
-    s = season.tolist()
-    residuals: list[float] = []
-    for t, v in enumerate(y.tolist()):
-        i = t % m
-        if math.isnan(v):
-            level += trend
-            continue
-        e = v - (level + trend + s[i])
-        residuals.append(e)
-        level += trend + alpha * e
-        trend += alpha * beta * e
-        s[i] += gamma * e
-    return level, trend, np.array(s, dtype=np.float64), np.array(residuals, dtype=np.float64)
-
-
-# ---------------------------------------------------------------------------------------------
-# From a fitted state to a Forecast
+# Quantiles
 # ---------------------------------------------------------------------------------------------
 
 
@@ -358,72 +295,327 @@ def residual_quantile(residuals: F64, level: float) -> float:
     return float(np.quantile(residuals, level, method="higher"))
 
 
-def spread_factor(h_steps: float, alpha: float, beta: float = 0.0, gamma: float = 0.0, m: int = 0) -> float:
+def spread_factor(h_steps: float, alpha: float, beta: float = 0.0, gamma: float = 0.0, m: int = 0, *,
+                  phi: float = 1.0) -> float:
     """``c_h = sqrt(1 + sum_{j=1}^{k-1} psi_j^2)``, ``k = max(1, ceil(h))``, ``psi_j`` per the docstring.
 
     ``beta=0`` gives EWMA's psi, ``gamma=0`` (or ``m=0``) Holt's.
     """
-    k = max(1, math.ceil(h_steps - 1e-9))  # 1e-9: a lead of exactly 4 steps computed as 4.0000000001
+    k = horizon_steps(h_steps)
     j = np.arange(1, k, dtype=np.float64)
-    psi = alpha + j * alpha * beta
+    damped = j if phi == 1.0 else phi * (1.0 - phi ** j) / (1.0 - phi)
+    psi = alpha + alpha * beta * damped
     if m > 0 and gamma > 0:
         psi = psi + gamma * (np.mod(j, m) == 0)
     return math.sqrt(1.0 + float(np.sum(psi * psi)))
 
 
-def _finish(point_raw: float, q: float, c_h: float, n_res: int, *, series: Series, horizon_s: float,
-            lead_s: float, requested: str, method: Method, note: str, params: ForecastParams) -> Forecast:
-    spread = max(q, 0.0) * c_h
+def horizon_steps(h_steps: float) -> int:
+    """``k = max(1, ceil(h))``: the whole steps whose errors stand for a lead of ``h`` steps."""
+    return max(1, math.ceil(h_steps - 1e-9))  # 1e-9: a lead of exactly 4 steps computed as 4.0000000001
+
+
+# ---------------------------------------------------------------------------------------------
+# Window, fit and the process cache of fits
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Window:
+    """What the fitted forecasters read.
+
+    ``fit``: the fit data D, the samples in ``(B - fit_window_s, B]`` on their own grid (anchored at
+    the last of them, so it does not move with later samples); its first ``split`` points are the
+    training part. ``y``: the forecast grid from the fit window's start on; origins from
+    ``held_from`` on lie after the training part (their forecasts are out of sample).
+    """
+
+    fit: F64
+    split: int
+    y: F64
+    held_from: int
+
+
+def window(t: F64, v: F64, series: Series, params: ForecastParams) -> Window | None:
+    """D, its split and Y (module docstring); ``None`` when there is nothing to fit.
+
+    A young history (less than one refit period behind the boundary) would go unfitted for up to
+    ``refit_s``; so the period is halved until the training part holds :data:`MIN_FIT_POINTS`
+    observations, down to two grid steps. The boundaries of every halved period are epoch multiples
+    too, so the choice is still a function of the history alone.
+    """
+    s, t_end = series.step_s, series.t_end
+    if not params.fit or s <= 0 or t_end is None:
+        return None
+    period = params.refit_s
+    while period >= 2 * s:
+        boundary = math.floor(t_end / period) * period
+        start = boundary - params.fit_window_s
+        inside = (t <= boundary) & (t > start)
+        d = resample(t[inside], v[inside], s)
+        split = len(d) - math.ceil(len(d) * params.holdout)
+        if d.t_end is not None and int(np.count_nonzero(~np.isnan(d.values[:split]))) >= MIN_FIT_POINTS:
+            n = len(series)
+            # grid point i of the forecast grid is at t_end - (n-1-i) s
+            first = max(0, n - 1 - math.floor((t_end - start) / s - 1e-9))
+            split_t = d.t_end - (len(d) - 1 - split) * s
+            held = n - 1 - math.floor((t_end - split_t) / s + 0.5)
+            return Window(d.values, split, series.values[first:], max(0, held - first))
+        period /= 2
+    return None
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """One model fitted on D's training part and run over D; forecasts from ``first`` on are out of sample."""
+
+    run: Run
+    first: int
+
+
+_CACHE: OrderedDict[tuple[object, ...], object] = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+#: Fits kept per process: a few models of a few workloads over a couple of refit periods.
+CACHE_SIZE = 64
+
+
+def _cached(key: tuple[object, ...], make: Callable[[], object]) -> object:
+    """The value for ``key``, made (outside the lock: two threads may both make it, identically) when absent."""
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    value = make()
+    with _CACHE_LOCK:
+        _CACHE[key] = value
+        while len(_CACHE) > CACHE_SIZE:
+            _CACHE.popitem(last=False)
+    return value
+
+
+def _digest(y: F64) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(y).tobytes(), digest_size=16).digest()
+
+
+def _fit_key(w: Window, params: ForecastParams) -> tuple[object, ...]:
+    return (_digest(w.fit), len(w.fit), w.split, params.model_dump_json(exclude={"level"}))
+
+
+def _shape(name: str, m: int) -> Shape:
+    return {"last": Shape(trend=False), "ewma": Shape(trend=False), "holt": Shape(trend=True),
+            "holt-winters": Shape(trend=True, m=m)}[name]
+
+
+#: The fixed constants each model runs with when it is not fitted (unused ones stay 0, phi 1).
+_FIXED: Mapping[str, Callable[[ForecastParams], Constants]] = MappingProxyType({
+    "last": lambda p: Constants(alpha=1.0),
+    "ewma": lambda p: Constants(alpha=p.alpha),
+    "holt": lambda p: Constants(alpha=p.alpha, beta=p.beta, phi=p.phi),
+    "holt-winters": ForecastParams.fixed,
+})
+#: The ``method`` a model's forecasts report.
+_METHOD: Mapping[str, Method] = MappingProxyType({
+    "last": "last", "ewma": "ewma", "holt": "holt", "holt-winters": "holt-winters"})
+
+
+def _fixed(name: str, params: ForecastParams) -> Constants:
+    return _FIXED[name](params)
+
+
+def _can_fit(w: Window | None, name: str, shape: Shape, params: ForecastParams) -> bool:
+    """Whether model ``name`` (of ``shape``) can be fitted on D's training part and run over Y."""
+    if w is None:
+        return False
+    if name != "holt-winters":
+        return True
+    return not (smoothing.seasonal_ready(w.fit[:w.split], shape.m, params.min_seasons)
+                or smoothing.seasonal_ready(w.y, shape.m, params.min_seasons))
+
+
+def _fitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Fitted:
+    """``name`` fitted on the training part of D and run over D (cached by D's content)."""
+    def make() -> Fitted:
+        c = Constants(alpha=1.0) if name == "last" else smoothing.fit(w.fit[:w.split], shape, _fixed(name, params))
+        return Fitted(smoothing.run(w.fit, shape, c), w.split)
+    got = _cached(("fit", name, shape, *_fit_key(w, params)), make)
+    assert isinstance(got, Fitted)
+    return got
+
+
+def _fitted_forecast(name: str, ctx: Context, w: Window, note: str) -> Forecast:
+    """The fitted constants run over Y, the quantile from the errors after the training part."""
+    shape = _shape(name, ctx.m)
+    c = _fitted(name, shape, w, ctx.params).run.constants
+    return _finish(ctx, name, smoothing.run(w.y, shape, c), w.held_from, note)
+
+
+# ---------------------------------------------------------------------------------------------
+# From a run to a Forecast
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every forecaster is called with: the grid, the lead, the parameters and the names."""
+
+    series: Series
+    horizon_s: float
+    lead_s: float
+    params: ForecastParams
+    requested: str
+    window: Window | None
+
+    @property
+    def h(self) -> float:
+        return self.lead_s / self.series.step_s if self.series.step_s > 0 else 0.0
+
+    @property
+    def m(self) -> int:
+        return round(self.params.season_s / self.series.step_s) if self.series.step_s > 0 else 0
+
+
+def _finish(ctx: Context, name: str, r: Run, first: int, note: str) -> Forecast:
+    """Point and upper quantile from a run over the whole window (module docstring)."""
+    h = ctx.h
+    k = horizon_steps(h)
+    raw = smoothing.point_at(r, h)
+    floor = max(SCALE_FLOOR * float(np.mean(r.y[~np.isnan(r.y)])), 1e-12)
+    errs = smoothing.relative_errors_at(r, k, first, floor)
+    if enough_errors(errs.size, k):
+        q = max(residual_quantile(errs, ctx.params.level), 0.0)
+        spread, n_err, steps = q * max(raw, floor), errs.size, k
+    else:
+        res = smoothing.errors_at(r, 1, r.t0)
+        c = r.constants
+        c_h = spread_factor(h, c.alpha, c.beta, c.gamma, r.shape.m, phi=c.phi)
+        spread, n_err, steps = max(residual_quantile(res, ctx.params.level), 0.0) * c_h, res.size, 1 if res.size else 0
+    method = _METHOD[name]
+    if ctx.series.observations == 1 and method == "holt":
+        note = (note + "; " if note else "") + "one observation: flat forecast"
+    s = ctx.series
     return Forecast(
-        point=max(point_raw, 0.0), upper=max(point_raw + spread, 0.0), level=params.level,
-        horizon_s=horizon_s, lead_s=lead_s, requested=requested, method=method, note=note,
-        observations=series.observations, residuals=n_res, step_s=series.step_s, spread=spread,
-        t_end=series.t_end,
+        point=max(raw, 0.0), upper=max(raw + spread, 0.0), level=ctx.params.level, horizon_s=ctx.horizon_s,
+        lead_s=ctx.lead_s, requested=ctx.requested, method=method, note=note, observations=s.observations,
+        residuals=n_err, step_s=s.step_s, spread=spread, t_end=s.t_end, errors_steps=steps,
+        constants=r.constants.as_dict(), fitted=r.constants.fitted,
     )
 
 
-def _lead_steps(series: Series, lead_s: float) -> float:
-    return lead_s / series.step_s if series.step_s > 0 else 0.0
+def _model(name: str, ctx: Context, *, note: str = "") -> Forecast:
+    """One model: fitted on D when its training part is long enough, else fixed constants over the
+    whole grid; Holt-Winters without its seasons falls back to Holt."""
+    p = ctx.params
+    shape = _shape(name, ctx.m)
+    if ctx.window is not None and _can_fit(ctx.window, name, shape, p):
+        return _fitted_forecast(name, ctx, ctx.window, note)
+    if name == "holt-winters":  # (not shape.seasonal: a grid without a step has no season at all)
+        why = smoothing.seasonal_ready(ctx.series.values, shape.m, p.min_seasons)
+        if why:
+            return _model("holt", ctx, note=_join(note, f"fell back to holt: {why}"))
+    r = smoothing.run(ctx.series.values, shape, _fixed(name, p))
+    return _finish(ctx, name, r, r.t0, note)
 
 
-def _ewma(series: Series, horizon_s: float, lead_s: float, params: ForecastParams,
-          requested: str, *, note: str = "") -> Forecast:
-    level, res = fit_ewma(series.values, params.alpha)
-    c_h = spread_factor(_lead_steps(series, lead_s), params.alpha)
-    return _finish(level, residual_quantile(res, params.level), c_h, res.size, series=series,
-                   horizon_s=horizon_s, lead_s=lead_s, requested=requested, method="ewma", note=note,
-                   params=params)
+#: The models ``auto`` chooses among, simplest first (ties go to the simpler).
+AUTO_CANDIDATES = ("last", "ewma", "holt", "holt-winters")
+#: How many standard errors a candidate's mean held-out error must be below the current pick's to
+#: replace it (:func:`clearly_better`): about a one-sided 97.5% test.
+AUTO_Z = 2.0
 
 
-def _holt(series: Series, horizon_s: float, lead_s: float, params: ForecastParams,
-          requested: str, *, note: str = "") -> Forecast:
-    level, trend, res = fit_holt(series.values, params.alpha, params.beta)
-    h = _lead_steps(series, lead_s)
-    if series.observations == 1:
-        note = (note + "; " if note else "") + "one observation: flat forecast"
-    c_h = spread_factor(h, params.alpha, params.beta)
-    return _finish(level + h * trend, residual_quantile(res, params.level), c_h, res.size, series=series,
-                   horizon_s=horizon_s, lead_s=lead_s, requested=requested, method="holt", note=note,
-                   params=params)
+@dataclass(frozen=True)
+class Choice:
+    """``auto``'s pick at one horizon: the model and every candidate's mean absolute held-out error."""
+
+    name: str
+    scores: tuple[tuple[str, float], ...]
+    errors: int
 
 
-def _holt_winters(series: Series, horizon_s: float, lead_s: float, params: ForecastParams,
-                  requested: str) -> Forecast:
-    m = round(params.season_s / series.step_s) if series.step_s > 0 else 0
-    why = holt_winters_ready(series.values, m, params.min_seasons)
-    if why:
-        return _holt(series, horizon_s, lead_s, params, requested, note=f"fell back to holt: {why}")
-    level, trend, season, res = fit_holt_winters(series.values, m, params.alpha, params.beta, params.gamma)
-    h = _lead_steps(series, lead_s)
-    # the season at fractional position n-1+h, interpolated between its two neighbouring slots
-    pos = len(series) - 1 + h
-    lo = math.floor(pos)
-    frac = pos - lo
-    seasonal = (1 - frac) * float(season[lo % m]) + frac * float(season[(lo + 1) % m])
-    c_h = spread_factor(h, params.alpha, params.beta, params.gamma, m)
-    return _finish(level + h * trend + seasonal, residual_quantile(res, params.level), c_h, res.size,
-                   series=series, horizon_s=horizon_s, lead_s=lead_s, requested=requested,
-                   method="holt-winters", note="", params=params)
+def has_season(y: F64, m: int) -> bool:
+    """Whether ``y`` has a daily shape at all: a quarter season ahead, yesterday's value at that time
+    (seasonal naive) is a better guess than the value a quarter season ago (last value)::
+
+        mean |y[t] - y[t-m]|  <  mean |y[t] - y[t-m/4]|      over t >= m with all three observed
+
+    On a random walk the left side is twice the right (its errors grow as sqrt(lag)); on a daily
+    cycle the right side is the cycle's own swing. Without this gate a season fitted to a couple of
+    days of a random walk can win a short held-out stretch by chance.
+    """
+    g = max(1, m // 4)
+    if m < 2 or len(y) <= m:
+        return False
+    now, day, quarter = y[m:], y[:-m], y[m - g:-g]
+    ok = ~(np.isnan(now) | np.isnan(day) | np.isnan(quarter))
+    if not ok.any():
+        return False
+    return float(np.mean(np.abs(now[ok] - day[ok]))) < float(np.mean(np.abs(now[ok] - quarter[ok])))
+
+
+def choose(w: Window, ctx: Context, k: int) -> Choice | None:
+    """The model ``auto`` runs at horizon k (``None``: too few held-out errors to tell).
+
+    Candidates in order of complexity; a candidate replaces the current pick only when its k-step
+    absolute errors are *clearly* lower on the same held-out origins (:func:`clearly_better`).
+    Holt-Winters is a candidate only when the fit data has a daily shape (:func:`has_season`).
+    """
+    scores: list[tuple[str, float]] = []
+    pick: tuple[str, F64] | None = None
+    count = 0
+    for name in AUTO_CANDIDATES:
+        shape = _shape(name, ctx.m)
+        if not _can_fit(w, name, shape, ctx.params):
+            continue
+        if shape.seasonal and not has_season(w.fit, shape.m):
+            continue
+        f = _fitted(name, shape, w, ctx.params)
+        e = np.abs(smoothing.errors_at(f.run, k, f.first))
+        if not enough_errors(e.size, k):
+            return None
+        count = e.size
+        scores.append((name, float(np.mean(e))))
+        if pick is None or (e.size == pick[1].size and clearly_better(e, pick[1], k)):
+            pick = (name, e)
+    if pick is None:
+        return None
+    return Choice(pick[0], tuple(scores), count)
+
+
+def clearly_better(new: F64, old: F64, k: int) -> bool:
+    """Whether absolute errors ``new`` beat ``old`` (same origins) by more than chance::
+
+        d_i = old_i - new_i,   mean(d) > AUTO_Z * sd(d) / sqrt(N / k)
+
+    N / k: errors of origins less than k apart share most of their path, so N errors at horizon k
+    hold about N / k independent ones. On most series the smoothers' held-out errors differ by a
+    few percent, driven by a burst or two inside the held-out stretch; choosing on that would add
+    the choice's own noise to every forecast (a smoother picked in a calm stretch lags the next
+    burst by its whole time constant).
+    """
+    d = old - new
+    n_eff = max(1.0, d.size / k)
+    return float(np.mean(d)) > AUTO_Z * float(np.std(d)) / math.sqrt(n_eff)
+
+
+def _auto(ctx: Context) -> Forecast:
+    p = ctx.params
+    if not p.fit:
+        return _model("last", ctx, note="auto: fit is off, so no held-out errors to choose by: the last value")
+    w = ctx.window
+    k = horizon_steps(ctx.h)
+    got = _cached(("choice", k, ctx.m, *_fit_key(w, p)), lambda: choose(w, ctx, k) or "none") if w else None
+    if not isinstance(got, Choice):
+        held = 0 if w is None else len(w.fit) - w.split
+        return _model("last", ctx, note=f"auto: too little history before the refit boundary to compare models "
+                                        f"({held} held-out steps at a horizon of {k}): the last value")
+    table = ", ".join(f"{n} {v:.4g}" for n, v in got.scores)
+    note = f"auto chose {got.name} by mean abs error at {k} step(s) over {got.errors} held-out origins: {table}"
+    assert w is not None
+    return _fitted_forecast(got.name, ctx, w, note)
+
+
+def _join(a: str, b: str) -> str:
+    return f"{a}; {b}" if a else b
 
 
 # ---------------------------------------------------------------------------------------------
@@ -432,21 +624,28 @@ def _holt_winters(series: Series, horizon_s: float, lead_s: float, params: Forec
 
 
 class Forecaster(Protocol):
-    """Forecast a resampled series (at least one observation) ``lead_s`` seconds past its last point.
+    """Forecast a resampled series (at least one observation) ``ctx.lead_s`` seconds past its last point.
 
-    ``horizon_s`` is only recorded (the lead already includes any staleness); ``requested`` is the
-    name it was called by, recorded next to the method that actually ran.
+    ``ctx.horizon_s`` is only recorded (the lead already includes any staleness); ``ctx.requested``
+    is the name it was called by, recorded next to the method that actually ran.
     """
 
-    def __call__(self, series: Series, horizon_s: float, lead_s: float, params: ForecastParams,
-                 requested: str) -> Forecast: ...
+    def __call__(self, ctx: Context) -> Forecast: ...
+
+
+def _named(name: str) -> Forecaster:
+    def one(ctx: Context) -> Forecast:
+        return _model(name, ctx)
+    return one
 
 
 #: Name (as in the policy's ``scaling.forecaster``) -> implementation.
 FORECASTERS: Mapping[str, Forecaster] = MappingProxyType({
-    "ewma": _ewma,
-    "holt": _holt,
-    "holt-winters": _holt_winters,
+    "auto": _auto,
+    "last": _named("last"),
+    "ewma": _named("ewma"),
+    "holt": _named("holt"),
+    "holt-winters": _named("holt-winters"),
 })
 
 
@@ -477,4 +676,7 @@ def forecast(name: str, timestamps: ArrayLike, values: ArrayLike, horizon_s: flo
                         requested=name, method="none", note="no observations", observations=0,
                         residuals=0, step_s=series.step_s, spread=0.0, t_end=None)
     stale = max(0.0, now_s - series.t_end) if now_s is not None else 0.0
-    return fn(series, horizon_s, horizon_s + stale, p, name)
+    t = np.asarray(timestamps, dtype=np.float64).ravel()
+    v = np.asarray(values, dtype=np.float64).ravel()
+    ok = np.isfinite(t) & np.isfinite(v)
+    return fn(Context(series, horizon_s, horizon_s + stale, p, name, window(t[ok], v[ok], series, p)))

@@ -392,14 +392,22 @@ class Scaling(Schema):
 
     tick: Annotated[Duration, Field(gt=0)] = defaults.TICK_S
     hpa_sync_delay: Duration = defaults.TICK_S
-    forecaster: Literal["ewma", "holt", "holt-winters"] = "holt"
+    #: ``auto`` chooses among the others per workload by held-out error at the horizon needed.
+    forecaster: Literal["auto", "last", "ewma", "holt", "holt-winters"] = "auto"
     scale_down_stabilisation: Duration = 300.0
     #: Upper quantile of forecast demand that capacity is sized for (AHPA's template: 95).
     quantile: float = Field(default=0.95, gt=0.5, lt=1)
-    #: Smoothing of level, trend and daily season; see extender.core.forecast.ForecastParams.
+    #: Fit the smoothing constants to each workload's history, once per ``refit``, from the last
+    #: ``fitWindow`` of it; see extender.core.forecast.ForecastParams.
+    fit: bool = True
+    refit: Annotated[Duration, Field(gt=0)] = 3600.0
+    fit_window: Annotated[Duration, Field(gt=0)] = 66 * 3600.0
+    #: Fixed smoothing of level, trend and daily season, and trend damping (1: none): used when
+    #: ``fit`` is off or the history is too short to fit.
     alpha: float = Field(default=0.3, gt=0, le=1)
     beta: float = Field(default=0.05, ge=0, le=1)
     gamma: float = Field(default=0.2, ge=0, le=1)
+    phi: float = Field(default=1.0, gt=0, le=1)
     #: Season of Holt-Winters (a day) and the forecast grid step (unset: the history's own spacing).
     season: Annotated[Duration, Field(gt=0)] = 86_400.0
     step: Annotated[Duration, Field(gt=0)] | None = None

@@ -189,6 +189,9 @@ class Decision(_Model):
             fell = f" ({f.note})" if f.note else ""
             lines.append(f"  forecast: {f.method}{fell}: point {f.point:g}, p{100 * f.level:g} {f.upper:g} "
                          f"{i.unit} at +{f.lead_s:g}s")
+            if f.constants:
+                consts = ", ".join(f"{k} {v:g}" for k, v in f.constants.items())
+                lines.append(f"  constants ({'fitted' if f.fitted else 'fixed'}): {consts}")
         lines += [f"  - {r}" for r in self.reasons]
         return "\n".join(lines)
 

@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 from extender.core.estimate import estimate
 from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.inventory import weights_key
-from extender.core.policy import Policy, Profile
+from extender.core.policy import Policy, Profile, Scaling
 from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
 from extender.core.scoring import NodeInputs, Scale, evaluate, scale_for
 from extender.core.warming import Expectation, plan
@@ -58,9 +58,22 @@ I64 = NDArray[np.int64]
 
 #: Fluid demand is split into this many bins per tick (their arrivals join the queue spread out).
 BINS_PER_TICK = 3
-#: History the predictive scaler forecasts from: two daily seasons (Holt-Winters' minimum) plus a
-#: margin, or six hours for the forecasters without a season (their state forgets faster than that).
+#: History the predictive scaler forecasts from with fixed constants and no season: their state
+#: forgets faster than six hours.
 SHORT_HISTORY_S = 6 * 3600.0
+
+
+def history_span(scaling: Scaling, tick_s: float) -> float:
+    """Seconds of history each forecast reads, as the scaler's history store would hold it.
+
+    Fitted constants: the fit window before the last refit boundary plus the refit period (the fit
+    data then stays the same between boundaries, so the fit is made once per period). Fixed ones:
+    two daily seasons for Holt-Winters (its minimum), six hours for the others.
+    """
+    margin = 4 * (scaling.step or tick_s)
+    if scaling.fit:
+        return scaling.fit_window + scaling.refit + margin
+    return 2 * scaling.season + margin if scaling.forecaster == "holt-winters" else SHORT_HISTORY_S
 #: The warmer's look-ahead forecast is refreshed every this many ticks (a minute at 15 s): its
 #: horizon is a whole cold start, so a minute-old forecast changes nothing it plans, and it halves
 #: the forecasting work of a run.
@@ -281,8 +294,7 @@ class Run:
         self.weight = prepared.scenario.scheduler.extender_weight
         scaling = self.policy.scaling
         self.params = ForecastParams.from_scaling(scaling)
-        self.history_s = (2 * scaling.season + 4 * (scaling.step or self.dt) if scaling.forecaster == "holt-winters"
-                          else SHORT_HISTORY_S)
+        self.history_s = history_span(scaling, self.dt)
         n = prepared.n_ticks
         self.w: list[_WorkloadState] = []
         for s in prepared.workloads:

@@ -1,0 +1,253 @@
+"""Forecast accuracy: rolling-origin error per horizon and upper-quantile coverage, every forecaster
+against the naive baselines (and statsmodels' damped additive ETS when it is installed).
+
+Protocol (issue 17's, on whatever series are at hand): each series is a rate on a regular grid of
+``step`` seconds. Origins every ``--every`` over the last ``--test`` of the series (at most 40% of
+it); at each origin every forecaster sees at most ``--history`` of the series up to the origin and
+forecasts 1, 2 and 3 steps ahead with the project's default parameters (the grid step set to the
+series' own). Reported per horizon:
+
+* **error**: mean absolute error as a share of the mean rate over the test span (``MAE / mean``);
+* **ratio**: that error over the last value's, computed in the same run (below 1: better than naive);
+* **coverage**: the share of outcomes at or below the upper quantile (asked: 95%).
+
+Baselines: **last value** ``y[t]``; **seasonal naive** ``y[t+k-m]`` (m = a day of steps; shown only
+when the series is longer than a day); **ets** (optional): ``statsmodels`` ETS(A,Ad,N) fitted by
+maximum likelihood at every origin on the same history, the reference issue 17 used. statsmodels
+is not a dependency of the project; install it in the venv to get the column.
+
+Series: the two synthetic workloads of ``scenarios/mixed-fleet.yaml`` (its own generator and seed,
+Poisson arrivals, binned to the step); the bundled request trace
+``scenarios/traces/azure-code-slice.csv`` (3.5 minutes: binned at 5 s); three synthetic series of
+14 days at 600 s with known structure, generated with a fixed seed (a daily season, a random walk,
+a spiky single tenant); and every trace given on the command line (rate or request CSV, any format
+``extender simulate`` reads), binned at ``--trace-step``.
+
+Run (from the repository root)::
+
+    .venv/bin/python bench/bench_forecast.py
+    .venv/bin/python bench/bench_forecast.py --trace my-rates.csv --trace-step 600 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from extender.core.forecast import FORECASTERS, ForecastParams, forecast  # noqa: E402
+from extender.sim.scenario import TraceSpec, load_scenario  # noqa: E402
+from extender.sim.synthetic import synthetic_arrivals  # noqa: E402
+from extender.sim.traces import arrivals_from, read_trace  # noqa: E402
+
+F64 = NDArray[np.float64]
+DAY = 86_400.0
+HORIZONS = (1, 2, 3)
+NAMES = ("auto", *sorted(n for n in FORECASTERS if n != "auto"))
+
+
+@dataclass(frozen=True)
+class Series:
+    name: str
+    y: F64
+    step: float
+    source: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Series
+# ---------------------------------------------------------------------------------------------
+
+
+def binned(times: F64, weights: F64, step: float, span: float) -> F64:
+    """Requests per second in bins of ``step`` from 0 to ``span``."""
+    n = max(1, math.ceil(span / step - 1e-9))
+    idx = np.minimum((times / step).astype(np.int64), n - 1)
+    return np.bincount(idx, weights=weights, minlength=n).astype(np.float64) / step
+
+
+def scenario_series(path: Path, step: float) -> list[Series]:
+    loaded = load_scenario(path)
+    out = []
+    for i, w in enumerate(loaded.scenario.workloads):
+        spec = w.demand.synthetic
+        if spec is None:
+            continue
+        rng = np.random.default_rng(loaded.scenario.seed * 1000 + i)
+        a = synthetic_arrivals(spec, rng, bin_s=15.0)
+        out.append(Series(f"{loaded.scenario.metadata.name}/{w.name}", binned(a.times, a.weights, step, a.span_s),
+                          step, f"`{path.relative_to(ROOT)}`, its synthetic generator (seed {loaded.scenario.seed})"))
+    return out
+
+
+def trace_series(path: Path, step: float, label: str | None = None) -> Series:
+    trace = read_trace(path, TraceSpec(path=str(path)))
+    a = arrivals_from(trace, bin_s=min(step, 1.0))
+    span = max(a.span_s, float(a.times[-1]) + a.bin_s) if len(a) else step
+    return Series(label or path.name, binned(a.times, a.weights, step, span), step, f"`{label or path}`")
+
+
+def synthetic_series(seed: int = 17) -> list[Series]:
+    """Three 14-day series at 600 s with known structure (fixed seed)."""
+    rng = np.random.default_rng(seed)
+    step = 600.0
+    n = int(14 * DAY / step)
+    t = np.arange(n) * step
+    daily = 100 * (1 + 0.5 * np.cos(2 * np.pi * (t - 14 * 3600) / DAY)) * np.exp(0.08 * rng.standard_normal(n))
+    walk = 100 * np.exp(np.cumsum(0.04 * rng.standard_normal(n)))
+    base = 5 + 2 * np.cos(2 * np.pi * t / DAY)
+    spikes = np.zeros(n)
+    for s in rng.choice(n, size=40, replace=False):
+        spikes[s:s + rng.integers(1, 4)] += rng.uniform(10, 40)
+    spiky = rng.poisson((base + spikes) * step).astype(np.float64) / step
+    src = f"synthetic, seed {seed}"
+    return [Series("synthetic/daily-season", daily, step, f"{src}: daily cosine (amplitude 0.5), 8% log-normal noise"),
+            Series("synthetic/random-walk", walk, step, f"{src}: geometric random walk, 4% per step"),
+            Series("synthetic/spiky-tenant", spiky, step, f"{src}: 5 req/s with a weak daily cycle, 40 spikes of "
+                   "10-40 req/s lasting 1-3 steps, Poisson counts")]
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+# ---------------------------------------------------------------------------------------------
+
+
+def ets_forecast(y: F64, k: int) -> F64 | None:
+    """statsmodels ETS(A,Ad,N) forecasts 1..k steps ahead, or None when statsmodels is absent or fails."""
+    try:
+        from statsmodels.tsa.exponential_smoothing.ets import ETSModel  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    except ImportError:
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = ETSModel(np.asarray(y, dtype=np.float64), error="add", trend="add", damped_trend=True).fit(disp=False)
+            return np.asarray(res.forecast(k), dtype=np.float64)
+    except Exception:  # a failed reference fit is reported as missing, not fatal
+        return None
+
+
+def evaluate(s: Series, *, every_s: float, test_s: float, history_s: float, level: float,
+             with_ets: bool) -> dict[str, Any]:
+    y, step = s.y, s.step
+    n = len(y)
+    t = np.arange(n) * step
+    m = round(DAY / step)
+    test_n = min(int(test_s / step), int(0.4 * n))
+    every = max(1, round(every_s / step))
+    hist_n = max(2, int(history_s / step))
+    kmax = max(HORIZONS)
+    origins = list(range(n - test_n - 1, n - kmax, every))
+    params = ForecastParams(step_s=step, level=level)
+    err: dict[str, dict[int, list[float]]] = {}
+    hit: dict[str, dict[int, list[bool]]] = {}
+    chosen: dict[str, int] = {}
+
+    def add(name: str, k: int, f: float, upper: float | None, actual: float) -> None:
+        err.setdefault(name, {}).setdefault(k, []).append(abs(actual - f))
+        if upper is not None:
+            hit.setdefault(name, {}).setdefault(k, []).append(actual <= upper)
+
+    t0 = time.perf_counter()
+    for o in origins:
+        lo = max(0, o + 1 - hist_n)
+        th, yh = t[lo:o + 1], y[lo:o + 1]
+        for name in NAMES:
+            for k in HORIZONS:
+                f = forecast(name, th, yh, k * step, params)
+                add(name, k, f.point, f.upper, y[o + k])
+                if name == "auto" and k == 1:
+                    chosen[f.method] = chosen.get(f.method, 0) + 1
+        for k in HORIZONS:
+            add("last value", k, y[o], None, y[o + k])
+            if o + k - m >= 0 and n > 2 * m:
+                add("seasonal naive", k, y[o + k - m], None, y[o + k])
+        if with_ets:
+            ets = ets_forecast(yh, kmax)
+            if ets is not None:
+                for k in HORIZONS:
+                    add("ets (statsmodels)", k, float(ets[k - 1]), None, y[o + k])
+    elapsed = time.perf_counter() - t0
+    mean = float(np.mean(y[origins[0]:])) if origins else float("nan")
+    rows: dict[str, dict[str, dict[int, float]]] = {}
+    for name, by_k in err.items():
+        rows[name] = {"error": {k: float(np.mean(v)) / mean for k, v in by_k.items()}}
+        if name in hit:
+            rows[name]["coverage"] = {k: float(np.mean(v)) for k, v in hit[name].items()}
+    for row in rows.values():
+        row["ratio"] = {k: row["error"][k] / rows["last value"]["error"][k] for k in row["error"]}
+    return {"series": s.name, "source": s.source, "step_s": step, "points": n, "origins": len(origins),
+            "mean_rate": mean, "rows": rows, "auto_chose": chosen, "seconds": elapsed}
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}%"
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    head = "| forecaster | " + " | ".join(f"error h={k}" for k in HORIZONS) + " | " + \
+        " | ".join(f"vs last h={k}" for k in HORIZONS) + " | " + " | ".join(f"p95 cover h={k}" for k in HORIZONS) + " |"
+    lines = [head, "|---|" + "---:|" * (3 * len(HORIZONS))]
+    for name, row in rows.items():
+        cov = row.get("coverage", {})
+        lines.append(f"| {name} | " + " | ".join(pct(row["error"][k]) for k in HORIZONS) + " | "
+                     + " | ".join(f"{row['ratio'][k]:.2f}" for k in HORIZONS) + " | "
+                     + " | ".join(pct(cov[k]) if k in cov else "-" for k in HORIZONS) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", action="append", default=[], type=Path, help="a rate or request CSV (repeatable)")
+    ap.add_argument("--trace-step", type=float, default=600.0, help="grid step for --trace files, seconds")
+    ap.add_argument("--every", type=float, default=7200.0, help="origin spacing, seconds (the bundled "
+                    "short traces use one step)")
+    ap.add_argument("--test", type=float, default=4 * DAY, help="evaluated span at the end, seconds")
+    ap.add_argument("--history", type=float, default=7 * DAY, help="history per origin, seconds")
+    ap.add_argument("--level", type=float, default=0.95)
+    ap.add_argument("--no-ets", action="store_true", help="skip the statsmodels reference")
+    ap.add_argument("--only", default="", help="comma-separated substrings of series names to run")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    slice_csv = "scenarios/traces/azure-code-slice.csv"
+    series = [*scenario_series(ROOT / "scenarios/mixed-fleet.yaml", 300.0),
+              trace_series(ROOT / slice_csv, 5.0, slice_csv), *synthetic_series()]
+    series += [trace_series(p, args.trace_step) for p in args.trace]
+    if args.only:
+        series = [s for s in series if any(w in s.name for w in args.only.split(","))]
+    results = []
+    for s in series:
+        short = len(s.y) * s.step < 2 * DAY
+        every = s.step if short else args.every
+        r = evaluate(s, every_s=every, test_s=args.test, history_s=args.history, level=args.level,
+                     with_ets=not args.no_ets)
+        results.append(r)
+        print(f"\n### {s.name}: {r['points']} points at {s.step:g} s, {r['origins']} origins every {every:g} s, "
+              f"mean {r['mean_rate']:.3g} req/s ({r['seconds']:.1f} s)")
+        print(f"source: {s.source}; auto chose (h=1): {r['auto_chose']}")
+        print(table(r))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,349 @@
+"""Additive exponential smoothing with a damped trend: the recursion, its k-step forecasts, the fit.
+
+One state-space model covers every forecaster (``extender.core.forecast``): a :class:`Shape` says
+which components it has (level always; a damped trend; an additive season of ``m`` steps) and
+:class:`Constants` how fast each follows the data. In error-correction form, with
+``e_t = y_t - f_t`` and ``i = t mod m``::
+
+    f_t  = l + phi b + s_i                           one-step forecast
+    l   <- l + phi b + alpha e
+    b   <- phi b + alpha beta e
+    s_i <- s_i + gamma e
+
+EWMA is the level alone (``b = 0``, no season); the last value is EWMA with ``alpha = 1``; Holt adds
+the trend; Holt-Winters the season. ``phi = 1`` is the undamped trend. At a gap (NaN) the state is
+predicted and not updated: ``l <- l + phi b``, ``b <- phi b``, the season stays.
+
+k-step forecast from the state after step t (the *origin*)::
+
+    f_{t,k} = l_t + D_k b_t + s(t, t+k)      D_k = phi + phi^2 + ... + phi^k = phi (1 - phi^k) / (1 - phi)
+                                             (D_k = k when phi = 1; the same formula for a fractional k)
+
+where ``s(t, t+k)`` is the season slot of ``t+k`` as it stood at time t: that slot was last touched
+at ``u = t + k - m ceil(k/m)`` (in ``(t-m, t]``), so it is the value stored after step u, or the
+initial one when ``u < 0``. Storing the state after every step (:class:`Run`) therefore gives every
+origin's forecast at every horizon without rerunning the recursion, which is what the k-step errors
+(:func:`errors_at`) are made of.
+
+Initial state (independent of the constants). Level only: ``l = y[i0]`` at the first observation
+i0. Trend: at the second observation i1, ``l = y[i1]``, ``b = (y[i1] - y[i0]) / (i1 - i0)`` (one
+observation: ``b = 0``). Season: from the first two seasons, with season means A1, A2::
+
+    b0 = (A2 - A1) / m
+    s_i = mean over j in {1, 2} of (y[(j-1)m + i] - A_j - b0 (i - (m-1)/2))   then centred to sum 0
+    l  = A1 - b0 (m-1)/2 - b0                                              one step before y[0]
+
+The fit (:func:`fit`) minimises the one-step sum of squared errors over a bounded grid of constants
+(:data:`ALPHAS` x :data:`BETAS` x :data:`PHIS` x :data:`GAMMAS`, with ``gamma <= 1 - alpha``, the
+usual admissible region of the seasonal model), all grid points run side by side as numpy vectors
+through one pass over time. A grid search rather than a numerical optimiser: the bounds hold by
+construction, the answer does not depend on a starting point or a tolerance, and ties go to the
+earliest grid point (smaller constants, less damping), so the same history always gives the same
+constants.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+F64 = NDArray[np.float64]
+
+#: The grid the constants are fitted on, and so their bounds: alpha in [0.02, 1], beta in [0, 0.4],
+#: phi in [0.8, 1], gamma in [0, min(0.4, 1 - alpha)]. beta multiplies alpha (``b += alpha beta e``),
+#: so the trend always moves slower than the level; phi below 0.8 would flatten any trend within a
+#: few steps, which EWMA already does.
+ALPHAS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+BETAS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4)
+PHIS = (1.0, 0.98, 0.95, 0.9, 0.8)
+GAMMAS = (0.0, 0.05, 0.1, 0.2, 0.4)
+#: Holt-Winters runs a season of m slots per grid point (m = 5 760 at 15 s), so it gets a coarser grid.
+ALPHAS_SEASONAL = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
+BETAS_SEASONAL = (0.0, 0.05, 0.2)
+PHIS_SEASONAL = (1.0, 0.98, 0.9)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The components of the model: a trend (damped by phi) and a season of ``m`` steps (0: none)."""
+
+    trend: bool
+    m: int = 0
+
+    @property
+    def seasonal(self) -> bool:
+        return self.m > 0
+
+
+@dataclass(frozen=True)
+class Constants:
+    """Smoothing constants (module docstring); ``fitted`` says whether :func:`fit` chose them."""
+
+    alpha: float
+    beta: float = 0.0
+    gamma: float = 0.0
+    phi: float = 1.0
+    fitted: bool = False
+
+    def as_dict(self) -> dict[str, float]:
+        return {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma, "phi": self.phi}
+
+
+@dataclass(frozen=True)
+class Start:
+    """The initial state: it holds after step ``t0`` (``t0 = -1``: before ``y[0]``)."""
+
+    t0: int
+    level: float
+    trend: float
+    season: F64
+
+
+@dataclass(frozen=True)
+class Run:
+    """The state after every step of the recursion over ``y``.
+
+    ``level[t]``, ``trend[t]``: after step t (NaN for ``t < t0``); ``slot[t]``: the value of season
+    slot ``t mod m`` after step t. ``season`` is the whole season after the last step. ``start`` is
+    the initial state the run began from (``season_init`` its season).
+    """
+
+    y: F64
+    shape: Shape
+    constants: Constants
+    t0: int
+    level: F64
+    trend: F64
+    slot: F64
+    season_init: F64
+    season: F64
+
+
+def damped_sum(phi: float, k: float) -> float:
+    """``D_k = phi + ... + phi^k``; ``k`` itself when ``phi = 1`` (also for fractional k)."""
+    if phi == 1.0:
+        return k
+    return float(phi * (1.0 - phi ** k) / (1.0 - phi))
+
+
+def _observed(y: F64) -> NDArray[np.intp]:
+    return np.flatnonzero(~np.isnan(y))
+
+
+def _nanmean(a: F64, axis: int) -> F64:
+    """Mean over non-NaN entries; NaN where there are none (without numpy's empty-slice warning)."""
+    mask = ~np.isnan(a)
+    counts = mask.sum(axis=axis)
+    sums = np.where(mask, a, 0.0).sum(axis=axis)
+    return np.asarray(np.where(counts > 0, sums / np.maximum(counts, 1), np.nan), dtype=np.float64)
+
+
+def seasonal_ready(y: F64, m: int, min_seasons: int = 2) -> str:
+    """Why the seasonal model cannot start on this grid yet, or ``""`` when it can.
+
+    Needs ``m >= 2``, ``len(y) >= min_seasons * m`` and the first two seasons each at least half
+    observed (their means and slot deviations are the initial state).
+    """
+    if m < 2:
+        return f"a season of {m} step(s) is too short to estimate"
+    need = min_seasons * m
+    if len(y) < need:
+        return f"{len(y)} of {need} steps ({min_seasons} seasons of {m}) of history"
+    for j in (0, 1):
+        seen = int(np.count_nonzero(~np.isnan(y[j * m:(j + 1) * m])))
+        if 2 * seen < m:
+            return f"season {j + 1} is only {seen} of {m} steps observed"
+    return ""
+
+
+def start(y: F64, shape: Shape) -> Start:
+    """The initial state (module docstring). Needs one observation; the seasonal one two seasons."""
+    obs = _observed(y)
+    if obs.size == 0:
+        raise ValueError("no observations to fit")
+    if shape.seasonal:
+        m = shape.m
+        if len(y) < 2 * m:
+            raise ValueError(f"the seasonal model needs two seasons ({2 * m} steps), got {len(y)}")
+        first_two = y[:2 * m].reshape(2, m)
+        a = _nanmean(first_two, axis=1)  # A1, A2
+        b0 = float(a[1] - a[0]) / m if shape.trend else 0.0
+        centre = np.arange(m) - (m - 1) / 2.0
+        deviations = first_two - (a[:, None] + b0 * centre[None, :])
+        season = np.nan_to_num(_nanmean(deviations, axis=0), nan=0.0)  # a slot unseen in both: no offset
+        season = season - season.mean()
+        return Start(-1, float(a[0]) - b0 * (m - 1) / 2.0 - b0, b0, season)
+    i0 = int(obs[0])
+    if not shape.trend or obs.size == 1:
+        return Start(i0, float(y[i0]), 0.0, np.zeros(0))
+    i1 = int(obs[1])
+    return Start(i1, float(y[i1]), (float(y[i1]) - float(y[i0])) / (i1 - i0), np.zeros(0))
+
+
+def run(y: F64, shape: Shape, c: Constants, begin: Start | None = None) -> Run:
+    """The recursion over ``y`` from ``begin`` (default :func:`start`), keeping the state after each step.
+
+    A plain loop on purpose: the recursion is sequential and this is its clearest statement.
+    """
+    s0 = begin if begin is not None else start(y, shape)
+    n = len(y)
+    levels = np.full(n, np.nan)
+    trends = np.full(n, np.nan)
+    slots = np.full(n, np.nan)
+    m = shape.m
+    season = s0.season.tolist()
+    level, trend = s0.level, s0.trend
+    a, ab, g, phi = c.alpha, c.alpha * c.beta, c.gamma, c.phi
+    if s0.t0 >= 0:
+        levels[s0.t0], trends[s0.t0] = level, trend
+    for t in range(s0.t0 + 1, n):
+        v = float(y[t])
+        pb = phi * trend
+        if m:
+            i = t % m
+            if not math.isnan(v):
+                e = v - (level + pb + season[i])
+                level += pb + a * e
+                trend = pb + ab * e
+                season[i] += g * e
+            else:
+                level += pb
+                trend = pb
+            slots[t] = season[i]
+        elif not math.isnan(v):
+            e = v - (level + pb)
+            level += pb + a * e
+            trend = pb + ab * e
+        else:
+            level += pb
+            trend = pb
+        levels[t], trends[t] = level, trend
+    return Run(y, shape, c, s0.t0, levels, trends, slots, s0.season, np.array(season, dtype=np.float64))
+
+
+def forecasts_at(r: Run, k: int, origins: NDArray[np.intp]) -> F64:
+    """``f_{t,k}`` for each origin t (each ``>= r.t0``), by the formula in the module docstring."""
+    f = r.level[origins] + damped_sum(r.constants.phi, k) * r.trend[origins]
+    if r.shape.seasonal:
+        m = r.shape.m
+        u = origins + k - m * math.ceil(k / m)
+        from_run = r.slot[np.maximum(u, 0)]
+        f = f + np.where(u >= 0, from_run, r.season_init[np.mod(u, m)])
+    return np.asarray(f, dtype=np.float64)
+
+
+def errors_at(r: Run, k: int, first: int = 0) -> F64:
+    """The k-step errors ``y[t+k] - f_{t,k}`` of every origin ``t >= max(first, t0)`` whose target is observed."""
+    lo = max(first, r.t0, 0)
+    hi = len(r.y) - k  # origins t < hi have a target inside y
+    if hi <= lo:
+        return np.empty(0)
+    origins = np.arange(lo, hi)
+    target = r.y[origins + k]
+    seen = ~np.isnan(target)
+    return np.asarray(target[seen] - forecasts_at(r, k, origins[seen]), dtype=np.float64)
+
+
+def relative_errors_at(r: Run, k: int, first: int, floor: float) -> F64:
+    """The k-step errors of :func:`errors_at` over their forecasts: ``e_{t,k} / max(f_{t,k}, floor)``."""
+    lo = max(first, r.t0, 0)
+    hi = len(r.y) - k
+    if hi <= lo:
+        return np.empty(0)
+    origins = np.arange(lo, hi)
+    target = r.y[origins + k]
+    seen = ~np.isnan(target)
+    f = forecasts_at(r, k, origins[seen])
+    return np.asarray((target[seen] - f) / np.maximum(f, floor), dtype=np.float64)
+
+
+def point_at(r: Run, h: float) -> float:
+    """The forecast ``h`` steps (fractional allowed) after the last step: the season interpolated
+    linearly between the two slots around position ``n - 1 + h``."""
+    n = len(r.y)
+    f = float(r.level[-1]) + damped_sum(r.constants.phi, h) * float(r.trend[-1])
+    if r.shape.seasonal:
+        m = r.shape.m
+        pos = n - 1 + h
+        lo = math.floor(pos)
+        frac = pos - lo
+        f += (1 - frac) * float(r.season[lo % m]) + frac * float(r.season[(lo + 1) % m])
+    return f
+
+
+def candidates(shape: Shape) -> F64:
+    """The grid of constants for ``shape``: rows ``(alpha, beta, gamma, phi)`` in a fixed order."""
+    alphas: tuple[float, ...]
+    betas: tuple[float, ...]
+    phis: tuple[float, ...]
+    if shape.seasonal:
+        alphas, betas, phis = ALPHAS_SEASONAL, BETAS_SEASONAL, PHIS_SEASONAL
+    else:
+        alphas, betas, phis = ALPHAS, BETAS, PHIS
+    if not shape.trend:
+        betas, phis = (0.0,), (1.0,)
+    rows = [(a, b, g, p) for a in alphas for b in betas for p in phis
+            for g in (GAMMAS if shape.seasonal else (0.0,)) if g <= 1.0 - a + 1e-12]
+    return np.array(rows, dtype=np.float64)
+
+
+def sse(y: F64, shape: Shape, grid: F64, begin: Start) -> F64:
+    """One-step sum of squared errors of every row of ``grid`` over ``y`` (same recursion as :func:`run`).
+
+    Rows whose recursion overflows score ``inf``.
+    """
+    p = len(grid)
+    alpha, beta, gamma, phi = grid[:, 0], grid[:, 1], grid[:, 2], grid[:, 3]
+    ab = alpha * beta
+    level = np.full(p, begin.level)
+    trend = np.full(p, begin.trend)
+    season = np.repeat(begin.season[:, None], p, axis=1) if shape.seasonal else np.zeros((0, p))
+    total = np.zeros(p)
+    m = shape.m
+    with np.errstate(over="ignore", invalid="ignore"):
+        for t in range(begin.t0 + 1, len(y)):
+            v = float(y[t])
+            pb = phi * trend
+            if math.isnan(v):
+                level = level + pb
+                trend = pb
+                continue
+            if m:
+                i = t % m
+                si = season[i]
+                e = v - (level + pb + si)
+                season[i] = si + gamma * e
+            else:
+                e = v - (level + pb)
+            total += e * e
+            level = level + pb + alpha * e
+            trend = pb + ab * e
+    return np.asarray(np.where(np.isfinite(total), total, np.inf), dtype=np.float64)
+
+
+def fit(y: F64, shape: Shape, prefer: Constants | None = None) -> Constants:
+    """The grid point of :func:`candidates` with the least one-step squared error over ``y``.
+
+    Ties go to ``prefer`` (the configured constants) when it is a grid point, else to the earliest
+    row. Ties are not rare: on a flat stretch every constant fits exactly, and the slowest row would
+    then leave a trend that starts after the refit unlearned until the next one.
+    The caller makes sure ``y`` has enough observations to start ``shape`` (and to mean something).
+    """
+    grid = candidates(shape)
+    scores = sse(y, shape, grid, start(y, shape))
+    best = int(np.argmin(scores))  # first minimum: the earlier (smaller, undamped) row
+    if prefer is not None:
+        want = np.array([prefer.alpha, prefer.beta if shape.trend else 0.0,
+                         prefer.gamma if shape.seasonal else 0.0, prefer.phi if shape.trend else 1.0])
+        rows = np.flatnonzero(np.all(np.abs(grid - want) < 1e-12, axis=1))
+        if rows.size and scores[rows[0]] <= scores[best]:
+            best = int(rows[0])
+    a, b, g, p = (float(x) for x in grid[best])
+    if not shape.trend:
+        b, p = 0.0, 1.0
+    if not shape.seasonal:
+        g = 0.0
+    return Constants(alpha=a, beta=b, gamma=g, phi=p, fitted=True)
