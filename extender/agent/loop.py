@@ -118,16 +118,21 @@ class Agent:
 
     def scan(self) -> AgentReport:
         """Scan the cache root and the filesystem; the report has no heartbeat yet."""
-        scan = scan_cache(self.settings.cache_root, manifests=self._manifests, sizes=self._sizes)
+        # The filesystem is measured once, and the same size bounds what the scan believes of sparse
+        # files (extender.agent.scan.scan_cache) and is reported as the node's NVMe.
         try:
             disk = disk_usage(self.settings.cache_root)
             total, free = disk.total_bytes, disk.free_bytes
         except OSError as exc:
             total = free = 0
+            scan = scan_cache(self.settings.cache_root, manifests=self._manifests, sizes=self._sizes)
             scan = CacheScan(scan.weights, scan.compile_keys, scan.snapshots,
                              (*scan.problems, Problem(str(self.settings.cache_root), "unreadable",
                                                       f"statvfs failed: {exc.strerror or exc}")), scan.files,
                              scan.last_used, scan.cache_bytes)
+        else:
+            scan = scan_cache(self.settings.cache_root, manifests=self._manifests, sizes=self._sizes,
+                              disk_bytes=total)
         self.stats.scans += 1
         self.stats.last_scan = scan
         self._log_problems(scan.problems)

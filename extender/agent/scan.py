@@ -37,6 +37,7 @@ from typing import Literal
 
 from pydantic import ValidationError
 
+from extender.agent.disk import disk_usage
 from extender.agent.layout import (
     COMPILE,
     COMPLETE,
@@ -407,11 +408,14 @@ def _dir_times(walk: _Walk, path: str) -> tuple[tuple[int, int], float] | None:
     return (st.st_ino, st.st_mtime_ns), max(st.st_mtime, st.st_ctime)
 
 
-def scan_cache(root: Path, *, manifests: ManifestCache | None = None, sizes: SizeCache | None = None) -> CacheScan:
+def scan_cache(root: Path, *, manifests: ManifestCache | None = None, sizes: SizeCache | None = None,
+               disk_bytes: int | None = None) -> CacheScan:
     """Scan ``root`` (see the module docstring); a missing root is a problem, not an error.
 
     ``manifests`` keeps parsed manifests between scans (the agent passes one; a single scan needs
-    none); ``sizes``, when given, measures compile and snapshot entries (see :class:`SizeCache`).
+    none); ``sizes``, when given, measures compile and snapshot entries (see :class:`SizeCache`);
+    ``disk_bytes``: the filesystem's size when the caller measured it already (the agent does),
+    else it is measured here.
 
     File lengths are believed while they fit the filesystem: a download in progress may be sparse,
     and transparent compression makes allocated blocks undercount real data. Lengths that add up
@@ -420,11 +424,12 @@ def scan_cache(root: Path, *, manifests: ManifestCache | None = None, sizes: Siz
     problem says so.
     """
     scan = _scan(root, manifests, sizes, allocated=False)
-    try:
-        st = os.statvfs(root)
-    except OSError:
-        return scan
-    disk = st.f_blocks * st.f_frsize
+    if disk_bytes is None:
+        try:
+            disk_bytes = disk_usage(root).total_bytes
+        except OSError:
+            return scan
+    disk = disk_bytes
     claimed = sum(w.bytes for w in scan.weights) + sum(scan.cache_bytes.values())
     if claimed <= disk:
         return scan

@@ -20,6 +20,7 @@ import asyncio
 import io
 import json
 import threading
+import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -34,8 +35,14 @@ from gunicorn.workers.gasgi import ASGIWorker
 #: the same way; its asyncio worker closed kept-alive connections right after a reply that had not
 #: announced it.
 STOP_LINGER_S = 2.0
+#: Past the linger, a request still being read or answered is waited for, up to this many seconds
+#: after the signal (well inside gunicorn's 30 s graceful timeout): on a starved machine a request
+#: read during the linger may not have its reply yet, and closing then resets the caller's socket.
+MAX_DRAIN_S = 10.0
 
 _draining = threading.Event()
+#: HTTP requests of this worker begun and not yet answered (touched only on the event loop).
+_in_flight = [0]
 
 
 class LingeringASGIWorker(ASGIWorker):  # type: ignore[misc]
@@ -47,7 +54,13 @@ class LingeringASGIWorker(ASGIWorker):  # type: ignore[misc]
         _draining.set()  # replies now say Connection: close (whole_requests)
         for server in self.servers:
             server.close()  # no new connections here; the other workers accept them
-        self.loop.call_later(STOP_LINGER_S, super().handle_exit_signal)
+        self.loop.call_later(STOP_LINGER_S, self._stop_when_idle, time.monotonic() + MAX_DRAIN_S - STOP_LINGER_S)
+
+    def _stop_when_idle(self, deadline: float) -> None:
+        if _in_flight[0] and time.monotonic() < deadline:
+            self.loop.call_later(0.05, self._stop_when_idle, deadline)
+            return
+        super().handle_exit_signal()
 
 
 Scope = MutableMapping[str, Any]
@@ -75,6 +88,13 @@ def whole_requests(wsgi_app: Any, max_body_bytes: int, threads: int = 4) -> ASGI
                     return
         if scope["type"] != "http":
             return
+        _in_flight[0] += 1
+        try:
+            await _answer(scope, receive, send)
+        finally:
+            _in_flight[0] -= 1
+
+    async def _answer(scope: Scope, receive: Receive, send: Send) -> None:
         length = _content_length(scope)
         if length is not None and length > max_body_bytes:
             await _too_large(send, max_body_bytes)
