@@ -8,7 +8,8 @@ Two workloads of the simulator, each run once per strategy in one process:
   g5.12xlarge, 50 g5.48xlarge, 50 g5.xlarge: 850 GPUs) at 15 s ticks (80,640 ticks);
 * **requests**: the sample request trace (``AzureLLMInferenceTrace_code.csv``, 8,819 requests over
   57 minutes; Azure Public Dataset (Microsoft), CC-BY 4.0) through ``scenarios/azure-code-sample.yaml``.
-  The file is read from ``--requests`` (default ``../shared/data/``); the row is skipped when absent.
+  The file is not bundled: pass the trace CSV you downloaded with ``--requests`` (docs/sources.md);
+  without it, or when the file does not exist, the row is skipped with a message.
 
 The **baseline** is the same trace replay without any strategy: the demand loaded, then per tick the
 queue placed at a fixed service rate (``FifoQueue.serve``) and read back (``queued``), then the
@@ -19,6 +20,7 @@ Run (from the repository root)::
 
     .venv/bin/python bench/bench_sim.py
     .venv/bin/python bench/bench_sim.py --days 14 --json out.json
+    .venv/bin/python bench/bench_sim.py --requests AzureLLMInferenceTrace_code.csv   # + the requests row
 """
 
 from __future__ import annotations
@@ -109,8 +111,8 @@ def measure(name: str, loaded: LoadedScenario, trace: str | None = None) -> dict
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--days", type=float, default=14.0, help="length of the interval trace")
-    parser.add_argument("--requests", default=str(ROOT.parent / "shared/data/AzureLLMInferenceTrace_code.csv"),
-                        help="the sample request trace (Azure format)")
+    parser.add_argument("--requests", metavar="CSV",
+                        help="the trace CSV you downloaded (Azure LLM inference format); row skipped if not given")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
@@ -121,10 +123,14 @@ def main() -> None:
             policy=ROOT / "scenarios/mixed-fleet-policy.yaml", trace=d / "interval.csv"))
         rows.append({**measure(f"interval ({n} rows, {args.days:g} days)", load_scenario(d / "bench.yaml")),
                      "rows": n})
-    requests = Path(args.requests)
-    if requests.is_file():
+    if args.requests is None:
+        print("requests row skipped: no --requests CSV given (the Azure LLM inference code trace is not "
+              "bundled; see docs/sources.md)", file=sys.stderr)
+    elif not Path(args.requests).is_file():
+        print(f"requests row skipped: {args.requests}: no such file", file=sys.stderr)
+    else:
         rows.append(measure("requests (Azure code sample)", load_scenario(ROOT / "scenarios/azure-code-sample.yaml"),
-                            trace=str(requests)))
+                            trace=args.requests))
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, numpy {np.__version__}")
     head = ("trace", "ticks", "nodes", "strategy", "wall s", "sim s / wall s", "x baseline")
     print(f"{head[0]:<36}{head[1]:>8}{head[2]:>7}  {head[3]:<12}{head[4]:>9}{head[5]:>16}{head[6]:>12}")

@@ -1,4 +1,5 @@
-"""Startup-time estimator: calibration against the seeds, a scalar oracle, and monotonicity properties."""
+"""Startup-time estimator: calibration against the field reports (docs/sources.md), a scalar oracle,
+and monotonicity properties."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def one(profile: Profile, node_class: NodeClass, **state: Any) -> dict[str, floa
 
 
 # --------------------------------------------------------------------------------------------
-# Calibration: 000_50d9940bc719df97.txt. The seed's "startup time" is weights loading plus
+# Calibration: EKS model-loading report (docs/sources.md). Its "startup time" is weights loading plus
 # torch.compile (image pull is handled by SOCI, graph capture is "a small fixed cost"), so we
 # compare weights_s + compile_s with an image already on the node.
 # --------------------------------------------------------------------------------------------
@@ -52,7 +53,7 @@ def test_64gib_default_loader(qwen: Policy) -> None:
     assert within(row["weights_s"], 29.0)
     # no compile cache anywhere: the cold 53 s
     assert row["compile_s"] == 53.0
-    # 29.0 + 53 = 82.0 s, the seed's "82 seconds"
+    # 29.0 + 53 = 82.0 s, the report's "82 seconds"
     assert within(row["weights_s"] + row["compile_s"], 82.0)
 
 
@@ -64,9 +65,9 @@ def test_64gib_tuned_loader_first_pod_on_a_node(qwen: Policy) -> None:
 
 
 def test_64gib_tuned_loader_same_node_with_compile_cache(qwen: Policy) -> None:
-    # weights are still streamed from S3 (the seed caches only the compile artifacts on the node)
+    # weights are still streamed from S3 (the report caches only the compile artifacts on the node)
     row = one(qwen.profile("qwen3-moe"), qwen.node_class("p5.48xlarge"), image=True, compile=CompileCache.LOCAL)
-    # 11.98 s weights + 4 s compile from the cache = 15.98 s, the seed's "16 seconds"
+    # 11.98 s weights + 4 s compile from the cache = 15.98 s, the report's "16 seconds"
     assert within(row["weights_s"] + row["compile_s"], 16.0)
 
 
@@ -80,7 +81,7 @@ def test_203gib_tp4_default_loader(scout: Policy) -> None:
 def test_snapshot_policy_reproduces_003(tmp_path: Path) -> None:
     policy = load_policy(ROOT / "policies" / "h200-b200-snapshot.yaml")
     profile = policy.profile("dynamo-worker")
-    # (class, state, seed figure); the arithmetic is in the policy file's header
+    # (class, state, reported figure); the arithmetic is in the policy file's header
     expectations = [
         ("h200", "image", 1000.0),
         ("h200", "warm", 180.0),

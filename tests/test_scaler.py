@@ -60,7 +60,7 @@ def covered(replicas: int = 0, *more: tuple[float, int]) -> tuple[Recommendation
 
 
 def test_horizon_adds_tick_and_hpa_sync() -> None:
-    # warm: 16 s startup (seed 000: compile cache on the node) + 15 s tick + 15 s sync = 46 s
+    # warm: 16 s startup (EKS model-loading report: compile cache on the node) + 15 s tick + 15 s sync = 46 s
     warm = horizon(16.0, 15.0, 15.0, node="gpu-1", node_class="p5.48xlarge", cache="image, compile local")
     # cold: 82 s + 15 + 15 = 112 s
     cold = horizon(82.0, 15.0, 15.0, node="gpu-2", node_class="p5.48xlarge", cache="cold")

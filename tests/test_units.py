@@ -48,7 +48,7 @@ BANDWIDTHS = [
     ("gb-per-s-is-bytes", "7GB/s", 7e9),
     ("gib-per-s", "1GiB/s", 2.0**30),
     ("mbps", "100Mbps", 12.5e6),
-    ("fractional-gbps", "5.96Gbps", 745e6),  # the seed's serial-stream figure
+    ("fractional-gbps", "5.96Gbps", 745e6),  # the EKS model-loading report's serial-stream figure
     ("p5-nic", "3200Gbps", 400e9),
 ]
 

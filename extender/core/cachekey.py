@@ -5,11 +5,12 @@ different runtime is at best a silent miss inside the engine and at worst a cras
 so the node cache must be addressed by a key that changes whenever anything the artifacts depend on
 changes, and stays put when only deployment trivia (ports, log levels, argument order) change.
 
-The field report in ``003_627b0ec21ed4c548.txt`` built exactly such a key for an S3 compile-cache
-registry: "the launch arguments, model ID, container version, CUDA runtime, host driver and CUDA
-compatibility, and the GPU configuration", hashed so the artifact is not tied to one machine or
-provider, with H200 and B200 getting separate artifacts. The same report notes that "a model name
-doesn't tell you what code is actually running", which is why versions and the image are keyed too.
+The compile-cache and snapshot report (``docs/sources.md``) built exactly such a key for an S3
+compile-cache registry: "the launch arguments, model ID, container version, CUDA runtime, host
+driver and CUDA compatibility, and the GPU configuration", hashed so the artifact is not tied to one
+machine or provider, with H200 and B200 getting separate artifacts. The same report notes that "a
+model name doesn't tell you what code is actually running", which is why versions and the image are
+keyed too.
 
 What goes into the key (the canonical document, see :func:`key_material`)
 --------------------------------------------------------------------------

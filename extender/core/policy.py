@@ -193,7 +193,8 @@ class Weights(Schema):
     shard_files: int = Field(default=0, ge=0, description="0: derived from bytes and a 3.9 GiB shard")
     loader_concurrency: int = Field(default=defaults.LOADER_CONCURRENCY, ge=1)
     #: Per-stream object-store throughput this loader configuration achieves, when it differs from
-    #: the node class's (000_50d9940bc719df97.txt: chunk size changes what one worker gets).
+    #: the node class's (EKS model-loading report, docs/sources.md: chunk size changes what one
+    #: worker gets).
     stream_bandwidth: PositiveBandwidth | None = None
     cache: WeightsCache = "preferred"
 
