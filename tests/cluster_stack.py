@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import sys
 import threading
 import time
@@ -34,9 +33,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from extender.agent.layout import mark_complete, weights_dir, write_manifest
 from extender.state import InventoryStore, connect
+from tests.kube_double.waiting import wait_until
 from tests.net import free_port
 from tests.real_cluster import READY_DELAY_ANNOTATION, Cluster
 from tests.test_agent_scan import sparse
+from tests.test_e2e_agent_scoring import COMMAND, env
+from tests.test_warm_e2e import AGENT_COMMAND
 
 if TYPE_CHECKING:
     from tests.conftest import RedisServer
@@ -117,22 +119,6 @@ warming:
       command: [aws, s3, sync, --only-show-errors, "{{{{source}}}}", "{{{{staging}}}}"]
 """
 
-#: ``extender ...`` as the console script runs it.
-COMMAND = "import sys\nfrom extender.cli import main\nsys.exit(main())\n"
-#: The agent as deployed, but measuring a g5.48xlarge's 7.6 TB NVMe with 7 TB free rather than the
-#: test machine's disk (a warm plan must find room for 200 GB of weights whatever disk runs the test).
-AGENT_COMMAND = ("import extender.agent.loop as agent_loop\n"
-                 "from extender.agent.disk import DiskUsage\n"
-                 "agent_loop.disk_usage = lambda path: DiskUsage(7_600 * 10**9, 7_000 * 10**9)\n" + COMMAND)
-
-
-def env() -> dict[str, str]:
-    """The environment of the stack's processes: ours, without settings that would redirect them."""
-    clean = {k: v for k, v in os.environ.items()
-             if k not in ("REDIS_URL", "NODE_NAME", "PROMETHEUS_MULTIPROC_DIR", "KUBECONFIG")}
-    return {**clean, "PYTHONPATH": str(ROOT)}
-
-
 def deploy_documents(name: str) -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
 
@@ -186,16 +172,10 @@ def write_weights(root: Path, workload: str, source: str) -> None:
     mark_complete(directory)
 
 
-def wait(condition: Callable[[], T], what: str, timeout_s: float = SETTLE_S, report: Callable[[], str] = str) -> T:
-    """Poll ``condition`` until it returns something truthy; fail with ``report()`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{report()}")
-        time.sleep(0.2)
+def wait(condition: Callable[[], T], what: str, timeout_s: float = SETTLE_S,
+         report: Callable[[], str] | None = None) -> T:
+    """:func:`wait_until` at the cluster's pace (polls every 0.2 s; the API is not a local object)."""
+    return wait_until(condition, timeout_s=timeout_s, what=what, report=report, interval_s=0.2)
 
 
 def post_json(port: int, path: str, body: Any) -> tuple[int, Any]:

@@ -16,13 +16,16 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import redis
 
 from extender.state import embedded
-from tests.cluster_stack import Demand, Stack, running
 from tests.net import free_port
+
+if TYPE_CHECKING:
+    from tests.cluster_stack import Stack
 from tests.real_cluster import Cluster, terminal
 
 #: Seconds a test server has to answer PING after it was started (a setup bound, not an assertion).
@@ -155,6 +158,9 @@ def kube_cluster(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPa
 @pytest.fixture(scope="session")
 def cluster_stack(kube_cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """extender deployed on :func:`kube_cluster` (tests/cluster_stack.py), one per test session."""
+    # imported here: tests/cluster_stack.py builds on end-to-end test modules that import this one
+    from tests.cluster_stack import Demand, running
+
     directory = tmp_path_factory.mktemp("stack")
     server = RedisServer(directory / "redis")
     server.directory.mkdir()

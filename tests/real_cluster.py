@@ -33,17 +33,19 @@ import signal
 import ssl
 import subprocess
 import sys
-import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, TextIO, TypeVar
 
 import yaml
 
+from tests.kube_double.waiting import wait_until
 from tests.net import free_port
 from tests.pki import Pair, make_ca, make_cert
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD = ROOT / "scripts" / "build-cluster"
@@ -224,19 +226,15 @@ class Cluster:
         return "".join(f"\n--- {p.name} ({'running' if p.alive() else 'stopped'}; {p.log})\n{p.tail()}"
                        for p in self.processes.values())
 
-    def wait_for(self, what: str, ok: Any, timeout_s: float = START_TIMEOUT_S) -> Any:
-        deadline = time.monotonic() + timeout_s
-        while True:
+    def wait_for(self, what: str, ok: Callable[[], T], timeout_s: float = START_TIMEOUT_S) -> T:
+        """Poll ``ok`` like :func:`wait_until`, failing at once when a vital component has exited."""
+        def check() -> T:
             for process in self.processes.values():
                 if process.popen is not None and not process.alive() and process.name in self._vital:
                     raise RuntimeError(f"{process.name} exited with {process.popen.returncode} while waiting "
                                        f"for {what}:\n{process.tail()}")
-            value = ok()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{self.report()}")
-            time.sleep(0.1)
+            return ok()
+        return wait_until(check, timeout_s=timeout_s, what=what, report=self.report, interval_s=0.1)
 
     _vital = ("etcd", "kube-apiserver", "kube-controller-manager", "kwok")
 

@@ -28,8 +28,8 @@ from extender.core.policy import Policy, parse_policy
 from extender.core.warming import Expectation
 from extender.kube.client import KubeClient
 from extender.warm.loop import WarmLoop
-from tests.cluster_stack import AGENT_COMMAND, BIG, POLICY, VLLM_IMAGE, Stack, node, wait, write_weights
-from tests.test_warm_e2e import run_job
+from tests.cluster_stack import BIG, POLICY, VLLM_IMAGE, Stack, node, wait, write_weights
+from tests.test_warm_e2e import AGENT_COMMAND, run_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 

@@ -89,7 +89,9 @@ def pod() -> dict[str, Any]:
 
 
 def env() -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "NODE_NAME", "PROMETHEUS_MULTIPROC_DIR")}
+    """The environment of the processes started: ours, without settings that would redirect them."""
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("REDIS_URL", "NODE_NAME", "PROMETHEUS_MULTIPROC_DIR", "KUBECONFIG")}
     return {**clean, "PYTHONPATH": str(ROOT)}
 
 

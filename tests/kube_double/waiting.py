@@ -12,13 +12,16 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 20.0
 
 
-def wait_until(condition: Callable[[], T], *, timeout_s: float = DEFAULT_TIMEOUT_S, what: str = "condition") -> T:
-    """Poll ``condition`` until it returns something truthy and return that; fail the test after ``timeout_s``."""
+def wait_until(condition: Callable[[], T], *, timeout_s: float = DEFAULT_TIMEOUT_S, what: str = "condition",
+               report: Callable[[], str] | None = None, interval_s: float = 0.01) -> T:
+    """Poll ``condition`` until it returns something truthy and return that; fail the test after
+    ``timeout_s``, with ``report()`` (e.g. the logs of the processes involved) in the message."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)
+            detail = f"\n{report()}" if report is not None else ""
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{detail}")
+        time.sleep(interval_s)
