@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import logging
 import os
 import stat
 import sys
@@ -15,6 +16,8 @@ from pathlib import Path
 
 from extender.core.errors import DocumentError, PolicyError, Problem
 from extender.core.policy import Policy, parse_policy
+
+log = logging.getLogger(__name__)
 
 #: Largest policy, inventory or scenario document read (an inventory of 15,000 nodes is ~10 MB).
 MAX_DOCUMENT_BYTES = 64 << 20
@@ -99,3 +102,51 @@ def load_policy_to_start(path: str | Path, command: str) -> tuple[Policy, str] |
         print(f"extender {command}: not starting: {path} is invalid ({len(exc.problems)} problem(s))",
               file=sys.stderr)
         return None
+
+
+class PolicyFile:
+    """A policy file watched for edits, for long-running commands that take a new policy without a
+    restart (``extender scale``; the extender has its own, per worker, in its refresher).
+
+    :meth:`poll` is cheap when nothing changed (one ``stat``); when the file's identity changed it
+    reads it and returns the new policy only if its text is new *and* valid. An unreadable or invalid
+    file keeps the last good policy and is logged once per distinct problem. The path is not
+    resolved once: kubelet swaps a ConfigMap volume's ``..data`` symlink, and a resolved path would
+    watch the old copy forever.
+    """
+
+    def __init__(self, path: str | Path, version: str) -> None:
+        self.path = Path(os.path.abspath(path))
+        self.version = version
+        self._signature = self._stat()
+        self._reported: str | None = None
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def poll(self) -> Policy | None:
+        """The new policy when the file now holds a different valid one; else ``None``."""
+        signature = self._stat()
+        if signature == self._signature:
+            return None
+        self._signature = signature
+        try:
+            text = read_text(self.path)
+            version = policy_version(text)
+            if version == self.version:
+                return None
+            policy = parse_policy(text, str(self.path))
+        except DocumentError as exc:
+            problems = "\n".join(f"  {p}" for p in exc.problems)
+            if problems != self._reported:
+                self._reported = problems
+                log.error("policy %s changed but cannot be used; keeping the last good policy:\n%s",
+                          self.path, problems)
+            return None
+        self.version, self._reported = version, None
+        log.info("policy %s reloaded (version %s): %d profile(s)", self.path, version, len(policy.profiles))
+        return policy

@@ -21,6 +21,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +31,8 @@ from extender.core.errors import KubeError
 from extender.core.inventory import NodeState, weights_key
 from extender.core.policy import Policy
 from extender.core.scaler import Decision
-from extender.scaler.loop import ScaleLoop, TickReport
+from extender.files import PolicyFile, policy_version
+from extender.scaler.loop import LoopThread, ScaleLoop, TickReport
 from extender.scaler.observation import Observation
 from extender.scaler.pods import Pod
 from extender.state import InventoryStore, connect
@@ -38,7 +40,7 @@ from extender.state.decisions import DecisionStore
 from extender.state.history import HistoryStore
 from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
-from tests.scaler_policy import make_policy
+from tests.scaler_policy import make_policy, policy_text
 from tests.vllm_endpoint import pod
 
 pytestmark = pytest.mark.integration
@@ -384,3 +386,28 @@ def test_a_bug_in_one_workload_does_not_stop_the_others(redis_server: RedisServe
     by_name = {r.workload: r for r in report.results}
     assert "unexpected error" in by_name["qwen3"].error and "a bug in a signal source" in by_name["qwen3"].error
     assert by_name["llama"].decision is not None
+
+
+def test_an_edited_policy_file_is_taken_from_the_next_tick(redis_server: RedisServer, tmp_path: Path) -> None:
+    # The scaler (and through on_policy, the warmer and the metrics API) follows edits of its policy
+    # file without a restart; an invalid edit keeps the last good policy.
+    rig = make_rig(redis_server.url, lambda t: 1.0)  # one request/s: one replica is enough
+    rig.loop.clock = lambda: rig.clock[0]
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_text(min_replicas=1))
+    watcher = PolicyFile(path, policy_version(path.read_text()))
+    seen: list[Policy] = []
+    rig.loop.on_policy.append(seen.append)
+    LoopThread(rig.loop, max_ticks=1, policy_file=watcher).run()
+    assert DecisionStore(rig.client).published()["qwen3"].desired == 1 and seen == []
+
+    path.write_text("apiVersion: extender.io/v1alpha1\nkind: Policy\nprofiles: [{name: 7}]\n")  # invalid
+    assert watcher.poll() is None
+    path.write_text(policy_text(min_replicas=3))
+    rig.clock[0] += TICK
+    LoopThread(rig.loop, max_ticks=1, policy_file=watcher).run()
+    assert DecisionStore(rig.client).published()["qwen3"].desired == 3  # the new minReplicas
+    (policy,) = seen
+    autoscaling = policy.profile("qwen3").autoscaling
+    assert autoscaling is not None and autoscaling.min_replicas == 3
+    assert watcher.version == policy_version(path.read_text())

@@ -195,7 +195,7 @@ def _scale(args: argparse.Namespace) -> int:
     started = load_policy_to_start(args.policy, "scale")
     if started is None:
         return 1
-    policy = started[0]
+    policy, version = started
 
     from extender.scaler.loop import scaled_profiles
     from extender.scaler.serve import AuthSettings, ScaleSettings, default_identity
@@ -210,6 +210,7 @@ def _scale(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig, kube_context=args.context, tick_s=args.tick, lease_ttl_s=args.lease_ttl,
         identity=args.identity or default_identity(), run_loop=not args.no_loop,
         auth=resolve_auth(args) if serving else AuthSettings(delegated=False),
+        policy_path=Path(os.path.abspath(args.policy)), policy_version=version,
         **({"history_max_age_s": args.history_max_age} if args.history_max_age else {}),
         **({"history_max_points": args.history_max_points} if args.history_max_points else {}),
     )
@@ -289,7 +290,8 @@ def _foreground(settings: Any) -> int:
     from extender.state import connect
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s")
-    runner = LoopThread(build_loop(settings, connect(settings.redis_url, settings.data_dir)))
+    runner = LoopThread(build_loop(settings, connect(settings.redis_url, settings.data_dir)),
+                        policy_file=settings.policy_file())
 
     def stop(signum: int, frame: Any) -> None:
         runner.stop(timeout_s=0)  # run() notices at its next wait, finishes the tick, releases the lock

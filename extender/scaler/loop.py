@@ -40,6 +40,7 @@ from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.placement import Placement, next_replica
 from extender.core.policy import Policy, Profile
 from extender.core.scaler import Decision, DecisionInputs, Recommendation, decide, horizon, prune
+from extender.files import PolicyFile
 from extender.scaler.observation import Fetcher, Observation, SignalSource, http_get
 from extender.scaler.pods import PodLister, Replicas, count_replicas, label_selector, workload_pods
 from extender.scaler.signals import build_source
@@ -110,18 +111,36 @@ class ScaleLoop:
     #: Called after every tick this candidate led to the end (e.g. the cache warmer, which acts on
     #: the leader only); an exception is logged and does not stop the loop.
     on_leader_tick: list[Callable[[TickReport], None]] = field(default_factory=list)
+    #: Called with each policy :meth:`set_policy` takes (e.g. the cache warmer's, the metrics API's).
+    on_policy: list[Callable[[Policy], None]] = field(default_factory=list)
     _snapshot: InventorySnapshot | None = field(default=None, init=False, repr=False)
     _lease_token: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        # what the caller fixed stays fixed across policy reloads; the rest follows the policy
+        self._fixed_tick, self._fixed_hpa_sync = self.tick_s, self.hpa_sync_s
+        self._preset_sources = dict(self.sources)
+        self._derive()
+
+    def _derive(self) -> None:
         scaling = self.policy.scaling
-        self.tick_s = self.tick_s if self.tick_s is not None else scaling.tick
-        self.hpa_sync_s = self.hpa_sync_s if self.hpa_sync_s is not None else scaling.hpa_sync_delay
+        self.tick_s = self._fixed_tick if self._fixed_tick is not None else scaling.tick
+        self.hpa_sync_s = self._fixed_hpa_sync if self._fixed_hpa_sync is not None else scaling.hpa_sync_delay
         self.params = ForecastParams.from_scaling(scaling)
         self.profiles = scaled_profiles(self.policy)
-        for p in self.profiles:
-            if p.name not in self.sources:
-                self.sources[p.name] = build_source(p, self.fetch)
+        self.sources = {p.name: self._preset_sources.get(p.name) or build_source(p, self.fetch) for p in self.profiles}
+        self._snapshot = None  # built for the old node classes
+
+    def set_policy(self, policy: Policy) -> None:
+        """Decide with ``policy`` from the next tick on: workloads, sources, forecaster, horizon.
+
+        Demand history lives in Redis, so nothing learnt is lost; a workload the new policy no
+        longer autoscales is simply not decided any more (its last published value ages out).
+        """
+        self.policy = policy
+        self._derive()
+        for callback in self.on_policy:
+            callback(policy)
 
     @property
     def holder(self) -> str:
@@ -280,8 +299,9 @@ class LoopThread:
     """
 
     def __init__(self, loop: ScaleLoop, *, on_report: Callable[[TickReport], None] | None = None,
-                 max_ticks: int | None = None) -> None:
+                 max_ticks: int | None = None, policy_file: PolicyFile | None = None) -> None:
         self.loop = loop
+        self.policy_file = policy_file
         self.on_report = on_report
         self.max_ticks = max_ticks
         self.ticks = 0
@@ -294,6 +314,10 @@ class LoopThread:
         try:
             while not self._stop.is_set():
                 started = time.monotonic()
+                reloaded = self.policy_file.poll() if self.policy_file is not None else None
+                if reloaded is not None:
+                    self.loop.set_policy(reloaded)
+                    period = self.loop.tick_s or 15.0
                 report = self.loop.tick()
                 self.ticks += 1
                 if report.error and not report.fenced_out:

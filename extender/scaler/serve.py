@@ -36,6 +36,7 @@ from flask import Flask
 
 from extender.core.errors import ExtenderError
 from extender.core.policy import Policy
+from extender.files import PolicyFile
 from extender.kube.client import KubeClient
 from extender.kube.delegation import Delegation
 from extender.scaler.loop import LoopThread, ScaleLoop, TickReport, scaled_profiles
@@ -101,6 +102,14 @@ class ScaleSettings:
     history_max_age_s: float = DEFAULT_MAX_AGE_S
     history_max_points: int = DEFAULT_MAX_POINTS
     auth: AuthSettings = AuthSettings()
+    #: The policy's file and the version of :attr:`policy`: with a path, the loop takes edits of the
+    #: file from its next tick on (``None``: the policy stays as started).
+    policy_path: Path | None = None
+    policy_version: str = ""
+
+    def policy_file(self) -> PolicyFile | None:
+        """A fresh watcher of :attr:`policy_path` (one per loop), or ``None``."""
+        return PolicyFile(self.policy_path, self.policy_version) if self.policy_path is not None else None
 
     @property
     def tick(self) -> float:
@@ -169,6 +178,7 @@ def build_loop(settings: ScaleSettings, client: Any, pods: KubePodLister | None 
             warm.tick(report.now, expectations(r.decision for r in report.results))
 
         loop.on_leader_tick.append(warm_after)
+        loop.on_policy.append(warm.set_policy)
     return loop
 
 
@@ -187,9 +197,6 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
     auth = Authenticator(settings.auth.config(), tokens=reviews, access=reviews)
     runner: LoopThread | None = None
     last: dict[str, TickReport] = {}
-    if settings.run_loop:
-        runner = LoopThread(build_loop(settings, client), on_report=lambda r: last.__setitem__("report", r))
-        runner.start()
 
     def ready() -> tuple[bool, dict[str, Any]]:
         detail: dict[str, Any] = {"identity": settings.identity}
@@ -204,8 +211,14 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
                       leader=report.holder if report else None, token=report.token if report else None)
         return runner.alive(), detail
 
-    app = create_app(ExternalMetricsApi(published=decisions.published, workloads=workload_namespaces(settings.policy),
-                                        auth=auth, ready=ready))
+    api = ExternalMetricsApi(published=decisions.published, workloads=workload_namespaces(settings.policy),
+                             auth=auth, ready=ready)
+    if settings.run_loop:
+        loop = build_loop(settings, client)
+        loop.on_policy.append(lambda policy: setattr(api, "workloads", workload_namespaces(policy)))
+        runner = LoopThread(loop, on_report=lambda r: last.__setitem__("report", r), policy_file=settings.policy_file())
+        runner.start()
+    app = create_app(api)
     app.extensions["scaler_runner"] = runner
     return app
 
