@@ -1,12 +1,14 @@
 """The repository stands alone: no tracked file points at the sibling ``shared`` folder.
 
-What a reader needs from the field reports and the Azure trace is restated in ``docs/sources.md``
-with the upstream source named; code, docs, policies and scenarios refer to that page, never to the
+What a reader needs from the field reports and the Azure trace is restated in ``docs/sources.md``,
+the wire protocols in ``docs/protocols.md`` and the prior art in ``docs/prior-art.md``, each with
+the upstream source named; code, docs, policies and scenarios refer to those pages, never to the
 files the project was started from. This test keeps it that way.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,6 +29,22 @@ FORBIDDEN = (
     "627b0ec2" + "1ed4c548",
     "c1beb2c0" + "b95a55a4",
 )
+#: Names of documents kept outside the repository. A bare mention is a citation of the outside
+#: file; only ``docs/<name>`` (a page of ours) may be cited. Built from pieces, as above.
+OUTSIDE_DOCUMENTS = ("protocols", "anchors", "style", "DESIGN", "real-cluster")
+_MD = ".md"
+#: A mention of one of those names with the path written before it (group 1, possibly empty).
+CITATION = re.compile(
+    r"(?<![\w.-])((?:[\w.-]+/)*)(?:" + "|".join(re.escape(name) for name in OUTSIDE_DOCUMENTS) + r")"
+    + re.escape(_MD) + r"\b"
+)
+#: The only paths a citation may carry: our own pages.
+OUR_DIRS = {"docs/", "./docs/"}
+#: The pages that restate the outside documents, and a heading each must keep.
+OUR_PAGES = {
+    "protocols" + _MD: ("## 2. How kube-scheduler calls an extender", "### 2.5 ", "## 3. ", "### 4.3 ", "### 4.6 "),
+    "prior-art" + _MD: ("# Part A", "### 1.1 ImageLocality", "# Part B", "### 1.2 "),
+}
 #: Files whose content is not ours to word (checksums of Go modules).
 SKIPPED = {"go.sum"}
 
@@ -72,3 +90,45 @@ def test_the_sources_page_names_every_report() -> None:
     for section in ("## EKS model-loading report", "## Compile-cache and snapshot report",
                     "## HyperPod model-caching report", "## Azure LLM inference trace"):
         assert section in text, f"docs/sources.md lost its section {section!r}"
+
+
+def bare_citations(line: str) -> list[str]:
+    """Mentions of an outside document's name that are not ``docs/<name>`` (bare, or another path)."""
+    return [m.group(0) for m in CITATION.finditer(line) if m.group(1) not in OUR_DIRS]
+
+
+def test_the_citation_pattern() -> None:
+    md = _MD
+    assert bare_citations(f"see protocols{md} 2.5") == [f"protocols{md}"]
+    assert bare_citations(f"(anchors{md} Part A 1.1)") == [f"anchors{md}"]
+    assert bare_citations(f"DESIGN{md} section 6, real-cluster{md}, style{md}") == [
+        f"DESIGN{md}", f"real-cluster{md}", f"style{md}"]
+    assert bare_citations(f"see docs/protocols{md} 2.5 and docs/prior-art{md} Part B") == []
+    assert bare_citations(f"./docs/anchors{md}") == []
+    assert bare_citations(f"reference/protocols{md}") == [f"reference/protocols{md}"]
+    assert bare_citations(f"[link](anchors{md}#part-b)") == [f"anchors{md}"]
+    assert bare_citations(f"docs/protocols{md}x, myprotocols{md}") == []
+
+
+def test_no_tracked_file_cites_an_outside_document() -> None:
+    hits: list[str] = []
+    for path in tracked_files():
+        text = text_of(path)
+        if text is None:
+            continue
+        for lineno, line in enumerate(text.splitlines(), 1):
+            hits.extend(f"{path.relative_to(ROOT)}:{lineno}: {word}" for word in bare_citations(line))
+    assert not hits, (
+        "these files cite documents outside the repository; cite docs/protocols.md or "
+        "docs/prior-art.md (same section numbers) instead:\n" + "\n".join(hits)
+    )
+
+
+@pytest.mark.parametrize("page", sorted(OUR_PAGES))
+def test_our_restating_pages_exist_and_name_upstream(page: str) -> None:
+    path = ROOT / "docs" / page
+    assert path.is_file(), f"docs/{page} is missing"
+    text = path.read_text()
+    for heading in OUR_PAGES[page]:
+        assert heading in text, f"docs/{page} lost its section {heading!r}"
+    assert text.count("**Upstream:**") >= 3, f"docs/{page} must name the upstream source of each section"

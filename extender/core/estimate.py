@@ -4,7 +4,7 @@ One call estimates any number of nodes at once (numpy arrays, no Python loop ove
 extender scores thousands of candidates per request with it, the scaler takes its look-ahead from
 it and the simulator times every pod start with it.
 
-The model (DESIGN.md section 3). For a pod of profile *w* on node *n* of class *c*, in seconds::
+The model (README.md, "Startup-time estimate"). For a pod of profile *w* on node *n* of class *c*, in seconds::
 
     T          = T_queue + T_image + T_weights + T_compile + T_graph + T_init
     T_image    = 0 if the image is on n, else image_bytes / image_pull_bps(c)

@@ -2,7 +2,7 @@
 
 Each forecaster turns a demand history into the demand expected one *lead* ahead, as a point value
 and an upper quantile, in the unit of the history (requests/s or tokens/s). The scaler sizes the
-forecast need from the upper quantile (DESIGN.md section 6). One registry, :data:`FORECASTERS`,
+forecast need from the upper quantile (docs/scaler.md section 1). One registry, :data:`FORECASTERS`,
 maps the policy's ``scaling.forecaster`` name to the implementation; ``auto`` is the default.
 
 Pipeline, every call::
@@ -153,7 +153,7 @@ def enough_errors(count: int, k: int) -> bool:
 
 
 class ForecastParams(BaseModel):
-    """Constants, fit schedule, quantile level and grid of the forecasters (defaults: DESIGN.md section 6).
+    """Constants, fit schedule, quantile level and grid of the forecasters (defaults: docs/scaler.md section 1).
 
     ``alpha``, ``beta``, ``gamma``, ``phi``: the fixed constants, used when ``fit`` is off or the
     history is too short to fit (level, trend, season smoothing; trend damping, 1 = none). ``fit``:

@@ -7,7 +7,7 @@ inputs and each intermediate number, so ``extender scale explain`` can print why
 Units: demand and per-replica capacity in the same rate (requests/s or tokens/s, ``unit``); queue
 depth in the matching amount (requests or tokens); times in seconds; replicas are counts.
 
-The rules (DESIGN.md section 6; anchors.md Part B for the failures they avoid)::
+The rules (docs/scaler.md; docs/prior-art.md Part B for the failures they avoid)::
 
     current    = ready + starting                   replicas still starting are capacity in flight
     r_reactive = (demand + queue / queue_drain_s) / capacity            serve arrivals now and
@@ -46,7 +46,7 @@ Why each rule:
   first start) there is no evidence the load stayed low for the window, and a scale-down is held.
   Scale-ups are not stabilised (the HPA default).
 * **Tolerance.** The published desired-replicas metric goes through the HPA, which ignores a change
-  within its tolerance (``AverageValue`` target: ratio = desired / current, protocols.md 4.3). The
+  within its tolerance (``AverageValue`` target: ratio = desired / current, docs/protocols.md 4.3). The
   decision applies the same test, in the same floating point, so its result is what the HPA will
   actually do and the stabilisation history records effective recommendations.
 

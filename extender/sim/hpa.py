@@ -1,7 +1,7 @@
 """The HorizontalPodAutoscaler controller for one External metric with an ``AverageValue`` target.
 
-What the stock HPA does every sync period (``pkg/controller/podautoscaler``; protocols.md 4.3;
-anchors.md Part B 1.2), with the upstream defaults:
+What the stock HPA does every sync period (``pkg/controller/podautoscaler``; docs/protocols.md 4.3;
+docs/prior-art.md Part B 1.2), with the upstream defaults:
 
 1. Replicas for the metric (``GetExternalPerPodMetricReplicas``), in milli-units::
 

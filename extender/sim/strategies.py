@@ -13,7 +13,7 @@ The stock HPA (extender.sim.hpa) uses its upstream defaults everywhere: 15 s syn
 and ``cache-aware`` its metric is the load signal ``demand + queue / queueDrain`` (requests/s, the
 same reactive need the predictive scaler computes) with an ``AverageValue`` target of one replica's
 capacity; for ``predictive`` and ``oracle`` it is the scaler's desired replicas with target 1, as in
-production (DESIGN.md section 6).
+production (docs/scaler.md section 5).
 """
 
 from __future__ import annotations
