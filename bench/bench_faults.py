@@ -35,7 +35,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -146,50 +146,6 @@ class Redis:
                 self.kill()
 
 
-class ConfigMapVolume:
-    """A policy directory laid out and updated as kubelet does for a ConfigMap volume."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.generation = 0
-        root.mkdir()
-
-    @property
-    def path(self) -> Path:
-        return self.root / "policy.yaml"
-
-    def publish(self, text: str) -> None:
-        self.generation += 1
-        new = self.root / f"..gen_{self.generation:03d}"
-        new.mkdir()
-        (new / "policy.yaml").write_text(text)
-        link = self.root / "..data"
-        old = os.readlink(link) if link.is_symlink() else None
-        tmp = self.root / "..data_tmp"
-        tmp.symlink_to(new.name)
-        os.rename(tmp, link)
-        if not self.path.is_symlink():
-            self.path.symlink_to("..data/policy.yaml")
-        if old is not None:
-            (self.root / old / "policy.yaml").unlink()
-            (self.root / old).rmdir()
-
-
-@contextlib.contextmanager
-def stalled(port: int, count: int) -> Iterator[None]:
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.create_connection(("127.0.0.1", port), timeout=10)
-            s.sendall(b"POST /prioritize HTTP/1.1\r\nHost: extender\r\nContent-Type: application/json\r\n"
-                      b"Content-Length: 100000\r\n\r\n{\"Pod\": {")
-            socks.append(s)
-        yield
-    finally:
-        for s in socks:
-            s.close()
-
-
 def readyz(port: int) -> dict[str, Any]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
@@ -245,6 +201,8 @@ def run(clients: int, requests: int, nodes: int, slow: int) -> dict[str, Any]:
     from bench.bench_extender import inventory, vllm_pod
     from extender.files import policy_version
     from extender.state import InventoryStore, connect
+    from tests.test_fault_reload import ConfigMapVolume  # the same kubelet layout the tests use
+    from tests.test_fault_slow import stalled_connections
 
     tmp = Path(tempfile.mkdtemp(prefix="extfaults-"))
     redis_server = Redis(tmp)
@@ -273,7 +231,7 @@ def run(clients: int, requests: int, nodes: int, slow: int) -> dict[str, Any]:
         body = json.dumps({"Pod": vllm_pod(), "Nodes": None, "NodeNames": [r.name for r in records]}).encode()
         total = clients * requests
         progress = [0]
-        with stalled(port, slow):
+        with stalled_connections(port, slow):
             watcher = threading.Thread(target=watch, args=(port, outcome, stop), daemon=True)
             watcher.start()
             threads = [threading.Thread(target=client, args=(port, body, requests, outcome, progress), daemon=True)
