@@ -19,7 +19,7 @@ from extender.server.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
 
-#: Fields of kubescheduler.config.k8s.io/v1 Extender (docs/protocols.md 3); v1 decoding is strict.
+#: Fields of kubescheduler.config.k8s.io/v1 Extender (docs/kubernetes-interfaces.md 3); v1 decoding is strict.
 EXTENDER_FIELDS = {
     "urlPrefix", "filterVerb", "preemptVerb", "prioritizeVerb", "weight", "bindVerb", "enableHTTPS",
     "tlsConfig", "httpTimeout", "nodeCacheCapable", "managedResources", "ignorable",

@@ -58,5 +58,5 @@ SHARD_BYTES = int(3.9 * GiB)
 #: unverified here, so profiles should state the value they run with.
 LOADER_CONCURRENCY = 16
 
-#: HPA sync period and the scaler tick. docs/protocols.md section 4.3: sync period 15s.
+#: HPA sync period and the scaler tick. docs/kubernetes-interfaces.md section 4.3: sync period 15s.
 TICK_S = 15.0

@@ -414,7 +414,7 @@ class Scaling(Schema):
     step: Annotated[Duration, Field(gt=0)] | None = None
     #: Seconds within which the reactive need drains the current queue.
     queue_drain: Annotated[Duration, Field(gt=0)] = 60.0
-    #: The HPA's tolerance (docs/protocols.md section 4.3); the decision mirrors it to say what will happen.
+    #: The HPA's tolerance (docs/kubernetes-interfaces.md section 4.3); the decision mirrors it to say what will happen.
     tolerance: float = Field(default=0.1, ge=0, lt=1)
 
 

@@ -46,7 +46,7 @@ Why each rule:
   first start) there is no evidence the load stayed low for the window, and a scale-down is held.
   Scale-ups are not stabilised (the HPA default).
 * **Tolerance.** The published desired-replicas metric goes through the HPA, which ignores a change
-  within its tolerance (``AverageValue`` target: ratio = desired / current, docs/protocols.md 4.3). The
+  within its tolerance (``AverageValue`` target: ratio = desired / current, docs/kubernetes-interfaces.md 4.3). The
   decision applies the same test, in the same floating point, so its result is what the HPA will
   actually do and the stabilisation history records effective recommendations.
 

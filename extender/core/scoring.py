@@ -1,6 +1,6 @@
 """Estimated seconds to ready -> the extender's integer scores and filter verdicts.
 
-kube-scheduler adds ``score x weight x 10`` to each node's in-tree total (docs/protocols.md 2.5), reads
+kube-scheduler adds ``score x weight x 10`` to each node's in-tree total (docs/kubernetes-interfaces.md 2.5), reads
 scores as JSON integers and does not clamp them. So a score must be an integer in 0..10, and it
 must mean the same thing on every request: if the mapping were rescaled to the candidates of one
 call, a 2-second difference among cold nodes would become 0 vs 10 and override every in-tree

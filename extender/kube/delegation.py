@@ -1,6 +1,6 @@
 """Delegated authentication and authorization for the External Metrics API: the three cluster calls it makes.
 
-An aggregated API server does not keep users of its own; it asks the cluster (docs/protocols.md 4.6):
+An aggregated API server does not keep users of its own; it asks the cluster (docs/kubernetes-interfaces.md 4.6):
 
 * ``TokenReview`` (``authentication.k8s.io/v1``): who does this bearer token belong to?
 * ``SubjectAccessReview`` (``authorization.k8s.io/v1``): may this user ``list`` this metric?

@@ -6,7 +6,7 @@ Every scaler pod serves the API from Redis, so the APIService's Service may rout
 only the elected leader's loop writes (extender.state.lock). One worker, because each worker would
 otherwise run its own loop candidate: correct (the lock still elects one), but pointless work.
 
-TLS (docs/protocols.md 4.6): the server certificate from ``--tls-cert``/``--tls-key``; client
+TLS (docs/kubernetes-interfaces.md 4.6): the server certificate from ``--tls-cert``/``--tls-key``; client
 certificates are *requested* (``CERT_OPTIONAL``) and verified against the request-header CA plus
 the client CA, so the aggregator's front-proxy certificate and direct clients' certificates both
 pass the handshake and :mod:`extender.server.metrics_auth` decides what each may do. A client

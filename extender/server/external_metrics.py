@@ -1,6 +1,6 @@
 """The External Metrics API (``external.metrics.k8s.io/v1beta1``) that the stock HPA reads the scaler through.
 
-Served by ``extender scale`` on its own port; paths, JSON and status codes follow docs/protocols.md
+Served by ``extender scale`` on its own port; paths, JSON and status codes follow docs/kubernetes-interfaces.md
 section 4 to the letter:
 
 * discovery: ``GET /apis`` (APIGroupList), ``GET /apis/external.metrics.k8s.io`` (APIGroup),

@@ -1,7 +1,7 @@
 """Kubernetes label selectors in their string form, parsed and matched as ``k8s.io/apimachinery/pkg/labels`` does.
 
 The HPA sends its ``metric.selector`` to the External Metrics API as ``labels.Selector.String()``
-(docs/protocols.md 4.1): comma-joined requirements, sorted by key. Every form is accepted::
+(docs/kubernetes-interfaces.md 4.1): comma-joined requirements, sorted by key. Every form is accepted::
 
     key=value   key==value   key!=value        equality (``!=`` also matches a missing key)
     key in (a,b)      key notin (a,b)          set membership (``notin`` also matches a missing key)

@@ -3,7 +3,7 @@
 Worker class: gunicorn's asyncio worker (``asgi``) for ``extender serve``, ``gthread`` on request and
 for ``extender scale``. kube-scheduler's HTTP client keeps connections alive and sends about one
 filter and one prioritize call at a time per scheduler (the scheduling cycle is sequential,
-docs/protocols.md 2.10). ``sync`` workers close the connection after every reply, so every call would
+docs/kubernetes-interfaces.md 2.10). ``sync`` workers close the connection after every reply, so every call would
 pay a TCP (and TLS) handshake; ``gevent``/``eventlet`` would add monkey-patching for concurrency the
 CPU-bound work cannot use. ``gthread`` parks idle keep-alive connections in a selector but lets a
 pool thread read each request in a blocking read, so a few clients that stall mid-request hold

@@ -17,7 +17,7 @@ import os
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
 
 #: Latency buckets from 0.5 ms: at 5,000 candidates a reply takes a few milliseconds, and the
-#: scheduler's budget for all extenders together is about 10 ms per pod (docs/protocols.md 6).
+#: scheduler's budget for all extenders together is about 10 ms per pod (docs/kubernetes-interfaces.md 6).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 

@@ -1,6 +1,6 @@
 """Authentication and authorization of the External Metrics API, the way an aggregated API server does it.
 
-Who calls us (docs/protocols.md 4.6): kube-apiserver's aggregator, proxying the HPA controller's (or a
+Who calls us (docs/kubernetes-interfaces.md 4.6): kube-apiserver's aggregator, proxying the HPA controller's (or a
 person's) request over TLS with its *front-proxy client certificate*, the caller's identity in
 ``X-Remote-User`` / ``X-Remote-Group`` / ``X-Remote-Extra-*`` headers; or a client talking to us
 directly with a bearer token or its own client certificate. In that order:

@@ -22,7 +22,7 @@ a bug outside the guard  HTTP 500 ``{"error": ...}``                      outcom
 =======================  ===============================================  ====================
 
 No ``bind`` verb: binding through an extender replaces the in-tree binder (the extender must then
-create the Binding itself, docs/protocols.md 2.7) and buys nothing for cache-aware placement, which is
+create the Binding itself, docs/kubernetes-interfaces.md 2.7) and buys nothing for cache-aware placement, which is
 decided at scoring time. No ``preempt`` verb either: our verdicts do not depend on which pods run.
 """
 

@@ -1,11 +1,11 @@
 """The kube-scheduler extender v1 wire format: parsing ``ExtenderArgs``, encoding results.
 
-The Go types in ``k8s.io/kube-scheduler/extender/v1`` have no JSON tags (docs/protocols.md 1.1), so the
+The Go types in ``k8s.io/kube-scheduler/extender/v1`` have no JSON tags (docs/kubernetes-interfaces.md 1.1), so the
 scheduler sends and expects the Go field names (``Pod``, ``Nodes``, ``NodeNames``, ``Host``,
 ``Score``, ...), without ``omitempty``, and its decoder matches keys case-insensitively. We accept
 any letter case on input and always emit the exact Go names.
 
-Rules taken from the scheduler's side (docs/protocols.md 2.2, 2.5) that shape the encoders:
+Rules taken from the scheduler's side (docs/kubernetes-interfaces.md 2.2, 2.5) that shape the encoders:
 
 * a filter reply must carry ``NodeNames`` (cache mode) or ``Nodes`` (full mode); with neither, or
   with an empty list, the scheduler drops every node;

@@ -1,6 +1,6 @@
 """The HorizontalPodAutoscaler controller for one External metric with an ``AverageValue`` target.
 
-What the stock HPA does every sync period (``pkg/controller/podautoscaler``; docs/protocols.md 4.3;
+What the stock HPA does every sync period (``pkg/controller/podautoscaler``; docs/kubernetes-interfaces.md 4.3;
 docs/prior-art.md Part B 1.2), with the upstream defaults:
 
 1. Replicas for the metric (``GetExternalPerPodMetricReplicas``), in milli-units::

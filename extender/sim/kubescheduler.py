@@ -10,14 +10,14 @@ Reproduced (integer arithmetic as in the Go code, so scores match upstream exact
   Upstream scores ``cpu`` and ``memory`` by default; GPU pods request those roughly in proportion to
   their GPUs, so scoring the GPUs ranks nodes the same way without inventing CPU figures.
 * **ImageLocality** (``pkg/scheduler/framework/plugins/imagelocality``; docs/prior-art.md Part A 1.1,
-  docs/protocols.md 5)::
+  docs/kubernetes-interfaces.md 5)::
 
       scaled_i = int(size_i x num_nodes_i / total_nodes)      per image of the pod present on the node
       sum      = clamp(sum_i scaled_i, 23 MiB, 1000 MiB x containers)
       score    = 100 x (sum - 23 MiB) // (1000 MiB x containers - 23 MiB)
 
 * Default plugin weights: NodeResourcesFit 1, ImageLocality 1 (the v1 default profile).
-* The extender's prioritize score adds ``score x weight x 10`` (docs/protocols.md 2.5), and the highest
+* The extender's prioritize score adds ``score x weight x 10`` (docs/kubernetes-interfaces.md 2.5), and the highest
   total wins, ties broken uniformly at random (a seeded generator here).
 
 Left out, because they do not separate the candidates of this model: TaintToleration, NodeAffinity
