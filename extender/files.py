@@ -12,7 +12,9 @@ import logging
 import os
 import stat
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from extender.core.errors import DocumentError, PolicyError, Problem
 from extender.core.policy import Policy, parse_policy
@@ -104,21 +106,34 @@ def load_policy_to_start(path: str | Path, command: str) -> tuple[Policy, str] |
         return None
 
 
-class PolicyFile:
-    """A policy file watched for edits, for long-running commands that take a new policy without a
-    restart (``extender scale``; the extender has its own, per worker, in its refresher).
+@dataclass(frozen=True)
+class PolicyPoll:
+    """What one look at a policy file found: ``unchanged``, ``reloaded`` (with the new ``policy``),
+    ``invalid`` (a new text that does not validate) or ``unreadable``."""
 
-    :meth:`poll` is cheap when nothing changed (one ``stat``); when the file's identity changed it
-    reads it and returns the new policy only if its text is new *and* valid. An unreadable or invalid
-    file keeps the last good policy and is logged once per distinct problem. The path is not
-    resolved once: kubelet swaps a ConfigMap volume's ``..data`` symlink, and a resolved path would
-    watch the old copy forever.
+    outcome: Literal["unchanged", "reloaded", "invalid", "unreadable"]
+    policy: Policy | None = None
+
+
+class PolicyFile:
+    """A policy file watched for edits: the one hot-reload mechanism of every long-running command
+    (each extender worker's refresher, the scaler's loop).
+
+    :meth:`poll` costs one ``stat`` when nothing changed; when the file's identity changed it reads
+    it and takes the policy only if its text is new *and* valid. An unreadable or invalid file keeps
+    the last good policy and is logged once per distinct problem, and a rejected text is not parsed
+    again. The path is made absolute but not resolved: kubelet swaps a ConfigMap volume's ``..data``
+    symlink, and a resolved path would watch the old copy forever. The first poll always reads the
+    file, so a process started with an older policy (a worker gunicorn restarts after a reload gets
+    the launch-time one) takes the file's current one at once.
     """
 
-    def __init__(self, path: str | Path, version: str) -> None:
+    def __init__(self, path: str | Path, version: str | None) -> None:
         self.path = Path(os.path.abspath(path))
+        #: The version (:func:`policy_version`) of the policy the caller holds; ``None``: unknown.
         self.version = version
-        self._signature = self._stat()
+        self._signature: tuple[int, int, int] | None = (-1, -1, -1)  # no real file has it
+        self._rejected: str | None = None
         self._reported: str | None = None
 
     def _stat(self) -> tuple[int, int, int] | None:
@@ -128,25 +143,33 @@ class PolicyFile:
             return None
         return (st.st_mtime_ns, st.st_size, st.st_ino)
 
-    def poll(self) -> Policy | None:
-        """The new policy when the file now holds a different valid one; else ``None``."""
+    def poll(self) -> PolicyPoll:
+        """Look at the file once (see the class docstring)."""
         signature = self._stat()
         if signature == self._signature:
-            return None
+            return PolicyPoll("unchanged")
         self._signature = signature
         try:
             text = read_text(self.path)
-            version = policy_version(text)
-            if version == self.version:
-                return None
+        except DocumentError as exc:
+            self._report(exc, "unreadable")
+            return PolicyPoll("unreadable")
+        version = policy_version(text)
+        if version in (self.version, self._rejected):
+            return PolicyPoll("unchanged")
+        try:
             policy = parse_policy(text, str(self.path))
         except DocumentError as exc:
-            problems = "\n".join(f"  {p}" for p in exc.problems)
-            if problems != self._reported:
-                self._reported = problems
-                log.error("policy %s changed but cannot be used; keeping the last good policy:\n%s",
-                          self.path, problems)
-            return None
+            self._rejected = version
+            self._report(exc, "invalid")
+            return PolicyPoll("invalid")
         self.version, self._reported = version, None
-        log.info("policy %s reloaded (version %s): %d profile(s)", self.path, version, len(policy.profiles))
-        return policy
+        log.info("policy %s reloaded (version %s): %d node class(es), %d profile(s)", self.path, version,
+                 len(policy.node_classes), len(policy.profiles))
+        return PolicyPoll("reloaded", policy)
+
+    def _report(self, exc: DocumentError, what: str) -> None:
+        problems = "\n".join(f"  {p}" for p in exc.problems)
+        if problems != self._reported:
+            self._reported = problems
+            log.error("policy %s is %s; keeping the last good policy. Problems:\n%s", self.path, what, problems)

@@ -402,7 +402,7 @@ def test_an_edited_policy_file_is_taken_from_the_next_tick(redis_server: RedisSe
     assert DecisionStore(rig.client).published()["qwen3"].desired == 1 and seen == []
 
     path.write_text("apiVersion: extender.io/v1alpha1\nkind: Policy\nprofiles: [{name: 7}]\n")  # invalid
-    assert watcher.poll() is None
+    assert watcher.poll().outcome == "invalid"
     path.write_text(policy_text(min_replicas=3))
     rig.clock[0] += TICK
     LoopThread(rig.loop, max_ticks=1, policy_file=watcher).run()

@@ -210,7 +210,7 @@ def _scale(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig, kube_context=args.context, tick_s=args.tick, lease_ttl_s=args.lease_ttl,
         identity=args.identity or default_identity(), run_loop=not args.no_loop,
         auth=resolve_auth(args) if serving else AuthSettings(delegated=False),
-        policy_path=Path(os.path.abspath(args.policy)), policy_version=version,
+        policy_path=Path(args.policy), policy_version=version,
         **({"history_max_age_s": args.history_max_age} if args.history_max_age else {}),
         **({"history_max_points": args.history_max_points} if args.history_max_points else {}),
     )

@@ -314,7 +314,7 @@ class LoopThread:
         try:
             while not self._stop.is_set():
                 started = time.monotonic()
-                reloaded = self.policy_file.poll() if self.policy_file is not None else None
+                reloaded = self.policy_file.poll().policy if self.policy_file is not None else None
                 if reloaded is not None:
                     self.loop.set_policy(reloaded)
                     period = self.loop.tick_s or 15.0

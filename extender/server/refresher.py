@@ -25,15 +25,14 @@ one rebuild, and doubles as the health check that drives fail-open.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
 
-from extender.core.errors import DocumentError, StateError, StoreUnavailableError
+from extender.core.errors import StateError, StoreUnavailableError
 from extender.core.inventory import InventorySnapshot, NodeState
-from extender.core.policy import Policy, parse_policy
-from extender.files import policy_version, read_text
+from extender.core.policy import Policy
+from extender.files import PolicyFile
 from extender.server.engine import Engine
 from extender.server.metrics import Metrics
 from extender.server.settings import Settings, Store
@@ -100,11 +99,8 @@ class Refresher:
         self._last_full = -float("inf")
         self._rebuild_cost = 0.0
         self._policy_dirty = False
-        # No real stat looks like this: the first check reads the file and compares its version
-        # with the policy we hold (which may be the launcher's, older than the file).
-        self._policy_sig: tuple[int, int, int] | None = (-1, -1, -1)
+        self.policy_file = PolicyFile(settings.policy_path, version)
         self._policy_checked = time.monotonic()
-        self._rejected_version: str | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -274,43 +270,17 @@ class Refresher:
 
     # ---- policy hot reload -----------------------------------------------------------------------
 
-    def _stat(self) -> tuple[int, int, int] | None:
-        try:
-            st = os.stat(self.settings.policy_path)  # follows ConfigMap's ..data symlink swap
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size, st.st_ino)
-
     def check_policy(self) -> bool:
-        """Reload the policy if the file changed; True when a new policy was taken."""
+        """Reload the policy if the file holds a new valid one (:class:`PolicyFile`); True when taken."""
         self._policy_checked = time.monotonic()
-        sig = self._stat()
-        if sig == self._policy_sig:
-            return False
-        self._policy_sig = sig
-        path = str(self.settings.policy_path)
-        try:
-            text = read_text(path)
-        except DocumentError as exc:
-            if self.throttle.allow(f"policy-read:{exc}") is not None:
-                log.error("policy file %s unreadable, keeping the last good policy: %s", path, exc)
-            return False
-        version = policy_version(text)
-        if version in (self.policy_version, self._rejected_version):
-            return False
-        try:
-            policy = parse_policy(text, path)
-        except DocumentError as exc:
-            self._rejected_version = version
+        found = self.policy_file.poll()
+        if found.outcome == "invalid":
             self.metrics.policy_reloads.labels("invalid").inc()
-            log.error("policy %s changed but is invalid; keeping the last good policy. Problems:\n%s",
-                      path, "\n".join(f"  {p}" for p in exc.problems))
+        if found.policy is None:
             return False
-        self.policy, self.policy_version = policy, version
+        self.policy, self.policy_version = found.policy, self.policy_file.version
         self._policy_dirty = True
         self.metrics.policy_reloads.labels("ok").inc()
-        log.info("policy %s reloaded: %d node class(es), %d profile(s)", path,
-                 len(policy.node_classes), len(policy.profiles))
         return True
 
     # ---- request path ----------------------------------------------------------------------------
