@@ -338,7 +338,8 @@ class InventoryStore:
             names = [_text(n) for n in raw_names]
             fetched = self.client.mget([self.keys.node(n) for n in names]) if names else []
         changed: dict[str, NodeState | None] = {}
-        corrupt = {k: v for k, v in self.corrupt.items() if k not in {self.keys.node(n) for n in names}}
+        reread = {self.keys.node(n) for n in names}  # their old verdicts are replaced below
+        corrupt = {k: v for k, v in self.corrupt.items() if k not in reread}
         for name, raw in zip(names, fetched, strict=True):
             changed[name] = None
             if raw is None:
