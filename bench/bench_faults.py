@@ -221,7 +221,7 @@ def run(clients: int, requests: int, nodes: int, slow: int) -> dict[str, Any]:
     port = free_port()
     log = (tmp / "extender.log").open("ab")
     server = subprocess.Popen(
-        [sys.executable, "-m", "extender.server", "serve", "--policy", str(volume.path), "--bind",
+        [sys.executable, "-m", "extender.api.scheduler", "serve", "--policy", str(volume.path), "--bind",
          f"127.0.0.1:{port}", "--workers", "2", "--redis-url", redis_server.url, "--poll-interval", "0.1",
          "--max-snapshot-age", "30"],
         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})

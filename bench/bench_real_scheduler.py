@@ -162,7 +162,7 @@ def run(sizes: Sequence[int], pods: int, rounds: int, directory: Path) -> dict[s
         InventoryStore(client).replace(records, registry)
         client.close()
         port = free_port()
-        cluster.start("extender", [sys.executable, "-m", "extender.server", "serve", "--policy", str(POLICY),
+        cluster.start("extender", [sys.executable, "-m", "extender.api.scheduler", "serve", "--policy", str(POLICY),
                                    "--bind", f"127.0.0.1:{port}", "--data-dir", str(data_dir),
                                    "--max-snapshot-age", "3600"])
         cluster.kubectl("create", "namespace", NAMESPACE)

@@ -133,12 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     ck.set_defaults(handler=_cachekey)
 
     # Commands with I/O live beside the code they drive; importing them builds no client.
-    # (extender.server.commands imports no Flask app: `serve` must set up Prometheus' multiprocess
+    # (extender.api.scheduler.commands imports no Flask app: `serve` must set up Prometheus' multiprocess
     # directory before the app module is imported.)
     from extender.agent import commands as agent_commands
+    from extender.api.scheduler import commands as server_commands
     from extender.kube import commands as kube_commands
     from extender.scaler import commands as scale_commands
-    from extender.server import commands as server_commands
     from extender.sim import commands as sim_commands
     from extender.state import commands as inventory_commands
     from extender.warm import commands as warm_commands

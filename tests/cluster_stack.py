@@ -31,7 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from extender.agent.layout import mark_complete, weights_dir, write_manifest
+from extender.layout import mark_complete, weights_dir, write_manifest
 from extender.state import InventoryStore, connect
 from tests.kube_double.waiting import wait_until
 from tests.net import free_port
@@ -316,7 +316,7 @@ def running(cluster: Cluster, redis: RedisServer, directory: Path, demand: Deman
             stack.python(f"agent-{name}", ["agent", "--node-name", name, "--cache-root", str(root),
                                            "--interval", "0.2", "--redis-url", redis.url, "--label-nodes",
                                            "--kubeconfig", str(agent_config)], AGENT_COMMAND)
-        cluster.start("extender", [sys.executable, "-m", "extender.server", "serve", "--policy", str(policy),
+        cluster.start("extender", [sys.executable, "-m", "extender.api.scheduler", "serve", "--policy", str(policy),
                                    "--bind", f"127.0.0.1:{stack.extender_port}", "--workers", "1",
                                    "--threads", "4", "--redis-url", redis.url, "--poll-interval", "0.1",
                                    "--min-rebuild-interval", "0.1"], env=env())

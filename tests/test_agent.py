@@ -21,11 +21,11 @@ from typing import Any
 import pytest
 import redis
 
-from extender.agent.layout import COMPLETE, compile_dir, mark_complete, snapshot_dir, weights_dir
 from extender.agent.loop import Agent, AgentSettings
 from extender.core.errors import StoreUnavailableError
 from extender.kube.client import KubeClient
 from extender.kube.labels import NodeLabeler, label_key, label_patch
+from extender.layout import COMPLETE, compile_dir, mark_complete, snapshot_dir, weights_dir
 from extender.state import InventoryStore, connect
 from extender.state.sources import SourceStore
 from tests.conftest import RedisServer

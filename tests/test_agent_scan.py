@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from extender.agent import scan as scan_module
-from extender.agent.layout import (
+from extender.agent.scan import CacheScan, ManifestCache, WeightsEntry, scan_cache
+from extender.layout import (
     COMPLETE,
     MANIFEST,
     Manifest,
@@ -29,7 +30,6 @@ from extender.agent.layout import (
     weights_dir,
     write_manifest,
 )
-from extender.agent.scan import CacheScan, ManifestCache, WeightsEntry, scan_cache
 
 GiB = 2**30
 

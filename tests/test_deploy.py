@@ -11,10 +11,10 @@ import pytest
 import yaml
 from flask import Flask
 
+from extender.api.scheduler.app import create_app
+from extender.api.scheduler.settings import Settings
+from extender.api.scheduler.verbs import FILTER_VERB, PRIORITIZE_VERB
 from extender.core.policy import parse_policy
-from extender.server.app import create_app
-from extender.server.scheduler import FILTER_VERB, PRIORITIZE_VERB
-from extender.server.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"

@@ -6,7 +6,7 @@ Every component is a real process started the way its deployment starts it:
 * ``extender sync`` list-watches them into Redis;
 * ``extender agent`` runs for two of the nodes, each on its own cache root (the third has no agent:
   its record never gets a heartbeat, so it stays cold);
-* ``python -m extender.server serve`` (gunicorn) answers kube-scheduler's ``/prioritize``.
+* ``python -m extender.api.scheduler serve`` (gunicorn) answers kube-scheduler's ``/prioritize``.
 
 Then weights are written into one node's cache root the way a loader would (shards, manifest,
 completion marker last) and that node's score rises after the agent's next scan and the
@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from extender.agent.layout import mark_complete, weights_dir, write_manifest
+from extender.layout import mark_complete, weights_dir, write_manifest
 from extender.state import InventoryStore, connect
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
@@ -208,7 +208,7 @@ def running_stack(tmp_path: Path, policy_text: str, redis_url: str, *,
             stack.enter_context(process([sys.executable, "-c", agent_command, "agent", "--node-name", name,
                                          "--cache-root", str(root), "--interval", "0.2",
                                          "--redis-url", redis_url], logs / f"agent-{name}.log"))
-        stack.enter_context(process([sys.executable, "-m", "extender.server", "serve", "--policy", str(policy),
+        stack.enter_context(process([sys.executable, "-m", "extender.api.scheduler", "serve", "--policy", str(policy),
                                      "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "2",
                                      "--redis-url", redis_url, "--poll-interval", "0.1",
                                      "--min-rebuild-interval", "0.1"], logs / "extender.log"))

@@ -1,6 +1,6 @@
 """The extender end to end: real gunicorn on loopback, real Redis, requests shaped as kube-scheduler sends them.
 
-Each test starts ``python -m extender.server serve`` (the same entry ``extender serve`` uses) on a
+Each test starts ``python -m extender.api.scheduler serve`` (the same entry ``extender serve`` uses) on a
 free port and always stops it. Replies are read the way the scheduler's Go decoder reads them
 (:func:`go_filter`, :func:`go_prioritize`): keys case-insensitively, scores as JSON integers (a float
 would fail the decode), the prioritize reply as an array, and a filter reply without
@@ -263,7 +263,7 @@ def running(command: list[str], tmp_path: Path, port: int, *, tls_context: ssl.S
 
 
 def serve_command(policy: Path, port: int, redis_url: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "extender.server", "serve", "--policy", str(policy),
+    return [sys.executable, "-m", "extender.api.scheduler", "serve", "--policy", str(policy),
             "--bind", f"127.0.0.1:{port}", "--workers", "1", "--threads", "4", "--redis-url", redis_url,
             "--poll-interval", "0.1", "--max-snapshot-age", "1.5", *extra]
 
@@ -426,9 +426,9 @@ def test_frozen_redis_means_stale_snapshot_and_requests_never_wait(extender: Ser
 
 def faulty_app() -> Flask:
     """gunicorn factory for the exception test: the real app with scoring that raises."""
-    from extender.server.app import create_app
-    from extender.server.engine import Engine
-    from extender.server.settings import Settings
+    from extender.api.scheduler.app import create_app
+    from extender.api.scheduler.engine import Engine
+    from extender.api.scheduler.settings import Settings
 
     def boom(*_: Any, **__: Any) -> Any:
         raise RuntimeError("injected scoring failure")
@@ -543,7 +543,7 @@ def test_policy_change_on_disk_is_picked_up_and_invalid_one_ignored(extender: Se
 def test_serve_refuses_an_invalid_policy(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text(POLICY.replace("count: 8", "count: 0").replace("secondsPerPoint: 30s", "secondsPerPoint: soon"))
-    done = subprocess.run([sys.executable, "-m", "extender.server", "serve", "--policy", str(bad),
+    done = subprocess.run([sys.executable, "-m", "extender.api.scheduler", "serve", "--policy", str(bad),
                            "--bind", f"127.0.0.1:{free_port()}"], capture_output=True, text=True, cwd=ROOT,
                           timeout=60, check=False)
     assert done.returncode == 1
@@ -556,7 +556,8 @@ def test_explain_command_reads_the_live_inventory(policy_file: Path, redis_serve
     load_inventory(redis_server.url, tmp_path)
     pod_file = tmp_path / "pod.json"
     pod_file.write_text(json.dumps(vllm_pod()))
-    base = [sys.executable, "-m", "extender.server", "explain", "--policy", str(policy_file), "--pod", str(pod_file),
+    base = [sys.executable, "-m", "extender.api.scheduler", "explain", "--policy", str(policy_file),
+            "--pod", str(pod_file),
             "--redis-url", redis_server.url, "--nodes", "gpu-fast-warm,gpu-new"]
     table = subprocess.run(base, capture_output=True, text=True, cwd=ROOT, timeout=60, check=False)
     assert table.returncode == 0, table.stderr
@@ -576,8 +577,8 @@ def test_explain_command_reads_the_live_inventory(policy_file: Path, redis_serve
 def test_a_heartbeat_costs_a_reader_one_record_not_the_inventory(
         policy_file: Path, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # 1,000 heartbeats a second used to make every worker re-read all 15,000 records per reload
-    from extender.server.app import create_app
-    from extender.server.settings import Settings
+    from extender.api.scheduler.app import create_app
+    from extender.api.scheduler.settings import Settings
     from extender.state import store as store_module
 
     decoded: list[str] = []

@@ -15,8 +15,7 @@ from flask import Flask
 from flask.testing import FlaskClient
 from werkzeug.datastructures import Headers
 
-from extender.core.errors import StateError, StoreUnavailableError
-from extender.server.external_metrics import (
+from extender.api.external_metrics.app import (
     GROUP_VERSION,
     PEER_CERT_ENVIRON,
     ExternalMetricsApi,
@@ -24,8 +23,7 @@ from extender.server.external_metrics import (
     format_quantity,
     rfc3339,
 )
-from extender.server.label_selector import Selector, SelectorError, parse_selector
-from extender.server.metrics_auth import (
+from extender.api.external_metrics.auth import (
     Access,
     AuthConfig,
     Authenticator,
@@ -36,6 +34,8 @@ from extender.server.metrics_auth import (
     User,
     parse_list,
 )
+from extender.api.external_metrics.label_selector import Selector, SelectorError, parse_selector
+from extender.core.errors import StateError, StoreUnavailableError
 from extender.state.decisions import Published
 
 # ---- label selectors -----------------------------------------------------------------------------

@@ -19,12 +19,12 @@ from typing import Any
 import pytest
 import yaml
 
+from extender.api.external_metrics.app import GROUP, METRICS, VERSION, WORKLOAD_LABEL
 from extender.core.policy import parse_policy
 from extender.kube.client import KubeClient
 from extender.scaler import commands
 from extender.scaler.loop import ScaleLoop, scaled_profiles
 from extender.scaler.serve import KubePodLister
-from extender.server.external_metrics import GROUP, METRICS, VERSION, WORKLOAD_LABEL
 from extender.state import connect
 from extender.state.decisions import DecisionStore
 from extender.state.history import HistoryStore

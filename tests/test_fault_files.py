@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from extender.agent.layout import MANIFEST, weights_dir
 from extender.agent.scan import scan_cache
 from extender.core.document import MAX_DEPTH, MAX_VALUES
 from extender.core.errors import PolicyError
 from extender.files import MAX_DOCUMENT_BYTES, load_policy
+from extender.layout import MANIFEST, weights_dir
 from tests.test_agent_scan import make_weights
 from tests.test_scoring import POLICY
 
@@ -181,8 +181,8 @@ def test_a_top_level_directory_that_is_a_symlink_is_not_followed(tmp_path: Path,
 def test_sparse_files_larger_than_the_disk_are_counted_by_their_blocks(tmp_path: Path) -> None:
     # 11.5 PB of sparse files on a 270 GB disk were believed. Sizes that add up to more than the
     # filesystem holds cannot all be data: the scan then counts allocated blocks instead.
-    from extender.agent.layout import compile_dir, write_manifest
     from extender.agent.scan import SizeCache
+    from extender.layout import compile_dir, write_manifest
 
     root = tmp_path / "cache"
     st = os.statvfs(tmp_path)

@@ -42,7 +42,7 @@ def test_the_extender_restarts_the_embedded_redis_it_started(tmp_path: Path, emb
     InventoryStore(client).put(NodeState.model_validate({"name": "gpu-1", "heartbeat": 1.0}))
     client.close()
     port = free_port()
-    command = [sys.executable, "-m", "extender.server", "serve", "--policy", str(policy),
+    command = [sys.executable, "-m", "extender.api.scheduler", "serve", "--policy", str(policy),
                "--bind", f"127.0.0.1:{port}", "--workers", "1", "--data-dir", str(embedded_data_dir),
                "--poll-interval", "0.1", "--max-snapshot-age", "1.5"]
     with running(command, tmp_path, port) as server:

@@ -723,8 +723,7 @@ def test_the_same_history_gives_the_same_forecast(name: str, seed: int, n: int, 
 
 def forecast_module_cache_clear() -> None:
     from extender.core import forecast as module
-    with module._CACHE_LOCK:
-        module._CACHE.clear()
+    module._CACHE.clear()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -17,12 +17,12 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from extender.api.scheduler.app import create_app
+from extender.api.scheduler.engine import Engine
+from extender.api.scheduler.settings import Settings
+from extender.api.scheduler.verbs import SchedulerService
 from extender.core.errors import StateError, StoreUnavailableError
 from extender.core.inventory import NodeState, weights_key
-from extender.server.app import create_app
-from extender.server.engine import Engine
-from extender.server.scheduler import SchedulerService
-from extender.server.settings import Settings
 from tests.test_scoring import POLICY
 
 GB = 10**9
@@ -308,7 +308,7 @@ def test_an_exception_is_neutral_and_logged_once(app: Flask, monkeypatch: pytest
 
     monkeypatch.setattr(Engine, "prioritize_names", boom)
     client = app.test_client()
-    with caplog.at_level(logging.ERROR, logger="extender.server.scheduler"):
+    with caplog.at_level(logging.ERROR, logger="extender.api.scheduler.verbs"):
         for _ in range(3):
             assert post(client, "prioritize", args(["fast-warm", "slow-cold"])) == [
                 {"Host": "fast-warm", "Score": 0}, {"Host": "slow-cold", "Score": 0}]
@@ -384,7 +384,7 @@ def test_an_unexpected_error_is_counted_and_logged_once(app: Flask, monkeypatch:
     def boom(_: bytes) -> Any:
         raise ZeroDivisionError("bug in parsing")
 
-    monkeypatch.setattr("extender.server.scheduler.parse_args", boom)
+    monkeypatch.setattr("extender.api.scheduler.verbs.parse_args", boom)
     client = app.test_client()
     with caplog.at_level(logging.ERROR):
         statuses = [client.post("/prioritize", data=json.dumps(args(["fast-warm"]))).status_code for _ in range(3)]
@@ -542,7 +542,7 @@ def test_a_record_that_breaks_the_build_is_skipped_not_the_whole_inventory(
     poison = NodeState.model_construct(**{**record("poison", "fast").__dict__, "gpus_free": 2**64})
     store.set([*fleet(), poison, record("joined-later", "fast", image=True, weights=True)])
     refresher = service(app).refresher
-    with caplog.at_level(logging.WARNING, logger="extender.server.refresher"):
+    with caplog.at_level(logging.WARNING, logger="extender.api.scheduler.refresher"):
         refresher.refresh_once()
         store.set(list(store.records))  # a heartbeat elsewhere: a new version, the same poison
         refresher.refresh_once()
@@ -576,7 +576,7 @@ def test_policy_hot_reload_and_invalid_versions(app: Flask, policy_file: Path,
     # an invalid change: rejected, every problem logged, the last good policy kept
     policy_file.write_text(POLICY.replace("secondsPerPoint: 30s", "secondsPerPoint: -1s")
                            .replace("count: 8", "count: 0"))
-    with caplog.at_level(logging.ERROR, logger="extender.server.refresher"):
+    with caplog.at_level(logging.ERROR, logger="extender.api.scheduler.refresher"):
         assert not refresher.check_policy()
     message = "\n".join(r.getMessage() for r in caplog.records)
     assert "keeping the last good policy" in message

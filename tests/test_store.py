@@ -467,7 +467,8 @@ def test_a_data_dir_too_long_for_a_socket_is_a_clear_error(tmp_path: Path) -> No
 
 
 def test_changes_since_names_what_each_write_touched(store: InventoryStore, client: redis.Redis) -> None:
-    from extender.state.sources import AgentReport, SourceStore
+    from extender.core.reports import AgentReport
+    from extender.state.sources import SourceStore
 
     v1 = store.put_many([node("a"), node("b"), node("c")])
     assert store.changes_since(0)[1].keys() == {"a", "b", "c"}

@@ -24,11 +24,12 @@ import redis
 
 from extender.core.inventory import InventorySnapshot, NodeState, weights_key
 from extender.core.policy import Policy
+from extender.core.reports import AgentReport, KubeReport, Replicas
 from extender.files import load_policy
 from extender.kube.client import KubeClient
 from extender.kube.sync import ClusterSync, SyncSettings
 from extender.state import InventoryStore, connect
-from extender.state.sources import AgentReport, KubeReport, Replicas, SourceStore
+from extender.state.sources import SourceStore
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
 from tests.kube_double.waiting import wait_until

@@ -10,9 +10,9 @@ import pytest
 
 from extender.core.errors import KubeError
 from extender.core.policy import Policy
+from extender.core.reports import Replicas
 from extender.files import load_policy
 from extender.kube.objects import NodeFacts, PodFacts, kube_report, node_facts, parse_count, pod_facts
-from extender.state.sources import Replicas
 
 POLICY_FILE = Path(__file__).resolve().parent.parent / "policies" / "g5-pcie-fleet.yaml"
 

@@ -12,8 +12,9 @@ import pytest
 
 from extender.core.errors import StoreUnavailableError
 from extender.core.inventory import NodeState
+from extender.core.reports import AgentReport, KubeReport, Replicas, merge
 from extender.state import InventoryStore, connect
-from extender.state.sources import AgentReport, KubeReport, Replicas, SourceStore, merge
+from extender.state.sources import SourceStore
 from tests.conftest import RedisServer
 
 AGENT = AgentReport(nvme_total=1000, nvme_free=400, weights={"llama3-8b/main": 16}, compile_keys=("ck1-a",),

@@ -17,12 +17,12 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from extender.agent.layout import COMPLETE, MANIFEST, weights_dir
 from extender.agent.scan import scan_cache
 from extender.core.errors import PolicyError
 from extender.core.inventory import CacheKind, InventorySnapshot, NodeState, cache_id
 from extender.core.policy import Policy, parse_policy
 from extender.core.warming import Action, Eviction
+from extender.layout import COMPLETE, MANIFEST, weights_dir
 from extender.warm.checks import node_warm, present, unsafe_evictions
 from extender.warm.executor import retry_delay
 from extender.warm.jobspec import (

@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from extender.agent.layout import compile_dir, mark_complete, snapshot_dir, weights_dir
 from extender.agent.loop import Agent, AgentSettings
 from extender.agent.scan import SizeCache, scan_cache
 from extender.core.inventory import cache_id
+from extender.core.reports import AgentReport
+from extender.layout import compile_dir, mark_complete, snapshot_dir, weights_dir
 from extender.state import InventoryStore, connect
-from extender.state.sources import AgentReport, SourceStore
+from extender.state.sources import SourceStore
 from tests.conftest import RedisServer
 from tests.test_agent_scan import make_weights, sparse
 

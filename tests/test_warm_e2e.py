@@ -3,7 +3,7 @@
 Real components, started the way their deployments start them (as in tests/test_e2e_agent_scoring.py):
 the API double serving three g5.48xlarge Nodes (kubelet lists the vLLM image on each), ``extender
 sync``, ``extender agent`` for gpu-a and gpu-b on their own cache roots (gpu-c has none: cold), and
-``python -m extender.server serve`` (gunicorn) answering ``/prioritize``. The warm loop runs in the
+``python -m extender.api.scheduler serve`` (gunicorn) answering ``/prioritize``. The warm loop runs in the
 test, ticked as the scaler's leader would tick it, against the double and the same Redis.
 
 The scaler expects one more ``big-llm`` replica within ten minutes. Both agent nodes hold the image,

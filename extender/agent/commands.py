@@ -20,11 +20,10 @@ import threading
 from pathlib import Path
 
 from extender.agent.loop import Agent, AgentSettings, Labeler
-from extender.arguments import positive_float
+from extender.arguments import add_store_options, connect_from_args, positive_float
 from extender.core.errors import ExtenderError
 from extender.core.inventory import DEFAULT_TTL_S
 from extender.process import configure_logging, stop_on_signals
-from extender.state.commands import add_store_options, connect_from_args
 from extender.state.sources import SourceStore
 from extender.state.store import InventoryStore
 

@@ -35,7 +35,7 @@ from extender.agent.scan import CacheScan, ManifestCache, Problem, SizeCache, sc
 from extender.core.backoff import Backoff
 from extender.core.errors import KubeError, StateError
 from extender.core.inventory import DEFAULT_TTL_S
-from extender.state.sources import AgentReport
+from extender.core.reports import AgentReport
 
 log = logging.getLogger(__name__)
 

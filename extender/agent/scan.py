@@ -1,4 +1,4 @@
-"""Scan a node cache root into what it holds (the layout is in :mod:`extender.agent.layout`).
+"""Scan a node cache root into what it holds (the layout is in :mod:`extender.layout`).
 
 The scan reads the filesystem and nothing else; the result is a plain value. It never raises for
 what it finds: a corrupt manifest, a directory it may not read, a file that vanishes between
@@ -38,7 +38,9 @@ from typing import Literal
 from pydantic import ValidationError
 
 from extender.agent.disk import disk_usage
-from extender.agent.layout import (
+from extender.core.inventory import cache_id, weights_key
+from extender.files import read_regular
+from extender.layout import (
     COMPILE,
     COMPLETE,
     MANIFEST,
@@ -48,8 +50,6 @@ from extender.agent.layout import (
     WEIGHTS,
     Manifest,
 )
-from extender.core.inventory import cache_id, weights_key
-from extender.files import read_regular
 
 ProblemKind = Literal["unreadable", "vanished", "corrupt", "inconsistent"]
 
@@ -363,7 +363,7 @@ def read_manifest(directory: Path, cache: ManifestCache | None = None) -> Manife
 def scan_weights(
     walk: _Walk, directory: Path, workload: str, version: str, manifests: ManifestCache | None = None
 ) -> WeightsEntry | None:
-    """One weights version directory (rules in :mod:`extender.agent.layout`); ``None`` if it vanished."""
+    """One weights version directory (rules in :mod:`extender.layout`); ``None`` if it vanished."""
     sizes, top_names, whole, newest = walk.file_sizes(str(directory))
     if not whole and not sizes and not os.path.isdir(directory):
         return None  # evicted while we looked: reported as a problem, not as an empty entry

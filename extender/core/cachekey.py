@@ -61,7 +61,7 @@ from typing import Final
 
 from pydantic import Field, field_validator
 
-from extender.core.errors import ExtenderError
+from extender.core.errors import ExtenderError, InvalidValueError
 from extender.core.schema import Schema
 
 __all__ = [
@@ -148,7 +148,7 @@ class CompileKeyInputs(Schema):
     @classmethod
     def _check_digest(cls, value: str) -> str:
         if not _DIGEST.fullmatch(value):
-            raise ValueError(
+            raise InvalidValueError(
                 "must be the image's content digest, 'sha256:' followed by 64 lowercase hex "
                 f"characters (a tag is not stable enough to key a cache), got {value!r}"
             )
@@ -158,7 +158,7 @@ class CompileKeyInputs(Schema):
     @classmethod
     def _check_engine(cls, value: str) -> str:
         if value not in ENGINES:
-            raise ValueError(f"unknown engine {value!r}; expected one of {sorted(ENGINES)}")
+            raise InvalidValueError(f"unknown engine {value!r}; expected one of {sorted(ENGINES)}")
         return value
 
     @field_validator("ignore_args")
@@ -173,7 +173,7 @@ class CompileKeyInputs(Schema):
     def _check_graph_env(cls, value: dict[str, str]) -> dict[str, str]:
         bad = [name for name in value if not _ENV_NAME.fullmatch(name)]
         if bad:
-            raise ValueError(f"not environment variable names: {bad}")
+            raise InvalidValueError(f"not environment variable names: {bad}")
         return value
 
     @field_validator("launch_args")

@@ -45,6 +45,14 @@ class PolicyError(DocumentError):
     """A policy file is invalid."""
 
 
+class InvalidValueError(ExtenderError, ValueError):
+    """A value outside what a field, a flag or a function accepts.
+
+    Also a ``ValueError``: pydantic turns it into a field error with its location, argparse into a
+    usage error naming the flag, and code that already catches ``ValueError`` keeps working.
+    """
+
+
 class UnitError(ExtenderError, ValueError):
     """A human-unit quantity (``64GiB``, ``40Gbps``, ``53s``) could not be parsed."""
 

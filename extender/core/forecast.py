@@ -107,8 +107,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -373,24 +371,24 @@ class Fitted:
     first: int
 
 
-_CACHE: OrderedDict[tuple[object, ...], object] = OrderedDict()
-_CACHE_LOCK = threading.Lock()
-#: Fits kept per process: a few models of a few workloads over a couple of refit periods.
+#: Fits kept per process: a few models of a few workloads over a couple of refit periods. Each
+#: operation on it is one dict operation, atomic under the GIL, so threads may share it without a
+#: lock: at worst two threads make the same value (identically) and one of the two is kept.
+_CACHE: dict[tuple[object, ...], object] = {}
 CACHE_SIZE = 64
 
 
 def _cached(key: tuple[object, ...], make: Callable[[], object]) -> object:
-    """The value for ``key``, made (outside the lock: two threads may both make it, identically) when absent."""
-    with _CACHE_LOCK:
-        if key in _CACHE:
-            _CACHE.move_to_end(key)
-            return _CACHE[key]
-    value = make()
-    with _CACHE_LOCK:
-        _CACHE[key] = value
-        while len(_CACHE) > CACHE_SIZE:
-            _CACHE.popitem(last=False)
+    """The value for ``key``, made when absent; the oldest entries leave first once the cache is full."""
+    value = _CACHE.get(key, _MISSING)
+    if value is _MISSING:
+        value = _CACHE[key] = make()
+        for old in list(_CACHE)[: max(0, len(_CACHE) - CACHE_SIZE)]:
+            _CACHE.pop(old, None)
     return value
+
+
+_MISSING = object()
 
 
 def _digest(y: F64) -> bytes:

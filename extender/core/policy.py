@@ -37,7 +37,7 @@ from pydantic import AfterValidator, Field, model_validator
 from extender.core import defaults
 from extender.core.cachekey import CompileKeyInputs
 from extender.core.document import Loc, compose, format_path, line_of, validate
-from extender.core.errors import DocumentError, PolicyError, Problem, UnknownNameError
+from extender.core.errors import DocumentError, InvalidValueError, PolicyError, Problem, UnknownNameError
 from extender.core.schema import Schema
 from extender.core.units import Bandwidth, Bytes, Duration
 
@@ -48,7 +48,7 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 def _name(value: str) -> str:
     if not _NAME.match(value) or len(value) > 63:
-        raise ValueError(
+        raise InvalidValueError(
             f"{value!r} is not a valid name: lowercase letters, digits, '-' and '.', "
             "starting and ending with a letter or digit, at most 63 characters"
         )
@@ -66,7 +66,7 @@ _VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
 
 def _reference(value: str) -> str:
     if value and (not _REFERENCE.match(value) or len(value) > 1024 or not value.isprintable()):
-        raise ValueError(
+        raise InvalidValueError(
             f"{value!r} is not a URI or image reference: no spaces, quotes, shell characters "
             "($ ; | & < > ( ) { } * ? [ ] ! # ~ `) or leading '-', at most 1024 characters"
         )
@@ -75,7 +75,7 @@ def _reference(value: str) -> str:
 
 def _version(value: str) -> str:
     if not _VERSION.match(value) or len(value) > 128:
-        raise ValueError(
+        raise InvalidValueError(
             f"{value!r} is not a valid version: letters, digits, '.', '_', '+' and '-', starting "
             "with a letter or digit, at most 128 characters (it names a directory on every node)"
         )
@@ -111,7 +111,7 @@ class Nvme(Schema):
     @model_validator(mode="after")
     def _reserve_fits(self) -> Nvme:
         if self.reserve > self.capacity:
-            raise ValueError("reserve is larger than capacity")
+            raise InvalidValueError("reserve is larger than capacity")
         return self
 
 
@@ -159,7 +159,7 @@ class PodMatch(Schema):
     @model_validator(mode="after")
     def _not_empty(self) -> PodMatch:
         if not self.labels and not self.annotations:
-            raise ValueError("give at least one label or annotation, or every pod would match")
+            raise InvalidValueError("give at least one label or annotation, or every pod would match")
         return self
 
     def matches(self, labels: dict[str, str], annotations: dict[str, str]) -> bool:
@@ -232,7 +232,7 @@ class Compile(Schema):
     @model_validator(mode="after")
     def _warm_not_slower(self) -> Compile:
         if self.warm > self.cold:
-            raise ValueError("warm (from cache) is slower than cold (from scratch)")
+            raise InvalidValueError("warm (from cache) is slower than cold (from scratch)")
         return self
 
 
@@ -295,7 +295,7 @@ class Signal(Schema):
     @model_validator(mode="after")
     def _prometheus_needs_its_section(self) -> Signal:
         if self.source == "prometheus" and self.prometheus is None:
-            raise ValueError("source 'prometheus' needs a prometheus section with at least a url")
+            raise InvalidValueError("source 'prometheus' needs a prometheus section with at least a url")
         return self
 
 
@@ -309,7 +309,7 @@ class ReplicaBounds(Schema):
     @model_validator(mode="after")
     def _bounds(self) -> ReplicaBounds:
         if self.min_replicas > self.max_replicas:
-            raise ValueError(f"minReplicas {self.min_replicas} is larger than maxReplicas {self.max_replicas}")
+            raise InvalidValueError(f"minReplicas {self.min_replicas} is larger than maxReplicas {self.max_replicas}")
         return self
 
 
@@ -365,7 +365,7 @@ class Profile(Schema):
     @model_validator(mode="after")
     def _slo_rule_needs_slo(self) -> Profile:
         if self.filter.require_startup_within_slo and self.startup_slo is None:
-            raise ValueError("filter.requireStartupWithinSlo is set but startupSlo is not")
+            raise InvalidValueError("filter.requireStartupWithinSlo is set but startupSlo is not")
         return self
 
     def matches(self, labels: dict[str, str], annotations: dict[str, str]) -> bool:

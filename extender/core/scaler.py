@@ -68,6 +68,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from extender.core.errors import InvalidValueError
 from extender.core.forecast import Forecast
 
 #: ceil() of a need computed as 11.000000000000002 (1.1 / 0.1) must be 11, not 12.
@@ -137,7 +138,7 @@ class DecisionInputs(_Model):
     @model_validator(mode="after")
     def _bounds(self) -> DecisionInputs:
         if self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+            raise InvalidValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
         return self
 
 

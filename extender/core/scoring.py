@@ -136,10 +136,6 @@ class Judgement:
     verdict: NDArray[np.int8]
     rules: NDArray[np.int8]
 
-    def any_failed(self) -> bool:
-        """True when at least one node does not pass."""
-        return bool(self.verdict.any())
-
 
 def judge(
     profile: Profile,

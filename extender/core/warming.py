@@ -84,6 +84,7 @@ from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from extender.core.cachekey import compile_cache_key
+from extender.core.errors import InvalidValueError
 from extender.core.estimate import CacheState, ClassTable, CompileCache, estimate
 from extender.core.inventory import CacheKind, InventorySnapshot, NodeState, cache_id, weights_key
 from extender.core.policy import NodeClass, Policy, Profile
@@ -702,7 +703,7 @@ def plan(
     names = [e.workload for e in listed]
     if len(set(names)) != len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
-        raise ValueError(f"one expectation per workload, got several for {', '.join(twice)}")
+        raise InvalidValueError(f"one expectation per workload, got several for {', '.join(twice)}")
     wanted = {e.workload: e for e in listed if e.replicas > 0}
     tracked = set(wanted) | set(policy.warming.keep_warm)
     return _Planner(policy, snapshot, now, in_flight, tracked).run(wanted, published_snapshots)

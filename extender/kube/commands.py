@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 import threading
 
+from extender.arguments import add_store_options, connect_from_args
 from extender.files import load_policy
 from extender.kube.client import KubeClient
 from extender.kube.objects import DEFAULT_GPU_RESOURCE
 from extender.kube.sync import ClusterSync, SyncSettings
 from extender.process import configure_logging, stop_on_signals
-from extender.state.commands import add_store_options, connect_from_args
 from extender.state.sources import SourceStore
 from extender.state.store import InventoryStore
 

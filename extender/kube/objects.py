@@ -24,9 +24,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
-from extender.core.errors import KubeError
+from extender.core.errors import InvalidValueError, KubeError
 from extender.core.policy import UNKNOWN_CLASS, Policy
-from extender.state.sources import KubeReport, Replicas
+from extender.core.reports import KubeReport, Replicas
 
 #: Extended resource that counts GPUs (``--gpu-resource`` changes it, e.g. ``amd.com/gpu``).
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
@@ -103,7 +103,7 @@ def parse_count(quantity: str | int | float | None) -> int:
         return max(0, math.ceil(quantity))
     match = _QUANTITY.match(quantity.strip())
     if not match or match.group(2) not in _SUFFIX:
-        raise ValueError(f"not a resource quantity: {quantity!r}")
+        raise InvalidValueError(f"not a resource quantity: {quantity!r}")
     return max(0, math.ceil(float(match.group(1)) * _SUFFIX[match.group(2)]))
 
 

@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from extender.core.backoff import Backoff
 from extender.core.errors import KubeError, StateError
 from extender.core.policy import Policy
+from extender.core.reports import KubeReport
 from extender.kube.client import JSON, KubeClient
 from extender.kube.objects import DEFAULT_GPU_RESOURCE, NodeFacts, PodFacts, kube_report, node_facts, pod_facts
 from extender.kube.reflector import DEFAULT_WATCH_TIMEOUT_S, Reflector
-from extender.state.sources import KubeReport, SourceStore
+from extender.state.sources import SourceStore
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ Modes of ``scale``:
 * ``--no-loop``: the API alone (more API replicas than loop candidates, or debugging);
 * ``--once``: one tick in the foreground, the decisions printed, then exit (as leader or standby).
 
-Authentication of the API (:mod:`extender.server.metrics_auth`): the CAs and header names come
+Authentication of the API (:mod:`extender.api.external_metrics.auth`): the CAs and header names come
 from the flags named as kube-apiserver's, else from the cluster's
 ``kube-system/extension-apiserver-authentication`` ConfigMap (skip with
 ``--authentication-skip-lookup``); bearer tokens and authorization go through TokenReview and
@@ -37,11 +37,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from extender.arguments import bind_address, positive_float, positive_int
+from extender.arguments import add_store_options, bind_address, data_dir_from_args, positive_float, positive_int
 from extender.core.errors import ExtenderError
 from extender.core.scaler import Decision
 from extender.files import load_policy_to_start, read_text
-from extender.state.commands import DEFAULT_DATA_DIR, add_store_options
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +115,7 @@ def register(subparsers: Any) -> None:
 
 def _store(args: argparse.Namespace) -> tuple[str | None, Path]:
     url = getattr(args, "redis_url", None) or os.environ.get("REDIS_URL") or None
-    data_dir = Path(getattr(args, "data_dir", None) or os.environ.get("EXTENDER_DATA_DIR") or DEFAULT_DATA_DIR)
+    data_dir = Path(data_dir_from_args(args))
     return url, data_dir
 
 
@@ -126,7 +125,7 @@ def _usage(message: str) -> int:
 
 
 def _list(text: str | None) -> tuple[str, ...] | None:
-    from extender.server.metrics_auth import parse_list
+    from extender.api.external_metrics.auth import parse_list
 
     return None if text is None else parse_list(text)
 
@@ -305,8 +304,8 @@ def _foreground(settings: Any) -> int:
 
 
 def _serve(settings: Any, args: argparse.Namespace) -> int:
+    from extender.api.launcher import ServeOptions, run
     from extender.scaler.serve import create_worker_app, gunicorn_overrides
-    from extender.server.launcher import ServeOptions, run
 
     options = ServeOptions(
         bind=args.bind, workers=1, threads=args.threads,

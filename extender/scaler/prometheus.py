@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
 
-from extender.core.errors import SignalError
+from extender.core.errors import InvalidValueError, SignalError
 from extender.core.policy import Profile
 from extender.scaler.exposition import engine
 from extender.scaler.observation import Fetcher, Observation, http_get
@@ -56,7 +56,7 @@ def _gauge(names: Sequence[str], selector: str) -> str:
 def default_queries(profile: Profile) -> tuple[str, str]:
     """``(rate query, queue query)`` for a profile whose policy gives none (rules in the module docstring)."""
     if profile.autoscaling is None or profile.capacity is None:
-        raise ValueError(f"profile {profile.name!r} has no autoscaling section with a capacity")
+        raise InvalidValueError(f"profile {profile.name!r} has no autoscaling section with a capacity")
     signal = profile.autoscaling.signal
     prom = signal.prometheus
     selector = prom.selector if prom is not None else ""
@@ -116,7 +116,7 @@ class PrometheusSource:
     def for_profile(cls, profile: Profile, fetch: Fetcher = http_get) -> PrometheusSource:
         """The source a profile's ``autoscaling.signal.prometheus`` describes."""
         if profile.autoscaling is None or profile.autoscaling.signal.prometheus is None:
-            raise ValueError(f"profile {profile.name!r} has no autoscaling.signal.prometheus section")
+            raise InvalidValueError(f"profile {profile.name!r} has no autoscaling.signal.prometheus section")
         prom = profile.autoscaling.signal.prometheus
         rate, queue = default_queries(profile)
         return cls(url=prom.url, query=prom.query or rate, queue_query=prom.queue_query or queue,

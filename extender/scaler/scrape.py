@@ -36,7 +36,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from extender.core.errors import SignalError
+from extender.core.errors import InvalidValueError, SignalError
 from extender.core.policy import Profile
 from extender.scaler.exposition import engine, read_sums
 from extender.scaler.observation import Fetcher, Observation, http_get
@@ -79,7 +79,7 @@ class ScrapeSource:
         fetch: Fetcher = http_get,
     ) -> None:
         if not rate_metrics:
-            raise ValueError("the scrape source needs at least one counter for the rate")
+            raise InvalidValueError("the scrape source needs at least one counter for the rate")
         self.rate_metrics = tuple(rate_metrics)
         self.request_metrics = tuple(request_metrics)
         self.queue_metrics = tuple(queue_metrics)
@@ -94,7 +94,7 @@ class ScrapeSource:
     def for_profile(cls, profile: Profile, fetch: Fetcher = http_get) -> ScrapeSource:
         """The source a profile's ``autoscaling.signal`` describes (engine names unless overridden)."""
         if profile.autoscaling is None or profile.capacity is None:
-            raise ValueError(f"profile {profile.name!r} has no autoscaling section with a capacity")
+            raise InvalidValueError(f"profile {profile.name!r} has no autoscaling section with a capacity")
         signal = profile.autoscaling.signal
         names = engine(signal.engine)
         tokens = profile.capacity.unit == "tokens/s"

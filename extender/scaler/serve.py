@@ -9,7 +9,7 @@ otherwise run its own loop candidate: correct (the lock still elects one), but p
 TLS (docs/kubernetes-interfaces.md 4.6): the server certificate from ``--tls-cert``/``--tls-key``; client
 certificates are *requested* (``CERT_OPTIONAL``) and verified against the request-header CA plus
 the client CA, so the aggregator's front-proxy certificate and direct clients' certificates both
-pass the handshake and :mod:`extender.server.metrics_auth` decides what each may do. A client
+pass the handshake and :mod:`extender.api.external_metrics.auth` decides what each may do. A client
 without a certificate still gets in far enough to present a bearer token. The context is built
 here rather than by gunicorn's default, which would also trust the system's public CAs for
 client certificates.
@@ -34,14 +34,14 @@ from typing import Any
 
 from flask import Flask
 
+from extender.api.external_metrics.app import ExternalMetricsApi, create_app
+from extender.api.external_metrics.auth import Access, AuthConfig, Authenticator, User, ca_subjects
 from extender.core.errors import ExtenderError
 from extender.core.policy import Policy
 from extender.files import PolicyFile
 from extender.kube.client import KubeClient
 from extender.kube.delegation import Delegation
 from extender.scaler.loop import LoopThread, ScaleLoop, TickReport, scaled_profiles
-from extender.server.external_metrics import ExternalMetricsApi, create_app
-from extender.server.metrics_auth import Access, AuthConfig, Authenticator, User, ca_subjects
 from extender.state import InventoryStore, connect
 from extender.state.decisions import DecisionStore
 from extender.state.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_POINTS, HistoryStore

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 
-from extender.core.errors import UnknownNameError
+from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.core.policy import Profile
 from extender.scaler.observation import Fetcher, SignalSource, http_get
 from extender.scaler.prometheus import PrometheusSource
@@ -43,5 +43,5 @@ def source_factory(name: str) -> SourceFactory:
 def build_source(profile: Profile, fetch: Fetcher = http_get) -> SignalSource:
     """The signal source of a profile with an ``autoscaling`` section."""
     if profile.autoscaling is None:
-        raise ValueError(f"profile {profile.name!r} has no autoscaling section")
+        raise InvalidValueError(f"profile {profile.name!r} has no autoscaling section")
     return source_factory(profile.autoscaling.signal.source)(profile, fetch)

@@ -34,7 +34,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from extender.core.document import Loc, compose, format_path, line_of, validate
-from extender.core.errors import DocumentError, PolicyError, Problem
+from extender.core.errors import DocumentError, InvalidValueError, PolicyError, Problem
 from extender.core.policy import Metadata, Name, Policy, ReplicaBounds
 from extender.core.schema import Schema
 from extender.core.units import Duration
@@ -120,7 +120,7 @@ class DemandSpec(Schema):
     @model_validator(mode="after")
     def _exactly_one(self) -> DemandSpec:
         if (self.trace is None) == (self.synthetic is None):
-            raise ValueError("give exactly one of trace and synthetic")
+            raise InvalidValueError("give exactly one of trace and synthetic")
         return self
 
 
@@ -156,7 +156,7 @@ class WarmSpec(Schema):
     @model_validator(mode="after")
     def _one_selector(self) -> WarmSpec:
         if (self.fraction is None) == (self.nodes is None):
-            raise ValueError("give exactly one of fraction and nodes")
+            raise InvalidValueError("give exactly one of fraction and nodes")
         return self
 
 
@@ -269,12 +269,6 @@ def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
         if group_names.index(name) != g:
             out.append((("cluster", "nodes", g), f"two node groups are named {name!r}: give one a name"))
     return out
-
-
-def parse_scenario(text: str, source: str = "<scenario>") -> Scenario:
-    """Parse and validate a scenario document (schema only); raises :class:`ScenarioError`."""
-    data, lines = _compose(text, source)
-    return validate(Scenario, data, lines, source, error=ScenarioError)
 
 
 def _compose(text: str, source: str) -> tuple[object, dict[Loc, int]]:

@@ -42,7 +42,7 @@ from typing import BinaryIO, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from extender.core.errors import Problem
+from extender.core.errors import InvalidValueError, Problem
 from extender.sim.errors import TraceError
 from extender.sim.scenario import TraceSpec
 
@@ -267,7 +267,7 @@ def _parse_block(text: str, first_line: int, layout: _Layout, numeric: bool,
             if rates is not None and not bool((np.isfinite(rates) & (rates >= 0)).all()):
                 ok = False
         if not ok:
-            raise ValueError("non-finite or negative value")
+            raise InvalidValueError("non-finite or negative value")
     except ValueError as exc:
         problem = _bad_line(text, first_line, layout, numeric, source)
         if problem is None:  # numpy disagreed with the slow path: report numpy's words, without a line

@@ -12,53 +12,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-import redis
-
+from extender.arguments import add_store_options, connect_from_args
 from extender.core.document import compose, line_of, validate
 from extender.core.errors import DocumentError, Problem, UnknownNameError
 from extender.core.inventory import InventoryDocument, NodeState
 from extender.core.units import format_bytes
 from extender.files import read_text
-from extender.state.connection import connect, describe
+from extender.state.connection import describe
 from extender.state.store import InventoryStore
-
-#: Where the embedded Redis keeps its data when neither --data-dir nor $EXTENDER_DATA_DIR is set.
-DEFAULT_DATA_DIR = "./var/redis"
-
-
-# ---- store options (shared with any other command that needs the inventory) ---------------------
-
-
-def add_store_options(parser: argparse.ArgumentParser) -> None:
-    """``--redis-url`` and ``--data-dir``; environment defaults are read when the command runs."""
-    group = parser.add_argument_group("inventory store")
-    group.add_argument(
-        "--redis-url",
-        metavar="URL",
-        help="redis://, rediss:// or unix:// URL, credentials inside (default: $REDIS_URL; "
-        "without either, an embedded Redis is started in --data-dir)",
-    )
-    group.add_argument(
-        "--data-dir",
-        metavar="DIR",
-        help=f"data directory of the embedded Redis (default: $EXTENDER_DATA_DIR, else {DEFAULT_DATA_DIR})",
-    )
-
-
-def connect_from_args(args: argparse.Namespace) -> redis.Redis:
-    """The client selected by the store options (flag, then environment, then embedded default)."""
-    url = args.redis_url or os.environ.get("REDIS_URL") or None
-    data_dir = args.data_dir or os.environ.get("EXTENDER_DATA_DIR") or DEFAULT_DATA_DIR
-    return connect(url, data_dir)
-
-
-# ---- the inventory document ------------------------------------------------------------------------
 
 
 def parse_inventory(text: str, source: str) -> InventoryDocument:

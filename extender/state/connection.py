@@ -21,6 +21,7 @@ up quickly and a CLI user sees the error at once.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeAlias
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
@@ -31,6 +32,9 @@ from extender.core.errors import StateError
 from extender.state import embedded
 from extender.state.errors import redis_errors
 
+#: The client every store is built on (responses decoded to ``str``).
+Client: TypeAlias = redis.Redis
+
 #: Seconds to connect and to wait for one reply (a URL's own ``socket_timeout`` wins).
 DEFAULT_TIMEOUT_S = 5.0
 
@@ -39,7 +43,7 @@ def _retry() -> Retry:
     return Retry(ExponentialWithJitterBackoff(base=0.02, cap=0.25), retries=3)
 
 
-def connect(url: str | None, data_dir: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> redis.Redis:
+def connect(url: str | None, data_dir: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Client:
     """A checked client for ``url``, or for the embedded server of ``data_dir`` when ``url`` is empty.
 
     Responses are decoded to ``str``. Raises :class:`StoreUnavailableError` when the server cannot

@@ -29,7 +29,7 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 
-from extender.core.errors import StateError
+from extender.core.errors import InvalidValueError, StateError
 from extender.state.errors import redis_errors
 from extender.state.lock import Stage
 
@@ -68,7 +68,7 @@ class DecisionStore:
 
     def __init__(self, client: redis.Redis, *, prefix: str = "extender", keep: int = DEFAULT_KEEP) -> None:
         if keep < 1:
-            raise ValueError("keep at least one decision record")
+            raise InvalidValueError("keep at least one decision record")
         self.client = client
         self.prefix = prefix
         self.keep = keep
@@ -113,7 +113,7 @@ class DecisionStore:
     def stage_published(self, workload: str, value: Published) -> Stage:
         """Set the workload's published metric values."""
         if not math.isfinite(value.load):
-            raise ValueError(f"published load must be finite, got {value.load}")
+            raise InvalidValueError(f"published load must be finite, got {value.load}")
         text, key = value.encode(), self.published_key
 
         def stage(pipe: Pipeline) -> None:

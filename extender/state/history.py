@@ -31,7 +31,7 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 
-from extender.core.errors import StateError
+from extender.core.errors import InvalidValueError, StateError
 from extender.state.errors import redis_errors
 from extender.state.lock import Stage
 
@@ -65,7 +65,7 @@ class HistoryStore:
     def __init__(self, client: redis.Redis, *, prefix: str = "extender", max_age_s: float = DEFAULT_MAX_AGE_S,
                  max_points: int = DEFAULT_MAX_POINTS) -> None:
         if max_age_s <= 0 or max_points < 1:
-            raise ValueError("history bounds must be positive")
+            raise InvalidValueError("history bounds must be positive")
         self.client = client
         self.prefix = prefix
         self.max_age_s = max_age_s
@@ -91,7 +91,7 @@ class HistoryStore:
         """A fenced-commit stage that adds ``samples`` and trims the key to its bounds."""
         for s in samples:
             if not (math.isfinite(s.t) and math.isfinite(s.rate) and math.isfinite(s.queue)):
-                raise ValueError(f"a history sample must be finite, got {s}")
+                raise InvalidValueError(f"a history sample must be finite, got {s}")
         key = self.key(workload)
         members = {s.encode(): s.t for s in samples}
         cutoff = now - self.max_age_s

@@ -43,7 +43,7 @@ from typing import Any
 import redis
 from redis.client import Pipeline
 
-from extender.core.errors import FencedOutError, StateError
+from extender.core.errors import FencedOutError, InvalidValueError, StateError
 from extender.state.errors import redis_errors
 
 #: A staged write: adds commands to the MULTI block of a fenced commit.
@@ -118,9 +118,9 @@ class LeaderLock:
     def __init__(self, client: redis.Redis, holder: str, *, ttl_s: float, prefix: str = "extender",
                  clock: Clock | None = None) -> None:
         if not holder:
-            raise ValueError("a lock holder needs a non-empty identity")
+            raise InvalidValueError("a lock holder needs a non-empty identity")
         if ttl_s <= 0:
-            raise ValueError(f"lock ttl must be > 0 seconds, got {ttl_s}")
+            raise InvalidValueError(f"lock ttl must be > 0 seconds, got {ttl_s}")
         self.client = client
         self.holder = holder
         self.ttl_ms = max(1, round(ttl_s * 1000))

@@ -10,20 +10,10 @@ rebuilt from both reports in the same transaction::
                                deleted -> unix time (tombstone of a node removed from the cluster)
     <p>:node:<name>     the merged NodeState, written by extender.state.store's rules
 
-A write WATCHes the node's source hash, reads the other report, merges (:func:`merge`, pure), then
+A write WATCHes the node's source hash, reads the other report, merges (:func:`extender.core.reports.merge`, pure), then
 in one MULTI/EXEC stores its report, the merged record, the node set and the version bump. A
 concurrent write of the other source makes EXEC fail and the write is retried with the fresh
 report, so the last merged record always contains the latest of both: no lock, no lost update.
-
-Merge rules (why each source wins where it does):
-
-* heartbeat and ttl come from the agent only: freshness means "the disk report is recent"; the
-  sync writing a label change must never make a node with a dead agent look warm;
-* images: the agent's list when it reports one (the runtime's full list), else kubelet's
-  ``status.images``, which holds at most 50 images, largest first;
-* class, labels, GPUs, and the workloads with pods starting or running on the node
-  (``pod_workloads``): the sync's. A node the policy classes do not match is stored with an empty
-  class, so each reader classifies it by labels against its own policy.
 
 Deleting a node leaves a tombstone for :data:`TOMBSTONE_TTL_S`: an agent still running on a node the
 cluster already removed must not bring the record back. A later sync report of that name (the node
@@ -36,26 +26,13 @@ import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from typing import Annotated, Any
+from typing import Any
 
-from pydantic import ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 from redis.client import Pipeline
 
-from extender.core.inventory import (
-    DEFAULT_TTL_S,
-    MAX_ENTRIES,
-    BytesMap,
-    Count,
-    NodeState,
-    StoredBytes,
-    Text,
-    TextMap,
-    Texts,
-    TimeMap,
-    Timestamp,
-    Ttl,
-)
-from extender.core.schema import Schema
+from extender.core.inventory import NodeState
+from extender.core.reports import AgentReport, KubeReport, Report, merge
 from extender.state.errors import redis_errors
 from extender.state.store import InventoryStore, encode
 
@@ -71,87 +48,6 @@ TOMBSTONE_TTL_S = 3600
 
 #: Nodes per transaction when the sync writes many reports (its first list of a large cluster).
 BATCH = 200
-
-
-class Report(Schema):
-    """Base of the per-source reports: built in Python by field name, stored camelCase like NodeState."""
-
-    model_config = ConfigDict(populate_by_name=True)
-
-
-class AgentReport(Report):
-    """What the node agent measured on the node's disk."""
-
-    nvme_total: StoredBytes = 0
-    nvme_free: StoredBytes = 0
-    weights: BytesMap = {}
-    compile_keys: Texts = ()
-    snapshots: Texts = ()
-    #: Every name of every image the container runtime holds; ``None`` when the agent cannot see the
-    #: runtime (kubelet's capped list is used then).
-    images: Texts | None = None
-    heartbeat: Timestamp = 0.0
-    ttl: Ttl = DEFAULT_TTL_S
-    #: Usage for the cache warmer's evictions, by cache id (``NodeState.last_used``, ``cache_bytes``).
-    last_used: TimeMap = {}
-    cache_bytes: BytesMap = {}
-
-    def same_content(self, other: AgentReport | None, *, free_tolerance: int = 0) -> bool:
-        """Equal apart from the heartbeat and a free-space drift of at most ``free_tolerance`` bytes."""
-        if other is None or abs(self.nvme_free - other.nvme_free) > free_tolerance:
-            return False
-        ignore = {"heartbeat": 0.0, "nvme_free": 0}
-        return self.model_copy(update=ignore) == other.model_copy(update=ignore)
-
-
-class Replicas(Report):
-    """Pods of one workload bound to a node."""
-
-    starting: int = Field(default=0, ge=0)
-    running: int = Field(default=0, ge=0)
-
-
-class KubeReport(Report):
-    """What the API server says about a node and the pods bound to it."""
-
-    node_class: Text = ""
-    labels: TextMap = {}
-    gpus: Count = 0
-    gpus_free: Count = 0
-    #: Every name in kubelet's ``status.images`` (at most 50 images, largest first).
-    images: Texts = ()
-    #: Workload -> pods starting / running on this node.
-    replicas: Annotated[dict[Text, Replicas], Field(max_length=MAX_ENTRIES)] = {}
-
-
-def merge(name: str, agent: AgentReport | None, kube: KubeReport | None) -> NodeState:
-    """The record readers see, from whichever reports exist (rules in the module docstring)."""
-    k = kube or KubeReport()
-    fields: dict[str, Any] = {
-        "name": name,
-        "node_class": k.node_class,
-        "labels": k.labels,
-        "gpus": k.gpus,
-        "gpus_free": min(k.gpus_free, k.gpus),
-        "images": k.images,
-        # workloads with a pod starting or running here: the warmer never evicts their caches
-        "pod_workloads": tuple(sorted(w for w, r in k.replicas.items() if r.starting or r.running)),
-    }
-    if agent is not None:
-        fields.update(
-            nvme_total=agent.nvme_total,
-            nvme_free=min(agent.nvme_free, agent.nvme_total),
-            weights=agent.weights,
-            compile_keys=agent.compile_keys,
-            snapshots=agent.snapshots,
-            heartbeat=agent.heartbeat,
-            ttl=agent.ttl,
-            last_used=agent.last_used,
-            cache_bytes=agent.cache_bytes,
-        )
-        if agent.images is not None:
-            fields["images"] = agent.images
-    return NodeState.model_construct(**fields)  # every value above is already valid
 
 
 def _dump(report: Report) -> str:

@@ -45,7 +45,7 @@ import redis
 from pydantic import ValidationError
 from redis.client import Pipeline
 
-from extender.core.errors import StateError
+from extender.core.errors import InvalidValueError, StateError
 from extender.core.inventory import MAX_RECORD_BYTES, NodeState
 from extender.state.errors import redis_errors
 
@@ -113,10 +113,10 @@ def decode(name: str, raw: str | bytes) -> NodeState:
     The size is checked before parsing, so an oversized record costs a reader nothing.
     """
     if len(raw) > MAX_RECORD_BYTES:
-        raise ValueError(f"record is {len(raw)} bytes, larger than the {MAX_RECORD_BYTES} byte limit")
+        raise InvalidValueError(f"record is {len(raw)} bytes, larger than the {MAX_RECORD_BYTES} byte limit")
     state = NodeState.model_validate_json(raw)
     if state.name != name:
-        raise ValueError(f"record is stored under node {name!r} but names node {state.name!r}")
+        raise InvalidValueError(f"record is stored under node {name!r} but names node {state.name!r}")
     return state
 
 
@@ -312,7 +312,7 @@ class InventoryStore:
             raw = raws.get(name)
             try:
                 if raw is None:
-                    raise ValueError("listed in the node set but the record is missing")
+                    raise InvalidValueError("listed in the node set but the record is missing")
                 records.append(decode(name, raw))
             except ValueError as exc:
                 corrupt[self.keys.node(name)] = _reason(exc)

@@ -24,12 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from extender.core.errors import ExtenderError, UnitError
+from extender.arguments import add_store_options, connect_from_args
+from extender.core.errors import ExtenderError, InvalidValueError, UnitError
 from extender.core.policy import WarmRetry
 from extender.core.units import format_bytes, format_duration, parse_duration
 from extender.core.warming import Expectation
 from extender.files import load_policy
-from extender.state.commands import add_store_options, connect_from_args
 
 if TYPE_CHECKING:
     from extender.warm.loop import TickReport
@@ -87,7 +87,7 @@ def parse_expectation(text: str) -> Expectation:
     count, at, within = rest.partition("@")
     try:
         if not eq or not workload:
-            raise ValueError("expected WORKLOAD=N[@WITHIN]")
+            raise InvalidValueError("expected WORKLOAD=N[@WITHIN]")
         return Expectation(workload=workload, replicas=int(count),
                            within_s=parse_duration(within) if at else DEFAULT_WITHIN_S)
     except (ValueError, UnitError) as exc:

@@ -24,13 +24,13 @@ The pod (see docs/warming.md for why each field):
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from extender.core.errors import InvalidValueError
 from extender.core.policy import Policy, StepTemplate
 from extender.core.warming import Action
 from extender.warm.steps import CACHE_MOUNT
@@ -172,7 +172,7 @@ def action_job(policy: Policy, action: Action, *, attempt: int = 1, node_class: 
         return _job(policy, name, labels, annotations, _pod_spec(policy, action.node, [pull], [], []))
     template = template_for(policy, action)
     if template is None:
-        raise ValueError(f"no warming.templates.{action.kind} in the policy")
+        raise InvalidValueError(f"no warming.templates.{action.kind} in the policy")
     values = action_values(policy, action, node_class)
     fetch = container("fetch", template, values)
     fetch["volumeMounts"] = [{"name": "cache", "mountPath": CACHE_MOUNT}]
@@ -190,7 +190,7 @@ def publish_job(policy: Policy, publish: Publish, *, attempt: int = 1) -> JSON:
     """The Job that uploads one node's compile cache (``warming.templates.publishCompile`` must be set)."""
     template = policy.warming.templates.publish_compile
     if template is None:
-        raise ValueError("no warming.templates.publishCompile in the policy")
+        raise InvalidValueError("no warming.templates.publishCompile in the policy")
     values = publish_values(policy, key=publish.key, node=publish.node, workload=publish.workload,
                             node_class=publish.node_class, size=publish.bytes)
     upload = container("publish", template, values)
@@ -319,8 +319,3 @@ def describe(view: JobView) -> str:
     if view.action is not None:
         return f"{view.cache} on node {view.node}"
     return f"publishing {view.cache} from node {view.node}"
-
-
-def dump(obj: JSON) -> str:
-    """Canonical JSON of an object (tests and ``--json`` output)."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))

@@ -1,6 +1,6 @@
 """What a warm Job does on its node, around the team's fetch command: evict, stage, finish.
 
-The cache layout (:mod:`extender.agent.layout`) has one rule that makes warming safe to run next
+The cache layout (:mod:`extender.layout`) has one rule that makes warming safe to run next
 to the agent and the serving pods: names starting with ``.`` are staging areas nobody reads. So a
 warm Job never writes where a reader looks:
 
@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from pathlib import Path, PurePath
 from typing import TypeVar
 
-from extender.agent.layout import COMPILE, COMPLETE, MANIFEST, SNAPSHOTS, WEIGHTS, finish_from_disk, mark_complete
 from extender.core.errors import ExtenderError
 from extender.core.inventory import CacheKind
+from extender.layout import COMPILE, COMPLETE, MANIFEST, SNAPSHOTS, WEIGHTS, finish_from_disk, mark_complete
 
 #: Where the warm Job's containers see the node's cache root.
 CACHE_MOUNT = "/cache"

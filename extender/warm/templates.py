@@ -75,7 +75,7 @@ def render_script(script: str, values: Mapping[str, str]) -> str:
         out.append(text)
         name = match.group(1)
         if name not in values:  # as render() does: the policy check makes this unreachable
-            raise KeyError(name)
+            raise UnknownNameError(f"no template variable {name!r}")
         ref = "${" + env_name(name) + "}"
         out.append({"": f'"{ref}"', '"': ref, "'": f"'\"{ref}\"'"}[state])
         pos = match.end()

@@ -243,11 +243,6 @@ def fragments_for(names: Sequence[str], scores: Sequence[int]) -> list[str]:
     return [priority_fragment(n, s) for n, s in zip(names, scores, strict=True)]
 
 
-def encode_fragments(fragments: Iterable[str]) -> str:
-    """A JSON array from pre-encoded ``HostPriority`` objects."""
-    return "[" + ",".join(fragments) + "]"
-
-
 def encode_priorities(pairs: Iterable[tuple[str, int]]) -> str:
     """``HostPriorityList`` from (host, score) pairs."""
     return json.dumps([{"Host": h, "Score": int(s)} for h, s in pairs], separators=(",", ":"))

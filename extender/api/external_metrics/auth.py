@@ -38,12 +38,12 @@ import ssl
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 from urllib.parse import unquote
 
-from extender.core.errors import ExtenderError
+from extender.core.errors import ExtenderError, InvalidValueError
 
 #: A distinguished name as Python's ssl module reports it: RDNs of (attribute, value) pairs.
 Name = tuple[tuple[tuple[str, str], ...], ...]
@@ -143,7 +143,7 @@ class AuthConfig:
     def check(self) -> None:
         """Refuse a configuration in which a client certificate could pose as the front proxy."""
         if self.requestheader_cas & self.client_cas and not self.allowed_names:
-            raise ValueError("the request-header CA and the client CA share a subject name and no "
+            raise InvalidValueError("the request-header CA and the client CA share a subject name and no "
                              "requestheader allowed names are set: any client certificate could pose as the "
                              "front proxy; set --requestheader-allowed-names")
 
@@ -291,11 +291,6 @@ def parse_list(text: str | None) -> tuple[str, ...]:
     if stripped.startswith("["):
         value = json.loads(stripped)
         if not isinstance(value, list):
-            raise ValueError(f"expected a JSON array, got {stripped!r}")
+            raise InvalidValueError(f"expected a JSON array, got {stripped!r}")
         return tuple(str(v) for v in value if str(v))
     return tuple(v.strip() for v in stripped.split(",") if v.strip())
-
-
-def headers_or_default(values: Sequence[str], default: tuple[str, ...]) -> tuple[str, ...]:
-    """The configured header names, or the Kubernetes defaults when none are configured."""
-    return tuple(values) or default

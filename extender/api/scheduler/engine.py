@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from extender.api.scheduler.wire import NodeInfo, PodInfo, fragments_for, priority_fragment
 from extender.core.estimate import PHASES
 from extender.core.images import names_for, normalise, repository
 from extender.core.inventory import InventorySnapshot
@@ -41,7 +42,6 @@ from extender.core.scoring import (
     evaluate,
     scale_for,
 )
-from extender.server.wire import NodeInfo, PodInfo, fragments_for, priority_fragment
 
 
 class _Fragments(dict[str, str]):

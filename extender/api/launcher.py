@@ -8,7 +8,7 @@ pay a TCP (and TLS) handshake; ``gevent``/``eventlet`` would add monkey-patching
 CPU-bound work cannot use. ``gthread`` parks idle keep-alive connections in a selector but lets a
 pool thread read each request in a blocking read, so a few clients that stall mid-request hold
 every thread and the scheduler's calls wait behind them. The asyncio worker reads every connection
-in its event loop and runs the Flask app only on a whole request (:mod:`extender.server.asgi`), so
+in its event loop and runs the Flask app only on a whole request (:mod:`extender.api.asgi`), so
 a stalled client costs a buffer, not a thread. Throughput across cores comes from several worker
 processes either way.
 
@@ -63,7 +63,7 @@ class ServeOptions:
     log_level: str = "info"
     access_log: bool = False
     #: ``asgi``: gunicorn's asyncio worker reads every request whole before a thread runs the app
-    #: (:mod:`extender.server.asgi`), so slow clients cost no thread; ``gthread``: threads read.
+    #: (:mod:`extender.api.asgi`), so slow clients cost no thread; ``gthread``: threads read.
     worker_model: str = "gthread"
 
 
@@ -72,7 +72,7 @@ def gunicorn_options(options: ServeOptions) -> dict[str, Any]:
     cfg: dict[str, Any] = {
         "bind": [options.bind],
         "workers": options.workers,
-        "worker_class": "extender.server.asgi.LingeringASGIWorker" if options.worker_model == "asgi" else "gthread",
+        "worker_class": "extender.api.asgi.LingeringASGIWorker" if options.worker_model == "asgi" else "gthread",
         "threads": options.threads if options.worker_model == "gthread" else 1,
         "keepalive": KEEPALIVE_S,
         "timeout": options.timeout_s,
@@ -107,7 +107,7 @@ def _switch_interval_hook(seconds: float) -> Callable[[Any, Any], None]:
 
 
 def _child_exit(server: Any, worker: Any) -> None:
-    from extender.server.metrics import mark_worker_dead
+    from extender.api.scheduler.metrics import mark_worker_dead
 
     mark_worker_dead(worker.pid)
 

@@ -36,12 +36,11 @@ from typing import Any
 from flask import Blueprint, Response, current_app, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from extender.core.inventory import InventorySnapshot
-from extender.server.engine import Engine, explain_report
-from extender.server.metrics import Metrics
-from extender.server.refresher import Refresher, Throttle
-from extender.server.settings import Settings
-from extender.server.wire import (
+from extender.api.scheduler.engine import Engine, explain_report
+from extender.api.scheduler.metrics import Metrics
+from extender.api.scheduler.refresher import Refresher, Throttle
+from extender.api.scheduler.settings import Settings
+from extender.api.scheduler.wire import (
     BadRequestError,
     ExtenderArgs,
     NodeInfo,
@@ -54,6 +53,7 @@ from extender.server.wire import (
     get_ci,
     parse_args,
 )
+from extender.core.inventory import InventorySnapshot
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,12 @@
 """``extender serve`` and ``extender explain``.
 
 ``serve`` checks the policy first and refuses to start on an invalid one (every problem printed,
-exit 1); after that it hands over to gunicorn (:mod:`extender.server.launcher`). ``explain`` reads
+exit 1); after that it hands over to gunicorn (:mod:`extender.api.launcher`). ``explain`` reads
 the live inventory once and prints, per node, the phase breakdown, the score and the filter verdict.
 
 Wire into the CLI with :func:`register`::
 
-    from extender.server import commands as server_commands
+    from extender.api.scheduler import commands as server_commands
     server_commands.register(sub)   # sub = parser.add_subparsers(...)
 
 Handlers return an exit code and raise :class:`~extender.core.errors.DocumentError` /
@@ -25,10 +25,9 @@ from typing import Any
 
 import yaml
 
-from extender.arguments import bind_address, positive_float, positive_int
+from extender.arguments import add_store_options, bind_address, data_dir_from_args, positive_float, positive_int
 from extender.core.errors import DocumentError, Problem
 from extender.files import load_policy, load_policy_to_start, read_text
-from extender.state.commands import DEFAULT_DATA_DIR, add_store_options
 
 
 def register(subparsers: Any) -> None:
@@ -80,7 +79,7 @@ def register(subparsers: Any) -> None:
 
 def _store_location(args: argparse.Namespace) -> tuple[str | None, Path]:
     url = args.redis_url or os.environ.get("REDIS_URL") or None
-    data_dir = Path(args.data_dir or os.environ.get("EXTENDER_DATA_DIR") or DEFAULT_DATA_DIR)
+    data_dir = Path(data_dir_from_args(args))
     return url, data_dir
 
 
@@ -97,11 +96,11 @@ def _serve(args: argparse.Namespace) -> int:
     policy, version = started
     url, data_dir = _store_location(args)
 
-    from extender.server.launcher import ServeOptions, prepare_metrics_dir, run
+    from extender.api.launcher import ServeOptions, prepare_metrics_dir, run
 
     prepare_metrics_dir()  # before anything imports prometheus_client
-    from extender.server.app import create_app
-    from extender.server.settings import Settings
+    from extender.api.scheduler.app import create_app
+    from extender.api.scheduler.settings import Settings
 
     settings = Settings(
         # absolute, not resolved: with a ConfigMap volume the path is a symlink chain through
@@ -129,7 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
         worker_model=args.worker_model,
     )
     if args.worker_model == "asgi":
-        from extender.server.asgi import whole_requests
+        from extender.api.asgi import whole_requests
 
         run(lambda: whole_requests(create_app(settings), settings.max_body_bytes, args.threads), options)
     else:
@@ -151,9 +150,9 @@ def _read_pod(path: str) -> dict[str, Any]:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    from extender.api.scheduler.engine import Engine, explain_report
+    from extender.api.scheduler.wire import NodeInfo, PodInfo
     from extender.core.inventory import InventorySnapshot
-    from extender.server.engine import Engine, explain_report
-    from extender.server.wire import NodeInfo, PodInfo
     from extender.state import InventoryStore, connect
 
     policy = load_policy(args.policy)

@@ -4,7 +4,7 @@
 the app), so every worker builds its own metrics, its own store client and its own refresher
 thread; nothing is shared across the fork and nothing happens at import time.
 
-Besides the scheduler verbs (:mod:`extender.server.scheduler`):
+Besides the scheduler verbs (:mod:`extender.api.scheduler.verbs`):
 
 * ``GET /healthz``: the process serves and its refresher thread is alive (liveness);
 * ``GET /readyz``: a snapshot is loaded, or the startup grace has passed and the worker declares
@@ -24,11 +24,11 @@ from flask import Flask, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from extender.api.scheduler.metrics import Metrics
+from extender.api.scheduler.refresher import Refresher, Throttle
+from extender.api.scheduler.settings import Settings
+from extender.api.scheduler.verbs import JSON, SchedulerService, bp
 from extender.files import read_policy
-from extender.server.metrics import Metrics
-from extender.server.refresher import Refresher, Throttle
-from extender.server.scheduler import JSON, SchedulerService, bp
-from extender.server.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def create_app(settings: Settings) -> Flask:
     refresher.check_policy()
     service = SchedulerService(settings, refresher, metrics, throttle)
 
-    app = Flask("extender.server")
+    app = Flask("extender.api.scheduler")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["extender"] = service
     app.register_blueprint(bp)

@@ -43,9 +43,9 @@ from typing import Any
 from flask import Blueprint, Flask, Response, current_app, g, request
 from werkzeug.exceptions import HTTPException
 
+from extender.api.external_metrics.auth import Access, Authenticator, AuthError, User
+from extender.api.external_metrics.label_selector import SelectorError, parse_selector
 from extender.core.errors import ExtenderError
-from extender.server.label_selector import SelectorError, parse_selector
-from extender.server.metrics_auth import Access, Authenticator, AuthError, User
 from extender.state.decisions import Published
 
 GROUP = "external.metrics.k8s.io"

@@ -35,6 +35,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
+from extender.core.errors import InvalidValueError
 from extender.core.schema import Schema
 
 WEIGHTS = "weights"
@@ -65,7 +66,7 @@ class ManifestFile(_Model):
         # plain string checks: a manifest lists thousands of files and this runs for each
         parts = value.split("/")
         if "" in parts or "." in parts or ".." in parts or value in METADATA or "\0" in value:
-            raise ValueError(f"{value!r} is not a plain relative path inside the directory")
+            raise InvalidValueError(f"{value!r} is not a plain relative path inside the directory")
         return value
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from flask import Flask, Response, request
 
-from extender.server.wire import (
+from extender.api.scheduler.wire import (
     BadRequestError,
     encode_error,
     encode_filter_result,

@@ -29,13 +29,13 @@ import threading
 import time
 from dataclasses import dataclass
 
+from extender.api.scheduler.engine import Engine
+from extender.api.scheduler.metrics import Metrics
+from extender.api.scheduler.settings import Settings, Store
 from extender.core.errors import StateError, StoreUnavailableError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
 from extender.files import PolicyFile
-from extender.server.engine import Engine
-from extender.server.metrics import Metrics
-from extender.server.settings import Settings, Store
 
 log = logging.getLogger(__name__)
 
