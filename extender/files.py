@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from extender.core.errors import DocumentError, PolicyError, Problem
+from extender.core.errors import DocumentError, PolicyError, Problem, UnreadableFileError
 from extender.core.policy import Policy, parse_policy
 
 log = logging.getLogger(__name__)
@@ -38,21 +38,21 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int, *, follow_symlink
         fd = os.open(path, flags)
     except OSError as exc:
         if exc.errno == errno.ELOOP and not follow_symlinks:
-            raise OSError(errno.ELOOP, "not a regular file (a symbolic link, not followed)") from None
+            raise UnreadableFileError(errno.ELOOP, "not a regular file (a symbolic link, not followed)") from None
         raise
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise OSError(errno.EINVAL, "not a regular file (a FIFO, device, socket or directory)")
+            raise UnreadableFileError(errno.EINVAL, "not a regular file (a FIFO, device, socket or directory)")
         if st.st_size > max_bytes:
-            raise OSError(errno.EFBIG, f"{st.st_size} bytes, larger than the {max_bytes} byte limit")
+            raise UnreadableFileError(errno.EFBIG, f"{st.st_size} bytes, larger than the {max_bytes} byte limit")
         chunks: list[bytes] = []
         size = 0
         while chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size)):
             chunks.append(chunk)
             size += len(chunk)
             if size > max_bytes:
-                raise OSError(errno.EFBIG, f"grew past the {max_bytes} byte limit while being read")
+                raise UnreadableFileError(errno.EFBIG, f"grew past the {max_bytes} byte limit while being read")
         return b"".join(chunks)
     finally:
         os.close(fd)

@@ -68,3 +68,30 @@ def test_the_checker_catches_a_violation(tmp_path: Path) -> None:
     bad.write_text("import redis\nfrom flask import Flask\nfrom extender.core import units\nimport os.path\n")
     assert imports(bad) == {"redis", "flask", "extender", "os"}
     assert imports(bad) & CORE_DENIED == {"os"}
+
+
+#: Built-in exceptions the package never raises itself (extender/core/errors.py, the rule).
+BUILTIN_RAISES = {"Exception", "ValueError", "TypeError", "KeyError", "RuntimeError", "LookupError", "OSError"}
+
+
+def raised_builtins(path: Path) -> list[str]:
+    """``name:line`` of every ``raise`` of a built-in exception class in a file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Raise) and node.exc is not None:
+            target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if isinstance(target, ast.Name) and target.id in BUILTIN_RAISES:
+                found.append(f"{target.id}:{node.lineno}")
+    return found
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=[str(p.relative_to(PACKAGE)) for p in ALL_FILES])
+def test_deliberate_errors_are_ours(path: Path) -> None:
+    assert not raised_builtins(path), f"{path} raises built-in exceptions; use extender.core.errors"
+
+
+def test_the_raise_checker_catches_a_builtin(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    raise ValueError('x')\n\ndef g():\n    raise KeyError\n\n"
+                   "def h():\n    raise InvalidValueError('fine')\n")
+    assert raised_builtins(bad) == ["ValueError:2", "KeyError:5"]

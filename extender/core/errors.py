@@ -1,9 +1,15 @@
 """The project's own exception hierarchy.
 
-Every error we raise on purpose derives from :class:`ExtenderError`, so callers (the CLI, the HTTP
-layer, the agent loop) can tell our failures from bugs. Third-party exceptions (redis, kubernetes,
-yaml) are mapped to these at the module that talks to the library, with the original chained as
-``__cause__``.
+The rule: every error we raise on purpose derives from :class:`ExtenderError`, so callers (the CLI,
+the HTTP layer, the agent loop) can tell our failures from bugs.
+
+* A value a field, flag or function does not accept raises :class:`InvalidValueError` (also a
+  ``ValueError``, which pydantic validators and argparse types expect), never a bare ``ValueError``.
+* An unknown name raises :class:`UnknownNameError` (also a ``KeyError``).
+* Third-party exceptions (redis, kubernetes, yaml) are mapped to these at the module that talks to
+  the library, with the original chained as ``__cause__``.
+
+``tests/test_layering.py`` keeps the rule: no ``raise`` of a built-in exception class in the package.
 """
 
 from __future__ import annotations
@@ -51,6 +57,11 @@ class InvalidValueError(ExtenderError, ValueError):
     Also a ``ValueError``: pydantic turns it into a field error with its location, argparse into a
     usage error naming the flag, and code that already catches ``ValueError`` keeps working.
     """
+
+
+class UnreadableFileError(ExtenderError, OSError):
+    """A file we refuse to read (not a regular file, too large); also an ``OSError`` with its errno,
+    so a reader handles it like any other file it cannot open."""
 
 
 class UnitError(ExtenderError, ValueError):

@@ -117,7 +117,7 @@ from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from extender.core import smoothing
-from extender.core.errors import UnknownNameError
+from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.core.smoothing import Constants, Run, Shape
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ def resample(timestamps: ArrayLike, values: ArrayLike, step_s: float | None = No
     t = np.asarray(timestamps, dtype=np.float64).ravel()
     y = np.asarray(values, dtype=np.float64).ravel()
     if t.shape != y.shape:
-        raise ValueError(f"{t.size} timestamps but {y.size} values")
+        raise InvalidValueError(f"{t.size} timestamps but {y.size} values")
     ok = np.isfinite(t) & np.isfinite(y)
     t, y = t[ok], y[ok]
     if t.size == 0:
@@ -666,7 +666,7 @@ def forecast(name: str, timestamps: ArrayLike, values: ArrayLike, horizon_s: flo
     """
     fn = forecaster(name)
     if not horizon_s >= 0 or not math.isfinite(horizon_s):
-        raise ValueError(f"horizon must be a finite number of seconds >= 0, got {horizon_s!r}")
+        raise InvalidValueError(f"horizon must be a finite number of seconds >= 0, got {horizon_s!r}")
     p = params if params is not None else ForecastParams()
     series = resample(timestamps, values, p.step_s)
     if series.t_end is None:

@@ -50,6 +50,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from extender.core.errors import InvalidValueError
+
 F64 = NDArray[np.float64]
 
 #: The grid the constants are fitted on, and so their bounds: alpha in [0.02, 1], beta in [0, 0.4],
@@ -163,11 +165,11 @@ def start(y: F64, shape: Shape) -> Start:
     """The initial state (module docstring). Needs one observation; the seasonal one two seasons."""
     obs = _observed(y)
     if obs.size == 0:
-        raise ValueError("no observations to fit")
+        raise InvalidValueError("no observations to fit")
     if shape.seasonal:
         m = shape.m
         if len(y) < 2 * m:
-            raise ValueError(f"the seasonal model needs two seasons ({2 * m} steps), got {len(y)}")
+            raise InvalidValueError(f"the seasonal model needs two seasons ({2 * m} steps), got {len(y)}")
         first_two = y[:2 * m].reshape(2, m)
         a = _nanmean(first_two, axis=1)  # A1, A2
         b0 = float(a[1] - a[0]) / m if shape.trend else 0.0
