@@ -460,22 +460,27 @@ def test_the_process_serves_and_stops_on_sigterm(redis_server: RedisServer, pki:
     policy = tmp_path / "policy.yaml"
     policy.write_text(policy_text())
     publish(redis_server.url, tmp_path, {"qwen3": (8, FRESH)})
-    port = free_port()
+    port, probe_port = free_port(), free_port()
     log = tmp_path / "keda.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
             [sys.executable, "-m", "extender.keda", "keda-scaler", "--policy", str(policy),
              "--redis-url", redis_server.url, "--listen", f"127.0.0.1:{port}",
              "--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key),
-             "--client-ca", str(pki.client_ca.cert)],
+             "--client-ca", str(pki.client_ca.cert), "--health-listen", f"127.0.0.1:{probe_port}"],
             cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        with tls_channel(f"127.0.0.1:{port}", pki, "server_ca", "client") as channel:
+        with tls_channel(f"127.0.0.1:{port}", pki, "server_ca", "client") as channel, \
+                grpc.insecure_channel(f"127.0.0.1:{probe_port}") as probe:  # kubelet's probe: no TLS
             grpc.channel_ready_future(channel).result(timeout=SETTLE_S)
             client = stub(channel)
             metrics = pb.GetMetricsRequest(scaledObjectRef=ref("default", {"workload": "qwen3"}),
                                            metricName=METRIC_NAME)
             assert client.GetMetrics(metrics).metricValues[0].metricValue == 8
+            assert health_of(probe) == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as caught:  # the probe port tells nothing else
+                stub(probe).GetMetrics(metrics)
+            assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
             stream = client.StreamIsActive(metrics.scaledObjectRef)
             assert next(stream).result is True
             process.send_signal(signal.SIGTERM)

@@ -37,6 +37,9 @@ def register(subparsers: Any) -> None:
                      help="how often StreamIsActive streams look for a changed decision (default: 1)")
     cmd.add_argument("--grace", default=5.0, type=positive_float, metavar="SECONDS",
                      help="seconds calls in flight get to finish on SIGTERM (default: 5)")
+    cmd.add_argument("--health-listen", type=bind_address, metavar="HOST:PORT",
+                     help="also serve the gRPC health service alone, in plaintext, here (kubelet's grpc "
+                          "probe speaks no TLS); default: health only on --listen")
     add_store_options(cmd)
     tls = cmd.add_argument_group("TLS")
     tls.add_argument("--tls-cert", metavar="FILE", help="serving certificate chain (PEM); needs --tls-key")
@@ -80,7 +83,8 @@ def _keda_scaler(args: argparse.Namespace) -> int:
         tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), Path(args.client_ca) if args.client_ca else None)
         tls.read()  # a missing or empty file is one line now, not a failure at the first handshake
     settings = KedaSettings(policy=policy, listen=args.listen, tls=tls, watch_interval_s=args.watch_interval,
-                            grace_s=args.grace, policy_path=Path(args.policy), policy_version=version)
+                            grace_s=args.grace, health_listen=args.health_listen, policy_path=Path(args.policy),
+                            policy_version=version)
     store = DecisionStore(connect_from_args(args), prefix=args.prefix)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s")
     run(settings, store)

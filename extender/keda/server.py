@@ -5,7 +5,8 @@
   ``grpc_health_probe`` can ask. Health is ``SERVING`` for the server (``""``) and for
   ``externalscaler.ExternalScaler`` while the published decisions can be read, ``NOT_SERVING``
   while Redis cannot be read (as the External Metrics API's ``/readyz`` answers 503) and from the
-  start of a shutdown on.
+  start of a shutdown on. kubelet's gRPC probe speaks no TLS, so ``health_listen`` adds a second,
+  plaintext listener that serves the health service only (it tells nothing but the status).
 * **TLS** (optional): the serving certificate and key; with a client CA, client certificates are
   *required* and verified against it (mutual TLS, what KEDA's ``tlsClientCert``/``tlsClientKey``
   authentication parameters present). The files are watched: a changed certificate, key or CA
@@ -124,6 +125,8 @@ class KedaSettings:
     watch_interval_s: float = 1.0
     #: Seconds calls in flight get to finish at shutdown.
     grace_s: float = 5.0
+    #: A plaintext listener for the health service alone (kubelet gRPC probes), or ``None``.
+    health_listen: str | None = None
     #: With a path, policy edits are taken while running (workloads added or removed).
     policy_path: Path | None = None
     policy_version: str = ""
@@ -137,6 +140,8 @@ class KedaServer:
         self.source = source
         self.port = 0
         self._server: grpc.aio.Server | None = None
+        self._health_server: grpc.aio.Server | None = None
+        self.health_port = 0
         self._health: health.aio.HealthServicer | None = None
         self._board: Board | None = None
         self._watch: asyncio.Task[None] | None = None
@@ -164,17 +169,14 @@ class KedaServer:
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         pb_grpc.add_ExternalScalerServicer_to_server(ExternalScalerService(self._board), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        credentials = server_credentials(settings.tls) if settings.tls is not None else None
-        try:
-            if credentials is not None:
-                self.port = server.add_secure_port(settings.listen, credentials)
-            else:
-                self.port = server.add_insecure_port(settings.listen)
-        except RuntimeError as exc:
-            raise ServeError(f"cannot listen on {settings.listen}: {exc}") from exc
-        if not self.port:
-            raise ServeError(f"cannot listen on {settings.listen}")
+        self.port = _bind(server, settings.listen, server_credentials(settings.tls) if settings.tls else None)
         self._server = server
+        if settings.health_listen is not None:
+            probes = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+            health_pb2_grpc.add_HealthServicer_to_server(self._health, probes)
+            self.health_port = _bind(probes, settings.health_listen, None)
+            self._health_server = probes
+            await probes.start()
         await server.start()
         await self._board.poll()  # health and the first snapshot before the first stream opens
         self._watch = asyncio.create_task(self._board.run(), name="keda-board")
@@ -192,9 +194,24 @@ class KedaServer:
         if self._server is not None:
             await self._server.stop(self.settings.grace_s)
             self._server = None
+        if self._health_server is not None:
+            await self._health_server.stop(0)
+            self._health_server = None
         if self._watch is not None:
             await self._watch
             self._watch = None
+
+
+def _bind(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
+    """Add a listener; the port bound, or :class:`ServeError` naming the address."""
+    try:
+        port = (server.add_secure_port(address, credentials) if credentials is not None
+                else server.add_insecure_port(address))
+    except RuntimeError as exc:
+        raise ServeError(f"cannot listen on {address}: {exc}") from exc
+    if not port:
+        raise ServeError(f"cannot listen on {address}")
+    return port
 
 
 def run(settings: KedaSettings, source: PublishedSource,
