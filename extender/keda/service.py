@@ -157,6 +157,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     def _note(self, message: str) -> None:
         """Log a caller's mistake once per distinct message (KEDA repeats a call every few seconds)."""
         if message not in self._told:
+            if len(self._told) >= 1024:  # callers choose the names: keep the memory bounded
+                self._told.clear()
             self._told.add(message)
             log.warning("KEDA scaler: %s", message)
 
