@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     # directory before the app module is imported.)
     from extender.agent import commands as agent_commands
     from extender.api.scheduler import commands as server_commands
+    from extender.keda import commands as keda_commands
     from extender.kube import commands as kube_commands
     from extender.scaler import commands as scale_commands
     from extender.sim import commands as sim_commands
@@ -150,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_commands.register(sub)
     warm_commands.register(sub)
     scale_commands.register(sub)
+    keda_commands.register(sub)
     return parser
 
 
