@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from extender.arguments import bind_address, positive_float
+from extender.arguments import add_store_options, bind_address, connect_from_args, positive_float
 from extender.files import load_policy_to_start
-from extender.arguments import add_store_options, connect_from_args
 
 #: Where the server listens unless told (docs/scaler.md, "KEDA or the External Metrics API").
 DEFAULT_LISTEN = "0.0.0.0:9090"
