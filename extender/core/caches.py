@@ -127,7 +127,7 @@ def compile_key_material(profile: Profile, node_class: NodeClass) -> dict[str, o
 
 def caches_weights(profile: Profile, node_class: NodeClass) -> bool:
     """Does a node of this class keep the profile's weights (and adapters) on NVMe?"""
-    return profile.weights.cache != "none" and node_class.nvme.capacity > 0
+    return profile.weights.cached and node_class.nvme.capacity > 0
 
 
 def adapter_keys(profile: Profile) -> tuple[str, ...]:
