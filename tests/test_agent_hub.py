@@ -214,6 +214,14 @@ def symlinked_repo_build(hub: Path) -> None:
     os.symlink(real / repo_folder(REPO), hub / repo_folder(REPO))
 
 
+def symlinked_blobs_build(hub: Path) -> None:
+    # blobs/ itself a link to elsewhere: not followed, so nothing in the snapshot resolves
+    r = Repo(hub)
+    sharded(r, C1)
+    os.rename(r.path / "blobs", hub.parent / "blobs-elsewhere")
+    os.symlink(hub.parent / "blobs-elsewhere", r.path / "blobs")
+
+
 def corrupt_index_build(hub: Path) -> None:
     r = Repo(hub)
     sharded(r, C1, index=False)
@@ -270,6 +278,8 @@ CASES: dict[str, Case] = {
     "copied-files": Case(copies_build, ONE, lambda h: {f"llm/{C1}": (4010, False)}),
     "config-only": Case(config_only_build, ONE, lambda h: {f"llm/{C1}": (10, False)}),
     "symlinked-repo-folder": Case(symlinked_repo_build, ONE, lambda h: {}, problems={"unreadable"}),
+    "symlinked-blobs-folder": Case(symlinked_blobs_build, ONE, lambda h: {f"llm/{C1}": (0, False)},
+                                   problems={"unreadable"}),
     "corrupt-index": Case(corrupt_index_build, ONE, lambda h: {f"llm/{C1}": (FULL + index_bytes(Repo(h)), False)},
                           problems={"corrupt"}),
     "two-roots": Case(two_roots_build, ONE, lambda h: {f"llm/{C1}": (FULL + index_bytes(Repo(h)), True)}),
@@ -294,6 +304,7 @@ def test_hub_snapshot(name: str, tmp_path: Path) -> None:
     assert {w.key: (w.bytes, w.complete) for w in found.weights} == case.expected(hub)
     assert all(w.last_used is None and w.expected_bytes is None for w in found.weights)
     assert {p.kind for p in found.problems} == case.problems, found.problems
+    assert len(found.problems) <= 1, found.problems  # one problem for one fault, not one per file
 
 
 def test_unmapped_repositories_are_listed_not_reported(tmp_path: Path) -> None:

@@ -63,9 +63,10 @@ either: the warmer would count the freed bytes, and the hub's would still be the
 
 Symbolic links below the hub root are never followed out of the repository: ``models--*``,
 ``snapshots/<commit>`` and ``blobs`` must be real directories, and a snapshot link must land in
-its repository's ``blobs/``. Links are resolved by path (relative links, as upstream writes them,
-resolve anywhere the hub root is mounted; absolute ones only where the agent mounts the hub at the
-writer's path).
+its repository's ``blobs/``. Links are read, not followed: their target is worked out from the
+link's text (relative links, as upstream writes them, resolve anywhere the hub root is mounted;
+absolute ones only where the agent mounts the hub at the writer's path), and only a regular file
+there counts.
 """
 
 from __future__ import annotations
@@ -287,8 +288,16 @@ class _Reader:
 
     def blob(self, link: str, blobs: str | None) -> _Blob | None:
         """The complete blob a snapshot link resolves to, or ``None`` (with a problem when something is wrong)."""
-        target = os.path.realpath(link)
-        if blobs is None or os.path.dirname(target) != blobs:
+        if blobs is None:  # no usable blobs/ (a link in its place was reported once): nothing resolves
+            return None
+        try:
+            target = os.path.normpath(os.path.join(os.path.dirname(link), os.readlink(link)))
+        except OSError as exc:
+            self.os_problem(link, exc)
+            return None
+        # lexical ".." is exact here: every directory from the link up to the repository is a real one
+        # (checked, or never entered when a link), and a blob that is itself a link is refused below
+        if os.path.dirname(target) != blobs:
             self.problem(link, "unreadable", "links outside its repository's blobs/, not followed")
             return None
         if target.endswith(INCOMPLETE_SUFFIX):
@@ -341,7 +350,7 @@ class _Reader:
         if not (self.real_dir(repo / "snapshots") and self.real_dir(snap)):
             return None
         blobs_dir = repo / "blobs"
-        blobs = os.path.realpath(blobs_dir) if self.real_dir(blobs_dir) else None
+        blobs = os.path.normpath(blobs_dir) if self.real_dir(blobs_dir) else None
         files: dict[str, _Blob | None] = {}
         copied = False
         stack: list[tuple[str, str]] = [(str(snap), "")]
@@ -438,7 +447,7 @@ def scan_hub(roots: Sequence[Path], mapping: HubMap, *, indexes: IndexCache | No
     reader = _Reader(indexes)
     found: dict[str, WeightsEntry] = {}
     unmapped: set[str] = set()
-    for root in roots:
+    for root in map(Path, map(os.path.abspath, roots)):
         if not os.path.isdir(root):
             reader.problem(root, "unreadable", "hub cache does not exist or is not a directory")
             continue
