@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, assert_never, get_args
 
-from extender.core.cachekey import compile_cache_key
+from extender.core.cachekey import compile_cache_key_of, key_material
 from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
 
@@ -113,16 +113,21 @@ def compile_key(profile: Profile, node_class: NodeClass) -> str | None:
 
     The key hashes the GPU product, so a node whose class the policy does not know has no key.
     """
+    material = compile_key_material(profile, node_class)
+    return None if material is None else compile_cache_key_of(material)
+
+
+def compile_key_material(profile: Profile, node_class: NodeClass) -> dict[str, object] | None:
+    """The document :func:`compile_key` hashes (``extender cachekey -v`` prints it), or ``None``."""
     if profile.compile.key is None or node_class.name == UNKNOWN_CLASS.name:
         return None
-    return compile_cache_key(profile.compile.key, gpu_product=node_class.gpu.product,
-                             tensor_parallel=profile.parallelism.tensor,
-                             pipeline_parallel=profile.parallelism.pipeline)
+    return key_material(profile.compile.key, gpu_product=node_class.gpu.product,
+                        tensor_parallel=profile.parallelism.tensor, pipeline_parallel=profile.parallelism.pipeline)
 
 
 def caches_weights(profile: Profile, node_class: NodeClass) -> bool:
     """Does a node of this class keep the profile's weights (and adapters) on NVMe?"""
-    return profile.weights.cache != "none" and node_class.nvme.capacity > 0
+    return profile.weights.cached and node_class.nvme.capacity > 0
 
 
 def adapter_keys(profile: Profile) -> tuple[str, ...]:

@@ -272,6 +272,13 @@ def _adapters(
     return seconds, fetched
 
 
+def cold_by_class(profile: Profile, classes: Sequence[NodeClass]) -> Estimate:
+    """The profile's fully cold start on one node of each class, in class order."""
+    n = len(classes)
+    cold = CacheState.uniform(n, adapters=len(profile.preloaded_adapters))
+    return estimate(profile, classes, np.arange(n, dtype=np.intp), cold)
+
+
 @dataclass(frozen=True)
 class NamedState:
     """A whole-node cache state by name: which caches the node holds for the profile."""

@@ -204,6 +204,11 @@ class Weights(Schema):
         return self.shard_files or max(1, -(-self.bytes // defaults.SHARD_BYTES))
 
     @property
+    def cached(self) -> bool:
+        """Does the profile keep its weights on node NVMe (``cache`` is not ``none``)?"""
+        return self.cache != "none"
+
+    @property
     def streams(self) -> int:
         """Parallel object-store streams: one serial stream per file, capped by the loader's workers."""
         return min(self.shards, self.loader_concurrency)

@@ -40,7 +40,7 @@ from numpy.typing import NDArray
 from extender.core.caches import warm_entries
 from extender.core.estimate import estimate
 from extender.core.forecast import Forecast, ForecastParams, forecast
-from extender.core.policy import Policy, Profile, Scaling
+from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
 from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
 from extender.core.scoring import NodeInputs, Scale, evaluate, scale_for
 from extender.core.warming import Expectation, plan
@@ -98,6 +98,11 @@ class WorkloadSetup:
     max_replicas: int
     initial_replicas: int
     arrivals: Arrivals
+
+    @property
+    def bounds(self) -> ReplicaBounds:
+        """The workload's replica range, as the scaler's policy section gives it."""
+        return ReplicaBounds.model_construct(min_replicas=self.min_replicas, max_replicas=self.max_replicas)
 
 
 @dataclass(frozen=True)
@@ -422,11 +427,9 @@ class Run:
         h = horizon(self._startup_next(setup.index, now), self.dt, scaling.hpa_sync_delay)
         fc = self._forecast(s, k, h.seconds)
         ready = s.ready
-        decision = decide(DecisionInputs(
-            workload=setup.profile.name, now_s=now, demand=demand, queue=queue, capacity=setup.capacity,
-            forecast=fc, horizon=h, ready=ready, starting=current - ready, min_replicas=setup.min_replicas,
-            max_replicas=setup.max_replicas, tolerance=scaling.tolerance,
-            stabilisation_s=scaling.scale_down_stabilisation, queue_drain_s=scaling.queue_drain, recent=s.recent))
+        decision = decide(DecisionInputs.for_policy(
+            scaling, setup.bounds, workload=setup.profile.name, now_s=now, demand=demand, queue=queue,
+            capacity=setup.capacity, forecast=fc, horizon=h, ready=ready, starting=current - ready, recent=s.recent))
         s.recent = prune((*s.recent, Recommendation(at_s=now, replicas=decision.recommendation)), now,
                          scaling.scale_down_stabilisation)
         desired = s.hpa.sync(now, current, current, float(decision.desired), 1.0)
