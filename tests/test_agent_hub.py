@@ -303,6 +303,7 @@ def test_hub_snapshot(name: str, tmp_path: Path) -> None:
     found = scan_hub(roots, mapping(case.targets, case.declared))
     assert {w.key: (w.bytes, w.complete) for w in found.weights} == case.expected(hub)
     assert all(w.last_used is None and w.expected_bytes is None for w in found.weights)
+    assert set(found.partial) == {w.key for w in found.weights if not w.complete}  # each says why
     assert {p.kind for p in found.problems} == case.problems, found.problems
     assert len(found.problems) <= 1, found.problems  # one problem for one fault, not one per file
 

@@ -140,6 +140,7 @@ def test_the_agent_reports_hub_and_vllm_caches_and_the_estimate_counts_them(
                    "--hub-cache", str(node["hub"]), "--once", "--redis-url", redis_server.url)
     assert out.returncode == 0, out.stderr
     assert "1 repositories no profile maps (skipped): models--someone--unmapped" in out.stderr
+    assert f"qwen/{Q1} is partial" in out.stderr and "model-00003-of-00004.safetensors is not present" in out.stderr
     sources = SourceStore(InventoryStore(connect(redis_server.url, tmp_path / "unused")))
     sources.report_kube({NODE: KubeReport(node_class="g5", gpus=8, gpus_free=8)})  # what the sync would add
     state = sources.store.get(NODE)

@@ -191,6 +191,8 @@ class HubScan:
     problems: tuple[Problem, ...] = ()
     #: ``models--*`` folders no profile maps to (reported in logs only).
     unmapped: tuple[str, ...] = ()
+    #: Why each entry that is not complete falls short, by weights key (reported in logs only).
+    partial: Mapping[str, str] = field(default_factory=dict)
     #: Snapshot files looked at.
     files: int = 0
 
@@ -446,6 +448,7 @@ def scan_hub(roots: Sequence[Path], mapping: HubMap, *, indexes: IndexCache | No
     """Look for every mapped profile's snapshot in every hub root (rules in the module docstring)."""
     reader = _Reader(indexes)
     found: dict[str, WeightsEntry] = {}
+    why: dict[str, str] = {}
     unmapped: set[str] = set()
     for root in map(Path, map(os.path.abspath, roots)):
         if not os.path.isdir(root):
@@ -469,10 +472,13 @@ def scan_hub(roots: Sequence[Path], mapping: HubMap, *, indexes: IndexCache | No
                 size = state.bytes if state.complete else min(state.bytes, max(0, t.declared_bytes - 1))
                 entry = WeightsEntry(t.workload, t.version, size, complete=state.complete, expected_bytes=None)
                 found[t.key] = _better(found[t.key], entry) if t.key in found else entry
+                if found[t.key] is entry and state.why is not None:
+                    why[t.key] = f"{repo / 'snapshots' / commit}: {state.why}"
     if indexes is not None:
         indexes.end_scan()
+    partial = {k: why[k] for k in sorted(found) if not found[k].complete}
     return HubScan(weights=tuple(found[k] for k in sorted(found)), problems=tuple(reader.problems),
-                   unmapped=tuple(sorted(unmapped)), files=reader.files)
+                   unmapped=tuple(sorted(unmapped)), files=reader.files, partial=partial)
 
 
 def merge_into(scan: CacheScan, hub: HubScan) -> CacheScan:
@@ -513,6 +519,7 @@ class HubCaches:
         self._have_policy = False
         self._said_no_policy = False
         self._unmapped: tuple[str, ...] | None = None
+        self._partial: dict[str, str] = {}
         if policy is not None:
             self.set_policy(policy)
 
@@ -544,6 +551,10 @@ class HubCaches:
             if hub.unmapped:
                 log.info("hub caches: %d repositories no profile maps (skipped): %s", len(hub.unmapped),
                          ", ".join(hub.unmapped[:10]) + (", ..." if len(hub.unmapped) > 10 else ""))
+        for key, why in sorted(hub.partial.items()):
+            if self._partial.get(key) != why:
+                log.info("hub caches: %s is partial: %s", key, why)
+        self._partial = dict(hub.partial)
         self.last = hub
         return hub
 
