@@ -25,7 +25,12 @@ Rules the agent relies on:
 * Names starting with ``.`` at the workload, version, key or snapshot level are staging areas and
   are ignored (write there, then rename into place: a rename is atomic on one filesystem).
 * A compile-cache key counts as present once its directory holds a file: engines fill it
-  incrementally while they compile, and a partial cache still saves most of the work.
+  incrementally while they compile, and a partial cache still saves most of the work. When the key
+  directory holds vLLM's own tree (``VLLM_CACHE_ROOT`` pointed inside it), only once vLLM saved a
+  finished compile (:mod:`extender.agent.vllm_cache`).
+
+Caches in other tools' layouts (Hugging Face hub caches that pods fill themselves) are read by
+:mod:`extender.agent.hub` and reported under the names above; nothing here writes them.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from extender.agent.disk import disk_usage
+from extender.agent.hub import HubCaches
 from extender.agent.scan import CacheScan, ManifestCache, Problem, SizeCache, scan_cache
 from extender.core.backoff import Backoff
 from extender.core.errors import KubeError, StateError
@@ -96,12 +97,15 @@ class Agent:
         open_reporter: Callable[[], Reporter],
         *,
         labeler: Labeler | None = None,
+        hub: HubCaches | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.open_reporter = open_reporter
         self.labeler = labeler
+        #: Model hub caches to add to each scan (:mod:`extender.agent.hub`).
+        self.hub = hub
         self.clock = clock
         self.monotonic = monotonic
         self.stats = AgentStats()
@@ -132,6 +136,8 @@ class Agent:
         else:
             scan = scan_cache(self.settings.cache_root, manifests=self._manifests, sizes=self._sizes,
                               disk_bytes=total)
+        if self.hub is not None:
+            scan = self.hub.add_to(scan)
         self.stats.scans += 1
         self.stats.last_scan = scan
         self._log_problems(scan.problems)

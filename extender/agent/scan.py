@@ -7,7 +7,8 @@ listing and ``lstat`` (a download finishing or a cache being evicted) each becom
 
 Cost: one ``scandir`` per directory and one ``lstat`` per file below ``weights/``; compile-cache
 directories (often tens of thousands of small Triton files) are entered only until their first
-file is found. Symbolic links are neither followed nor counted, at any level below the root (the
+file is found, or, when they hold vLLM's own tree, only down to the level of vLLM's index files
+(:mod:`extender.agent.vllm_cache`). Symbolic links are neither followed nor counted, at any level below the root (the
 top-level ``weights``, ``compile`` and ``snapshots`` too): a link's target is someone else's bytes,
 and following links invites loops. Numbers are in BENCHMARKS.md.
 
@@ -38,6 +39,7 @@ from typing import Literal, assert_never
 from pydantic import ValidationError
 
 from extender.agent.disk import disk_usage
+from extender.agent.vllm_cache import vllm_state
 from extender.core.caches import NVME_KINDS, KindSpec, cache_id, weights_key
 from extender.files import read_regular
 from extender.layout import (
@@ -473,9 +475,10 @@ def _scan(root: Path, manifests: ManifestCache | None, sizes: SizeCache | None, 
                     manifests.end_scan()
                 last_used.update({cache_id("weights", w.key): w.last_used for w in weights
                                   if w.last_used is not None})
-            case "compile":  # present once the engine wrote a file: a partial cache still saves work
+            case "compile":  # present once the engine wrote a file (vLLM's own tree: once it saved a compile)
                 for d in walk.subdirs(top, missing_ok=True):
-                    if walk.has_file(d.path):
+                    vllm = vllm_state(d.path, walk.os_problem)
+                    if vllm if vllm is not None else walk.has_file(d.path):
                         found[spec.kind].append(d.name)
                         usage(cache_id(spec.kind, d.name), d.path)
             case "snapshot" | "adapter":  # present once the writer's completion marker is there
