@@ -11,6 +11,8 @@ the cache warmer (write)::
                                               TRITON_CACHE_DIR can point inside it)
     <root>/snapshots/<workload>/              a process snapshot for this node's class
         .complete                             written last, as for weights
+    <root>/adapters/<workload>/<adapter>/     one LoRA adapter's files
+        .complete                             written last, as for weights
 
 Rules the agent relies on:
 
@@ -23,7 +25,12 @@ Rules the agent relies on:
 * Names starting with ``.`` at the workload, version, key or snapshot level are staging areas and
   are ignored (write there, then rename into place: a rename is atomic on one filesystem).
 * A compile-cache key counts as present once its directory holds a file: engines fill it
-  incrementally while they compile, and a partial cache still saves most of the work.
+  incrementally while they compile, and a partial cache still saves most of the work. When the key
+  directory holds vLLM's own tree (``VLLM_CACHE_ROOT`` pointed inside it), only once vLLM saved a
+  finished compile (:mod:`extender.agent.vllm_cache`).
+
+Caches in other tools' layouts (Hugging Face hub caches that pods fill themselves) are read by
+:mod:`extender.agent.hub` and reported under the names above; nothing here writes them.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from extender.core.schema import Schema
 WEIGHTS = "weights"
 COMPILE = "compile"
 SNAPSHOTS = "snapshots"
+ADAPTERS = "adapters"
 MANIFEST = ".manifest.json"
 #: Largest manifest read: 100,000 files of about 100 bytes each, with room to spare.
 MAX_MANIFEST_BYTES = 32 << 20
@@ -94,6 +102,10 @@ def compile_dir(root: Path, key: str) -> Path:
 
 def snapshot_dir(root: Path, workload: str) -> Path:
     return root / SNAPSHOTS / workload
+
+
+def adapter_dir(root: Path, workload: str, adapter: str) -> Path:
+    return root / ADAPTERS / workload / adapter
 
 
 def _write_durably(path: Path, data: bytes) -> None:

@@ -1,6 +1,7 @@
 """``extender agent``: run the node agent (one per node, as a DaemonSet).
 
     extender agent --node-name NAME --cache-root DIR [--interval S] [--ttl S]
+                   [--policy FILE] [--hub-cache DIR]...
                    [--redis-url URL] [--data-dir DIR] [--label-nodes [--kubeconfig F]]
                    [--once | --dry-run]
 
@@ -8,6 +9,11 @@
 ``--once`` scans and writes one report, then exits (non-zero if the write failed); ``--dry-run``
 prints the report as JSON and touches neither Redis nor the API server. SIGTERM and SIGINT end
 the loop cleanly.
+
+``--hub-cache`` (repeatable) names Hugging Face hub caches on the node that pods fill themselves
+(:mod:`extender.agent.hub`); ``--policy`` maps their repositories to profiles and is reloaded when
+the file changes. An invalid policy at start is refused (exit 1); without one, hub caches are
+skipped with a log line.
 """
 
 from __future__ import annotations
@@ -19,10 +25,12 @@ import sys
 import threading
 from pathlib import Path
 
+from extender.agent.hub import HubCaches
 from extender.agent.loop import Agent, AgentSettings, Labeler
 from extender.arguments import add_store_options, connect_from_args, positive_float
 from extender.core.errors import ExtenderError
 from extender.core.inventory import DEFAULT_TTL_S
+from extender.files import PolicyFile, load_policy_to_start
 from extender.process import configure_logging, stop_on_signals
 from extender.state.sources import SourceStore
 from extender.state.store import InventoryStore
@@ -36,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--interval", type=positive_float, default=15.0, metavar="S", help="seconds between scans (15)")
     p.add_argument("--ttl", type=positive_float, default=DEFAULT_TTL_S, metavar="S",
                    help=f"seconds a report stays valid without a heartbeat ({DEFAULT_TTL_S:.0f})")
+    p.add_argument("--policy", type=Path, metavar="FILE",
+                   help="policy mapping hub repositories to profiles (hf:// weights sources); reloaded on change")
+    p.add_argument("--hub-cache", dest="hub_caches", action="append", type=Path, default=[], metavar="DIR",
+                   help="a Hugging Face hub cache (HF_HUB_CACHE) on the node to scan too; repeatable")
     p.add_argument("--label-nodes", action="store_true",
                    help="also label the Node extender.io/<workload>.weights=ready (needs get/patch on nodes)")
     p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for --label-nodes (default: in-cluster)")
@@ -63,7 +75,16 @@ def run(args: argparse.Namespace) -> int:
         from extender.kube.labels import NodeLabeler
 
         labeler = NodeLabeler(KubeClient.connect(args.kubeconfig), node)
-    agent = Agent(settings, open_reporter, labeler=labeler)
+    hub: HubCaches | None = None
+    if args.policy is not None:
+        started = load_policy_to_start(args.policy, "agent")
+        if started is None:
+            return 1
+        policy, version = started
+        hub = HubCaches(args.hub_caches, policy, PolicyFile(args.policy, version))
+    elif args.hub_caches:
+        hub = HubCaches(args.hub_caches)
+    agent = Agent(settings, open_reporter, labeler=labeler, hub=hub)
     if args.dry_run:
         report = agent.scan()
         print(json.dumps({"node": node, **report.model_dump(mode="python", by_alias=True)}, indent=2))

@@ -22,6 +22,7 @@ path until they clear, never raised.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Protocol
 
 from extender.agent.disk import disk_usage
+from extender.agent.hub import HubCaches
 from extender.agent.scan import CacheScan, ManifestCache, Problem, SizeCache, scan_cache
 from extender.core.backoff import Backoff
 from extender.core.errors import KubeError, StateError
@@ -95,12 +97,15 @@ class Agent:
         open_reporter: Callable[[], Reporter],
         *,
         labeler: Labeler | None = None,
+        hub: HubCaches | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
         self.open_reporter = open_reporter
         self.labeler = labeler
+        #: Model hub caches to add to each scan (:mod:`extender.agent.hub`).
+        self.hub = hub
         self.clock = clock
         self.monotonic = monotonic
         self.stats = AgentStats()
@@ -126,13 +131,13 @@ class Agent:
         except OSError as exc:
             total = free = 0
             scan = scan_cache(self.settings.cache_root, manifests=self._manifests, sizes=self._sizes)
-            scan = CacheScan(scan.weights, scan.compile_keys, scan.snapshots,
-                             (*scan.problems, Problem(str(self.settings.cache_root), "unreadable",
-                                                      f"statvfs failed: {exc.strerror or exc}")), scan.files,
-                             scan.last_used, scan.cache_bytes)
+            failed = Problem(str(self.settings.cache_root), "unreadable", f"statvfs failed: {exc.strerror or exc}")
+            scan = dataclasses.replace(scan, problems=(*scan.problems, failed))
         else:
             scan = scan_cache(self.settings.cache_root, manifests=self._manifests, sizes=self._sizes,
                               disk_bytes=total)
+        if self.hub is not None:
+            scan = self.hub.add_to(scan)
         self.stats.scans += 1
         self.stats.last_scan = scan
         self._log_problems(scan.problems)
@@ -143,6 +148,7 @@ class Agent:
             weights=scan.weights_bytes,
             compile_keys=tuple(sorted(scan.compile_keys)),
             snapshots=tuple(sorted(scan.snapshots)),
+            adapters=tuple(sorted(scan.adapters)),
             ttl=self.settings.ttl_s,
             last_used=scan.last_used,
             cache_bytes=scan.cache_bytes,
