@@ -153,7 +153,7 @@ def evaluate(s: Series, *, every_s: float, test_s: float, history_s: float, leve
     params = ForecastParams(step_s=step, level=level)
     err: dict[str, dict[int, list[float]]] = {}
     hit: dict[str, dict[int, list[bool]]] = {}
-    chosen: dict[str, int] = {}
+    chosen: dict[int, dict[str, int]] = {}
 
     def add(name: str, k: int, f: float, upper: float | None, actual: float) -> None:
         err.setdefault(name, {}).setdefault(k, []).append(abs(actual - f))
@@ -168,8 +168,9 @@ def evaluate(s: Series, *, every_s: float, test_s: float, history_s: float, leve
             for k in HORIZONS:
                 f = forecast(name, th, yh, k * step, params)
                 add(name, k, f.point, f.upper, y[o + k])
-                if name == "auto" and k == 1:
-                    chosen[f.method] = chosen.get(f.method, 0) + 1
+                if name == "auto":
+                    picks = chosen.setdefault(k, {})
+                    picks[f.method] = picks.get(f.method, 0) + 1
         for k in HORIZONS:
             add("last value", k, y[o], None, y[o + k])
             if o + k - m >= 0 and n > 2 * m:
@@ -190,6 +191,45 @@ def evaluate(s: Series, *, every_s: float, test_s: float, history_s: float, leve
         row["ratio"] = {k: row["error"][k] / rows["last value"]["error"][k] for k in row["error"]}
     return {"series": s.name, "source": s.source, "step_s": step, "points": n, "origins": len(origins),
             "mean_rate": mean, "rows": rows, "auto_chose": chosen, "seconds": elapsed}
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost per tick
+# ---------------------------------------------------------------------------------------------
+
+
+def tick_cost(*, step: float = 15.0, hours: float = 67.0, ticks: int = 20,
+              seed: int = 17) -> dict[str, dict[str, Any]]:
+    """CPU seconds per forecast call at the scaler's scale: a history of ``hours`` at ``step`` s (the
+    scaler's default 15 s tick, a fit window of 66 h and one refit period on top), lead 136 s.
+
+    ``refit``: the first call after a refit boundary (fits every model it needs, cache cleared);
+    ``tick``: the median of ``ticks`` later calls, one new sample each, inside the same refit
+    period (what every scaler tick pays). The ``last`` forecaster's tick is the baseline. CPU time
+    (``time.process_time``) rather than wall time, so that other work on a shared machine does not
+    count.
+    """
+    from extender.core import forecast as module
+
+    rng = np.random.default_rng(seed)
+    n = int(hours * 3600 / step)
+    t = 1_700_000_000.0 - 1_700_000_000.0 % 3600 + np.arange(n + ticks) * step
+    y = 40 * (1 + 0.6 * np.cos(2 * np.pi * t / DAY)) * np.exp(0.05 * rng.standard_normal(t.size))
+    y = rng.poisson(y * step) / step
+    params = ForecastParams()
+    out: dict[str, dict[str, Any]] = {}
+    for name in NAMES:
+        module._CACHE.clear()
+        t0 = time.process_time()
+        method = forecast(name, t[:n], y[:n], 136.0, params).method
+        refit = time.process_time() - t0
+        times = []
+        for i in range(1, ticks + 1):
+            t0 = time.process_time()
+            forecast(name, t[:n + i], y[:n + i], 136.0, params)
+            times.append(time.process_time() - t0)
+        out[name] = {"refit": refit, "tick": float(np.median(times)), "method": method}
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-ets", action="store_true", help="skip the statsmodels reference")
     ap.add_argument("--only", default="", help="comma-separated substrings of series names to run")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--tick-cost", action="store_true", help="also time one forecast call at the scaler's scale "
+                    "(15 s samples, 67 h of history), per forecaster")
     args = ap.parse_args(argv)
     slice_csv = "scenarios/traces/azure-code-slice.csv"
     series = [*scenario_series(ROOT / "scenarios/mixed-fleet.yaml", 300.0),
@@ -242,10 +284,21 @@ def main(argv: list[str] | None = None) -> int:
         results.append(r)
         print(f"\n### {s.name}: {r['points']} points at {s.step:g} s, {r['origins']} origins every {every:g} s, "
               f"mean {r['mean_rate']:.3g} req/s ({r['seconds']:.1f} s)")
-        print(f"source: {s.source}; auto chose (h=1): {r['auto_chose']}")
+        print(f"source: {s.source}; auto chose: " + "; ".join(f"h={k} {c}" for k, c in r['auto_chose'].items()))
         print(table(r))
+    out: dict[str, Any] = {"series": results}
+    if args.tick_cost:
+        cost = tick_cost()
+        out["tick_cost"] = cost
+        base = cost["last"]["tick"]
+        print("\n### CPU per call: 15 s samples, 67 h of history, lead 136 s\n")
+        print("| forecaster | ran | first call after a refit, ms | every other tick, ms | tick vs last |")
+        print("|---|---|---:|---:|---:|")
+        for name, c in cost.items():
+            print(f"| {name} | {c['method']} | {1000 * c['refit']:.0f} | {1000 * c['tick']:.1f} | "
+                  f"{c['tick'] / base:.2f} |")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps(out, indent=1))
     return 0
 
 
