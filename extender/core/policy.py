@@ -256,6 +256,71 @@ SignalSourceName = Literal["scrape", "prometheus"]
 EngineName = Literal["vllm", "sglang"]
 
 
+def _file_path(value: str) -> str:
+    if not value.startswith("/") or "\0" in value or not value.isprintable():
+        raise InvalidValueError(
+            f"{value!r} is not an absolute path: the scaler reads the file at run time, from its own "
+            "filesystem (a mounted Secret, e.g. /var/run/secrets/prometheus/token)"
+        )
+    return value
+
+
+#: A file the scaler reads at run time (a secret, a certificate): an absolute path, never the content.
+FilePath = Annotated[str, AfterValidator(_file_path)]
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+#: Headers the client sets itself, or that carry credentials (which have their own fields).
+_RESERVED_HEADERS = {"authorization": "give bearerTokenFile or basicAuth instead",
+                     "proxy-authorization": "credentials are never written in the policy",
+                     "cookie": "credentials are never written in the policy",
+                     "host": "it is taken from the url", "content-length": "the client sets it",
+                     "connection": "the client sets it", "transfer-encoding": "the client sets it"}
+
+
+def _no_inline_secret(data: object, field: str, use: str) -> None:
+    if isinstance(data, dict) and field in data:
+        raise InvalidValueError(
+            f"{field}: secrets are not written in the policy (it is not a Secret and is printed by "
+            f"'extender policy show'); put it in a file, mount it, and give {use}"
+        )
+
+
+class BasicAuth(Schema):
+    """HTTP basic authentication: the user name, and the file that holds the password."""
+
+    username: str = Field(min_length=1, description="user name sent to Prometheus")
+    password_file: FilePath = Field(description="file holding the password (surrounding whitespace is dropped); "
+                                                "re-read when it changes")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _password_not_inline(cls, data: object) -> object:
+        _no_inline_secret(data, "password", "passwordFile")
+        return data
+
+    @model_validator(mode="after")
+    def _username_is_a_user(self) -> BasicAuth:
+        if ":" in self.username or not self.username.isprintable():
+            raise InvalidValueError(f"username {self.username!r}: no ':' and no control characters (basic auth "
+                                    "joins user and password with ':')")
+        return self
+
+
+class ClientTls(Schema):
+    """TLS towards an ``https://`` Prometheus: the CA to trust and the client certificate to present."""
+
+    ca_file: FilePath | None = Field(default=None, description="CA bundle (PEM) that signed the server's "
+                                                               "certificate (default: the system's CAs)")
+    cert_file: FilePath | None = Field(default=None, description="client certificate (PEM); needs keyFile")
+    key_file: FilePath | None = Field(default=None, description="private key of certFile (PEM)")
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> ClientTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise InvalidValueError("certFile and keyFile go together")
+        return self
+
+
 class PrometheusSignal(Schema):
     """Where the ``prometheus`` signal source asks, and what.
 
@@ -263,14 +328,55 @@ class PrometheusSignal(Schema):
     the queue depth in the matching amount. Unset, both are built from the engine's metric names,
     restricted by ``selector`` (PromQL label matchers without braces, e.g.
     ``namespace="llm",pod=~"qwen-.*"``) and averaged over ``rateWindow``.
+
+    A managed or shared Prometheus asks who is calling: ``bearerTokenFile`` or ``basicAuth``, a
+    ``tls`` section for its CA and a client certificate, and ``headers`` such as a tenant
+    (``X-Scope-OrgID`` for Cortex, Mimir and Thanos). Secrets live in files (mounted Secrets) that
+    the scaler re-reads when they change; the policy holds only their paths.
     """
 
     url: str = Field(min_length=1, description="base URL of the Prometheus HTTP API, e.g. http://prometheus:9090")
-    query: str | None = Field(default=None, min_length=1)
-    queue_query: str | None = Field(default=None, min_length=1)
-    selector: str = ""
-    rate_window: Annotated[Duration, Field(gt=0)] = 60.0
-    timeout: Annotated[Duration, Field(gt=0)] = 5.0
+    query: str | None = Field(default=None, min_length=1,
+                              description="PromQL for the demand rate (default: built from the engine's metrics)")
+    queue_query: str | None = Field(default=None, min_length=1,
+                                    description="PromQL for the queue depth (default: built from the engine's metrics)")
+    selector: str = Field(default="", description="label matchers added to the default queries, without braces")
+    rate_window: Annotated[Duration, Field(gt=0)] = Field(default=60.0, description="range of rate() in the "
+                                                                                    "default queries")
+    timeout: Annotated[Duration, Field(gt=0)] = Field(default=5.0, description="time limit of one query")
+    bearer_token_file: FilePath | None = Field(default=None, description="file holding a bearer token, sent as "
+                                                                         "'Authorization: Bearer'; re-read when "
+                                                                         "it changes")
+    basic_auth: BasicAuth | None = None
+    tls: ClientTls | None = None
+    headers: dict[str, str] = Field(default={}, description="extra request headers, e.g. X-Scope-OrgID: tenant-a")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_not_inline(cls, data: object) -> object:
+        _no_inline_secret(data, "bearerToken", "bearerTokenFile")
+        return data
+
+    @model_validator(mode="after")
+    def _coherent(self) -> PrometheusSignal:
+        scheme, sep, rest = self.url.partition("://")
+        if not sep or scheme not in ("http", "https") or not rest.strip("/"):
+            raise InvalidValueError(f"url {self.url!r}: expected http://HOST[:PORT][/PATH] or https://...")
+        if "@" in rest.split("/", 1)[0]:
+            raise InvalidValueError("url: credentials in the URL are not allowed (the policy is no Secret); "
+                                    "give basicAuth with a passwordFile")
+        if self.bearer_token_file is not None and self.basic_auth is not None:
+            raise InvalidValueError("bearerTokenFile and basicAuth exclude each other: one Authorization header")
+        if self.tls is not None and scheme != "https":
+            raise InvalidValueError("tls applies to an https:// url only")
+        for name, value in self.headers.items():
+            if not _HEADER_NAME.match(name):
+                raise InvalidValueError(f"headers: {name!r} is not a header name")
+            if name.lower() in _RESERVED_HEADERS:
+                raise InvalidValueError(f"headers: {name} is not allowed here: {_RESERVED_HEADERS[name.lower()]}")
+            if not value.isprintable():
+                raise InvalidValueError(f"headers: the value of {name} has control characters")
+        return self
 
 
 class Signal(Schema):

@@ -210,6 +210,14 @@ def _scale(args: argparse.Namespace) -> int:
         report(f"extender scale: {args.policy} has no profile with an autoscaling section (and a capacity): "
                "nothing to scale")
         return 1
+    from extender.scaler.prometheus import check_credentials
+
+    unusable = check_credentials(policy)
+    for problem in unusable:
+        report(f"extender scale: {problem}")
+    if unusable:
+        report("extender scale: not starting: the prometheus signal's files above cannot be used")
+        return 1
     url, data_dir = _store(args)
     settings = ScaleSettings(
         policy=policy, redis_url=url, data_dir=data_dir.resolve(), prefix=prefix_from_args(args),
