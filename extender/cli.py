@@ -51,6 +51,13 @@ def _policy_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _policy_schema(args: argparse.Namespace) -> int:
+    from extender.policy_schema import reference_markdown, schema_text
+
+    print(reference_markdown() if args.markdown else schema_text(), end="")
+    return 0
+
+
 def _select(policy: Policy, workload: str | None, node_class: str | None) -> list[tuple[str, str]]:
     profiles = [policy.profile(workload)] if workload else list(policy.profiles)
     if node_class:
@@ -117,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    policy = sub.add_parser("policy", help="check or show policy files")
+    policy = sub.add_parser("policy", help="check or show policy files, print the policy's schema")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
     check = policy_sub.add_parser("check", help="validate policy files; exit 1 listing every problem")
     check.add_argument("files", nargs="+", metavar="FILE", help="policy files (YAML)")
@@ -125,6 +132,13 @@ def build_parser() -> argparse.ArgumentParser:
     show = policy_sub.add_parser("show", help="print the policy with every default filled in")
     show.add_argument("file", metavar="FILE", help="policy file (YAML)")
     show.set_defaults(handler=_policy_show)
+    schema = policy_sub.add_parser(
+        "schema", help="print the policy's JSON Schema (for editors), or with --markdown its field reference",
+        description="Print the JSON Schema of a policy file, generated from the models that validate it. Point "
+                    "an editor at it with a first line '# yaml-language-server: $schema=PATH' in the policy.")
+    schema.add_argument("--markdown", action="store_true",
+                        help="print the reference of every field instead (docs/policy-reference.md)")
+    schema.set_defaults(handler=_policy_schema)
 
     est = sub.add_parser("estimate", help="startup-time breakdown per workload, node class and cache state")
     est.add_argument("--policy", required=True, metavar="FILE", help="policy file")

@@ -97,13 +97,16 @@ class Gpu(Schema):
     """The accelerators of a node class."""
 
     product: str = Field(min_length=1, description="as in the nvidia.com/gpu.product label")
+    #: GPUs per node of this class.
     count: int = Field(ge=1, le=64)
 
 
 class Nvme(Schema):
     """Local NVMe used as the node's cache root. ``capacity: 0`` means the class has none."""
 
+    #: Size of the cache filesystem; 0: the class has no local NVMe.
     capacity: Bytes
+    #: Sequential read speed of the NVMe (loading cached weights, restoring snapshots).
     read_bandwidth: PositiveBandwidth = defaults.NVME_READ_BPS
     #: Space the warmer and the scorer never plan to fill (room for logs, images, scratch).
     reserve: Bytes = 0
@@ -118,15 +121,20 @@ class Nvme(Schema):
 class Network(Schema):
     """What the node can pull, and how fast."""
 
+    #: The node's network bandwidth, shared by every download to it.
     nic: PositiveBandwidth = defaults.NIC_BPS
+    #: What one serial object-store stream gets (one per shard file being read).
     object_store_per_stream: PositiveBandwidth = defaults.OBJECT_STORE_STREAM_BPS
+    #: Effective speed of a container image pull (download and unpack).
     image_pull: PositiveBandwidth = defaults.IMAGE_PULL_BPS
 
 
 class NodeClass(Schema):
     """A kind of node, recognised by its labels (all must match)."""
 
+    #: The class's name (profiles and overrides refer to it).
     name: Name
+    #: Node labels that identify the class; a node must carry all of them.
     match_labels: dict[str, str] = Field(min_length=1)
     gpu: Gpu
     nvme: Nvme
@@ -153,7 +161,9 @@ UNKNOWN_CLASS = NodeClass.model_validate(
 class PodMatch(Schema):
     """How a pod is recognised: every listed label and annotation must be present with that value."""
 
+    #: Pod labels that must all be present with these values.
     labels: dict[str, str] = {}
+    #: Pod annotations that must all be present with these values.
     annotations: dict[str, str] = {}
 
     @model_validator(mode="after")
@@ -172,7 +182,9 @@ class PodMatch(Schema):
 class Image(Schema):
     """The serving container image."""
 
+    #: Image reference as in the pod spec (kubelet's image list is matched against it).
     reference: Annotated[Reference, Field(min_length=1)]
+    #: Bytes pulled when the image is not on the node.
     size: PositiveBytes = defaults.IMAGE_BYTES
 
 
@@ -188,14 +200,18 @@ class Weights(Schema):
     """
 
     source: Annotated[Reference, Field(min_length=1, description="URI: s3://, gs://, hf://, file://, ...")]
+    #: Revision of the weights; names their directory on every node's cache.
     version: Version
+    #: Total size of the weight files.
     bytes: PositiveBytes
     shard_files: int = Field(default=0, ge=0, description="0: derived from bytes and a 3.9 GiB shard")
+    #: Files the loader reads in parallel (its worker count).
     loader_concurrency: int = Field(default=defaults.LOADER_CONCURRENCY, ge=1)
     #: Per-stream object-store throughput this loader configuration achieves, when it differs from
     #: the node class's (EKS model-loading report, docs/sources.md: chunk size changes what one
     #: worker gets).
     stream_bandwidth: PositiveBandwidth | None = None
+    #: required, preferred or none: what the profile expects of node NVMe (see above).
     cache: WeightsCache = "preferred"
 
     @property
@@ -212,7 +228,9 @@ class Weights(Schema):
 class Parallelism(Schema):
     """Tensor and pipeline parallel degree (GPUs per replica = tensor x pipeline)."""
 
+    #: Tensor-parallel degree.
     tensor: int = Field(default=1, ge=1)
+    #: Pipeline-parallel degree.
     pipeline: int = Field(default=1, ge=1)
 
     @property
@@ -224,9 +242,13 @@ class Parallelism(Schema):
 class Compile(Schema):
     """torch.compile: seconds from scratch, seconds from a cache on the node, artifact size, key."""
 
+    #: Compile time from scratch.
     cold: Duration = defaults.COMPILE_COLD_S
+    #: Compile time with this key's cache on the node.
     warm: Duration = defaults.COMPILE_WARM_S
+    #: Size of the compile cache (fetched from the registry, stored on NVMe).
     artifact_bytes: Bytes = defaults.COMPILE_ARTIFACT_BYTES
+    #: Inputs of the compile-cache key (extender cachekey); unset: the cache is never shared.
     key: CompileKeyInputs | None = None
 
     @model_validator(mode="after")
@@ -239,14 +261,18 @@ class Compile(Schema):
 class Snapshot(Schema):
     """A process snapshot (e.g. CRIU + cuda-checkpoint) restorable on nodes of one class."""
 
+    #: Size of the snapshot read from NVMe to restore.
     bytes: PositiveBytes
+    #: Time to restore the process once the snapshot is read.
     restore: Duration
 
 
 class Capacity(Schema):
     """What one ready replica serves, in the unit the demand signal is measured in."""
 
+    #: Demand one ready replica serves within the SLO, in unit.
     per_replica: float = Field(gt=0)
+    #: Unit of the demand signal and of perReplica.
     unit: Literal["requests/s", "tokens/s"] = "requests/s"
 
 
@@ -388,13 +414,21 @@ class Signal(Schema):
     counter and gauge names (counters are summed over every series and pod, then turned into a rate).
     """
 
+    #: scrape: the pods' /metrics; prometheus: PromQL queries (section prometheus).
     source: SignalSourceName = "scrape"
+    #: Serving engine, whose metric names the default queries and scrapes use.
     engine: EngineName = "vllm"
+    #: Port of the pods' metrics endpoint (scrape).
     port: int = Field(default=8000, ge=1, le=65535)
+    #: Path of the pods' metrics endpoint (scrape).
     path: str = Field(default="/metrics", pattern=r"^/")
+    #: Scheme of the pods' metrics endpoint (scrape).
     scheme: Literal["http", "https"] = "http"
+    #: Time limit of one scrape.
     timeout: Annotated[Duration, Field(gt=0)] = 2.0
+    #: Counter names whose summed rate is the demand (default: the engine's).
     rate_metrics: tuple[str, ...] = ()
+    #: Gauge names whose sum is the queue (default: the engine's waiting requests).
     queue_metrics: tuple[str, ...] = ()
     prometheus: PrometheusSignal | None = None
 
@@ -409,7 +443,9 @@ class ReplicaBounds(Schema):
     """``minReplicas`` <= ``maxReplicas``: shared by the scaler's policy section and the simulator's
     workloads, so both refuse an empty range with the same words."""
 
+    #: Fewest replicas the scaler asks for.
     min_replicas: int = Field(default=1, ge=0)
+    #: Most replicas the scaler asks for.
     max_replicas: int = Field(ge=1)
 
     @model_validator(mode="after")
@@ -427,6 +463,7 @@ class Autoscaling(ReplicaBounds):
     (give the HPA the same bounds).
     """
 
+    #: Namespace of the workload's pods and HPA; unset: any namespace.
     namespace: str | None = Field(default=None, min_length=1, max_length=63)
     signal: Signal = Signal()
 
@@ -434,23 +471,31 @@ class Autoscaling(ReplicaBounds):
 class PhaseOverride(Schema):
     """Phase times for one node class, where they differ (a B200 compiles faster than an H200)."""
 
+    #: Replaces compile.cold on this class.
     compile_cold: Duration | None = None
+    #: Replaces compile.warm on this class.
     compile_warm: Duration | None = None
+    #: Replaces graphCapture on this class.
     graph_capture: Duration | None = None
+    #: Replaces engineInit on this class.
     engine_init: Duration | None = None
+    #: Replaces snapshot.restore on this class.
     snapshot_restore: Duration | None = None
 
 
 class FilterRules(Schema):
     """Hard rules, all off by default: warmth should raise a score, not exclude a node."""
 
+    #: Filter out nodes whose free NVMe cannot hold the weights (opt-in hard rule).
     require_nvme_fit: bool = False
+    #: Filter out nodes where the estimated startup exceeds startupSlo (opt-in hard rule).
     require_startup_within_slo: bool = False
 
 
 class Profile(Schema):
     """A workload: how to recognise its pods and everything that decides how fast they start."""
 
+    #: The workload's name (labels of published metrics, warm Jobs, inventory keys).
     name: Name
     match: PodMatch
     node_classes: tuple[str, ...] = Field(default=(), description="classes it may run on; empty: any")
@@ -458,10 +503,13 @@ class Profile(Schema):
     weights: Weights
     parallelism: Parallelism = Parallelism()
     compile: Compile = Compile()
+    #: CUDA graph capture time (not cached).
     graph_capture: Duration = defaults.GRAPH_CAPTURE_S
+    #: Engine start time besides loading, compiling and capturing.
     engine_init: Duration = defaults.ENGINE_INIT_S
     snapshot: Snapshot | None = None
     capacity: Capacity | None = None
+    #: Startup time the workload should meet (reports; the opt-in filter rule).
     startup_slo: Duration | None = None
     overrides: dict[str, PhaseOverride] = {}
     filter: FilterRules = FilterRules()
@@ -497,26 +545,35 @@ class Scaling(Schema):
     """The predictive scaler: its loop, the forecaster (extender.core.forecast) and the decision
     (extender.core.scaler)."""
 
+    #: Time between the scaler's decisions.
     tick: Annotated[Duration, Field(gt=0)] = defaults.TICK_S
+    #: How late the HPA acts on a published value (its sync period), added to the horizon.
     hpa_sync_delay: Duration = defaults.TICK_S
     #: ``auto`` chooses among the others per workload by held-out error at the horizon needed.
     forecaster: Literal["auto", "last", "ewma", "holt", "holt-winters"] = "auto"
+    #: Scale down only to the highest recommendation of this window (as the HPA does).
     scale_down_stabilisation: Duration = 300.0
     #: Upper quantile of forecast demand that capacity is sized for (AHPA's template: 95).
     quantile: float = Field(default=0.95, gt=0.5, lt=1)
     #: Fit the smoothing constants to each workload's history, once per ``refit``, from the last
     #: ``fitWindow`` of it; see extender.core.forecast.ForecastParams.
     fit: bool = True
+    #: How often the constants are fitted again (fit).
     refit: Annotated[Duration, Field(gt=0)] = 3600.0
+    #: How much recent history a fit uses (fit).
     fit_window: Annotated[Duration, Field(gt=0)] = 66 * 3600.0
     #: Fixed smoothing of level, trend and daily season, and trend damping (1: none): used when
     #: ``fit`` is off or the history is too short to fit.
     alpha: float = Field(default=0.3, gt=0, le=1)
+    #: Fixed smoothing of the trend (see alpha).
     beta: float = Field(default=0.05, ge=0, le=1)
+    #: Fixed smoothing of the daily season (see alpha).
     gamma: float = Field(default=0.2, ge=0, le=1)
+    #: Trend damping, 1: none (see alpha).
     phi: float = Field(default=1.0, gt=0, le=1)
     #: Season of Holt-Winters (a day) and the forecast grid step (unset: the history's own spacing).
     season: Annotated[Duration, Field(gt=0)] = 86_400.0
+    #: Forecast grid step; unset: the history's own spacing.
     step: Annotated[Duration, Field(gt=0)] | None = None
     #: Seconds within which the reactive need drains the current queue.
     queue_drain: Annotated[Duration, Field(gt=0)] = 60.0
@@ -527,9 +584,13 @@ class Scaling(Schema):
 class Toleration(Schema):
     """A Kubernetes toleration on the warm Jobs' pods (``key`` empty with ``Exists``: every taint)."""
 
+    #: Taint key; empty with Exists: every taint.
     key: str = ""
+    #: Exists or Equal, as in a pod's tolerations.
     operator: Literal["Exists", "Equal"] = "Equal"
+    #: Taint value (Equal).
     value: str = ""
+    #: Taint effect; empty: every effect.
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
 
 
@@ -540,7 +601,9 @@ class JobResources(Schema):
     pods are OOM-killed, and warming must never hurt what already serves.
     """
 
+    #: Resource requests of each container.
     requests: dict[str, str] = {"cpu": "100m", "memory": "256Mi"}
+    #: Resource limits of each container.
     limits: dict[str, str] = {"cpu": "2", "memory": "4Gi"}
 
 
@@ -552,9 +615,13 @@ class StepTemplate(Schema):
     container as ``WARM_<NAME>`` environment variables, for scripts.
     """
 
+    #: Container image of the step.
     image: str = Field(min_length=1)
+    #: Command of the container (no shell unless you name one).
     command: tuple[str, ...] = Field(min_length=1)
+    #: Arguments of the command.
     args: tuple[str, ...] = ()
+    #: Environment variables of the container.
     env: dict[str, str] = {}
     #: Secrets in the warm namespace whose keys become environment variables (object-store credentials).
     env_from_secrets: tuple[str, ...] = ()
@@ -580,8 +647,11 @@ class WarmTemplates(Schema):
     template: the workload's own image is pulled by running it with ``imagePullCommand``.
     """
 
+    #: Fetches a workload's weights into {{staging}}.
     weights: StepTemplate | None = None
+    #: Fetches a compile cache from the registry into {{staging}}.
     compile: StepTemplate | None = None
+    #: Fetches a process snapshot into {{staging}}.
     snapshot: StepTemplate | None = None
     #: Uploads ``{{dir}}`` (a node's compile cache of key ``{{key}}``) to the registry.
     publish_compile: StepTemplate | None = None
@@ -590,8 +660,11 @@ class WarmTemplates(Schema):
 class Taint(Schema):
     """The taint that keeps pods off a new node until it is warm."""
 
+    #: Taint key.
     key: str = Field(default="extender.io/warming", min_length=1)
+    #: Taint value.
     value: str = "true"
+    #: Taint effect.
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
 
@@ -604,16 +677,22 @@ class NewNodes(Schema):
     can, or after ``maxTaint`` whatever happens: warming must never keep a node out of service.
     """
 
+    #: Taint new nodes until they are warm (see above).
     taint_until_warm: bool = False
+    #: The taint put on new nodes.
     taint: Taint = Taint()
+    #: A node younger than this when first seen counts as new.
     join_window: Annotated[Duration, Field(gt=0)] = 600.0
+    #: The taint comes off after this long whatever happens.
     max_taint: Annotated[Duration, Field(gt=0)] = 1800.0
 
 
 class WarmRetry(Schema):
     """Retries of failed warm Jobs: after ``initial * 2**(attempt-1)`` seconds, at most ``max``."""
 
+    #: Wait before the first retry of a failed warm Job.
     initial: Annotated[Duration, Field(gt=0)] = 30.0
+    #: Longest wait between retries.
     max: Annotated[Duration, Field(gt=0)] = 1800.0
     #: Pod retries inside one Job (its ``backoffLimit``) before the Job counts as failed.
     pod_retries: int = Field(default=1, ge=0, le=10)
@@ -622,7 +701,9 @@ class WarmRetry(Schema):
 class PublishedSnapshot(Schema):
     """A process snapshot of ``workload`` for ``nodeClass`` that the snapshot template can fetch."""
 
+    #: The profile the snapshot is of.
     workload: str = Field(min_length=1)
+    #: The node class it restores on.
     node_class: str = Field(min_length=1)
 
 
@@ -639,12 +720,14 @@ class Warming(Schema):
     would do.
     """
 
+    #: Start warm Jobs (off: plan only; extender warm plan shows the plan).
     enabled: bool = False
     #: Workloads staged on every fresh node of a class they may run on, when free NVMe allows (no
     #: evictions for this), and whose current caches are never evicted by the warmer.
     keep_warm: tuple[str, ...] = ()
     #: Warm actions running at once on one node and in the cluster, counting those in flight.
     max_concurrent_per_node: int = Field(default=1, ge=1)
+    #: Warm actions running at once in the cluster (see maxConcurrentPerNode).
     max_concurrent: int = Field(default=4, ge=1)
     #: Bytes the actions planned in one tick may move in total (object store and registry egress);
     #: unset: no limit.
@@ -664,13 +747,16 @@ class Warming(Schema):
     priority_class_name: str | None = "extender-warm"
     #: ServiceAccount of the Job pods (for workload identity to the object store); none by default.
     service_account_name: str | None = None
+    #: Tolerations of the warm Jobs' pods (default: the GPU taints).
     tolerations: tuple[Toleration, ...] = _DEFAULT_TOLERATIONS
+    #: Requests and limits of every warm Job container.
     resources: JobResources = JobResources()
     #: Finished Jobs are deleted by Kubernetes after this long (the warmer deletes them sooner once
     #: the agent confirmed the result); the safety net if the warmer stops.
     ttl_after_finished: Annotated[Duration, Field(gt=0)] = 3600.0
     #: A Job running longer than this is failed by Kubernetes (a hung copy must not hold a slot forever).
     active_deadline: Annotated[Duration, Field(gt=0)] = 7200.0
+    #: Retries of failed warm Jobs.
     retry: WarmRetry = WarmRetry()
     #: A Job that succeeded but whose cache the inventory does not show after this long counts as
     #: failed (a template writing to the wrong place).
@@ -679,26 +765,32 @@ class Warming(Schema):
     image_pull_command: tuple[str, ...] = Field(default=("true",), min_length=1)
     #: Where compile caches (and snapshots) are published and fetched: ``{{registry}}`` in templates.
     registry: Reference = ""
+    #: Your fetch and publish steps, per kind of cache.
     templates: WarmTemplates = WarmTemplates()
     #: Process snapshots the snapshot template can fetch (the inventory records no snapshot registry).
     published_snapshots: tuple[PublishedSnapshot, ...] = ()
     #: A compile cache is published once it has been on a node this long (engines fill it while
     #: compiling; publishing it half-written would hand every other node a partial cache).
     publish_after: Duration = 120.0
+    #: What happens when a node joins.
     new_nodes: NewNodes = NewNodes()
 
 
 class Metadata(Schema):
     """Identification only."""
 
+    #: The policy's name (shown in reports).
     name: str = ""
+    #: Free text.
     description: str = ""
 
 
 class Policy(Schema):
     """A whole policy file."""
 
+    #: Always extender.io/v1alpha1.
     api_version: Literal["extender.io/v1alpha1"]
+    #: Always Policy.
     kind: Literal["Policy"]
     metadata: Metadata = Metadata()
     node_classes: tuple[NodeClass, ...] = ()
