@@ -19,8 +19,8 @@ connection that is already gone, and Go does not retry a POST.
 Logs: gunicorn's error log (``gunicorn.error``: start, workers booting and exiting, timeouts) and
 its access log (``gunicorn.access``, with ``--access-log``) lose their own handlers and formats and
 go to the process's one handler (:mod:`extender.process`), at the level of ``--log-level``; an
-access record carries ``remote``, ``method``, ``path``, ``status``, ``bytes`` and ``duration_s`` as
-fields.
+access record carries ``remote``, ``method``, ``path``, ``status``, ``bytes``, ``duration_s`` and
+``user_agent`` as fields.
 
 The app is not preloaded: each worker imports and builds it after the fork, so clients, threads and
 metric files are per worker. Prometheus multiprocess mode needs ``PROMETHEUS_MULTIPROC_DIR`` before
