@@ -1,18 +1,35 @@
 """Command-line pieces shared by the commands: argparse value types (each rejects a bad value with a
-message that says why) and the inventory store options."""
+message that says why), the inventory store options, the logging options, deprecated flag names.
+
+Conventions every command follows (docs/cli.md):
+
+* durations and sizes are typed as in a policy: ``15s``, ``2m``, ``1h30m``, ``250ms``, ``64MiB``,
+  ``3.9GB`` (:mod:`extender.core.units`); a plain number is seconds, or bytes;
+* a command that uses the inventory store takes ``--redis-url``, ``--data-dir`` and ``--prefix``;
+  one that talks to Kubernetes takes ``--kubeconfig`` and ``--context``; one that serves TLS takes
+  the ``--tls-*`` family;
+* every command takes ``--log-level`` and ``--log-format``;
+* a renamed flag keeps its old name as a deprecated alias: it still works and the command warns.
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from extender.core.errors import UnitError
+from extender.core.units import parse_bytes, parse_duration
+from extender.process import LOG_FORMATS, LOG_LEVELS
 
 if TYPE_CHECKING:
     from extender.state.connection import Client
+    from extender.state.store import InventoryStore
 
 
 def positive_float(text: str) -> float:
-    """A number > 0 (seconds, intervals)."""
+    """A number > 0 (a factor, a rate)."""
     try:
         value = float(text)
     except ValueError:
@@ -33,6 +50,28 @@ def positive_int(text: str) -> int:
     return value
 
 
+def duration(text: str) -> float:
+    """A duration > 0 in seconds, in the policy's units: ``15s``, ``2m``, ``1h30m``, ``250ms``; ``15`` is 15 s."""
+    try:
+        value = parse_duration(text)
+    except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be longer than zero")
+    return value
+
+
+def size(text: str) -> int:
+    """A size >= 1 byte, in the policy's units: ``64MiB``, ``3.9GB``, ``512KiB``; ``4096`` is bytes."""
+    try:
+        value = parse_bytes(text)
+    except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least one byte")
+    return value
+
+
 def bind_address(text: str) -> str:
     """``HOST:PORT`` or ``:PORT`` (all interfaces), as gunicorn's ``--bind`` takes it."""
     host, sep, port = text.rpartition(":")
@@ -41,12 +80,99 @@ def bind_address(text: str) -> str:
     return text if host else f"0.0.0.0:{port}"
 
 
+# ---- renamed flags --------------------------------------------------------------------------------
+
+#: Where parsing leaves ``(old flag, new flag)`` for each deprecated name used (reported by the CLI
+#: once logging is set up, so the warning comes in the format asked for).
+DEPRECATED_DEST = "deprecated_flags"
+
+
+class _Renamed(argparse.Action):
+    """Stores like ``store`` (or ``store_true`` with ``nargs=0``); an old option string is noted as deprecated."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, *, deprecated: Sequence[str] = (),
+                 flag: bool = False, **kwargs: Any) -> None:
+        self.deprecated = tuple(deprecated)
+        self.flag = flag
+        if flag:
+            kwargs.update(nargs=0, default=kwargs.get("default", False))
+        super().__init__(option_strings, dest, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, True if self.flag else values)
+        if option_string in self.deprecated:
+            current = next(o for o in self.option_strings if o not in self.deprecated)
+            used = [*getattr(namespace, DEPRECATED_DEST, []), (option_string, current)]
+            setattr(namespace, DEPRECATED_DEST, used)
+
+
+def add_renamed(group: Any, name: str, *old: str, text: str, flag: bool = False, **kwargs: Any) -> argparse.Action:
+    """Add ``name`` with help ``text`` and its former names ``old`` (accepted, and reported as deprecated)."""
+    note = f" (deprecated name{'s' if len(old) > 1 else ''}: {', '.join(old)})"
+    action: argparse.Action = group.add_argument(name, *old, action=_Renamed, deprecated=old, flag=flag,
+                                                 help=text + note, **kwargs)
+    return action
+
+
+def deprecated_flags(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """``(old, new)`` for every deprecated flag name the command line used."""
+    return list(getattr(args, DEPRECATED_DEST, []))
+
+
+# ---- logging --------------------------------------------------------------------------------------
+
+
+def add_logging_options(parser: argparse.ArgumentParser, *, inherited: bool = False) -> None:
+    """``--log-level`` and ``--log-format``; ``inherited``: a subcommand's copy, which sets nothing unless given
+    (so ``extender --log-format json serve`` and ``extender serve --log-format json`` mean the same)."""
+    group = parser.add_argument_group("logging")
+    group.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS if inherited else None,
+                       help="lowest level logged (default: info for the long-running serve, agent, sync, scale "
+                            "and keda-scaler; warning for the others)")
+    group.add_argument("--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS if inherited else "text",
+                       help="text: one line per record for people; json: one JSON object per line "
+                            "(time, level, logger, message, fields) (default: text)")
+
+
+def subparsers_of(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """Every subcommand's parser below ``parser``, depth first."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # an alias maps to the same parser
+                yield sub
+                yield from subparsers_of(sub)
+
+
 #: Where the embedded Redis keeps its data when neither --data-dir nor $EXTENDER_DATA_DIR is set.
 DEFAULT_DATA_DIR = "./var/redis"
 
 
+def add_kube_options(parser: argparse.ArgumentParser, *, what: str = "") -> None:
+    """``--kubeconfig`` and ``--context``, the same on every command that talks to Kubernetes."""
+    group = parser.add_argument_group("Kubernetes")
+    group.add_argument("--kubeconfig", metavar="FILE",
+                       help=f"kubeconfig{what} (default: the pod's service account, else $KUBECONFIG, "
+                       "else ~/.kube/config)")
+    group.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
+
+
+def add_tls_options(group: Any, *, client_ca_help: str, client_ca_old: Sequence[str] = ()) -> None:
+    """The ``--tls-*`` family of a serving command: ``--tls-cert``, ``--tls-key``, ``--tls-client-ca``."""
+    group.add_argument("--tls-cert", metavar="FILE", help="serving certificate (PEM); needs --tls-key")
+    group.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
+    if client_ca_old:
+        add_renamed(group, "--tls-client-ca", *client_ca_old, metavar="FILE", text=client_ca_help)
+    else:
+        group.add_argument("--tls-client-ca", metavar="FILE", help=client_ca_help)
+
+
+#: Key prefix of every Redis key when --prefix is not given.
+DEFAULT_PREFIX = "extender"
+
+
 def add_store_options(parser: argparse.ArgumentParser) -> None:
-    """``--redis-url`` and ``--data-dir``; environment defaults are read when the command runs."""
+    """``--redis-url``, ``--data-dir`` and ``--prefix``; environment defaults are read when the command runs."""
     group = parser.add_argument_group("inventory store")
     group.add_argument(
         "--redis-url",
@@ -59,6 +185,12 @@ def add_store_options(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help=f"data directory of the embedded Redis (default: $EXTENDER_DATA_DIR, else {DEFAULT_DATA_DIR})",
     )
+    group.add_argument(
+        "--prefix",
+        metavar="PREFIX",
+        help=f"prefix of every Redis key; the same for every process sharing an inventory "
+        f"(default: {DEFAULT_PREFIX}; with Redis Cluster a hash tag such as {{extender}})",
+    )
 
 
 def data_dir_from_args(args: argparse.Namespace) -> str:
@@ -66,13 +198,26 @@ def data_dir_from_args(args: argparse.Namespace) -> str:
     return getattr(args, "data_dir", None) or os.environ.get("EXTENDER_DATA_DIR") or DEFAULT_DATA_DIR
 
 
+def redis_url_from_args(args: argparse.Namespace) -> str | None:
+    """``--redis-url``, then ``$REDIS_URL``; ``None``: the embedded Redis."""
+    return getattr(args, "redis_url", None) or os.environ.get("REDIS_URL") or None
+
+
+def prefix_from_args(args: argparse.Namespace) -> str:
+    """``--prefix``, else :data:`DEFAULT_PREFIX`."""
+    return getattr(args, "prefix", None) or DEFAULT_PREFIX
+
+
 def connect_from_args(args: argparse.Namespace) -> Client:
     """The client selected by the store options (flag, then environment, then embedded default)."""
-    url = args.redis_url or os.environ.get("REDIS_URL") or None
-    data_dir = data_dir_from_args(args)
     from extender.state import connect  # Redis only when a command needs the store
 
-    return connect(url, data_dir)
+    return connect(redis_url_from_args(args), data_dir_from_args(args))
 
 
-# ---- the inventory document ------------------------------------------------------------------------
+def inventory_from_args(args: argparse.Namespace, client: Client | None = None) -> InventoryStore:
+    """The inventory store the store options select (on ``client`` when given), under ``--prefix``."""
+    from extender.state.store import InventoryStore
+
+    return InventoryStore(client if client is not None else connect_from_args(args), prefix=prefix_from_args(args))
+

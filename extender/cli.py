@@ -8,19 +8,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Callable, Sequence
 
 import yaml
 
+from extender.arguments import add_logging_options, deprecated_flags, subparsers_of
 from extender.core.cachekey import compile_cache_key_of
 from extender.core.caches import compile_key_material
 from extender.core.errors import DocumentError, ExtenderError, UnknownNameError
 from extender.core.estimate import PHASES, breakdown
 from extender.core.policy import Policy
 from extender.files import load_policy
+from extender.process import current_logging, report, report_problems, setup_logging
 
 Handler = Callable[[argparse.Namespace], int]
+
+#: Commands that run until stopped: they log at INFO unless told otherwise, the others at WARNING.
+LONG_RUNNING = frozenset({"serve", "agent", "sync", "scale", "keda-scaler"})
 
 
 def _policy_check(args: argparse.Namespace) -> int:
@@ -30,8 +36,7 @@ def _policy_check(args: argparse.Namespace) -> int:
             policy = load_policy(path)
         except DocumentError as exc:
             failed = True
-            for problem in exc.problems:
-                print(problem, file=sys.stderr)
+            report_problems(exc)
             continue
         print(
             f"{path}: ok: {len(policy.node_classes)} node class(es), {len(policy.profiles)} profile(s)"
@@ -44,6 +49,13 @@ def _policy_show(args: argparse.Namespace) -> int:
     policy = load_policy(args.file)
     doc = policy.model_dump(mode="json", by_alias=True)
     print(yaml.safe_dump(doc, sort_keys=False, default_flow_style=False, width=100), end="")
+    return 0
+
+
+def _policy_schema(args: argparse.Namespace) -> int:
+    from extender.policy_schema import reference_markdown, schema_text
+
+    print(reference_markdown() if args.markdown else schema_text(), end="")
     return 0
 
 
@@ -93,7 +105,10 @@ def _cachekey(args: argparse.Namespace) -> int:
         raise UnknownNameError(f"profile {profile.name!r} has no compile.key section")
     key = compile_cache_key_of(material)
     if args.verbose:
-        print(json.dumps(material, indent=2, sort_keys=True), file=sys.stderr)
+        if current_logging()[1] == "json":
+            report("the inputs of the compile-cache key", level=logging.INFO, key=key, inputs=material)
+        else:
+            print(json.dumps(material, indent=2, sort_keys=True), file=sys.stderr)
     print(key)
     return 0
 
@@ -105,26 +120,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    policy = sub.add_parser("policy", help="check or show policy files")
+    policy = sub.add_parser("policy", help="check or show policy files, print the policy's schema")
     policy_sub = policy.add_subparsers(dest="policy_command", required=True, metavar="ACTION")
     check = policy_sub.add_parser("check", help="validate policy files; exit 1 listing every problem")
-    check.add_argument("files", nargs="+", metavar="FILE")
+    check.add_argument("files", nargs="+", metavar="FILE", help="policy files (YAML)")
     check.set_defaults(handler=_policy_check)
     show = policy_sub.add_parser("show", help="print the policy with every default filled in")
-    show.add_argument("file", metavar="FILE")
+    show.add_argument("file", metavar="FILE", help="policy file (YAML)")
     show.set_defaults(handler=_policy_show)
+    schema = policy_sub.add_parser(
+        "schema", help="print the policy's JSON Schema (for editors), or with --markdown its field reference",
+        description="Print the JSON Schema of a policy file, generated from the models that validate it. Point "
+                    "an editor at it with a first line '# yaml-language-server: $schema=PATH' in the policy.")
+    schema.add_argument("--markdown", action="store_true",
+                        help="print the reference of every field instead (docs/policy-reference.md)")
+    schema.set_defaults(handler=_policy_schema)
 
     est = sub.add_parser("estimate", help="startup-time breakdown per workload, node class and cache state")
-    est.add_argument("--policy", required=True, metavar="FILE")
-    est.add_argument("--workload", metavar="NAME")
-    est.add_argument("--node-class", metavar="NAME")
+    est.add_argument("--policy", required=True, metavar="FILE", help="policy file")
+    est.add_argument("--workload", metavar="NAME", help="only this profile (default: every profile)")
+    est.add_argument("--node-class", metavar="NAME", help="only this node class (default: every class it runs on)")
     est.add_argument("--json", action="store_true", help="print JSON instead of tables")
     est.set_defaults(handler=_estimate)
 
     ck = sub.add_parser("cachekey", help="print the compile-cache key of a workload on a node class")
-    ck.add_argument("--policy", required=True, metavar="FILE")
-    ck.add_argument("--workload", required=True, metavar="NAME")
-    ck.add_argument("--node-class", required=True, metavar="NAME")
+    ck.add_argument("--policy", required=True, metavar="FILE", help="policy file")
+    ck.add_argument("--workload", required=True, metavar="NAME", help="profile whose compile.key section to hash")
+    ck.add_argument("--node-class", required=True, metavar="NAME", help="node class (its GPU product is hashed)")
     ck.add_argument("-v", "--verbose", action="store_true", help="also print the key's inputs (stderr)")
     ck.set_defaults(handler=_cachekey)
 
@@ -148,21 +170,27 @@ def build_parser() -> argparse.ArgumentParser:
     warm_commands.register(sub)
     scale_commands.register(sub)
     keda_commands.register(sub)
+    add_logging_options(parser)
+    for sub_parser in subparsers_of(parser):
+        add_logging_options(sub_parser, inherited=True)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``extender`` console script."""
     args = build_parser().parse_args(argv)
+    level = getattr(args, "log_level", None) or ("info" if args.command in LONG_RUNNING else "warning")
+    setup_logging(level, getattr(args, "log_format", "text"))
+    for old, new in deprecated_flags(args):
+        report(f"extender: {old} is deprecated; use {new}", level=logging.WARNING, flag=old, replacement=new)
     handler: Handler = args.handler
     try:
         return handler(args)
     except DocumentError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
+        report_problems(exc)
         return 1
     except ExtenderError as exc:
-        print(f"extender: {exc}", file=sys.stderr)
+        report(f"extender: {exc}", error=type(exc).__name__)
         return 1
     except BrokenPipeError:  # `extender estimate --json | head`: the reader left, nothing to report
         sys.stderr.close()

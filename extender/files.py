@@ -11,13 +11,13 @@ import hashlib
 import logging
 import os
 import stat
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from extender.core.errors import DocumentError, PolicyError, Problem, UnreadableFileError
 from extender.core.policy import Policy, parse_policy
+from extender.process import report, report_problems
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +99,9 @@ def load_policy_to_start(path: str | Path, command: str) -> tuple[Policy, str] |
     try:
         return read_policy(path)
     except DocumentError as exc:
-        for problem in exc.problems:
-            print(problem, file=sys.stderr)
-        print(f"extender {command}: not starting: {path} is invalid ({len(exc.problems)} problem(s))",
-              file=sys.stderr)
+        report_problems(exc)
+        report(f"extender {command}: not starting: {path} is invalid ({len(exc.problems)} problem(s))",
+               policy=str(path))
         return None
 
 
@@ -165,11 +164,12 @@ class PolicyFile:
             return PolicyPoll("invalid")
         self.version, self._reported = version, None
         log.info("policy %s reloaded (version %s): %d node class(es), %d profile(s)", self.path, version,
-                 len(policy.node_classes), len(policy.profiles))
+                 len(policy.node_classes), len(policy.profiles), extra={"policy": str(self.path), "version": version})
         return PolicyPoll("reloaded", policy)
 
     def _report(self, exc: DocumentError, what: str) -> None:
         problems = "\n".join(f"  {p}" for p in exc.problems)
         if problems != self._reported:
             self._reported = problems
-            log.error("policy %s is %s; keeping the last good policy. Problems:\n%s", self.path, what, problems)
+            log.error("policy %s is %s; keeping the last good policy. Problems:\n%s", self.path, what, problems,
+                      extra={"policy": str(self.path), "problems": [str(p) for p in exc.problems]})

@@ -264,7 +264,7 @@ def test_show_warns_about_corrupt_records_and_shows_the_rest(run: Run, loaded: s
     client.set("extender:node:bad", "{")
     code, out, err = run("inventory", "show", "--redis-url", loaded)
     assert code == 0
-    assert err.startswith("warning: skipped corrupt record extender:node:bad: ")
+    assert "\nwarning: skipped corrupt record extender:node:bad: " in f"\n{err}"
     assert "2 node(s)" in out.splitlines()[0]
 
 

@@ -405,7 +405,7 @@ USAGE = [
     ("no-tls-choice", ["keda-scaler", "--policy", "p.yaml"], 2, "or --plaintext"),
     ("cert-without-key", ["keda-scaler", "--policy", "p.yaml", "--tls-cert", "c.pem"], 2, "go together"),
     ("ca-without-cert", ["keda-scaler", "--policy", "p.yaml", "--client-ca", "ca.pem", "--plaintext"], 2,
-     "--client-ca needs --tls-cert"),
+     "--tls-client-ca needs --tls-cert"),
     ("plaintext-and-tls", ["keda-scaler", "--policy", "p.yaml", "--plaintext", "--tls-cert", "c", "--tls-key", "k"],
      2, "exclude each other"),
     ("missing-policy", ["keda-scaler", "--policy", "/nonexistent/p.yaml", "--plaintext"], 1, "cannot read"),

@@ -7,7 +7,6 @@ queue the source must report, and the arithmetic beside it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 
 from extender.core.errors import SignalError, UnknownNameError
 from extender.scaler.exposition import ENGINES, engine, read_sums
+from extender.scaler.observation import Fetcher
 from extender.scaler.pods import Pod, count_replicas, label_selector, parse_pod, workload_pods
 from extender.scaler.scrape import ScrapeSource
 from tests.scaler_policy import make_policy
@@ -171,8 +171,8 @@ SCRIPTS: list[tuple[str, list[Tick]]] = [
 ]
 
 
-def fake_fetch(counters: dict[str, Counters], down: set[str], seen: list[str]) -> Callable[[str, float], str]:
-    def fetch(url: str, timeout_s: float) -> str:
+def fake_fetch(counters: dict[str, Counters], down: set[str], seen: list[str]) -> Fetcher:
+    def fetch(url: str, timeout_s: float, **_: object) -> str:
         seen.append(url)
         ip = url.split("//")[1].split(":", maxsplit=1)[0]
         if ip in down or ip not in counters:
@@ -186,7 +186,7 @@ def test_scrape_scripts(ticks: list[Tick]) -> None:
     state: dict[str, Any] = {"counters": {}, "down": set()}
     seen: list[str] = []
 
-    def fetch(url: str, timeout_s: float) -> str:
+    def fetch(url: str, timeout_s: float, **_: object) -> str:
         return fake_fetch(state["counters"], state["down"], seen)(url, timeout_s)
 
     source = ScrapeSource.for_profile(QWEN, fetch)
@@ -201,7 +201,7 @@ def test_scrape_scripts(ticks: list[Tick]) -> None:
 
 
 def test_a_pod_without_the_counter_gives_no_rate() -> None:
-    def fetch(url: str, timeout_s: float) -> str:
+    def fetch(url: str, timeout_s: float, **_: object) -> str:
         return "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting 2\n"
 
     source = ScrapeSource.for_profile(QWEN, fetch)
@@ -215,7 +215,7 @@ def test_a_pod_without_the_counter_gives_no_rate() -> None:
 def test_tokens_unit_uses_token_counters_and_converts_the_queue() -> None:
     counters = {"10.0.0.2": Counters(requests=0, prompt_tokens=0, generation_tokens=0)}
 
-    def fetch(url: str, timeout_s: float) -> str:
+    def fetch(url: str, timeout_s: float, **_: object) -> str:
         return vllm_text(counters["10.0.0.2"])
 
     source = ScrapeSource.for_profile(LLAMA, fetch)
@@ -232,7 +232,7 @@ def test_tokens_unit_uses_token_counters_and_converts_the_queue() -> None:
 
 
 def test_tokens_queue_before_any_finished_request_is_not_invented() -> None:
-    def fetch(url: str, timeout_s: float) -> str:
+    def fetch(url: str, timeout_s: float, **_: object) -> str:
         return vllm_text(Counters(waiting=9))
 
     source = ScrapeSource.for_profile(LLAMA, fetch)
@@ -248,7 +248,7 @@ def test_sglang_engine() -> None:
     profile = make_policy(signal={"source": "scrape", "engine": "sglang", "port": 30000}).profile("qwen3")
     values = iter([Counters(requests=10, waiting=1), Counters(requests=70, waiting=5)])
 
-    def fetch(url: str, timeout_s: float) -> str:
+    def fetch(url: str, timeout_s: float, **_: object) -> str:
         assert url == "http://10.0.0.2:30000/metrics"
         return sglang_text(next(values))
 
@@ -261,7 +261,10 @@ def test_sglang_engine() -> None:
 
 
 def test_ipv6_pod_address_is_bracketed() -> None:
-    source = ScrapeSource.for_profile(QWEN, lambda url, t: "")
+    def nothing(url: str, timeout_s: float, **_: object) -> str:
+        return ""
+
+    source = ScrapeSource.for_profile(QWEN, nothing)
     p = parse_pod(pod("v6", "fd00::5"))
     assert p is not None
     assert source.url(p) == "http://[fd00::5]:8000/metrics"

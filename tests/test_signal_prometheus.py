@@ -21,7 +21,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,37 +59,47 @@ def prometheus_binary() -> str:
     return path
 
 
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
+            return bool(r.status == 200)
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
 @contextlib.contextmanager
-def running_prometheus(targets: list[str]) -> Iterator[Prometheus]:
-    """Prometheus scraping ``targets`` every second; stopped and its data directory removed afterwards."""
+def running_prometheus(targets: list[str], *, web_config: str | None = None, scheme: str = "http",
+                       ready: Callable[[str], bool] = _answers) -> Iterator[Prometheus]:
+    """Prometheus scraping ``targets`` every second; stopped and its data directory removed afterwards.
+
+    ``web_config``: the text of its ``--web.config.file`` (TLS, basic auth users), served at
+    ``scheme``; ``ready(url)`` tells when it answers (the default asks ``/-/ready`` without credentials).
+    """
     binary = prometheus_binary()
     work = Path(tempfile.mkdtemp(prefix="extender-prometheus-"))
     try:
         config = work / "prometheus.yml"
         static = "\n".join(f"      - targets: ['{t}']\n        labels: {{namespace: default, pod: pod-{i}}}"
                            for i, t in enumerate(targets))
+        scrape = f"scrape_configs:\n  - job_name: vllm\n    static_configs:\n{static}\n" if targets else ""
         config.write_text(f"global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n"
-                          f"scrape_configs:\n  - job_name: vllm\n    static_configs:\n{static}\n")
+                          f"{scrape}")
         port = free_port()
         log = work / "prometheus.log"
+        flags = [f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"]
+        if web_config is not None:
+            (work / "web.yml").write_text(web_config)
+            flags.append(f"--web.config.file={work / 'web.yml'}")
         with log.open("wb") as out:
-            process = subprocess.Popen(
-                [binary, f"--config.file={config}", f"--storage.tsdb.path={work / 'data'}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd=work,
-            )
+            process = subprocess.Popen([binary, *flags], stdin=subprocess.DEVNULL, stdout=out,
+                                       stderr=subprocess.STDOUT, cwd=work)
         try:
-            url = f"http://127.0.0.1:{port}"
+            url = f"{scheme}://127.0.0.1:{port}"
             deadline = time.monotonic() + SETTLE_S
-            while True:
+            while not ready(url):
                 if process.poll() is not None:
                     raise AssertionError(f"prometheus exited with {process.returncode}: {log.read_text()[-2000:]}")
-                try:
-                    with urllib.request.urlopen(f"{url}/-/ready", timeout=1) as r:
-                        if r.status == 200:
-                            break
-                except (urllib.error.URLError, ConnectionError, TimeoutError):
-                    pass
                 if time.monotonic() > deadline:
                     raise AssertionError(f"prometheus did not become ready: {log.read_text()[-2000:]}")
                 time.sleep(0.1)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from extender.core.errors import KubeError
+from extender.core.errors import InvalidValueError, KubeError
 from extender.core.policy import Policy
 from extender.core.reports import Replicas
 from extender.files import load_policy
@@ -22,26 +22,43 @@ def policy() -> Policy:
     return load_policy(POLICY_FILE)
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        pytest.param("8", 8, id="plain"),
-        pytest.param(8, 8, id="a JSON number"),
-        pytest.param("0", 0, id="zero"),
-        pytest.param(None, 0, id="absent"),
-        pytest.param("1k", 1000, id="decimal suffix"),
-        pytest.param("2Ki", 2048, id="binary suffix"),
-        pytest.param("500m", 1, id="millis round up"),  # 0.5 -> 1
-        pytest.param("1.5", 2, id="fraction rounds up"),
-    ],
-)
-def test_parse_count(text: str | int | None, expected: int) -> None:
-    assert parse_count(text) == expected
+@dataclass(frozen=True)
+class CountCase:
+    id: str
+    quantity: str | int | float | None
+    expected: int
 
 
-@pytest.mark.parametrize("text", ["", "eight", "8 GPUs", "-1", "1Xi"])
+COUNTS = [
+    CountCase("plain", "8", 8),
+    CountCase("a JSON number", 8, 8),
+    CountCase("a JSON fraction rounds up", 0.5, 1),
+    CountCase("zero", "0", 0),
+    CountCase("absent", None, 0),
+    CountCase("decimal suffix", "1k", 1000),
+    CountCase("binary suffix", "2Ki", 2048),
+    CountCase("millis round up", "500m", 1),  # 0.5 -> 1
+    CountCase("fraction rounds up", "1.5", 2),
+    CountCase("exponent", "1e3", 1000),
+    CountCase("capital exponent", "2E2", 200),
+    CountCase("leading dot", ".5", 1),
+    CountCase("pebibyte", "1Pi", 2**50),
+    CountCase("exa", "1E", 10**18),
+    CountCase("micro rounds up", "1u", 1),
+    CountCase("nano rounds up", "1n", 1),
+    CountCase("explicit plus", "+3", 3),
+    CountCase("whole millis", "4000m", 4),
+]
+
+
+@pytest.mark.parametrize("case", COUNTS, ids=[c.id for c in COUNTS])
+def test_parse_count(case: CountCase) -> None:
+    assert parse_count(case.quantity) == case.expected
+
+
+@pytest.mark.parametrize("text", ["", "eight", "8 GPUs", "-1", "1Xi", "1ki", "NaN", "Infinity", "1.2.3", "--1"])
 def test_parse_count_rejects(text: str) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidValueError, match="not a resource quantity"):
         parse_count(text)
 
 

@@ -1,14 +1,16 @@
 """``extender agent``: run the node agent (one per node, as a DaemonSet).
 
-    extender agent --node-name NAME --cache-root DIR [--interval S] [--ttl S]
+    extender agent --node-name NAME --cache-root DIR [--interval 15s] [--ttl 60s]
                    [--policy FILE] [--hub-cache DIR]...
-                   [--redis-url URL] [--data-dir DIR] [--label-nodes [--kubeconfig F]]
-                   [--once | --dry-run]
+                   [--redis-url URL] [--data-dir DIR] [--prefix PREFIX]
+                   [--label-nodes [--kubeconfig F] [--context C]] [--once | --dry-run]
 
 ``--node-name`` defaults to ``$NODE_NAME`` (set from ``spec.nodeName`` by the DaemonSet).
 ``--once`` scans and writes one report, then exits (non-zero if the write failed); ``--dry-run``
-prints the report as JSON and touches neither Redis nor the API server. SIGTERM and SIGINT end
-the loop cleanly.
+prints the report as JSON and touches neither Redis nor the API server. Both exit 1 at once when
+the cache root is not a directory: a one-shot report of nothing would read as an empty node. The
+loop keeps running in that case (a mount may appear later) and reports the root as unreadable.
+SIGTERM and SIGINT end the loop cleanly.
 
 ``--hub-cache`` (repeatable) names Hugging Face hub caches on the node that pods fill themselves
 (:mod:`extender.agent.hub`); ``--policy`` maps their repositories to profiles and is reloaded when
@@ -21,19 +23,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import threading
 from pathlib import Path
 
 from extender.agent.hub import HubCaches
 from extender.agent.loop import Agent, AgentSettings, Labeler
-from extender.arguments import add_store_options, connect_from_args, positive_float
+from extender.arguments import add_kube_options, add_store_options, duration, inventory_from_args
 from extender.core.errors import ExtenderError
 from extender.core.inventory import DEFAULT_TTL_S
+from extender.core.units import format_duration
 from extender.files import PolicyFile, load_policy_to_start
-from extender.process import configure_logging, stop_on_signals
+from extender.process import configure_logging, report, stop_on_signals
 from extender.state.sources import SourceStore
-from extender.state.store import InventoryStore
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -41,16 +42,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p = subparsers.add_parser("agent", help="node agent: scan the node's cache root, report it to the inventory")
     p.add_argument("--node-name", default=None, metavar="NAME", help="this node's name (default: $NODE_NAME)")
     p.add_argument("--cache-root", required=True, type=Path, metavar="DIR", help="the node's cache root")
-    p.add_argument("--interval", type=positive_float, default=15.0, metavar="S", help="seconds between scans (15)")
-    p.add_argument("--ttl", type=positive_float, default=DEFAULT_TTL_S, metavar="S",
-                   help=f"seconds a report stays valid without a heartbeat ({DEFAULT_TTL_S:.0f})")
+    p.add_argument("--interval", type=duration, default=15.0, metavar="DURATION",
+                   help="time between scans (default: 15s)")
+    p.add_argument("--ttl", type=duration, default=DEFAULT_TTL_S, metavar="DURATION",
+                   help="how long a report stays valid without a heartbeat "
+                   f"(default: {format_duration(DEFAULT_TTL_S)})")
     p.add_argument("--policy", type=Path, metavar="FILE",
                    help="policy mapping hub repositories to profiles (hf:// weights sources); reloaded on change")
     p.add_argument("--hub-cache", dest="hub_caches", action="append", type=Path, default=[], metavar="DIR",
                    help="a Hugging Face hub cache (HF_HUB_CACHE) on the node to scan too; repeatable")
     p.add_argument("--label-nodes", action="store_true",
                    help="also label the Node extender.io/<workload>.weights=ready (needs get/patch on nodes)")
-    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig for --label-nodes (default: in-cluster)")
+    add_kube_options(p, what=" for --label-nodes")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="scan and report once, then exit")
     mode.add_argument("--dry-run", action="store_true", help="print one report as JSON; write nothing")
@@ -61,20 +64,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     node = args.node_name or os.environ.get("NODE_NAME")
     if not node:
-        print("extender agent: give --node-name or set $NODE_NAME", file=sys.stderr)
+        report("extender agent: give --node-name or set $NODE_NAME")
         return 2
     configure_logging()
+    if (args.once or args.dry_run) and not args.cache_root.is_dir():
+        what = "is not a directory" if args.cache_root.exists() else "does not exist"
+        report(f"extender agent: cache root {args.cache_root} {what}: nothing to scan (mount the node's cache "
+               "there, or fix --cache-root)", node=node, cache_root=str(args.cache_root))
+        return 1
     settings = AgentSettings(node_name=node, cache_root=args.cache_root, interval_s=args.interval, ttl_s=args.ttl)
 
     def open_reporter() -> SourceStore:
-        return SourceStore(InventoryStore(connect_from_args(args)))
+        return SourceStore(inventory_from_args(args))
 
     labeler: Labeler | None = None
     if args.label_nodes and not args.dry_run:
         from extender.kube.client import KubeClient
         from extender.kube.labels import NodeLabeler
 
-        labeler = NodeLabeler(KubeClient.connect(args.kubeconfig), node)
+        labeler = NodeLabeler(KubeClient.connect(args.kubeconfig, context=args.context), node)
     hub: HubCaches | None = None
     if args.policy is not None:
         started = load_policy_to_start(args.policy, "agent")
@@ -86,14 +94,14 @@ def run(args: argparse.Namespace) -> int:
         hub = HubCaches(args.hub_caches)
     agent = Agent(settings, open_reporter, labeler=labeler, hub=hub)
     if args.dry_run:
-        report = agent.scan()
-        print(json.dumps({"node": node, **report.model_dump(mode="python", by_alias=True)}, indent=2))
+        scanned = agent.scan()
+        print(json.dumps({"node": node, **scanned.model_dump(mode="python", by_alias=True)}, indent=2))
         return 0
     if args.once:
         try:
             agent.write(agent.scan())
         except ExtenderError as exc:
-            print(f"extender agent: {exc}", file=sys.stderr)
+            report(f"extender agent: {exc}", node=node)
             return 1
         return 0
     stop = threading.Event()

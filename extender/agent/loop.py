@@ -184,7 +184,7 @@ class Agent:
         self.stats.writes += 1
         if version is None and not self._tombstoned:
             log.warning("node %s was removed from the cluster; its reports are ignored until it returns",
-                        self.settings.node_name)
+                        self.settings.node_name, extra={"node": self.settings.node_name})
         self._tombstoned = version is None
 
     def step(self) -> AgentReport:
@@ -203,7 +203,8 @@ class Agent:
         backoff = Backoff(s.backoff_initial_s, s.backoff_max_s)
         report: AgentReport | None = None
         next_scan = self.monotonic()
-        log.info("agent for node %s: scanning %s every %.0fs", s.node_name, s.cache_root, s.interval_s)
+        log.info("agent for node %s: scanning %s every %.0fs", s.node_name, s.cache_root, s.interval_s,
+                 extra={"node": s.node_name, "cache_root": str(s.cache_root), "interval_s": s.interval_s})
         while not stop.is_set():
             now = self.monotonic()
             if report is None or now >= next_scan:
@@ -216,12 +217,13 @@ class Agent:
                 except StateError as exc:
                     delay = backoff.next()
                     if not self._outage:
-                        log.warning("inventory store: %s; retrying with backoff", exc)
+                        log.warning("inventory store: %s; retrying with backoff", exc,
+                                    extra={"node": s.node_name, "error": str(exc)})
                     self._outage = True
                     wait = delay
                 else:
                     if self._outage:
-                        log.info("inventory store is back; report written")
+                        log.info("inventory store is back; report written", extra={"node": s.node_name})
                     self._outage = False
                     backoff.reset()
             if not self._outage:
@@ -237,7 +239,8 @@ class Agent:
         current = frozenset(problems)
         for p in sorted(current - self.stats.problems, key=lambda p: (p.path, p.kind)):
             level = logging.INFO if p.kind == "vanished" else logging.WARNING
-            log.log(level, "cache scan: %s", p)
+            log.log(level, "cache scan: %s", p,
+                    extra={"node": self.settings.node_name, "cache_path": p.path, "problem": p.kind})
         self.stats.problems = current
 
     def _apply_labels(self, scan: CacheScan) -> None:
@@ -250,6 +253,7 @@ class Agent:
             if self.labeler.apply(ready):
                 self.stats.label_patches += 1
         except KubeError as exc:
-            log.warning("node labels: %s; retrying after the next scan", exc)
+            log.warning("node labels: %s; retrying after the next scan", exc,
+                        extra={"node": self.settings.node_name, "error": str(exc)})
             return
         self._labels_applied = ready

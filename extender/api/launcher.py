@@ -16,6 +16,12 @@ processes either way.
 an idle connection first; if the server closed first, the scheduler could send its next POST on a
 connection that is already gone, and Go does not retry a POST.
 
+Logs: gunicorn's error log (``gunicorn.error``: start, workers booting and exiting, timeouts) and
+its access log (``gunicorn.access``, with ``--access-log``) lose their own handlers and formats and
+go to the process's one handler (:mod:`extender.process`), at the level of ``--log-level``; an
+access record carries ``remote``, ``method``, ``path``, ``status``, ``bytes``, ``duration_s`` and
+``user_agent`` as fields.
+
 The app is not preloaded: each worker imports and builds it after the fork, so clients, threads and
 metric files are per worker. Prometheus multiprocess mode needs ``PROMETHEUS_MULTIPROC_DIR`` before
 ``prometheus_client`` is imported anywhere, so :func:`serve` sets it before importing the app.
@@ -24,7 +30,6 @@ metric files are per worker. Prometheus multiprocess mode needs ``PROMETHEUS_MUL
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import shutil
 import ssl
@@ -36,6 +41,9 @@ from pathlib import Path
 from typing import Any
 
 from gunicorn.app.base import BaseApplication
+from gunicorn.glogging import Logger as GunicornLogger
+
+from extender.process import configure_logging, current_logging
 
 #: Seconds an idle keep-alive connection stays open (Go's client gives up on idle ones after 90 s).
 KEEPALIVE_S = 120
@@ -60,7 +68,8 @@ class ServeOptions:
     #: its p99 grows fivefold. With 0.5 ms it is served nearly as if the rebuild were not running;
     #: with one busy thread, the interval costs nothing.
     switch_interval_s: float = 0.0005
-    log_level: str = "info"
+    #: ``None``: the level the command's ``--log-level`` set up.
+    log_level: str | None = None
     access_log: bool = False
     #: ``asgi``: gunicorn's asyncio worker reads every request whole before a thread runs the app
     #: (:mod:`extender.api.asgi`), so slow clients cost no thread; ``gthread``: threads read.
@@ -79,9 +88,10 @@ def gunicorn_options(options: ServeOptions) -> dict[str, Any]:
         "graceful_timeout": 10,
         "preload_app": False,
         "proc_name": "extender",
-        "loglevel": options.log_level,
+        "loglevel": options.log_level or current_logging()[0],
         "errorlog": "-",
         "accesslog": "-" if options.access_log else None,
+        "logger_class": OneFormatLogger,
         "child_exit": _child_exit,
         "post_fork": _switch_interval_hook(options.switch_interval_s),
         # gunicorn 25.1+ opens a control socket at one fixed path per user ($XDG_RUNTIME_DIR or
@@ -97,6 +107,31 @@ def gunicorn_options(options: ServeOptions) -> dict[str, Any]:
             cfg["ca_certs"] = str(options.tls_client_ca)
             cfg["cert_reqs"] = ssl.CERT_REQUIRED
     return cfg
+
+
+class OneFormatLogger(GunicornLogger):  # type: ignore[misc]
+    """gunicorn's logger writing through the process's handler, in its format (module docstring)."""
+
+    def setup(self, cfg: Any) -> None:
+        super().setup(cfg)
+        for logger in (self.error_log, self.access_log):
+            for handler in [h for h in logger.handlers if getattr(h, "_gunicorn", False)]:
+                logger.removeHandler(handler)
+            logger.propagate = True
+
+    def access(self, resp: Any, req: Any, environ: Any, request_time: Any) -> None:
+        """One record per request: ``POST /filter 200``, with remote, method, path, status, bytes, duration_s and
+        user_agent as fields."""
+        if not self.access_log_enabled:
+            return
+        code = str(resp.status).split(None, 1)[0]
+        sent = getattr(resp, "sent", None)
+        seconds = request_time.seconds + request_time.microseconds / 1e6  # a timedelta, or the ASGI worker's look-alike
+        method, uri = environ.get("REQUEST_METHOD"), environ.get("RAW_URI")
+        fields = {"remote": environ.get("REMOTE_ADDR"), "method": method, "path": environ.get("PATH_INFO"),
+                  "status": int(code) if code.isdigit() else code, "bytes": sent, "duration_s": round(seconds, 6),
+                  "user_agent": environ.get("HTTP_USER_AGENT")}
+        self.access_log.info("%s %s %s", method, uri, code, extra=fields)
 
 
 def _switch_interval_hook(seconds: float) -> Callable[[Any, Any], None]:
@@ -150,8 +185,5 @@ def run(factory: Callable[[], Any], options: ServeOptions, *, overrides: Mapping
     ``overrides`` replace or add gunicorn settings (``extender scale`` sets its own TLS context and
     a worker-exit hook that stops its loop).
     """
-    logging.basicConfig(
-        level=options.log_level.upper(),
-        format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s",
-    )
+    configure_logging()
     _Application(factory, {**gunicorn_options(options), **(overrides or {})}).run()

@@ -129,19 +129,33 @@ class CompileKeyInputs(Schema):
     the node class and the profile's parallelism and are passed to :func:`compile_cache_key`.
     """
 
+    #: Model repository id, e.g. Qwen/Qwen3-30B-A3B.
     model_id: str = Field(min_length=1)
+    #: Model revision (a commit hash is stable; a branch is not).
     revision: str = Field(min_length=1)
+    #: Content digest of the serving image, sha256:<64 hex>.
     image_digest: str
+    #: Weights dtype as given to the engine.
     dtype: str = Field(default="auto", min_length=1)
+    #: Quantisation method, if any.
     quantization: str | None = None
+    #: Serving engine (vllm or sglang).
     engine: str = "vllm"
+    #: Engine version.
     engine_version: str = Field(min_length=1)
+    #: PyTorch version.
     torch_version: str = Field(min_length=1)
+    #: Triton version.
     triton_version: str = Field(min_length=1)
+    #: CUDA version.
     cuda_version: str = Field(min_length=1)
+    #: GPU driver version, when the artifacts depend on it.
     driver_version: str | None = None
+    #: Engine launch arguments; those that do not change the graph are dropped.
     launch_args: tuple[str, ...] = ()
+    #: More flags to drop from launchArgs before hashing.
     ignore_args: tuple[str, ...] = ()
+    #: Environment variables that change the compiled graph.
     graph_env: dict[str, str] = Field(default_factory=dict)
 
     @field_validator("image_digest")

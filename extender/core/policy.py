@@ -97,13 +97,16 @@ class Gpu(Schema):
     """The accelerators of a node class."""
 
     product: str = Field(min_length=1, description="as in the nvidia.com/gpu.product label")
+    #: GPUs per node of this class.
     count: int = Field(ge=1, le=64)
 
 
 class Nvme(Schema):
     """Local NVMe used as the node's cache root. ``capacity: 0`` means the class has none."""
 
+    #: Size of the cache filesystem; 0: the class has no local NVMe.
     capacity: Bytes
+    #: Sequential read speed of the NVMe (loading cached weights, restoring snapshots).
     read_bandwidth: PositiveBandwidth = defaults.NVME_READ_BPS
     #: Space the warmer and the scorer never plan to fill (room for logs, images, scratch).
     reserve: Bytes = 0
@@ -118,15 +121,20 @@ class Nvme(Schema):
 class Network(Schema):
     """What the node can pull, and how fast."""
 
+    #: The node's network bandwidth, shared by every download to it.
     nic: PositiveBandwidth = defaults.NIC_BPS
+    #: What one serial object-store stream gets (one per shard file being read).
     object_store_per_stream: PositiveBandwidth = defaults.OBJECT_STORE_STREAM_BPS
+    #: Effective speed of a container image pull (download and unpack).
     image_pull: PositiveBandwidth = defaults.IMAGE_PULL_BPS
 
 
 class NodeClass(Schema):
     """A kind of node, recognised by its labels (all must match)."""
 
+    #: The class's name (profiles and overrides refer to it).
     name: Name
+    #: Node labels that identify the class; a node must carry all of them.
     match_labels: dict[str, str] = Field(min_length=1)
     gpu: Gpu
     nvme: Nvme
@@ -153,7 +161,9 @@ UNKNOWN_CLASS = NodeClass.model_validate(
 class PodMatch(Schema):
     """How a pod is recognised: every listed label and annotation must be present with that value."""
 
+    #: Pod labels that must all be present with these values.
     labels: dict[str, str] = {}
+    #: Pod annotations that must all be present with these values.
     annotations: dict[str, str] = {}
 
     @model_validator(mode="after")
@@ -172,7 +182,9 @@ class PodMatch(Schema):
 class Image(Schema):
     """The serving container image."""
 
+    #: Image reference as in the pod spec (kubelet's image list is matched against it).
     reference: Annotated[Reference, Field(min_length=1)]
+    #: Bytes pulled when the image is not on the node.
     size: PositiveBytes = defaults.IMAGE_BYTES
 
 
@@ -188,14 +200,18 @@ class Weights(Schema):
     """
 
     source: Annotated[Reference, Field(min_length=1, description="URI: s3://, gs://, hf://, file://, ...")]
+    #: Revision of the weights; names their directory on every node's cache.
     version: Version
+    #: Total size of the weight files.
     bytes: PositiveBytes
     shard_files: int = Field(default=0, ge=0, description="0: derived from bytes and a 3.9 GiB shard")
+    #: Files the loader reads in parallel (its worker count).
     loader_concurrency: int = Field(default=defaults.LOADER_CONCURRENCY, ge=1)
     #: Per-stream object-store throughput this loader configuration achieves, when it differs from
     #: the node class's (EKS model-loading report, docs/sources.md: chunk size changes what one
     #: worker gets).
     stream_bandwidth: PositiveBandwidth | None = None
+    #: required, preferred or none: what the profile expects of node NVMe (see above).
     cache: WeightsCache = "preferred"
 
     @property
@@ -217,7 +233,9 @@ class Weights(Schema):
 class Parallelism(Schema):
     """Tensor and pipeline parallel degree (GPUs per replica = tensor x pipeline)."""
 
+    #: Tensor-parallel degree.
     tensor: int = Field(default=1, ge=1)
+    #: Pipeline-parallel degree.
     pipeline: int = Field(default=1, ge=1)
 
     @property
@@ -229,9 +247,13 @@ class Parallelism(Schema):
 class Compile(Schema):
     """torch.compile: seconds from scratch, seconds from a cache on the node, artifact size, key."""
 
+    #: Compile time from scratch.
     cold: Duration = defaults.COMPILE_COLD_S
+    #: Compile time with this key's cache on the node.
     warm: Duration = defaults.COMPILE_WARM_S
+    #: Size of the compile cache (fetched from the registry, stored on NVMe).
     artifact_bytes: Bytes = defaults.COMPILE_ARTIFACT_BYTES
+    #: Inputs of the compile-cache key (extender cachekey); unset: the cache is never shared.
     key: CompileKeyInputs | None = None
 
     @model_validator(mode="after")
@@ -244,15 +266,20 @@ class Compile(Schema):
 class Snapshot(Schema):
     """A process snapshot (e.g. CRIU + cuda-checkpoint) restorable on nodes of one class."""
 
+    #: Size of the snapshot read from NVMe to restore.
     bytes: PositiveBytes
+    #: Time to restore the process once the snapshot is read.
     restore: Duration
 
 
 class Adapter(Schema):
     """One LoRA adapter of a workload (a tenant's fine-tune of the base model)."""
 
+    #: The adapter's name in requests (vLLM's ``--lora-modules NAME=PATH``); unique in the profile.
     name: Name
+    #: Where its files are fetched from (the warmer's adapter template gets it as {{source}}).
     source: Annotated[Reference, Field(min_length=1, description="URI: s3://, gs://, hf://, file://, ...")]
+    #: Size of its files.
     bytes: PositiveBytes
 
 
@@ -265,8 +292,11 @@ class Lora(Schema):
     engine's seconds to load one adapter into GPU memory once its files are on the node.
     """
 
+    #: The adapters, most popular first.
     adapters: tuple[Adapter, ...] = Field(min_length=1)
+    #: How many of the first adapters a replica loads before it is Ready.
     preload: int = Field(default=1, ge=0)
+    #: Engine seconds to load one adapter whose files are on the node (an assumption by default).
     load: Duration = defaults.ADAPTER_LOAD_S
 
     @model_validator(mode="after")
@@ -281,7 +311,9 @@ class Lora(Schema):
 class Capacity(Schema):
     """What one ready replica serves, in the unit the demand signal is measured in."""
 
+    #: Demand one ready replica serves within the SLO, in unit.
     per_replica: float = Field(gt=0)
+    #: Unit of the demand signal and of perReplica.
     unit: Literal["requests/s", "tokens/s"] = "requests/s"
 
 
@@ -291,6 +323,71 @@ SignalSourceName = Literal["scrape", "prometheus"]
 EngineName = Literal["vllm", "sglang"]
 
 
+def _file_path(value: str) -> str:
+    if not value.startswith("/") or "\0" in value or not value.isprintable():
+        raise InvalidValueError(
+            f"{value!r} is not an absolute path: the scaler reads the file at run time, from its own "
+            "filesystem (a mounted Secret, e.g. /var/run/secrets/prometheus/token)"
+        )
+    return value
+
+
+#: A file the scaler reads at run time (a secret, a certificate): an absolute path, never the content.
+FilePath = Annotated[str, AfterValidator(_file_path)]
+
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+#: Headers the client sets itself, or that carry credentials (which have their own fields).
+_RESERVED_HEADERS = {"authorization": "give bearerTokenFile or basicAuth instead",
+                     "proxy-authorization": "credentials are never written in the policy",
+                     "cookie": "credentials are never written in the policy",
+                     "host": "it is taken from the url", "content-length": "the client sets it",
+                     "connection": "the client sets it", "transfer-encoding": "the client sets it"}
+
+
+def _no_inline_secret(data: object, field: str, use: str) -> None:
+    if isinstance(data, dict) and field in data:
+        raise InvalidValueError(
+            f"{field}: secrets are not written in the policy (it is not a Secret and is printed by "
+            f"'extender policy show'); put it in a file, mount it, and give {use}"
+        )
+
+
+class BasicAuth(Schema):
+    """HTTP basic authentication: the user name, and the file that holds the password."""
+
+    username: str = Field(min_length=1, description="user name sent to Prometheus")
+    password_file: FilePath = Field(description="file holding the password (surrounding whitespace is dropped); "
+                                                "re-read when it changes")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _password_not_inline(cls, data: object) -> object:
+        _no_inline_secret(data, "password", "passwordFile")
+        return data
+
+    @model_validator(mode="after")
+    def _username_is_a_user(self) -> BasicAuth:
+        if ":" in self.username or not self.username.isprintable():
+            raise InvalidValueError(f"username {self.username!r}: no ':' and no control characters (basic auth "
+                                    "joins user and password with ':')")
+        return self
+
+
+class ClientTls(Schema):
+    """TLS towards an ``https://`` Prometheus: the CA to trust and the client certificate to present."""
+
+    ca_file: FilePath | None = Field(default=None, description="CA bundle (PEM) that signed the server's "
+                                                               "certificate (default: the system's CAs)")
+    cert_file: FilePath | None = Field(default=None, description="client certificate (PEM); needs keyFile")
+    key_file: FilePath | None = Field(default=None, description="private key of certFile (PEM)")
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> ClientTls:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise InvalidValueError("certFile and keyFile go together")
+        return self
+
+
 class PrometheusSignal(Schema):
     """Where the ``prometheus`` signal source asks, and what.
 
@@ -298,14 +395,55 @@ class PrometheusSignal(Schema):
     the queue depth in the matching amount. Unset, both are built from the engine's metric names,
     restricted by ``selector`` (PromQL label matchers without braces, e.g.
     ``namespace="llm",pod=~"qwen-.*"``) and averaged over ``rateWindow``.
+
+    A managed or shared Prometheus asks who is calling: ``bearerTokenFile`` or ``basicAuth``, a
+    ``tls`` section for its CA and a client certificate, and ``headers`` such as a tenant
+    (``X-Scope-OrgID`` for Cortex, Mimir and Thanos). Secrets live in files (mounted Secrets) that
+    the scaler re-reads when they change; the policy holds only their paths.
     """
 
     url: str = Field(min_length=1, description="base URL of the Prometheus HTTP API, e.g. http://prometheus:9090")
-    query: str | None = Field(default=None, min_length=1)
-    queue_query: str | None = Field(default=None, min_length=1)
-    selector: str = ""
-    rate_window: Annotated[Duration, Field(gt=0)] = 60.0
-    timeout: Annotated[Duration, Field(gt=0)] = 5.0
+    query: str | None = Field(default=None, min_length=1,
+                              description="PromQL for the demand rate (default: built from the engine's metrics)")
+    queue_query: str | None = Field(default=None, min_length=1,
+                                    description="PromQL for the queue depth (default: built from the engine's metrics)")
+    selector: str = Field(default="", description="label matchers added to the default queries, without braces")
+    rate_window: Annotated[Duration, Field(gt=0)] = Field(default=60.0, description="range of rate() in the "
+                                                                                    "default queries")
+    timeout: Annotated[Duration, Field(gt=0)] = Field(default=5.0, description="time limit of one query")
+    bearer_token_file: FilePath | None = Field(default=None, description="file holding a bearer token, sent as "
+                                                                         "'Authorization: Bearer'; re-read when "
+                                                                         "it changes")
+    basic_auth: BasicAuth | None = None
+    tls: ClientTls | None = None
+    headers: dict[str, str] = Field(default={}, description="extra request headers, e.g. X-Scope-OrgID: tenant-a")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_not_inline(cls, data: object) -> object:
+        _no_inline_secret(data, "bearerToken", "bearerTokenFile")
+        return data
+
+    @model_validator(mode="after")
+    def _coherent(self) -> PrometheusSignal:
+        scheme, sep, rest = self.url.partition("://")
+        if not sep or scheme not in ("http", "https") or not rest.strip("/"):
+            raise InvalidValueError(f"url {self.url!r}: expected http://HOST[:PORT][/PATH] or https://...")
+        if "@" in rest.split("/", 1)[0]:
+            raise InvalidValueError("url: credentials in the URL are not allowed (the policy is no Secret); "
+                                    "give basicAuth with a passwordFile")
+        if self.bearer_token_file is not None and self.basic_auth is not None:
+            raise InvalidValueError("bearerTokenFile and basicAuth exclude each other: one Authorization header")
+        if self.tls is not None and scheme != "https":
+            raise InvalidValueError("tls applies to an https:// url only")
+        for name, value in self.headers.items():
+            if not _HEADER_NAME.match(name):
+                raise InvalidValueError(f"headers: {name!r} is not a header name")
+            if name.lower() in _RESERVED_HEADERS:
+                raise InvalidValueError(f"headers: {name} is not allowed here: {_RESERVED_HEADERS[name.lower()]}")
+            if not value.isprintable():
+                raise InvalidValueError(f"headers: the value of {name} has control characters")
+        return self
 
 
 class Signal(Schema):
@@ -317,13 +455,21 @@ class Signal(Schema):
     counter and gauge names (counters are summed over every series and pod, then turned into a rate).
     """
 
+    #: scrape: the pods' /metrics; prometheus: PromQL queries (section prometheus).
     source: SignalSourceName = "scrape"
+    #: Serving engine, whose metric names the default queries and scrapes use.
     engine: EngineName = "vllm"
+    #: Port of the pods' metrics endpoint (scrape).
     port: int = Field(default=8000, ge=1, le=65535)
+    #: Path of the pods' metrics endpoint (scrape).
     path: str = Field(default="/metrics", pattern=r"^/")
+    #: Scheme of the pods' metrics endpoint (scrape).
     scheme: Literal["http", "https"] = "http"
+    #: Time limit of one scrape.
     timeout: Annotated[Duration, Field(gt=0)] = 2.0
+    #: Counter names whose summed rate is the demand (default: the engine's).
     rate_metrics: tuple[str, ...] = ()
+    #: Gauge names whose sum is the queue (default: the engine's waiting requests).
     queue_metrics: tuple[str, ...] = ()
     prometheus: PrometheusSignal | None = None
 
@@ -338,7 +484,9 @@ class ReplicaBounds(Schema):
     """``minReplicas`` <= ``maxReplicas``: shared by the scaler's policy section and the simulator's
     workloads, so both refuse an empty range with the same words."""
 
+    #: Fewest replicas the scaler asks for.
     min_replicas: int = Field(default=1, ge=0)
+    #: Most replicas the scaler asks for.
     max_replicas: int = Field(ge=1)
 
     @model_validator(mode="after")
@@ -356,6 +504,7 @@ class Autoscaling(ReplicaBounds):
     (give the HPA the same bounds).
     """
 
+    #: Namespace of the workload's pods and HPA; unset: any namespace.
     namespace: str | None = Field(default=None, min_length=1, max_length=63)
     signal: Signal = Signal()
 
@@ -363,23 +512,31 @@ class Autoscaling(ReplicaBounds):
 class PhaseOverride(Schema):
     """Phase times for one node class, where they differ (a B200 compiles faster than an H200)."""
 
+    #: Replaces compile.cold on this class.
     compile_cold: Duration | None = None
+    #: Replaces compile.warm on this class.
     compile_warm: Duration | None = None
+    #: Replaces graphCapture on this class.
     graph_capture: Duration | None = None
+    #: Replaces engineInit on this class.
     engine_init: Duration | None = None
+    #: Replaces snapshot.restore on this class.
     snapshot_restore: Duration | None = None
 
 
 class FilterRules(Schema):
     """Hard rules, all off by default: warmth should raise a score, not exclude a node."""
 
+    #: Filter out nodes whose free NVMe cannot hold the weights (opt-in hard rule).
     require_nvme_fit: bool = False
+    #: Filter out nodes where the estimated startup exceeds startupSlo (opt-in hard rule).
     require_startup_within_slo: bool = False
 
 
 class Profile(Schema):
     """A workload: how to recognise its pods and everything that decides how fast they start."""
 
+    #: The workload's name (labels of published metrics, warm Jobs, inventory keys).
     name: Name
     match: PodMatch
     node_classes: tuple[str, ...] = Field(default=(), description="classes it may run on; empty: any")
@@ -387,11 +544,15 @@ class Profile(Schema):
     weights: Weights
     parallelism: Parallelism = Parallelism()
     compile: Compile = Compile()
+    #: CUDA graph capture time (not cached).
     graph_capture: Duration = defaults.GRAPH_CAPTURE_S
+    #: Engine start time besides loading, compiling and capturing.
     engine_init: Duration = defaults.ENGINE_INIT_S
     snapshot: Snapshot | None = None
+    #: LoRA adapters served on the base model; the preloaded ones are part of startup.
     lora: Lora | None = None
     capacity: Capacity | None = None
+    #: Startup time the workload should meet (reports; the opt-in filter rule).
     startup_slo: Duration | None = None
     overrides: dict[str, PhaseOverride] = {}
     filter: FilterRules = FilterRules()
@@ -437,26 +598,35 @@ class Scaling(Schema):
     """The predictive scaler: its loop, the forecaster (extender.core.forecast) and the decision
     (extender.core.scaler)."""
 
+    #: Time between the scaler's decisions.
     tick: Annotated[Duration, Field(gt=0)] = defaults.TICK_S
+    #: How late the HPA acts on a published value (its sync period), added to the horizon.
     hpa_sync_delay: Duration = defaults.TICK_S
     #: ``auto`` chooses among the others per workload by held-out error at the horizon needed.
     forecaster: Literal["auto", "last", "ewma", "holt", "holt-winters"] = "auto"
+    #: Scale down only to the highest recommendation of this window (as the HPA does).
     scale_down_stabilisation: Duration = 300.0
     #: Upper quantile of forecast demand that capacity is sized for (AHPA's template: 95).
     quantile: float = Field(default=0.95, gt=0.5, lt=1)
     #: Fit the smoothing constants to each workload's history, once per ``refit``, from the last
     #: ``fitWindow`` of it; see extender.core.forecast.ForecastParams.
     fit: bool = True
+    #: How often the constants are fitted again (fit).
     refit: Annotated[Duration, Field(gt=0)] = 3600.0
+    #: How much recent history a fit uses (fit).
     fit_window: Annotated[Duration, Field(gt=0)] = 66 * 3600.0
     #: Fixed smoothing of level, trend and daily season, and trend damping (1: none): used when
     #: ``fit`` is off or the history is too short to fit.
     alpha: float = Field(default=0.3, gt=0, le=1)
+    #: Fixed smoothing of the trend (see alpha).
     beta: float = Field(default=0.05, ge=0, le=1)
+    #: Fixed smoothing of the daily season (see alpha).
     gamma: float = Field(default=0.2, ge=0, le=1)
+    #: Trend damping, 1: none (see alpha).
     phi: float = Field(default=1.0, gt=0, le=1)
     #: Season of Holt-Winters (a day) and the forecast grid step (unset: the history's own spacing).
     season: Annotated[Duration, Field(gt=0)] = 86_400.0
+    #: Forecast grid step; unset: the history's own spacing.
     step: Annotated[Duration, Field(gt=0)] | None = None
     #: Seconds within which the reactive need drains the current queue.
     queue_drain: Annotated[Duration, Field(gt=0)] = 60.0
@@ -467,9 +637,13 @@ class Scaling(Schema):
 class Toleration(Schema):
     """A Kubernetes toleration on the warm Jobs' pods (``key`` empty with ``Exists``: every taint)."""
 
+    #: Taint key; empty with Exists: every taint.
     key: str = ""
+    #: Exists or Equal, as in a pod's tolerations.
     operator: Literal["Exists", "Equal"] = "Equal"
+    #: Taint value (Equal).
     value: str = ""
+    #: Taint effect; empty: every effect.
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
 
 
@@ -480,7 +654,9 @@ class JobResources(Schema):
     pods are OOM-killed, and warming must never hurt what already serves.
     """
 
+    #: Resource requests of each container.
     requests: dict[str, str] = {"cpu": "100m", "memory": "256Mi"}
+    #: Resource limits of each container.
     limits: dict[str, str] = {"cpu": "2", "memory": "4Gi"}
 
 
@@ -492,9 +668,13 @@ class StepTemplate(Schema):
     container as ``WARM_<NAME>`` environment variables, for scripts.
     """
 
+    #: Container image of the step.
     image: str = Field(min_length=1)
+    #: Command of the container (no shell unless you name one).
     command: tuple[str, ...] = Field(min_length=1)
+    #: Arguments of the command.
     args: tuple[str, ...] = ()
+    #: Environment variables of the container.
     env: dict[str, str] = {}
     #: Secrets in the warm namespace whose keys become environment variables (object-store credentials).
     env_from_secrets: tuple[str, ...] = ()
@@ -521,9 +701,13 @@ class WarmTemplates(Schema):
     template: the workload's own image is pulled by running it with ``imagePullCommand``.
     """
 
+    #: Fetches a workload's weights into {{staging}}.
     weights: StepTemplate | None = None
+    #: Fetches a compile cache from the registry into {{staging}}.
     compile: StepTemplate | None = None
+    #: Fetches a process snapshot into {{staging}}.
     snapshot: StepTemplate | None = None
+    #: Fetches one LoRA adapter ({{source}}, {{adapter}}) into {{staging}}.
     adapter: StepTemplate | None = None
     #: Uploads ``{{dir}}`` (a node's compile cache of key ``{{key}}``) to the registry.
     publish_compile: StepTemplate | None = None
@@ -532,8 +716,11 @@ class WarmTemplates(Schema):
 class Taint(Schema):
     """The taint that keeps pods off a new node until it is warm."""
 
+    #: Taint key.
     key: str = Field(default="extender.io/warming", min_length=1)
+    #: Taint value.
     value: str = "true"
+    #: Taint effect.
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
 
@@ -546,16 +733,22 @@ class NewNodes(Schema):
     can, or after ``maxTaint`` whatever happens: warming must never keep a node out of service.
     """
 
+    #: Taint new nodes until they are warm (see above).
     taint_until_warm: bool = False
+    #: The taint put on new nodes.
     taint: Taint = Taint()
+    #: A node younger than this when first seen counts as new.
     join_window: Annotated[Duration, Field(gt=0)] = 600.0
+    #: The taint comes off after this long whatever happens.
     max_taint: Annotated[Duration, Field(gt=0)] = 1800.0
 
 
 class WarmRetry(Schema):
     """Retries of failed warm Jobs: after ``initial * 2**(attempt-1)`` seconds, at most ``max``."""
 
+    #: Wait before the first retry of a failed warm Job.
     initial: Annotated[Duration, Field(gt=0)] = 30.0
+    #: Longest wait between retries.
     max: Annotated[Duration, Field(gt=0)] = 1800.0
     #: Pod retries inside one Job (its ``backoffLimit``) before the Job counts as failed.
     pod_retries: int = Field(default=1, ge=0, le=10)
@@ -564,7 +757,9 @@ class WarmRetry(Schema):
 class PublishedSnapshot(Schema):
     """A process snapshot of ``workload`` for ``nodeClass`` that the snapshot template can fetch."""
 
+    #: The profile the snapshot is of.
     workload: str = Field(min_length=1)
+    #: The node class it restores on.
     node_class: str = Field(min_length=1)
 
 
@@ -581,12 +776,14 @@ class Warming(Schema):
     would do.
     """
 
+    #: Start warm Jobs (off: plan only; extender warm plan shows the plan).
     enabled: bool = False
     #: Workloads staged on every fresh node of a class they may run on, when free NVMe allows (no
     #: evictions for this), and whose current caches are never evicted by the warmer.
     keep_warm: tuple[str, ...] = ()
     #: Warm actions running at once on one node and in the cluster, counting those in flight.
     max_concurrent_per_node: int = Field(default=1, ge=1)
+    #: Warm actions running at once in the cluster (see maxConcurrentPerNode).
     max_concurrent: int = Field(default=4, ge=1)
     #: Bytes the actions planned in one tick may move in total (object store and registry egress);
     #: unset: no limit.
@@ -606,13 +803,16 @@ class Warming(Schema):
     priority_class_name: str | None = "extender-warm"
     #: ServiceAccount of the Job pods (for workload identity to the object store); none by default.
     service_account_name: str | None = None
+    #: Tolerations of the warm Jobs' pods (default: the GPU taints).
     tolerations: tuple[Toleration, ...] = _DEFAULT_TOLERATIONS
+    #: Requests and limits of every warm Job container.
     resources: JobResources = JobResources()
     #: Finished Jobs are deleted by Kubernetes after this long (the warmer deletes them sooner once
     #: the agent confirmed the result); the safety net if the warmer stops.
     ttl_after_finished: Annotated[Duration, Field(gt=0)] = 3600.0
     #: A Job running longer than this is failed by Kubernetes (a hung copy must not hold a slot forever).
     active_deadline: Annotated[Duration, Field(gt=0)] = 7200.0
+    #: Retries of failed warm Jobs.
     retry: WarmRetry = WarmRetry()
     #: A Job that succeeded but whose cache the inventory does not show after this long counts as
     #: failed (a template writing to the wrong place).
@@ -621,26 +821,32 @@ class Warming(Schema):
     image_pull_command: tuple[str, ...] = Field(default=("true",), min_length=1)
     #: Where compile caches (and snapshots) are published and fetched: ``{{registry}}`` in templates.
     registry: Reference = ""
+    #: Your fetch and publish steps, per kind of cache.
     templates: WarmTemplates = WarmTemplates()
     #: Process snapshots the snapshot template can fetch (the inventory records no snapshot registry).
     published_snapshots: tuple[PublishedSnapshot, ...] = ()
     #: A compile cache is published once it has been on a node this long (engines fill it while
     #: compiling; publishing it half-written would hand every other node a partial cache).
     publish_after: Duration = 120.0
+    #: What happens when a node joins.
     new_nodes: NewNodes = NewNodes()
 
 
 class Metadata(Schema):
     """Identification only."""
 
+    #: The policy's name (shown in reports).
     name: str = ""
+    #: Free text.
     description: str = ""
 
 
 class Policy(Schema):
     """A whole policy file."""
 
+    #: Always extender.io/v1alpha1.
     api_version: Literal["extender.io/v1alpha1"]
+    #: Always Policy.
     kind: Literal["Policy"]
     metadata: Metadata = Metadata()
     node_classes: tuple[NodeClass, ...] = ()

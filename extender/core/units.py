@@ -30,7 +30,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, PlainSerializer
+from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
 from extender.core.errors import UnitError
 
@@ -221,13 +221,33 @@ def _validator(parse: Any) -> BeforeValidator:
     return BeforeValidator(run)
 
 
+# What an editor is told about the unit types (JSON Schema, ``extender policy schema``). The
+# patterns admit what the parsers admit, as text; the parsers stay the authority (a size must also
+# be a whole number of bytes, for instance), and ``extender policy check`` applies them.
+_NUMBER = r"([0-9][0-9_]*(\.[0-9]+)?|\.[0-9]+)"
+SIZE_PATTERN = rf"^\s*{_NUMBER}\s*(B|[kKMGTP]B|[KMGTP]iB?)?\s*$"
+BANDWIDTH_PATTERN = rf"^\s*{_NUMBER}\s*([kKMGTP]|[KMGTP]i)?(B/s|bps|bit/s)\s*$"
+DURATION_PATTERN = r"^\s*([0-9]+(\.[0-9]+)?\s*|([0-9]+(\.[0-9]+)?\s*(ms|min|[smhd])\s*)+)$"
+
+
+def _unit_schema(unit: str, pattern: str, plain: str | None, examples: list[str]) -> WithJsonSchema:
+    text: dict[str, Any] = {"type": "string", "pattern": pattern}
+    schema: dict[str, Any] = {"anyOf": [{"type": plain, "minimum": 0}, text]} if plain else text
+    return WithJsonSchema({**schema, "x-unit": unit, "examples": examples})
+
+
 #: A size typed by a person; validated to whole bytes, serialised back to ``64GiB``-style text.
-Bytes = Annotated[int, _validator(parse_bytes), PlainSerializer(format_bytes, return_type=str, when_used="json")]
+Bytes = Annotated[
+    int, _validator(parse_bytes), PlainSerializer(format_bytes, return_type=str, when_used="json"),
+    _unit_schema("size", SIZE_PATTERN, "integer", ["64GiB", "3.9GB", "512Mi"]),
+]
 #: A rate typed by a person; validated to bytes/s, serialised back to ``40Gbps``-style text.
 Bandwidth = Annotated[
-    float, _validator(parse_bandwidth), PlainSerializer(format_bandwidth, return_type=str, when_used="json")
+    float, _validator(parse_bandwidth), PlainSerializer(format_bandwidth, return_type=str, when_used="json"),
+    _unit_schema("bandwidth", BANDWIDTH_PATTERN, None, ["40Gbps", "7GB/s", "1GiB/s"]),
 ]
 #: A duration typed by a person; validated to seconds, serialised back to ``5m``-style text.
 Duration = Annotated[
-    float, _validator(parse_duration), PlainSerializer(format_duration, return_type=str, when_used="json")
+    float, _validator(parse_duration), PlainSerializer(format_duration, return_type=str, when_used="json"),
+    _unit_schema("duration", DURATION_PATTERN, "number", ["53s", "5m", "1h30m", "250ms"]),
 ]

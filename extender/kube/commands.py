@@ -1,7 +1,7 @@
 """``extender sync``: keep the inventory's cluster view true (one replica, a Deployment).
 
     extender sync --policy FILE [--kubeconfig F] [--context NAME] [--gpu-resource NAME]
-                  [--redis-url URL] [--data-dir DIR]
+                  [--redis-url URL] [--data-dir DIR] [--prefix PREFIX]
 
 Without ``--kubeconfig`` the in-cluster service account is used when running in a pod, else the
 default kubeconfig. SIGTERM and SIGINT stop it cleanly (open watches are closed, threads joined).
@@ -12,22 +12,20 @@ from __future__ import annotations
 import argparse
 import threading
 
-from extender.arguments import add_store_options, connect_from_args
+from extender.arguments import add_kube_options, add_store_options, inventory_from_args
 from extender.files import load_policy
 from extender.kube.client import KubeClient
 from extender.kube.objects import DEFAULT_GPU_RESOURCE
 from extender.kube.sync import ClusterSync, SyncSettings
 from extender.process import configure_logging, stop_on_signals
 from extender.state.sources import SourceStore
-from extender.state.store import InventoryStore
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``sync`` to the ``extender`` command line."""
     p = subparsers.add_parser("sync", help="list-watch Nodes and Pods into the inventory")
     p.add_argument("--policy", required=True, metavar="FILE", help="policy file (node classes, workload profiles)")
-    p.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, else ~/.kube/config)")
-    p.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
+    add_kube_options(p)
     p.add_argument("--gpu-resource", default=DEFAULT_GPU_RESOURCE, metavar="NAME",
                    help=f"extended resource that counts GPUs ({DEFAULT_GPU_RESOURCE})")
     add_store_options(p)
@@ -40,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     kube = KubeClient.connect(args.kubeconfig, context=args.context)
 
     def open_sources() -> SourceStore:
-        return SourceStore(InventoryStore(connect_from_args(args)))
+        return SourceStore(inventory_from_args(args))
 
     sync = ClusterSync(kube, open_sources, policy, SyncSettings(gpu_resource=args.gpu_resource))
     stop = threading.Event()

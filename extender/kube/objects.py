@@ -16,11 +16,12 @@ A pod being deleted still holds its GPUs until it is gone, but no longer counts 
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any, Literal
 
+from kubernetes.utils import parse_quantity
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic.alias_generators import to_camel
 
@@ -91,20 +92,22 @@ class Pod(_Api):
     status: PodStatus = PodStatus()
 
 
-_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]*)?)([a-zA-Z]*)$")
-_SUFFIX = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
-
-
 def parse_count(quantity: str | int | float | None) -> int:
-    """A resource quantity as a whole count (``"8"`` -> 8, ``"1k"`` -> 1000; fractions round up)."""
+    """A resource quantity as a whole count: ``"8"`` -> 8, ``"1k"`` -> 1000, ``"500m"`` -> 1 (fractions round up).
+
+    Read by the client library's ``parse_quantity``, so every form the API server writes is
+    accepted (``1e3``, ``.5``, ``1Pi``, ``1u``, ``2Ki``, ...); ``None`` (no such resource) is 0. A
+    negative or non-finite value, or text that is no quantity, is an :class:`InvalidValueError`.
+    """
     if quantity is None:
         return 0
-    if isinstance(quantity, int | float):
-        return max(0, math.ceil(quantity))
-    match = _QUANTITY.match(quantity.strip())
-    if not match or match.group(2) not in _SUFFIX:
-        raise InvalidValueError(f"not a resource quantity: {quantity!r}")
-    return max(0, math.ceil(float(match.group(1)) * _SUFFIX[match.group(2)]))
+    try:
+        value: Decimal = parse_quantity(quantity)  # type: ignore[no-untyped-call]
+    except (ValueError, TypeError, ArithmeticError) as exc:
+        raise InvalidValueError(f"not a resource quantity: {quantity!r}") from exc
+    if not value.is_finite() or value < 0:
+        raise InvalidValueError(f"not a resource quantity: {quantity!r} (a count is finite and not negative)")
+    return math.ceil(value)
 
 
 @dataclass(frozen=True)

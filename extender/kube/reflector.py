@@ -85,13 +85,14 @@ class Reflector:
                 self._watch(stop)
             except KubeGoneError as exc:
                 # our RV was compacted away: only a fresh list can tell what we missed
-                log.info("%s: %s; listing again", self.resource, exc)
+                log.info("%s: %s; listing again", self.resource, exc, extra={"resource": self.resource})
                 need_list = True
             except KubeError as exc:
                 if stop.is_set() or self._stopping.is_set():
                     break
                 delay = self.backoff.next()
-                log.warning("%s: %s; retrying in %.1fs", self.resource, exc, delay)
+                log.warning("%s: %s; retrying in %.1fs", self.resource, exc, delay,
+                            extra={"resource": self.resource, "error": str(exc), "retry_s": delay})
                 if stop.wait(delay):
                     break
 
@@ -102,7 +103,8 @@ class Reflector:
         self.on_replace(items)
         self.synced.set()
         self.backoff.reset()
-        log.info("%s: listed %d object(s) at resourceVersion %s", self.resource, len(items), resource_version)
+        log.info("%s: listed %d object(s) at resourceVersion %s", self.resource, len(items), resource_version,
+                 extra={"resource": self.resource, "objects": len(items), "resource_version": resource_version})
 
     def _watch(self, stop: threading.Event) -> None:
         stream = self.client.watch(self.resource, self.resource_version, timeout_s=self.watch_timeout_s,

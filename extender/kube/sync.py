@@ -90,7 +90,7 @@ class ClusterView:
     def _warn_once(self, message: str) -> None:
         if message not in self._bad:
             self._bad.add(message)
-            log.warning("skipping an object: %s", message)
+            log.warning("skipping an object: %s", message, extra={"error": message})
 
     # ---- nodes -----------------------------------------------------------------------------
 
@@ -264,7 +264,8 @@ class ClusterSync:
             except StateError as exc:
                 delay = backoff.next()
                 if not self._outage:
-                    log.warning("inventory store: %s; retrying (next in %.1fs)", exc, delay)
+                    log.warning("inventory store: %s; retrying (next in %.1fs)", exc, delay,
+                                extra={"error": str(exc), "retry_s": delay})
                 self._outage = True
                 stop.wait(delay)
                 continue
@@ -299,7 +300,8 @@ class ClusterSync:
                 removed = removed - {name}
             if prune:
                 for name in sorted(sources.store.names() - alive):
-                    log.info("node %s is no longer in the cluster; removing it from the inventory", name)
+                    log.info("node %s is no longer in the cluster; removing it from the inventory", name,
+                             extra={"node": name})
                     self._last_version = max(self._last_version, sources.remove_node(name))
                     self.written.pop(name, None)
         except StateError:
@@ -316,7 +318,7 @@ class ClusterSync:
         version = sources.store.version()
         if version < self._last_version:
             log.warning("inventory version went back from %d to %d: the store lost data; rewriting every node",
-                        self._last_version, version)
+                        self._last_version, version, extra={"version": version, "previous_version": self._last_version})
             self.written.clear()
             with self.view.cond:
                 self.view.dirty |= set(self.view.nodes)
@@ -331,5 +333,6 @@ class ClusterSync:
         for name in stale:
             self.written.pop(name, None)
         if stale:
-            log.info("resync: %d node report(s) differ from the store; rewriting them", len(stale))
+            log.info("resync: %d node report(s) differ from the store; rewriting them", len(stale),
+                     extra={"nodes": sorted(stale)})
             self.view.mark_dirty(stale)

@@ -15,11 +15,13 @@ Modes of ``scale``:
 * ``--once``: one tick in the foreground, the decisions printed, then exit (as leader or standby).
 
 Authentication of the API (:mod:`extender.api.external_metrics.auth`): the CAs and header names come
-from the flags named as kube-apiserver's, else from the cluster's
-``kube-system/extension-apiserver-authentication`` ConfigMap (skip with
-``--authentication-skip-lookup``); bearer tokens and authorization go through TokenReview and
+from the flags (``--tls-client-ca``, ``--tls-front-proxy-ca``, ``--front-proxy-*``), else from the
+cluster's ``kube-system/extension-apiserver-authentication`` ConfigMap (skip with
+``--no-auth-configmap``); bearer tokens and authorization go through TokenReview and
 SubjectAccessReview unless ``--no-delegated-auth``. ``--insecure-no-auth`` turns all of it off and
-allows plain HTTP: for a laptop only.
+allows plain HTTP: for a laptop only. kube-apiserver's names for these flags
+(``--client-ca-file``, ``--requestheader-client-ca-file``, ``--requestheader-allowed-names``, ...,
+``--authentication-skip-lookup``) still work, with a deprecation warning.
 
 ``explain`` prints the latest recorded decision of a workload with every input and reason
 (``--last N`` adds a table of the N latest, ``--json`` the raw records).
@@ -30,17 +32,27 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import signal
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from extender.arguments import add_store_options, bind_address, data_dir_from_args, positive_float, positive_int
+from extender.arguments import (
+    add_kube_options,
+    add_renamed,
+    add_store_options,
+    add_tls_options,
+    bind_address,
+    data_dir_from_args,
+    duration,
+    positive_int,
+    prefix_from_args,
+    redis_url_from_args,
+)
 from extender.core.errors import ExtenderError
 from extender.core.scaler import Decision
 from extender.files import load_policy_to_start, read_text
+from extender.process import configure_logging, report
 
 log = logging.getLogger(__name__)
 
@@ -53,22 +65,18 @@ def register(subparsers: Any) -> None:
                     "'extender scale explain WORKLOAD' shows why it decided what it did.",
     )
     scale.add_argument("--policy", metavar="FILE", help="policy file (profiles with an autoscaling section)")
-    scale.add_argument("--tick", type=positive_float, metavar="SECONDS",
-                       help="seconds between decisions (default: the policy's scaling.tick, 15 s)")
-    scale.add_argument("--lease-ttl", type=positive_float, metavar="SECONDS",
+    scale.add_argument("--tick", type=duration, metavar="DURATION",
+                       help="time between decisions (default: the policy's scaling.tick, 15s)")
+    scale.add_argument("--lease-ttl", type=duration, metavar="DURATION",
                        help="a leader that stops renewing is replaced after this long (default: three ticks)")
     scale.add_argument("--identity", metavar="ID",
                        help="this candidate's name in the leader lock (default: $POD_NAME or host, pid, random)")
-    scale.add_argument("--prefix", default="extender", metavar="PREFIX", help="Redis key prefix (default: extender)")
-    scale.add_argument("--history-max-age", type=positive_float, metavar="SECONDS",
-                       help="demand history kept per workload (default: 3 days)")
+    scale.add_argument("--history-max-age", type=duration, metavar="DURATION",
+                       help="demand history kept per workload (default: 3d)")
     scale.add_argument("--history-max-points", type=positive_int, metavar="N",
                        help="samples kept per workload (default: 20000)")
     add_store_options(scale)
-    kube = scale.add_argument_group("Kubernetes")
-    kube.add_argument("--kubeconfig", metavar="FILE",
-                      help="kubeconfig (default: the pod's service account, else $KUBECONFIG / ~/.kube/config)")
-    kube.add_argument("--context", metavar="NAME", help="kubeconfig context")
+    add_kube_options(scale)
     mode = scale.add_argument_group("mode")
     mode.add_argument("--once", action="store_true", help="run one tick in the foreground, print it, exit")
     mode.add_argument("--no-metrics-api", action="store_true",
@@ -78,19 +86,20 @@ def register(subparsers: Any) -> None:
     api.add_argument("--bind", default="0.0.0.0:6443", type=bind_address, metavar="HOST:PORT",
                      help="listen address (default: 0.0.0.0:6443)")
     api.add_argument("--threads", default=4, type=positive_int, metavar="N", help="request threads (default: 4)")
-    api.add_argument("--tls-cert", metavar="FILE", help="serving certificate (PEM); needs --tls-key")
-    api.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
-    api.add_argument("--requestheader-client-ca-file", metavar="FILE",
-                     help="CA of the front proxy's client certificate (default: from the cluster's ConfigMap)")
-    api.add_argument("--requestheader-allowed-names", metavar="a,b",
-                     help="common names the front proxy's certificate may carry (empty: any)")
-    api.add_argument("--requestheader-username-headers", metavar="H,..", help="default: X-Remote-User")
-    api.add_argument("--requestheader-group-headers", metavar="H,..", help="default: X-Remote-Group")
-    api.add_argument("--requestheader-extra-headers-prefix", metavar="P,..", help="default: X-Remote-Extra-")
-    api.add_argument("--client-ca-file", metavar="FILE",
-                     help="CA of client certificates accepted directly (default: from the cluster's ConfigMap)")
-    api.add_argument("--authentication-skip-lookup", action="store_true",
-                     help="do not read kube-system/extension-apiserver-authentication")
+    add_tls_options(api, client_ca_old=("--client-ca-file",),
+                    client_ca_help="CA of client certificates accepted directly (default: from the ConfigMap)")
+    add_renamed(api, "--tls-front-proxy-ca", "--requestheader-client-ca-file", metavar="FILE",
+                text="CA of the front proxy's (the aggregator's) client certificate (default: from the ConfigMap)")
+    add_renamed(api, "--front-proxy-allowed-names", "--requestheader-allowed-names", metavar="a,b",
+                text="common names the front proxy's certificate may carry (empty: any; default: from the ConfigMap)")
+    add_renamed(api, "--front-proxy-user-headers", "--requestheader-username-headers", metavar="H,..",
+                text="headers carrying the user name the front proxy authenticated (default: X-Remote-User)")
+    add_renamed(api, "--front-proxy-group-headers", "--requestheader-group-headers", metavar="H,..",
+                text="headers carrying the user's groups (default: X-Remote-Group)")
+    add_renamed(api, "--front-proxy-extra-headers-prefix", "--requestheader-extra-headers-prefix", metavar="P,..",
+                text="prefixes of headers carrying the user's extra attributes (default: X-Remote-Extra-)")
+    add_renamed(api, "--no-auth-configmap", "--authentication-skip-lookup", flag=True,
+                text="do not read kube-system/extension-apiserver-authentication for what the flags leave unset")
     api.add_argument("--no-delegated-auth", action="store_true",
                      help="no TokenReview / SubjectAccessReview: certificates only, every authenticated caller allowed")
     api.add_argument("--insecure-no-auth", action="store_true",
@@ -99,7 +108,7 @@ def register(subparsers: Any) -> None:
 
     actions = scale.add_subparsers(dest="scale_command", metavar="ACTION")
     explain = actions.add_parser("explain", help="why the scaler decided what it did for a workload")
-    explain.add_argument("workload", metavar="WORKLOAD")
+    explain.add_argument("workload", metavar="WORKLOAD", help="the profile's name")
     explain.add_argument("--last", type=positive_int, default=1, metavar="N",
                          help="also list the N latest decisions (default: 1, the latest only)")
     explain.add_argument("--json", action="store_true", help="print the stored records as JSON")
@@ -114,13 +123,11 @@ def register(subparsers: Any) -> None:
 
 
 def _store(args: argparse.Namespace) -> tuple[str | None, Path]:
-    url = getattr(args, "redis_url", None) or os.environ.get("REDIS_URL") or None
-    data_dir = Path(data_dir_from_args(args))
-    return url, data_dir
+    return redis_url_from_args(args), Path(data_dir_from_args(args))
 
 
 def _usage(message: str) -> int:
-    print(f"extender scale: {message}", file=sys.stderr)
+    report(f"extender scale: {message}")
     return 2
 
 
@@ -136,15 +143,15 @@ def resolve_auth(args: argparse.Namespace) -> Any:
 
     if args.insecure_no_auth:
         return AuthSettings(insecure=True, delegated=False)
-    requestheader = read_text(args.requestheader_client_ca_file) if args.requestheader_client_ca_file else None
-    client_ca = read_text(args.client_ca_file) if args.client_ca_file else None
-    names = _list(args.requestheader_allowed_names)
-    users = _list(args.requestheader_username_headers)
-    groups = _list(args.requestheader_group_headers)
-    extras = _list(args.requestheader_extra_headers_prefix)
+    requestheader = read_text(args.tls_front_proxy_ca) if args.tls_front_proxy_ca else None
+    client_ca = read_text(args.tls_client_ca) if args.tls_client_ca else None
+    names = _list(args.front_proxy_allowed_names)
+    users = _list(args.front_proxy_user_headers)
+    groups = _list(args.front_proxy_group_headers)
+    extras = _list(args.front_proxy_extra_headers_prefix)
     delegated = not args.no_delegated_auth
     wanted = (requestheader, client_ca, names, users, groups, extras)
-    if delegated and not args.authentication_skip_lookup and any(v is None for v in wanted):
+    if delegated and not args.no_auth_configmap and any(v is None for v in wanted):
         from extender.kube.delegation import AUTH_CONFIGMAP_NAME, AUTH_CONFIGMAP_NAMESPACE, Delegation
 
         try:
@@ -155,8 +162,8 @@ def resolve_auth(args: argparse.Namespace) -> Any:
                 delegation.close()
         except ExtenderError as exc:
             # as the generic apiserver does: go on with what the flags gave
-            print(f"extender scale: warning: cannot read {AUTH_CONFIGMAP_NAMESPACE}/{AUTH_CONFIGMAP_NAME} "
-                  f"({exc}); continuing with the flags only", file=sys.stderr)
+            report(f"extender scale: warning: cannot read {AUTH_CONFIGMAP_NAMESPACE}/{AUTH_CONFIGMAP_NAME} "
+                   f"({exc}); continuing with the flags only", level=logging.WARNING)
             data = {}
         requestheader = requestheader if requestheader is not None else data.get("requestheader-client-ca-file")
         client_ca = client_ca if client_ca is not None else data.get("client-ca-file")
@@ -200,12 +207,20 @@ def _scale(args: argparse.Namespace) -> int:
     from extender.scaler.serve import AuthSettings, ScaleSettings, default_identity
 
     if not scaled_profiles(policy):
-        print(f"extender scale: {args.policy} has no profile with an autoscaling section (and a capacity): "
-              "nothing to scale", file=sys.stderr)
+        report(f"extender scale: {args.policy} has no profile with an autoscaling section (and a capacity): "
+               "nothing to scale")
+        return 1
+    from extender.scaler.prometheus import check_credentials
+
+    unusable = check_credentials(policy)
+    for problem in unusable:
+        report(f"extender scale: {problem}")
+    if unusable:
+        report("extender scale: not starting: the prometheus signal's files above cannot be used")
         return 1
     url, data_dir = _store(args)
     settings = ScaleSettings(
-        policy=policy, redis_url=url, data_dir=data_dir.resolve(), prefix=args.prefix,
+        policy=policy, redis_url=url, data_dir=data_dir.resolve(), prefix=prefix_from_args(args),
         kubeconfig=args.kubeconfig, kube_context=args.context, tick_s=args.tick, lease_ttl_s=args.lease_ttl,
         identity=args.identity or default_identity(), run_loop=not args.no_loop,
         auth=resolve_auth(args) if serving else AuthSettings(delegated=False),
@@ -214,14 +229,15 @@ def _scale(args: argparse.Namespace) -> int:
         **({"history_max_points": args.history_max_points} if args.history_max_points else {}),
     )
     if settings.auth.insecure:
-        print("extender scale: WARNING: --insecure-no-auth: the External Metrics API answers anyone", file=sys.stderr)
+        report("extender scale: WARNING: --insecure-no-auth: the External Metrics API answers anyone",
+               level=logging.WARNING)
     if args.once:
         return _once(settings)
     if args.no_metrics_api:
         return _foreground(settings)
     trouble = _preflight(settings)
     if trouble:
-        print(f"extender scale: not starting: {trouble}", file=sys.stderr)
+        report(f"extender scale: not starting: {trouble}")
         return 1
     return _serve(settings, args)
 
@@ -264,22 +280,22 @@ def _once(settings: Any) -> int:
     from extender.state import connect
 
     loop = build_loop(settings, connect(settings.redis_url, settings.data_dir))
-    report = loop.tick()
+    tick = loop.tick()
     loop.step_down()
-    if report.error and not report.leader:
-        print(f"extender scale: {report.error}", file=sys.stderr)
+    if tick.error and not tick.leader:
+        report(f"extender scale: {tick.error}")
         return 1
-    if not report.leader:
-        print(f"standby: {report.holder} leads (fencing token {report.token})")
+    if not tick.leader:
+        print(f"standby: {tick.holder} leads (fencing token {tick.token})")
         return 0
-    print(f"leader {report.holder} (fencing token {report.token})")
-    for result in report.results:
+    print(f"leader {tick.holder} (fencing token {tick.token})")
+    for result in tick.results:
         if result.decision is None:
             print(f"{result.workload}: no decision: {result.error}")
         else:
             print(result.decision.explain())
-    if report.fenced_out:
-        print(f"stepped down: {report.error}")
+    if tick.fenced_out:
+        print(f"stepped down: {tick.error}")
     return 0
 
 
@@ -288,7 +304,7 @@ def _foreground(settings: Any) -> int:
     from extender.scaler.serve import build_loop
     from extender.state import connect
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     runner = LoopThread(build_loop(settings, connect(settings.redis_url, settings.data_dir)),
                         policy_file=settings.policy_file())
 
@@ -298,7 +314,7 @@ def _foreground(settings: Any) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     log.info("scaler %s: ticking every %gs (lock ttl %gs), no External Metrics API",
-             settings.identity, settings.tick, settings.lease_ttl)
+             settings.identity, settings.tick, settings.lease_ttl, extra={"identity": settings.identity})
     runner.run()
     return 0
 
@@ -363,14 +379,14 @@ def _explain(args: argparse.Namespace) -> int:
     from extender.state.decisions import DecisionStore
 
     url, data_dir = _store(args)
-    store = DecisionStore(connect(url, data_dir), prefix=getattr(args, "prefix", None) or "extender")
+    store = DecisionStore(connect(url, data_dir), prefix=prefix_from_args(args))
     records = store.records(args.workload, args.last)
     if args.json:
         print(json.dumps(records if args.last > 1 else (records[0] if records else None), indent=2))
         return 0 if records else 1
     if not records:
-        print(f"extender scale explain: no decision recorded for {args.workload!r} (is 'extender scale' running "
-              "with a policy that autoscales it, against this Redis?)", file=sys.stderr)
+        report(f"extender scale explain: no decision recorded for {args.workload!r} (is 'extender scale' running "
+               "with a policy that autoscales it, against this Redis?)", workload=args.workload)
         return 1
     print(render_record(records[0]))
     if args.last > 1:

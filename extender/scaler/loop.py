@@ -158,11 +158,13 @@ class ScaleLoop:
             return TickReport(now, False, 0, self.holder, error=f"leader election: {exc}")
         if not lease.leader:
             if self._lease_token is not None:
-                log.warning("scaler %s lost the lead to %s (token %d)", self.holder, lease.holder, lease.token)
+                log.warning("scaler %s lost the lead to %s (token %d)", self.holder, lease.holder, lease.token,
+                            extra={"identity": self.holder, "leader": lease.holder, "token": lease.token})
             self._lease_token = None
             return TickReport(now, False, lease.token, lease.holder)
         if self._lease_token != lease.token:
-            log.info("scaler %s leads with fencing token %d", self.holder, lease.token)
+            log.info("scaler %s leads with fencing token %d", self.holder, lease.token,
+                     extra={"identity": self.holder, "leader": self.holder, "token": lease.token})
         self._lease_token = lease.token
         snapshot = self._inventory(now)
         results: list[WorkloadResult] = []
@@ -170,16 +172,17 @@ class ScaleLoop:
             try:
                 results.append(self.step(profile, lease.token, now, snapshot))
             except FencedOutError as exc:
-                log.warning("scaler %s stepping down: %s", self.holder, exc)
+                log.warning("scaler %s stepping down: %s", self.holder, exc,
+                            extra={"identity": self.holder, "workload": profile.name, "error": str(exc)})
                 self._lease_token = None
                 return TickReport(now, True, lease.token, self.holder, tuple(results), fenced_out=True,
                                   error=str(exc))
             except ExtenderError as exc:
-                log.warning("scaler: %s: %s", profile.name, exc)
+                log.warning("scaler: %s: %s", profile.name, exc, extra={"workload": profile.name, "error": str(exc)})
                 results.append(WorkloadResult(profile.name, error=str(exc)))
             except Exception as exc:
                 # a bug for one workload must not stop the others, nor the loop thread
-                log.exception("scaler: %s: unexpected error", profile.name)
+                log.exception("scaler: %s: unexpected error", profile.name, extra={"workload": profile.name})
                 results.append(WorkloadResult(profile.name, error=f"unexpected error: {exc!r}"))
         report = TickReport(now, True, lease.token, self.holder, tuple(results))
         for listener in self.on_leader_tick:
@@ -196,7 +199,8 @@ class ScaleLoop:
             try:
                 self.lock.release(token)
             except ExtenderError as exc:  # the lock then simply expires
-                log.warning("scaler %s could not release the lock: %s", self.holder, exc)
+                log.warning("scaler %s could not release the lock: %s", self.holder, exc,
+                            extra={"identity": self.holder, "error": str(exc)})
 
     def _inventory(self, now: float) -> InventorySnapshot | None:
         if self.inventory is None:
@@ -209,7 +213,7 @@ class ScaleLoop:
                                                          registry=registry)
         except ExtenderError as exc:
             # with no inventory the horizon is the cold estimate: the longest, never a late start
-            log.warning("scaler: inventory unavailable, assuming cold nodes: %s", exc)
+            log.warning("scaler: inventory unavailable, assuming cold nodes: %s", exc, extra={"error": str(exc)})
             return None
         return self._snapshot
 
@@ -259,7 +263,10 @@ class ScaleLoop:
             action=f"recording the decision for {name}",
         )
         if decision.action != "hold":
-            log.info("scaler: %s", decision.explain().splitlines()[0])
+            log.info("scaler: %s", decision.explain().splitlines()[0],
+                     extra={"workload": name, "decision": decision.action, "desired": decision.desired,
+                            "current": decision.current, "driver": decision.driver,
+                            "horizon_s": decision.inputs.horizon.seconds, "token": token})
         return WorkloadResult(name, decision, observation, replicas, placement)
 
     def _forecast(self, samples: Sequence[Sample], horizon_s: float, now: float) -> Forecast | None:
@@ -319,7 +326,7 @@ class LoopThread:
                 report = self.loop.tick()
                 self.ticks += 1
                 if report.error and not report.fenced_out:
-                    log.warning("scaler tick: %s", report.error)
+                    log.warning("scaler tick: %s", report.error, extra={"error": report.error})
                 if self.on_report is not None:
                     self.on_report(report)
                 if self.max_ticks is not None and self.ticks >= self.max_ticks:

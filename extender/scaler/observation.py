@@ -10,9 +10,10 @@ missing data) and the history gets a gap, not a zero.
 
 from __future__ import annotations
 
+import ssl
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -42,18 +43,28 @@ class SignalSource(Protocol):
         ...
 
 
-#: ``fetch(url, timeout_s) -> body``; raises :class:`SignalError` on any failure.
-Fetcher = Callable[[str, float], str]
+class Fetcher(Protocol):
+    """``fetch(url, timeout_s, headers=..., context=...) -> body``; raises :class:`SignalError` on any failure."""
+
+    def __call__(self, url: str, timeout_s: float, *, headers: Mapping[str, str] | None = None,
+                 context: ssl.SSLContext | None = None) -> str: ...
+
 
 #: Largest body a scrape or query may return (a vLLM /metrics page is tens of KB).
 MAX_BODY_BYTES = 16 * 2**20
 
 
-def http_get(url: str, timeout_s: float) -> str:
-    """GET ``url`` and return its body as text: the default :data:`Fetcher` (standard library only)."""
-    request = urllib.request.Request(url, headers={"Accept": "text/plain, application/json;q=0.9, */*;q=0.1"})
+def http_get(url: str, timeout_s: float, *, headers: Mapping[str, str] | None = None,
+             context: ssl.SSLContext | None = None) -> str:
+    """GET ``url`` and return its body as text: the default :class:`Fetcher` (standard library only).
+
+    ``headers`` are added to the request (credentials, a tenant); ``context`` verifies an https
+    server (and presents a client certificate) instead of the system's default.
+    """
+    request = urllib.request.Request(
+        url, headers={"Accept": "text/plain, application/json;q=0.9, */*;q=0.1", **(headers or {})})
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
             body: bytes = response.read(MAX_BODY_BYTES + 1)
             charset = response.headers.get_content_charset() or "utf-8"
     except urllib.error.HTTPError as exc:

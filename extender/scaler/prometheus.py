@@ -21,14 +21,18 @@ observation either. A failed queue query leaves the queue at zero and says so in
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import os
+import ssl
+import threading
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
 
 from extender.core.errors import InvalidValueError, SignalError
-from extender.core.policy import Profile
+from extender.core.policy import Policy, Profile, PrometheusSignal
 from extender.scaler.exposition import engine
 from extender.scaler.observation import Fetcher, Observation, http_get
 from extender.scaler.pods import Pod
@@ -99,18 +103,146 @@ def parse_result(body: str) -> float | None:
     return total if math.isfinite(total) else None
 
 
+#: Largest secret file read (a token or a password; a service-account JWT is about 1 KB).
+MAX_SECRET_BYTES = 64 * 1024
+
+
+class WatchedFile:
+    """A small file re-read when its identity changes (mtime, size, inode: one ``stat`` per use).
+
+    ``field`` names it in errors the way the policy does (``bearerTokenFile``, ``tls.caFile``).
+    """
+
+    def __init__(self, path: str, field: str) -> None:
+        self.path = path
+        self.field = field
+        self._signature: tuple[int, int, int] | None = None
+        self._text = ""
+
+    def _fail(self, exc: OSError | str) -> SignalError:
+        reason = exc if isinstance(exc, str) else (exc.strerror or str(exc))
+        return SignalError(f"prometheus {self.field} {self.path}: cannot read: {reason}")
+
+    def signature(self) -> tuple[int, int, int]:
+        """The file's identity now; raises :class:`SignalError` when it cannot be seen."""
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise self._fail(exc) from exc
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def text(self) -> str:
+        """The content with surrounding whitespace dropped, read again only after a change; never empty."""
+        signature = self.signature()
+        if signature != self._signature:
+            try:
+                with open(self.path, "rb") as f:
+                    raw = f.read(MAX_SECRET_BYTES + 1)
+            except OSError as exc:
+                raise self._fail(exc) from exc
+            if len(raw) > MAX_SECRET_BYTES:
+                raise self._fail(f"larger than {MAX_SECRET_BYTES} bytes: not a token or a password")
+            text = raw.decode("utf-8", errors="replace").strip()
+            if not text:
+                raise self._fail("the file is empty")
+            if not text.isprintable():
+                raise self._fail("it holds control characters (one token or password, nothing else)")
+            self._signature, self._text = signature, text
+        return self._text
+
+
+class Credentials:
+    """What each query carries: headers and the TLS context (module docstring); thread-safe."""
+
+    def __init__(self, prom: PrometheusSignal) -> None:
+        self.static_headers = dict(prom.headers)
+        self.token = WatchedFile(prom.bearer_token_file, "bearerTokenFile") if prom.bearer_token_file else None
+        self.username = prom.basic_auth.username if prom.basic_auth else None
+        self.password = WatchedFile(prom.basic_auth.password_file, "basicAuth.passwordFile") \
+            if prom.basic_auth else None
+        tls = prom.tls
+        self.tls_files = [] if tls is None else [
+            WatchedFile(path, f"tls.{field}") for field, path in
+            (("caFile", tls.ca_file), ("certFile", tls.cert_file), ("keyFile", tls.key_file)) if path]
+        self.ca_file = tls.ca_file if tls else None
+        self.cert_file = tls.cert_file if tls else None
+        self.key_file = tls.key_file if tls else None
+        self._lock = threading.Lock()
+        self._context: ssl.SSLContext | None = None
+        self._context_of: tuple[tuple[int, int, int], ...] | None = None
+
+    @property
+    def uses_tls(self) -> bool:
+        return bool(self.tls_files)
+
+    def headers(self) -> dict[str, str]:
+        """The request headers: the policy's, plus Authorization from the current token or password."""
+        headers = dict(self.static_headers)
+        with self._lock:
+            if self.token is not None:
+                headers["Authorization"] = f"Bearer {self.token.text()}"
+            elif self.password is not None:
+                pair = f"{self.username}:{self.password.text()}".encode()
+                headers["Authorization"] = f"Basic {base64.b64encode(pair).decode('ascii')}"
+        return headers
+
+    def context(self) -> ssl.SSLContext | None:
+        """The TLS context for ``tls`` (built again when one of its files changed); ``None`` without ``tls``."""
+        if not self.tls_files:
+            return None
+        with self._lock:
+            signatures = tuple(f.signature() for f in self.tls_files)
+            if signatures != self._context_of:
+                self._context = self._build()
+                self._context_of = signatures
+            return self._context
+
+    def _build(self) -> ssl.SSLContext:
+        try:
+            context = ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise SignalError(f"prometheus tls.caFile {self.ca_file}: not a readable PEM CA bundle: {exc}") from exc
+        if self.cert_file is not None:
+            try:
+                context.load_cert_chain(self.cert_file, self.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise SignalError(f"prometheus tls.certFile {self.cert_file} / tls.keyFile {self.key_file}: "
+                                  f"not a readable PEM certificate and matching key: {exc}") from exc
+        return context
+
+    def check(self) -> None:
+        """Read every file now; raises :class:`SignalError` naming the first one that is unusable."""
+        self.headers()
+        self.context()
+
+
+def check_credentials(policy: Policy) -> list[str]:
+    """For each profile whose signal is ``prometheus``: what is wrong with its secret and certificate files now."""
+    problems = []
+    for profile in policy.profiles:
+        signal = profile.autoscaling.signal if profile.autoscaling else None
+        if signal is None or signal.source != "prometheus" or signal.prometheus is None:
+            continue
+        try:
+            Credentials(signal.prometheus).check()
+        except SignalError as exc:
+            problems.append(f"profile {profile.name}: {exc}")
+    return problems
+
+
 class PrometheusSource:
     """Queries a Prometheus server for the demand (module docstring)."""
 
     name = "prometheus"
 
     def __init__(self, *, url: str, query: str, queue_query: str | None, timeout_s: float = 5.0,
-                 fetch: Fetcher = http_get) -> None:
+                 fetch: Fetcher = http_get, credentials: Credentials | None = None) -> None:
         self.url = url.rstrip("/")
         self.query = query
         self.queue_query = queue_query
         self.timeout_s = timeout_s
         self._fetch = fetch
+        self.credentials = credentials
 
     @classmethod
     def for_profile(cls, profile: Profile, fetch: Fetcher = http_get) -> PrometheusSource:
@@ -120,11 +252,21 @@ class PrometheusSource:
         prom = profile.autoscaling.signal.prometheus
         rate, queue = default_queries(profile)
         return cls(url=prom.url, query=prom.query or rate, queue_query=prom.queue_query or queue,
-                   timeout_s=prom.timeout, fetch=fetch)
+                   timeout_s=prom.timeout, fetch=fetch, credentials=Credentials(prom))
 
     def run(self, query: str) -> float | None:
         """Evaluate one instant query now; raises :class:`SignalError` on failure."""
-        body = self._fetch(f"{self.url}/api/v1/query?{urlencode({'query': query})}", self.timeout_s)
+        url = f"{self.url}/api/v1/query?{urlencode({'query': query})}"
+        if self.credentials is None:
+            return parse_result(self._fetch(url, self.timeout_s))
+        try:
+            body = self._fetch(url, self.timeout_s, headers=self.credentials.headers(),
+                               context=self.credentials.context())
+        except SignalError as exc:
+            if " HTTP 401 " in f"{exc} " or " HTTP 403 " in f"{exc} ":
+                raise SignalError(f"{exc} (check the profile's prometheus bearerTokenFile, basicAuth, tls and "
+                                  "headers)") from exc
+            raise
         return parse_result(body)
 
     def observe(self, pods: Sequence[Pod], now: float) -> Observation:

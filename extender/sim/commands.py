@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from extender.core.errors import UnknownNameError
+from extender.process import current_logging
 from extender.sim.progress import Progress
 from extender.sim.report import Report, build, markdown, table, to_json
 from extender.sim.scenario import load_scenario
@@ -28,7 +29,7 @@ def register(subparsers: Any) -> None:
         "simulate", help="replay demand through default, cache-aware, predictive and oracle strategies",
         description="Replay a scenario's demand on a simulated cluster through each strategy and compare "
                     "SLO attainment, queueing delay, cold starts, startup time and GPU-hours.")
-    p.add_argument("scenario", metavar="SCENARIO.yaml")
+    p.add_argument("scenario", metavar="SCENARIO.yaml", help="scenario file (fleet, workloads, demand)")
     p.add_argument("--trace", metavar="CSV", help="replace the first workload's demand with this CSV trace")
     p.add_argument("--strategies", metavar="A,B,...",
                    help=f"comma-separated subset of {','.join(STRATEGIES)} (default: the scenario's)")
@@ -81,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_scenario(args.scenario)
     names = strategy_list(args.strategies, loaded.scenario.strategies)
     prepared = prepare(loaded, trace=args.trace, seed=args.seed)
-    progress = Progress(names, prepared.n_ticks)
+    # no bar with JSON logs: every line on stderr is then a JSON object
+    progress = Progress(names, prepared.n_ticks, enabled=False if current_logging()[1] == "json" else None)
     try:
         runs = simulate(prepared, names, progress.update)
     finally:

@@ -4,27 +4,27 @@
 and only then writes, all nodes in one transaction, so a broken file changes nothing. ``show``
 prints what is stored: a table, or JSON that ``load`` accepts back.
 
-Store options, on every subcommand: ``--redis-url`` (default ``$REDIS_URL``) and ``--data-dir``
-for the embedded server (default ``$EXTENDER_DATA_DIR``, else ``./var/redis``).
+Store options, on every subcommand: ``--redis-url`` (default ``$REDIS_URL``), ``--data-dir``
+for the embedded server (default ``$EXTENDER_DATA_DIR``, else ``./var/redis``) and ``--prefix``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from extender.arguments import add_store_options, connect_from_args
+from extender.arguments import add_store_options, connect_from_args, inventory_from_args
 from extender.core.document import compose, line_of, validate
 from extender.core.errors import DocumentError, Problem, UnknownNameError
 from extender.core.inventory import InventoryDocument, NodeState
 from extender.core.units import format_bytes
 from extender.files import read_text
+from extender.process import report
 from extender.state.connection import describe
-from extender.state.store import InventoryStore
 
 
 def parse_inventory(text: str, source: str) -> InventoryDocument:
@@ -75,7 +75,7 @@ def load(args: argparse.Namespace) -> int:
     nodes = stamp_heartbeats(document.nodes, time.time())
     client = connect_from_args(args)
     try:
-        store = InventoryStore(client)
+        store = inventory_from_args(args, client)
         if args.replace:
             version = store.replace(nodes, document.compile_registry)
         else:
@@ -94,7 +94,7 @@ def show(args: argparse.Namespace) -> int:
     """``inventory show [NODE] [--json]``: what is stored, as a table or as a loadable document."""
     client = connect_from_args(args)
     try:
-        store = InventoryStore(client)
+        store = inventory_from_args(args, client)
         if args.node:
             state = store.get(args.node)
             if state is None:
@@ -106,7 +106,7 @@ def show(args: argparse.Namespace) -> int:
         else:
             version, nodes, registry = store.load_all()
             for key, reason in sorted(store.corrupt.items()):
-                print(f"warning: skipped corrupt record {key}: {reason}", file=sys.stderr)
+                report(f"warning: skipped corrupt record {key}: {reason}", level=logging.WARNING, key=key)
     finally:
         client.close()
     if args.json:
@@ -223,7 +223,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "transaction. Nodes without a heartbeat in the file get the current time. Nodes not in FILE are "
         "left alone unless --replace is given.",
     )
-    load_parser.add_argument("file", metavar="FILE")
+    load_parser.add_argument("file", metavar="FILE", help="inventory document (YAML or JSON)")
     load_parser.add_argument(
         "--replace",
         action="store_true",

@@ -18,18 +18,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from extender.arguments import add_store_options, connect_from_args
+from extender.arguments import add_kube_options, add_store_options, connect_from_args, inventory_from_args
 from extender.core.errors import ExtenderError, InvalidValueError, UnitError
 from extender.core.policy import WarmRetry
 from extender.core.units import format_bytes, format_duration, parse_duration
 from extender.core.warming import Expectation
 from extender.files import load_policy
+from extender.process import report as say
 
 if TYPE_CHECKING:
     from extender.warm.loop import TickReport
@@ -44,13 +44,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub = warm.add_subparsers(dest="warm_command", required=True, metavar="ACTION")
 
     p = sub.add_parser("plan", help="print what the warmer would start now (dry run: acts on nothing)")
-    p.add_argument("--policy", required=True, metavar="FILE")
+    p.add_argument("--policy", required=True, metavar="FILE", help="policy file (warming section, profiles)")
     p.add_argument("--expect", action="append", default=[], type=parse_expectation, metavar="WORKLOAD=N[@WITHIN]",
                    help="the scaler's expectation: N more replicas of WORKLOAD within WITHIN (default 10m)")
-    p.add_argument("--kubeconfig", metavar="FILE", help="also read the warm Jobs in flight (read-only)")
-    p.add_argument("--context", metavar="NAME")
+    p.add_argument("--kubeconfig", metavar="FILE",
+                   help="also read the warm Jobs in flight from this cluster (read-only; default: none read)")
+    p.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
     p.add_argument("--now", type=float, default=None, metavar="UNIX", help="plan as of this time (default: now)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_store_options(p)
     p.set_defaults(handler=run_plan)
 
@@ -58,20 +59,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     where = s.add_mutually_exclusive_group()
     where.add_argument("--policy", metavar="FILE", help="take the namespace and retry timing from the policy")
     where.add_argument("--namespace", default=None, metavar="NS", help="warm Jobs' namespace (extender-warm)")
-    s.add_argument("--kubeconfig", metavar="FILE", help="kubeconfig (default: in-cluster, else ~/.kube/config)")
-    s.add_argument("--context", metavar="NAME")
-    s.add_argument("--json", action="store_true")
+    add_kube_options(s)
+    s.add_argument("--json", action="store_true", help="print the Jobs as JSON")
     s.set_defaults(handler=run_status)
 
     pre = sub.add_parser("prepare", help="(inside a warm Job) evict, then create or resume the staging directory")
-    pre.add_argument("--root", required=True, type=Path, metavar="DIR")
-    pre.add_argument("--cache", required=True, metavar="ID")
-    pre.add_argument("--evict", action="append", default=[], metavar="ID")
+    pre.add_argument("--root", required=True, type=Path, metavar="DIR", help="the node's cache root")
+    pre.add_argument("--cache", required=True, metavar="ID",
+                     help="the cache entry to prepare (weights:W/V, compile:KEY, snapshot:W)")
+    pre.add_argument("--evict", action="append", default=[], metavar="ID",
+                     help="a cache to delete first to make room (repeatable)")
     pre.set_defaults(handler=run_prepare)
 
     fin = sub.add_parser("finish", help="(inside a warm Job) seal the staging directory and move it into place")
-    fin.add_argument("--root", required=True, type=Path, metavar="DIR")
-    fin.add_argument("--cache", required=True, metavar="ID")
+    fin.add_argument("--root", required=True, type=Path, metavar="DIR", help="the node's cache root")
+    fin.add_argument("--cache", required=True, metavar="ID", help="the cache whose staging directory to seal")
     fin.add_argument("--source", default="", metavar="URI", help="recorded in the weights manifest")
     fin.set_defaults(handler=run_finish)
 
@@ -98,7 +100,6 @@ def parse_expectation(text: str) -> Expectation:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    from extender.state.store import InventoryStore
     from extender.warm.loop import WarmLoop
 
     policy = load_policy(args.policy)
@@ -110,7 +111,7 @@ def run_plan(args: argparse.Namespace) -> int:
             from extender.kube.client import KubeClient
 
             kube = KubeClient.connect(args.kubeconfig, context=args.context)
-        loop = WarmLoop(policy, InventoryStore(client), kube, instance="dry-run")
+        loop = WarmLoop(policy, inventory_from_args(args, client), kube, instance="dry-run")
         report = loop.tick(now, args.expect, dry_run=True)
     finally:
         client.close()
@@ -118,7 +119,7 @@ def run_plan(args: argparse.Namespace) -> int:
             kube.close()
     if report.errors:
         for e in report.errors:
-            print(f"extender warm plan: {e}", file=sys.stderr)
+            say(f"extender warm plan: {e}")
         return 1
     if args.json:
         print(json.dumps(plan_json(report), indent=2))
@@ -236,7 +237,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     try:
         staging = prepare(args.root, args.cache, args.evict)
     except OSError as exc:
-        print(f"extender warm prepare: {exc}", file=sys.stderr)
+        say(f"extender warm prepare: {exc}", cache=args.cache)
         return 1
     print(staging)
     return 0
@@ -248,7 +249,7 @@ def run_finish(args: argparse.Namespace) -> int:
     try:
         dest = finish(args.root, args.cache, source=args.source)
     except (OSError, ExtenderError) as exc:
-        print(f"extender warm finish: {exc}", file=sys.stderr)
+        say(f"extender warm finish: {exc}", cache=args.cache)
         return 1
     print(dest)
     return 0
@@ -256,11 +257,10 @@ def run_finish(args: argparse.Namespace) -> int:
 
 def run_publish(args: argparse.Namespace) -> int:
     """Add a key to the registry set, bumping the inventory version so every reader notices."""
-    from extender.state.store import InventoryStore
 
     client = connect_from_args(args)
     try:
-        version = InventoryStore(client).add_registry(args.key)
+        version = inventory_from_args(args, client).add_registry(args.key)
     finally:
         client.close()
     print(f"{args.key}: in the compile registry (inventory version {version})")

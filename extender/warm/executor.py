@@ -69,7 +69,7 @@ class Executor:
                 if name not in self._unreadable:
                     self._unreadable.add(name)
                     log.warning("job %s/%s carries the warm label but no readable action; leaving it alone",
-                                self.namespace, name)
+                                self.namespace, name, extra={"job": name, "namespace": self.namespace})
                 continue
             views.append(view)
         return views

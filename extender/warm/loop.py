@@ -228,7 +228,8 @@ class WarmLoop:
         report.errors.append(f"{operation}: {exc}")
         if not dry_run:
             self.metrics.errors.labels(operation).inc()
-            log.warning("warm %s: %s; retrying next tick", operation, exc)
+            log.warning("warm %s: %s; retrying next tick", operation, exc,
+                        extra={"operation": operation, "error": str(exc)})
 
     # ---- step 2: the Jobs that exist ------------------------------------------------------------
 
@@ -318,7 +319,9 @@ class WarmLoop:
             wait = max(0.0, retry_at - now)
             message = (f"{describe(view)}, attempt {view.attempt}: {detail}; next attempt in {wait:.0f}s "
                        f"(kubectl -n {view.namespace} logs job/{view.name} --all-containers)")
-            log.warning("warm job %s: %s", view.name, message)
+            log.warning("warm job %s: %s", view.name, message,
+                        extra={"job": view.name, "node": view.node, "cache": view.cache, "kind": view.kind,
+                               "attempt": view.attempt, "reason": reason, "retry_in_s": wait})
             try:
                 self.executor.warn(view, reason=reason, message=message, now=now)
             except KubeError as exc:
@@ -385,7 +388,9 @@ class WarmLoop:
                 if unsafe:
                     report.skipped.append(Skipped(action, "eviction-unsafe"))
                     log.info("warm %s on %s: not evicting %s, a pod there needs it now", action.cache,
-                             action.node, ", ".join(unsafe))
+                             action.node, ", ".join(unsafe),
+                             extra={"node": action.node, "workload": action.workload, "cache": action.cache,
+                                    "decision": "eviction-unsafe", "evictions": list(unsafe)})
                     continue
             name = job_name(action.kind, action.node, action.cache)
             if dry_run or self.executor is None:
@@ -447,4 +452,5 @@ class WarmLoop:
         for s in report.skipped:
             m.skipped.labels(s.reason).inc()
         if report.started or report.confirmed or report.failed or report.errors:
-            log.info("%s", report.summary())
+            log.info("%s", report.summary(), extra={"started": report.started, "confirmed": report.confirmed,
+                                                    "failed": report.failed, "errors": report.errors})

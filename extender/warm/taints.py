@@ -119,7 +119,7 @@ class NodeTainter:
         except KubeError as exc:
             self.metrics.errors.labels("taint").inc()
             run.changes.errors.append(f"node taints: {exc}")
-            log.warning("node taints: %s; retrying next tick", exc)
+            log.warning("node taints: %s; retrying next tick", exc, extra={"error": str(exc)})
         self.metrics.tainted.set(len(self.tracked))
         return run.changes
 
@@ -136,7 +136,8 @@ class NodeTainter:
             self.tracked[name] = created
             run.changes.tainted.append(name)
             self.metrics.taint_changes.labels("added", "joined").inc()
-            log.info("node %s joined cold: tainted %s until warm", name, taint.key)
+            log.info("node %s joined cold: tainted %s until warm", name, taint.key,
+                     extra={"node": name, "taint": taint.key})
         self.seen.add(name)
 
     def _wants_taint(self, run: _Pass, node: JSON, created: float) -> bool:
@@ -174,7 +175,7 @@ class NodeTainter:
         del self.tracked[name]
         run.changes.untainted.append(name)
         self.metrics.taint_changes.labels("removed", why).inc()
-        log.info("node %s: warming taint removed (%s)", name, why)
+        log.info("node %s: warming taint removed (%s)", name, why, extra={"node": name, "reason": why})
 
     def _patch(self, node: JSON, *, add: Taint | None, remove: Taint | None) -> bool:
         """Replace the node's taints, guarded by its resourceVersion; ``False`` on a conflict."""

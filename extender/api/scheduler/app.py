@@ -71,7 +71,8 @@ def create_app(settings: Settings) -> Flask:
         held = throttle.allow(f"error:{route}:{type(exc).__name__}")
         if held is not None:
             log.error("%s %s failed with an unexpected error%s", request.method, request.path,
-                      f" [{held} similar failures not logged]" if held else "", exc_info=exc)
+                      f" [{held} similar failures not logged]" if held else "", exc_info=exc,
+                      extra={"method": request.method, "path": request.path, "suppressed": held})
         return Response(json.dumps({"error": f"internal error: {type(exc).__name__}"}), status=500, mimetype=JSON)
 
     @app.get("/healthz")

@@ -17,17 +17,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from extender.arguments import add_store_options, bind_address, data_dir_from_args, positive_float, positive_int
+from extender.arguments import (
+    add_store_options,
+    add_tls_options,
+    bind_address,
+    data_dir_from_args,
+    duration,
+    inventory_from_args,
+    positive_int,
+    prefix_from_args,
+    redis_url_from_args,
+    size,
+)
 from extender.core.errors import DocumentError, Problem
 from extender.files import load_policy, load_policy_to_start, read_text
+from extender.process import report
 
 
 def register(subparsers: Any) -> None:
@@ -47,28 +57,25 @@ def register(subparsers: Any) -> None:
                             "thread; gthread: a thread pool reads requests itself")
     add_store_options(serve)
     tls = serve.add_argument_group("TLS (kube-scheduler: enableHTTPS, tlsConfig)")
-    tls.add_argument("--tls-cert", metavar="FILE", help="server certificate (PEM); needs --tls-key")
-    tls.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
-    tls.add_argument("--tls-client-ca", metavar="FILE",
-                     help="require client certificates signed by this CA (mutual TLS)")
+    add_tls_options(tls, client_ca_help="require client certificates signed by this CA (mutual TLS)")
     knobs = serve.add_argument_group("fail-open bounds")
-    knobs.add_argument("--max-snapshot-age", type=positive_float, default=15.0, metavar="SECONDS",
-                       help="answer neutrally when the inventory snapshot is older (default: 15)")
-    knobs.add_argument("--request-budget", type=positive_float, default=0.5, metavar="SECONDS",
-                       help="answer neutrally when one request takes longer (default: 0.5)")
-    knobs.add_argument("--poll-interval", type=positive_float, default=0.5, metavar="SECONDS",
-                       help="how often each worker checks the store version (default: 0.5)")
-    knobs.add_argument("--min-rebuild-interval", type=positive_float, default=2.0, metavar="SECONDS",
-                       help="rebuild the snapshot at most this often while the store keeps changing (default: 2)")
-    knobs.add_argument("--max-body", type=positive_int, default=64 * 2**20, metavar="BYTES",
-                       help="largest request body; larger ones get HTTP 413 (default: 64 MiB)")
+    knobs.add_argument("--max-snapshot-age", type=duration, default=15.0, metavar="DURATION",
+                       help="answer neutrally when the inventory snapshot is older (default: 15s)")
+    knobs.add_argument("--request-budget", type=duration, default=0.5, metavar="DURATION",
+                       help="answer neutrally when one request takes longer (default: 500ms)")
+    knobs.add_argument("--poll-interval", type=duration, default=0.5, metavar="DURATION",
+                       help="how often each worker checks the store version (default: 500ms)")
+    knobs.add_argument("--min-rebuild-interval", type=duration, default=2.0, metavar="DURATION",
+                       help="rebuild the snapshot at most this often while the store keeps changing (default: 2s)")
+    knobs.add_argument("--max-body", type=size, default=64 * 2**20, metavar="SIZE",
+                       help="largest request body; larger ones get HTTP 413 (default: 64MiB)")
     serve.add_argument("--access-log", action="store_true", help="log every request (off: it costs latency)")
     serve.set_defaults(handler=_serve)
 
     explain = subparsers.add_parser(
         "explain", help="per node: startup phases, score and filter verdict for a pod, from the live inventory"
     )
-    explain.add_argument("--policy", required=True, metavar="FILE")
+    explain.add_argument("--policy", required=True, metavar="FILE", help="policy file")
     explain.add_argument("--pod", required=True, metavar="POD.json",
                          help="a Pod (JSON or YAML), e.g. kubectl get pod -o json")
     explain.add_argument("--nodes", metavar="a,b,c", help="only these nodes (default: every node in the inventory)")
@@ -77,24 +84,18 @@ def register(subparsers: Any) -> None:
     explain.set_defaults(handler=_explain)
 
 
-def _store_location(args: argparse.Namespace) -> tuple[str | None, Path]:
-    url = args.redis_url or os.environ.get("REDIS_URL") or None
-    data_dir = Path(data_dir_from_args(args))
-    return url, data_dir
-
-
 def _serve(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
-        print("extender serve: --tls-cert and --tls-key go together", file=sys.stderr)
+        report("extender serve: --tls-cert and --tls-key go together")
         return 2
     if args.tls_client_ca and not args.tls_cert:
-        print("extender serve: --tls-client-ca needs --tls-cert and --tls-key", file=sys.stderr)
+        report("extender serve: --tls-client-ca needs --tls-cert and --tls-key")
         return 2
     started = load_policy_to_start(args.policy, "serve")
     if started is None:
         return 1
     policy, version = started
-    url, data_dir = _store_location(args)
+    url, data_dir = redis_url_from_args(args), Path(data_dir_from_args(args))
 
     from extender.api.launcher import ServeOptions, prepare_metrics_dir, run
 
@@ -110,6 +111,7 @@ def _serve(args: argparse.Namespace) -> int:
         policy_version=version,
         redis_url=url,
         data_dir=data_dir.resolve(),
+        key_prefix=prefix_from_args(args),
         poll_interval_s=args.poll_interval,
         min_rebuild_interval_s=args.min_rebuild_interval,
         max_snapshot_age_s=args.max_snapshot_age,
@@ -153,13 +155,11 @@ def _explain(args: argparse.Namespace) -> int:
     from extender.api.scheduler.engine import Engine, explain_report
     from extender.api.scheduler.wire import NodeInfo, PodInfo
     from extender.core.inventory import InventorySnapshot
-    from extender.state import InventoryStore, connect
 
     policy = load_policy(args.policy)
     pod = PodInfo.from_object(_read_pod(args.pod))
-    url, data_dir = _store_location(args)
     now = time.time()
-    version, records, registry = InventoryStore(connect(url, data_dir)).load_all()
+    version, records, registry = inventory_from_args(args).load_all()
     engine = Engine(policy, InventorySnapshot.build(policy, records, version=version, taken_at=now, registry=registry))
     nodes = None
     if args.nodes:

@@ -165,7 +165,8 @@ class Refresher:
                 self.engine.warm(t)
             self.confirmed_at = t
             if self.error is not None:
-                log.info("inventory store reachable again (version %d)", self._version)
+                log.info("inventory store reachable again (version %d)", self._version,
+                         extra={"version": self._version})
             self.error = None
         except StoreUnavailableError as exc:
             self._note_error("store_unavailable", exc)
@@ -185,7 +186,8 @@ class Refresher:
         else:
             from extender.state import InventoryStore, connect
 
-            self._store = InventoryStore(connect(self.settings.redis_url, self.settings.data_dir))
+            self._store = InventoryStore(connect(self.settings.redis_url, self.settings.data_dir),
+                                         prefix=self.settings.key_prefix)
         return self._store
 
     def _drop_store(self) -> None:
@@ -200,7 +202,8 @@ class Refresher:
         held = self.throttle.allow(f"refresh:{reason}")
         if held is not None:
             log.warning("inventory refresh failed (%s): %s%s", reason, exc,
-                        f" [{held} similar messages suppressed]" if held else "")
+                        f" [{held} similar messages suppressed]" if held else "",
+                        extra={"reason": reason, "error": str(exc), "suppressed": held})
 
     def _rebuild(self, now: float, records: list[NodeState], registry: frozenset[str], version: int) -> None:
         """Swap in an engine for ``records``; what it was built from is kept only once it was built.
@@ -213,7 +216,8 @@ class Refresher:
         for name, why in skipped:
             self.metrics.refresh_errors.labels("bad_record").inc()
             if self.throttle.allow(f"bad-record:{name}") is not None:
-                log.warning("skipping inventory record %r: it breaks the snapshot build (%s)", name, why)
+                log.warning("skipping inventory record %r: it breaks the snapshot build (%s)", name, why,
+                            extra={"node": name, "error": why})
         bad = {name for name, _ in skipped}
         self._records = [r for r in records if r.name not in bad] if bad else records
         self._registry, self._version = registry, version

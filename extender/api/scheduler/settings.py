@@ -48,6 +48,8 @@ class Settings:
     redis_url: str | None = None
     #: The embedded Redis's directory when ``redis_url`` is empty (as ``extender inventory`` uses).
     data_dir: Path = Path("var/redis")
+    #: Prefix of the inventory's Redis keys (``--prefix``; the same as the agents' and the sync's).
+    key_prefix: str = "extender"
     #: How often each worker asks the store for its version (one GET).
     poll_interval_s: float = 0.5
     #: Rebuild the snapshot at most this often: with thousands of agents the version moves on every

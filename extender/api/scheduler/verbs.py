@@ -110,7 +110,9 @@ class SchedulerService:
             held = self.throttle.allow(f"exception:{verb}:{type(exc).__name__}")
             if held is not None:
                 log.exception("%s for pod %s failed; answering neutrally%s", verb, args.pod.key,
-                              f" [{held} similar failures not logged]" if held else "")
+                              f" [{held} similar failures not logged]" if held else "",
+                              extra={"verb": verb, "pod": args.pod.key,
+                                     "decision": "fail_open", "reason": "exception", "suppressed": held})
             return 200, self._fail_open(verb, args, "exception", None, logged=True)
         self.metrics.requests.labels(verb, "scored").inc()
         return 200, reply
@@ -141,7 +143,9 @@ class SchedulerService:
             if held is not None:
                 log.warning("answering %s neutrally (fail open: %s%s)%s", verb, reason,
                             f", {detail}" if detail else "",
-                            f" [{held} more since the last message]" if held else "")
+                            f" [{held} more since the last message]" if held else "",
+                            extra={"verb": verb, "pod": args.pod.key, "decision": "fail_open", "reason": reason,
+                                   "suppressed": held})
         return neutral(verb, args)
 
     def explain(self, pod: PodInfo, nodes: list[NodeInfo] | None) -> dict[str, Any]:

@@ -1,0 +1,253 @@
+"""Conventions every command follows (docs/cli.md): help on every argument, one name per flag across
+commands, the policy's units for durations and sizes, deprecated names that still work and warn,
+``--prefix`` honoured wherever the store is used, and a clear exit for ``agent --once`` without a
+cache root. Table-driven; the store tests use a real Redis."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import redis
+
+from extender import cli
+from extender.arguments import DEFAULT_PREFIX, deprecated_flags, duration, size, subparsers_of
+from tests.conftest import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+FLEET = str(ROOT / "policies" / "g5-pcie-fleet.yaml")
+
+
+def commands(parser: argparse.ArgumentParser, name: str = "extender") -> Iterator[tuple[str, argparse.ArgumentParser]]:
+    """``(command path, parser)`` of the top level and of every subcommand."""
+    yield name, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_name, sub in action.choices.items():
+                yield from commands(sub, f"{name} {sub_name}")
+
+
+def options(parser: argparse.ArgumentParser) -> set[str]:
+    return {o for a in parser._actions for o in a.option_strings}
+
+
+PARSER = cli.build_parser()
+COMMANDS = dict(commands(PARSER))
+#: Commands that run something (a handler), as opposed to groups such as ``extender policy``.
+LEAVES = {n: p for n, p in COMMANDS.items() if p.get_default("handler") is not None}
+
+
+def test_the_walk_sees_every_command() -> None:
+    assert len(list(subparsers_of(PARSER))) == len(COMMANDS) - 1
+    assert {"extender serve", "extender agent", "extender sync", "extender scale", "extender scale explain",
+            "extender simulate", "extender policy check", "extender estimate", "extender warm plan"} <= LEAVES.keys()
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_argument_and_command_has_help(name: str) -> None:
+    parser = COMMANDS[name]
+    missing = [a.option_strings or a.dest for a in parser._actions
+               if not isinstance(a, argparse._SubParsersAction) and (not a.help or a.help == argparse.SUPPRESS)]
+    assert not missing, f"{name}: arguments without help: {missing}"
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {c.dest: c.help for c in action._choices_actions}
+            assert all(helps.get(n) for n in action.choices), f"{name}: a subcommand without help: {helps}"
+
+
+@pytest.mark.parametrize("name", sorted(LEAVES))
+def test_every_command_takes_the_logging_options(name: str) -> None:
+    assert {"--log-level", "--log-format"} <= options(LEAVES[name])
+
+
+@pytest.mark.parametrize("name", sorted(LEAVES))
+def test_flag_families_come_whole(name: str) -> None:
+    have = options(LEAVES[name])
+    if "--redis-url" in have:
+        assert {"--data-dir", "--prefix"} <= have, f"{name}: the store options come together"
+    if "--kubeconfig" in have:
+        assert "--context" in have, f"{name}: --kubeconfig without --context"
+    if "--tls-cert" in have:
+        assert {"--tls-key", "--tls-client-ca"} <= have, f"{name}: the --tls-* family comes whole"
+
+
+#: kube-apiserver's names, which the scaler took first: accepted, and only as deprecated aliases.
+APISERVER_NAMES = {
+    "--client-ca-file": "--tls-client-ca",
+    "--requestheader-client-ca-file": "--tls-front-proxy-ca",
+    "--requestheader-allowed-names": "--front-proxy-allowed-names",
+    "--requestheader-username-headers": "--front-proxy-user-headers",
+    "--requestheader-group-headers": "--front-proxy-group-headers",
+    "--requestheader-extra-headers-prefix": "--front-proxy-extra-headers-prefix",
+    "--authentication-skip-lookup": "--no-auth-configmap",
+}
+
+
+def test_apiserver_flag_names_are_only_deprecated_aliases() -> None:
+    for name, parser in COMMANDS.items():
+        for action in parser._actions:
+            used = set(action.option_strings) & APISERVER_NAMES.keys()
+            if used:
+                assert action.option_strings[0] == APISERVER_NAMES[next(iter(used))], name
+                assert "deprecated" in (action.help or ""), name
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(APISERVER_NAMES.items()))
+def test_a_deprecated_name_sets_the_new_option_and_is_noted(old: str, new: str) -> None:
+    flag = old == "--authentication-skip-lookup"
+    args = PARSER.parse_args(["scale", "--policy", "p.yaml", old, *([] if flag else ["value"])])
+    assert getattr(args, new.lstrip("-").replace("-", "_")) == (True if flag else "value")
+    assert deprecated_flags(args) == [(old, new)]
+    fresh = PARSER.parse_args(["scale", "--policy", "p.yaml", new, *([] if flag else ["value"])])
+    assert getattr(fresh, new.lstrip("-").replace("-", "_")) == (True if flag else "value")
+    assert deprecated_flags(fresh) == []
+
+
+def test_the_deprecation_warning_is_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["scale", "--policy", "p.yaml", "--client-ca-file", "ca.pem", "--tls-cert", "c.pem"])
+    assert code == 2  # --tls-cert without --tls-key: a usage error after the warning
+    err = capsys.readouterr().err
+    assert "extender: --client-ca-file is deprecated; use --tls-client-ca" in err
+    assert "--tls-cert and --tls-key go together" in err
+
+
+# ---- the policy's units --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Unit:
+    id: str
+    text: str
+    expected: float | None  # None: rejected
+
+
+DURATIONS = [
+    Unit("seconds", "15s", 15.0),
+    Unit("minutes", "2m", 120.0),
+    Unit("compound", "1h30m", 5400.0),
+    Unit("milliseconds", "250ms", 0.25),
+    Unit("a plain number is seconds", "15", 15.0),
+    Unit("a plain fraction", "0.5", 0.5),
+    Unit("zero", "0s", None),
+    Unit("negative", "-1s", None),
+    Unit("minutes or months", "5M", None),
+    Unit("not a duration", "soon", None),
+]
+
+
+@pytest.mark.parametrize("case", DURATIONS, ids=[c.id for c in DURATIONS])
+def test_duration_arguments(case: Unit) -> None:
+    if case.expected is None:
+        with pytest.raises(argparse.ArgumentTypeError):
+            duration(case.text)
+    else:
+        assert duration(case.text) == case.expected
+
+
+SIZES = [
+    Unit("binary", "64MiB", 64 * 2**20),
+    Unit("kubernetes spelling", "64Mi", 64 * 2**20),
+    Unit("decimal", "3.9GB", 3_900_000_000),
+    Unit("a plain number is bytes", "4096", 4096),
+    Unit("zero", "0", None),
+    Unit("ambiguous", "64M", None),
+    Unit("bits are no size", "64Mb", None),
+    Unit("half a byte", "0.5B", None),
+]
+
+
+@pytest.mark.parametrize("case", SIZES, ids=[c.id for c in SIZES])
+def test_size_arguments(case: Unit) -> None:
+    if case.expected is None:
+        with pytest.raises(argparse.ArgumentTypeError):
+            size(case.text)
+    else:
+        assert size(case.text) == case.expected
+
+
+@dataclass(frozen=True)
+class Flag:
+    id: str
+    argv: list[str]
+    dest: str
+    expected: float
+
+
+UNIT_FLAGS = [
+    Flag("serve snapshot age", ["serve", "--policy", "p", "--max-snapshot-age", "1m"], "max_snapshot_age", 60.0),
+    Flag("serve request budget", ["serve", "--policy", "p", "--request-budget", "300ms"], "request_budget", 0.3),
+    Flag("serve poll interval", ["serve", "--policy", "p", "--poll-interval", "100ms"], "poll_interval", 0.1),
+    Flag("serve rebuild interval", ["serve", "--policy", "p", "--min-rebuild-interval", "2s"],
+         "min_rebuild_interval", 2.0),
+    Flag("serve body limit", ["serve", "--policy", "p", "--max-body", "1MiB"], "max_body", 2**20),
+    Flag("agent interval", ["agent", "--cache-root", "/c", "--interval", "30s"], "interval", 30.0),
+    Flag("agent ttl", ["agent", "--cache-root", "/c", "--ttl", "2m"], "ttl", 120.0),
+    Flag("scale tick", ["scale", "--tick", "15s"], "tick", 15.0),
+    Flag("scale lease", ["scale", "--lease-ttl", "45s"], "lease_ttl", 45.0),
+    Flag("scale history", ["scale", "--history-max-age", "3d"], "history_max_age", 259_200.0),
+    Flag("bare seconds still work", ["scale", "--tick", "15"], "tick", 15.0),
+]
+
+
+@pytest.mark.parametrize("case", UNIT_FLAGS, ids=[c.id for c in UNIT_FLAGS])
+def test_flags_take_the_policys_units(case: Flag) -> None:
+    assert getattr(PARSER.parse_args(case.argv), case.dest) == case.expected
+
+
+def test_a_bad_unit_is_a_usage_error_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        PARSER.parse_args(["serve", "--policy", "p", "--max-body", "64M"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--max-body" in err and "ambiguous size '64M'" in err
+
+
+# ---- --prefix wherever the store is used ---------------------------------------------------------
+
+
+INVENTORY = """\
+apiVersion: extender.io/v1alpha1
+kind: Inventory
+nodes:
+  - {name: gpu-a, gpus: 8}
+"""
+
+
+@pytest.mark.integration
+def test_prefix_separates_inventories(tmp_path: Path, redis_server: RedisServer,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    doc = tmp_path / "inventory.yaml"
+    doc.write_text(INVENTORY)
+    assert cli.main(["inventory", "load", str(doc), "--redis-url", redis_server.url, "--prefix", "team-a"]) == 0
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        assert client.exists("team-a:node:gpu-a") and not client.exists(f"{DEFAULT_PREFIX}:node:gpu-a")
+    finally:
+        client.close()
+    capsys.readouterr()
+    assert cli.main(["inventory", "show", "--redis-url", redis_server.url, "--prefix", "team-a"]) == 0
+    assert "gpu-a" in capsys.readouterr().out
+    assert cli.main(["inventory", "show", "--redis-url", redis_server.url]) == 0
+    assert "0 node(s)" in capsys.readouterr().out
+    root = tmp_path / "cache"
+    root.mkdir()
+    assert cli.main(["agent", "--node-name", "gpu-b", "--cache-root", str(root), "--once",
+                     "--redis-url", redis_server.url, "--prefix", "team-a"]) == 0
+    capsys.readouterr()
+    assert cli.main(["inventory", "show", "gpu-b", "--redis-url", redis_server.url, "--prefix", "team-a"]) == 0
+    assert cli.main(["inventory", "show", "gpu-b", "--redis-url", redis_server.url]) == 1
+
+
+def test_agent_once_without_a_cache_root_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    afile = tmp_path / "file"
+    afile.write_text("")
+    for root, what in ((tmp_path / "missing", "does not exist"), (afile, "is not a directory")):
+        assert cli.main(["agent", "--node-name", "n", "--cache-root", str(root), "--once",
+                         "--data-dir", str(tmp_path / "redis")]) == 1
+        err = capsys.readouterr().err
+        assert err == f"extender agent: cache root {root} {what}: nothing to scan (mount the node's cache there, " \
+                      "or fix --cache-root)\n"
+    assert not (tmp_path / "redis").exists()  # refused before touching the store
