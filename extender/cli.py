@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import yaml
 
+from extender import __version__
 from extender.core.cachekey import compile_cache_key, key_material
 from extender.core.errors import DocumentError, ExtenderError, UnknownNameError
 from extender.core.estimate import PHASES, breakdown
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="extender", description="Cache-warmth-aware scheduling and predictive pre-scaling for inference pods."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     policy = sub.add_parser("policy", help="check or show policy files")
