@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import os
 import subprocess
 import sys
 from collections.abc import Iterable, Sequence
@@ -147,9 +148,14 @@ def run(args: Sequence[str | Path], *, check: bool = True) -> subprocess.Complet
 # ---- rendering ----------------------------------------------------------------------------------
 
 
-def helm_template(values: dict[str, str], *, chart: Path = CHART, check: bool = True) -> subprocess.CompletedProcess[str]:
-    sets = [a for k, v in sorted(values.items()) for a in ("--set-string" if k.endswith("caBundle") or k.endswith(
-        "url") else "--set", f"{k}={v}")]
+def helm_template(values: dict[str, str], *, chart: Path = CHART,
+                  check: bool = True) -> subprocess.CompletedProcess[str]:
+    """``helm template`` with ``values`` given as ``--set`` (strings as ``--set-string``; a comma,
+    which separates assignments in ``--set``, escaped)."""
+    sets: list[str] = []
+    for name, value in sorted(values.items()):
+        flag = "--set-string" if name.endswith(("caBundle", "url")) else "--set"
+        sets += [flag, f"{name}={value.replace(',', chr(92) + ',')}"]
     return run([helm(), "template", "extender", chart, "--namespace", NAMESPACE, *sets], check=check)
 
 
@@ -159,9 +165,10 @@ def chunks(text: str) -> list[tuple[dict[str, Any], str]]:
     out: list[tuple[dict[str, Any], str]] = []
     for part in ("\n" + text).split("\n---\n"):
         body = "\n".join(line for line in part.strip("\n").splitlines() if not line.startswith("# Source:"))
+        body = body.rstrip() + "\n"  # parsed as written: a block scalar at the end keeps its newline
         doc = yaml.safe_load(body) if body.strip() else None
         if doc:
-            out.append((doc, body.rstrip() + "\n"))
+            out.append((doc, body))
     return out
 
 
@@ -187,6 +194,30 @@ def objects(variant: Variant) -> dict[Key, dict[str, Any]]:
     return by_key(doc for doc, _ in render(variant))
 
 
+@cache
+def _rendered(values: frozenset[tuple[str, str]]) -> tuple[dict[str, Any], ...]:
+    return tuple(doc for doc, _ in chunks(helm_template(dict(values)).stdout))
+
+
+def rendered(**values: str) -> list[dict[str, Any]]:
+    """The chart with Helm's defaults and ``values`` (dotted names with ``__`` for ``.``, as
+    ``redis__mode="url"``), as parsed objects (fresh copies: callers may change them)."""
+    import copy
+
+    return copy.deepcopy(list(_rendered(frozenset((k.replace("__", "."), v) for k, v in values.items()))))
+
+
+def one(docs: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    """The only object of ``kind`` (named ``name``) among ``docs``."""
+    (found,) = [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+    return found
+
+
+def container(workload: dict[str, Any], name: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == name)
+    return found
+
+
 # ---- the kustomize tree -------------------------------------------------------------------------
 
 
@@ -204,8 +235,8 @@ def plan() -> dict[str, list[str]]:
     every = variants()
     seen: dict[tuple[Key, str], list[tuple[Variant, str]]] = {}  # each version of each object
     for variant in every:
-        for doc, text in render(variant):
-            doc, text = _strip_generated(doc, text)
+        for rendered_doc, rendered_text in render(variant):
+            doc, text = _strip_generated(rendered_doc, rendered_text)
             seen.setdefault((key(doc), yaml.safe_dump(doc, sort_keys=True)), []).append((variant, text))
     places: dict[str, list[str]] = {"base": []}
     for variant in every:
@@ -283,14 +314,18 @@ def kustomize_build(directory: Path) -> dict[Key, dict[str, Any]]:
 def variant_overlay(variant: Variant, directory: Path, *, root: Path = KUSTOMIZE) -> Path:
     """A kustomization in ``directory`` that builds ``variant`` from the tree at ``root``: the base and
     the variant's components (for the Secret path, with the caBundle patch an admin adds)."""
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def relative(place: str) -> str:  # kustomize takes no absolute paths
+        return os.path.relpath(root / place, directory)
+
     doc: dict[str, Any] = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-                           "resources": [str(root / "base")],
-                           "components": [str(root / c) for c in variant.components()]}
+                           "resources": [relative("base")],
+                           "components": [relative(c) for c in variant.components()]}
     if variant.metrics == "ca-secret":
         doc["patches"] = [{"target": {"kind": "APIService", "name": "v1beta1.external.metrics.k8s.io"},
                            "patch": yaml.safe_dump([{"op": "add", "path": "/spec/caBundle",
                                                      "value": CA_BUNDLE_PLACEHOLDER}])}]
-    directory.mkdir(parents=True, exist_ok=True)
     (directory / "kustomization.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
     return directory
 
