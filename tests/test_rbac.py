@@ -158,11 +158,11 @@ def test_the_agent_mounts_its_cache_read_only() -> None:
 def test_every_client_call_in_the_code_is_in_the_table(authorizer: Authorizer) -> None:
     # delegation.py (TokenReview, SubjectAccessReview, the extension-apiserver-authentication
     # ConfigMap) is the External Metrics API's delegated auth: its grants are Kubernetes' built-in
-    # roles bound in deploy/scaler-rbac.yaml, checked by tests/test_external_metrics_deploy.py.
+    # roles the chart binds (templates/external-metrics.yaml), checked by tests/test_external_metrics_deploy.py.
     kube = sorted(p for p in (ROOT / "extender" / "kube").glob("*.py") if p.name != "delegation.py")
     source = "\n".join(p.read_text() for p in kube)
     called = set(re.findall(r"_(?:core|batch)\.(\w+)", source))
-    assert called == set(CLIENT_CALLS), "a new client call: add it to CLIENT_CALLS and to deploy/rbac.yaml"
+    assert called == set(CLIENT_CALLS), "a new client call: add it to CLIENT_CALLS and to the chart's RBAC"
     # only these API classes are used (any other would need its own rows)
     assert set(re.findall(r"k8s\.(\w+Api)\(", source)) == {"CoreV1Api", "BatchV1Api"}
     for user, methods in CALLS_BY_USER.items():
