@@ -7,7 +7,7 @@ image, a tenth fully warm, 1% stale), and ``extender serve`` (gunicorn, the depl
 workers x 4 threads) with policies/eks-p5-qwen3-moe.yaml.
 
 Each round creates P pods of ``qwen3-moe`` (1 GPU each) for a scheduler that is not running yet,
-then starts a kube-scheduler on deploy/scheduler-config.yaml (``on``: the extender as configured;
+then starts a kube-scheduler on the chart's scheduler configuration (``on``: the extender as configured;
 ``off``: the same file without its ``extenders`` section; ``prioritize-only``: without
 ``filterVerb``) and polls the API until every pod is
 bound. Rounds alternate the modes so both see the same machine noise. Reported per
@@ -51,7 +51,7 @@ from tests.net import free_port  # noqa: E402
 from tests.real_cluster import Cluster  # noqa: E402
 
 DEFAULT_SIZES = (1_000, 5_000)
-#: off: no extenders section; on: deploy/scheduler-config.yaml as shipped; prioritize-only: the same
+#: off: no extenders section; on: the chart's configuration as shipped; prioritize-only: the same
 #: without filterVerb (one call a pod instead of two, for policies without hard rules).
 MODES = ("off", "on", "prioritize-only")
 NAMESPACE = "bench"
@@ -120,7 +120,9 @@ def one_round(cluster: Cluster, mode: str, round_no: int, pods: int, extender_ur
     scheduler = f"bench-{mode}-{round_no}"
     cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(
         {"apiVersion": "v1", "kind": "List", "items": [bench_pod(i, scheduler) for i in range(pods)]}))
-    config = yaml.safe_load((ROOT / "deploy" / "scheduler-config.yaml").read_text())
+    from tests.cluster_stack import scheduler_configuration
+
+    config = scheduler_configuration()
     config["profiles"][0]["schedulerName"] = scheduler
     if mode == "off":
         del config["extenders"]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 
 import yaml
 
+from extender import __version__
 from extender.arguments import add_logging_options, deprecated_flags, subparsers_of
 from extender.core.cachekey import compile_cache_key_of
 from extender.core.caches import compile_key_material
@@ -118,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="extender", description="Cache-warmth-aware scheduling and predictive pre-scaling for inference pods."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     policy = sub.add_parser("policy", help="check or show policy files, print the policy's schema")

@@ -15,7 +15,7 @@ stamp="$venv/.extender-stamp"
 want=$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing extender and its dependencies into $venv (log: $venv/install.log)" >&2
-  if ! { "$venv/bin/python" -m pip install --upgrade pip && "$venv/bin/python" -m pip install -e "$root[dev]"; } \
+  if ! { "$venv/bin/python" -m pip install --upgrade pip && "$venv/bin/python" -m pip install -e "$root[dev,plots,embedded]"; } \
       > "$venv/install.log" 2>&1; then
     tail -n 40 "$venv/install.log" >&2
     echo "install failed; full log: $venv/install.log" >&2

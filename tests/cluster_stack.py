@@ -1,8 +1,9 @@
-"""extender deployed on the real test cluster (tests/real_cluster.py), the way deploy/ deploys it.
+"""extender deployed on the real test cluster (tests/real_cluster.py), the way the chart deploys it.
 
 One stack per test session (:func:`tests.conftest.cluster_stack`):
 
-* the RBAC of deploy/rbac.yaml and deploy/scaler-rbac.yaml applied for real;
+* the chart's ServiceAccounts, RBAC, warm namespace and PriorityClass (deploy/helm/extender,
+  rendered with ``agent.labelNodes``) applied for real;
 * three KWOK nodes of two classes: ``gpu-a`` and ``gpu-b`` (g5.48xlarge, 8 GPUs, kubelet lists the
   vLLM image), ``gpu-c`` (g5.12xlarge, 4 GPUs, no image, no agent: it stays unknown, so cold);
 * a real Redis; ``extender sync`` authenticated as ServiceAccount ``extender-sync``; ``extender
@@ -33,6 +34,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from extender.layout import mark_complete, weights_dir, write_manifest
 from extender.state import InventoryStore, connect
+from tests import chart
 from tests.kube_double.waiting import wait_until
 from tests.net import free_port
 from tests.real_cluster import READY_DELAY_ANNOTATION, Cluster
@@ -46,7 +48,6 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
 GB = 10**9
 VLLM_IMAGE = "vllm/vllm-openai:v0.11.0"
 VLLM_NAMES = ["docker.io/vllm/vllm-openai@sha256:" + "b" * 64, "docker.io/vllm/vllm-openai:v0.11.0"]
@@ -119,8 +120,21 @@ warming:
       command: [aws, s3, sync, --only-show-errors, "{{{{source}}}}", "{{{{staging}}}}"]
 """
 
-def deploy_documents(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+#: What the stack applies of the chart: who may do what, and where warm Jobs go.
+ACCESS_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Namespace",
+                "PriorityClass"}
+
+
+def access_documents(**values: str) -> list[dict[str, Any]]:
+    """The chart's objects of :data:`ACCESS_KINDS` (with the agent's node grant: the stack's agents label)."""
+    return [d for d in chart.rendered(agent__labelNodes="true", **values) if d["kind"] in ACCESS_KINDS]
+
+
+def scheduler_configuration(**values: str) -> dict[str, Any]:
+    """The KubeSchedulerConfiguration the chart renders (ConfigMap extender-scheduler-config)."""
+    config_map = chart.one(chart.rendered(**values), "ConfigMap", "extender-scheduler-config")
+    config: dict[str, Any] = yaml.safe_load(config_map["data"]["config.yaml"])
+    return config
 
 
 def node(name: str, instance_type: str) -> dict[str, Any]:
@@ -247,11 +261,11 @@ class Stack:
 
     def scheduler(self, name: str = "default-scheduler", *, node_cache_capable: bool = True,
                   url: str | None = None) -> str:
-        """A kube-scheduler (started once per name) on deploy/scheduler-config.yaml, with only the
+        """A kube-scheduler (started once per name) on the chart's self-managed configuration, with only the
         profile's schedulerName, the extender's urlPrefix and ``nodeCacheCapable`` changed (plus the
         kubeconfig and leader election, which a test cluster must set); returns the name."""
         if name not in self.cluster.processes:
-            config = yaml.safe_load((DEPLOY / "scheduler-config.yaml").read_text())
+            config = scheduler_configuration()
             (profile,) = config["profiles"]
             profile["schedulerName"] = name
             (extender,) = config["extenders"]
@@ -298,7 +312,7 @@ class Stack:
 @contextmanager
 def running(cluster: Cluster, redis: RedisServer, directory: Path, demand: Demand) -> Iterator[Stack]:
     """Deploy the stack on ``cluster`` (see the module docstring); its processes stop with the cluster's."""
-    cluster.apply(deploy_documents("rbac.yaml") + deploy_documents("scaler-rbac.yaml"))
+    cluster.apply(access_documents())
     cluster.apply([node(name, kind) for name, kind in NODES.items()])
     policy = directory / "policy.yaml"
     policy.write_text(POLICY.format(image=VLLM_IMAGE, prometheus=demand.url))

@@ -45,14 +45,16 @@ def make_ca(directory: Path, name: str, common_name: str) -> Pair:
     return pair
 
 
-def make_cert(directory: Path, name: str, ca: Pair | None, subject: str, *, server: bool = False) -> Pair:
-    """A leaf signed by ``ca`` (self-signed when ``ca`` is None); ``subject`` like ``/CN=jane/O=team-a``."""
+def make_cert(directory: Path, name: str, ca: Pair | None, subject: str, *, server: bool = False,
+              dns: tuple[str, ...] = ()) -> Pair:
+    """A leaf signed by ``ca`` (self-signed when ``ca`` is None); ``subject`` like ``/CN=jane/O=team-a``;
+    a server certificate names ``127.0.0.1``, ``localhost`` and the ``dns`` names."""
     pair = Pair(directory / f"{name}.crt", directory / f"{name}.key")
     ext = directory / f"{name}.ext"
     lines = ["basicConstraints=CA:FALSE", "keyUsage=critical,digitalSignature",
              f"extendedKeyUsage={'serverAuth' if server else 'clientAuth'}"]
     if server:
-        lines.append("subjectAltName=IP:127.0.0.1,DNS:localhost")
+        lines.append("subjectAltName=" + ",".join(["IP:127.0.0.1", "DNS:localhost", *(f"DNS:{n}" for n in dns)]))
     ext.write_text("\n".join(lines) + "\n")
     if ca is None:
         _openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",

@@ -15,7 +15,7 @@ What runs, and why each flag is there:
   reads external metrics as ``kube-system:horizontal-pod-autoscaler``, as in a kubeadm cluster.
   The HPA syncs every 2 s instead of 15 s so tests wait less.
 * **kube-scheduler** processes are started by the tests (:meth:`Cluster.start_scheduler`): each
-  test derives its ``KubeSchedulerConfiguration`` from deploy/scheduler-config.yaml.
+  test derives its ``KubeSchedulerConfiguration`` from the one the chart renders.
 * **KWOK** manages every node: Nodes become Ready and keep their leases, pods become Ready (after a
   delay a pod may ask for, see :data:`READY_DELAY_ANNOTATION`), Jobs' pods complete.
 
@@ -331,14 +331,20 @@ class Cluster:
 
         self.wait_for("kwok /healthz", kwok_healthy)
 
-    def start_scheduler(self, name: str, config: dict[str, Any]) -> Process:
-        """A kube-scheduler on ``config`` (a KubeSchedulerConfiguration); waits for /healthz."""
+    def start_scheduler(self, name: str, config: dict[str, Any], *, kubeconfig: Path | None = None,
+                        leader_election: bool = False) -> Process:
+        """A kube-scheduler on ``config`` (a KubeSchedulerConfiguration); waits for /healthz.
+
+        It acts as admin, or as the user of ``kubeconfig`` (for its API calls and for checking who
+        calls its own endpoints). Leader election is off unless asked for, then as ``config`` says.
+        """
         port = free_port()
-        config = {**config, "clientConnection": {"kubeconfig": str(self.admin_kubeconfig)},
-                  "leaderElection": {"leaderElect": False}}
+        kc = kubeconfig or self.admin_kubeconfig
+        config = {**config, "clientConnection": {"kubeconfig": str(kc)}}
+        if not leader_election:
+            config["leaderElection"] = {"leaderElect": False}
         path = self.directory / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config))
-        kc = self.admin_kubeconfig
         process = self.start(name, [self.bin / "kube-scheduler", f"--config={path}", "--bind-address=127.0.0.1",
                                     f"--secure-port={port}", f"--authentication-kubeconfig={kc}",
                                     f"--authorization-kubeconfig={kc}"])

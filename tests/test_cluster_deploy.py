@@ -1,11 +1,13 @@
-"""deploy/ against the real kube-apiserver: every object validates, and the RBAC is right for real.
+"""The chart against the real kube-apiserver: every object validates, and the RBAC is right for real.
 
-* **Validation.** Every object in deploy/ passes server-side validation (``kubectl apply
-  --dry-run=server``, strict field validation, admission included) and the scheduler configuration
-  is loaded by the real kube-scheduler in the scheduling tests. A misspelt field is refused, so the
-  check can fail.
+* **Validation.** Every object the chart renders, in every combination of choices (and the
+  examples in deploy/examples), passes server-side validation (``kubectl apply --dry-run=server``,
+  strict field validation, admission included), except the kinds of cert-manager and KEDA, which a
+  bare API server does not serve (tests/test_packaging.py checks those against the objects they name).
+  The scheduler configuration is loaded by the real kube-scheduler in the scheduling tests (and the
+  second scheduler's in tests/test_cluster_packaging.py). A misspelt field is refused, so the check can fail.
 * **RBAC.** The stack (tests/cluster_stack.py) runs ``extender sync`` and the agents with tokens of
-  the ServiceAccounts deploy/rbac.yaml binds; here each account's grants meet the real authorizer:
+  the ServiceAccounts the chart binds; here each account's grants meet the real authorizer:
   what the components do is allowed (the sync fills the inventory, the agent labels its Node), and
   anything outside the grants is refused with 403, through kubectl and through our own client
   (which must map it to :class:`KubeApiError` with the status). The warmer's and the scaler's calls
@@ -17,33 +19,51 @@ cheaply: that no grant goes unused.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import yaml
 
 from extender.kube.client import KubeClient
 from extender.kube.errors import KubeApiError
-from tests.cluster_stack import DEPLOY, WITH_AGENT, Stack, deploy_documents
+from tests import chart
+from tests.cluster_stack import WITH_AGENT, Stack
 from tests.real_cluster import Cluster
+from tests.test_packaging import RENDERS
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
-#: Not here: the scheduler's own configuration, and KEDA's objects (the test cluster has no KEDA CRDs;
-#: tests/test_keda_example.py checks them against KEDA's types).
-MANIFESTS = sorted(p.name for p in DEPLOY.glob("*.yaml")
-                   if p.name != "scheduler-config.yaml" and not p.name.startswith("keda-"))
+def example_documents(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all((chart.EXAMPLES / name).read_text()) if d]
 
 
-@pytest.mark.parametrize("manifest", MANIFESTS)
-def test_every_deploy_object_passes_server_side_validation(cluster_stack: Stack, manifest: str) -> None:
-    # the stack applied rbac.yaml for real, so the extender-warm namespace exists for its Role
-    documents = deploy_documents(manifest)
-    out = cluster_stack.cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-",
-                                        input=yaml.safe_dump_all(documents)).stdout
+#: The examples a bare API server can check (scaledobject.yaml is KEDA's kind only: test_packaging.py).
+EXAMPLES = [p.name for p in sorted(chart.EXAMPLES.glob("*.yaml"))
+            if any(d["kind"] not in chart.FOREIGN_KINDS for d in example_documents(p.name))]
+
+
+def validate(cluster: Cluster, documents: list[dict[str, Any]]) -> None:
+    documents = [d for d in documents if d["kind"] not in chart.FOREIGN_KINDS]
+    out = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-",
+                          input=yaml.safe_dump_all(documents)).stdout
     assert out.count("(server dry run)") == len(documents), out
 
 
+@pytest.mark.parametrize(("name", "documents"), RENDERS, ids=[n for n, _ in RENDERS])
+def test_everything_rendered_passes_server_side_validation(cluster_stack: Stack, name: str,
+                                                           documents: list[dict[str, Any]]) -> None:
+    # the stack applied the chart's access objects for real, so the extender-warm namespace exists
+    assert len([d for d in documents if d["kind"] not in chart.FOREIGN_KINDS]) >= 20
+    validate(cluster_stack.cluster, documents)
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_the_examples_pass_server_side_validation(cluster_stack: Stack, example: str) -> None:
+    validate(cluster_stack.cluster, example_documents(example))
+
+
 def test_a_misspelt_field_is_refused_by_the_same_check(kube_cluster: Cluster) -> None:
-    (service,) = [d for d in deploy_documents("extender.yaml") if d["kind"] == "Service"]
+    service = chart.one(chart.rendered(), "Service", "extender-scaler")
     service["spec"]["clusterIp"] = "None"  # clusterIP
     done = kube_cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-",
                                 input=yaml.safe_dump(service), check=False)

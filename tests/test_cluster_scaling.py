@@ -1,11 +1,13 @@
 """Scaling through the real aggregator and the real HPA, and the whole loop down to Ready pods.
 
-``extender scale`` runs as ServiceAccount ``extender-scaler`` (deploy/scaler-rbac.yaml) with
-delegated authentication read from the cluster (its front-proxy CA ConfigMap, TokenReview,
-SubjectAccessReview). It is registered with deploy/apiservice.yaml; the only change is where the
-Service points: a Service ``type: ExternalName`` with ``externalName: localhost`` and the port the
-scaler listens on, which the aggregator dials (a ClusterIP would need kube-proxy, and Endpoints may
-not hold loopback addresses). The HPA is deploy/hpa-example.yaml with the names of this test's
+``extender scale`` runs as ServiceAccount ``extender-scaler`` (the chart's RBAC) with delegated
+authentication read from the cluster (its front-proxy CA ConfigMap, TokenReview,
+SubjectAccessReview). It is registered with the chart's APIService of the plain-Secret path: its
+``caBundle`` is the CA that signed the scaler's serving certificate (SAN
+``extender-scaler.kube-system.svc``), so the aggregator verifies the scaler for real. The one
+change is where the Service points: ``type: ExternalName`` with ``externalName: localhost`` and the
+port the scaler listens on, which the aggregator dials (a ClusterIP would need kube-proxy, and
+Endpoints may not hold loopback addresses). The HPA is deploy/examples/hpa.yaml with the names of this test's
 workload, ``chat`` (namespace ``chat``, 4 GPUs a replica, 1-4 replicas, 4 requests/s each); demand
 comes from a Prometheus HTTP API the test serves (tests/cluster_stack.py, ``Demand``).
 
@@ -19,6 +21,7 @@ pod's own conditions show the warm replicas Ready sooner than the others.
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 from collections.abc import Iterator
@@ -26,8 +29,10 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+import yaml
 
-from tests.cluster_stack import Stack, deploy_documents, deployment, namespace, pod_template, wait, write_weights
+from tests import chart
+from tests.cluster_stack import Stack, deployment, namespace, pod_template, wait, write_weights
 from tests.net import free_port
 from tests.pki import make_cert
 
@@ -48,12 +53,15 @@ def scaler(cluster_stack: Stack) -> Iterator[Stack]:
     stack.wait_for_empty_nodes()
     port = free_port()
     serving = make_cert(cluster.directory / "pki", "scaler-serving", cluster.pki.ca, "/CN=extender-scaler",
-                        server=True)
+                        server=True, dns=("extender-scaler.kube-system.svc",))
     config = cluster.token_kubeconfig("kube-system", "extender-scaler")
     stack.python("scaler", ["scale", "--policy", str(stack.policy), "--redis-url", stack.redis.url,
                             "--kubeconfig", str(config), "--bind", f"127.0.0.1:{port}",
                             "--tls-cert", str(serving.cert), "--tls-key", str(serving.key)])
-    (apiservice,) = deploy_documents("apiservice.yaml")
+    ca_bundle = base64.b64encode(cluster.pki.ca.cert.read_bytes()).decode()
+    apiservice = chart.one(chart.rendered(metrics__externalMetrics__certificates="secret",
+                                          metrics__externalMetrics__caBundle=ca_bundle), "APIService")
+    assert "insecureSkipTLSVerify" not in apiservice["spec"]
     service = {"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": apiservice["spec"]["service"]["name"],
                             "namespace": apiservice["spec"]["service"]["namespace"]},
@@ -85,8 +93,8 @@ def published(stack: Stack) -> int | None:
 
 
 def hpa(stack: Stack) -> dict[str, Any]:
-    """deploy/hpa-example.yaml, renamed to this test's workload and the profile's bounds."""
-    (manifest,) = deploy_documents("hpa-example.yaml")
+    """deploy/examples/hpa.yaml, renamed to this test's workload and the profile's bounds."""
+    (manifest,) = [d for d in yaml.safe_load_all((chart.EXAMPLES / "hpa.yaml").read_text()) if d]
     manifest["metadata"] = {"name": "chat", "namespace": NAMESPACE}
     manifest["spec"]["scaleTargetRef"]["name"] = "chat"
     manifest["spec"]["minReplicas"], manifest["spec"]["maxReplicas"] = 1, 4
@@ -122,7 +130,7 @@ def test_demand_rises_the_hpa_scales_and_warm_replicas_are_ready_first(scaler: S
          "the extender ranking gpu-a first for chat", report=cluster.report)
     startup = stack.startup_s(probe)
     assert startup["gpu-a"] < startup["gpu-b"] < startup["gpu-c"], startup
-    stack.scheduler()  # the deploy/ configuration
+    stack.scheduler()  # the chart's configuration
     ready_after = {node: seconds / TIME_SCALE for node, seconds in startup.items()}
     cluster.apply([deployment("chat", NAMESPACE, "chat", 1, gpus=GPUS, ready_after=ready_after), hpa(stack)])
     wait(lambda: condition(stack, "chat", "ScalingActive") == "True", "the HPA reporting ScalingActive=True",

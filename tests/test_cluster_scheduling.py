@@ -5,7 +5,7 @@ gpu-c (g5.12xlarge, no image, no agent). Here ``big-llm``'s weights are written 
 root the way a loader writes them, so ``/explain`` ranks gpu-b first (image and weights: 132.6 s
 against gpu-a's 372.5 s, tests/test_e2e_agent_scoring.py). Then real pods are created:
 
-* with the deploy/ configuration (``nodeCacheCapable: true``, names only) and with full Node
+* with the chart's configuration (``nodeCacheCapable: true``, names only) and with full Node
   objects (``nodeCacheCapable: false``, a second scheduler process), each lands where ``/explain``
   ranks best, and the extender counted the calls;
 * with the extender unreachable (a third scheduler whose urlPrefix nobody listens on;

@@ -1,7 +1,7 @@
 """The warmer and the sync against the real API: warm Jobs, taint-until-warm, and real watches.
 
 The warm loop runs in the test, ticked as the scaler's leader ticks it, authenticated as the
-scaler's ServiceAccount (deploy/rbac.yaml gives it Jobs in ``extender-warm`` and Nodes), on the
+scaler's ServiceAccount (the chart's RBAC gives it Jobs in ``extender-warm`` and Nodes), on the
 stack's policy with ``warm-llm`` kept warm and joining nodes tainted until warm:
 
 * a warm Job is created in the real API, pinned to its node; the Job controller creates its pod,

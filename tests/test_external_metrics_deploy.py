@@ -1,10 +1,11 @@
-"""deploy/ for the scaler: the manifests agree with the code and with each other, and the RBAC is what it calls.
+"""The chart's scaler: the manifests agree with the code and with each other, and the RBAC is what it calls.
 
-* scaler.yaml runs ``extender scale`` with arguments the real parser accepts, on the policy it ships,
-  which autoscales the workload the example HPA names, with the same bounds;
-* apiservice.yaml points at scaler.yaml's Service and port, under the exact name the aggregator needs;
-* hpa-example.yaml reads a metric the API serves, with the selector label items carry;
-* scaler-rbac.yaml: the scaler's own calls run against the API double with those rules enforced
+* the scaler Deployment runs ``extender scale`` with arguments the real parser accepts, on the policy
+  the chart ships, which autoscales the workload the example HPA (deploy/examples/hpa.yaml) names,
+  with the same bounds; with ``metrics.mode: keda`` it runs the loop alone, serving nothing;
+* the APIService points at the scaler's Service and port, under the exact name the aggregator needs;
+* the example HPA reads a metric the API serves, with the selector label items carry;
+* the scaler's RBAC: its own calls run against the API double with those rules enforced
   (pods, every call allowed, every grant used); the delegated-auth calls are the ones the built-in
   roles it binds grant; the metrics reader role names exactly the served metrics.
 """
@@ -29,12 +30,13 @@ from extender.state import connect
 from extender.state.decisions import DecisionStore
 from extender.state.history import HistoryStore
 from extender.state.lock import LeaderLock
+from tests import chart
 from tests.conftest import RedisServer
 from tests.kube_double import Authorizer, KubeDouble
 from tests.vllm_endpoint import Counters, pod, serving
 
 ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
+EXAMPLES = ROOT / "deploy" / "examples"
 SCALER = "system:serviceaccount:kube-system:extender-scaler"
 HPA = "system:serviceaccount:kube-system:horizontal-pod-autoscaler"
 
@@ -53,17 +55,25 @@ DELEGATION_CALLS = {
 }
 
 
-def docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+def docs(**values: str) -> list[dict[str, Any]]:
+    return chart.rendered(**values)
 
 
-def one(name: str, kind: str) -> dict[str, Any]:
-    (doc,) = [d for d in docs(name) if d["kind"] == kind]
-    return doc
+def one(kind: str, name: str | None = None, **values: str) -> dict[str, Any]:
+    return chart.one(docs(**values), kind, name)
 
 
-def scale_args() -> tuple[dict[str, Any], argparse.Namespace]:
-    deployment = one("scaler.yaml", "Deployment")
+def example(name: str) -> dict[str, Any]:
+    (doc,) = [d for d in yaml.safe_load_all((EXAMPLES / name).read_text()) if d]
+    return dict(doc)
+
+
+def policy_text() -> str:
+    return str(one("ConfigMap", "extender-policy")["data"]["policy.yaml"])
+
+
+def scale_args(**values: str) -> tuple[dict[str, Any], argparse.Namespace]:
+    deployment = one("Deployment", "extender-scaler", **values)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     parser = argparse.ArgumentParser(prog="extender")
     commands.register(parser.add_subparsers(dest="command", required=True))
@@ -74,14 +84,14 @@ def test_the_deployment_runs_extender_scale_with_valid_arguments() -> None:
     container, args = scale_args()
     assert container["command"] == ["extender"]
     assert args.command == "scale" and args.scale_command is None
-    spec = one("scaler.yaml", "Deployment")["spec"]
+    spec = one("Deployment", "extender-scaler")["spec"]
     assert spec["replicas"] >= 2  # a standby to take over
     pod_spec = spec["template"]["spec"]
     assert pod_spec["serviceAccountName"] == "extender-scaler"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod_spec["volumes"]}
     assert Path(args.policy).parent == Path(mounts["policy"])
-    assert volumes["policy"]["configMap"]["name"] == one("scaler.yaml", "ConfigMap")["metadata"]["name"]
+    assert volumes["policy"]["configMap"]["name"] == one("ConfigMap", "extender-policy")["metadata"]["name"]
     assert Path(args.tls_cert).parent == Path(mounts["tls"]) == Path(args.tls_key).parent
     assert not args.insecure_no_auth
     env = {e["name"] for e in container["env"]}
@@ -91,12 +101,22 @@ def test_the_deployment_runs_extender_scale_with_valid_arguments() -> None:
     for probe in ("livenessProbe", "readinessProbe"):
         assert container[probe]["httpGet"]["scheme"] == "HTTPS"
         assert container[probe]["httpGet"]["port"] == port["containerPort"]
+    assert one("PodDisruptionBudget", "extender-scaler")["spec"]["minAvailable"] == 1  # a drain leaves one
+
+
+def test_beside_keda_the_scaler_runs_its_loop_and_serves_nothing() -> None:
+    container, args = scale_args(metrics__mode="keda")
+    assert args.no_metrics_api and not args.tls_cert
+    assert "ports" not in container and "livenessProbe" not in container
+    kinds = {(d["kind"], d["metadata"]["name"]) for d in docs(metrics__mode="keda")}
+    assert ("APIService", f"{VERSION}.{GROUP}") not in kinds  # KEDA keeps the group
+    assert ("Service", "extender-scaler") not in kinds and ("Deployment", "extender-keda-scaler") in kinds
 
 
 def test_the_shipped_policy_autoscales_the_example_hpas_workload() -> None:
-    policy = parse_policy(one("scaler.yaml", "ConfigMap")["data"]["policy.yaml"], "deploy/scaler.yaml")
+    policy = parse_policy(policy_text(), "deploy/helm/extender/policy.yaml")
     scaled = {p.name: p for p in scaled_profiles(policy)}
-    hpa = one("hpa-example.yaml", "HorizontalPodAutoscaler")
+    hpa = example("hpa.yaml")
     (metric,) = hpa["spec"]["metrics"]
     external = metric["external"]
     assert external["metric"]["name"] in METRICS
@@ -111,18 +131,18 @@ def test_the_shipped_policy_autoscales_the_example_hpas_workload() -> None:
     assert behavior["scaleUp"]["stabilizationWindowSeconds"] == 0
     assert behavior["scaleDown"]["policies"]
     # the commented alternative's target is the profile's capacity
-    text = (DEPLOY / "hpa-example.yaml").read_text()
+    text = (EXAMPLES / "hpa.yaml").read_text()
     assert profile.capacity is not None
     assert f'averageValue: "{profile.capacity.per_replica:g}"' in text
 
 
 def test_the_apiservice_points_at_the_scalers_service() -> None:
-    api = one("apiservice.yaml", "APIService")
+    api = one("APIService")
     assert api["apiVersion"] == "apiregistration.k8s.io/v1"
     assert api["metadata"]["name"] == f"{VERSION}.{GROUP}"
     spec = api["spec"]
     assert (spec["group"], spec["version"]) == (GROUP, VERSION)
-    service = one("scaler.yaml", "Service")
+    service = one("Service", "extender-scaler")
     assert (spec["service"]["name"], spec["service"]["namespace"]) == (
         service["metadata"]["name"], service["metadata"]["namespace"])
     (port,) = service["spec"]["ports"]
@@ -135,8 +155,8 @@ def test_the_apiservice_points_at_the_scalers_service() -> None:
 def test_the_reader_role_names_exactly_the_served_metrics_and_the_hpa_gets_no_binding() -> None:
     # The HPA controller's access comes from Kubernetes' bootstrap role (tests/test_cluster_deploy.py
     # asks the real authorizer); a binding of ours for it would be a grant nothing needs.
-    assert Authorizer(docs("scaler-rbac.yaml")).rules_for(HPA) == []
-    (reader,) = [d for d in docs("scaler-rbac.yaml")
+    assert Authorizer(docs()).rules_for(HPA) == []
+    (reader,) = [d for d in docs()
                  if d["kind"] == "ClusterRole" and d["metadata"]["name"] == "extender-external-metrics-reader"]
     (rule,) = reader["rules"]
     assert (set(rule["apiGroups"]), set(rule["resources"])) == ({GROUP}, set(METRICS))
@@ -148,7 +168,7 @@ def test_delegated_auth_calls_are_what_the_bound_built_in_roles_grant() -> None:
     called = set(re.findall(r"self\._(?:authn|authz|core)\.(\w+)\(", source))
     assert called == set(DELEGATION_CALLS)
     bound = set()
-    for d in docs("scaler-rbac.yaml"):
+    for d in docs():
         if d["kind"] in ("ClusterRoleBinding", "RoleBinding") and any(
                 s.get("name") == "extender-scaler" for s in d["subjects"]):
             ref = (d["roleRef"]["kind"], d["roleRef"]["name"])
@@ -161,12 +181,14 @@ def test_delegated_auth_calls_are_what_the_bound_built_in_roles_grant() -> None:
 
 @pytest.mark.integration
 def test_the_scaler_loop_runs_within_its_grants(redis_server: RedisServer, tmp_path: Path) -> None:
-    authorizer = Authorizer(docs("scaler-rbac.yaml"))
+    # the scaler's account with its warmer's grants left out (tests/test_rbac.py checks those)
+    authorizer = Authorizer([d for d in docs(warmer__taintNodes="false")
+                             if "extender-warmer" not in d["metadata"]["name"]])
     tokens = {"scaler-token": SCALER, "other-token": "system:serviceaccount:x:y"}
     with serving(("127.0.0.2",)) as (endpoint,), KubeDouble.running(authorizer=authorizer, tokens=tokens) as double:
         endpoint.counters = Counters(requests=10)
-        text = one("scaler.yaml", "ConfigMap")["data"]["policy.yaml"].replace("port: 8000", f"port: {endpoint.port}")
-        policy = parse_policy(text, "deploy/scaler.yaml")
+        text = policy_text().replace("port: 8000", f"port: {endpoint.port}")
+        policy = parse_policy(text, "deploy/helm/extender/policy.yaml")
         double.apply(pod("qwen3-moe-1", "127.0.0.2", labels={"extender.io/workload": "qwen3-moe"}))
         kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kc", token="scaler-token")))
         client = connect(redis_server.url, tmp_path)

@@ -1,11 +1,11 @@
-"""deploy/keda-scaledobject-example.yaml: KEDA's object shapes, and a trigger our server accepts.
+"""deploy/examples/scaledobject.yaml: KEDA's object shapes, and a trigger our server accepts.
 
 The test cluster has no KEDA, so the shapes are checked against the fields of KEDA's Go types
 (kedacore/keda ``apis/keda/v1alpha1/scaledobject_types.go``, ``scaletriggers_types.go``,
 ``triggerauthentication_types.go``; HPA behavior from ``k8s.io/api/autoscaling/v2``), transcribed
 below as pydantic models that refuse unknown fields, as the API server's strict validation does.
-Then the trigger is resolved by the same code the server runs, against the policy of
-deploy/scaler.yaml, and its bounds are compared with the profile's.
+Then the trigger is resolved by the same code the server runs, against the chart's
+policy, and its bounds are compared with the profile's.
 """
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from extender.core.policy import parse_policy
 from extender.keda.commands import DEFAULT_LISTEN
 from extender.keda.reading import METADATA_KEYS, resolve, served_workloads
+from tests import chart
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "deploy" / "keda-scaledobject-example.yaml"
+EXAMPLE = ROOT / "deploy" / "examples" / "scaledobject.yaml"
 
 
 class Strict(BaseModel):
@@ -176,9 +177,7 @@ def test_the_trigger_reaches_our_scaler_for_an_autoscaled_workload(scaled_object
     host, _, port = trigger.metadata["scalerAddress"].rpartition(":")
     assert host.endswith(".kube-system.svc") and port == DEFAULT_LISTEN.rpartition(":")[2]
     assert set(trigger.metadata) - {"scalerAddress"} <= set(METADATA_KEYS)
-    scaler = next(d for d in yaml.safe_load_all((ROOT / "deploy" / "scaler.yaml").read_text())
-                  if d and d["kind"] == "ConfigMap")
-    policy = parse_policy(scaler["data"]["policy.yaml"], "deploy/scaler.yaml")
+    policy = parse_policy(chart.policy_text(), "the chart's policy.yaml")
     workloads = served_workloads(policy)
     target = resolve(scaled_object.metadata.name, scaled_object.metadata.namespace, trigger.metadata, workloads)
     profile = policy.profile(target.workload)

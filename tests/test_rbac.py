@@ -1,17 +1,18 @@
-"""deploy/rbac.yaml grants exactly what the sync, the agent and the warmer call: every call allowed, every grant used.
+"""The chart's RBAC grants exactly what the sync, the agent and the warmer call: every call allowed, every grant used.
 
 Two checks that back each other up:
 
-* dynamic: the sync and the agent's node labeler run against the API double with the RBAC objects of
-  deploy/rbac.yaml *enforced* and each component authenticated as its ServiceAccount (a bearer token
-  per account). The scenario walks every code path that calls the API: first list, watch, a cut
-  stream (re-watch), 410 Gone (relist), label set and label removal. Any forbidden call fails it,
+* dynamic: the sync and the agent's node labeler run against the API double with the RBAC objects the
+  chart renders (deploy/helm/extender, with ``agent.labelNodes``) *enforced* and each component
+  authenticated as its ServiceAccount (a bearer token per account). The scenario walks every code
+  path that calls the API: first list, watch, a cut stream (re-watch), 410 Gone (relist), label set
+  and label removal. Any forbidden call fails it,
   and the (verb, group, resource) triples each account used must equal what its roles grant. The
   cache warmer gets the same treatment as the scaler's account: Jobs created, failed (an Event),
   retried (deleted), confirmed (deleted), and a new node tainted and untainted.
 * static: every method of the official client named in extender/kube is in a table of the API
   calls it makes; the table's calls must equal the grants. A new client call anywhere therefore
-  fails this test until the table and deploy/rbac.yaml say what it needs.
+  fails this test until the table and the chart say what it needs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from extender.agent import commands as agent_commands
 from extender.files import load_policy
@@ -36,12 +36,12 @@ from extender.kube.labels import NodeLabeler
 from extender.kube.sync import ClusterSync, SyncSettings
 from extender.state import InventoryStore, connect
 from extender.state.sources import SourceStore
+from tests import chart
 from tests.conftest import RedisServer
 from tests.kube_double import Authorizer, KubeDouble
 from tests.kube_double.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
 NAMESPACE = "kube-system"
 SYNC_USER = f"system:serviceaccount:{NAMESPACE}:extender-sync"
 AGENT_USER = f"system:serviceaccount:{NAMESPACE}:extender-agent"
@@ -68,22 +68,26 @@ CALLS_BY_USER: dict[str, set[str]] = {
     SYNC_USER: {"list_node", "list_pod_for_all_namespaces"},
     AGENT_USER: {"read_node", "patch_node"},
     WARMER_USER: {"list_namespaced_job", "create_namespaced_job", "delete_namespaced_job", "create_namespaced_event",
-                  "list_node", "read_node", "patch_node"},
+                  "list_node", "read_node", "patch_node",
+                  "list_pod_for_all_namespaces"},  # the scaler's own (SCALER_ONLY)
 }
+#: What the scaler itself (not its warmer) calls as the same account: its replicas, each tick
+#: (run for real in tests/test_external_metrics_deploy.py).
+SCALER_ONLY: set[Triple] = {("list", "", "pods")}
 
 
 #: Methods a user calls only as a plain list: the warmer lists Nodes once at start (taint
-#: bookkeeping) and never watches them.
-LIST_ONLY: dict[str, set[str]] = {WARMER_USER: {"list_node"}}
+#: bookkeeping) and never watches them; the scaler lists its pods each tick.
+LIST_ONLY: dict[str, set[str]] = {WARMER_USER: {"list_node", "list_pod_for_all_namespaces"}}
 
 
-def docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all((DEPLOY / name).read_text()) if d]
+#: The chart with every grant the code can use: the agent labelling Nodes, the warmer tainting them.
+LABELLING = {"agent__labelNodes": "true"}
 
 
 @pytest.fixture(scope="module")
 def authorizer() -> Authorizer:
-    return Authorizer(docs("rbac.yaml"))
+    return Authorizer(chart.rendered(**LABELLING))
 
 
 def granted(authorizer: Authorizer, user: str) -> set[Triple]:
@@ -98,8 +102,8 @@ def granted(authorizer: Authorizer, user: str) -> set[Triple]:
 # ---- the manifests ------------------------------------------------------------------------------
 
 
-def container_args(manifest: str, kind: str) -> tuple[dict[str, Any], list[str]]:
-    (workload,) = [d for d in docs(manifest) if d["kind"] == kind]
+def container_args(kind: str, name: str, **values: str) -> tuple[dict[str, Any], list[str]]:
+    workload = chart.one(chart.rendered(**values), kind, name)
     (container,) = workload["spec"]["template"]["spec"]["containers"]
     return workload, [*container["command"][1:], *container["args"]]
 
@@ -113,30 +117,35 @@ def parser() -> argparse.ArgumentParser:
 
 
 @pytest.mark.parametrize(
-    ("manifest", "kind", "account", "command"),
+    ("kind", "account", "command"),
     [
-        pytest.param("agent-daemonset.yaml", "DaemonSet", "extender-agent", "agent", id="agent"),
-        pytest.param("sync.yaml", "Deployment", "extender-sync", "sync", id="sync"),
+        pytest.param("DaemonSet", "extender-agent", "agent", id="agent"),
+        pytest.param("Deployment", "extender-sync", "sync", id="sync"),
     ],
 )
-def test_workloads_run_our_commands_as_their_accounts(manifest: str, kind: str, account: str, command: str) -> None:
-    workload, args = container_args(manifest, kind)
+def test_workloads_run_our_commands_as_their_accounts(kind: str, account: str, command: str) -> None:
+    workload, args = container_args(kind, account)
     assert workload["metadata"]["namespace"] == NAMESPACE
     assert workload["spec"]["template"]["spec"]["serviceAccountName"] == account
     parsed = parser().parse_args(args)  # the deployed arguments are valid for the real parser
     assert parsed.command == command
     service_accounts = {(d["metadata"]["namespace"], d["metadata"]["name"])
-                        for d in docs("rbac.yaml") if d["kind"] == "ServiceAccount"}
+                        for d in chart.rendered() if d["kind"] == "ServiceAccount"}
     assert (NAMESPACE, account) in service_accounts
 
 
-def test_the_agent_uses_its_node_grant_only_because_it_labels_nodes() -> None:
-    _, args = container_args("agent-daemonset.yaml", "DaemonSet")
-    assert parser().parse_args(args).label_nodes, "without --label-nodes, rbac.yaml must grant the agent nothing"
+@pytest.mark.parametrize("label", [False, True], ids=["default", "labelNodes"])
+def test_the_agent_gets_a_token_and_a_node_grant_only_when_it_labels_nodes(label: bool) -> None:
+    values = LABELLING if label else {}
+    workload, args = container_args("DaemonSet", "extender-agent", **values)
+    assert parser().parse_args(args).label_nodes is label
+    assert workload["spec"]["template"]["spec"]["automountServiceAccountToken"] is label
+    roles = Authorizer(chart.rendered(**values)).rules_for(AGENT_USER)
+    assert bool(roles) is label, "without --label-nodes the agent is granted nothing"
 
 
 def test_the_agent_mounts_its_cache_read_only() -> None:
-    workload, args = container_args("agent-daemonset.yaml", "DaemonSet")
+    workload, args = container_args("DaemonSet", "extender-agent")
     (container,) = workload["spec"]["template"]["spec"]["containers"]
     (mount,) = container["volumeMounts"]
     assert mount["readOnly"] is True
@@ -149,11 +158,11 @@ def test_the_agent_mounts_its_cache_read_only() -> None:
 def test_every_client_call_in_the_code_is_in_the_table(authorizer: Authorizer) -> None:
     # delegation.py (TokenReview, SubjectAccessReview, the extension-apiserver-authentication
     # ConfigMap) is the External Metrics API's delegated auth: its grants are Kubernetes' built-in
-    # roles bound in deploy/scaler-rbac.yaml, checked by tests/test_external_metrics_deploy.py.
+    # roles the chart binds (templates/external-metrics.yaml), checked by tests/test_external_metrics_deploy.py.
     kube = sorted(p for p in (ROOT / "extender" / "kube").glob("*.py") if p.name != "delegation.py")
     source = "\n".join(p.read_text() for p in kube)
     called = set(re.findall(r"_(?:core|batch)\.(\w+)", source))
-    assert called == set(CLIENT_CALLS), "a new client call: add it to CLIENT_CALLS and to deploy/rbac.yaml"
+    assert called == set(CLIENT_CALLS), "a new client call: add it to CLIENT_CALLS and to the chart's RBAC"
     # only these API classes are used (any other would need its own rows)
     assert set(re.findall(r"k8s\.(\w+Api)\(", source)) == {"CoreV1Api", "BatchV1Api"}
     for user, methods in CALLS_BY_USER.items():
@@ -282,7 +291,7 @@ def test_every_warmer_call_is_allowed_and_every_grant_is_used(enforcing: KubeDou
         kube.close()
     assert [r for r in double.requests if not authorizer.allowed(r)] == []
     used = {(verb, group, resource) for u, verb, group, resource in double.verbs_used() if u == WARMER_USER}
-    assert used == granted(authorizer, WARMER_USER)
+    assert used == granted(authorizer, WARMER_USER) - SCALER_ONLY
 
 
 def node_object(name: str, labels: dict[str, str]) -> dict[str, Any]:

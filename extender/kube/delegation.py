@@ -10,7 +10,7 @@ An aggregated API server does not keep users of its own; it asks the cluster (do
 
 RBAC for these: ClusterRole ``system:auth-delegator`` (the two reviews) and Role
 ``extension-apiserver-authentication-reader`` in ``kube-system`` (the ConfigMap), both bound to
-the scaler's ServiceAccount in deploy/scaler-rbac.yaml.
+the scaler's ServiceAccount by the chart (deploy/helm/extender/templates/external-metrics.yaml).
 
 Plain values in and out (our errors on failure, the client's models never leave this module).
 """

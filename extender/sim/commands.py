@@ -79,6 +79,10 @@ def write_outputs(out: Path, report: Report, runs: list[RunResult]) -> list[Path
 
 def run(args: argparse.Namespace) -> int:
     """The ``simulate`` command."""
+    if args.out:
+        from extender.sim import plots
+
+        plots.require()  # before minutes of simulation, not after
     loaded = load_scenario(args.scenario)
     names = strategy_list(args.strategies, loaded.scenario.strategies)
     prepared = prepare(loaded, trace=args.trace, seed=args.seed)

@@ -1,7 +1,8 @@
 """PNG plots of a comparison: demand against ready capacity per strategy, and startup times.
 
 matplotlib is imported when a plot is drawn (never at import time) and always with the Agg backend,
-so ``--out`` works on a headless server and the CLI starts fast when no plot is asked for.
+so ``--out`` works on a headless server and the CLI starts fast when no plot is asked for. It is an
+optional dependency (the ``plots`` extra): :func:`require` says so before a long simulation starts.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
+from extender.core.errors import ExtenderError
 from extender.sim.simulation import RunResult
 
 F64 = NDArray[np.float64]
@@ -19,6 +21,15 @@ F64 = NDArray[np.float64]
 #: At most this many points per line: longer runs are averaged into buckets (a 14-day run at 15 s
 #: has 80 640 ticks, far more than a figure has pixels).
 MAX_POINTS = 2000
+
+
+def require() -> None:
+    """Fail with the install command when matplotlib is missing (it is the ``plots`` extra)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        raise ExtenderError("PNG plots need matplotlib, an optional part: "
+                            "pip install 'warmth-extender[plots]' (or run without --out)") from exc
 
 
 def _bucket(values: F64, factor: int, how: str = "mean") -> F64:

@@ -188,7 +188,7 @@ class SchedulerSpec(Schema):
     """kube-scheduler's configuration as far as the simulation needs it.
 
     ``extenderWeight``: the extender's weight in ``KubeSchedulerConfiguration.extenders`` (its 0..10
-    score adds ``score x weight x 10``); 2 as in ``deploy/scheduler-config.yaml``.
+    score adds ``score x weight x 10``); 2 as in the chart's scheduler configuration.
     """
 
     extender_weight: int = Field(default=2, ge=1)

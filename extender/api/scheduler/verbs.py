@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 
 JSON = "application/json"
 
-#: The routes the scheduler calls; ``deploy/scheduler-config.yaml`` must name the same verbs.
+#: The routes the scheduler calls; the chart's scheduler configuration (deploy/helm/extender) must name the same verbs.
 FILTER_VERB = "filter"
 PRIORITIZE_VERB = "prioritize"
 
