@@ -122,11 +122,12 @@ class ClassTable:
             cold = o.compile_cold if o and o.compile_cold is not None else profile.compile.cold
             warm = o.compile_warm if o and o.compile_warm is not None else profile.compile.warm
             snapshot_restore = profile.snapshot.restore if profile.snapshot else 0.0
+            stream = profile.weights.stream_bandwidth or c.network.object_store_per_stream
             rows.append((
-                c.nvme.read_bandwidth,
+                o.nvme_read if o and o.nvme_read is not None else c.nvme.read_bandwidth,
                 c.network.nic,
-                profile.weights.stream_bandwidth or c.network.object_store_per_stream,
-                c.network.image_pull,
+                o.stream_bandwidth if o and o.stream_bandwidth is not None else stream,
+                o.image_pull if o and o.image_pull is not None else c.network.image_pull,
                 cold,
                 min(warm, cold),  # a cache hit is never slower than compiling
                 o.graph_capture if o and o.graph_capture is not None else profile.graph_capture,
