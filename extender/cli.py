@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 import yaml
 
+from extender.arguments import add_store_options
 from extender.core.cachekey import compile_cache_key, key_material
 from extender.core.errors import DocumentError, ExtenderError, UnknownNameError
 from extender.core.estimate import PHASES, breakdown
@@ -59,6 +60,10 @@ def _select(policy: Policy, workload: str | None, node_class: str | None) -> lis
 
 
 def _estimate(args: argparse.Namespace) -> int:
+    if args.calibrated:
+        from extender.state.calibration_commands import estimate_calibrated
+
+        return estimate_calibrated(args)
     policy = load_policy(args.policy)
     pairs = _select(policy, args.workload, args.node_class)
     result: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
@@ -123,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--workload", metavar="NAME")
     est.add_argument("--node-class", metavar="NAME")
     est.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    est.add_argument("--calibrated", action="store_true",
+                     help="policy vs fitted phase values with their confidence, from the observed starts in the store")
+    add_store_options(est)
     est.set_defaults(handler=_estimate)
 
     ck = sub.add_parser("cachekey", help="print the compile-cache key of a workload on a node class")
@@ -140,6 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     from extender.kube import commands as kube_commands
     from extender.scaler import commands as scale_commands
     from extender.sim import commands as sim_commands
+    from extender.state import calibration_commands
     from extender.state import commands as inventory_commands
     from extender.warm import commands as warm_commands
 
@@ -150,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_commands.register(sub)
     warm_commands.register(sub)
     scale_commands.register(sub)
+    calibration_commands.register(sub)
     return parser
 
 

@@ -98,6 +98,7 @@ def parse_expectation(text: str) -> Expectation:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from extender.state.observations import CalibratedPolicy, ObservationStore
     from extender.state.store import InventoryStore
     from extender.warm.loop import WarmLoop
 
@@ -110,6 +111,7 @@ def run_plan(args: argparse.Namespace) -> int:
             from extender.kube.client import KubeClient
 
             kube = KubeClient.connect(args.kubeconfig, context=args.context)
+        policy = CalibratedPolicy(ObservationStore(client)).policy_for(policy)  # as the scaler's warmer plans
         loop = WarmLoop(policy, InventoryStore(client), kube, instance="dry-run")
         report = loop.tick(now, args.expect, dry_run=True)
     finally:

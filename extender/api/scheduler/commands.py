@@ -154,12 +154,15 @@ def _explain(args: argparse.Namespace) -> int:
     from extender.api.scheduler.wire import NodeInfo, PodInfo
     from extender.core.inventory import InventorySnapshot
     from extender.state import InventoryStore, connect
+    from extender.state.observations import CalibratedPolicy, ObservationStore
 
     policy = load_policy(args.policy)
     pod = PodInfo.from_object(_read_pod(args.pod))
     url, data_dir = _store_location(args)
     now = time.time()
-    version, records, registry = InventoryStore(connect(url, data_dir)).load_all()
+    client = connect(url, data_dir)
+    version, records, registry = InventoryStore(client).load_all()
+    policy = CalibratedPolicy(ObservationStore(client)).policy_for(policy)  # as `serve` estimates
     engine = Engine(policy, InventorySnapshot.build(policy, records, version=version, taken_at=now, registry=registry))
     nodes = None
     if args.nodes:
