@@ -158,7 +158,8 @@ def vllm_pod() -> dict[str, Any]:
 def inventory(now: float) -> tuple[list[Any], list[str]]:
     """15,000 p5.48xlarge records: a third hold the image, a tenth are fully warm, 1% are stale."""
     from extender.core.cachekey import compile_cache_key
-    from extender.core.inventory import NodeState, weights_key
+    from extender.core.caches import weights_key
+    from extender.core.inventory import NodeState
     from extender.files import load_policy
 
     policy = load_policy(POLICY)

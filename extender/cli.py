@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 import yaml
 
 from extender.arguments import add_store_options
-from extender.core.cachekey import compile_cache_key, key_material
+from extender.core.cachekey import compile_cache_key_of
+from extender.core.caches import compile_key_material
 from extender.core.errors import DocumentError, ExtenderError, UnknownNameError
 from extender.core.estimate import PHASES, breakdown
 from extender.core.policy import Policy
@@ -92,17 +93,12 @@ def _cachekey(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     profile = policy.profile(args.workload)
     node_class = policy.node_class(args.node_class)
-    if profile.compile.key is None:
+    material = compile_key_material(profile, node_class)
+    if material is None:
         raise UnknownNameError(f"profile {profile.name!r} has no compile.key section")
-    kwargs = {
-        "gpu_product": node_class.gpu.product,
-        "tensor_parallel": profile.parallelism.tensor,
-        "pipeline_parallel": profile.parallelism.pipeline,
-    }
-    key = compile_cache_key(profile.compile.key, **kwargs)  # type: ignore[arg-type]
+    key = compile_cache_key_of(material)
     if args.verbose:
-        print(json.dumps(key_material(profile.compile.key, **kwargs), indent=2, sort_keys=True),  # type: ignore[arg-type]
-              file=sys.stderr)
+        print(json.dumps(material, indent=2, sort_keys=True), file=sys.stderr)
     print(key)
     return 0
 
@@ -145,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     # directory before the app module is imported.)
     from extender.agent import commands as agent_commands
     from extender.api.scheduler import commands as server_commands
+    from extender.keda import commands as keda_commands
     from extender.kube import commands as kube_commands
     from extender.scaler import commands as scale_commands
     from extender.sim import commands as sim_commands
@@ -159,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim_commands.register(sub)
     warm_commands.register(sub)
     scale_commands.register(sub)
+    keda_commands.register(sub)
     calibration_commands.register(sub)
     return parser
 

@@ -11,6 +11,8 @@ the cache warmer (write)::
                                               TRITON_CACHE_DIR can point inside it)
     <root>/snapshots/<workload>/              a process snapshot for this node's class
         .complete                             written last, as for weights
+    <root>/adapters/<workload>/<adapter>/     one LoRA adapter's files
+        .complete                             written last, as for weights
 
 Rules the agent relies on:
 
@@ -41,6 +43,7 @@ from extender.core.schema import Schema
 WEIGHTS = "weights"
 COMPILE = "compile"
 SNAPSHOTS = "snapshots"
+ADAPTERS = "adapters"
 MANIFEST = ".manifest.json"
 #: Largest manifest read: 100,000 files of about 100 bytes each, with room to spare.
 MAX_MANIFEST_BYTES = 32 << 20
@@ -94,6 +97,10 @@ def compile_dir(root: Path, key: str) -> Path:
 
 def snapshot_dir(root: Path, workload: str) -> Path:
     return root / SNAPSHOTS / workload
+
+
+def adapter_dir(root: Path, workload: str, adapter: str) -> Path:
+    return root / ADAPTERS / workload / adapter
 
 
 def _write_durably(path: Path, data: bytes) -> None:

@@ -37,7 +37,8 @@ def world(policy: Policy, workload: str, node_class: str, truth: Sequence[float]
 def state_of(policy: Policy, workload: str, named: NamedState) -> CacheState:
     p = policy.profile(workload)
     return CacheState(np.array([named.image]), np.array([float(p.weights.bytes) if named.weights else 0.0]),
-                      np.array([int(named.compile)], dtype=np.int8), np.array([named.snapshot]), np.zeros(1))
+                      np.array([int(named.compile)], dtype=np.int8), np.array([named.snapshot]), np.zeros(1),
+                      np.full((1, len(p.preloaded_adapters)), named.adapters))
 
 
 def true_seconds(truth: Policy, workload: str, node_class: str, state: str) -> float:
@@ -61,7 +62,8 @@ def starts(policy: Policy, truth: Policy, workload: str, node_class: str, states
             pod=f"serving/{workload}-{i}", workload=workload, node=f"node-{i % 7}", node_class=node_class,
             image_reference=p.image.reference, weights_version=p.weights.version, image=named.image,
             weights_bytes=float(p.weights.bytes) if named.weights else 0.0, compile=_WORDS[int(named.compile)],
-            snapshot=named.snapshot, scheduled_at=at, ready_at=at + seconds))
+            snapshot=named.snapshot, adapters=(named.adapters,) * len(p.preloaded_adapters), scheduled_at=at,
+            ready_at=at + seconds))
     return out
 
 

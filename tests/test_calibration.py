@@ -39,7 +39,7 @@ from tests.calibration_world import STARTS, factors, round_robin, starts, true_s
 ROOT = Path(__file__).resolve().parent.parent
 QWEN = load_policy(ROOT / "policies" / "eks-p5-qwen3-moe.yaml")
 WORKLOAD, CLASS = "qwen3-moe", "p5.48xlarge"
-POLICIES = sorted([*(ROOT / "policies").glob("*.yaml"), ROOT / "scenarios" / "mixed-fleet-policy.yaml"])
+POLICIES = sorted([*(ROOT / "policies").glob("*.yaml"), *(ROOT / "scenarios").glob("*-policy.yaml")])
 
 
 def with_calibration(policy: Policy, **update: object) -> Policy:
@@ -66,7 +66,7 @@ def test_design_at_factor_one_is_the_estimator(path: Path) -> None:
             state = CacheState(rng.random(n) < 0.5,
                                rng.choice([0.0, 0.3, 1.0], n) * profile.weights.bytes,
                                rng.integers(0, 3, n).astype(np.int8), rng.random(n) < 0.5,
-                               rng.choice([0.0, 5e9, 1e11], n))
+                               rng.choice([0.0, 5e9, 1e11], n), rng.random((n, len(profile.preloaded_adapters))) < 0.5)
             expected = estimate(profile, [node_class], np.zeros(n, dtype=np.intp), state).total_s
             got = design(profile, node_class, state).total(np.ones(len(PARAMETERS)))
             np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-9)

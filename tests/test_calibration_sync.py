@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extender import cli
+from extender.core.caches import weights_key
 from extender.core.calibration import PARAMETERS, Observation, effective_policy
 from extender.core.estimate import breakdown
-from extender.core.inventory import weights_key
 from extender.core.policy import Policy, parse_policy
 from extender.core.reports import AgentReport, KubeReport
 from extender.core.scoring import scale_for

@@ -101,7 +101,7 @@ def test_snapshot_policy_reproduces_003(tmp_path: Path) -> None:
 
 
 def reference(profile: Profile, c: NodeClass, *, image: bool, weights_bytes: float, compile_state: int,
-              snapshot: bool, queued_bytes: float) -> float:
+              snapshot: bool, queued_bytes: float, adapters: tuple[bool, ...] = ()) -> float:
     over = profile.overrides.get(c.name)
 
     def pick(name: str, default: float) -> float:
@@ -118,7 +118,13 @@ def reference(profile: Profile, c: NodeClass, *, image: bool, weights_bytes: flo
     remote_bw = min(c.network.nic, profile.weights.streams * stream)
     weights_s = local / max(c.nvme.read_bandwidth, remote_bw) + remote / remote_bw
     waiting = queued_bytes / c.network.nic
-    downloads = (not image) or remote > 0
+    one_stream = min(c.network.nic, stream)
+    adapters_s = 0.0
+    for adapter, here in zip(profile.preloaded_adapters, adapters, strict=True):
+        adapters_s += adapter.bytes / (max(c.nvme.read_bandwidth, one_stream) if here else one_stream)
+        adapters_s += profile.lora.load if profile.lora else 0.0
+    fetches_adapter = not all(adapters)
+    downloads = (not image) or remote > 0 or fetches_adapter
     fetch = profile.compile.artifact_bytes / min(c.network.nic, stream) + warm
     fetching = compile_state == CompileCache.REGISTRY and (0.0 if downloads else waiting) + fetch < cold
     if compile_state == CompileCache.LOCAL:
@@ -130,11 +136,11 @@ def reference(profile: Profile, c: NodeClass, *, image: bool, weights_bytes: flo
     queue_s = waiting if downloads or fetching else 0.0
     total = queue_s + image_s + weights_s + compile_s + pick("graph_capture", profile.graph_capture) + pick(
         "engine_init", profile.engine_init
-    )
+    ) + adapters_s
     if snapshot and profile.snapshot is not None:
-        snap_queue = 0.0 if image else queued_bytes / c.network.nic
+        snap_queue = 0.0 if image and not fetches_adapter else queued_bytes / c.network.nic
         restore = profile.snapshot.bytes / c.nvme.read_bandwidth + pick("snapshot_restore", profile.snapshot.restore)
-        total = min(total, snap_queue + image_s + restore)
+        total = min(total, snap_queue + image_s + restore + adapters_s)
     return total
 
 
@@ -182,6 +188,14 @@ def policies(draw: st.DrawFn) -> Policy:
     if draw(st.booleans()):
         profile["snapshot"] = {"bytes": f"{draw(st.integers(1, 500_000))}MB", "restore": draw(seconds)}
     if draw(st.booleans()):
+        n_adapters = draw(st.integers(1, 4))
+        profile["lora"] = {
+            "adapters": [{"name": f"a{j}", "source": f"s3://b/a{j}/", "bytes": f"{draw(st.integers(1, 2_000))}MB"}
+                         for j in range(n_adapters)],
+            "preload": draw(st.integers(0, n_adapters + 1)),
+            "load": draw(seconds),
+        }
+    if draw(st.booleans()):
         profile["overrides"] = {"c0": {"compileCold": draw(seconds), "engineInit": draw(seconds)}}
     return Policy.model_validate(
         {"apiVersion": "extender.io/v1alpha1", "kind": "Policy", "nodeClasses": classes, "profiles": [profile]}
@@ -189,7 +203,7 @@ def policies(draw: st.DrawFn) -> Policy:
 
 
 @st.composite
-def states(draw: st.DrawFn, n: int, weights_total: float) -> CacheState:
+def states(draw: st.DrawFn, n: int, weights_total: float, adapters: int = 0) -> CacheState:
     return CacheState(
         image=np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n))),
         weights_bytes=np.array(
@@ -198,6 +212,8 @@ def states(draw: st.DrawFn, n: int, weights_total: float) -> CacheState:
         compile=np.array(draw(st.lists(st.sampled_from([0, 1, 2]), min_size=n, max_size=n)), dtype=np.int8),
         snapshot=np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n))),
         queued_bytes=np.array(draw(st.lists(st.floats(0, 1e12), min_size=n, max_size=n)), dtype=np.float64),
+        adapters=np.array(draw(st.lists(st.booleans(), min_size=n * adapters, max_size=n * adapters)),
+                          dtype=np.bool_).reshape(n, adapters),
     )
 
 
@@ -206,7 +222,8 @@ def scenarios(draw: st.DrawFn) -> tuple[Policy, np.ndarray[Any, np.dtype[np.intp
     policy = draw(policies())
     n = draw(st.integers(min_value=1, max_value=12))
     idx = np.array(draw(st.lists(st.integers(0, len(policy.node_classes) - 1), min_size=n, max_size=n)), dtype=np.intp)
-    return policy, idx, draw(states(n, float(policy.profiles[0].weights.bytes)))
+    profile = policy.profiles[0]
+    return policy, idx, draw(states(n, float(profile.weights.bytes), len(profile.preloaded_adapters)))
 
 
 @settings(max_examples=200, deadline=None)
@@ -224,6 +241,7 @@ def test_vectorised_matches_the_scalar_reference(case: tuple[Policy, Any, CacheS
             compile_state=int(state.compile[i]),
             snapshot=bool(state.snapshot[i]),
             queued_bytes=float(state.queued_bytes[i]),
+            adapters=tuple(bool(a) for a in state.adapters[i]),
         )
         assert est.total_s[i] == pytest.approx(expected, rel=1e-9)
         parts = sum(float(getattr(est, p)[i]) for p in PHASES)
@@ -254,6 +272,9 @@ def test_more_cache_never_makes_it_slower(case: tuple[Policy, Any, CacheState], 
                                                                            max_size=n)), dtype=np.int8)),
         snapshot=state.snapshot | np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n))),
         queued_bytes=state.queued_bytes,
+        adapters=state.adapters | np.array(data.draw(st.lists(st.booleans(), min_size=state.adapters.size,
+                                                              max_size=state.adapters.size)),
+                                           dtype=np.bool_).reshape(state.adapters.shape),
     )
     before = estimate(profile, policy.node_classes, idx, state).total_s
     after = estimate(profile, policy.node_classes, idx, more).total_s

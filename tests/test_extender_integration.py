@@ -28,7 +28,8 @@ from typing import Any
 import pytest
 from flask import Flask
 
-from extender.core.inventory import NodeState, weights_key
+from extender.core.caches import weights_key
+from extender.core.inventory import NodeState
 from extender.state import InventoryStore, connect
 from tests.conftest import RedisServer
 from tests.net import free_port

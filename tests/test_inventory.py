@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from extender.core.cachekey import compile_cache_key
+from extender.core.caches import weights_key
 from extender.core.estimate import CompileCache
 from extender.core.images import normalise, repository
-from extender.core.inventory import InventorySnapshot, NodeState, weights_key
+from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
 from extender.files import load_policy
 

@@ -27,8 +27,9 @@ from typing import Any
 import pytest
 
 from extender import cli
+from extender.core.caches import weights_key
 from extender.core.errors import KubeError
-from extender.core.inventory import NodeState, weights_key
+from extender.core.inventory import NodeState
 from extender.core.policy import Policy
 from extender.core.scaler import Decision
 from extender.files import PolicyFile, policy_version

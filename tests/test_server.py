@@ -21,8 +21,9 @@ from extender.api.scheduler.app import create_app
 from extender.api.scheduler.engine import Engine
 from extender.api.scheduler.settings import Settings
 from extender.api.scheduler.verbs import SchedulerService
+from extender.core.caches import weights_key
 from extender.core.errors import StateError, StoreUnavailableError
-from extender.core.inventory import NodeState, weights_key
+from extender.core.inventory import NodeState
 from tests.test_scoring import POLICY
 
 GB = 10**9

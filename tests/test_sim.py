@@ -251,3 +251,14 @@ def test_the_horizon_startup_is_the_production_scalers() -> None:
         ours = run._startup_next(w.setup.index, now)
         theirs = next_replica(prepared.policy, w.setup.profile, run.cluster.planning_snapshot(now), now)
         assert ours == pytest.approx(theirs.startup_s)
+
+
+def test_lora_tenants_the_warmer_stages_adapters_before_the_replicas_need_them() -> None:
+    # Every node starts with the image, weights and compile cache, none with an adapter: a start is
+    # cold only for lacking adapters, and the only thing the warmer can stage is adapters.
+    prepared = prepare(cut(load_scenario(SCENARIOS / "lora-tenants.yaml"), 6 * 3600.0))
+    default, predictive = simulate(prepared, ["default", "predictive"])
+    cold_default = sum(int(w.cold.sum()) for w in default.workloads)
+    cold_predictive = sum(int(w.cold.sum()) for w in predictive.workloads)
+    assert default.warm_actions == 0 and cold_default > 0
+    assert predictive.warm_actions > 0 and cold_predictive < cold_default

@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import redis
 
-from extender.core.inventory import InventorySnapshot, NodeState, weights_key
+from extender.core.caches import weights_key
+from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
 from extender.core.reports import AgentReport, KubeReport, Replicas
 from extender.files import load_policy

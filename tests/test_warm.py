@@ -18,8 +18,9 @@ from typing import Any, NamedTuple
 import pytest
 
 from extender.agent.scan import scan_cache
+from extender.core.caches import CacheKind, cache_id, compile_key
 from extender.core.errors import PolicyError
-from extender.core.inventory import CacheKind, InventorySnapshot, NodeState, cache_id
+from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy, parse_policy
 from extender.core.warming import Action, Eviction
 from extender.layout import COMPLETE, MANIFEST, weights_dir
@@ -39,7 +40,7 @@ from extender.warm.jobspec import (
 )
 from extender.warm.publish import candidates, unpublished
 from extender.warm.steps import StepError, cache_path, evict, finish, prepare, staging_path
-from extender.warm.templates import compile_key_of, env_name, render
+from extender.warm.templates import env_name, render
 from tests.gpu_policy import GPU_LLM_POLICY
 from tests.test_agent_scan import sparse
 
@@ -83,7 +84,7 @@ BASE = load()
 
 
 def _llm_key() -> str:
-    key = compile_key_of(BASE.profile("llm"), BASE.node_class("gpu"))
+    key = compile_key(BASE.profile("llm"), BASE.node_class("gpu"))
     assert key is not None
     return key
 

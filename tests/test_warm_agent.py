@@ -16,7 +16,7 @@ import pytest
 
 from extender.agent.loop import Agent, AgentSettings
 from extender.agent.scan import SizeCache, scan_cache
-from extender.core.inventory import cache_id
+from extender.core.caches import cache_id
 from extender.core.reports import AgentReport
 from extender.layout import compile_dir, mark_complete, snapshot_dir, weights_dir
 from extender.state import InventoryStore, connect

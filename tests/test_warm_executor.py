@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from extender.core.inventory import InventorySnapshot, NodeState, cache_id
+from extender.core.caches import cache_id
+from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
 from extender.core.warming import Expectation
 from extender.kube.client import JSON, KubeClient

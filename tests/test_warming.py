@@ -31,9 +31,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from extender.core.cachekey import CompileKeyInputs, compile_cache_key
+from extender.core.caches import cache_id
 from extender.core.errors import UnknownNameError
 from extender.core.estimate import CompileCache, estimate
-from extender.core.inventory import InventorySnapshot, NodeState, cache_id
+from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy, Warming, parse_policy
 from extender.core.scaler import DecisionInputs, decide, horizon
 from extender.core.warming import (

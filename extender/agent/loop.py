@@ -22,6 +22,7 @@ path until they clear, never raised.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -126,10 +127,8 @@ class Agent:
         except OSError as exc:
             total = free = 0
             scan = scan_cache(self.settings.cache_root, manifests=self._manifests, sizes=self._sizes)
-            scan = CacheScan(scan.weights, scan.compile_keys, scan.snapshots,
-                             (*scan.problems, Problem(str(self.settings.cache_root), "unreadable",
-                                                      f"statvfs failed: {exc.strerror or exc}")), scan.files,
-                             scan.last_used, scan.cache_bytes)
+            failed = Problem(str(self.settings.cache_root), "unreadable", f"statvfs failed: {exc.strerror or exc}")
+            scan = dataclasses.replace(scan, problems=(*scan.problems, failed))
         else:
             scan = scan_cache(self.settings.cache_root, manifests=self._manifests, sizes=self._sizes,
                               disk_bytes=total)
@@ -143,6 +142,7 @@ class Agent:
             weights=scan.weights_bytes,
             compile_keys=tuple(sorted(scan.compile_keys)),
             snapshots=tuple(sorted(scan.snapshots)),
+            adapters=tuple(sorted(scan.adapters)),
             ttl=self.settings.ttl_s,
             last_used=scan.last_used,
             cache_bytes=scan.cache_bytes,

@@ -30,24 +30,21 @@ import json
 import os
 import stat
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, assert_never
 
 from pydantic import ValidationError
 
 from extender.agent.disk import disk_usage
-from extender.core.inventory import cache_id, weights_key
+from extender.core.caches import NVME_KINDS, KindSpec, cache_id, weights_key
 from extender.files import read_regular
 from extender.layout import (
-    COMPILE,
     COMPLETE,
     MANIFEST,
     MAX_MANIFEST_BYTES,
     METADATA,
-    SNAPSHOTS,
-    WEIGHTS,
     Manifest,
 )
 
@@ -92,6 +89,7 @@ class CacheScan:
     weights: tuple[WeightsEntry, ...] = ()
     compile_keys: tuple[str, ...] = ()
     snapshots: tuple[str, ...] = ()
+    adapters: tuple[str, ...] = ()
     problems: tuple[Problem, ...] = ()
     #: Regular files looked at (``lstat`` calls), for logs and benchmarks.
     files: int = 0
@@ -444,50 +442,78 @@ def _scan(root: Path, manifests: ManifestCache | None, sizes: SizeCache | None, 
     if not os.path.isdir(root):
         walk.problem(root, "unreadable", "cache root does not exist or is not a directory")
         return CacheScan(problems=tuple(walk.problems))
-    tops = {name: walk.top(root, name) for name in (WEIGHTS, COMPILE, SNAPSHOTS)}
     weights: list[WeightsEntry] = []
-    for workload in walk.subdirs(top, missing_ok=True) if (top := tops[WEIGHTS]) else []:
-        for version in walk.subdirs(Path(workload.path)):
-            entry = scan_weights(walk, Path(version.path), workload.name, version.name, manifests)
-            if entry is not None:
-                weights.append(entry)
-    if manifests is not None:
-        manifests.end_scan()
-    last_used = {cache_id("weights", w.key): w.last_used for w in weights if w.last_used is not None}
+    last_used: dict[str, float] = {}
     cache_bytes: dict[str, int] = {}
+    found: dict[str, list[str]] = {spec.kind: [] for spec in NVME_KINDS}
 
     def usage(ident: str, path: str) -> None:
-        found = _dir_times(walk, path)
-        if found is None:
+        times = _dir_times(walk, path)
+        if times is None:
             return
-        stamp, newest = found
+        stamp, newest = times
         if sizes is not None:
             size, files_newest = sizes.measure(walk, path, stamp)
             cache_bytes[ident] = size
             newest = max(newest, files_newest)
         last_used[ident] = newest
 
-    compile_keys: list[str] = []
-    for d in walk.subdirs(top, missing_ok=True) if (top := tops[COMPILE]) else []:
-        if walk.has_file(d.path):
-            compile_keys.append(d.name)
-            usage(cache_id("compile", d.name), d.path)
-    snapshots: list[str] = []
-    for d in walk.subdirs(top, missing_ok=True) if (top := tops[SNAPSHOTS]) else []:
-        try:
-            if os.path.lexists(os.path.join(d.path, COMPLETE)):
-                snapshots.append(d.name)
-                usage(cache_id("snapshot", d.name), d.path)
-        except OSError as exc:  # pragma: no cover - lexists swallows most errors itself
-            walk.os_problem(d.path, exc)
+    for spec in NVME_KINDS:
+        top = walk.top(root, spec.directory) if spec.directory else None
+        if top is None:
+            continue
+        match spec.kind:
+            case "weights":
+                for workload in walk.subdirs(top, missing_ok=True):
+                    for version in walk.subdirs(Path(workload.path)):
+                        entry = scan_weights(walk, Path(version.path), workload.name, version.name, manifests)
+                        if entry is not None:
+                            weights.append(entry)
+                if manifests is not None:
+                    manifests.end_scan()
+                last_used.update({cache_id("weights", w.key): w.last_used for w in weights
+                                  if w.last_used is not None})
+            case "compile":  # present once the engine wrote a file: a partial cache still saves work
+                for d in walk.subdirs(top, missing_ok=True):
+                    if walk.has_file(d.path):
+                        found[spec.kind].append(d.name)
+                        usage(cache_id(spec.kind, d.name), d.path)
+            case "snapshot" | "adapter":  # present once the writer's completion marker is there
+                for name, path in _entries(walk, top, spec):
+                    if _marked(walk, path):
+                        found[spec.kind].append(name)
+                        usage(cache_id(spec.kind, name), path)
+            case "image":  # pragma: no cover - images live in the container runtime, not on NVMe
+                pass
+            case _:
+                assert_never(spec.kind)
     if sizes is not None:
         sizes.end_scan()
     return CacheScan(
         weights=tuple(weights),
-        compile_keys=tuple(compile_keys),
-        snapshots=tuple(snapshots),
+        compile_keys=tuple(found["compile"]),
+        snapshots=tuple(found["snapshot"]),
+        adapters=tuple(found["adapter"]),
         problems=tuple(walk.problems),
         files=walk.files,
         last_used=last_used,
         cache_bytes=cache_bytes,
     )
+
+
+def _entries(walk: _Walk, top: Path, spec: KindSpec) -> Iterator[tuple[str, str]]:
+    """(name, path) of every entry of a kind: directories ``len(spec.parts)`` levels below its top."""
+    level: list[tuple[str, str]] = [("", str(top))]
+    for depth in range(len(spec.parts)):
+        level = [(f"{prefix}/{d.name}" if prefix else d.name, d.path)
+                 for prefix, path in level for d in walk.subdirs(Path(path), missing_ok=depth == 0)]
+    yield from level
+
+
+def _marked(walk: _Walk, path: str) -> bool:
+    """Does the entry carry its completion marker?"""
+    try:
+        return os.path.lexists(os.path.join(path, COMPLETE))
+    except OSError as exc:  # pragma: no cover - lexists swallows most errors itself
+        walk.os_problem(path, exc)
+        return False

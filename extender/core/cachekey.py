@@ -341,5 +341,10 @@ def compile_cache_key(
         tensor_parallel=tensor_parallel,
         pipeline_parallel=pipeline_parallel,
     )
+    return compile_cache_key_of(document)
+
+
+def compile_cache_key_of(document: dict[str, object]) -> str:
+    """The key of a :func:`key_material` document."""
     encoded = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     return f"ck{KEY_VERSION}-{hashlib.sha256(encoded).hexdigest()[:32]}"

@@ -18,7 +18,8 @@ unknown *factors* ``m`` on the policy's seconds. For observation i on class c (p
     a_i,compileWarm     = [cache on the node, or fetched] x warm
     a_i,engine          = [no snapshot restore] x (graph + init)
     a_i,snapshotRestore = [snapshot restore] x restore
-    o_i = queue wait + registry fetch transfer + snapshot read        (policy values, not fitted)
+    o_i = queue wait + registry fetch transfer + snapshot read + LoRA adapters
+                                                                     (policy values, not fitted)
 
 ``m = 1`` is the policy: with it, ``o_i + sum_j a_ij`` is exactly the estimator's total (a test holds
 the two together). Which path a start took (registry fetch or compile, snapshot or not) is the
@@ -126,6 +127,8 @@ class Observation(Schema):
     compile: CompileWord = "absent"
     snapshot: bool = False
     queued_bytes: Amount = 0.0
+    #: Per preloaded LoRA adapter of the profile (in its order): on the node or not.
+    adapters: tuple[bool, ...] = ()
     #: Age of the node's inventory record when the state above was read.
     inventory_age: Seconds = 0.0
     scheduled_at: Seconds
@@ -144,18 +147,21 @@ class Observation(Schema):
         return self.ready_at - self.scheduled_at
 
     def matches(self, profile: Profile) -> bool:
-        """True when the start was of the image and weights the profile names now."""
-        return self.image_reference == profile.image.reference and self.weights_version == profile.weights.version
+        """True when the start was of the image, weights and number of adapters the profile names now."""
+        return (self.image_reference == profile.image.reference and self.weights_version == profile.weights.version
+                and len(self.adapters) == len(profile.preloaded_adapters))
 
 
 def cache_state(observations: Sequence[Observation]) -> CacheState:
-    """The estimator's cache-state columns of the observations' nodes at scheduling time."""
+    """The estimator's cache-state columns of the observations' nodes at scheduling time (same adapter count)."""
+    width = len(observations[0].adapters) if observations else 0
     return CacheState(
         image=np.array([o.image for o in observations], dtype=np.bool_),
         weights_bytes=np.array([o.weights_bytes for o in observations], dtype=np.float64),
         compile=np.array([int(_COMPILE[o.compile]) for o in observations], dtype=np.int8),
         snapshot=np.array([o.snapshot for o in observations], dtype=np.bool_),
         queued_bytes=np.array([o.queued_bytes for o in observations], dtype=np.float64),
+        adapters=np.array([o.adapters for o in observations], dtype=np.bool_).reshape(len(observations), width),
     )
 
 
@@ -180,10 +186,13 @@ def design(profile: Profile, node_class: NodeClass, state: CacheState, m: F64 | 
     """The estimator of ``profile`` on ``node_class`` as offsets and columns, paths chosen with ``m``.
 
     Mirrors :func:`extender.core.estimate.estimate` phase by phase (module docstring); with
-    ``m = 1`` the total equals it.
+    ``m = 1`` the total equals it. The LoRA adapters' phase is the estimator's own, at the policy's
+    values (an offset: not fitted).
     """
     f = np.ones(len(PARAMETERS)) if m is None else np.asarray(m, dtype=np.float64)
     t = ClassTable.build(profile, [node_class])
+    adapters_s = estimate(profile, [node_class], np.zeros(len(state), dtype=np.intp), state, t).adapters_s
+    fetched = ~state.adapters.all(axis=1) if state.adapters.shape[1] else np.zeros(len(state), dtype=np.bool_)
     nvme, nic, stream, pull = float(t.nvme_bps[0]), float(t.nic_bps[0]), float(t.stream_bps[0]), float(t.pull_bps[0])
     n = len(state)
     cols = np.zeros((n, len(PARAMETERS)))
@@ -198,7 +207,7 @@ def design(profile: Profile, node_class: NodeClass, state: CacheState, m: F64 | 
 
     cold, warm = float(t.compile_cold_s[0]), float(t.compile_warm_s[0])
     waiting = np.maximum(state.queued_bytes, 0.0) / nic
-    downloads = ~state.image | (remote > 0)
+    downloads = ~state.image | (remote > 0) | fetched
     transfer = float(profile.compile.artifact_bytes) / min(nic, stream)
     extra_queue = np.where(downloads, 0.0, waiting)
     use_fetch = (state.compile == CompileCache.REGISTRY) & (extra_queue + transfer + warm * f[WARM] < cold * f[COLD])
@@ -206,13 +215,13 @@ def design(profile: Profile, node_class: NodeClass, state: CacheState, m: F64 | 
     cols[:, COLD] = np.where(warm_path, 0.0, cold)
     cols[:, WARM] = np.where(warm_path, warm, 0.0)
     cols[:, ENGINE] = float(t.graph_s[0] + t.init_s[0])
-    offset = np.where(downloads | use_fetch, waiting, 0.0) + np.where(use_fetch, transfer, 0.0)
+    offset = np.where(downloads | use_fetch, waiting, 0.0) + np.where(use_fetch, transfer, 0.0) + adapters_s
 
     if profile.snapshot is not None:
         normal = offset + cols @ f
         read = float(profile.snapshot.bytes) / nvme
         restore = float(t.restore_s[0])
-        snap_offset = np.where(state.image, 0.0, waiting) + read
+        snap_offset = np.where(state.image & ~fetched, 0.0, waiting) + read + adapters_s
         snap_total = snap_offset + cols[:, IMAGE] * f[IMAGE] + restore * f[RESTORE]
         use = state.snapshot & (snap_total < normal)
         for j in (REMOTE, LOCAL, COLD, WARM, ENGINE):
@@ -225,12 +234,14 @@ def design(profile: Profile, node_class: NodeClass, state: CacheState, m: F64 | 
 def _named_shares(profile: Profile, node_class: NodeClass) -> F64:
     """``s_j``: each phase's largest share of the policy's estimate over the named cache states."""
     named = [s for s in STATES.values() if not s.snapshot or profile.snapshot is not None]
+    width = len(profile.preloaded_adapters)
     state = CacheState(
         image=np.array([s.image for s in named], dtype=np.bool_),
         weights_bytes=np.array([profile.weights.bytes if s.weights else 0 for s in named], dtype=np.float64),
         compile=np.array([int(s.compile) for s in named], dtype=np.int8),
         snapshot=np.array([s.snapshot for s in named], dtype=np.bool_),
         queued_bytes=np.zeros(len(named)),
+        adapters=np.array([[s.adapters] * width for s in named], dtype=np.bool_).reshape(len(named), width),
     )
     d = design(profile, node_class, state)
     totals = np.maximum(d.total(np.ones(len(PARAMETERS))), 1e-9)

@@ -49,6 +49,11 @@ ENGINE_INIT_S = 34.0
 #: compressed (docs/sources.md).
 IMAGE_BYTES = 10 * GB
 
+#: Seconds for an engine to load one LoRA adapter whose files are on the node into GPU memory. An
+#: assumption, not a measurement (a rank-16 adapter of an 8B model is tens of MB): set
+#: ``lora.load`` from your engine's logs.
+ADAPTER_LOAD_S = 1.0
+
 #: Safetensors shard size used to guess a shard count. EKS model-loading report: "the ~3.9 GiB shard
 #: size"; "most SafeTensors shards are 3-5 GiB".
 SHARD_BYTES = int(3.9 * GiB)

@@ -6,7 +6,7 @@ it and the simulator times every pod start with it.
 
 The model (README.md, "Startup-time estimate"). For a pod of profile *w* on node *n* of class *c*, in seconds::
 
-    T          = T_queue + T_image + T_weights + T_compile + T_graph + T_init
+    T          = T_queue + T_image + T_weights + T_compile + T_graph + T_init + T_adapters
     T_image    = 0 if the image is on n, else image_bytes / image_pull_bps(c)
     T_weights  = local_bytes / local_bps + remote_bytes / remote_bps
     remote_bps = min(nic_bps(c), streams(w) * stream_bps(w, c))
@@ -19,9 +19,13 @@ The model (README.md, "Startup-time estimate"). For a pod of profile *w* on node
                                                                when fetching beats compiling
                = cold_s                                        otherwise
     T_graph, T_init: per-profile constants, per-class overrides
+    T_adapters = sum over the preloaded LoRA adapters a of
+                   a.bytes / local_bps_a (on n) or a.bytes / min(nic_bps, stream_bps) (fetched, one
+                   stream each), + load_s           local_bps_a = max(nvme_read_bps, that stream)
     T_queue    = queued_bytes / nic_bps(c)                     bytes other pulls already have
                                                                in flight to n; paid only when
                                                                this pod downloads anything itself
+                                                               (image, weights or an adapter)
 
 The registry fetch is chosen when ``extra_queue + fetch_s < cold_s``, where ``extra_queue`` is the
 queue wait the fetch alone would add (zero when the pod downloads its image or weights anyway): a
@@ -32,7 +36,9 @@ Snapshot path, when the profile has a snapshot and node n holds one for it::
     T_snap = T_queue' + T_image + snapshot_bytes / nvme_read_bps(c) + restore_s
     T      = min(T, T_snap)   (the restore replaces weights, compile, graph capture and init)
 
-where ``T_queue'`` counts only when the image is missing. Taking the minimum encodes that a node
+where ``T_queue'`` counts only when the image is missing. Adapters are loaded after a restore as
+after a normal start (a snapshot is of the base model; tenants' adapters change more often), so
+``T_adapters`` is added to both paths. Taking the minimum encodes that a node
 operator would not restore a snapshot that is slower than a normal start; it also makes the
 estimate monotone: more cache never makes a start slower (a property test holds us to it).
 
@@ -43,18 +49,18 @@ Units: bytes, bytes per second, seconds. Every phase is finite and non-negative 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from enum import IntEnum
 
 import numpy as np
 from numpy.typing import NDArray
 
-from extender.core.policy import NodeClass, Profile
+from extender.core.policy import NodeClass, PhaseOverride, Profile
 
 F64 = NDArray[np.float64]
 
 #: Phase columns, in the order a pod goes through them.
-PHASES = ("queue_s", "image_s", "weights_s", "compile_s", "graph_s", "init_s", "restore_s")
+PHASES = ("queue_s", "image_s", "weights_s", "compile_s", "graph_s", "init_s", "restore_s", "adapters_s")
 
 
 class CompileCache(IntEnum):
@@ -67,13 +73,18 @@ class CompileCache(IntEnum):
 
 @dataclass(frozen=True)
 class CacheState:
-    """Cache state of n nodes for one profile; every field is an array of length n."""
+    """Cache state of n nodes for one profile; every field is an array of length n.
+
+    ``adapters`` is n x A: column j says whether the profile's j-th preloaded LoRA adapter is on
+    the node (A = 0 for a profile without adapters).
+    """
 
     image: NDArray[np.bool_]
     weights_bytes: F64
     compile: NDArray[np.int8]
     snapshot: NDArray[np.bool_]
     queued_bytes: F64
+    adapters: NDArray[np.bool_]
 
     @classmethod
     def uniform(
@@ -85,18 +96,41 @@ class CacheState:
         compile: CompileCache = CompileCache.ABSENT,
         snapshot: bool = False,
         queued_bytes: float = 0.0,
+        adapters: int = 0,
+        adapters_present: bool = False,
     ) -> CacheState:
-        """n nodes in the same state (a cold cluster by default)."""
+        """n nodes in the same state (a cold cluster by default), ``adapters`` adapter columns."""
         return cls(
             image=np.full(n, image, dtype=np.bool_),
             weights_bytes=np.full(n, weights_bytes, dtype=np.float64),
             compile=np.full(n, int(compile), dtype=np.int8),
             snapshot=np.full(n, snapshot, dtype=np.bool_),
             queued_bytes=np.full(n, queued_bytes, dtype=np.float64),
+            adapters=np.full((n, adapters), adapters_present, dtype=np.bool_),
         )
 
     def __len__(self) -> int:
         return len(self.image)
+
+    def take(self, rows: NDArray[np.intp] | slice) -> CacheState:
+        """Writable copies of some rows (the planner and the simulator mark caches on them)."""
+        return CacheState(*(np.array(getattr(self, f.name)[rows]) for f in fields(self)))
+
+    def cold_where(self, stale: NDArray[np.bool_]) -> CacheState:
+        """The state with every cache absent on the ``stale`` rows (queued bytes are kept)."""
+        keep = ~stale
+        return replace(
+            self,
+            image=self.image & keep,
+            weights_bytes=np.where(keep, self.weights_bytes, 0.0),
+            compile=np.where(keep, self.compile, np.int8(CompileCache.ABSENT)).astype(np.int8),
+            snapshot=self.snapshot & keep,
+            adapters=self.adapters & keep[:, None],
+        )
+
+    def with_queue(self, queued_bytes: F64) -> CacheState:
+        """The same caches with other pulls' bytes replaced."""
+        return replace(self, queued_bytes=queued_bytes)
 
 
 @dataclass(frozen=True)
@@ -116,26 +150,29 @@ class ClassTable:
     @classmethod
     def build(cls, profile: Profile, classes: Sequence[NodeClass]) -> ClassTable:
         """Resolve profile values, per-class overrides and class bandwidths into arrays."""
-        rows = []
+        snapshot_restore = profile.snapshot.restore if profile.snapshot else 0.0
+        rows: list[dict[str, float]] = []
         for c in classes:
-            o = profile.overrides.get(c.name)
-            cold = o.compile_cold if o and o.compile_cold is not None else profile.compile.cold
-            warm = o.compile_warm if o and o.compile_warm is not None else profile.compile.warm
-            snapshot_restore = profile.snapshot.restore if profile.snapshot else 0.0
-            stream = profile.weights.stream_bandwidth or c.network.object_store_per_stream
-            rows.append((
-                o.nvme_read if o and o.nvme_read is not None else c.nvme.read_bandwidth,
-                c.network.nic,
-                o.stream_bandwidth if o and o.stream_bandwidth is not None else stream,
-                o.image_pull if o and o.image_pull is not None else c.network.image_pull,
-                cold,
-                min(warm, cold),  # a cache hit is never slower than compiling
-                o.graph_capture if o and o.graph_capture is not None else profile.graph_capture,
-                o.engine_init if o and o.engine_init is not None else profile.engine_init,
-                o.snapshot_restore if o and o.snapshot_restore is not None else snapshot_restore,
-            ))
-        cols = np.array(rows, dtype=np.float64).reshape(len(rows), len(fields(cls)))
-        return cls(*(cols[:, i].copy() for i in range(cols.shape[1])))
+            o = profile.overrides.get(c.name) or PhaseOverride()
+
+            def pick(override: float | None, default: float) -> float:
+                return default if override is None else override
+
+            cold = pick(o.compile_cold, profile.compile.cold)
+            rows.append({
+                "nvme_bps": pick(o.nvme_read, c.nvme.read_bandwidth),
+                "nic_bps": c.network.nic,
+                "stream_bps": pick(o.stream_bandwidth, profile.weights.stream_bandwidth
+                                   or c.network.object_store_per_stream),
+                "pull_bps": pick(o.image_pull, c.network.image_pull),
+                "compile_cold_s": cold,
+                # a cache hit is never slower than compiling
+                "compile_warm_s": min(pick(o.compile_warm, profile.compile.warm), cold),
+                "graph_s": pick(o.graph_capture, profile.graph_capture),
+                "init_s": pick(o.engine_init, profile.engine_init),
+                "restore_s": pick(o.snapshot_restore, snapshot_restore),
+            })
+        return cls(**{f.name: np.array([r[f.name] for r in rows], dtype=np.float64) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -149,6 +186,7 @@ class Estimate:
     graph_s: F64
     init_s: F64
     restore_s: F64
+    adapters_s: F64
     total_s: F64
 
     def __len__(self) -> int:
@@ -185,9 +223,11 @@ def estimate(
     local_bps = np.maximum(nvme, remote_bps)
     weights_s = local / local_bps + remote / remote_bps
 
+    adapters_s, adapters_fetched = _adapters(profile, state.adapters, nvme, nic, stream)
+
     cold, warm = t.compile_cold_s[idx], t.compile_warm_s[idx]
     waiting_s = np.maximum(state.queued_bytes, 0.0) / nic
-    downloads = ~state.image | (remote > 0)
+    downloads = ~state.image | (remote > 0) | adapters_fetched
     fetch_s = float(profile.compile.artifact_bytes) / np.minimum(nic, stream) + warm
     extra_queue_s = np.where(downloads, 0.0, waiting_s)
     use_fetch = (state.compile == CompileCache.REGISTRY) & (extra_queue_s + fetch_s < cold)
@@ -196,12 +236,12 @@ def estimate(
     graph_s, init_s = t.graph_s[idx], t.init_s[idx]
     queue_s = np.where(downloads | use_fetch, waiting_s, 0.0)
     restore_s = np.zeros(len(idx))
-    total_s = queue_s + image_s + weights_s + compile_s + graph_s + init_s
+    total_s = queue_s + image_s + weights_s + compile_s + graph_s + init_s + adapters_s
 
     if profile.snapshot is not None:
         snap_restore = float(profile.snapshot.bytes) / nvme + t.restore_s[idx]
-        snap_queue = np.where(state.image, 0.0, np.maximum(state.queued_bytes, 0.0) / nic)
-        snap_total = snap_queue + image_s + snap_restore
+        snap_queue = np.where(state.image & ~adapters_fetched, 0.0, waiting_s)
+        snap_total = snap_queue + image_s + snap_restore + adapters_s
         use = state.snapshot & (snap_total < total_s)
         zero = np.zeros(len(idx))
         queue_s = np.where(use, snap_queue, queue_s)
@@ -212,7 +252,32 @@ def estimate(
         restore_s = np.where(use, snap_restore, zero)
         total_s = np.where(use, snap_total, total_s)
 
-    return Estimate(queue_s, image_s, weights_s, compile_s, graph_s, init_s, restore_s, total_s)
+    return Estimate(queue_s, image_s, weights_s, compile_s, graph_s, init_s, restore_s, adapters_s, total_s)
+
+
+def _adapters(
+    profile: Profile, present: NDArray[np.bool_], nvme: F64, nic: F64, stream: F64
+) -> tuple[F64, NDArray[np.bool_]]:
+    """``T_adapters`` per node, and whether the node fetches any adapter (module docstring)."""
+    preloaded = profile.preloaded_adapters
+    n = len(nvme)
+    if not preloaded:
+        return np.zeros(n), np.zeros(n, dtype=np.bool_)
+    sizes = np.array([a.bytes for a in preloaded], dtype=np.float64)
+    remote_bps = np.minimum(nic, stream)
+    local_bytes = present.astype(np.float64) @ sizes
+    remote_bytes = float(sizes.sum()) - local_bytes
+    assert profile.lora is not None  # preloaded adapters come from the lora section
+    seconds = local_bytes / np.maximum(nvme, remote_bps) + remote_bytes / remote_bps + profile.lora.load * len(sizes)
+    fetched = np.asarray(~present.all(axis=1), dtype=np.bool_)
+    return seconds, fetched
+
+
+def cold_by_class(profile: Profile, classes: Sequence[NodeClass]) -> Estimate:
+    """The profile's fully cold start on one node of each class, in class order."""
+    n = len(classes)
+    cold = CacheState.uniform(n, adapters=len(profile.preloaded_adapters))
+    return estimate(profile, classes, np.arange(n, dtype=np.intp), cold)
 
 
 @dataclass(frozen=True)
@@ -223,6 +288,7 @@ class NamedState:
     weights: bool = False
     compile: CompileCache = CompileCache.ABSENT
     snapshot: bool = False
+    adapters: bool = False
 
 
 #: Named cache states shown by ``extender estimate``: what a node holds, from nothing to everything.
@@ -230,8 +296,8 @@ STATES: dict[str, NamedState] = {
     "cold": NamedState(),
     "image": NamedState(image=True),
     "image+weights": NamedState(image=True, weights=True),
-    "warm": NamedState(image=True, weights=True, compile=CompileCache.LOCAL),
-    "snapshot": NamedState(image=True, weights=True, compile=CompileCache.LOCAL, snapshot=True),
+    "warm": NamedState(image=True, weights=True, compile=CompileCache.LOCAL, adapters=True),
+    "snapshot": NamedState(image=True, weights=True, compile=CompileCache.LOCAL, snapshot=True, adapters=True),
 }
 
 
@@ -248,6 +314,8 @@ def breakdown(profile: Profile, node_class: NodeClass) -> dict[str, dict[str, fl
         compile=np.array([int(r.compile) for r in rows], dtype=np.int8),
         snapshot=np.array([r.snapshot for r in rows], dtype=np.bool_),
         queued_bytes=np.zeros(len(rows)),
+        adapters=np.array([[r.adapters] * len(profile.preloaded_adapters) for r in rows],
+                          dtype=np.bool_).reshape(len(rows), len(profile.preloaded_adapters)),
     )
     est = estimate(profile, [node_class], np.zeros(len(rows), dtype=np.intp), state)
     return {name: est.row(i) for i, name in enumerate(named)}

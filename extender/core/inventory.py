@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Literal
+from typing import Annotated
 
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field
 
-from extender.core.cachekey import compile_cache_key
+from extender.core.caches import adapter_keys, compile_key, weights_key
 from extender.core.estimate import CacheState, ClassTable, CompileCache
 from extender.core.images import names_for, normalise_all
 from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
@@ -71,24 +71,6 @@ BytesMap = Annotated[dict[Text, StoredBytes], Field(max_length=MAX_ENTRIES)]
 TimeMap = Annotated[dict[Text, Timestamp], Field(max_length=MAX_ENTRIES)]
 
 
-def weights_key(workload: str, version: str) -> str:
-    """Identity of a profile's weights on a node: ``<workload>/<version>``."""
-    return f"{workload}/{version}"
-
-
-#: The kinds of cache a node holds for a workload (and the kinds of warm action).
-CacheKind = Literal["image", "weights", "compile", "snapshot"]
-
-
-def cache_id(kind: CacheKind, name: str) -> str:
-    """Identity of one cache entry on a node, as ``NodeState.last_used``, ``in_use`` and ``cache_bytes`` key it.
-
-    ``image:<reference>``, ``weights:<workload>/<version>`` (:func:`weights_key`), ``compile:<key>``
-    (``extender.core.cachekey``), ``snapshot:<workload>``.
-    """
-    return f"{kind}:{name}"
-
-
 class NodeState(Schema):
     """One node's cache and capacity state."""
 
@@ -108,6 +90,8 @@ class NodeState(Schema):
     compile_keys: Texts = ()
     #: Workloads with a process snapshot on this node (valid for the node's class).
     snapshots: Texts = ()
+    #: LoRA adapters on this node, complete, as ``<workload>/<adapter>`` (extender.core.caches).
+    adapters: Texts = ()
     #: Bytes other pulls (starting pods, warm jobs) still have to bring onto this node.
     pulling_bytes: StoredBytes = 0
     heartbeat: Timestamp = 0.0
@@ -123,7 +107,7 @@ class NodeState(Schema):
     #: Workloads with a running or starting pod on this node (cluster sync). Their current compile
     #: cache and snapshot, and their weights of every version, count as in use.
     pod_workloads: Texts = ()
-    #: Bytes of compile-cache and snapshot entries by cache id (weights bytes are in ``weights``);
+    #: Bytes of compile-cache, snapshot and adapter entries by cache id (weights bytes are in ``weights``);
     #: where missing, the size the policy declares for the matching profile is used.
     cache_bytes: BytesMap = {}
 
@@ -236,7 +220,8 @@ class InventorySnapshot:
         digest = profile.compile.key.image_digest if profile.compile.key is not None else None
         image_names = names_for(profile.image.reference, digest)
         wkey = weights_key(profile.name, profile.weights.version)
-        ckey = _compile_key_by_class(profile, self.classes)
+        ckey = [compile_key(profile, c) for c in self.classes]
+        akeys = adapter_keys(profile)
         rows = self.nodes
         image = np.array([*(not image_names.isdisjoint(normalise_all(s.images)) for s in rows), False], dtype=np.bool_)
         weights = np.array([*(float(s.weights.get(wkey, 0)) for s in rows), 0.0], dtype=np.float64)
@@ -250,7 +235,9 @@ class InventorySnapshot:
             elif key in self.registry:
                 compile_state[i] = CompileCache.REGISTRY
         snapshot = np.array([*(profile.name in s.snapshots for s in rows), False], dtype=np.bool_)
-        state = CacheState(image, weights, compile_state, snapshot, self.pulling_bytes.copy())
+        adapters = np.array([*([k in s.adapters for k in akeys] for s in rows), [False] * len(akeys)],
+                            dtype=np.bool_).reshape(len(rows) + 1, len(akeys))
+        state = CacheState(image, weights, compile_state, snapshot, self.pulling_bytes.copy(), adapters)
         result = (state, ClassTable.build(profile, self.classes))
         self._per_profile[profile.name] = result
         return result
@@ -258,27 +245,4 @@ class InventorySnapshot:
     def state_for(self, profile: Profile, rows: NDArray[np.intp], now: float) -> tuple[CacheState, ClassTable]:
         """Cache state of the given rows for ``profile``, with stale and unknown rows made cold."""
         full, table = self.cache_state(profile)
-        fresh = self.fresh(now)[rows]
-        state = CacheState(
-            image=full.image[rows] & fresh,
-            weights_bytes=np.where(fresh, full.weights_bytes[rows], 0.0),
-            compile=np.where(fresh, full.compile[rows], np.int8(CompileCache.ABSENT)).astype(np.int8),
-            snapshot=full.snapshot[rows] & fresh,
-            queued_bytes=full.queued_bytes[rows],
-        )
-        return state, table
-
-
-def _compile_key_by_class(profile: Profile, classes: Sequence[NodeClass]) -> list[str | None]:
-    """The profile's compile-cache key on each class (``None`` when the profile declares no key)."""
-    if profile.compile.key is None:
-        return [None] * len(classes)
-    return [
-        compile_cache_key(
-            profile.compile.key,
-            gpu_product=c.gpu.product,
-            tensor_parallel=profile.parallelism.tensor,
-            pipeline_parallel=profile.parallelism.pipeline,
-        )
-        for c in classes
-    ]
+        return full.take(rows).cold_where(~self.fresh(now)[rows]), table

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from extender.core.estimate import CacheState, CompileCache, estimate
+from extender.core.estimate import CacheState, CompileCache, cold_by_class, estimate
 from extender.core.inventory import InventorySnapshot
 from extender.core.policy import Policy, Profile
 
@@ -77,7 +77,7 @@ def next_replica(policy: Policy, profile: Profile, snapshot: InventorySnapshot |
                 node_class=snapshot.classes[int(snapshot.class_index[row])].name,
                 cache=_cache_words(state, best, profile),
             )
-    cold = estimate(profile, classes, np.arange(len(classes), dtype=np.intp), CacheState.uniform(len(classes)))
+    cold = cold_by_class(profile, classes)
     worst = int(np.argmax(cold.total_s))
     return Placement(
         startup_s=float(cold.total_s[worst]),

@@ -204,6 +204,11 @@ class Weights(Schema):
         return self.shard_files or max(1, -(-self.bytes // defaults.SHARD_BYTES))
 
     @property
+    def cached(self) -> bool:
+        """Does the profile keep its weights on node NVMe (``cache`` is not ``none``)?"""
+        return self.cache != "none"
+
+    @property
     def streams(self) -> int:
         """Parallel object-store streams: one serial stream per file, capped by the loader's workers."""
         return min(self.shards, self.loader_concurrency)
@@ -241,6 +246,36 @@ class Snapshot(Schema):
 
     bytes: PositiveBytes
     restore: Duration
+
+
+class Adapter(Schema):
+    """One LoRA adapter of a workload (a tenant's fine-tune of the base model)."""
+
+    name: Name
+    source: Annotated[Reference, Field(min_length=1, description="URI: s3://, gs://, hf://, file://, ...")]
+    bytes: PositiveBytes
+
+
+class Lora(Schema):
+    """LoRA adapters served on top of the base model.
+
+    ``adapters`` are listed most popular first; a replica loads the first ``preload`` of them at
+    start (vLLM ``--lora-modules``, SGLang ``--lora-paths``) and is Ready once they are loaded, so
+    they are part of its startup; the others load on a tenant's first request. ``load`` is the
+    engine's seconds to load one adapter into GPU memory once its files are on the node.
+    """
+
+    adapters: tuple[Adapter, ...] = Field(min_length=1)
+    preload: int = Field(default=1, ge=0)
+    load: Duration = defaults.ADAPTER_LOAD_S
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Lora:
+        names = [a.name for a in self.adapters]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise InvalidValueError(f"adapter names must be unique; repeated: {', '.join(twice)}")
+        return self
 
 
 class Capacity(Schema):
@@ -363,6 +398,7 @@ class Profile(Schema):
     graph_capture: Duration = defaults.GRAPH_CAPTURE_S
     engine_init: Duration = defaults.ENGINE_INIT_S
     snapshot: Snapshot | None = None
+    lora: Lora | None = None
     capacity: Capacity | None = None
     startup_slo: Duration | None = None
     overrides: dict[str, PhaseOverride] = {}
@@ -379,6 +415,16 @@ class Profile(Schema):
     def matches(self, labels: dict[str, str], annotations: dict[str, str]) -> bool:
         """True when a pod with these labels and annotations belongs to this workload."""
         return self.match.matches(labels, annotations)
+
+    @property
+    def adapters(self) -> tuple[Adapter, ...]:
+        """Every LoRA adapter of the workload (none without a ``lora`` section)."""
+        return self.lora.adapters if self.lora is not None else ()
+
+    @property
+    def preloaded_adapters(self) -> tuple[Adapter, ...]:
+        """The adapters a replica loads before it is Ready: the first ``lora.preload``."""
+        return self.lora.adapters[: self.lora.preload] if self.lora is not None else ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -535,6 +581,7 @@ TEMPLATE_VARS: dict[str, frozenset[str]] = {
     "weights": TEMPLATE_COMMON | {"source", "version", "staging", "dest"},
     "compile": TEMPLATE_COMMON | {"key", "staging", "dest"},
     "snapshot": TEMPLATE_COMMON | {"staging", "dest"},
+    "adapter": TEMPLATE_COMMON | {"source", "adapter", "staging", "dest"},
     "publishCompile": TEMPLATE_COMMON | {"key", "dir"},
 }
 #: ``{{ name }}`` in a template.
@@ -551,6 +598,7 @@ class WarmTemplates(Schema):
     weights: StepTemplate | None = None
     compile: StepTemplate | None = None
     snapshot: StepTemplate | None = None
+    adapter: StepTemplate | None = None
     #: Uploads ``{{dir}}`` (a node's compile cache of key ``{{key}}``) to the registry.
     publish_compile: StepTemplate | None = None
 
@@ -682,6 +730,11 @@ class Policy(Schema):
             if c.name == name:
                 return c
         raise UnknownNameError(f"no node class {name!r} (known: {', '.join(c.name for c in self.node_classes)})")
+
+    @property
+    def profile_names(self) -> frozenset[str]:
+        """Names of every workload profile."""
+        return frozenset(p.name for p in self.profiles)
 
     def profile(self, name: str) -> Profile:
         """The workload profile called ``name``."""

@@ -53,6 +53,7 @@ class AgentReport(Report):
     weights: BytesMap = {}
     compile_keys: Texts = ()
     snapshots: Texts = ()
+    adapters: Texts = ()
     #: Every name of every image the container runtime holds; ``None`` when the agent cannot see the
     #: runtime (kubelet's capped list is used then).
     images: Texts | None = None
@@ -110,6 +111,7 @@ def merge(name: str, agent: AgentReport | None, kube: KubeReport | None) -> Node
             weights=agent.weights,
             compile_keys=agent.compile_keys,
             snapshots=agent.snapshots,
+            adapters=agent.adapters,
             heartbeat=agent.heartbeat,
             ttl=agent.ttl,
             last_used=agent.last_used,

@@ -70,6 +70,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from extender.core.errors import InvalidValueError
 from extender.core.forecast import Forecast
+from extender.core.policy import ReplicaBounds, Scaling
+
+#: The policy's defaults, the one place the decision's knobs get theirs from.
+_DEFAULTS = Scaling()
 
 #: ceil() of a need computed as 11.000000000000002 (1.1 / 0.1) must be 11, not 12.
 _CEIL_SLACK = 1e-9
@@ -128,12 +132,24 @@ class DecisionInputs(_Model):
     horizon: Horizon
     ready: int = Field(ge=0)
     starting: int = Field(default=0, ge=0)
-    min_replicas: int = Field(default=1, ge=0)
+    min_replicas: int = Field(default=ReplicaBounds.model_fields["min_replicas"].default, ge=0)
     max_replicas: int = Field(ge=1)
-    tolerance: float = Field(default=0.1, ge=0, lt=1)
-    stabilisation_s: float = Field(default=300.0, ge=0)
-    queue_drain_s: float = Field(default=60.0, gt=0)
+    tolerance: float = Field(default=_DEFAULTS.tolerance, ge=0, lt=1)
+    stabilisation_s: float = Field(default=_DEFAULTS.scale_down_stabilisation, ge=0)
+    queue_drain_s: float = Field(default=_DEFAULTS.queue_drain, gt=0)
     recent: tuple[Recommendation, ...] = ()
+
+    @classmethod
+    def for_policy(cls, scaling: Scaling, bounds: ReplicaBounds, **observed: object) -> DecisionInputs:
+        """Inputs with the policy's knobs and the workload's bounds; ``observed``: this tick's fields.
+
+        The scaler and the simulator both build their inputs here, so they decide by the same rules.
+        """
+        return cls.model_validate({
+            **observed, "min_replicas": bounds.min_replicas, "max_replicas": bounds.max_replicas,
+            "tolerance": scaling.tolerance, "stabilisation_s": scaling.scale_down_stabilisation,
+            "queue_drain_s": scaling.queue_drain,
+        })
 
     @model_validator(mode="after")
     def _bounds(self) -> DecisionInputs:

@@ -49,7 +49,7 @@ from enum import IntEnum
 import numpy as np
 from numpy.typing import NDArray
 
-from extender.core.estimate import CacheState, ClassTable, Estimate, estimate
+from extender.core.estimate import CacheState, ClassTable, Estimate, cold_by_class, estimate
 from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
 
 F64 = NDArray[np.float64]
@@ -99,15 +99,8 @@ class Scale:
 
 def scale_for(policy: Policy, profile: Profile) -> Scale:
     """The profile's fixed scale: slowest fully cold start over its classes, and seconds per point."""
-    classes = policy.classes_for(profile)
-    cold = estimate(profile, classes, np.arange(len(classes), dtype=np.intp), CacheState.uniform(len(classes)))
-    reference = float(cold.total_s.max())
+    reference = float(cold_by_class(profile, policy.classes_for(profile)).total_s.max())
     return Scale(reference, max(float(policy.scoring.seconds_per_point), reference / MAX_SCORE))
-
-
-def caches_weights(profile: Profile) -> bool:
-    """True when the profile keeps weights on node NVMe (so free NVMe matters to it)."""
-    return profile.weights.cache != "none"
 
 
 def lacking_bytes(profile: Profile, weights_local: F64) -> F64:
@@ -118,7 +111,7 @@ def lacking_bytes(profile: Profile, weights_local: F64) -> F64:
 
 def nvme_pressure(profile: Profile, lacking: F64, usable_free: F64, free_known: Mask) -> Mask:
     """Nodes whose usable free NVMe cannot take the weights they lack without evicting something."""
-    if not caches_weights(profile):
+    if not profile.weights.cached:
         return np.zeros(len(lacking), dtype=np.bool_)
     return free_known & (lacking > 0) & (usable_free < lacking)
 
@@ -184,6 +177,7 @@ _PHASE_WORDS = {
     "graph_s": "CUDA graph capture",
     "init_s": "engine init",
     "restore_s": "snapshot restore",
+    "adapters_s": "LoRA adapters",
 }
 
 

@@ -76,17 +76,31 @@ not known.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass, field, replace
+from typing import Literal, assert_never
 
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
-from extender.core.cachekey import compile_cache_key
+from extender.core import caches
+from extender.core.caches import (
+    SPECS,
+    CacheKind,
+    adapter_keys,
+    cache_id,
+    caches_weights,
+    compile_key,
+    declared_sizes,
+    ids_in_use,
+    nvme_entries,
+    replica_ids,
+    weights_key,
+    with_entries,
+)
 from extender.core.errors import InvalidValueError
 from extender.core.estimate import CacheState, ClassTable, CompileCache, estimate
-from extender.core.inventory import CacheKind, InventorySnapshot, NodeState, cache_id, weights_key
+from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import NodeClass, Policy, Profile
 from extender.core.scaler import Decision
 
@@ -94,8 +108,8 @@ F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
 
 Kind = CacheKind
-#: Kinds of warm action, in tie-break order.
-KINDS: tuple[Kind, ...] = ("image", "weights", "compile", "snapshot")
+#: Kinds of warm action, in tie-break order (extender.core.caches.KINDS).
+KINDS: tuple[Kind, ...] = tuple(spec.kind for spec in caches.KINDS)
 Purpose = Literal["demand", "keep-warm"]
 SkipReason = Literal["node-concurrency", "byte-budget", "deadline", "nvme"]
 
@@ -272,56 +286,21 @@ def apply(record: NodeState, action: Action, *, now: float) -> NodeState:
 
     The staged entry gets ``last_used = now`` (what the agent reports for a cache no pod used yet).
     """
-    weights = dict(record.weights)
-    compile_keys = list(record.compile_keys)
-    snapshots = list(record.snapshots)
-    images = list(record.images)
-    last_used = dict(record.last_used)
-    sizes = dict(record.cache_bytes)
-    free = record.nvme_free
-    for e in action.evictions:
-        kind, _, name = e.cache.partition(":")
-        if kind == "weights":
-            weights.pop(name, None)
-        elif kind == "compile" and name in compile_keys:
-            compile_keys.remove(name)
-        elif kind == "snapshot" and name in snapshots:
-            snapshots.remove(name)
-        last_used.pop(e.cache, None)
-        sizes.pop(e.cache, None)
-        free += e.bytes
-    kind, _, name = action.cache.partition(":")
-    if kind == "image" and name not in images:
-        images.append(name)
-    elif kind == "weights":
-        weights[name] = weights.get(name, 0) + action.bytes
-    elif kind == "compile" and name not in compile_keys:
-        compile_keys.append(name)
-        sizes[action.cache] = action.nvme_bytes
-    elif kind == "snapshot" and name not in snapshots:
-        snapshots.append(name)
-        sizes[action.cache] = action.nvme_bytes
-    if kind != "image":
+    kind = caches.parse_cache_id(action.cache)[0]
+    # weights record the bytes that arrived; the other kinds their size on NVMe
+    added = action.bytes if SPECS[kind].sized else action.nvme_bytes
+    updates = with_entries(record, add={action.cache: added}, remove=[e.cache for e in action.evictions])
+    if SPECS[kind].on_nvme:
+        last_used = updates["last_used"]
+        assert isinstance(last_used, dict)
         last_used[action.cache] = now
-    return record.model_copy(update={
-        "images": tuple(images), "weights": weights, "compile_keys": tuple(compile_keys),
-        "snapshots": tuple(snapshots), "last_used": last_used, "cache_bytes": sizes,
-        "nvme_free": max(free - action.nvme_bytes, 0),
-    })
+    freed = sum(e.bytes for e in action.evictions)
+    return record.model_copy(update={**updates, "nvme_free": max(record.nvme_free + freed - action.nvme_bytes, 0)})
 
 
 # ---------------------------------------------------------------------------------------------
 # The planner
 # ---------------------------------------------------------------------------------------------
-
-
-def _compile_key(profile: Profile, node_class: NodeClass) -> str | None:
-    """The profile's compile-cache key on a class, exactly as the inventory computes it."""
-    if profile.compile.key is None:
-        return None
-    return compile_cache_key(profile.compile.key, gpu_product=node_class.gpu.product,
-                             tensor_parallel=profile.parallelism.tensor,
-                             pipeline_parallel=profile.parallelism.pipeline)
 
 
 @dataclass
@@ -374,28 +353,49 @@ class _Work:
     def available(self, kind: Kind) -> NDArray[np.bool_]:
         """Nodes where an action of this kind would add a cache that is missing and obtainable."""
         st = self.state
-        if kind == "image":
-            ok = ~st.image
-        elif kind == "weights":
-            ok = self.nvme_ok & (st.weights_bytes < float(self.profile.weights.bytes))
-        elif kind == "compile":
-            ok = st.compile == CompileCache.REGISTRY
-        else:
-            ok = self.published & ~st.snapshot
-        return ok & ~self.dead[kind]
+        match kind:
+            case "image":
+                ok = ~st.image
+            case "weights":
+                ok = self.nvme_ok & (st.weights_bytes < float(self.profile.weights.bytes))
+            case "compile":
+                ok = st.compile == CompileCache.REGISTRY
+            case "snapshot":
+                ok = self.published & ~st.snapshot
+            case "adapter":
+                ok = self.nvme_ok & ~st.adapters.all(axis=1)
+            case _:
+                assert_never(kind)
+        return np.asarray(ok & ~self.dead[kind], dtype=np.bool_)
+
+    def first_missing_adapter(self) -> NDArray[np.intp]:
+        """Per node, the column of the first preloaded adapter it lacks (the count when none)."""
+        st = self.state.adapters
+        missing = ~st
+        first: NDArray[np.intp] = np.where(missing.any(axis=1), np.argmax(missing, axis=1), st.shape[1]).astype(np.intp)
+        return first
 
     def with_kind(self, kind: Kind) -> CacheState:
         """The state with one more cache of ``kind`` on every node (each candidate differs in one)."""
         st = self.state
-        if kind == "image":
-            return CacheState(np.ones_like(st.image), st.weights_bytes, st.compile, st.snapshot, st.queued_bytes)
-        if kind == "weights":
-            full = np.where(self.nvme_ok, float(self.profile.weights.bytes), st.weights_bytes)
-            return CacheState(st.image, full, st.compile, st.snapshot, st.queued_bytes)
-        if kind == "compile":
-            local = np.where(st.compile == CompileCache.REGISTRY, np.int8(CompileCache.LOCAL), st.compile)
-            return CacheState(st.image, st.weights_bytes, local.astype(np.int8), st.snapshot, st.queued_bytes)
-        return CacheState(st.image, st.weights_bytes, st.compile, st.snapshot | self.published, st.queued_bytes)
+        match kind:
+            case "image":
+                return replace(st, image=np.ones_like(st.image))
+            case "weights":
+                return replace(st, weights_bytes=np.where(self.nvme_ok, float(self.profile.weights.bytes),
+                                                          st.weights_bytes))
+            case "compile":
+                local = np.where(st.compile == CompileCache.REGISTRY, np.int8(CompileCache.LOCAL), st.compile)
+                return replace(st, compile=local.astype(np.int8))
+            case "snapshot":
+                return replace(st, snapshot=st.snapshot | self.published)
+            case "adapter":
+                adapters = st.adapters.copy()
+                rows = np.flatnonzero(self.nvme_ok & ~adapters.all(axis=1))
+                adapters[rows, self.first_missing_adapter()[rows]] = True
+                return replace(st, adapters=adapters)
+            case _:
+                assert_never(kind)
 
     def totals(self, state: CacheState | None = None) -> F64:
         """Estimated startup seconds on each node."""
@@ -403,34 +403,52 @@ class _Work:
                        self.table)
         return est.total_s
 
-    def mark(self, i: int, kind: Kind) -> None:
-        """Node ``i`` now holds (or will hold) the cache of ``kind``."""
+    def mark(self, i: int, kind: Kind, cache: str | None = None) -> None:
+        """Node ``i`` now holds (or will hold) the cache of ``kind`` (for adapters: ``cache``, else the next)."""
         st = self.state
-        if kind == "image":
-            st.image[i] = True
-        elif kind == "weights":
-            st.weights_bytes[i] = float(self.profile.weights.bytes)
-        elif kind == "compile":
-            st.compile[i] = CompileCache.LOCAL
-        else:
-            st.snapshot[i] = True
+        match kind:
+            case "image":
+                st.image[i] = True
+            case "weights":
+                st.weights_bytes[i] = float(self.profile.weights.bytes)
+            case "compile":
+                st.compile[i] = CompileCache.LOCAL
+            case "snapshot":
+                st.snapshot[i] = True
+            case "adapter":
+                keys = [cache_id("adapter", k) for k in adapter_keys(self.profile)]
+                if cache in keys:
+                    st.adapters[i, keys.index(cache)] = True
+                elif cache is None and not st.adapters[i].all():
+                    st.adapters[i, self.first_missing_adapter()[i]] = True
+            case _:
+                assert_never(kind)
 
     def cost(self, i: int, kind: Kind) -> tuple[str, int, int, float]:
         """(cache id, bytes moved, NVMe bytes added, bytes per second) of one action on node ``i``."""
         p, t, c = self.profile, self.table, int(self.class_index[i])
+        one_stream = min(float(t.nic_bps[c]), float(t.stream_bps[c]))
         remote_bps = min(float(t.nic_bps[c]), p.weights.streams * float(t.stream_bps[c]))
-        if kind == "image":
-            return cache_id("image", p.image.reference), p.image.size, 0, float(t.pull_bps[c])
-        if kind == "weights":
-            missing = int(np.ceil(p.weights.bytes - self.state.weights_bytes[i]))
-            return cache_id("weights", weights_key(p.name, p.weights.version)), missing, missing, remote_bps
-        if kind == "compile":
-            key = self.compile_ids[i]
-            assert key is not None  # only offered where the key is in the registry
-            size = p.compile.artifact_bytes
-            return cache_id("compile", key), size, size, min(float(t.nic_bps[c]), float(t.stream_bps[c]))
-        assert p.snapshot is not None  # only offered where a snapshot is published
-        return cache_id("snapshot", p.name), p.snapshot.bytes, p.snapshot.bytes, remote_bps
+        match kind:
+            case "image":
+                return cache_id("image", p.image.reference), p.image.size, 0, float(t.pull_bps[c])
+            case "weights":
+                missing = int(np.ceil(p.weights.bytes - self.state.weights_bytes[i]))
+                return cache_id("weights", weights_key(p.name, p.weights.version)), missing, missing, remote_bps
+            case "compile":
+                key = self.compile_ids[i]
+                assert key is not None  # only offered where the key is in the registry
+                size = p.compile.artifact_bytes
+                return cache_id("compile", key), size, size, one_stream
+            case "snapshot":
+                assert p.snapshot is not None  # only offered where a snapshot is published
+                return cache_id("snapshot", p.name), p.snapshot.bytes, p.snapshot.bytes, remote_bps
+            case "adapter":
+                j = int(self.first_missing_adapter()[i])
+                adapter = p.preloaded_adapters[j]  # only offered where one is missing
+                return cache_id("adapter", adapter_keys(p)[j]), adapter.bytes, adapter.bytes, one_stream
+            case _:
+                assert_never(kind)
 
     def objective(self, totals: F64) -> float:
         """``F_w``: summed startup of the replicas that can land now (0 without an expectation)."""
@@ -469,6 +487,7 @@ class _Planner:
         self.by_name = sorted(range(len(snapshot.nodes)), key=lambda r: snapshot.nodes[r].name)
         self.rank = {r: i for i, r in enumerate(self.by_name)}
         self._keys: dict[tuple[str, str], str | None] = {}
+        self._sizes: dict[str, dict[str, int]] = {}
         self.cluster_left = self.warming.max_concurrent - len(in_flight)
         self.budget_left = float("inf") if self.warming.bytes_per_tick is None else float(self.warming.bytes_per_tick)
         self.nodes: dict[int, _Node] = {}
@@ -479,20 +498,11 @@ class _Planner:
     # -- ledgers ----------------------------------------------------------------------------
 
     def compile_key(self, profile: Profile, node_class: NodeClass) -> str | None:
-        """:func:`_compile_key`, memoised (a key is a SHA-256 over canonical JSON)."""
+        """:func:`extender.core.caches.compile_key`, memoised (a key is a SHA-256 over canonical JSON)."""
         pair = (profile.name, node_class.name)
         if pair not in self._keys:
-            self._keys[pair] = _compile_key(profile, node_class)
+            self._keys[pair] = compile_key(profile, node_class)
         return self._keys[pair]
-
-    def current_ids(self, profile: Profile, node_class: NodeClass) -> set[str]:
-        """Cache ids a replica of ``profile`` on a node of ``node_class`` reads (images aside)."""
-        ids = {cache_id("weights", weights_key(profile.name, profile.weights.version)),
-               cache_id("snapshot", profile.name)}
-        key = self.compile_key(profile, node_class)
-        if key is not None:
-            ids.add(cache_id("compile", key))
-        return ids
 
     def node(self, row: int) -> _Node:
         """The ledger of snapshot row ``row``, built on first use."""
@@ -502,19 +512,15 @@ class _Planner:
         record = self.snap.nodes[row]
         cls = self.snap.classes[int(self.snap.class_index[row])]
         mine = [a for a in self.in_flight if a.node == record.name]
-        protected = set(record.in_use) | {a.cache for a in mine} | {e.cache for a in mine for e in a.evictions}
+        protected = ids_in_use(self.policy, record, cls) | {a.cache for a in mine}
+        protected |= {e.cache for a in mine for e in a.evictions}
         for p in self.policy.profiles:
-            if p.name in self.tracked or p.name in record.pod_workloads:
-                protected |= self.current_ids(p, cls)
-        busy_weights = tuple(f"{w}/" for w in record.pod_workloads)
-        protected |= {cache_id("snapshot", w) for w in record.pod_workloads}
-        protected |= {cache_id("weights", k) for k in record.weights if k.startswith(busy_weights)}
+            if p.name in self.tracked:
+                protected |= replica_ids(p, cls)
         sizes = self._policy_sizes(cls)
         entries: list[Eviction] = []
-        for ident, size in [*((cache_id("weights", k), b) for k, b in record.weights.items()),
-                            *((cache_id("compile", k), None) for k in record.compile_keys),
-                            *((cache_id("snapshot", w), None) for w in record.snapshots)]:
-            known = size if size is not None else record.cache_bytes.get(ident, sizes.get(ident))
+        for ident, size in nvme_entries(record).items():
+            known = size if size is not None else sizes.get(ident)
             used = record.last_used.get(ident)
             if (known is None or known <= 0 or used is None or ident in protected
                     or self.now - used < self.warming.evict_after_idle):
@@ -528,15 +534,10 @@ class _Planner:
         return ledger
 
     def _policy_sizes(self, cls: NodeClass) -> dict[str, int]:
-        """Sizes the policy declares for compile artifacts and snapshots, by cache id, on one class."""
-        sizes: dict[str, int] = {}
-        for p in self.policy.profiles:
-            key = self.compile_key(p, cls)
-            if key is not None:
-                sizes[cache_id("compile", key)] = p.compile.artifact_bytes
-            if p.snapshot is not None:
-                sizes[cache_id("snapshot", p.name)] = p.snapshot.bytes
-        return sizes
+        """:func:`extender.core.caches.declared_sizes` of one class, memoised."""
+        if cls.name not in self._sizes:
+            self._sizes[cls.name] = declared_sizes(self.policy, cls)
+        return self._sizes[cls.name]
 
     # -- workloads ---------------------------------------------------------------------------
 
@@ -548,8 +549,7 @@ class _Planner:
         rows = np.array([r for r in self.by_name
                          if self.fresh[r] and snap.classes[int(snap.class_index[r])].name in allowed], dtype=np.intp)
         full, table = snap.cache_state(profile)
-        state = CacheState(full.image[rows].copy(), full.weights_bytes[rows].copy(), full.compile[rows].copy(),
-                           full.snapshot[rows].copy(), full.queued_bytes[rows].copy())
+        state = full.take(rows)
         classes = snap.classes
         node_classes = [classes[int(snap.class_index[r])] for r in rows]
         gpus = profile.parallelism.gpus
@@ -564,7 +564,7 @@ class _Planner:
             class_index=snap.class_index[rows], state=state,
             published=np.array([profile.snapshot is not None and (profile.name, c.name) in published
                                 for c in node_classes], dtype=np.bool_).reshape(len(rows)),
-            nvme_ok=np.array([profile.weights.cache != "none" and c.nvme.capacity > 0 for c in node_classes],
+            nvme_ok=np.array([caches_weights(profile, c) for c in node_classes],
                              dtype=np.bool_).reshape(len(rows)),
             compile_ids=[self.compile_key(profile, c) for c in node_classes],
             slots=slots, expectation=expectation,
@@ -574,7 +574,7 @@ class _Planner:
         for a in self.in_flight:
             i = position.get(self.snap.positions.get(a.node, -1))
             if a.workload == profile.name and i is not None:
-                w.mark(i, a.kind)
+                w.mark(i, a.kind, a.cache)
         return w
 
     # -- the greedy ----------------------------------------------------------------------------

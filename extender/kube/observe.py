@@ -220,5 +220,6 @@ class StartObserver:
             "weightsVersion": profile.weights.version, "image": bool(state.image[0]),
             "weightsBytes": float(state.weights_bytes[0]), "compile": _WORDS[int(state.compile[0])],
             "snapshot": bool(state.snapshot[0]), "queuedBytes": float(state.queued_bytes[0]),
+            "adapters": [bool(a) for a in state.adapters[0]],
             "inventoryAge": age,
         }

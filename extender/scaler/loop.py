@@ -262,12 +262,10 @@ class ScaleLoop:
         fc = self._forecast(samples + new, h.seconds, now)
         recent = tuple(Recommendation(at_s=a, replicas=n) for a, n in self.decisions.recommendations(name))
         scaling = self.policy.scaling
-        inputs = DecisionInputs(
-            workload=name, now_s=now, unit=capacity.unit, demand=observation.rate,
+        inputs = DecisionInputs.for_policy(
+            scaling, auto, workload=name, now_s=now, unit=capacity.unit, demand=observation.rate,
             queue=max(0.0, observation.queue) if observation.rate is not None else 0.0, capacity=capacity.per_replica,
-            forecast=fc, horizon=h, ready=replicas.ready, starting=replicas.starting,
-            min_replicas=auto.min_replicas, max_replicas=auto.max_replicas, tolerance=scaling.tolerance,
-            stabilisation_s=scaling.scale_down_stabilisation, queue_drain_s=scaling.queue_drain, recent=recent,
+            forecast=fc, horizon=h, ready=replicas.ready, starting=replicas.starting, recent=recent,
         )
         decision = decide(inputs)
         if decision.action == "scale-down" and not observation.complete:

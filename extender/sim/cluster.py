@@ -32,14 +32,25 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 from numpy.typing import NDArray
 
-from extender.core.cachekey import compile_cache_key
+from extender.core.caches import (
+    SPECS,
+    adapter_keys,
+    cache_id,
+    caches_weights,
+    compile_key,
+    nvme_entries,
+    parse_cache_id,
+    replica_ids,
+    weights_key,
+    with_entries,
+)
 from extender.core.estimate import CacheState, ClassTable, CompileCache, Estimate, estimate
-from extender.core.inventory import MAX_TTL_S, InventorySnapshot, NodeState, cache_id, weights_key
+from extender.core.inventory import MAX_TTL_S, InventorySnapshot, NodeState
 from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
 from extender.core.warming import Action, apply
 
@@ -90,10 +101,8 @@ class NodeSpec:
 
     name: str
     node_class: str
-    images: tuple[str, ...] = ()
-    weights: tuple[tuple[str, int], ...] = ()
-    compile_keys: tuple[tuple[str, int], ...] = ()
-    snapshots: tuple[tuple[str, int], ...] = ()
+    #: (cache id, bytes) of every cache on the node (extender.core.caches).
+    caches: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass
@@ -138,18 +147,16 @@ class Cluster:
         records: list[NodeState] = []
         for spec in nodes:
             c = classes[by_name[spec.node_class]]
-            used = sum(b for _, b in (*spec.weights, *spec.compile_keys, *spec.snapshots))
-            sizes = {cache_id("compile", k): b for k, b in spec.compile_keys}
-            sizes.update({cache_id("snapshot", w): b for w, b in spec.snapshots})
-            last_used = {cache_id("weights", k): 0.0 for k, _ in spec.weights}
-            last_used.update(dict.fromkeys(sizes, 0.0))
-            records.append(NodeState.model_validate({
+            bare = NodeState.model_validate({
                 "name": spec.name, "nodeClass": c.name, "gpus": c.gpu.count, "gpusFree": c.gpu.count,
-                "nvmeTotal": c.nvme.capacity, "nvmeFree": max(c.nvme.capacity - used, 0), "images": spec.images,
-                "weights": dict(spec.weights), "compileKeys": tuple(k for k, _ in spec.compile_keys),
-                "snapshots": tuple(w for w, _ in spec.snapshots), "heartbeat": 0.0, "ttl": _TTL_S,
-                "lastUsed": last_used, "cacheBytes": sizes,
-            }))
+                "nvmeTotal": c.nvme.capacity, "heartbeat": 0.0, "ttl": _TTL_S,
+            })
+            held = dict(spec.caches)
+            updates = with_entries(bare, add=held)
+            on_nvme = {i: b for i, b in held.items() if SPECS[parse_cache_id(i)[0]].on_nvme}
+            updates["last_used"] = dict.fromkeys(on_nvme, 0.0)
+            records.append(bare.model_copy(update={**updates,
+                                                   "nvme_free": max(c.nvme.capacity - sum(on_nvme.values()), 0)}))
         cluster = cls(policy=policy, profiles=tuple(profiles), records=records, compile_registry=compile_registry)
         cluster.classes = classes
         cluster.class_index = np.array([by_name[r.node_class] for r in records], dtype=np.intp)
@@ -160,9 +167,9 @@ class Cluster:
         snap = cluster.snapshot_of(records)
         for p in cluster.profiles:
             state, table = snap.cache_state(p)
-            cluster._columns.append(_rows(state, slice(0, len(records))))
+            cluster._columns.append(state.take(slice(0, len(records))))
             cluster._tables.append(table)
-            cluster._compile_keys.append([compile_key_for(p, c) for c in classes])
+            cluster._compile_keys.append([compile_key(p, c) for c in classes])
         return cluster
 
     def __len__(self) -> int:
@@ -194,8 +201,8 @@ class Cluster:
         col = self._columns[w]
         queued = self.queued_bytes(now)
         if rows is None:
-            return CacheState(col.image, col.weights_bytes, col.compile, col.snapshot, queued)
-        return CacheState(col.image[rows], col.weights_bytes[rows], col.compile[rows], col.snapshot[rows], queued[rows])
+            return col.with_queue(queued)
+        return col.take(rows).with_queue(queued[rows])
 
     def table(self, w: int) -> ClassTable:
         """The class table of workload ``w``'s profile (for :func:`extender.core.estimate.estimate`)."""
@@ -226,9 +233,9 @@ class Cluster:
         state = self.state(w, now, rows)
         est = estimate(p, self.classes, self.class_index[rows], state, self._tables[w])
         cls = self.classes[int(self.class_index[node])]
-        caches_weights = p.weights.cache != "none" and cls.nvme.capacity > 0
-        missing = not bool(state.image[0])
-        missing |= caches_weights and float(state.weights_bytes[0]) < p.weights.bytes
+        keeps_weights = caches_weights(p, cls)
+        missing = not bool(state.image[0]) or not bool(state.adapters[0].all())
+        missing |= keeps_weights and float(state.weights_bytes[0]) < p.weights.bytes
         has_key = self._compile_keys[w][int(self.class_index[node])] is not None
         missing |= has_key and int(state.compile[0]) != CompileCache.LOCAL
         cold = missing and float(est.restore_s[0]) == 0.0
@@ -236,8 +243,9 @@ class Cluster:
         image = 0.0 if bool(state.image[0]) else float(p.image.size)
         artifact = float(p.compile.artifact_bytes) if int(state.compile[0]) == CompileCache.REGISTRY else 0.0
         restoring = float(est.restore_s[0]) > 0
-        download = image + (0.0 if restoring else remote + artifact)
-        seconds = float(est.queue_s[0] + est.image_s[0] + est.weights_s[0])
+        adapters = sum(a.bytes for a, here in zip(p.preloaded_adapters, state.adapters[0], strict=True) if not here)
+        download = image + adapters + (0.0 if restoring else remote + artifact)
+        seconds = float(est.queue_s[0] + est.image_s[0] + est.weights_s[0] + (est.adapters_s[0] if adapters else 0.0))
         if artifact and not restoring:
             seconds += float(est.compile_s[0])
         return Start(est, cold, download, seconds)
@@ -275,28 +283,19 @@ class Cluster:
         p = self.profiles[w]
         record = self.records[node]
         cls = self.classes[int(self.class_index[node])]
-        images = record.images if p.image.reference in record.images else (*record.images, p.image.reference)
-        record = record.model_copy(update={"images": images})
-        self.records[node] = record
-        wkey = weights_key(p.name, p.weights.version)
-        if p.weights.cache != "none" and cls.nvme.capacity > 0:
+        self._keep(node, cache_id("image", p.image.reference), 0, now)
+        if caches_weights(p, cls):
+            wkey = weights_key(p.name, p.weights.version)
             lacking = p.weights.bytes - min(record.weights.get(wkey, 0), p.weights.bytes)
-            if lacking > 0 and self._make_room(node, lacking, now):
-                record = self.records[node]
-                weights = dict(record.weights)
-                weights[wkey] = p.weights.bytes
-                self.records[node] = record.model_copy(update={"weights": weights,
-                                                               "nvme_free": record.nvme_free - lacking})
+            if lacking > 0:
+                self._keep(node, cache_id("weights", wkey), lacking, now)
+            for akey, adapter in zip(adapter_keys(p), p.preloaded_adapters, strict=True):
+                if akey not in record.adapters:
+                    self._keep(node, cache_id("adapter", akey), adapter.bytes, now)
         key = self._compile_keys[w][int(self.class_index[node])]
         if key is not None and key not in self.records[node].compile_keys:
-            size = p.compile.artifact_bytes
-            if cls.nvme.capacity > 0 and self._make_room(node, size, now):
-                record = self.records[node]
-                sizes = dict(record.cache_bytes)
-                sizes[cache_id("compile", key)] = size
-                self.records[node] = record.model_copy(update={
-                    "compile_keys": (*record.compile_keys, key), "cache_bytes": sizes,
-                    "nvme_free": record.nvme_free - size})
+            if cls.nvme.capacity > 0:
+                self._keep(node, cache_id("compile", key), p.compile.artifact_bytes, now)
             if self.compile_registry and key not in self.registry:
                 self.registry.add(key)  # every node of the class can now fetch it: refresh them all
                 self._touch(node, self._ids(w, node), now)
@@ -305,20 +304,23 @@ class Cluster:
         self._touch(node, self._ids(w, node), now)
         self.refresh([node])
 
-    def _ids(self, w: int, node: int) -> list[str]:
+    def _keep(self, node: int, ident: str, size: int, now: float) -> bool:
+        """Store the cache ``ident`` of ``size`` NVMe bytes on ``node``, making room first; False: no room."""
+        if size > 0 and not self._make_room(node, size, now):
+            return False
+        record = self.records[node]
+        self.records[node] = record.model_copy(update={**with_entries(record, add={ident: size}),
+                                                       "nvme_free": record.nvme_free - size})
+        return True
+
+    def _ids(self, w: int, node: int) -> set[str]:
         """Cache ids (other than the image) a replica of workload ``w`` uses on ``node``."""
-        p = self.profiles[w]
-        ids = [cache_id("weights", weights_key(p.name, p.weights.version)), cache_id("snapshot", p.name)]
-        key = self._compile_keys[w][int(self.class_index[node])]
-        if key is not None:
-            ids.append(cache_id("compile", key))
-        return ids
+        return replica_ids(self.profiles[w], self.classes[int(self.class_index[node])])
 
     def _touch(self, node: int, ids: Iterable[str], now: float) -> None:
         """Record a use of the caches ``ids`` that the node holds."""
         record = self.records[node]
-        held = {cache_id("weights", k) for k in record.weights} | {cache_id("compile", k) for k in record.compile_keys}
-        held |= {cache_id("snapshot", s) for s in record.snapshots}
+        held = nvme_entries(record)
         last_used = dict(record.last_used)
         for i in ids:
             if i in held:
@@ -342,8 +344,7 @@ class Cluster:
             return True
         busy = self.in_use(node)
         idle_after = self.policy.warming.evict_after_idle
-        sizes: dict[str, int] = {cache_id("weights", k): b for k, b in record.weights.items()}
-        sizes.update({i: b for i, b in record.cache_bytes.items() if i.startswith(("compile:", "snapshot:"))})
+        sizes = {ident: size for ident, size in nvme_entries(record).items() if size is not None}
         candidates = sorted((used, ident) for ident, used in record.last_used.items()
                             if ident in sizes and ident not in busy and now - used >= idle_after)
         chosen: list[str] = []
@@ -354,26 +355,9 @@ class Cluster:
                 break
         if need > room:
             return False
-        weights = dict(record.weights)
-        compile_keys = list(record.compile_keys)
-        snapshots = list(record.snapshots)
-        last_used = dict(record.last_used)
-        cache_bytes = dict(record.cache_bytes)
-        freed = 0
-        for ident in chosen:
-            kind, _, name = ident.partition(":")
-            freed += sizes[ident]
-            if kind == "weights":
-                weights.pop(name, None)
-            elif kind == "compile":
-                compile_keys.remove(name)
-            else:
-                snapshots.remove(name)
-            last_used.pop(ident, None)
-            cache_bytes.pop(ident, None)
-        self.records[node] = record.model_copy(update={
-            "weights": weights, "compile_keys": tuple(compile_keys), "snapshots": tuple(snapshots),
-            "last_used": last_used, "cache_bytes": cache_bytes, "nvme_free": record.nvme_free + freed})
+        freed = sum(sizes[ident] for ident in chosen)
+        self.records[node] = record.model_copy(update={**with_entries(record, remove=chosen),
+                                                       "nvme_free": record.nvme_free + freed})
         return True
 
     # ---- warm actions --------------------------------------------------------------------
@@ -430,23 +414,10 @@ class Cluster:
         for w, p in enumerate(self.profiles):
             state, _ = snap.cache_state(p)
             col = self._columns[w]
-            col.image[idx] = state.image[:-1]
-            col.weights_bytes[idx] = state.weights_bytes[:-1]
-            col.compile[idx] = state.compile[:-1]
-            col.snapshot[idx] = state.snapshot[:-1]
+            for name in _CACHE_COLUMNS:
+                getattr(col, name)[idx] = getattr(state, name)[:-1]
         self.version += 1
 
 
-def _rows(state: CacheState, rows: slice) -> CacheState:
-    """Writable copies of some rows of a cache state."""
-    return CacheState(state.image[rows].copy(), state.weights_bytes[rows].copy(), state.compile[rows].copy(),
-                      state.snapshot[rows].copy(), state.queued_bytes[rows].copy())
-
-
-def compile_key_for(profile: Profile, node_class: NodeClass) -> str | None:
-    """The profile's compile-cache key on a class, as the inventory computes it (None without a key)."""
-    if profile.compile.key is None or node_class.name == UNKNOWN_CLASS.name:
-        return None
-    return compile_cache_key(profile.compile.key, gpu_product=node_class.gpu.product,
-                             tensor_parallel=profile.parallelism.tensor,
-                             pipeline_parallel=profile.parallelism.pipeline)
+#: The columns of a :class:`CacheState` that follow the records (queued bytes follow the pulls).
+_CACHE_COLUMNS = tuple(f.name for f in fields(CacheState) if f.name != "queued_bytes")

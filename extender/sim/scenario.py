@@ -33,6 +33,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
+from extender.core.caches import CacheKind
 from extender.core.document import Loc, compose, format_path, line_of, validate
 from extender.core.errors import DocumentError, InvalidValueError, PolicyError, Problem
 from extender.core.policy import Metadata, Name, Policy, ReplicaBounds
@@ -50,7 +51,7 @@ API_VERSION = "extender.io/v1alpha1"
 STRATEGY_NAMES = tuple(name for name, s in STRATEGIES.items() if not s.calibrated)
 
 PositiveDuration = Annotated[Duration, Field(gt=0)]
-CacheName = Literal["image", "weights", "compile", "snapshot"]
+CacheName = CacheKind
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,6 +260,8 @@ def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
                 out.append(((*where, "workload"), f"profile {warm.workload!r} does not run on node class {cls.name!r}"))
             if "snapshot" in warm.caches and profile.snapshot is None:
                 out.append(((*where, "caches"), f"profile {warm.workload!r} has no snapshot"))
+            if "adapter" in warm.caches and not profile.preloaded_adapters:
+                out.append(((*where, "caches"), f"profile {warm.workload!r} preloads no LoRA adapters"))
             for k, n in enumerate(warm.nodes or ()):
                 if n >= group.count:
                     out.append(((*where, "nodes", k), f"node {n} does not exist: the group has {group.count} "

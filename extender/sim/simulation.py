@@ -42,15 +42,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import NDArray
 
+from extender.core.caches import warm_entries
 from extender.core.estimate import CacheState, estimate
 from extender.core.forecast import Forecast, ForecastParams, forecast
-from extender.core.inventory import weights_key
-from extender.core.policy import Policy, Profile, Scaling
+from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
 from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
 from extender.core.scoring import NodeInputs, Scale, evaluate, scale_for
 from extender.core.warming import Expectation, plan
 from extender.sim import hpa as hpa_model
-from extender.sim.cluster import Cluster, NodeSpec, Pod, compile_key_for
+from extender.sim.cluster import Cluster, NodeSpec, Pod
 from extender.sim.kubescheduler import EXTENDER_SCALE, in_tree_scores, select_host
 from extender.sim.queueing import Delays, FifoQueue
 from extender.sim.scenario import LoadedScenario, NodeGroup, Scenario, TraceSpec, Workload
@@ -105,6 +105,11 @@ class WorkloadSetup:
     initial_replicas: int
     arrivals: Arrivals
 
+    @property
+    def bounds(self) -> ReplicaBounds:
+        """The workload's replica range, as the scaler's policy section gives it."""
+        return ReplicaBounds.model_construct(min_replicas=self.min_replicas, max_replicas=self.max_replicas)
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -156,26 +161,15 @@ def node_specs(policy: Policy, groups: Sequence[NodeGroup]) -> tuple[NodeSpec, .
         cls = policy.node_class(g.node_class)
         width = max(2, len(str(g.count - 1)))
         prefix = g.name or g.node_class
-        images: list[list[str]] = [[] for _ in range(g.count)]
-        weights: list[list[tuple[str, int]]] = [[] for _ in range(g.count)]
-        keys: list[list[tuple[str, int]]] = [[] for _ in range(g.count)]
-        snaps: list[list[tuple[str, int]]] = [[] for _ in range(g.count)]
+        held: list[dict[str, int]] = [{} for _ in range(g.count)]
         for warm in g.warm:
             p = policy.profile(warm.workload)
             chosen = range(round((warm.fraction or 0.0) * g.count)) if warm.nodes is None else warm.nodes
-            key = compile_key_for(p, cls)
+            entries = [warm_entries(p, cls, kind) for kind in warm.caches]
             for i in chosen:
-                if "image" in warm.caches and p.image.reference not in images[i]:
-                    images[i].append(p.image.reference)
-                if "weights" in warm.caches and p.weights.cache != "none" and cls.nvme.capacity > 0:
-                    weights[i].append((weights_key(p.name, p.weights.version), p.weights.bytes))
-                if "compile" in warm.caches and key is not None:
-                    keys[i].append((key, p.compile.artifact_bytes))
-                if "snapshot" in warm.caches and p.snapshot is not None:
-                    snaps[i].append((p.name, p.snapshot.bytes))
-        for i in range(g.count):
-            out.append(NodeSpec(f"{prefix}-{i:0{width}d}", cls.name, tuple(images[i]), tuple(weights[i]),
-                                tuple(keys[i]), tuple(snaps[i])))
+                for e in entries:
+                    held[i].update(e)
+        out.extend(NodeSpec(f"{prefix}-{i:0{width}d}", cls.name, tuple(held[i].items())) for i in range(g.count))
     return tuple(out)
 
 
@@ -470,11 +464,9 @@ class Run:
         h = horizon(self._startup_next(setup.index, now), self.dt, scaling.hpa_sync_delay)
         fc = self._forecast(s, k, h.seconds)
         ready = s.ready
-        decision = decide(DecisionInputs(
-            workload=setup.profile.name, now_s=now, demand=demand, queue=queue, capacity=setup.capacity,
-            forecast=fc, horizon=h, ready=ready, starting=current - ready, min_replicas=setup.min_replicas,
-            max_replicas=setup.max_replicas, tolerance=scaling.tolerance,
-            stabilisation_s=scaling.scale_down_stabilisation, queue_drain_s=scaling.queue_drain, recent=s.recent))
+        decision = decide(DecisionInputs.for_policy(
+            scaling, setup.bounds, workload=setup.profile.name, now_s=now, demand=demand, queue=queue,
+            capacity=setup.capacity, forecast=fc, horizon=h, ready=ready, starting=current - ready, recent=s.recent))
         s.recent = prune((*s.recent, Recommendation(at_s=now, replicas=decision.recommendation)), now,
                          scaling.scale_down_stabilisation)
         desired = s.hpa.sync(now, current, current, float(decision.desired), 1.0)

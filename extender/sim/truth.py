@@ -196,7 +196,8 @@ class Belief:
             pod=f"sim/{p.name}-{len(self.observations)}", workload=p.name, node="sim", node_class=node_class.name,
             image_reference=p.image.reference, weights_version=p.weights.version, image=bool(state.image[0]),
             weights_bytes=float(state.weights_bytes[0]), compile=_WORDS[compile_state],
-            snapshot=bool(state.snapshot[0]), queued_bytes=float(state.queued_bytes[0]), scheduled_at=placed_s,
+            snapshot=bool(state.snapshot[0]), queued_bytes=float(state.queued_bytes[0]),
+            adapters=tuple(bool(a) for a in state.adapters[0]), scheduled_at=placed_s,
             ready_at=ready_s))
         self._dirty.add((p.name, node_class.name))
 

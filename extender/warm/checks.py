@@ -8,15 +8,16 @@ the plan about what "present" means.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
+from typing import assert_never
 
+from extender.core.caches import KINDS, SPECS, caches_weights, held, ids_in_use, weights_key
 from extender.core.errors import UnknownNameError
 from extender.core.estimate import CompileCache
 from extender.core.images import names_for, normalise_all
-from extender.core.inventory import InventorySnapshot, NodeState, cache_id, weights_key
+from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import NodeClass, Policy, Profile
 from extender.core.warming import Action, Eviction
 from extender.warm.steps import parse_cache_id
-from extender.warm.templates import compile_key_of
 
 
 def _profile(policy: Policy, name: str) -> Profile | None:
@@ -52,37 +53,21 @@ def present(policy: Policy, snapshot: InventorySnapshot, action: Action, now: fl
         return None
     kind, name = parse_cache_id(action.cache)
     profile = _profile(policy, action.workload)
-    if kind == "image":
-        digest = None
-        if profile is not None and profile.image.reference == name and profile.compile.key is not None:
-            digest = profile.compile.key.image_digest
-        return not names_for(name, digest).isdisjoint(normalise_all(record.images))
-    if kind == "weights":
-        have = record.weights.get(name, 0)
-        if profile is not None and weights_key(profile.name, profile.weights.version) == name:
-            return have >= profile.weights.bytes
-        return have > 0
-    if kind == "compile":
-        return name in record.compile_keys
-    return name in record.snapshots
-
-
-def needed_by_pods(policy: Policy, record: NodeState, cls: NodeClass) -> set[str]:
-    """Cache ids a pod running or starting on the node needs (the planner's protection, re-read now).
-
-    ``in_use`` (what the agent knows is open), and for each workload with a pod there: its weights
-    of every version, its snapshot and its compile cache on this class.
-    """
-    needed = set(record.in_use)
-    for w in record.pod_workloads:
-        needed.add(cache_id("snapshot", w))
-        needed |= {cache_id("weights", k) for k in record.weights if k.startswith(f"{w}/")}
-        profile = _profile(policy, w)
-        if profile is not None:
-            key = compile_key_of(profile, cls)
-            if key is not None:
-                needed.add(cache_id("compile", key))
-    return needed
+    match kind:
+        case "image":
+            digest = None
+            if profile is not None and profile.image.reference == name and profile.compile.key is not None:
+                digest = profile.compile.key.image_digest
+            return not names_for(name, digest).isdisjoint(normalise_all(record.images))
+        case "weights":
+            have = record.weights.get(name, 0)
+            if profile is not None and weights_key(profile.name, profile.weights.version) == name:
+                return have >= profile.weights.bytes
+            return have > 0
+        case "compile" | "snapshot" | "adapter":
+            return name in held(record, SPECS[kind])
+        case _:
+            assert_never(kind)
 
 
 def unsafe_evictions(policy: Policy, record: NodeState | None, cls: NodeClass,
@@ -91,7 +76,7 @@ def unsafe_evictions(policy: Policy, record: NodeState | None, cls: NodeClass,
     planned = [e.cache for e in evictions]
     if record is None:
         return planned
-    needed = needed_by_pods(policy, record, cls)
+    needed = ids_in_use(policy, record, cls)
     return [c for c in planned if c in needed]
 
 
@@ -109,9 +94,9 @@ def node_warm(policy: Policy, snapshot: InventorySnapshot, row: int, now: float,
               published: Collection[tuple[str, str]]) -> bool:
     """Does the node hold every keep-warm cache it can get? (A stale record never counts as warm.)
 
-    "Can get": the image; the weights when the class has NVMe and the profile caches them; the
-    compile cache when its key is in the registry; the snapshot when one is published for the
-    class. A cache that cannot be had (no NVMe room, nothing published) does not hold a node back.
+    "Can get": the image; the weights and preloaded adapters when the class has NVMe and the profile
+    caches weights; the compile cache when its key is in the registry; the snapshot when one is
+    published for the class. A cache that cannot be had (no NVMe room, nothing published) does not hold a node back.
     """
     record = snapshot.nodes[row]
     if not record.fresh(now):
@@ -119,13 +104,21 @@ def node_warm(policy: Policy, snapshot: InventorySnapshot, row: int, now: float,
     cls = node_class(snapshot, row)
     for profile in keep_warm_profiles(policy, cls):
         state, _ = snapshot.cache_state(profile)
-        if not state.image[row]:
-            return False
-        caches_weights = profile.weights.cache != "none" and cls.nvme.capacity > 0
-        if caches_weights and state.weights_bytes[row] < profile.weights.bytes:
-            return False
-        if state.compile[row] == CompileCache.REGISTRY:
-            return False
-        if profile.snapshot is not None and (profile.name, cls.name) in published and not state.snapshot[row]:
-            return False
+        for spec in KINDS:
+            match spec.kind:
+                case "image":
+                    lacking = not state.image[row]
+                case "weights":
+                    lacking = caches_weights(profile, cls) and state.weights_bytes[row] < profile.weights.bytes
+                case "compile":
+                    lacking = state.compile[row] == CompileCache.REGISTRY
+                case "snapshot":
+                    lacking = (profile.snapshot is not None and (profile.name, cls.name) in published
+                               and not state.snapshot[row])
+                case "adapter":
+                    lacking = caches_weights(profile, cls) and not state.adapters[row].all()
+                case _:
+                    assert_never(spec.kind)
+            if lacking:
+                return False
     return True

@@ -26,7 +26,7 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any, Literal, assert_never
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -157,7 +157,19 @@ def _helper(policy: Policy, name: str, args: list[str]) -> JSON:
 def template_for(policy: Policy, action: Action) -> StepTemplate | None:
     """The fetch template of an action's kind (``None`` for images, which need none, or when unset)."""
     t = policy.warming.templates
-    return {"weights": t.weights, "compile": t.compile, "snapshot": t.snapshot}.get(action.kind)
+    match action.kind:
+        case "image":
+            return None
+        case "weights":
+            return t.weights
+        case "compile":
+            return t.compile
+        case "snapshot":
+            return t.snapshot
+        case "adapter":
+            return t.adapter
+        case _:
+            assert_never(action.kind)
 
 
 def action_job(policy: Policy, action: Action, *, attempt: int = 1, node_class: str = "") -> JSON:

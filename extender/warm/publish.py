@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
+from extender.core.caches import compile_key
 from extender.core.inventory import InventorySnapshot
 from extender.core.policy import Policy
 from extender.warm.checks import node_class
 from extender.warm.jobspec import Publish
-from extender.warm.templates import compile_key_of
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def unpublished(policy: Policy, snapshot: InventorySnapshot, now: float) -> dict
     keys: dict[tuple[str, str], tuple[str, int]] = {}  # (class, key) -> (workload, artifact bytes)
     for profile in policy.profiles:
         for cls in policy.classes_for(profile):
-            key = compile_key_of(profile, cls)
+            key = compile_key(profile, cls)
             if key is not None:
                 keys.setdefault((cls.name, key), (profile.name, profile.compile.artifact_bytes))
     fresh = snapshot.fresh(now)

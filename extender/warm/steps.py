@@ -11,7 +11,8 @@ warm Job never writes where a reader looks:
               sync``, ``gsutil rsync``) fetches only the missing bytes.
     fetch     the team's template writes into ``{{staging}}``.
     finish    weights: list what was fetched in ``.manifest.json`` and write ``.complete`` (the
-              manifest is written last, after every file is whole); snapshots: write ``.complete``;
+              manifest is written last, after every file is whole); snapshots and adapters: write
+              ``.complete``;
               then rename staging onto the destination, so the agent's next scan sees the whole
               entry or nothing.
 
@@ -26,11 +27,12 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path, PurePath
-from typing import TypeVar
+from typing import TypeVar, assert_never
 
-from extender.core.errors import ExtenderError
-from extender.core.inventory import CacheKind
-from extender.layout import COMPILE, COMPLETE, MANIFEST, SNAPSHOTS, WEIGHTS, finish_from_disk, mark_complete
+from extender.core import caches
+from extender.core.caches import SPECS, CacheKind, split_name
+from extender.core.errors import ExtenderError, InvalidValueError, UnknownNameError
+from extender.layout import COMPLETE, MANIFEST, finish_from_disk, mark_complete
 
 #: Where the warm Job's containers see the node's cache root.
 CACHE_MOUNT = "/cache"
@@ -53,34 +55,24 @@ def _safe(name: str, what: str) -> str:
 
 
 def parse_cache_id(cache_id: str) -> tuple[CacheKind, str]:
-    """``(kind, name)`` of ``kind:name``; raises :class:`StepError` for an unknown kind."""
-    kind, sep, name = cache_id.partition(":")
-    if not sep or not name:
-        raise StepError(f"{cache_id!r} is not a cache id (kind:name)")
-    if kind == "image":
-        return "image", name
-    if kind == "weights":
-        return "weights", name
-    if kind == "compile":
-        return "compile", name
-    if kind == "snapshot":
-        return "snapshot", name
-    raise StepError(f"{cache_id!r}: unknown kind {kind!r} (image, weights, compile, snapshot)")
+    """``(kind, name)`` of ``kind:name``; raises :class:`StepError` for anything else."""
+    try:
+        return caches.parse_cache_id(cache_id)
+    except (InvalidValueError, UnknownNameError) as exc:
+        raise StepError(str(exc)) from None
 
 
 def cache_path(root: P, cache_id: str) -> P:
     """Where the entry ``cache_id`` lives below ``root`` (images live in the runtime, not here)."""
     kind, name = parse_cache_id(cache_id)
-    if kind == "weights":
-        workload, sep, version = name.partition("/")
-        if not sep:
-            raise StepError(f"{cache_id!r}: weights are named <workload>/<version>")
-        return root / WEIGHTS / _safe(workload, "workload") / _safe(version, "version")
-    if kind == "compile":
-        return root / COMPILE / _safe(name, "compile key")
-    if kind == "snapshot":
-        return root / SNAPSHOTS / _safe(name, "workload")
-    raise StepError(f"{cache_id!r}: images are not stored in the cache root")
+    spec = SPECS[kind]
+    if spec.directory is None:
+        raise StepError(f"{cache_id!r}: {kind}s are not stored in the cache root")
+    try:
+        parts = split_name(kind, name)
+    except InvalidValueError as exc:
+        raise StepError(str(exc)) from None
+    return root.joinpath(spec.directory, *(_safe(value, what) for value, what in zip(parts, spec.parts, strict=True)))
 
 
 def staging_path(root: P, cache_id: str) -> P:
@@ -156,11 +148,16 @@ def finish(root: Path, cache_id: str, *, source: str = "") -> Path:
     dest, staging = on_node(root, cache_id), staging_path(root, cache_id)
     if not staging.is_dir() or not _has_file(staging):
         raise StepError(f"{staging}: the fetch step left no files")
-    if kind == "weights":
-        (staging / COMPLETE).unlink(missing_ok=True)
-        finish_from_disk(staging, source=source)  # manifest of what is there, then the marker
-    elif kind == "snapshot":
-        mark_complete(staging)
+    match kind:
+        case "weights":
+            (staging / COMPLETE).unlink(missing_ok=True)
+            finish_from_disk(staging, source=source)  # manifest of what is there, then the marker
+        case "snapshot" | "adapter":
+            mark_complete(staging)
+        case "compile" | "image":  # a compile cache is present once it holds a file; images never get here
+            pass
+        case _:
+            assert_never(kind)
     if dest.exists():
         _remove(dest)  # a partial entry written meanwhile: ours is whole
     os.replace(staging, dest)

@@ -26,11 +26,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, assert_never
 
-from extender.core.cachekey import compile_cache_key
 from extender.core.errors import UnknownNameError
-from extender.core.policy import PLACEHOLDER, NodeClass, Policy, Profile, StepTemplate
+from extender.core.policy import PLACEHOLDER, Policy, StepTemplate
 from extender.core.warming import Action
 from extender.warm.steps import CACHE_MOUNT, cache_path, parse_cache_id, staging_path
 
@@ -131,15 +130,6 @@ def container(name: str, template: StepTemplate, values: Mapping[str, str]) -> J
     return out
 
 
-def compile_key_of(profile: Profile, node_class: NodeClass) -> str | None:
-    """The profile's compile-cache key on a class (``None`` without ``compile.key``)."""
-    if profile.compile.key is None:
-        return None
-    return compile_cache_key(profile.compile.key, gpu_product=node_class.gpu.product,
-                             tensor_parallel=profile.parallelism.tensor,
-                             pipeline_parallel=profile.parallelism.pipeline)
-
-
 def action_values(policy: Policy, action: Action, node_class: str = "") -> dict[str, str]:
     """The placeholder values of one warm action (names in :data:`extender.core.policy.TEMPLATE_VARS`).
 
@@ -160,11 +150,20 @@ def action_values(policy: Policy, action: Action, node_class: str = "") -> dict[
         return values
     values["staging"] = str(staging_path(root, action.cache))
     values["dest"] = str(cache_path(root, action.cache))
-    if kind == "weights":
-        values["version"] = name.partition("/")[2]
-        values["source"] = profile.weights.source if profile is not None else ""
-    elif kind == "compile":
-        values["key"] = name
+    match kind:
+        case "weights":
+            values["version"] = name.partition("/")[2]
+            values["source"] = profile.weights.source if profile is not None else ""
+        case "compile":
+            values["key"] = name
+        case "adapter":
+            adapter = name.partition("/")[2]
+            values["adapter"] = adapter
+            values["source"] = next((a.source for a in (profile.adapters if profile else ()) if a.name == adapter), "")
+        case "snapshot":
+            pass
+        case _:
+            assert_never(kind)
     return values
 
 

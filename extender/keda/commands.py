@@ -1,0 +1,90 @@
+"""``extender keda-scaler --policy FILE``: serve the scaler's decisions to KEDA over gRPC.
+
+Wire into the CLI with :func:`register`. The process only reads: the decisions come from Redis,
+where ``extender scale`` (any mode with the loop, e.g. ``--no-metrics-api``) publishes them. TLS
+is the default expectation: ``--tls-cert``/``--tls-key`` (plus ``--client-ca`` for mutual TLS), or
+``--plaintext`` said out loud.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from extender.arguments import add_store_options, bind_address, connect_from_args, positive_float
+from extender.files import load_policy_to_start
+
+#: Where the server listens unless told (docs/scaler.md, "KEDA or the External Metrics API").
+DEFAULT_LISTEN = "0.0.0.0:9090"
+
+
+def register(subparsers: Any) -> None:
+    """Add ``keda-scaler`` to an ``add_subparsers()`` object."""
+    cmd = subparsers.add_parser(
+        "keda-scaler", help="serve the predictive scaler's desired replicas to KEDA (external scaler gRPC)",
+        description="KEDA's external scaler (externalscaler.proto) over the decisions 'extender scale' "
+                    "publishes in Redis: a ScaledObject trigger with metadata 'workload: <profile>' scales on them.",
+    )
+    cmd.add_argument("--policy", required=True, metavar="FILE", help="policy file (the autoscaled profiles)")
+    cmd.add_argument("--listen", default=DEFAULT_LISTEN, type=bind_address, metavar="HOST:PORT",
+                     help=f"gRPC listen address (default: {DEFAULT_LISTEN})")
+    cmd.add_argument("--prefix", default="extender", metavar="PREFIX", help="Redis key prefix (default: extender)")
+    cmd.add_argument("--watch-interval", default=1.0, type=positive_float, metavar="SECONDS",
+                     help="how often StreamIsActive streams look for a changed decision (default: 1)")
+    cmd.add_argument("--grace", default=5.0, type=positive_float, metavar="SECONDS",
+                     help="seconds calls in flight get to finish on SIGTERM (default: 5)")
+    cmd.add_argument("--health-listen", type=bind_address, metavar="HOST:PORT",
+                     help="also serve the gRPC health service alone, in plaintext, here (kubelet's grpc "
+                          "probe speaks no TLS); default: health only on --listen")
+    add_store_options(cmd)
+    tls = cmd.add_argument_group("TLS")
+    tls.add_argument("--tls-cert", metavar="FILE", help="serving certificate chain (PEM); needs --tls-key")
+    tls.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
+    tls.add_argument("--client-ca", metavar="FILE",
+                     help="CA bundle (PEM): client certificates are required and verified against it (mutual TLS)")
+    tls.add_argument("--plaintext", action="store_true", help="serve without TLS (no --tls-cert)")
+    cmd.set_defaults(handler=_keda_scaler)
+
+
+def _usage(message: str) -> int:
+    print(f"extender keda-scaler: {message}", file=sys.stderr)
+    return 2
+
+
+def _keda_scaler(args: argparse.Namespace) -> int:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        return _usage("--tls-cert and --tls-key go together")
+    if args.client_ca and not args.tls_cert:
+        return _usage("--client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
+    if args.plaintext and args.tls_cert:
+        return _usage("--plaintext and --tls-cert exclude each other")
+    if not args.plaintext and not args.tls_cert:
+        return _usage("give --tls-cert and --tls-key (and --client-ca for mutual TLS), or --plaintext to serve "
+                      "without TLS")
+    started = load_policy_to_start(args.policy, "keda-scaler")
+    if started is None:
+        return 1
+    policy, version = started
+
+    from extender.keda.reading import served_workloads
+    from extender.keda.server import KedaSettings, TlsFiles, run
+    from extender.state.decisions import DecisionStore
+
+    if not served_workloads(policy):
+        print(f"extender keda-scaler: {args.policy} has no profile with an autoscaling section (and a capacity): "
+              "nothing to serve", file=sys.stderr)
+        return 1
+    tls = None
+    if args.tls_cert:
+        tls = TlsFiles(Path(args.tls_cert), Path(args.tls_key), Path(args.client_ca) if args.client_ca else None)
+        tls.read()  # a missing or empty file is one line now, not a failure at the first handshake
+    settings = KedaSettings(policy=policy, listen=args.listen, tls=tls, watch_interval_s=args.watch_interval,
+                            grace_s=args.grace, health_listen=args.health_listen, policy_path=Path(args.policy),
+                            policy_version=version)
+    store = DecisionStore(connect_from_args(args), prefix=args.prefix)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s")
+    run(settings, store)
+    return 0

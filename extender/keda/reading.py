@@ -1,0 +1,147 @@
+"""What KEDA is told about a workload: pure functions of the policy, the trigger and the published decision.
+
+No gRPC and no Redis here (:mod:`extender.keda.service` does the I/O), so every rule is testable
+on plain values. The rules are those of the External Metrics API (docs/scaler.md section 3), so
+the two paths scale a workload alike:
+
+* a ScaledObject's trigger names the workload in its metadata (``workload: <profile name>``,
+  optionally ``namespace:``, else the ScaledObject's own namespace). A workload the policy does
+  not autoscale in that namespace is *not found*: a typo must show up in KEDA, not as a silent 0.
+* the metric is the scaler's desired replicas, target 1 (``AverageValue``), so KEDA's HPA computes
+  ``desired = ceil(value / 1)``: the published number itself (docs/kubernetes-interfaces.md 4.3).
+* a workload not decided yet is served as 0 (the External Metrics API's ``"0"`` item); a decision
+  is served however old it is (the HPA then keeps the last decision while no scaler leads,
+  docs/scaler.md section 7).
+* active (KEDA's 0 <-> 1 switch): ``max(desired, minReplicas of the policy) > 0``. A workload whose
+  policy minimum is at least 1 is therefore always active, decided or not: KEDA never scales it to
+  zero while a new scaler makes its first decision.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic_core import ErrorDetails
+
+from extender.core.errors import ExtenderError, InvalidValueError, UnknownNameError
+from extender.core.policy import Name, Policy
+from extender.scaler.loop import scaled_profiles
+from extender.state.decisions import Published
+
+#: The one metric served, named as the External Metrics API names the same value.
+METRIC_NAME = "extender-desired-replicas"
+#: Its HPA target (``AverageValue``): one replica per unit of the published count.
+TARGET_SIZE = 1
+#: Trigger metadata keys we read; KEDA passes every key of the trigger, its own included.
+METADATA_KEYS = ("workload", "namespace")
+
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _namespace(value: str) -> str:
+    if len(value) > 63 or not _DNS_LABEL.match(value):
+        raise InvalidValueError(f"{value!r} is not a namespace name (a DNS label: lowercase letters, digits and '-', "
+                         "at most 63 characters)")
+    return value
+
+
+class TriggerError(ExtenderError, ValueError):
+    """A ScaledObject's trigger metadata cannot name a workload (gRPC ``INVALID_ARGUMENT``)."""
+
+
+class TriggerMetadata(BaseModel):
+    """The keys of a trigger's ``metadata`` that we read; every other key (``scalerAddress``, ...) is KEDA's."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    workload: Name
+    namespace: Annotated[str, AfterValidator(_namespace)] | None = None
+
+
+@dataclass(frozen=True)
+class Served:
+    """One autoscaled workload as the policy has it: the namespace it is served in (``None``: every
+    namespace) and its ``minReplicas``."""
+
+    namespace: str | None
+    min_replicas: int
+
+
+def served_workloads(policy: Policy) -> dict[str, Served]:
+    """Every workload the scaler decides for, by profile name."""
+    out: dict[str, Served] = {}
+    for profile in scaled_profiles(policy):
+        scaling = profile.autoscaling
+        assert scaling is not None  # scaled_profiles keeps only profiles with one
+        out[profile.name] = Served(namespace=scaling.namespace, min_replicas=scaling.min_replicas)
+    return out
+
+
+@dataclass(frozen=True)
+class Target:
+    """The workload one ScaledObject scales on, and where that ScaledObject is (for messages)."""
+
+    workload: str
+    namespace: str
+    scaled_object: str
+
+
+def resolve(name: str, namespace: str, metadata: Mapping[str, str], workloads: Mapping[str, Served]) -> Target:
+    """The target of the ScaledObject ``namespace/name`` whose trigger has ``metadata``.
+
+    Raises :class:`TriggerError` when ``workload`` is missing or malformed, and
+    :class:`~extender.core.errors.UnknownNameError` when no autoscaled workload of that name is
+    served in the namespace.
+    """
+    where = f"ScaledObject {namespace or '?'}/{name or '?'}"
+    try:
+        meta = TriggerMetadata.model_validate(dict(metadata))
+    except ValidationError as exc:
+        problems = "; ".join(_problem(e) for e in exc.errors())
+        given = ", ".join(sorted(metadata)) or "none"
+        raise TriggerError(f"{where}: trigger metadata: {problems} (keys given: {given}; "
+                           f"we read {', '.join(METADATA_KEYS)})") from None
+    scope = meta.namespace or namespace
+    served = workloads.get(meta.workload)
+    if served is None or (served.namespace is not None and served.namespace != scope):
+        names = ", ".join(f"{w} ({s.namespace or 'any namespace'})" for w, s in sorted(workloads.items()))
+        raise UnknownNameError(f"{where}: no autoscaled workload {meta.workload!r} in namespace "
+                               f"{scope or '(none given)'!r} (the policy autoscales: {names or 'nothing'})")
+    return Target(workload=meta.workload, namespace=scope, scaled_object=where)
+
+
+def _problem(error: ErrorDetails) -> str:
+    key = ".".join(str(part) for part in error["loc"]) or "metadata"
+    if error["type"] == "missing":
+        return f"{key!r} is required: the name of an autoscaled profile of the policy"
+    return f"{key!r}: {error['msg'].removeprefix('Value error, ')}"
+
+
+def check_metric(target: Target, metric_name: str) -> None:
+    """Raise :class:`~extender.core.errors.UnknownNameError` unless ``metric_name`` is the one we serve."""
+    if metric_name != METRIC_NAME:
+        raise UnknownNameError(f"{target.scaled_object}: no metric {metric_name!r} (served: {METRIC_NAME})")
+
+
+@dataclass(frozen=True)
+class Reading:
+    """What one ScaledObject is told: ``desired`` replicas, whether the target is ``active``, and the
+    decision time (``None``: not decided yet)."""
+
+    desired: int
+    active: bool
+    decided_at: float | None
+
+
+def read(target: Target, workloads: Mapping[str, Served], published: Mapping[str, Published]) -> Reading:
+    """The reading of ``target`` from every workload's published values (module docstring for the rules)."""
+    value = published.get(target.workload)
+    desired = max(0, value.desired) if value is not None else 0
+    served = workloads.get(target.workload)
+    floor = served.min_replicas if served is not None else 0
+    return Reading(desired=desired, active=max(desired, floor) > 0,
+                   decided_at=value.t if value is not None else None)

@@ -1,0 +1,496 @@
+"""``extender keda-scaler``: KEDA's external scaler calls through a real gRPC client, over loopback.
+
+The server runs in-process on its own event loop (one thread), reads a real Redis in which a
+``LeaderLock`` commit published the decisions exactly as ``extender scale`` does, and is called
+through the stub generated from extender/keda/externalscaler.proto, as KEDA's generated Go client
+calls it. The policy is tests/scaler_policy.py: ``qwen3`` (namespace ``default``, minReplicas 1),
+``llama`` (namespace ``ml``, minReplicas 0) and ``batch`` (not autoscaled). The command itself
+(flags, SIGTERM) is at the end. Waits are bounded polls for a state, never assertions on time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from extender import cli
+from extender.keda import externalscaler_pb2 as pb
+from extender.keda import externalscaler_pb2_grpc as pb_grpc
+from extender.keda.reading import METRIC_NAME
+from extender.keda.server import KedaServer, KedaSettings, TlsFiles
+from extender.state import connect
+from extender.state.decisions import DecisionStore, Published
+from extender.state.lock import LeaderLock
+from tests.conftest import RedisServer
+from tests.net import free_port
+from tests.pki import Pki, make_ca, make_cert, make_pki
+from tests.scaler_policy import make_policy, policy_text
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Bound of every wait for a state (setup bound, not an assertion on time).
+SETTLE_S = 30.0
+#: A decision this old is long stale (a week): still served, as the External Metrics API serves it.
+WEEK_S = 7 * 86400.0
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + SETTLE_S
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def publish(redis_url: str, directory: Path, decisions: dict[str, tuple[int, float]]) -> None:
+    """Commit ``workload -> (desired, age in seconds)`` as the scaler's leader does (fenced)."""
+    client = connect(redis_url, directory)
+    try:
+        lock = LeaderLock(client, "test-leader", ttl_s=600)
+        token = lock.acquire().token
+        store = DecisionStore(client)
+        now = time.time()
+        lock.commit(token, *(store.stage_published(w, Published(desired=d, load=float(d), unit="requests/s",
+                                                                  t=now - age, window=15, token=token))
+                             for w, (d, age) in decisions.items()))
+    finally:
+        client.close()
+
+
+@dataclass
+class Running:
+    server: KedaServer
+    port: int
+    loop: asyncio.AbstractEventLoop
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def call(self, coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(SETTLE_S)
+
+
+@contextmanager
+def serving(settings: KedaSettings, redis_url: str, directory: Path) -> Iterator[Running]:
+    """A :class:`KedaServer` on 127.0.0.1 (a free port) on an event loop of its own thread."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="keda-test-loop", daemon=True)
+    thread.start()
+    client = connect(redis_url, directory)
+    server = KedaServer(settings, DecisionStore(client))
+    try:
+        port = asyncio.run_coroutine_threadsafe(server.start(), loop).result(SETTLE_S)
+        running = Running(server, port, loop)
+        try:
+            yield running
+        finally:
+            running.call(server.stop())
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(SETTLE_S)
+        loop.close()
+        client.close()
+
+
+def settings(**kwargs: Any) -> KedaSettings:
+    return KedaSettings(policy=make_policy(), listen="127.0.0.1:0", watch_interval_s=0.02, grace_s=1.0, **kwargs)
+
+
+def ref(namespace: str, metadata: dict[str, str], name: str = "so") -> pb.ScaledObjectRef:
+    return pb.ScaledObjectRef(name=name, namespace=namespace, scalerMetadata=metadata)
+
+
+def stub(channel: grpc.Channel) -> Any:
+    return pb_grpc.ExternalScalerStub(channel)
+
+
+# ---- the four calls, table-driven ----------------------------------------------------------------
+
+FRESH = 5.0  # seconds: decided one tick ago
+
+class Call(NamedTuple):
+    """One row: what is published, which call with which ScaledObject, and what it must answer."""
+
+    id: str
+    published: dict[str, tuple[int, float]]  # workload -> (desired, age in seconds)
+    call: str
+    namespace: str  # the ScaledObject's
+    metadata: dict[str, str]  # its trigger's
+    metric: str  # GetMetrics' metricName
+    expected: Any  # a value (GetMetrics), a bool (IsActive), "spec" (GetMetricSpec), or (StatusCode, words)
+
+
+CALLS = [Call(*row) for row in [
+    ("known-workload", {"qwen3": (7, FRESH)}, "GetMetrics", "default", {"workload": "qwen3"}, METRIC_NAME, 7),
+    ("known-workload-active", {"qwen3": (7, FRESH)}, "IsActive", "default", {"workload": "qwen3"}, "", True),
+    ("metric-spec", {}, "GetMetricSpec", "default", {"workload": "qwen3"}, "", "spec"),
+    ("keda-keys-are-ignored", {"qwen3": (7, FRESH)}, "GetMetrics", "default",
+     {"scalerAddress": "extender-keda-scaler.kube-system:9090", "enableTLS": "true", "workload": "qwen3"},
+     METRIC_NAME, 7),
+    ("other-workload", {"qwen3": (7, FRESH), "llama": (3, FRESH)}, "GetMetrics", "ml", {"workload": "llama"},
+     METRIC_NAME, 3),
+    # a stale decision is served as it is, like the External Metrics API serves it (docs/scaler.md 7)
+    ("stale-decision", {"qwen3": (4, WEEK_S)}, "GetMetrics", "default", {"workload": "qwen3"}, METRIC_NAME, 4),
+    ("stale-decision-active", {"llama": (2, WEEK_S)}, "IsActive", "ml", {"workload": "llama"}, "", True),
+    # not decided yet: 0, as the External Metrics API's "0" item; active per the policy's minimum
+    ("undecided-reads-zero", {}, "GetMetrics", "default", {"workload": "qwen3"}, METRIC_NAME, 0),
+    ("undecided-min-1-is-active", {}, "IsActive", "default", {"workload": "qwen3"}, "", True),
+    ("undecided-min-0-is-idle", {}, "IsActive", "ml", {"workload": "llama"}, "", False),
+    ("decided-zero-is-idle", {"llama": (0, FRESH)}, "IsActive", "ml", {"workload": "llama"}, "", False),
+    ("decided-zero-reads-zero", {"llama": (0, FRESH)}, "GetMetrics", "ml", {"workload": "llama"}, METRIC_NAME, 0),
+    ("namespace-from-metadata", {"llama": (3, FRESH)}, "GetMetrics", "default",
+     {"workload": "llama", "namespace": "ml"}, METRIC_NAME, 3),
+    ("unknown-workload", {"qwen3": (7, FRESH)}, "GetMetrics", "default", {"workload": "mistral"}, METRIC_NAME,
+     (grpc.StatusCode.NOT_FOUND, "ScaledObject default/so: no autoscaled workload 'mistral' in namespace 'default' "
+                                 "(the policy autoscales: llama (ml), qwen3 (default))")),
+    ("unknown-workload-active", {}, "IsActive", "default", {"workload": "mistral"}, "",
+     (grpc.StatusCode.NOT_FOUND, "no autoscaled workload 'mistral'")),
+    ("unknown-workload-spec", {}, "GetMetricSpec", "default", {"workload": "mistral"}, "",
+     (grpc.StatusCode.NOT_FOUND, "no autoscaled workload 'mistral'")),
+    ("not-autoscaled", {}, "GetMetrics", "default", {"workload": "batch"}, METRIC_NAME,
+     (grpc.StatusCode.NOT_FOUND, "no autoscaled workload 'batch'")),
+    ("other-namespace", {"llama": (3, FRESH)}, "GetMetrics", "default", {"workload": "llama"}, METRIC_NAME,
+     (grpc.StatusCode.NOT_FOUND, "no autoscaled workload 'llama' in namespace 'default'")),
+    ("missing-metadata", {}, "GetMetrics", "default", {}, METRIC_NAME,
+     (grpc.StatusCode.INVALID_ARGUMENT, "ScaledObject default/so: trigger metadata: 'workload' is required: the "
+                                        "name of an autoscaled profile of the policy (keys given: none;")),
+    ("missing-workload-key", {}, "IsActive", "default", {"scalerAddress": "x:9090", "worklaod": "qwen3"}, "",
+     (grpc.StatusCode.INVALID_ARGUMENT, "'workload' is required: the name of an autoscaled profile of the policy "
+                                        "(keys given: scalerAddress, worklaod; we read workload, namespace)")),
+    ("missing-metadata-spec", {}, "GetMetricSpec", "default", {}, "",
+     (grpc.StatusCode.INVALID_ARGUMENT, "'workload' is required")),
+    ("malformed-workload", {}, "GetMetrics", "default", {"workload": "Qwen_3"}, METRIC_NAME,
+     (grpc.StatusCode.INVALID_ARGUMENT, "'workload': 'Qwen_3' is not a valid name")),
+    ("malformed-namespace", {}, "GetMetrics", "default", {"workload": "qwen3", "namespace": "ML team"}, METRIC_NAME,
+     (grpc.StatusCode.INVALID_ARGUMENT, "'namespace': 'ML team' is not a namespace name")),
+    # KEDA strips its "s<index>-" prefix before asking; a name it did not get from us is not served
+    ("unknown-metric", {"qwen3": (7, FRESH)}, "GetMetrics", "default", {"workload": "qwen3"},
+     f"s0-{METRIC_NAME}",
+     (grpc.StatusCode.NOT_FOUND, f"no metric 's0-{METRIC_NAME}' (served: {METRIC_NAME})")),
+]]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("row", CALLS, ids=[c.id for c in CALLS])
+def test_calls(row: Call, redis_server: RedisServer, tmp_path: Path) -> None:
+    call, expected = row.call, row.expected
+    publish(redis_server.url, tmp_path, row.published)
+    with serving(settings(), redis_server.url, tmp_path) as running, \
+            grpc.insecure_channel(running.address) as channel:
+        client = stub(channel)
+        target = ref(row.namespace, row.metadata)
+        try:
+            if call == "GetMetrics":
+                reply = client.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=target, metricName=row.metric))
+                values = [(v.metricName, v.metricValue, v.metricValueFloat) for v in reply.metricValues]
+                got: Any = values
+                want: Any = [(METRIC_NAME, expected, float(expected))] if not isinstance(expected, tuple) else None
+            elif call == "IsActive":
+                got, want = client.IsActive(target).result, expected
+            else:
+                reply = client.GetMetricSpec(target)
+                got = [(s.metricName, s.targetSize, s.targetSizeFloat) for s in reply.metricSpecs]
+                want = [(METRIC_NAME, 1, 1.0)]
+        except grpc.RpcError as exc:
+            assert isinstance(expected, tuple), f"{call} failed: {exc.code()} {exc.details()}"
+            code, words = expected
+            assert exc.code() == code
+            assert words in (exc.details() or "")
+            return
+        assert not isinstance(expected, tuple), f"{call} answered {got!r}, expected {expected[0]}"
+        assert got == want
+
+
+# ---- Redis down: UNAVAILABLE, health NOT_SERVING, back when it is back ---------------------------------
+
+
+def health_of(channel: grpc.Channel, service: str = "") -> Any:
+    checker = health_pb2_grpc.HealthStub(channel)
+    return checker.Check(health_pb2.HealthCheckRequest(service=service)).status
+
+
+@pytest.mark.integration
+def test_redis_outage_is_unavailable_and_not_serving(redis_server: RedisServer, tmp_path: Path) -> None:
+    publish(redis_server.url, tmp_path, {"qwen3": (6, FRESH)})
+    with serving(settings(), redis_server.url, tmp_path) as running, \
+            grpc.insecure_channel(running.address) as channel:
+        client = stub(channel)
+        metrics = pb.GetMetricsRequest(scaledObjectRef=ref("default", {"workload": "qwen3"}), metricName=METRIC_NAME)
+        assert client.GetMetrics(metrics).metricValues[0].metricValue == 6
+        assert health_of(channel) == health_pb2.HealthCheckResponse.SERVING
+        assert health_of(channel, "externalscaler.ExternalScaler") == health_pb2.HealthCheckResponse.SERVING
+
+        redis_server.kill()
+        calls: list[Callable[[], Any]] = [lambda: client.GetMetrics(metrics),
+                                          lambda: client.IsActive(metrics.scaledObjectRef)]
+        for call in calls:
+            with pytest.raises(grpc.RpcError) as caught:
+                call()
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "the scaler's decisions cannot be read" in (caught.value.details() or "")
+        # the spec comes from the policy alone: KEDA can still build its HPA
+        assert client.GetMetricSpec(metrics.scaledObjectRef).metricSpecs[0].targetSize == 1
+        wait_for(lambda: health_of(channel) == health_pb2.HealthCheckResponse.NOT_SERVING, "NOT_SERVING")
+        assert health_of(channel, "externalscaler.ExternalScaler") == health_pb2.HealthCheckResponse.NOT_SERVING
+
+        redis_server.restart()  # empty: nothing persisted
+        wait_for(lambda: health_of(channel) == health_pb2.HealthCheckResponse.SERVING, "SERVING again")
+        assert client.GetMetrics(metrics).metricValues[0].metricValue == 0  # undecided again
+
+
+# ---- StreamIsActive -------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_stream_sends_at_once_then_each_change_only(redis_server: RedisServer, tmp_path: Path) -> None:
+    with serving(settings(), redis_server.url, tmp_path) as running, \
+            grpc.insecure_channel(running.address) as channel:
+        stream = stub(channel).StreamIsActive(ref("ml", {"workload": "llama"}))
+        got = [next(stream).result]  # undecided, minReplicas 0: idle, sent at once
+        board = running.server.board
+
+        def seen(desired: int) -> Callable[[], bool]:
+            return lambda: board.published is not None and board.published.get("llama", None) is not None \
+                and board.published["llama"].desired == desired
+
+        publish(redis_server.url, tmp_path, {"llama": (2, FRESH)})
+        got.append(next(stream).result)
+        # 2 -> 3 leaves it active: the board sees the change, the stream sends nothing for it
+        publish(redis_server.url, tmp_path, {"llama": (3, FRESH)})
+        wait_for(seen(3), "the board to read desired 3")
+        publish(redis_server.url, tmp_path, {"llama": (0, FRESH)})
+        got.append(next(stream).result)
+        assert got == [False, True, False]
+        stream.cancel()
+
+
+@pytest.mark.integration
+def test_stream_ends_not_found_when_the_policy_drops_the_workload(redis_server: RedisServer, tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text())
+    publish(redis_server.url, tmp_path, {"qwen3": (5, FRESH)})
+    keda = KedaSettings(policy=make_policy(), listen="127.0.0.1:0", watch_interval_s=0.02, grace_s=1.0,
+                        policy_path=policy)
+    with serving(keda, redis_server.url, tmp_path) as running, grpc.insecure_channel(running.address) as channel:
+        client = stub(channel)
+        stream = client.StreamIsActive(ref("default", {"workload": "qwen3"}))
+        assert next(stream).result is True
+        renamed = policy.with_name("renamed.yaml")
+        renamed.write_text(policy_text().replace("name: qwen3", "name: qwen4"))
+        renamed.replace(policy)  # an atomic swap, as kubelet updates a ConfigMap volume
+        with pytest.raises(grpc.RpcError) as caught:
+            next(stream)
+        assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "no autoscaled workload 'qwen3'" in (caught.value.details() or "")
+        assert client.IsActive(ref("default", {"workload": "qwen4"})).result is True  # the new name is served
+
+
+@pytest.mark.integration
+def test_a_stopping_server_ends_streams_cleanly(redis_server: RedisServer, tmp_path: Path) -> None:
+    with serving(settings(), redis_server.url, tmp_path) as running, \
+            grpc.insecure_channel(running.address) as channel:
+        stream = stub(channel).StreamIsActive(ref("default", {"workload": "qwen3"}))
+        assert next(stream).result is True
+        running.call(running.server.stop())
+        assert list(stream) == []  # ended with OK: KEDA reconnects (to another replica) after 2 s
+        assert stream.code() == grpc.StatusCode.OK
+
+
+# ---- TLS and mutual TLS ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+class Tls(NamedTuple):
+    id: str
+    mutual: bool  # the server requires client certificates (--client-ca)
+    trust: str  # the CA the client trusts (a Pki attribute)
+    client: str | None  # the client certificate it presents (a Pki attribute)
+    ok: bool
+
+
+TLS_ROWS = [
+    Tls("tls", False, "server_ca", None, True),
+    Tls("tls-client-cert-not-needed", False, "server_ca", "client", True),
+    Tls("tls-untrusted-server", False, "client_ca", None, False),
+    Tls("mtls", True, "server_ca", "client", True),
+    Tls("mtls-without-client-cert", True, "server_ca", None, False),
+    Tls("mtls-rogue-client-cert", True, "server_ca", "rogue", False),
+    Tls("mtls-cert-of-another-ca", True, "server_ca", "front_proxy", False),
+]
+
+
+def tls_channel(address: str, pki: Pki, trust: str | None, client: str | None) -> grpc.Channel:
+    if trust is None:
+        return grpc.insecure_channel(address)
+    cert = getattr(pki, client) if client else None
+    credentials = grpc.ssl_channel_credentials(
+        root_certificates=getattr(pki, trust).cert.read_bytes(),
+        private_key=cert.key.read_bytes() if cert else None,
+        certificate_chain=cert.cert.read_bytes() if cert else None)
+    return grpc.secure_channel(address, credentials)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("row", TLS_ROWS, ids=[r.id for r in TLS_ROWS])
+def test_tls(row: Tls, pki: Pki, redis_server: RedisServer, tmp_path: Path) -> None:
+    publish(redis_server.url, tmp_path, {"qwen3": (9, FRESH)})
+    tls = TlsFiles(pki.server.cert, pki.server.key, pki.client_ca.cert if row.mutual else None)
+    with serving(settings(tls=tls), redis_server.url, tmp_path) as running, \
+            tls_channel(running.address, pki, row.trust, row.client) as channel, \
+            grpc.insecure_channel(running.address) as plain:
+        target = ref("default", {"workload": "qwen3"})
+        if row.ok:
+            assert stub(channel).IsActive(target, timeout=SETTLE_S).result is True
+        else:
+            with pytest.raises(grpc.RpcError) as caught:
+                stub(channel).IsActive(target, timeout=SETTLE_S)
+            assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+        with pytest.raises(grpc.RpcError) as caught:  # and never plaintext on a TLS port
+            stub(plain).IsActive(target, timeout=SETTLE_S)
+        assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.integration
+def test_renewed_certificates_are_used_without_a_restart(pki: Pki, redis_server: RedisServer, tmp_path: Path) -> None:
+    live = tmp_path / "live"
+    live.mkdir()
+    cert, key = live / "tls.crt", live / "tls.key"
+    cert.write_bytes(pki.server.cert.read_bytes())
+    key.write_bytes(pki.server.key.read_bytes())
+    renewed_ca = make_ca(tmp_path, "renewed-ca", "renewed-server-ca")
+    renewed = make_cert(tmp_path, "renewed", renewed_ca, "/CN=extender-keda-scaler", server=True)
+    target = ref("default", {"workload": "qwen3"})
+
+    def works(ca: Path) -> bool:
+        credentials = grpc.ssl_channel_credentials(root_certificates=ca.read_bytes())
+        with grpc.secure_channel(running.address, credentials) as channel:  # a new channel: a new handshake
+            try:
+                return bool(stub(channel).IsActive(target, timeout=SETTLE_S).result)
+            except grpc.RpcError:
+                return False
+
+    with serving(settings(tls=TlsFiles(cert, key)), redis_server.url, tmp_path) as running:
+        assert works(pki.server_ca.cert)
+        assert not works(renewed_ca.cert)
+        for source, dest in ((renewed.key, key), (renewed.cert, cert)):  # written in place, as a renewal is
+            staged = dest.with_suffix(".new")
+            staged.write_bytes(source.read_bytes())
+            staged.replace(dest)
+        assert works(renewed_ca.cert)
+        assert not works(pki.server_ca.cert)
+        cert.write_text("not a certificate\n")  # a broken renewal keeps the last good one
+        assert works(renewed_ca.cert)
+
+
+# ---- the command ----------------------------------------------------------------------------------
+
+USAGE = [
+    ("no-tls-choice", ["keda-scaler", "--policy", "p.yaml"], 2, "or --plaintext"),
+    ("cert-without-key", ["keda-scaler", "--policy", "p.yaml", "--tls-cert", "c.pem"], 2, "go together"),
+    ("ca-without-cert", ["keda-scaler", "--policy", "p.yaml", "--client-ca", "ca.pem", "--plaintext"], 2,
+     "--client-ca needs --tls-cert"),
+    ("plaintext-and-tls", ["keda-scaler", "--policy", "p.yaml", "--plaintext", "--tls-cert", "c", "--tls-key", "k"],
+     2, "exclude each other"),
+    ("missing-policy", ["keda-scaler", "--policy", "/nonexistent/p.yaml", "--plaintext"], 1, "cannot read"),
+]
+
+
+@pytest.mark.parametrize(("argv", "code", "words"), [u[1:] for u in USAGE], ids=[u[0] for u in USAGE])
+def test_usage_errors(argv: list[str], code: int, words: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(argv) == code
+    assert words in capsys.readouterr().err
+
+
+def test_bad_listen_address_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["keda-scaler", "--policy", "p.yaml", "--plaintext", "--listen", "nowhere"])
+    assert exited.value.code == 2
+    assert "is not HOST:PORT" in capsys.readouterr().err
+
+
+def test_unreadable_tls_files_are_refused_before_serving(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text())
+    empty = tmp_path / "empty.pem"
+    empty.write_text("")
+    argv = ["keda-scaler", "--policy", str(policy), "--tls-cert", str(empty), "--tls-key", str(empty)]
+    assert cli.main(argv) == 1
+    assert f"{empty} holds no PEM block" in capsys.readouterr().err
+
+
+def test_a_policy_without_autoscaling_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "policy.yaml"
+    text = policy_text()
+    policy.write_text(text[:text.index("profiles:")] + "profiles: []\n")
+    assert cli.main(["keda-scaler", "--policy", str(policy), "--plaintext"]) == 1
+    assert "nothing to serve" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_a_taken_port_is_an_error_not_a_shared_port(redis_server: RedisServer, tmp_path: Path) -> None:
+    with serving(settings(), redis_server.url, tmp_path) as first:
+        taken = KedaSettings(policy=make_policy(), listen=first.address)
+        client = connect(redis_server.url, tmp_path)
+        second = KedaServer(taken, DecisionStore(client))
+        with pytest.raises(Exception, match=f"cannot listen on {first.address}"):
+            first.call(second.start())
+        client.close()
+
+
+@pytest.mark.integration
+def test_the_process_serves_and_stops_on_sigterm(redis_server: RedisServer, pki: Pki, tmp_path: Path) -> None:
+    """``python -m extender.keda keda-scaler`` with mutual TLS: a call, an open stream, SIGTERM, exit 0."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text())
+    publish(redis_server.url, tmp_path, {"qwen3": (8, FRESH)})
+    port, probe_port = free_port(), free_port()
+    log = tmp_path / "keda.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "extender.keda", "keda-scaler", "--policy", str(policy),
+             "--redis-url", redis_server.url, "--listen", f"127.0.0.1:{port}",
+             "--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key),
+             "--client-ca", str(pki.client_ca.cert), "--health-listen", f"127.0.0.1:{probe_port}"],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        with tls_channel(f"127.0.0.1:{port}", pki, "server_ca", "client") as channel, \
+                grpc.insecure_channel(f"127.0.0.1:{probe_port}") as probe:  # kubelet's probe: no TLS
+            grpc.channel_ready_future(channel).result(timeout=SETTLE_S)
+            client = stub(channel)
+            metrics = pb.GetMetricsRequest(scaledObjectRef=ref("default", {"workload": "qwen3"}),
+                                           metricName=METRIC_NAME)
+            assert client.GetMetrics(metrics).metricValues[0].metricValue == 8
+            assert health_of(probe) == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.RpcError) as caught:  # the probe port tells nothing else
+                stub(probe).GetMetrics(metrics)
+            assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED
+            stream = client.StreamIsActive(metrics.scaledObjectRef)
+            assert next(stream).result is True
+            process.send_signal(signal.SIGTERM)
+            assert list(stream) == []
+            assert stream.code() == grpc.StatusCode.OK
+        assert process.wait(timeout=SETTLE_S) == 0, log.read_text()[-3000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    text = log.read_text()
+    assert "serving externalscaler.ExternalScaler" in text and "mutual TLS" in text
+    assert "stopping (grace 5s)" in text
