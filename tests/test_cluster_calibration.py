@@ -80,7 +80,8 @@ def test_replicas_ready_after_a_delay_are_observed_and_move_the_fit_toward_it(
     assert before == pytest.approx(109.4, abs=0.1)
     moved = (before - after) / (before - DELAY_S)
     print(f"{len(observations)} starts of {sorted(round(o.total_s, 1) for o in observations)} s; "
-          f"'image' state: policy {before:.1f} s, fitted {after:.1f} s ({100 * moved:.0f} % of the way to {DELAY_S:g} s)")
+          f"'image' state: policy {before:.1f} s, fitted {after:.1f} s "
+          f"({100 * moved:.0f} % of the way to {DELAY_S:g} s)")
     assert 0.5 < moved < 1.0, (before, after)  # toward the delay, most of the way, not past it
     assert fit.factor("compileCold") < 1 and fit.factor("engine") < 1
     assert fit.error_fit < fit.error_policy
