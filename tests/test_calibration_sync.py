@@ -187,6 +187,8 @@ def test_starts_from_stale_inventory_are_discarded(client: Any, age: float, ttl:
         reader.report_agent("n1", AgentReport(heartbeat=now - age, ttl=ttl, images=VLLM))
     store = ObservationStore(client)
     observer = StartObserver(policy, clock=lambda: now)
+    heard: list[Observation] = []
+    observer.on_recorded.append(heard.extend)
     facts = PodFacts("serving/p", "n1", 1, WORKLOAD, "starting", uid="u", scheduled_at=now - 1)
     observer.pod(facts)
     observer.flush(InventoryStore(client), store)
@@ -197,6 +199,7 @@ def test_starts_from_stale_inventory_are_discarded(client: Any, age: float, ttl:
     heartbeat_age = now - (now - age)  # as stored: unix seconds lose the last bits of a small age
     trusted = agent and heartbeat_age <= min(ttl, max_age)
     assert len(stored.observations) == (1 if trusted else 0)
+    assert heard == list(stored.observations)
     assert stored.discarded == ({} if trusted else {"stale inventory": 1})
 
 

@@ -78,6 +78,9 @@ class StartObserver:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Observations recorded so far (tests and logs read it).
     recorded: int = 0
+    #: Called (in the writer thread) with the starts just stored, e.g. to export each new replica's
+    #: estimate error (:func:`extender.core.calibration.estimate_errors`); an exception is logged.
+    on_recorded: list[Callable[[list[Observation]], None]] = field(default_factory=list)
 
     @property
     def enabled(self) -> bool:
@@ -195,6 +198,11 @@ class StartObserver:
                 else:
                     self._discarded.pop(reason, None)
         self.recorded += len(observations)
+        for listener in self.on_recorded if observations else ():
+            try:
+                listener(observations)
+            except Exception:
+                log.exception("calibration: a listener of recorded starts failed")
         return len(observations)
 
     def _found(self, start: _Start, record: NodeState | None, registry: frozenset[str],
