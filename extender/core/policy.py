@@ -373,8 +373,12 @@ class PhaseOverride(Schema):
     graph_capture: Duration | None = None
     engine_init: Duration | None = None
     snapshot_restore: Duration | None = None
+    #: Image pull bandwidth of this profile on the class (replaces ``network.imagePull``).
     image_pull: PositiveBandwidth | None = None
+    #: What one object-store stream of this profile's loader gets on the class (replaces
+    #: ``weights.streamBandwidth`` and ``network.objectStorePerStream``).
     stream_bandwidth: PositiveBandwidth | None = None
+    #: NVMe read bandwidth this profile's loader gets on the class (replaces ``nvme.readBandwidth``).
     nvme_read: PositiveBandwidth | None = None
 
 
@@ -482,7 +486,9 @@ class FactorBounds(Schema):
     forbidden to agree with it.
     """
 
+    #: Smallest factor (0.25: the fitted phase takes at least a quarter of the policy's seconds).
     min: float = Field(default=0.25, gt=0)
+    #: Largest factor (4: at most four times the policy's seconds).
     max: float = Field(default=4.0, gt=0)
 
     @model_validator(mode="after")
@@ -495,13 +501,21 @@ class FactorBounds(Schema):
 class CalibrationBounds(Schema):
     """Bounds per fitted parameter (names in extender.core.calibration.PARAMETERS); ``default`` for the rest."""
 
+    #: Bounds of every parameter not listed below.
     default: FactorBounds = FactorBounds()
+    #: Seconds per byte of a missing image (the image pull bandwidth).
     image_pull: FactorBounds | None = None
+    #: Seconds per byte of weights streamed from the object store (its effective bandwidth).
     weights_remote: FactorBounds | None = None
+    #: Seconds per byte of weights read from the node's NVMe.
     weights_local: FactorBounds | None = None
+    #: torch.compile from scratch.
     compile_cold: FactorBounds | None = None
+    #: torch.compile from a cache on the node (or fetched from the registry).
     compile_warm: FactorBounds | None = None
+    #: CUDA graph capture and engine init together (a start's total cannot tell them apart).
     engine: FactorBounds | None = None
+    #: Process snapshot restore.
     snapshot_restore: FactorBounds | None = None
 
     def of(self, field_name: str) -> FactorBounds:
@@ -519,6 +533,7 @@ class Calibration(Schema):
     fitted values. docs/calibration.md has the estimator, its assumptions and what it cannot learn.
     """
 
+    #: ``off``: nothing observed; ``suggest``: observed and shown; ``apply``: used by every component.
     mode: CalibrationMode = "off"
     #: How many observed starts the policy's value of a phase weighs (each in the cache state where
     #: that phase is largest): the larger, the more observations it takes to move it.
@@ -535,6 +550,7 @@ class Calibration(Schema):
     #: The sync must see the new pod within this of its PodScheduled time (else it may have changed
     #: the node's caches before they were read).
     capture_within: Annotated[Duration, Field(gt=0)] = 15.0
+    #: How far a fit may move each parameter from the policy's value, as factors of its seconds.
     bounds: CalibrationBounds = CalibrationBounds()
 
 
@@ -722,6 +738,7 @@ class Policy(Schema):
     scoring: Scoring = Scoring()
     scaling: Scaling = Scaling()
     warming: Warming = Warming()
+    #: Learning the startup phases from the replicas the cluster starts (docs/calibration.md).
     calibration: Calibration = Calibration()
 
     def node_class(self, name: str) -> NodeClass:

@@ -35,7 +35,6 @@ from extender.core.calibration import (
 )
 from extender.core.estimate import breakdown
 from extender.core.policy import Policy
-from extender.core.units import format_bandwidth
 from extender.files import load_policy
 from extender.state.observations import ObservationStore, Stored, observations_of
 
@@ -49,9 +48,13 @@ def _read(args: argparse.Namespace) -> Stored:
 
 
 def _value(j: int, value: float) -> str:
-    if j in BANDWIDTH_PARAMETERS:
-        return format_bandwidth(float(f"{value:.3g}"))
-    return f"{value:.1f}s"
+    """Bandwidths in bytes per second with three significant digits (``5.74GB/s``), seconds with one decimal."""
+    if j not in BANDWIDTH_PARAMETERS:
+        return f"{value:.1f}s"
+    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if value >= size:
+            return f"{value / size:.3g}{unit}"
+    return f"{value:.3g}B/s"
 
 
 def fit_rows(policy: Policy, fit: Fit) -> list[dict[str, Any]]:
