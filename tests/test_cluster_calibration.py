@@ -13,6 +13,7 @@ of that state two thirds of the way from 109.4 s to 20 s.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -81,7 +82,7 @@ def test_replicas_ready_after_a_delay_are_observed_and_move_the_fit_toward_it(
     moved = (before - after) / (before - DELAY_S)
     print(f"{len(observations)} starts of {sorted(round(o.total_s, 1) for o in observations)} s; "
           f"'image' state: policy {before:.1f} s, fitted {after:.1f} s "
-          f"({100 * moved:.0f} % of the way to {DELAY_S:g} s)")
+          f"({100 * moved:.0f} % of the way to {DELAY_S:g} s)", file=sys.stderr)  # stdout is the CLI's, below
     assert 0.5 < moved < 1.0, (before, after)  # toward the delay, most of the way, not past it
     assert fit.factor("compileCold") < 1 and fit.factor("engine") < 1
     assert fit.error_fit < fit.error_policy
