@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 import yaml
 
 from extender import __version__
-from extender.arguments import add_logging_options, deprecated_flags, subparsers_of
+from extender.arguments import add_logging_options, add_store_options, deprecated_flags, subparsers_of
 from extender.core.cachekey import compile_cache_key_of
 from extender.core.caches import compile_key_material
 from extender.core.errors import DocumentError, ExtenderError, UnknownNameError
@@ -73,6 +73,10 @@ def _select(policy: Policy, workload: str | None, node_class: str | None) -> lis
 
 
 def _estimate(args: argparse.Namespace) -> int:
+    if args.calibrated:
+        from extender.state.calibration_commands import estimate_calibrated
+
+        return estimate_calibrated(args)
     policy = load_policy(args.policy)
     pairs = _select(policy, args.workload, args.node_class)
     result: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
@@ -143,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--workload", metavar="NAME", help="only this profile (default: every profile)")
     est.add_argument("--node-class", metavar="NAME", help="only this node class (default: every class it runs on)")
     est.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    est.add_argument("--calibrated", action="store_true",
+                     help="policy vs fitted phase values with their confidence, from the observed starts in the store")
+    add_store_options(est)
     est.set_defaults(handler=_estimate)
 
     ck = sub.add_parser("cachekey", help="print the compile-cache key of a workload on a node class")
@@ -161,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     from extender.kube import commands as kube_commands
     from extender.scaler import commands as scale_commands
     from extender.sim import commands as sim_commands
+    from extender.state import calibration_commands
     from extender.state import commands as inventory_commands
     from extender.warm import commands as warm_commands
 
@@ -172,6 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
     warm_commands.register(sub)
     scale_commands.register(sub)
     keda_commands.register(sub)
+    calibration_commands.register(sub)
     add_logging_options(parser)
     for sub_parser in subparsers_of(parser):
         add_logging_options(sub_parser, inherited=True)

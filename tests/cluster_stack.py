@@ -61,7 +61,9 @@ SETTLE_S = 90.0
 #: The policy every component of the stack runs. ``big-llm``: placement; ``slo-llm``: the hard
 #: rule (startup within its SLO, which only a node holding the weights meets); ``chat``: the
 #: autoscaled workload of the scaling tests, its demand read from a Prometheus API the test serves
-#: (``{prometheus}``); ``warm-llm``: the workload the warmer stages.
+#: (``{prometheus}``); ``warm-llm``: the workload the warmer stages; ``calib-llm``: the replicas
+#: whose starts calibration observes (``calibration.mode: suggest``: the sync records starts, nothing
+#: is applied, so the other tests' estimates are the policy's).
 POLICY = """\
 apiVersion: extender.io/v1alpha1
 kind: Policy
@@ -104,9 +106,15 @@ profiles:
     match: {{labels: {{extender.io/workload: warm-llm}}}}
     image: {{reference: "{image}", size: 10GB}}
     weights: {{source: "s3://models/warm/", version: rev-1, bytes: 200GB, shardFiles: 8, loaderConcurrency: 1}}
+  - name: calib-llm
+    match: {{labels: {{extender.io/workload: calib-llm}}}}
+    image: {{reference: "{image}", size: 10GB}}
+    weights: {{source: "s3://models/calib/", version: rev-1, bytes: 16GB, shardFiles: 4, loaderConcurrency: 4}}
 scoring:
   # the agents report a made-up 7 TB free (AGENT_COMMAND): no pressure penalty to think about
   nvmePressurePenalty: 0
+calibration:
+  mode: suggest
 scaling:
   tick: 1s
   hpaSyncDelay: 2s

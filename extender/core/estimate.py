@@ -160,10 +160,11 @@ class ClassTable:
 
             cold = pick(o.compile_cold, profile.compile.cold)
             rows.append({
-                "nvme_bps": c.nvme.read_bandwidth,
+                "nvme_bps": pick(o.nvme_read, c.nvme.read_bandwidth),
                 "nic_bps": c.network.nic,
-                "stream_bps": profile.weights.stream_bandwidth or c.network.object_store_per_stream,
-                "pull_bps": c.network.image_pull,
+                "stream_bps": pick(o.stream_bandwidth, profile.weights.stream_bandwidth
+                                   or c.network.object_store_per_stream),
+                "pull_bps": pick(o.image_pull, c.network.image_pull),
                 "compile_cold_s": cold,
                 # a cache hit is never slower than compiling
                 "compile_warm_s": min(pick(o.compile_warm, profile.compile.warm), cold),

@@ -510,7 +510,12 @@ class Autoscaling(ReplicaBounds):
 
 
 class PhaseOverride(Schema):
-    """Phase times for one node class, where they differ (a B200 compiles faster than an H200)."""
+    """Phase times for one node class, where they differ (a B200 compiles faster than an H200).
+
+    The three bandwidths replace the class's for this profile only: what this workload's image pull,
+    object-store streams and NVMe reads achieve there. ``extender.core.calibration`` writes all of
+    these fields when it applies a fit; a team may write them by hand too.
+    """
 
     #: Replaces compile.cold on this class.
     compile_cold: Duration | None = None
@@ -522,6 +527,13 @@ class PhaseOverride(Schema):
     engine_init: Duration | None = None
     #: Replaces snapshot.restore on this class.
     snapshot_restore: Duration | None = None
+    #: Image pull bandwidth of this profile on the class (replaces ``network.imagePull``).
+    image_pull: PositiveBandwidth | None = None
+    #: What one object-store stream of this profile's loader gets on the class (replaces
+    #: ``weights.streamBandwidth`` and ``network.objectStorePerStream``).
+    stream_bandwidth: PositiveBandwidth | None = None
+    #: NVMe read bandwidth this profile's loader gets on the class (replaces ``nvme.readBandwidth``).
+    nvme_read: PositiveBandwidth | None = None
 
 
 class FilterRules(Schema):
@@ -632,6 +644,84 @@ class Scaling(Schema):
     queue_drain: Annotated[Duration, Field(gt=0)] = 60.0
     #: The HPA's tolerance (docs/kubernetes-interfaces.md section 4.3); the decision mirrors it to say what will happen.
     tolerance: float = Field(default=0.1, ge=0, lt=1)
+
+
+CalibrationMode = Literal["off", "suggest", "apply"]
+
+
+class FactorBounds(Schema):
+    """How far a fitted phase may move from the policy's: factors of its seconds (2: twice as slow).
+
+    The policy's own value (factor 1) must be inside: calibration corrects a policy, it may not be
+    forbidden to agree with it.
+    """
+
+    #: Smallest factor (0.25: the fitted phase takes at least a quarter of the policy's seconds).
+    min: float = Field(default=0.25, gt=0)
+    #: Largest factor (4: at most four times the policy's seconds).
+    max: float = Field(default=4.0, gt=0)
+
+    @model_validator(mode="after")
+    def _contains_one(self) -> FactorBounds:
+        if not self.min <= 1.0 <= self.max:
+            raise InvalidValueError(f"min {self.min:g} and max {self.max:g} must enclose 1 (the policy's own value)")
+        return self
+
+
+class CalibrationBounds(Schema):
+    """Bounds per fitted parameter (names in extender.core.calibration.PARAMETERS); ``default`` for the rest."""
+
+    #: Bounds of every parameter not listed below.
+    default: FactorBounds = FactorBounds()
+    #: Seconds per byte of a missing image (the image pull bandwidth).
+    image_pull: FactorBounds | None = None
+    #: Seconds per byte of weights streamed from the object store (its effective bandwidth).
+    weights_remote: FactorBounds | None = None
+    #: Seconds per byte of weights read from the node's NVMe.
+    weights_local: FactorBounds | None = None
+    #: torch.compile from scratch.
+    compile_cold: FactorBounds | None = None
+    #: torch.compile from a cache on the node (or fetched from the registry).
+    compile_warm: FactorBounds | None = None
+    #: CUDA graph capture and engine init together (a start's total cannot tell them apart).
+    engine: FactorBounds | None = None
+    #: Process snapshot restore.
+    snapshot_restore: FactorBounds | None = None
+
+    def of(self, field_name: str) -> FactorBounds:
+        """The bounds of one parameter by its snake_case field name."""
+        own: FactorBounds | None = getattr(self, field_name)
+        return own if own is not None else self.default
+
+
+class Calibration(Schema):
+    """Learning the startup phases from the replicas the cluster starts (extender.core.calibration).
+
+    ``off``: nothing is observed. ``suggest``: ``extender sync`` records each new replica's start
+    and ``extender estimate --calibrated`` / ``extender calibrate show`` show the fit; nothing else
+    changes. ``apply``: the extender's scores, the scaler's horizon and the warmer's plans use the
+    fitted values. docs/calibration.md has the estimator, its assumptions and what it cannot learn.
+    """
+
+    #: ``off``: nothing observed; ``suggest``: observed and shown; ``apply``: used by every component.
+    mode: CalibrationMode = "off"
+    #: How many observed starts the policy's value of a phase weighs (each in the cache state where
+    #: that phase is largest): the larger, the more observations it takes to move it.
+    prior_observations: float = Field(default=3.0, gt=0, le=10_000)
+    #: Fits of fewer observations are shown but never applied.
+    min_observations: int = Field(default=3, ge=1)
+    #: Observations kept per (workload, node class), the newest.
+    window: int = Field(default=200, ge=1, le=10_000)
+    #: Observations older than this are dropped.
+    max_age: Annotated[Duration, Field(gt=0)] = 7 * 86_400.0
+    #: A start is observed only if the node's inventory record was younger than this (and than its
+    #: TTL) when the pod was scheduled: older news may not be what the pod found.
+    max_inventory_age: Annotated[Duration, Field(gt=0)] = 60.0
+    #: The sync must see the new pod within this of its PodScheduled time (else it may have changed
+    #: the node's caches before they were read).
+    capture_within: Annotated[Duration, Field(gt=0)] = 15.0
+    #: How far a fit may move each parameter from the policy's value, as factors of its seconds.
+    bounds: CalibrationBounds = CalibrationBounds()
 
 
 class Toleration(Schema):
@@ -854,6 +944,8 @@ class Policy(Schema):
     scoring: Scoring = Scoring()
     scaling: Scaling = Scaling()
     warming: Warming = Warming()
+    #: Learning the startup phases from the replicas the cluster starts (docs/calibration.md).
+    calibration: Calibration = Calibration()
 
     def node_class(self, name: str) -> NodeClass:
         """The node class called ``name``."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Literal
 
@@ -40,6 +41,7 @@ class _Api(BaseModel):
 class ObjectMeta(_Api):
     name: str
     namespace: str = ""
+    uid: str = ""
     labels: dict[str, str] = {}
     annotations: dict[str, str] = {}
     deletion_timestamp: str | None = None
@@ -79,11 +81,25 @@ class PodSpec(_Api):
 class PodCondition(_Api):
     type: str
     status: str
+    last_transition_time: str | None = None
+
+
+class RunningState(_Api):
+    started_at: str | None = None
+
+
+class ContainerState(_Api):
+    running: RunningState | None = None
+
+
+class ContainerStatus(_Api):
+    state: ContainerState = ContainerState()
 
 
 class PodStatus(_Api):
     phase: str = "Pending"
     conditions: list[PodCondition] = []
+    container_statuses: list[ContainerStatus] = []
 
 
 class Pod(_Api):
@@ -126,13 +142,22 @@ PodState = Literal["starting", "running", "terminating"]
 
 @dataclass(frozen=True)
 class PodFacts:
-    """One pod bound to a node and not finished."""
+    """One pod bound to a node and not finished.
+
+    The times (unix seconds, ``None`` when the status does not say) are what calibration observes
+    (:mod:`extender.kube.observe`): the ``PodScheduled`` and ``Ready`` conditions' last transitions,
+    and the earliest ``startedAt`` of a running container.
+    """
 
     key: str  # namespace/name
     node: str
     gpus: int
     workload: str | None
     state: PodState
+    uid: str = ""
+    scheduled_at: float | None = None
+    started_at: float | None = None
+    ready_at: float | None = None
 
 
 def _parse(model: type[Node] | type[Pod], raw: Mapping[str, Any]) -> Any:
@@ -193,13 +218,39 @@ def pod_facts(raw: Mapping[str, Any], policy: Policy, gpu_resource: str = DEFAUL
         state = "running"
     else:
         state = "starting"
+    conditions = {c.type: c for c in pod.status.conditions}
+    started = [t for c in pod.status.container_statuses
+               if c.state.running is not None and (t := timestamp(c.state.running.started_at)) is not None]
     return PodFacts(
         key=f"{pod.metadata.namespace}/{pod.metadata.name}",
         node=pod.spec.node_name,
         gpus=max(regular, init),
         workload=profile.name if profile is not None else None,
         state=state,
+        uid=pod.metadata.uid,
+        scheduled_at=_transition(conditions.get("PodScheduled")),
+        started_at=min(started) if started else None,
+        ready_at=_transition(conditions.get("Ready")) if state == "running" else None,
     )
+
+
+def timestamp(text: str | None) -> float | None:
+    """An API timestamp (RFC 3339, ``2025-01-02T03:04:05Z``) as unix seconds; ``None`` if absent or unreadable."""
+    if not text:
+        return None
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _transition(condition: PodCondition | None) -> float | None:
+    if condition is None or condition.status != "True":
+        return None
+    return timestamp(condition.last_transition_time)
 
 
 def kube_report(node: NodeFacts, pods: Iterable[PodFacts]) -> KubeReport:

@@ -15,6 +15,10 @@ first list before the first write (a node listed before its pods would look all 
 moment), deletes nodes that left the cluster, and after every node (re)list prunes inventory
 records of nodes the cluster no longer has.
 
+With ``calibration.mode`` other than ``off``, the view also hands every pod of a workload profile
+to a :class:`~extender.kube.observe.StartObserver`, and the writer records each new replica's start
+(where it landed, what its node held then, when it became Ready) for calibration.
+
 Redis outages: the writer keeps what it could not write marked dirty and retries with backoff. A
 Redis that came back empty is noticed from its version counter going backwards (checked every
 ``version_check_s``) and triggers a full rewrite; every ``resync_s`` the stored reports are also
@@ -35,7 +39,9 @@ from extender.core.policy import Policy
 from extender.core.reports import KubeReport
 from extender.kube.client import JSON, KubeClient
 from extender.kube.objects import DEFAULT_GPU_RESOURCE, NodeFacts, PodFacts, kube_report, node_facts, pod_facts
+from extender.kube.observe import StartObserver
 from extender.kube.reflector import DEFAULT_WATCH_TIMEOUT_S, Reflector
+from extender.state.observations import ObservationStore
 from extender.state.sources import SourceStore
 
 log = logging.getLogger(__name__)
@@ -61,9 +67,10 @@ class SyncSettings:
 class ClusterView:
     """Nodes and assigned pods as last seen, and which nodes need writing (thread-safe)."""
 
-    def __init__(self, policy: Policy, gpu_resource: str) -> None:
+    def __init__(self, policy: Policy, gpu_resource: str, observer: StartObserver | None = None) -> None:
         self.policy = policy
         self.gpu_resource = gpu_resource
+        self.observer = observer
         self.cond = threading.Condition()
         self.nodes: dict[str, NodeFacts] = {}
         self.pods: dict[str, PodFacts] = {}
@@ -148,6 +155,10 @@ class ClusterView:
             self.pods, self.pods_by_node = {}, {}
             for f in facts:
                 self._link(f)
+                if self.observer is not None:
+                    self.observer.pod(f)
+            if self.observer is not None:
+                self.observer.keep_only(set(self.pods))
             touched |= self.pods_by_node.keys()
             self.dirty |= touched & self.nodes.keys()
             self.cond.notify_all()
@@ -161,6 +172,11 @@ class ClusterView:
             if facts is not None:
                 self._link(facts)
                 touched.add(facts.node)
+            if self.observer is not None:
+                if facts is None:
+                    self.observer.gone(key)
+                else:
+                    self.observer.pod(facts)
             self.dirty |= {n for n in touched if n is not None and n in self.nodes}
             self.cond.notify_all()
 
@@ -192,7 +208,10 @@ class ClusterSync:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
-        self.view = ClusterView(policy, settings.gpu_resource)
+        #: Follows new replicas for calibration (``None`` with ``calibration.mode: off``).
+        self.observer = StartObserver(policy) if policy.calibration.mode != "off" else None
+        self.view = ClusterView(policy, settings.gpu_resource, self.observer)
+        self.policy = policy
         self.open_sources = open_sources
         self.clock = clock
         self.nodes = Reflector(kube, "nodes", on_replace=self.view.replace_nodes, on_event=self.view.node_event,
@@ -205,6 +224,7 @@ class ClusterSync:
         #: Count of completed writes (tests wait on it; logs report it).
         self.flushes = 0
         self._sources: SourceStore | None = None
+        self._observations: ObservationStore | None = None
         self._last_version = 0
         self._outage = False
         self._stop = threading.Event()
@@ -243,7 +263,7 @@ class ClusterSync:
         next_version_check = self.clock() + self.settings.version_check_s
         while not stop.is_set():
             with self.view.cond:
-                pending = self.view.dirty or self.view.removed or self.view.prune
+                pending = self.view.dirty or self.view.removed or self.view.prune or self._observing()
                 if not pending or not self._synced():
                     wake = min(next_resync, next_version_check) - self.clock()
                     self.view.cond.wait(timeout=max(0.01, min(wake, 0.5)))
@@ -261,6 +281,7 @@ class ClusterSync:
                     self._resync(sources)
                     next_resync = now + self.settings.resync_s
                 self._flush(sources)
+                self._observe(sources)
             except StateError as exc:
                 delay = backoff.next()
                 if not self._outage:
@@ -273,6 +294,18 @@ class ClusterSync:
                 log.info("inventory store is back")
                 self._outage = False
             backoff.reset()
+
+    def _observing(self) -> bool:
+        return self.observer is not None and self.observer.pending()
+
+    def _observe(self, sources: SourceStore) -> None:
+        """Read the nodes of new replicas, record the starts that are complete (extender.kube.observe)."""
+        if self.observer is None or not self.observer.pending():
+            return
+        if self._observations is None:
+            self._observations = ObservationStore.for_policy(sources.client, self.policy,
+                                                             prefix=sources.store.keys.prefix)
+        self.observer.flush(sources.store, self._observations)
 
     def _synced(self) -> bool:
         return self.nodes.synced.is_set() and self.pods.synced.is_set()

@@ -20,6 +20,11 @@ and the record says why. A workload whose pods cannot be listed is skipped this 
 count is unknown, and a decision without it could only be wrong); the others go on. A fenced-out
 commit ends the tick at once: another scaler leads, and this one must not write anything more.
 
+With ``calibration.mode: apply`` (and a ``calibration`` reader), each led tick first takes the
+calibrated policy (:class:`extender.state.observations.CalibratedPolicy`): the placement and the
+horizon are estimated with the fitted phase times, and the listeners of ``on_estimator_policy``
+(the cache warmer) get it whenever it changes.
+
 A newly elected leader has no previous counter values for the ``scrape`` source, so its first tick
 observes nothing and holds; the forecast still comes from the shared history.
 """
@@ -47,6 +52,7 @@ from extender.scaler.signals import build_source
 from extender.state.decisions import DecisionStore, Published
 from extender.state.history import HistoryStore, Sample
 from extender.state.lock import LeaderLock
+from extender.state.observations import CalibratedPolicy
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +119,13 @@ class ScaleLoop:
     on_leader_tick: list[Callable[[TickReport], None]] = field(default_factory=list)
     #: Called with each policy :meth:`set_policy` takes (e.g. the cache warmer's, the metrics API's).
     on_policy: list[Callable[[Policy], None]] = field(default_factory=list)
+    #: Reads the observed starts: with ``calibration.mode: apply`` the estimates use the fit.
+    calibration: CalibratedPolicy | None = None
+    #: Called with the policy the estimator uses (the base policy, or its calibration) whenever it
+    #: changes, before the tick that first uses it (the cache warmer plans with it).
+    on_estimator_policy: list[Callable[[Policy], None]] = field(default_factory=list)
     _snapshot: InventorySnapshot | None = field(default=None, init=False, repr=False)
+    _told: Policy | None = field(default=None, init=False, repr=False)
     _lease_token: int | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -128,6 +140,8 @@ class ScaleLoop:
         self.hpa_sync_s = self._fixed_hpa_sync if self._fixed_hpa_sync is not None else scaling.hpa_sync_delay
         self.params = ForecastParams.from_scaling(scaling)
         self.profiles = scaled_profiles(self.policy)
+        #: The policy placements and horizons are estimated with (:meth:`_calibrate`).
+        self.estimator_policy = self.policy
         self.sources = {p.name: self._preset_sources.get(p.name) or build_source(p, self.fetch) for p in self.profiles}
         self._snapshot = None  # built for the old node classes
 
@@ -166,6 +180,7 @@ class ScaleLoop:
             log.info("scaler %s leads with fencing token %d", self.holder, lease.token,
                      extra={"identity": self.holder, "leader": self.holder, "token": lease.token})
         self._lease_token = lease.token
+        self._calibrate()
         snapshot = self._inventory(now)
         results: list[WorkloadResult] = []
         for profile in self.profiles:
@@ -202,6 +217,20 @@ class ScaleLoop:
                 log.warning("scaler %s could not release the lock: %s", self.holder, exc,
                             extra={"identity": self.holder, "error": str(exc)})
 
+    def _calibrate(self) -> None:
+        """Take the calibrated policy when it changed, and tell the listeners (never raises)."""
+        current = self.policy if self.calibration is None else self.calibration.policy_for(self.policy)
+        if current is not self.estimator_policy:
+            self.estimator_policy = current
+            self._snapshot = None  # its per-profile tables were built with the other values
+        if current is not self._told:
+            self._told = current
+            for listener in self.on_estimator_policy:
+                try:
+                    listener(current)
+                except Exception:
+                    log.exception("scaler: an estimator-policy listener failed")
+
     def _inventory(self, now: float) -> InventorySnapshot | None:
         if self.inventory is None:
             return None
@@ -209,8 +238,8 @@ class ScaleLoop:
             version = self.inventory.version()
             if self._snapshot is None or self._snapshot.version != version:
                 version, records, registry = self.inventory.load_all()
-                self._snapshot = InventorySnapshot.build(self.policy, records, version=version, taken_at=now,
-                                                         registry=registry)
+                self._snapshot = InventorySnapshot.build(self.estimator_policy, records, version=version,
+                                                         taken_at=now, registry=registry)
         except ExtenderError as exc:
             # with no inventory the horizon is the cold estimate: the longest, never a late start
             log.warning("scaler: inventory unavailable, assuming cold nodes: %s", exc, extra={"error": str(exc)})
@@ -228,7 +257,8 @@ class ScaleLoop:
         pods = workload_pods(self.pods.list_pods(label_selector(profile)), profile, auto.namespace)
         replicas = count_replicas(pods)
         observation = self.sources[name].observe(pods, now)
-        placement = next_replica(self.policy, profile, snapshot, now)
+        estimator = self.estimator_policy
+        placement = next_replica(estimator, estimator.profile(name), snapshot, now)
         h = horizon(placement.startup_s, self.tick_s, self.hpa_sync_s, node=placement.node,
                     node_class=placement.node_class, cache=placement.cache)
         samples = self.history.read(name, now=now)

@@ -46,6 +46,7 @@ from extender.state import InventoryStore, connect
 from extender.state.decisions import DecisionStore
 from extender.state.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_POINTS, HistoryStore
 from extender.state.lock import LeaderLock
+from extender.state.observations import CalibratedPolicy, ObservationStore
 from extender.warm.loop import WarmLoop, expectations
 
 log = logging.getLogger(__name__)
@@ -170,6 +171,7 @@ def build_loop(settings: ScaleSettings, client: Any, pods: KubePodLister | None 
         pods=pods,
         inventory=inventory,
         tick_s=settings.tick,
+        calibration=CalibratedPolicy(ObservationStore(client, prefix=settings.prefix)),
     )
     if kube is not None:
         warm = WarmLoop(settings.policy, inventory, kube, instance=settings.identity)
@@ -178,7 +180,7 @@ def build_loop(settings: ScaleSettings, client: Any, pods: KubePodLister | None 
             warm.tick(report.now, expectations(r.decision for r in report.results))
 
         loop.on_leader_tick.append(warm_after)
-        loop.on_policy.append(warm.set_policy)
+        loop.on_estimator_policy.append(warm.set_policy)  # the policy, calibrated when its mode is apply
     return loop
 
 

@@ -4,7 +4,9 @@ Loads the scenario (every problem reported as ``file:line: path: message``), rep
 through each strategy, and prints a table (or, with ``--json``, exactly the figures of
 :data:`extender.sim.report.FIGURES` per strategy). ``--out DIR`` also writes ``report.md`` with the
 table, a demand-vs-capacity plot per workload and a startup-time plot (PNG), and ``summary.json``.
-A progress bar goes to stderr on long runs in a terminal.
+A progress bar goes to stderr on long runs in a terminal. When the scenario has a ``truth``
+(extender.sim.truth), the table is followed by the estimate error of new replicas over the run,
+per strategy (also written to ``estimate-error.md`` with ``--out``).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from extender.sim.report import Report, build, markdown, table, to_json
 from extender.sim.scenario import load_scenario
 from extender.sim.simulation import RunResult, prepare, simulate
 from extender.sim.strategies import STRATEGIES
+from extender.sim.truth import error_over_time, error_table
 
 
 def register(subparsers: Any) -> None:
@@ -77,6 +80,23 @@ def write_outputs(out: Path, report: Report, runs: list[RunResult]) -> list[Path
     return [md, js, *written]
 
 
+#: Spans of the run the estimate error is shown in.
+ERROR_SPANS = 8
+
+
+def error_section(runs: list[RunResult], duration_s: float, spans: int = ERROR_SPANS) -> str:
+    """The estimate error of the pods each strategy placed, per span of the run (extender.sim.truth)."""
+    import numpy as np
+
+    rows = []
+    for r in runs:
+        placed = np.concatenate([w.placed_s for w in r.workloads]) if r.workloads else np.zeros(0)
+        believed = np.concatenate([w.believed_s for w in r.workloads]) if r.workloads else np.zeros(0)
+        true = np.concatenate([w.startups for w in r.workloads]) if r.workloads else np.zeros(0)
+        rows.append((r.strategy.name, error_over_time(placed, believed, true, duration_s, spans)))
+    return error_table(rows)
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``simulate`` command."""
     if args.out:
@@ -97,7 +117,12 @@ def run(args: argparse.Namespace) -> int:
     notes = [f"demand of {prepared.workloads[0].profile.name} replaced by {args.trace}"] if args.trace else []
     credits = [w.arrivals.credit for w in prepared.workloads if w.arrivals.credit]
     report = build(title, sc.slo.queue_delay, prepared.duration_s, runs, credits=credits, notes=notes)
+    errors = error_section(runs, prepared.duration_s) if sc.truth is not None else ""
     if args.out:
         write_outputs(Path(args.out), report, runs)
+        if errors:
+            (Path(args.out) / "estimate-error.md").write_text(f"```\n{errors}\n```\n", encoding="utf-8")
     print(to_json(report) if args.json else table(report))
+    if errors and not args.json:
+        print(f"\n{errors}")
     return 0

@@ -162,12 +162,14 @@ def gap_line(report: Report) -> str:
 
 
 def table(report: Report) -> str:
-    """The terminal table: one row per strategy, then the gap closed."""
-    head = "  ".join(format(h, spec) for h, spec in COLUMNS)
+    """The terminal table: one row per strategy (the first column as wide as the longest name), then the gap closed."""
+    width = max([12, *map(len, report.summaries)])
+    columns = (("strategy", f"<{width}"), *COLUMNS[1:])
+    head = "  ".join(format(h, spec) for h, spec in columns)
     lines = [f"{report.title}: {report.duration_s / 3600:.1f} h simulated, queueing-delay SLO {report.slo_s:g} s",
              "", head, "-" * len(head)]
     for name, s in report.summaries.items():
-        lines.append("  ".join(format(c, spec) for c, (_, spec) in zip(_cells(name, s), COLUMNS, strict=True)))
+        lines.append("  ".join(format(c, spec) for c, (_, spec) in zip(_cells(name, s), columns, strict=True)))
     lines += ["", gap_line(report)]
     lines += [f"note: {n}" for n in report.notes]
     lines += [f"demand data: {c}" for c in report.credits]

@@ -42,11 +42,13 @@ from extender.core.units import Duration
 from extender.files import load_policy, read_text
 from extender.sim.errors import ScenarioError
 from extender.sim.strategies import STRATEGIES
+from extender.sim.truth import Truth, check_truth
 
 API_VERSION = "extender.io/v1alpha1"
 
-#: The strategies, in the order reports list them (extender.sim.strategies defines each).
-STRATEGY_NAMES = tuple(STRATEGIES)
+#: The strategies a scenario runs unless it lists its own, in the order reports list them
+#: (extender.sim.strategies defines each; the calibrated ones run only when named).
+STRATEGY_NAMES = tuple(name for name, s in STRATEGIES.items() if not s.calibrated)
 
 PositiveDuration = Annotated[Duration, Field(gt=0)]
 CacheName = CacheKind
@@ -211,6 +213,8 @@ class Scenario(Schema):
     workloads: tuple[Workload, ...] = Field(min_length=1)
     strategies: tuple[str, ...] = STRATEGY_NAMES
     scheduler: SchedulerSpec = SchedulerSpec()
+    #: How the world's startups differ from the policy's estimates (extender.sim.truth); unset: they do not.
+    truth: Truth | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -267,6 +271,8 @@ def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
             out.append((("strategies", i), f"no strategy {s!r} (known: {', '.join(STRATEGIES)})"))
     if len(set(scenario.strategies)) != len(scenario.strategies):
         out.append((("strategies",), "a strategy is listed twice"))
+    if scenario.truth is not None:
+        out.extend(check_truth(scenario.truth, policy))
     group_names = [g.name or g.node_class for g in scenario.cluster.nodes]
     for g, name in enumerate(group_names):
         if group_names.index(name) != g:

@@ -20,6 +20,11 @@ copy of the cluster. Time advances in ticks of ``tick`` seconds (the HPA's sync 
 7. **Serve.** The tick's service rate is ``ready replicas x capacity`` (pods ready by ``t``), and the
    queue (extender.sim.queueing) places the tick's arrivals.
 
+When the scenario has a ``truth`` (extender.sim.truth), the cluster runs on the world's phase times
+(step 5's startups, step 6's warm actions) while the strategy decides on its belief: the policy, or
+for the calibrated strategies the policy calibrated from the starts seen so far (refitted between
+steps 1 and 2).
+
 The cluster starts with each workload's initial replicas running (placed by the strategy at t = 0,
 ready, not counted as starts). Everything random (placement ties) comes from a generator seeded by
 the scenario seed and the strategy's name, so a run is deterministic and adding a strategy does not
@@ -38,7 +43,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from extender.core.caches import warm_entries
-from extender.core.estimate import estimate
+from extender.core.estimate import CacheState, estimate
 from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
 from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
@@ -52,6 +57,7 @@ from extender.sim.scenario import LoadedScenario, NodeGroup, Scenario, TraceSpec
 from extender.sim.strategies import STRATEGIES, Strategy
 from extender.sim.synthetic import synthetic_arrivals
 from extender.sim.traces import Arrivals, RequestTrace, arrivals_from, read_trace
+from extender.sim.truth import Belief, in_world, world_policy
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -117,6 +123,8 @@ class Prepared:
     workloads: tuple[WorkloadSetup, ...]
     nodes: tuple[NodeSpec, ...]
     seed: int
+    #: The policy the simulated world runs on (``policy`` unless the scenario has a ``truth``).
+    world: Policy | None = None
 
     @property
     def duration_s(self) -> float:
@@ -195,7 +203,8 @@ def prepare(loaded: LoadedScenario, *, trace: str | None = None, seed: int | Non
             initial = max(w.min_replicas, math.ceil(first / cap - 1e-9))
         initial = min(max(initial, 0), w.max_replicas)
         setups.append(WorkloadSetup(i, p, float(cap), w.min_replicas, w.max_replicas, initial, d))
-    return Prepared(sc, policy, loaded.source, dt, n_ticks, tuple(setups), node_specs(policy, sc.cluster.nodes), s)
+    return Prepared(sc, policy, loaded.source, dt, n_ticks, tuple(setups), node_specs(policy, sc.cluster.nodes), s,
+                    world_policy(policy, sc.truth))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,6 +246,10 @@ class WorkloadResult:
     cold: NDArray[np.bool_]
     gpu_seconds: float
     busy_gpu_seconds: float
+    #: Per placed pod, as ``startups``: when it was placed, and the startup the strategy estimated
+    #: for it (differs from ``startups`` when the scenario's truth differs from the belief).
+    placed_s: F64 = field(default_factory=lambda: np.zeros(0))
+    believed_s: F64 = field(default_factory=lambda: np.zeros(0))
 
 
 @dataclass
@@ -283,8 +296,15 @@ class Run:
         self.policy = prepared.policy
         self.dt = prepared.tick_s
         self.rng = np.random.default_rng(_seed(prepared.seed, "placement", strategy.name))
-        self.cluster = Cluster.build(self.policy, [w.profile for w in prepared.workloads], prepared.nodes,
-                                     compile_registry=prepared.scenario.cluster.compile_registry)
+        self.world = prepared.world or prepared.policy
+        self.cluster = Cluster.build(self.policy, [self.world.profile(w.profile.name) for w in prepared.workloads],
+                                     prepared.nodes, compile_registry=prepared.scenario.cluster.compile_registry)
+        self.belief = Belief(self.policy, tuple(w.profile.name for w in prepared.workloads), self.cluster.classes,
+                             strategy.calibrated)
+        truth = prepared.scenario.truth
+        self.noise = truth.noise if truth is not None else 0.0
+        self.noise_rng = np.random.default_rng(_seed(prepared.seed, "truth", strategy.name))
+        self.believed: dict[int, float] = {}  # pod id -> the strategy's estimate when it was placed
         self.weight = prepared.scenario.scheduler.extender_weight
         scaling = self.policy.scaling
         self.params = ForecastParams.from_scaling(scaling)
@@ -303,6 +323,7 @@ class Run:
         self.placed: list[Pod] = []
         self.warm_actions = 0
         self._plan_key: tuple[object, ...] | None = None
+        self._placed_state: dict[int, CacheState] = {}
 
     # ---- placement -----------------------------------------------------------------------
 
@@ -318,7 +339,8 @@ class Run:
         ones = np.ones(len(c), dtype=np.bool_)
         nvme_free = np.fromiter((r.nvme_free for r in c.records), dtype=np.float64, count=len(c))
         inputs = NodeInputs(c.classes, c.class_index, state, ones, ones, nvme_free)
-        ev = evaluate(self.policy, profile, inputs, scale=self.w[w].scale, table=c.table(w))
+        b = self.belief
+        ev = evaluate(b.policy, b.profile(w), inputs, scale=self.w[w].scale, table=b.table(w))
         feasible = feasible & (ev.judgement.verdict == 0)
         return feasible, totals + ev.score * self.weight * EXTENDER_SCALE, ev.estimate.total_s
 
@@ -329,9 +351,20 @@ class Run:
             node = select_host(feasible, totals, self.rng)
             if node is None:
                 continue
-            self.cluster.place(pod, node, now)
+            self._place(pod, node, now)
             heapq.heappush(self.starting, (pod.ready_s, pod.id, pod))
             self.placed.append(pod)
+
+    def _place(self, pod: Pod, node: int, now: float) -> None:
+        """Place a pod: the world times its start (with the truth's noise), the belief's estimate is kept."""
+        c = self.cluster
+        state = c.state(pod.workload, now, np.array([node], dtype=np.intp))
+        self.believed[pod.id] = self.belief.estimate(pod.workload, int(c.class_index[node]), state)
+        c.place(pod, node, now)
+        if self.noise > 0:
+            pod.startup_s *= float(np.exp(self.noise_rng.normal(0.0, self.noise)))
+            pod.ready_s = now + pod.startup_s
+        self._placed_state[pod.id] = state
 
     def _initial(self) -> None:
         """Each workload's initial replicas, running at t = 0 on the nodes the strategy picks."""
@@ -368,8 +401,11 @@ class Run:
                 c.finish_actions(action_at)
                 continue
             _, _, pod = heapq.heappop(self.starting)
+            state = self._placed_state.pop(pod.id, None)
             if math.isfinite(pod.deleted_s):
                 continue  # deleted while starting
+            if state is not None:
+                self.belief.observe(pod.workload, int(c.class_index[pod.node]), state, pod.placed_s, pod.ready_s)
             c.ready(pod)
             self.w[pod.workload].ready += 1
 
@@ -393,7 +429,8 @@ class Run:
         if len(rows) == 0:
             value = float(s.scale.reference_s)
         else:
-            est = estimate(s.setup.profile, c.classes, c.class_index[rows], c.state(w, now, rows), c.table(w))
+            b = self.belief
+            est = estimate(b.profile(w), c.classes, c.class_index[rows], c.state(w, now, rows), b.table(w))
             value = float(est.total_s.min())
         s.next_startup = (self.cluster.version, value) if quiet else None
         return value
@@ -472,9 +509,13 @@ class Run:
         if key == self._plan_key:
             return  # nothing the planner reads has changed: it would plan nothing new
         snapshot = self.cluster.planning_snapshot(now)
-        result = plan(self.policy, snapshot, wanted, now=now, in_flight=self.cluster.in_flight_actions())
+        result = plan(self.belief.policy, snapshot, wanted, now=now, in_flight=self.cluster.in_flight_actions())
         for action in result.actions:
-            self.cluster.start_action(action, now)
+            # the planner's durations are the belief's; in a world that differs, it takes the world's time
+            c = self.cluster
+            node_class = c.classes[int(c.class_index[c.index[action.node]])]
+            run = action if self.world is self.policy else in_world(action, self.belief.policy, self.world, node_class)
+            c.start_action(run, now)
             self.warm_actions += 1
         self._plan_key = (key[0], self.cluster.version)
 
@@ -488,6 +529,10 @@ class Run:
         for k in range(n):
             now = k * dt
             self._events(now)
+            if self.belief.refresh(now):
+                for i, s in enumerate(self.w):
+                    s.scale, s.next_startup = self.belief.scale(i), None
+                self._plan_key = None
             expectations: list[Expectation] = []
             for s in self.w:
                 assert s.timeline is not None
@@ -540,6 +585,8 @@ class Run:
                 queued=q.queued(n), startups=np.array([p.startup_s for p in pods], dtype=np.float64),
                 cold=np.array([p.cold for p in pods], dtype=np.bool_), gpu_seconds=s.gpu_s,
                 busy_gpu_seconds=served / s.setup.capacity * gpus,
+                placed_s=np.array([p.placed_s for p in pods], dtype=np.float64),
+                believed_s=np.array([self.believed.get(p.id, math.nan) for p in pods], dtype=np.float64),
             ))
         return RunResult(self.strategy, self.dt, n, out, self.warm_actions)
 

@@ -7,6 +7,10 @@
 * ``predictive``: placement as cache-aware; the predictive scaler (forecast + decide, horizon from
   the estimator) published to the stock HPA; the warmer's planner.
 * ``oracle``: as predictive, but the forecast is the true future demand.
+* ``cache-aware-calibrated``, ``predictive-calibrated``: as without the suffix, but estimating with
+  the policy calibrated from the starts seen so far (``calibration.mode: apply``,
+  extender.sim.truth); they differ from their base only when the scenario's ``truth`` makes the
+  world differ from the policy. Not run unless named.
 
 The stock HPA (extender.sim.hpa) uses its upstream defaults everywhere: 15 s sync, tolerance 0.1,
 300 s scale-down stabilisation, scale-up by at most max(100 %, 4 pods) per 15 s. For ``default``
@@ -35,6 +39,8 @@ class Strategy:
     scaling: Scaling
     warming: bool
     summary: str
+    #: Estimate with the policy calibrated from the starts seen so far (extender.sim.truth.Belief).
+    calibrated: bool = False
 
 
 STRATEGIES = MappingProxyType({s.name: s for s in (
@@ -46,4 +52,8 @@ STRATEGIES = MappingProxyType({s.name: s for s in (
              "extender + predictive scaler (horizon from the estimator) + warmer"),
     Strategy("oracle", "extender", "oracle", True,
              "extender + a scaler that sees the true future demand + warmer"),
+    Strategy("cache-aware-calibrated", "extender", "hpa", False,
+             "cache-aware, estimating with the phase times calibrated from the starts seen so far", True),
+    Strategy("predictive-calibrated", "extender", "predictive", True,
+             "predictive, estimating with the phase times calibrated from the starts seen so far", True),
 )})

@@ -23,7 +23,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from extender.arguments import add_kube_options, add_store_options, connect_from_args, inventory_from_args
+from extender.arguments import (
+    add_kube_options,
+    add_store_options,
+    connect_from_args,
+    inventory_from_args,
+    prefix_from_args,
+)
 from extender.core.errors import ExtenderError, InvalidValueError, UnitError
 from extender.core.policy import WarmRetry
 from extender.core.units import format_bytes, format_duration, parse_duration
@@ -100,6 +106,7 @@ def parse_expectation(text: str) -> Expectation:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    from extender.state.observations import CalibratedPolicy, ObservationStore
     from extender.warm.loop import WarmLoop
 
     policy = load_policy(args.policy)
@@ -111,6 +118,8 @@ def run_plan(args: argparse.Namespace) -> int:
             from extender.kube.client import KubeClient
 
             kube = KubeClient.connect(args.kubeconfig, context=args.context)
+        # as the scaler's warmer plans: with the calibration in effect
+        policy = CalibratedPolicy(ObservationStore(client, prefix=prefix_from_args(args))).policy_for(policy)
         loop = WarmLoop(policy, inventory_from_args(args, client), kube, instance="dry-run")
         report = loop.tick(now, args.expect, dry_run=True)
     finally:

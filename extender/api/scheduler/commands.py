@@ -155,11 +155,15 @@ def _explain(args: argparse.Namespace) -> int:
     from extender.api.scheduler.engine import Engine, explain_report
     from extender.api.scheduler.wire import NodeInfo, PodInfo
     from extender.core.inventory import InventorySnapshot
+    from extender.state.observations import CalibratedPolicy, ObservationStore
 
     policy = load_policy(args.policy)
     pod = PodInfo.from_object(_read_pod(args.pod))
     now = time.time()
-    version, records, registry = inventory_from_args(args).load_all()
+    store = inventory_from_args(args)
+    version, records, registry = store.load_all()
+    # as `serve` estimates: with the calibration in effect
+    policy = CalibratedPolicy(ObservationStore(store.client, prefix=store.keys.prefix)).policy_for(policy)
     engine = Engine(policy, InventorySnapshot.build(policy, records, version=version, taken_at=now, registry=registry))
     nodes = None
     if args.nodes:

@@ -14,6 +14,10 @@ Requests never wait on Redis: they read :attr:`Refresher.engine`, an immutable
    confirmation older than ``max_snapshot_age_s`` gets the neutral reply: the store is down or this
    thread is stuck, and old news about warm caches could be wrong.
 
+With ``calibration.mode: apply`` the engine is built with the calibrated policy
+(:class:`extender.state.observations.CalibratedPolicy`: the observations' version is one more GET
+per iteration, and a new fit is one more rebuild), so scores use the fitted phase times.
+
 Why poll a counter instead of subscribing to keyspace notifications: notifications must be switched
 on in the server's configuration (``notify-keyspace-events``, often locked on managed Redis), they
 are fire-and-forget pub/sub (a worker that reconnects has missed them and must poll to resync
@@ -28,6 +32,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from extender.api.scheduler.engine import Engine
 from extender.api.scheduler.metrics import Metrics
@@ -36,6 +41,9 @@ from extender.core.errors import StateError, StoreUnavailableError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
 from extender.files import PolicyFile
+
+if TYPE_CHECKING:
+    from extender.state.observations import CalibratedPolicy
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +96,9 @@ class Refresher:
         #: Version of the policy the current engine was built with (what requests are scored by).
         self.engine_policy_version: str | None = None
         self.engine: Engine | None = None
+        #: The policy the engine estimates with: :attr:`policy`, calibrated when its mode is ``apply``.
+        self.estimator_policy = policy
+        self._calibration: CalibratedPolicy | None = None
         self.started_at = time.time()
         self.confirmed_at = 0.0
         self.error: tuple[str, str] | None = None
@@ -139,6 +150,7 @@ class Refresher:
         t = time.time() if now is None else now
         if time.monotonic() - self._policy_checked >= self.settings.policy_check_interval_s:
             self.check_policy()
+        self._calibrate()
         if self._policy_dirty and self._records is not None:
             self._rebuild(t, self._records, self._registry, self._version)  # no Redis needed
         try:
@@ -188,10 +200,24 @@ class Refresher:
 
             self._store = InventoryStore(connect(self.settings.redis_url, self.settings.data_dir),
                                          prefix=self.settings.key_prefix)
+        client, keys = getattr(self._store, "client", None), getattr(self._store, "keys", None)
+        if client is not None and keys is not None:
+            from extender.state.observations import CalibratedPolicy, ObservationStore
+
+            self._calibration = CalibratedPolicy(ObservationStore(client, prefix=keys.prefix),
+                                                 min_interval_s=self.settings.calibration_interval_s)
         return self._store
+
+    def _calibrate(self) -> None:
+        """Take the calibrated policy when it changed (a new fit or a new base policy); never raises."""
+        calibrated = self.policy if self._calibration is None else self._calibration.policy_for(self.policy)
+        if calibrated is not self.estimator_policy:
+            self.estimator_policy = calibrated
+            self._policy_dirty = True
 
     def _drop_store(self) -> None:
         store, self._store = self._store, None
+        self._calibration = None
         client = getattr(store, "client", None)
         if client is not None:
             client.close()
@@ -240,8 +266,9 @@ class Refresher:
         """
 
         def attempt(part: list[NodeState]) -> Engine:
-            snapshot = InventorySnapshot.build(self.policy, part, version=version, taken_at=now, registry=registry)
-            engine = Engine(self.policy, snapshot)
+            policy = self.estimator_policy
+            snapshot = InventorySnapshot.build(policy, part, version=version, taken_at=now, registry=registry)
+            engine = Engine(policy, snapshot)
             engine.warm(now)
             return engine
 

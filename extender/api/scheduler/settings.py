@@ -76,6 +76,8 @@ class Settings:
     log_interval_s: float = 60.0
     #: Start the background refresher in ``create_app`` (tests drive it by hand instead).
     start_refresher: bool = True
+    #: With ``calibration.mode: apply``, new observed starts are fitted at most this often.
+    calibration_interval_s: float = 30.0
     #: Builds the store client in the refresher thread; ``None``: ``extender.state`` with
     #: ``redis_url`` / ``data_dir``.
     store_factory: StoreFactory | None = None

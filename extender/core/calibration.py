@@ -1,0 +1,551 @@
+"""Calibration: the startup phases learnt from the replicas the cluster starts (pure).
+
+Every new replica is a measurement. ``extender sync`` records where it landed, what its node held
+for it when it was scheduled (from the inventory) and when it became Ready
+(:class:`Observation`); this module fits the estimator's parameters to those observations, per
+(workload, node class), and :func:`apply_calibration` writes the fit into a policy as per-class
+overrides, which is all the extender, the scaler and the warmer need (they take a policy).
+
+The model. Given the cache state, the estimator (:mod:`extender.core.estimate`) is linear in seven
+unknown *factors* ``m`` on the policy's seconds. For observation i on class c (policy values
+``pull, remote_bps, local_bps, cold, warm, graph, init, restore`` of that class)::
+
+    T_i = o_i + sum_j a_ij m_j                                       seconds
+    a_i,imagePull       = [image absent] x image_bytes / pull
+    a_i,weightsRemote   = remote_bytes_i / remote_bps                remote_bps = min(nic, streams x stream_bps)
+    a_i,weightsLocal    = local_bytes_i / local_bps                  local_bps  = max(nvme_bps, remote_bps)
+    a_i,compileCold     = [compiles from scratch] x cold
+    a_i,compileWarm     = [cache on the node, or fetched] x warm
+    a_i,engine          = [no snapshot restore] x (graph + init)
+    a_i,snapshotRestore = [snapshot restore] x restore
+    o_i = queue wait + registry fetch transfer + snapshot read + LoRA adapters
+                                                                     (policy values, not fitted)
+
+``m = 1`` is the policy: with it, ``o_i + sum_j a_ij`` is exactly the estimator's total (a test holds
+the two together). Which path a start took (registry fetch or compile, snapshot or not) is the
+estimator's own choice, re-evaluated with the current factors.
+
+The fit. Errors are relative (a 10 s miss on a 30 s start matters as much as 100 s on 300 s), so
+each row is divided by the policy's estimate ``P_i``: ``x_ij = a_ij / P_i``, ``y_i = (T_i - o_i) / P_i``.
+Then::
+
+    m = argmin  sum_i w_i (y_i - x_i . m)^2  +  sum_j lambda_j (m_j - 1)^2     lo_j <= m_j <= hi_j
+    lambda_j = k x s_j^2
+
+``k`` is ``calibration.priorObservations`` and ``s_j`` the share of phase j in the policy's estimate
+of the named cache state where that phase is largest (cold for the pull, the remote weights and the
+cold compile; warm for local weights, warm compile and engine; snapshot for the restore): the
+policy's value weighs as much as k observed starts in that state, so a few observations cannot
+swing it, and with one phase and n observations the fit moves ``n / (n + k)`` of the way to them.
+``w_i`` are Huber weights (``c = 1.345`` robust scales, the scale being 1.4826 x the median absolute
+residual, at least :data:`NOISE_FLOOR`), found by iteratively reweighted least squares; each
+weighted problem is a convex quadratic in a box, solved exactly by coordinate descent. Bounds are
+the policy's ``calibration.bounds`` factors, and for ``weightsRemote`` also ``m >= remote_bps / nic``
+(no fit makes a download faster than the NIC).
+
+Confidence of a parameter is the share of its prior variance the observations removed::
+
+    confidence_j = 1 - lambda_j [(X^T X + Lambda)^-1]_jj          in [0, 1)
+
+computed from the design alone (unit weights, paths of the policy): it grows with the number of
+observations that involve the parameter and with their variety (collinear columns share what they
+teach), never with how well they happen to agree, so more observations never lower it.
+
+Identifiability (docs/calibration.md): graph capture and engine init always occur together and are
+one factor (``engine``), split in the policy's proportions; a fleet that is always warm never
+pulls an image, streams weights or compiles from scratch, so those factors keep the policy's value
+and a confidence of 0; and warm compile, local weights and engine, always seen together in warm
+starts, are told apart only by the prior: a discrepancy no observation can attribute is shared
+among them equally in seconds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import ConfigDict, Field, model_validator
+
+from extender.core.errors import InvalidValueError
+from extender.core.estimate import STATES, CacheState, ClassTable, CompileCache, estimate
+from extender.core.policy import NodeClass, PhaseOverride, Policy, Profile
+from extender.core.schema import Schema
+
+F64 = NDArray[np.float64]
+
+#: The fitted parameters, in column order (camelCase as in ``calibration.bounds``).
+PARAMETERS = ("imagePull", "weightsRemote", "weightsLocal", "compileCold", "compileWarm", "engine",
+              "snapshotRestore")
+_FIELDS = ("image_pull", "weights_remote", "weights_local", "compile_cold", "compile_warm", "engine",
+           "snapshot_restore")
+IMAGE, REMOTE, LOCAL, COLD, WARM, ENGINE, RESTORE = range(len(PARAMETERS))
+#: What each parameter is shown as: a bandwidth (seconds per byte inverted) or seconds.
+BANDWIDTH_PARAMETERS = frozenset({IMAGE, REMOTE, LOCAL})
+
+#: Smallest robust scale of relative residuals (2 %): timestamps have a resolution of one second,
+#: and a handful of identical observations must not make every other one an outlier.
+NOISE_FLOOR = 0.02
+#: Huber's tuning constant (95 % efficiency under normal errors).
+HUBER_C = 1.345
+#: IRLS rounds at most, and the change in every factor below which it stops.
+MAX_ROUNDS = 50
+TOLERANCE = 1e-7
+#: A share below this counts as this much in ``lambda_j`` (a phase absent from every named state
+#: still has a finite prior).
+MIN_SHARE = 1e-2
+
+CompileWord = Literal["absent", "registry", "local"]
+_COMPILE = {"absent": CompileCache.ABSENT, "registry": CompileCache.REGISTRY, "local": CompileCache.LOCAL}
+Seconds = Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]
+Amount = Annotated[float, Field(ge=0, le=2.0**60, allow_inf_nan=False)]
+Text = Annotated[str, Field(max_length=1024, pattern=r"^[^\x00-\x1f\x7f]*$")]
+
+
+class Observation(Schema):
+    """One replica's start: where, what its node held for it when it was scheduled, and its times.
+
+    Times are unix seconds from the pod's status (``PodScheduled`` and ``Ready`` conditions,
+    the first container's ``startedAt``). ``imageReference`` and ``weightsVersion`` are the
+    profile's when the start was observed: a fit uses only starts of the image and weights the
+    profile names now (a new engine version may compile for longer; its old starts say nothing).
+    """
+
+    model_config = ConfigDict(populate_by_name=True)
+
+    pod: Text = Field(min_length=1)
+    workload: Text = Field(min_length=1)
+    node: Text = Field(min_length=1)
+    node_class: Text = Field(min_length=1)
+    image_reference: Text = ""
+    weights_version: Text = ""
+    image: bool = False
+    weights_bytes: Amount = 0.0
+    compile: CompileWord = "absent"
+    snapshot: bool = False
+    queued_bytes: Amount = 0.0
+    #: Per preloaded LoRA adapter of the profile (in its order): on the node or not.
+    adapters: tuple[bool, ...] = ()
+    #: Age of the node's inventory record when the state above was read.
+    inventory_age: Seconds = 0.0
+    scheduled_at: Seconds
+    started_at: Seconds | None = None
+    ready_at: Seconds
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Observation:
+        if self.ready_at < self.scheduled_at:
+            raise InvalidValueError("readyAt is before scheduledAt")
+        return self
+
+    @property
+    def total_s(self) -> float:
+        """Seconds from scheduled to Ready: what the estimator estimates."""
+        return self.ready_at - self.scheduled_at
+
+    def matches(self, profile: Profile) -> bool:
+        """True when the start was of the image, weights and number of adapters the profile names now."""
+        return (self.image_reference == profile.image.reference and self.weights_version == profile.weights.version
+                and len(self.adapters) == len(profile.preloaded_adapters))
+
+
+def cache_state(observations: Sequence[Observation]) -> CacheState:
+    """The estimator's cache-state columns of the observations' nodes at scheduling time (same adapter count)."""
+    width = len(observations[0].adapters) if observations else 0
+    return CacheState(
+        image=np.array([o.image for o in observations], dtype=np.bool_),
+        weights_bytes=np.array([o.weights_bytes for o in observations], dtype=np.float64),
+        compile=np.array([int(_COMPILE[o.compile]) for o in observations], dtype=np.int8),
+        snapshot=np.array([o.snapshot for o in observations], dtype=np.bool_),
+        queued_bytes=np.array([o.queued_bytes for o in observations], dtype=np.float64),
+        adapters=np.array([o.adapters for o in observations], dtype=np.bool_).reshape(len(observations), width),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The design: the estimator, written as offset + columns x factors
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Design:
+    """``T = offset + columns @ m`` for n starts (columns: n x 7 seconds at m = 1)."""
+
+    columns: F64
+    offset: F64
+
+    def total(self, m: F64) -> F64:
+        """Estimated seconds with factors ``m``."""
+        return np.asarray(self.offset + self.columns @ m, dtype=np.float64)
+
+
+def design(profile: Profile, node_class: NodeClass, state: CacheState, m: F64 | None = None) -> Design:
+    """The estimator of ``profile`` on ``node_class`` as offsets and columns, paths chosen with ``m``.
+
+    Mirrors :func:`extender.core.estimate.estimate` phase by phase (module docstring); with
+    ``m = 1`` the total equals it. The LoRA adapters' phase is the estimator's own, at the policy's
+    values (an offset: not fitted).
+    """
+    f = np.ones(len(PARAMETERS)) if m is None else np.asarray(m, dtype=np.float64)
+    t = ClassTable.build(profile, [node_class])
+    adapters_s = estimate(profile, [node_class], np.zeros(len(state), dtype=np.intp), state, t).adapters_s
+    fetched = ~state.adapters.all(axis=1) if state.adapters.shape[1] else np.zeros(len(state), dtype=np.bool_)
+    nvme, nic, stream, pull = float(t.nvme_bps[0]), float(t.nic_bps[0]), float(t.stream_bps[0]), float(t.pull_bps[0])
+    n = len(state)
+    cols = np.zeros((n, len(PARAMETERS)))
+    cols[:, IMAGE] = np.where(state.image, 0.0, float(profile.image.size) / pull)
+    total_bytes = float(profile.weights.bytes)
+    local = np.clip(state.weights_bytes, 0.0, total_bytes)
+    remote = total_bytes - local
+    remote_bps = min(nic, profile.weights.streams * stream)
+    local_bps = max(nvme, remote_bps)
+    cols[:, REMOTE] = remote / remote_bps
+    cols[:, LOCAL] = local / local_bps
+
+    cold, warm = float(t.compile_cold_s[0]), float(t.compile_warm_s[0])
+    waiting = np.maximum(state.queued_bytes, 0.0) / nic
+    downloads = ~state.image | (remote > 0) | fetched
+    transfer = float(profile.compile.artifact_bytes) / min(nic, stream)
+    extra_queue = np.where(downloads, 0.0, waiting)
+    use_fetch = (state.compile == CompileCache.REGISTRY) & (extra_queue + transfer + warm * f[WARM] < cold * f[COLD])
+    warm_path = (state.compile == CompileCache.LOCAL) | use_fetch
+    cols[:, COLD] = np.where(warm_path, 0.0, cold)
+    cols[:, WARM] = np.where(warm_path, warm, 0.0)
+    cols[:, ENGINE] = float(t.graph_s[0] + t.init_s[0])
+    offset = np.where(downloads | use_fetch, waiting, 0.0) + np.where(use_fetch, transfer, 0.0) + adapters_s
+
+    if profile.snapshot is not None:
+        normal = offset + cols @ f
+        read = float(profile.snapshot.bytes) / nvme
+        restore = float(t.restore_s[0])
+        snap_offset = np.where(state.image & ~fetched, 0.0, waiting) + read + adapters_s
+        snap_total = snap_offset + cols[:, IMAGE] * f[IMAGE] + restore * f[RESTORE]
+        use = state.snapshot & (snap_total < normal)
+        for j in (REMOTE, LOCAL, COLD, WARM, ENGINE):
+            cols[:, j] = np.where(use, 0.0, cols[:, j])
+        cols[:, RESTORE] = np.where(use, restore, 0.0)
+        offset = np.where(use, snap_offset, offset)
+    return Design(cols, offset)
+
+
+def _named_shares(profile: Profile, node_class: NodeClass) -> F64:
+    """``s_j``: each phase's largest share of the policy's estimate over the named cache states."""
+    named = [s for s in STATES.values() if not s.snapshot or profile.snapshot is not None]
+    width = len(profile.preloaded_adapters)
+    state = CacheState(
+        image=np.array([s.image for s in named], dtype=np.bool_),
+        weights_bytes=np.array([profile.weights.bytes if s.weights else 0 for s in named], dtype=np.float64),
+        compile=np.array([int(s.compile) for s in named], dtype=np.int8),
+        snapshot=np.array([s.snapshot for s in named], dtype=np.bool_),
+        queued_bytes=np.zeros(len(named)),
+        adapters=np.array([[s.adapters] * width for s in named], dtype=np.bool_).reshape(len(named), width),
+    )
+    d = design(profile, node_class, state)
+    totals = np.maximum(d.total(np.ones(len(PARAMETERS))), 1e-9)
+    return np.asarray(np.maximum((d.columns / totals[:, None]).max(axis=0), MIN_SHARE), dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# The fit
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The calibrated factors of one (workload, node class), with what they rest on.
+
+    ``factors[j]`` multiplies the policy's seconds of parameter j (``PARAMETERS``); ``confidence[j]``
+    is in [0, 1). ``error_policy`` / ``error_fit``: median absolute relative error of the policy's and
+    the fit's estimates over the observations used. ``applied``: enough observations to apply.
+    """
+
+    workload: str
+    node_class: str
+    observations: int
+    factors: tuple[float, ...]
+    confidence: tuple[float, ...]
+    lower: tuple[float, ...]
+    upper: tuple[float, ...]
+    spread: float
+    error_policy: float
+    error_fit: float
+    rounds: int
+    applied: bool
+
+    def factor(self, name: str) -> float:
+        """The factor of a parameter by name."""
+        return self.factors[PARAMETERS.index(name)]
+
+
+def _bounds(policy: Policy, profile: Profile, node_class: NodeClass) -> tuple[F64, F64]:
+    bounds = policy.calibration.bounds
+    lo = np.array([bounds.of(f).min for f in _FIELDS])
+    hi = np.array([bounds.of(f).max for f in _FIELDS])
+    t = ClassTable.build(profile, [node_class])
+    remote_bps = min(float(t.nic_bps[0]), profile.weights.streams * float(t.stream_bps[0]))
+    lo[REMOTE] = max(lo[REMOTE], remote_bps / float(t.nic_bps[0]))
+    return lo, hi
+
+
+def box_ridge(q: F64, b: F64, lo: F64, hi: F64, start: F64, *, sweeps: int = 500) -> F64:
+    """``argmin 1/2 m^T Q m - b^T m`` over ``lo <= m <= hi`` by coordinate descent (Q positive definite).
+
+    Each step sets one coordinate to its exact minimiser given the others, clipped to its box; on a
+    strictly convex quadratic the sweeps converge to the unique constrained minimum.
+    """
+    m = np.clip(np.asarray(start, dtype=np.float64).copy(), lo, hi)
+    diag = np.diag(q)
+    for _ in range(sweeps):
+        change = 0.0
+        for j in range(len(m)):
+            value = (b[j] - q[j] @ m + diag[j] * m[j]) / diag[j]
+            value = min(max(value, lo[j]), hi[j])
+            change = max(change, abs(value - m[j]))
+            m[j] = value
+        if change < 1e-12:
+            break
+    return m
+
+
+def confidence(x: F64, lam: F64) -> F64:
+    """``1 - lambda_j [(X^T X + Lambda)^-1]_jj`` per parameter (module docstring)."""
+    precision = x.T @ x + np.diag(lam)
+    cov = np.linalg.inv(precision)
+    return np.asarray(np.clip(1.0 - lam * np.diag(cov), 0.0, 1.0), dtype=np.float64)
+
+
+def fit_pair(policy: Policy, profile: Profile, node_class: NodeClass, observations: Sequence[Observation]) -> Fit:
+    """Fit the factors of one (profile, node class) to its observations (formulas in the module docstring)."""
+    settings = policy.calibration
+    p = len(PARAMETERS)
+    ones = np.ones(p)
+    lo, hi = _bounds(policy, profile, node_class)
+    lam = settings.prior_observations * _named_shares(profile, node_class)
+    n = len(observations)
+    if n == 0:
+        return Fit(profile.name, node_class.name, 0, tuple(ones), tuple(np.zeros(p)), tuple(lo), tuple(hi),
+                   math.nan, math.nan, math.nan, 0, False)
+    state = cache_state(observations)
+    observed = np.array([o.total_s for o in observations], dtype=np.float64)
+    base = design(profile, node_class, state)
+    prior_total = np.maximum(base.total(ones), 1e-6)
+    m = ones.copy()
+    rounds = 0
+    scale = NOISE_FLOOR
+    weights = np.ones(n)
+    for rounds in range(1, MAX_ROUNDS + 1):  # noqa: B007 - the count is reported
+        d = design(profile, node_class, state, m)
+        x = d.columns / prior_total[:, None]
+        y = (observed - d.offset) / prior_total
+        residual = y - x @ m
+        scale = max(1.4826 * float(np.median(np.abs(residual))), NOISE_FLOOR)
+        cut = HUBER_C * scale
+        weights = np.where(np.abs(residual) <= cut, 1.0, cut / np.maximum(np.abs(residual), 1e-300))
+        q = (x * weights[:, None]).T @ x + np.diag(lam)
+        b = (x * weights[:, None]).T @ y + lam * ones
+        new = box_ridge(q, b, lo, hi, m)
+        step = float(np.max(np.abs(new - m)))
+        m = new
+        if step < TOLERANCE:
+            break
+    conf = confidence(base.columns / prior_total[:, None], lam)
+    fitted = design(profile, node_class, state, m).total(m)
+    error_policy = float(np.median(np.abs(prior_total - observed) / np.maximum(observed, 1e-6)))
+    error_fit = float(np.median(np.abs(fitted - observed) / np.maximum(observed, 1e-6)))
+    return Fit(profile.name, node_class.name, n, tuple(float(v) for v in m), tuple(float(v) for v in conf),
+               tuple(float(v) for v in lo), tuple(float(v) for v in hi), scale, error_policy, error_fit, rounds,
+               n >= settings.min_observations)
+
+
+Pair = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    """Every (workload, node class) fit of a policy, and what was left out of them and why."""
+
+    fits: Mapping[Pair, Fit]
+    used: Mapping[Pair, tuple[Observation, ...]]
+    #: reason -> count: ``unknown workload``, ``unknown node class``, ``class not allowed``,
+    #: ``other version`` (image or weights changed since), ``too old``, ``beyond window``.
+    skipped: Mapping[str, int]
+
+
+def select(policy: Policy, observations: Iterable[Observation], *, now: float | None = None
+           ) -> tuple[dict[Pair, list[Observation]], dict[str, int]]:
+    """The observations each fit uses: known pair, current image and weights, recent, newest ``window``."""
+    settings = policy.calibration
+    profiles = {p.name: p for p in policy.profiles}
+    classes = {c.name for c in policy.node_classes}
+    groups: dict[Pair, list[Observation]] = {}
+    skipped: dict[str, int] = {}
+
+    def skip(reason: str) -> None:
+        skipped[reason] = skipped.get(reason, 0) + 1
+
+    for o in observations:
+        profile = profiles.get(o.workload)
+        if profile is None:
+            skip("unknown workload")
+        elif o.node_class not in classes:
+            skip("unknown node class")
+        elif profile.node_classes and o.node_class not in profile.node_classes:
+            skip("class not allowed")
+        elif not o.matches(profile):
+            skip("other version")
+        elif now is not None and now - o.ready_at > settings.max_age:
+            skip("too old")
+        else:
+            groups.setdefault((o.workload, o.node_class), []).append(o)
+    for key, group in groups.items():
+        group.sort(key=lambda o: o.ready_at, reverse=True)
+        if len(group) > settings.window:
+            skipped["beyond window"] = skipped.get("beyond window", 0) + len(group) - settings.window
+            groups[key] = group[: settings.window]
+    return groups, skipped
+
+
+def calibrate(policy: Policy, observations: Iterable[Observation], *, now: float | None = None) -> CalibrationResult:
+    """Fit every (workload, node class) that has observations (:func:`select` decides which count)."""
+    groups, skipped = select(policy, observations, now=now)
+    fits: dict[Pair, Fit] = {}
+    for (workload, cls), group in sorted(groups.items()):
+        fits[(workload, cls)] = fit_pair(policy, policy.profile(workload), policy.node_class(cls), group)
+    return CalibrationResult(fits, {k: tuple(v) for k, v in groups.items()}, skipped)
+
+
+# ---------------------------------------------------------------------------------------------
+# Use: a fit written into the policy (the one function every consumer goes through)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PolicyValues:
+    """One (profile, class)'s parameters in the units people read: bandwidths in bytes/s, seconds."""
+
+    image_pull_bps: float
+    remote_bps: float
+    local_bps: float
+    compile_cold_s: float
+    compile_warm_s: float
+    graph_s: float
+    init_s: float
+    restore_s: float
+
+    @classmethod
+    def of(cls, profile: Profile, node_class: NodeClass) -> PolicyValues:
+        t = ClassTable.build(profile, [node_class])
+        remote = min(float(t.nic_bps[0]), profile.weights.streams * float(t.stream_bps[0]))
+        return cls(float(t.pull_bps[0]), remote, max(float(t.nvme_bps[0]), remote), float(t.compile_cold_s[0]),
+                   float(t.compile_warm_s[0]), float(t.graph_s[0]), float(t.init_s[0]), float(t.restore_s[0]))
+
+    def scaled(self, factors: Sequence[float]) -> PolicyValues:
+        """The values with each parameter's seconds multiplied by its factor (bandwidths divided)."""
+        f = factors
+        return PolicyValues(self.image_pull_bps / f[IMAGE], self.remote_bps / f[REMOTE], self.local_bps / f[LOCAL],
+                            self.compile_cold_s * f[COLD], self.compile_warm_s * f[WARM], self.graph_s * f[ENGINE],
+                            self.init_s * f[ENGINE], self.restore_s * f[RESTORE])
+
+    def value(self, j: int) -> float:
+        """Parameter j as shown: bytes/s for the three bandwidths, seconds for the rest (engine: graph + init)."""
+        return (self.image_pull_bps, self.remote_bps, self.local_bps, self.compile_cold_s, self.compile_warm_s,
+                self.graph_s + self.init_s, self.restore_s)[j]
+
+
+def _override(profile: Profile, node_class: NodeClass, factors: Sequence[float]) -> PhaseOverride:
+    """The profile's override for the class with the factors applied (fields of factor 1 left alone)."""
+    base = PolicyValues.of(profile, node_class)
+    new = base.scaled(factors)
+    old = profile.overrides.get(node_class.name) or PhaseOverride()
+    update: dict[str, float] = {}
+
+    def moved(j: int) -> bool:
+        return abs(factors[j] - 1.0) > 1e-12
+
+    if moved(IMAGE):
+        update["image_pull"] = new.image_pull_bps
+    if moved(REMOTE):
+        update["stream_bandwidth"] = new.remote_bps / profile.weights.streams
+    if moved(LOCAL):
+        update["nvme_read"] = new.local_bps
+    if moved(COLD):
+        update["compile_cold"] = new.compile_cold_s
+    if moved(WARM):
+        update["compile_warm"] = new.compile_warm_s
+    if moved(ENGINE):
+        update["graph_capture"] = new.graph_s
+        update["engine_init"] = new.init_s
+    if moved(RESTORE) and profile.snapshot is not None:
+        update["snapshot_restore"] = new.restore_s
+    return old.model_copy(update=update)
+
+
+def apply_calibration(policy: Policy, fits: Iterable[Fit]) -> Policy:
+    """The policy with every applicable fit written in as per-class overrides of its profile.
+
+    The one way calibrated parameters reach the estimator: the extender's scores, the scaler's
+    horizon and the warmer's plans all take a policy, and get this one when
+    ``calibration.mode: apply`` (:func:`effective_policy`). Fits with too few observations
+    (``applied`` false) and fits of pairs the policy no longer has are left out.
+    """
+    by_profile: dict[str, dict[str, PhaseOverride]] = {}
+    for fit in fits:
+        if not fit.applied:
+            continue
+        try:
+            profile, node_class = policy.profile(fit.workload), policy.node_class(fit.node_class)
+        except KeyError:
+            continue
+        overrides = by_profile.setdefault(profile.name, dict(profile.overrides))
+        overrides[node_class.name] = _override(profile, node_class, fit.factors)
+    if not by_profile:
+        return policy
+    profiles = tuple(p.model_copy(update={"overrides": by_profile[p.name]}) if p.name in by_profile else p
+                     for p in policy.profiles)
+    return policy.model_copy(update={"profiles": profiles})
+
+
+def effective_policy(policy: Policy, observations: Iterable[Observation], *, now: float | None = None) -> Policy:
+    """The policy the estimator should use: calibrated with ``calibration.mode: apply``, else unchanged."""
+    if policy.calibration.mode != "apply":
+        return policy
+    return apply_calibration(policy, calibrate(policy, observations, now=now).fits.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# Estimate error of a start (for metrics and reports)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EstimateError:
+    """What the estimator said of a start and what it took: ``relative = (estimated - observed) / observed``."""
+
+    workload: str
+    node_class: str
+    estimated_s: float
+    observed_s: float
+
+    @property
+    def relative(self) -> float:
+        return (self.estimated_s - self.observed_s) / self.observed_s if self.observed_s > 0 else math.nan
+
+
+def estimate_errors(policy: Policy, observations: Sequence[Observation]) -> list[EstimateError]:
+    """The estimate ``policy`` gives each observed start (its node's state then) against its duration.
+
+    For metrics: pass the policy the components used (``effective_policy``) and each new start.
+    Starts of a workload or class the policy does not know are left out.
+    """
+    out: list[EstimateError] = []
+    for o in observations:
+        try:
+            profile, node_class = policy.profile(o.workload), policy.node_class(o.node_class)
+        except KeyError:
+            continue
+        est = estimate(profile, [node_class], np.zeros(1, dtype=np.intp), cache_state([o]))
+        out.append(EstimateError(o.workload, o.node_class, float(est.total_s[0]), o.total_s))
+    return out

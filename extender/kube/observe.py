@@ -1,0 +1,233 @@
+"""Calibration's observations: ``extender sync`` follows each new replica from binding to Ready.
+
+For every pod of a workload profile that the sync first sees *starting* (bound, not yet Ready), the
+observer reads its node's inventory record at once (the state the pod found: image, weights bytes,
+compile cache, snapshot, bytes in flight) and, when the pod turns Ready, stores an
+:class:`~extender.core.calibration.Observation` with the pod's ``PodScheduled``, container
+``startedAt`` and ``Ready`` times (:mod:`extender.state.observations`).
+
+A start is *not* recorded (and counted by reason in ``<p>:calibration:discarded``) when:
+
+* ``stale inventory``: the node's record was older than ``calibration.maxInventoryAge`` or its own
+  TTL when read (a silent agent: the record is not what the pod found), or the node has none;
+* ``seen late``: the sync first saw the pod more than ``calibration.captureWithin`` after its
+  ``PodScheduled`` time (the sync was restarting or lagging: the pod may already have changed its
+  node's caches), or the pod has no ``PodScheduled`` time;
+* ``unknown node class``: no policy class matches the node;
+* ``deleted before ready``: the pod went away (or failed) before Ready.
+
+A pod first seen already Ready (the sync restarted) is not a start this sync saw, and is ignored.
+The pending starts live in memory: a restart of the sync loses the ones in flight.
+
+The view (:class:`extender.kube.sync.ClusterView`) calls :meth:`StartObserver.pod` and
+:meth:`StartObserver.gone` under its lock (no I/O); the sync's writer thread calls
+:meth:`StartObserver.flush`, which does the Redis reads and writes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from extender.core.calibration import CompileWord, Observation
+from extender.core.estimate import CompileCache
+from extender.core.inventory import InventorySnapshot, NodeState
+from extender.core.policy import UNKNOWN_CLASS, Policy
+from extender.kube.objects import PodFacts
+from extender.state.observations import ObservationStore, read_nodes
+from extender.state.store import InventoryStore
+
+log = logging.getLogger(__name__)
+
+_WORDS: dict[int, CompileWord] = {int(CompileCache.ABSENT): "absent", int(CompileCache.REGISTRY): "registry",
+                                  int(CompileCache.LOCAL): "local"}
+
+#: Starts followed at once, at most (a bound on memory; each is a few hundred bytes).
+MAX_PENDING = 100_000
+
+
+@dataclass
+class _Start:
+    key: str
+    uid: str
+    workload: str
+    node: str
+    scheduled_at: float | None
+    seen_at: float
+    #: Everything of the observation but the times, once the node's record was read.
+    found: dict[str, Any] | None = None
+    started_at: float | None = None
+    ready_at: float | None = None
+
+
+@dataclass
+class StartObserver:
+    """Pending starts and what they found on their node (thread-safe; module docstring)."""
+
+    policy: Policy
+    clock: Callable[[], float] = time.time
+    _starts: dict[str, _Start] = field(default_factory=dict, repr=False)
+    #: Pods (key -> uid) already recorded, discarded or first seen Ready: a later readiness flap
+    #: or a repeated event is not a new start.
+    _known: dict[str, str] = field(default_factory=dict, repr=False)
+    _discarded: dict[str, int] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: Observations recorded so far (tests and logs read it).
+    recorded: int = 0
+    #: Called (in the writer thread) with the starts just stored, e.g. to export each new replica's
+    #: estimate error (:func:`extender.core.calibration.estimate_errors`); an exception is logged.
+    on_recorded: list[Callable[[list[Observation]], None]] = field(default_factory=list)
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy.calibration.mode != "off"
+
+    # ---- from the view (under its lock, no I/O) ----------------------------------------------------
+
+    def pod(self, facts: PodFacts) -> None:
+        """A pod as last seen (added or modified)."""
+        if not self.enabled or facts.workload is None:
+            return
+        with self._lock:
+            start = self._starts.get(facts.key)
+            if start is not None and start.uid != facts.uid:  # same name, new pod: the old one is gone
+                self._discard(start, "deleted before ready", remember=False)
+                start = None
+            if facts.key in self._known and self._known[facts.key] != facts.uid:
+                del self._known[facts.key]
+            if start is None:
+                if facts.key in self._known or facts.state != "starting":
+                    self._known[facts.key] = facts.uid
+                    return
+                if len(self._starts) >= MAX_PENDING:
+                    self._count("too many pending")
+                    return
+                start = _Start(facts.key, facts.uid, facts.workload, facts.node, facts.scheduled_at, self.clock())
+                self._starts[facts.key] = start
+            if start.ready_at is not None:
+                return
+            if facts.state == "running":
+                start.ready_at = facts.ready_at if facts.ready_at is not None else self.clock()
+                start.started_at = facts.started_at
+            elif facts.state == "terminating":
+                self._discard(start, "deleted before ready", remember=True)
+
+    def gone(self, key: str) -> None:
+        """A pod deleted, or finished (Succeeded, Failed)."""
+        with self._lock:
+            self._known.pop(key, None)
+            start = self._starts.get(key)
+            if start is not None and start.ready_at is None:  # once Ready, the writer records it
+                self._discard(start, "deleted before ready", remember=False)
+
+    def keep_only(self, keys: set[str]) -> None:
+        """After a relist: pods not listed are gone."""
+        with self._lock:
+            tracked = set(self._starts) | set(self._known)
+        for key in tracked - keys:
+            self.gone(key)
+
+    def pending(self) -> bool:
+        """True when the writer has something to read or record."""
+        with self._lock:
+            return bool(self._discarded) or any(s.found is None or s.ready_at is not None
+                                                for s in self._starts.values())
+
+    def _discard(self, start: _Start, reason: str, *, remember: bool = True) -> None:
+        self._starts.pop(start.key, None)
+        if remember:
+            self._known[start.key] = start.uid
+        self._count(reason)
+
+    def _count(self, reason: str) -> None:
+        self._discarded[reason] = self._discarded.get(reason, 0) + 1
+
+    # ---- from the writer (Redis I/O) ---------------------------------------------------------------
+
+    def flush(self, inventory: InventoryStore, store: ObservationStore) -> int:
+        """Read the nodes of new starts, record the starts now Ready; returns how many were recorded.
+
+        A store error leaves everything pending (reads are retried; a read that comes too late is
+        then discarded as ``seen late``) and is raised for the writer's backoff.
+        """
+        now = self.clock()
+        with self._lock:
+            to_read = [s for s in self._starts.values() if s.found is None]
+        found: dict[str, dict[str, Any] | str] = {}
+        if to_read:
+            records, registry = read_nodes(inventory, {s.node for s in to_read})
+            for s in to_read:
+                found[s.key] = self._found(s, records.get(s.node), registry, now)
+        with self._lock:
+            for key, result in found.items():
+                start = self._starts.get(key)
+                if start is None:
+                    continue
+                if isinstance(result, str):
+                    self._discard(start, result)
+                else:
+                    start.found = result
+            done = [s for s in self._starts.values() if s.found is not None and s.ready_at is not None]
+            discarded = dict(self._discarded)
+        observations: list[Observation] = []
+        for s in done:
+            assert s.found is not None and s.ready_at is not None and s.scheduled_at is not None
+            try:
+                observations.append(Observation.model_validate({
+                    **s.found, "pod": s.key, "workload": s.workload, "node": s.node,
+                    "scheduledAt": s.scheduled_at, "startedAt": s.started_at,
+                    "readyAt": max(s.ready_at, s.scheduled_at)}))
+            except ValueError as exc:
+                log.warning("calibration: cannot record the start of %s: %s", s.key, exc)
+                discarded["unreadable"] = discarded.get("unreadable", 0) + 1
+        if observations or discarded:
+            store.append(observations, discarded, now=now)
+        with self._lock:
+            for s in done:
+                if self._starts.get(s.key) is s:
+                    del self._starts[s.key]
+                    self._known[s.key] = s.uid
+            for reason, count in discarded.items():
+                left = self._discarded.get(reason, 0) - count
+                if left > 0:
+                    self._discarded[reason] = left
+                else:
+                    self._discarded.pop(reason, None)
+        self.recorded += len(observations)
+        for listener in self.on_recorded if observations else ():
+            try:
+                listener(observations)
+            except Exception:
+                log.exception("calibration: a listener of recorded starts failed")
+        return len(observations)
+
+    def _found(self, start: _Start, record: NodeState | None, registry: frozenset[str],
+               now: float) -> dict[str, Any] | str:
+        """The start's node state as observation fields, or why the start cannot be observed."""
+        settings = self.policy.calibration
+        if start.scheduled_at is None or start.seen_at - start.scheduled_at > settings.capture_within \
+                or now - start.scheduled_at > settings.capture_within:
+            return "seen late"
+        if record is None:
+            return "stale inventory"
+        age = max(0.0, now - record.heartbeat)
+        if record.heartbeat <= 0 or age > min(record.ttl, settings.max_inventory_age):
+            return "stale inventory"
+        snapshot = InventorySnapshot.build(self.policy, [record], registry=registry)
+        node_class = snapshot.classes[int(snapshot.class_index[0])]
+        if node_class.name == UNKNOWN_CLASS.name:
+            return "unknown node class"
+        profile = self.policy.profile(start.workload)
+        state, _ = snapshot.cache_state(profile)
+        return {
+            "nodeClass": node_class.name, "imageReference": profile.image.reference,
+            "weightsVersion": profile.weights.version, "image": bool(state.image[0]),
+            "weightsBytes": float(state.weights_bytes[0]), "compile": _WORDS[int(state.compile[0])],
+            "snapshot": bool(state.snapshot[0]), "queuedBytes": float(state.queued_bytes[0]),
+            "adapters": [bool(a) for a in state.adapters[0]],
+            "inventoryAge": age,
+        }

@@ -1,0 +1,246 @@
+"""Observed replica starts in Redis (written by ``extender sync``), and the calibrated policy read from them.
+
+Keys (``<p>`` is the prefix)::
+
+    <p>:calibration:observations:<workload>:<class>   sorted set  score: readyAt (unix s); member: JSON
+    <p>:calibration:pairs                             set         "<workload>:<class>" of every key above
+    <p>:calibration:discarded                         hash        reason -> starts not recorded
+    <p>:calibration:version                           string      INCR'd by every append
+
+Names are policy names (lowercase letters, digits, ``-`` and ``.``), so ``:`` separates them
+unambiguously. A member is an :class:`extender.core.calibration.Observation` as JSON; it holds the
+pod's name and times, so two starts never collide.
+
+Bounds, applied to every pair in the same transaction as every append (like the demand history,
+:mod:`extender.state.history`): observations older than ``max_age_s`` are dropped, and so is
+everything beyond the newest ``window`` of a (workload, class). Both come from the writer's policy
+(``calibration.maxAge`` and ``calibration.window``).
+
+Readers (the extender's refresher, the scaler, ``extender calibrate show``) poll the version with
+one GET and read everything again only when it moved: a few hundred small members per pair.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+
+from extender.core.calibration import Observation, effective_policy
+from extender.core.errors import ExtenderError, InvalidValueError, StateError
+from extender.core.inventory import NodeState
+from extender.core.policy import Policy
+from extender.state.errors import redis_errors
+from extender.state.store import InventoryStore, decode
+
+log = logging.getLogger(__name__)
+
+#: Observations kept per (workload, class) and their age, when the writer does not say.
+DEFAULT_WINDOW = 200
+DEFAULT_MAX_AGE_S = 7 * 86_400.0
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def encode(observation: Observation) -> str:
+    """The stored form: camelCase JSON with sorted keys (equal observations are equal members)."""
+    return json.dumps(observation.model_dump(mode="python", by_alias=True), separators=(",", ":"),
+                      sort_keys=True, allow_nan=False)
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Everything in the store: observations, starts not recorded by reason, unreadable members."""
+
+    version: int
+    observations: tuple[Observation, ...]
+    discarded: Mapping[str, int]
+    unreadable: int = 0
+
+
+class ObservationStore:
+    """Append and read observed starts (module docstring for the keys and bounds)."""
+
+    def __init__(self, client: redis.Redis, *, prefix: str = "extender", window: int = DEFAULT_WINDOW,
+                 max_age_s: float = DEFAULT_MAX_AGE_S) -> None:
+        if window < 1 or not max_age_s > 0:
+            raise InvalidValueError("observation bounds must be positive")
+        self.client = client
+        self.prefix = prefix
+        self.window = window
+        self.max_age_s = max_age_s
+
+    @classmethod
+    def for_policy(cls, client: redis.Redis, policy: Policy, *, prefix: str = "extender") -> ObservationStore:
+        """A store bounded by the policy's ``calibration.window`` and ``calibration.maxAge``."""
+        return cls(client, prefix=prefix, window=policy.calibration.window, max_age_s=policy.calibration.max_age)
+
+    # ---- keys --------------------------------------------------------------------------------
+
+    def key(self, workload: str, node_class: str) -> str:
+        return f"{self.prefix}:calibration:observations:{workload}:{node_class}"
+
+    @property
+    def pairs_key(self) -> str:
+        return f"{self.prefix}:calibration:pairs"
+
+    @property
+    def discarded_key(self) -> str:
+        return f"{self.prefix}:calibration:discarded"
+
+    @property
+    def version_key(self) -> str:
+        return f"{self.prefix}:calibration:version"
+
+    # ---- writes ------------------------------------------------------------------------------
+
+    def append(self, observations: Sequence[Observation], discarded: Mapping[str, int] | None = None, *,
+               now: float) -> int:
+        """Store observations and count discarded starts in one transaction; returns the new version."""
+        for o in observations:
+            if not all(math.isfinite(v) for v in (o.scheduled_at, o.ready_at)):
+                raise InvalidValueError(f"an observation's times must be finite, got {o}")
+        groups: dict[tuple[str, str], dict[str, float]] = {}
+        for o in observations:
+            groups.setdefault((o.workload, o.node_class), {})[encode(o)] = o.ready_at
+        cutoff = now - self.max_age_s
+        with redis_errors("recording observed starts"):
+            known: Any = self.client.smembers(self.pairs_key)
+        pairs = {tuple(_text(p).partition(":")[::2]) for p in known} | set(groups)
+        with redis_errors("recording observed starts"), self.client.pipeline(transaction=True) as pipe:
+            for workload, cls in sorted(pairs):
+                key = self.key(workload, cls)
+                members = groups.get((workload, cls))
+                if members:
+                    pipe.zadd(key, members)
+                    pipe.sadd(self.pairs_key, f"{workload}:{cls}")
+                pipe.zremrangebyscore(key, "-inf", f"({cutoff!r}")
+                pipe.zremrangebyrank(key, 0, -(self.window + 1))
+            for reason, count in (discarded or {}).items():
+                if count:
+                    pipe.hincrby(self.discarded_key, reason, count)
+            pipe.incr(self.version_key)
+            result = pipe.execute()
+        return int(result[-1])
+
+    # ---- reads -------------------------------------------------------------------------------
+
+    def version(self) -> int:
+        """The store's version (0 when nothing was ever recorded): one GET."""
+        with redis_errors("reading the observations' version"):
+            raw: Any = self.client.get(self.version_key)
+        try:
+            return int(raw) if raw is not None else 0
+        except ValueError as exc:
+            raise StateError(f"{self.version_key} holds {raw!r}, not an integer") from exc
+
+    def read(self) -> Stored:
+        """Every stored observation (oldest first per pair), the discard counts and the version.
+
+        A member that does not parse is skipped and counted in ``unreadable`` (another writer, an
+        older format): one bad member must not stop every fit.
+        """
+        with redis_errors("reading observed starts"):
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.get(self.version_key)
+                pipe.smembers(self.pairs_key)
+                pipe.hgetall(self.discarded_key)
+                raw_version, raw_pairs, raw_discarded = pipe.execute()
+            pairs = sorted(_text(p) for p in raw_pairs)
+            with self.client.pipeline(transaction=False) as pipe:
+                for pair in pairs:
+                    workload, _, cls = pair.partition(":")
+                    pipe.zrange(self.key(workload, cls), 0, -1)
+                members = pipe.execute() if pairs else []
+        out: list[Observation] = []
+        unreadable = 0
+        for group in members:
+            for member in group:
+                try:
+                    out.append(Observation.model_validate_json(member))
+                except (ValidationError, ValueError):
+                    unreadable += 1
+        if unreadable:
+            log.warning("skipped %d unreadable observation(s) in %s", unreadable, self.pairs_key)
+        discarded = {_text(k): int(v) for k, v in raw_discarded.items()}
+        version = int(raw_version) if raw_version is not None and _text(raw_version).isdigit() else 0
+        return Stored(version, tuple(out), discarded, unreadable)
+
+
+@dataclass
+class CalibratedPolicy:
+    """The policy the estimator uses, from a base policy and the store: one per consumer, kept.
+
+    ``policy_for(base)`` is :func:`extender.core.calibration.effective_policy` over the stored
+    observations. It re-fits when the base policy object changed, or when the store's version moved
+    and the last fit is at least ``min_interval_s`` old (a busy cluster records a start every few
+    seconds; a fit costs some 10 ms per (workload, class)); otherwise it costs one GET. With
+    ``calibration.mode`` other than ``apply`` the base is returned without reading anything. When
+    the store cannot be read, the last calibrated policy of the same base is kept, else the base
+    itself: calibration is never a reason to stop scoring or scaling.
+    """
+
+    store: ObservationStore
+    clock: Callable[[], float] = time.time
+    min_interval_s: float = 30.0
+    _base: Policy | None = field(default=None, init=False, repr=False)
+    _version: int = field(default=-1, init=False, repr=False)
+    _fitted_at: float = field(default=-math.inf, init=False, repr=False)
+    _result: Policy | None = field(default=None, init=False, repr=False)
+    #: The last error reading the store (``None`` when the last read worked).
+    error: str | None = field(default=None, init=False)
+
+    def policy_for(self, base: Policy) -> Policy:
+        if base.calibration.mode != "apply":
+            return base
+        now = self.clock()
+        try:
+            recent = now - self._fitted_at < self.min_interval_s
+            if base is self._base and self._result is not None and (recent or self.store.version() == self._version):
+                return self._result
+            stored = self.store.read()
+            result = effective_policy(base, stored.observations, now=now)
+        except ExtenderError as exc:
+            if self.error is None:
+                log.warning("calibration: cannot read the observed starts, keeping the %s policy: %s",
+                            "last calibrated" if base is self._base else "uncalibrated", exc)
+            self.error = str(exc)
+            return self._result if base is self._base and self._result is not None else base
+        self.error = None
+        self._base, self._version, self._result, self._fitted_at = base, stored.version, result, now
+        return result
+
+
+def observations_of(stored: Stored, workloads: Iterable[str] = (), classes: Iterable[str] = ()) -> list[Observation]:
+    """The stored observations of the given workloads and classes (all when empty), newest first."""
+    w, c = set(workloads), set(classes)
+    chosen = [o for o in stored.observations if (not w or o.workload in w) and (not c or o.node_class in c)]
+    return sorted(chosen, key=lambda o: o.ready_at, reverse=True)
+
+
+def read_nodes(inventory: InventoryStore, names: Iterable[str]) -> tuple[dict[str, NodeState], frozenset[str]]:
+    """The records of ``names`` (missing and unreadable ones left out) and the compile registry, in one round trip."""
+    ordered = sorted(set(names))
+    keys = inventory.keys
+    with redis_errors("reading the nodes of new replicas"), inventory.client.pipeline(transaction=False) as pipe:
+        pipe.mget([keys.node(n) for n in ordered])
+        pipe.smembers(keys.registry)
+        raws, members = pipe.execute()
+    records: dict[str, NodeState] = {}
+    for name, raw in zip(ordered, raws, strict=True):
+        if raw is None:
+            continue
+        try:
+            records[name] = decode(name, raw)
+        except ValueError as exc:
+            log.warning("calibration: skipping the unreadable record of node %r: %s", name, exc)
+    return records, frozenset(_text(m) for m in members)

@@ -1,0 +1,313 @@
+"""Observed starts end to end, on a real Redis: the store and its bounds, ``extender sync`` recording
+starts from the API double's pods (and discarding the ones it cannot trust), the calibrated policy
+the extender's refresher and the scaler take, and the two commands that show it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from extender import cli
+from extender.core.caches import weights_key
+from extender.core.calibration import PARAMETERS, Observation, effective_policy
+from extender.core.estimate import breakdown
+from extender.core.policy import Policy, parse_policy
+from extender.core.reports import AgentReport, KubeReport
+from extender.core.scoring import scale_for
+from extender.kube.objects import PodFacts
+from extender.kube.observe import StartObserver
+from extender.state import InventoryStore, connect
+from extender.state.observations import CalibratedPolicy, ObservationStore
+from extender.state.sources import SourceStore
+from tests.calibration_world import factors, round_robin, starts, world
+from tests.conftest import RedisServer
+from tests.kube_double import KubeDouble
+from tests.kube_double.waiting import wait_until
+from tests.test_sync import G5_12, LLAMA, VLLM, node, running_sync
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICY_TEXT = (ROOT / "policies" / "g5-pcie-fleet.yaml").read_text()
+SUGGEST = parse_policy(POLICY_TEXT + "calibration: {mode: suggest, captureWithin: 30s, maxInventoryAge: 60s}\n")
+APPLY = parse_policy(POLICY_TEXT + "calibration: {mode: apply}\n")
+WORKLOAD, CLASS = "llama3-8b", "g5.12xlarge"
+
+
+@pytest.fixture
+def client(redis_server: RedisServer, tmp_path: Path) -> Iterator[Any]:
+    c = connect(redis_server.url, tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def rfc3339(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+def serving_pod(name: str, node_name: str, *, scheduled: float | None, ready: float | None = None,
+                uid: str = "") -> dict[str, Any]:
+    """A llama3-8b pod bound to ``node_name``: PodScheduled at ``scheduled``, Ready at ``ready`` (or not yet)."""
+    conditions = []
+    if scheduled is not None:
+        conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc3339(scheduled)})
+    conditions.append({"type": "Ready", "status": str(ready is not None),
+                       **({"lastTransitionTime": rfc3339(ready)} if ready is not None else {})})
+    status: dict[str, Any] = {"phase": "Running" if ready is not None else "Pending", "conditions": conditions}
+    if scheduled is not None:
+        status["containerStatuses"] = [{"name": "vllm", "state": {"running": {"startedAt": rfc3339(scheduled + 2)}}}]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "serving", "labels": LLAMA, "uid": uid or f"uid-{name}"},
+            "spec": {"nodeName": node_name, "containers": [
+                {"name": "vllm", "image": "vllm/vllm-openai:v0.11.0",
+                 "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+            "status": status}
+
+
+# ---- the store ------------------------------------------------------------------------------------
+
+
+def test_the_store_keeps_the_newest_window_and_drops_old_starts(client: Any) -> None:
+    store = ObservationStore(client, window=5, max_age_s=1000.0)
+    observed = starts(APPLY, APPLY, WORKLOAD, CLASS, ["warm"] * 8, t0=10_000.0)  # ready a minute apart
+    other = starts(APPLY, APPLY, WORKLOAD, "g5.xlarge", ["cold"], t0=10_000.0)
+    assert store.version() == 0
+    v1 = store.append(observed[:4], {"stale inventory": 2}, now=10_300.0)
+    v2 = store.append([*observed[4:], *other], {"stale inventory": 1, "seen late": 1}, now=10_500.0)
+    assert (v1, v2) == (1, 2) and store.version() == 2
+    stored = store.read()
+    mine = [o for o in stored.observations if o.node_class == CLASS]
+    assert [o.pod for o in mine] == [o.pod for o in observed[3:]]  # the newest five
+    assert stored.discarded == {"stale inventory": 3, "seen late": 1}
+    # later, every pair's starts older than max_age go with the next write, even one adding nothing
+    store.append([], now=20_000.0)
+    assert [o.pod for o in store.read().observations if o.node_class == CLASS] == []
+    assert stored.observations[0] == observed[3]  # a round trip keeps every field
+
+
+def test_an_unreadable_member_is_skipped_not_fatal(client: Any) -> None:
+    store = ObservationStore(client)
+    store.append(starts(APPLY, APPLY, WORKLOAD, CLASS, ["warm"]), now=1.7e9 + 3600)
+    client.zadd(store.key(WORKLOAD, CLASS), {'{"pod": 3}': 1.0})
+    stored = store.read()
+    assert len(stored.observations) == 1 and stored.unreadable == 1
+
+
+# ---- the sync records starts ---------------------------------------------------------------------------
+
+
+def report_agent(reader: SourceStore, name: str, *, age_s: float, weights: bool, ttl: float = 60.0) -> None:
+    profile = SUGGEST.profile(WORKLOAD)
+    reader.report_agent(name, AgentReport(
+        weights={weights_key(WORKLOAD, profile.weights.version): profile.weights.bytes} if weights else {},
+        heartbeat=time.time() - age_s, ttl=ttl, images=VLLM))
+
+
+@pytest.fixture
+def double() -> Iterator[KubeDouble]:
+    with KubeDouble.running(bookmark_interval_s=0.05) as d:
+        yield d
+
+
+def test_sync_records_a_start_with_what_its_node_held_and_discards_what_it_cannot_trust(
+    double: KubeDouble, redis_server: RedisServer, tmp_path: Path, client: Any
+) -> None:
+    reader = SourceStore(InventoryStore(client))
+    store = ObservationStore(client)
+    for name in ("warm-a", "stale-b", "no-agent-c", "late-d", "gone-e"):
+        double.apply(node(name, G5_12, gpus=4))
+    double.apply(serving_pod("already-ready", "warm-a", scheduled=time.time() - 600, ready=time.time() - 300))
+    with running_sync(double, redis_server.url, tmp_path, SUGGEST) as sync:
+        wait_until(lambda: reader.store.names() >= {"warm-a", "stale-b"}, what="the nodes")
+        report_agent(reader, "warm-a", age_s=5, weights=True)
+        report_agent(reader, "stale-b", age_s=120, weights=True)  # older than maxInventoryAge
+        report_agent(reader, "late-d", age_s=5, weights=True)
+        report_agent(reader, "gone-e", age_s=5, weights=False)
+        now = time.time()
+        double.apply(serving_pod("fresh", "warm-a", scheduled=now))
+        double.apply(serving_pod("stale", "stale-b", scheduled=now))
+        double.apply(serving_pod("silent", "no-agent-c", scheduled=now))
+        double.apply(serving_pod("late", "late-d", scheduled=now - 120))  # first seen 2 min after scheduling
+        double.apply(serving_pod("gone", "gone-e", scheduled=now))
+        assert sync.observer is not None
+        wait_until(lambda: sum(store.read().discarded.values()) >= 3, what="the untrusted starts discarded")
+        # the pods become Ready (one is deleted first), 42 s after they were scheduled
+        for name, where in (("fresh", "warm-a"), ("stale", "stale-b"), ("silent", "no-agent-c"), ("late", "late-d")):
+            double.apply(serving_pod(name, where, scheduled=now, ready=now + 42))
+        double.remove("v1", "Pod", "gone", "serving")
+        wait_until(lambda: len(store.read().observations) == 1 and sum(store.read().discarded.values()) == 4,
+                   what="one start recorded, four discarded", report=lambda: f"{store.read()}")
+    stored = store.read()
+    (o,) = stored.observations
+    assert (o.pod, o.workload, o.node, o.node_class) == ("serving/fresh", WORKLOAD, "warm-a", CLASS)
+    assert o.image and o.weights_bytes == SUGGEST.profile(WORKLOAD).weights.bytes and o.compile == "absent"
+    assert o.total_s == pytest.approx(42, abs=1.0)  # API times have a resolution of one second
+    assert o.started_at is not None and o.scheduled_at <= o.started_at <= o.ready_at
+    assert 0 <= o.inventory_age < 30
+    assert stored.discarded == {"stale inventory": 2, "seen late": 1, "deleted before ready": 1}
+
+
+def test_sync_observes_nothing_when_calibration_is_off(
+    double: KubeDouble, redis_server: RedisServer, tmp_path: Path, client: Any
+) -> None:
+    policy = parse_policy(POLICY_TEXT)  # mode off by default
+    reader = SourceStore(InventoryStore(client))
+    double.apply(node("warm-a", G5_12, gpus=4))
+    with running_sync(double, redis_server.url, tmp_path, policy) as sync:
+        wait_until(lambda: reader.store.names() == {"warm-a"}, what="the node")
+        report_agent(reader, "warm-a", age_s=1, weights=True)
+        now = time.time()
+        double.apply(serving_pod("p", "warm-a", scheduled=now, ready=now + 5))
+        wait_until(lambda: (r := reader.kube_reports(["warm-a"])["warm-a"]) is not None and r.replicas,
+                   what="the replica counted")
+        assert sync.observer is None
+    assert ObservationStore(client).version() == 0 and not client.keys("extender:calibration:*")
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(age=st.floats(0.0, 400.0), ttl=st.floats(1.0, 300.0), max_age=st.floats(1.0, 300.0),
+       agent=st.booleans())
+def test_starts_from_stale_inventory_are_discarded(client: Any, age: float, ttl: float, max_age: float,
+                                                   agent: bool) -> None:
+    client.flushdb()
+    policy = parse_policy(POLICY_TEXT + f"calibration: {{mode: suggest, maxInventoryAge: {max_age!r}s}}\n")
+    now = 1.8e9
+    reader = SourceStore(InventoryStore(client))
+    reader.report_kube({"n1": node_report()})
+    if agent:
+        reader.report_agent("n1", AgentReport(heartbeat=now - age, ttl=ttl, images=VLLM))
+    store = ObservationStore(client)
+    observer = StartObserver(policy, clock=lambda: now)
+    heard: list[Observation] = []
+    observer.on_recorded.append(heard.extend)
+    facts = PodFacts("serving/p", "n1", 1, WORKLOAD, "starting", uid="u", scheduled_at=now - 1)
+    observer.pod(facts)
+    observer.flush(InventoryStore(client), store)
+    observer.pod(PodFacts("serving/p", "n1", 1, WORKLOAD, "running", uid="u", scheduled_at=now - 1,
+                          started_at=now, ready_at=now + 30))
+    observer.flush(InventoryStore(client), store)
+    stored = store.read()
+    heartbeat_age = now - (now - age)  # as stored: unix seconds lose the last bits of a small age
+    trusted = agent and heartbeat_age <= min(ttl, max_age)
+    assert len(stored.observations) == (1 if trusted else 0)
+    assert heard == list(stored.observations)
+    assert stored.discarded == ({} if trusted else {"stale inventory": 1})
+
+
+def node_report() -> KubeReport:
+    return KubeReport(node_class=CLASS, labels=G5_12, gpus=4, gpus_free=4, images=tuple(VLLM))
+
+
+# ---- the calibrated policy the components take ------------------------------------------------------
+
+
+def doubled_starts(policy: Policy, n: int = 40) -> list[Observation]:
+    return starts(policy, world(policy, WORKLOAD, CLASS, factors(**dict.fromkeys(PARAMETERS, 2.0))), WORKLOAD,
+                  CLASS, round_robin(n), t0=time.time() - 3600)
+
+
+def test_the_calibrated_policy_follows_the_store_and_survives_an_outage(redis_server: RedisServer,
+                                                                        client: Any) -> None:
+    store = ObservationStore(client)
+    reader = CalibratedPolicy(store, min_interval_s=0.0)
+    assert reader.policy_for(APPLY) is APPLY  # nothing observed yet: the policy itself
+    assert CalibratedPolicy(store).policy_for(SUGGEST) is SUGGEST
+    store.append(doubled_starts(APPLY), now=time.time())
+    calibrated = reader.policy_for(APPLY)
+    assert calibrated is not APPLY and reader.policy_for(APPLY) is calibrated  # no new start: the same object
+    assert calibrated == effective_policy(APPLY, store.read().observations, now=time.time())
+    redis_server.kill()
+    assert reader.policy_for(APPLY) is calibrated and reader.error is not None  # the last fit stays
+    assert CalibratedPolicy(ObservationStore(client)).policy_for(APPLY) is APPLY  # nothing known: the base
+
+
+def test_the_refresher_scores_with_the_calibrated_policy(redis_server: RedisServer, client: Any,
+                                                         tmp_path: Path) -> None:
+    from extender.api.scheduler.metrics import Metrics
+    from extender.api.scheduler.refresher import Refresher, Throttle
+    from extender.api.scheduler.settings import Settings
+
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY_TEXT + "calibration: {mode: apply}\n")
+    settings_ = Settings(policy_path=path, policy=APPLY, store_factory=lambda: InventoryStore(client),
+                         start_refresher=False, min_rebuild_interval_s=0.0, calibration_interval_s=0.0)
+    refresher = Refresher(settings_, APPLY, Metrics(), Throttle(60.0))
+    refresher.refresh_once()
+    refresher.refresh_once()
+    assert refresher.engine is not None and refresher.engine.policy is APPLY
+    ObservationStore(client).append(doubled_starts(APPLY), now=time.time())
+    refresher.refresh_once()
+    refresher.refresh_once()
+    engine = refresher.engine
+    assert engine is not None and engine.policy is not APPLY
+    cold_policy = breakdown(APPLY.profile(WORKLOAD), APPLY.node_class(CLASS))["cold"]["total_s"]
+    cold_now = breakdown(engine.policy.profile(WORKLOAD), engine.policy.node_class(CLASS))["cold"]["total_s"]
+    assert cold_now > 1.3 * cold_policy
+    assert engine.scales[WORKLOAD].reference_s > scale_for(APPLY, APPLY.profile(WORKLOAD)).reference_s
+    assert refresher.policy is APPLY  # the base policy is kept: a reload replaces it, not the fit
+
+
+# ---- the commands --------------------------------------------------------------------------------------
+
+
+def test_calibrate_show_and_estimate_calibrated(redis_server: RedisServer, client: Any, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY_TEXT + "calibration: {mode: suggest}\n")
+    observed = doubled_starts(SUGGEST)
+    ObservationStore(client).append(observed, {"stale inventory": 3}, now=time.time())
+    store_args = ["--redis-url", redis_server.url]
+    assert cli.main(["calibrate", "show", "--policy", str(path), "--json", *store_args]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert len(shown["observations"]) == 40 and shown["discarded"] == {"stale inventory": 3}
+    (fit,) = shown["fits"]
+    assert (fit["workload"], fit["nodeClass"], fit["observations"], fit["applied"]) == (WORKLOAD, CLASS, 40, False)
+    assert fit["medianErrorPolicy"] > 0.4 and fit["medianErrorFit"] < 0.15
+    assert cli.main(["estimate", "--calibrated", "--policy", str(path), "--workload", WORKLOAD, "--json",
+                     *store_args]) == 0
+    estimated = json.loads(capsys.readouterr().out)
+    assert estimated[WORKLOAD][CLASS] == fit  # the same fit, from the same observations
+    assert estimated[WORKLOAD]["g5.xlarge"] is None  # no observation of that class
+    params = {p["parameter"]: p for p in fit["parameters"]}
+    assert params["compileCold"]["fitted"] > params["compileCold"]["policy"]
+    assert params["imagePull"]["fitted"] < params["imagePull"]["policy"]  # a bandwidth: slower is smaller
+    assert cli.main(["estimate", "--calibrated", "--policy", str(path), "--workload", WORKLOAD, *store_args]) == 0
+    text = capsys.readouterr().out
+    assert f"{WORKLOAD} on {CLASS}: 40 observation(s)" in text and "not applied: mode suggest" in text
+    assert f"{WORKLOAD} on g5.xlarge: no observations" in text
+    assert cli.main(["calibrate", "show", "--policy", str(path), "--limit", "3", *store_args]) == 0
+    text = capsys.readouterr().out
+    assert "starts not recorded: stale inventory 3" in text and text.count("serving/llama3-8b-") == 3
+
+
+def test_the_scaler_takes_its_horizon_and_the_warmer_its_policy_from_the_fit(redis_server: RedisServer,
+                                                                             client: Any) -> None:
+    from tests.test_scale_loop import T0, make_rig, warm_node
+
+    rig = make_rig(redis_server.url, lambda t: 4.0, nodes=[warm_node("warm-1", cached=True)],
+                   scaling_extra="calibration: {mode: apply}\n")
+    told: list[Policy] = []
+    rig.loop.calibration = CalibratedPolicy(ObservationStore(rig.client), clock=lambda: T0, min_interval_s=0.0)
+    rig.loop.on_estimator_policy.append(told.append)
+    (before,) = rig.run(1)
+    assert told == [rig.policy]  # the listeners always learn the policy in use, calibrated or not
+    truth = world(rig.policy, "qwen3", "h100", factors(**dict.fromkeys(PARAMETERS, 2.0)))
+    ObservationStore(rig.client).append(starts(rig.policy, truth, "qwen3", "h100", round_robin(40), t0=T0 - 7200),
+                                        now=T0)
+    (after,) = rig.run(1, start=T0 + 15)
+    calibrated = effective_policy(rig.policy, ObservationStore(rig.client).read().observations, now=T0)
+    assert len(told) == 2 and told[-1] == calibrated and rig.loop.estimator_policy is told[-1]
+    # warm-1 holds the image and weights: its estimate, policy vs fitted
+    expected = breakdown(calibrated.profile("qwen3"), calibrated.node_class("h100"))["image+weights"]["total_s"]
+    assert before.inputs.horizon.startup_s == pytest.approx(106.3, abs=0.1)
+    assert after.inputs.horizon.startup_s == pytest.approx(expected) and expected > 150
+    assert after.inputs.horizon.node == "warm-1"
