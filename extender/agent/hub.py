@@ -82,7 +82,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from extender.agent.scan import CacheScan, Problem, ProblemKind, WeightsEntry
+from extender.agent.scan import CacheScan, Problem, Walk, WeightsEntry
 from extender.core.caches import cache_id
 from extender.core.policy import Policy
 from extender.files import PolicyFile, read_regular
@@ -226,39 +226,16 @@ class _Blob:
     path: str
 
 
-class _Reader:
-    """One scan of the hub roots: collects problems, never raises for what it finds."""
+#: Where the agent stays while it reads a hub cache (the wording of a refused link).
+HUB = "the hub cache"
+
+
+class _Reader(Walk):
+    """One scan of the hub roots: collects problems (as the cache-root scan does), never raises for what it finds."""
 
     def __init__(self, indexes: IndexCache | None) -> None:
+        super().__init__()
         self.indexes = indexes
-        self.problems: list[Problem] = []
-        self.files = 0
-
-    def problem(self, path: str | os.PathLike[str], kind: ProblemKind, message: str) -> None:
-        self.problems.append(Problem(os.fspath(path), kind, message))
-
-    def os_problem(self, path: str | os.PathLike[str], exc: OSError) -> None:
-        if isinstance(exc, FileNotFoundError):
-            self.problem(path, "vanished", "vanished during the scan")
-        else:
-            self.problem(path, "unreadable", f"cannot read: {exc.strerror or exc}")
-
-    def real_dir(self, path: Path) -> bool:
-        """Is ``path`` a directory and not a symbolic link? A missing path is silently ``False``."""
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            return False
-        except OSError as exc:
-            self.os_problem(path, exc)
-            return False
-        if stat.S_ISLNK(st.st_mode):
-            self.problem(path, "unreadable", "a symbolic link, not followed: the agent stays inside the hub cache")
-            return False
-        if not stat.S_ISDIR(st.st_mode):
-            self.problem(path, "unreadable", "not a directory")
-            return False
-        return True
 
     def names(self, directory: Path) -> list[str]:
         try:
@@ -274,7 +251,7 @@ class _Reader:
         if _COMMIT.match(version):
             return version
         ref = repo / "refs" / version
-        if not self.real_dir(repo / "refs"):
+        if not self.real_dir(repo / "refs", inside=HUB):
             return None
         try:
             text = read_regular(ref, MAX_REF_BYTES, follow_symlinks=False).decode("ascii", "replace").strip()
@@ -349,10 +326,10 @@ class _Reader:
     def snapshot(self, repo: Path, commit: str) -> SnapshotState | None:
         """The state of ``snapshots/<commit>`` (rules in the module docstring); ``None`` when it is not there."""
         snap = repo / "snapshots" / commit
-        if not (self.real_dir(repo / "snapshots") and self.real_dir(snap)):
+        if not (self.real_dir(repo / "snapshots", inside=HUB) and self.real_dir(snap, inside=HUB)):
             return None
         blobs_dir = repo / "blobs"
-        blobs = os.path.normpath(blobs_dir) if self.real_dir(blobs_dir) else None
+        blobs = os.path.normpath(blobs_dir) if self.real_dir(blobs_dir, inside=HUB) else None
         files: dict[str, _Blob | None] = {}
         copied = False
         stack: list[tuple[str, str]] = [(str(snap), "")]
@@ -457,7 +434,7 @@ def scan_hub(roots: Sequence[Path], mapping: HubMap, *, indexes: IndexCache | No
         unmapped |= {n for n in reader.names(root) if n.startswith(MODELS_PREFIX) and n not in mapping.targets}
         for folder, targets in mapping.targets.items():
             repo = root / folder
-            if not reader.real_dir(repo):
+            if not reader.real_dir(repo, inside=HUB):
                 continue
             states: dict[str, SnapshotState | None] = {}
             for t in targets:

@@ -111,7 +111,7 @@ class CacheScan:
 
 
 @dataclass
-class _Walk:
+class Walk:
     problems: list[Problem] = field(default_factory=list)
     files: int = 0
     #: Count a file's allocated blocks (at most its length) instead of its length: see :func:`scan_cache`.
@@ -149,20 +149,24 @@ class _Walk:
         followed: ``compile -> /etc`` once reported every file of /etc as compile caches.
         """
         path = root / name
+        return path if self.real_dir(path, inside="its cache root") else None
+
+    def real_dir(self, path: Path, *, inside: str) -> bool:
+        """Is ``path`` a directory and not a symbolic link? Missing: silently ``False``; anything else a problem."""
         try:
             st = os.lstat(path)
         except FileNotFoundError:
-            return None
+            return False
         except OSError as exc:
             self.os_problem(path, exc)
-            return None
+            return False
         if stat.S_ISLNK(st.st_mode):
-            self.problem(path, "unreadable", "a symbolic link, not followed: the agent stays inside its cache root")
-            return None
+            self.problem(path, "unreadable", f"a symbolic link, not followed: the agent stays inside {inside}")
+            return False
         if not stat.S_ISDIR(st.st_mode):
             self.problem(path, "unreadable", "not a directory")
-            return None
-        return path
+            return False
+        return True
 
     def subdirs(self, directory: Path, *, missing_ok: bool = False) -> list[os.DirEntry[str]]:
         """Sub-directories that are not staging areas (names starting with '.')."""
@@ -281,7 +285,7 @@ class SizeCache:
         #: Full walks done (tests and logs).
         self.walks = 0
 
-    def measure(self, walk: _Walk, path: str, stamp: tuple[int, int]) -> tuple[int, float]:
+    def measure(self, walk: Walk, path: str, stamp: tuple[int, int]) -> tuple[int, float]:
         """``(bytes, newest time)`` of the tree at ``path``, from the cache when still current."""
         self._seen.add(path)
         now = self.clock()
@@ -361,7 +365,7 @@ def read_manifest(directory: Path, cache: ManifestCache | None = None) -> Manife
 
 
 def scan_weights(
-    walk: _Walk, directory: Path, workload: str, version: str, manifests: ManifestCache | None = None
+    walk: Walk, directory: Path, workload: str, version: str, manifests: ManifestCache | None = None
 ) -> WeightsEntry | None:
     """One weights version directory (rules in :mod:`extender.layout`); ``None`` if it vanished."""
     sizes, top_names, whole, newest = walk.file_sizes(str(directory))
@@ -394,7 +398,7 @@ def _size_of(manifest: Manifest, path: str | None) -> int:
     return next((f.size for f in manifest.files if f.path == path), 0)
 
 
-def _dir_times(walk: _Walk, path: str) -> tuple[tuple[int, int], float] | None:
+def _dir_times(walk: Walk, path: str) -> tuple[tuple[int, int], float] | None:
     """``((inode, mtime ns), newest of the directory's modification and change times)``, or ``None``.
 
     Not its access time: the scan itself lists the directory, which moves it, and the agent's own
@@ -440,7 +444,7 @@ def scan_cache(root: Path, *, manifests: ManifestCache | None = None, sizes: Siz
 
 
 def _scan(root: Path, manifests: ManifestCache | None, sizes: SizeCache | None, *, allocated: bool) -> CacheScan:
-    walk = _Walk(allocated=allocated)
+    walk = Walk(allocated=allocated)
     if not os.path.isdir(root):
         walk.problem(root, "unreadable", "cache root does not exist or is not a directory")
         return CacheScan(problems=tuple(walk.problems))
@@ -504,7 +508,7 @@ def _scan(root: Path, manifests: ManifestCache | None, sizes: SizeCache | None, 
     )
 
 
-def _entries(walk: _Walk, top: Path, spec: KindSpec) -> Iterator[tuple[str, str]]:
+def _entries(walk: Walk, top: Path, spec: KindSpec) -> Iterator[tuple[str, str]]:
     """(name, path) of every entry of a kind: directories ``len(spec.parts)`` levels below its top."""
     level: list[tuple[str, str]] = [("", str(top))]
     for depth in range(len(spec.parts)):
@@ -513,7 +517,7 @@ def _entries(walk: _Walk, top: Path, spec: KindSpec) -> Iterator[tuple[str, str]
     yield from level
 
 
-def _marked(walk: _Walk, path: str) -> bool:
+def _marked(walk: Walk, path: str) -> bool:
     """Does the entry carry its completion marker?"""
     try:
         return os.path.lexists(os.path.join(path, COMPLETE))
