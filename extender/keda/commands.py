@@ -9,7 +9,6 @@ is the default expectation: ``--tls-cert``/``--tls-key`` (plus ``--tls-client-ca
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from extender.arguments import (
     duration,
     prefix_from_args,
 )
-from extender.files import load_policy_to_start
+from extender.scaler.commands import scaled_policy_to_start
 
 #: Where the server listens unless told (docs/scaler.md, "KEDA or the External Metrics API").
 DEFAULT_LISTEN = "0.0.0.0:9090"
@@ -69,19 +68,14 @@ def _keda_scaler(args: argparse.Namespace) -> int:
     if not args.plaintext and not args.tls_cert:
         return _usage("give --tls-cert and --tls-key (and --tls-client-ca for mutual TLS), or --plaintext to serve "
                       "without TLS")
-    started = load_policy_to_start(args.policy, "keda-scaler")
+    started = scaled_policy_to_start(args.policy, "keda-scaler", nothing="nothing to serve")
     if started is None:
         return 1
     policy, version = started
 
-    from extender.keda.reading import served_workloads
     from extender.keda.server import KedaSettings, TlsFiles, run
     from extender.state.decisions import DecisionStore
 
-    if not served_workloads(policy):
-        print(f"extender keda-scaler: {args.policy} has no profile with an autoscaling section (and a capacity): "
-              "nothing to serve", file=sys.stderr)
-        return 1
     tls = None
     if args.tls_cert:
         client_ca = Path(args.tls_client_ca) if args.tls_client_ca else None
@@ -91,6 +85,5 @@ def _keda_scaler(args: argparse.Namespace) -> int:
                             grace_s=args.grace, health_listen=args.health_listen, policy_path=Path(args.policy),
                             policy_version=version)
     store = DecisionStore(connect_from_args(args), prefix=prefix_from_args(args))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s [%(process)d] %(levelname)s %(name)s: %(message)s")
     run(settings, store)
     return 0

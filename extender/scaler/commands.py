@@ -50,6 +50,7 @@ from extender.arguments import (
     redis_url_from_args,
 )
 from extender.core.errors import ExtenderError
+from extender.core.policy import Policy
 from extender.core.scaler import Decision
 from extender.files import load_policy_to_start, read_text
 from extender.process import configure_logging, report
@@ -198,19 +199,13 @@ def _scale(args: argparse.Namespace) -> int:
     if serving and not args.tls_cert and not args.insecure_no_auth:
         return _usage("the External Metrics API is served over TLS (give --tls-cert and --tls-key); "
                       "--insecure-no-auth serves plain HTTP without authentication, for local use only")
-    started = load_policy_to_start(args.policy, "scale")
+    started = scaled_policy_to_start(args.policy, "scale", nothing="nothing to scale")
     if started is None:
         return 1
     policy, version = started
 
-    from extender.scaler.loop import scaled_profiles
-    from extender.scaler.serve import AuthSettings, ScaleSettings, default_identity
-
-    if not scaled_profiles(policy):
-        report(f"extender scale: {args.policy} has no profile with an autoscaling section (and a capacity): "
-               "nothing to scale")
-        return 1
     from extender.scaler.prometheus import check_credentials
+    from extender.scaler.serve import AuthSettings, ScaleSettings, default_identity
 
     unusable = check_credentials(policy)
     for problem in unusable:
@@ -393,3 +388,18 @@ def _explain(args: argparse.Namespace) -> int:
         print()
         print(render_table(records))
     return 0
+
+
+def scaled_policy_to_start(path: str, command: str, *, nothing: str) -> tuple[Policy, str] | None:
+    """The policy and its version for a command that serves the scaler's decisions (``scale``,
+    ``keda-scaler``); ``None``, with the reason told, when it is invalid or autoscales nothing."""
+    started = load_policy_to_start(path, command)
+    if started is None:
+        return None
+    from extender.scaler.loop import scaled_profiles
+
+    if not scaled_profiles(started[0]):
+        report(f"extender {command}: {path} has no profile with an autoscaling section (and a capacity): "
+               f"{nothing}")
+        return None
+    return started
