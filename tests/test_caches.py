@@ -297,3 +297,11 @@ def test_preload_beyond_the_list_preloads_every_adapter() -> None:
     policy: Policy = parse_policy(GPU_LLM_POLICY + "    lora: {adapters: [{name: a, source: s3://x/, bytes: 1GB}], "
                                                    "preload: 5}\n")
     assert [a.name for a in policy.profile("llm").preloaded_adapters] == ["a"]
+
+
+def test_no_compile_key_without_inputs_or_on_the_unknown_class() -> None:
+    from extender.core.policy import UNKNOWN_CLASS
+
+    assert compile_key(POLICY.profile("llm"), GPU) is not None
+    assert compile_key(POLICY.profile("llm"), UNKNOWN_CLASS) is None  # the key hashes a GPU product nobody knows
+    assert compile_key(TEN, GPU) is None  # no compile.key section

@@ -181,3 +181,13 @@ def test_the_full_process_publishes_what_the_loop_decides(cluster: tuple[KubeDou
             raise
     assert exit_code == 0, log.read_text()[-3000:]
     assert LeaderLock(connect(redis_server.url, tmp_path), "observer", ttl_s=1).current() is None
+
+
+def test_a_policy_that_autoscales_nothing_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.gpu_policy import GPU_LLM_POLICY  # a valid policy whose one profile has no autoscaling section
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(GPU_LLM_POLICY)
+    assert cli.main(["scale", "--policy", str(policy), "--once", "--redis-url", "redis://127.0.0.1:1/0"]) == 1
+    err = capsys.readouterr().err
+    assert f"extender scale: {policy} has no profile with an autoscaling section" in err and "nothing to scale" in err
