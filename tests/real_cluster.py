@@ -320,6 +320,11 @@ class Cluster:
         self.start("kwok", [
             self.bin / "kwok", f"--kubeconfig={self.admin_kubeconfig}", f"--config={stages_file}",
             "--manage-all-nodes=true", f"--server-address=127.0.0.1:{port}",
+            # Keep every node's Lease renewed (every quarter of its duration). The heartbeat stage
+            # patches Node status only every 10-20 minutes and relies on the Lease for liveness:
+            # without one, kube-controller-manager marked the nodes NotReady every 50 s, and with
+            # them every pod on them, which KWOK never made Ready again.
+            "--node-lease-duration-seconds=40",
         ])
 
         def kwok_healthy() -> bool:
