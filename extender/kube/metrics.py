@@ -10,9 +10,11 @@ the start.
   confirming the write that carries it.
 * Estimator truth, for each new replica whose start the calibration observer records
   (:mod:`extender.kube.observe`; needs ``calibration.mode`` ``observe`` or ``apply``): the observed
-  seconds from scheduled to Ready, the estimator's seconds for the same node state, and their
-  relative error ``(estimated - observed) / observed``
-  (:func:`extender.core.calibration.estimate_errors`).
+  seconds from scheduled to Ready, the estimator's seconds for the same node state, and their ratio
+  ``estimated / observed`` (1: exact; 0.5: the start took twice the estimate;
+  :func:`extender.core.calibration.estimate_errors`). A ratio, not the relative error
+  ``(estimated - observed) / observed``: a histogram's ``_sum`` must never decrease, or ``rate()``
+  reads the decrease as a counter reset, and relative errors are negative when a start is slow.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED")
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: Replica starts: 15 s (everything warm) to half an hour (cold, large model).
 STARTUP_BUCKETS = (5.0, 10.0, 15.0, 30.0, 60.0, 90.0, 120.0, 180.0, 300.0, 600.0, 900.0, 1800.0, 3600.0)
-#: Relative error of an estimate: -1 (the start took forever) to large positive (much faster than said).
-ERROR_BUCKETS = (-0.75, -0.5, -0.25, -0.1, 0.0, 0.1, 0.25, 0.5, 1.0, 2.0)
+#: Estimated over observed seconds: 1 is exact, 0.5 a start twice as slow as estimated, 2 twice as fast.
+RATIO_BUCKETS = (0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0)
 
 
 class SyncMetrics:
@@ -65,9 +67,9 @@ class SyncMetrics:
         self.estimated = Histogram("extender_replica_startup_estimate_seconds",
                                    "The estimator's seconds for the same starts, from their node's state.",
                                    ["workload", "node_class"], buckets=STARTUP_BUCKETS, registry=r)
-        self.error = Histogram("extender_replica_startup_estimate_error_ratio",
-                               "Relative error of the estimate of each observed start: (estimated - observed) / "
-                               "observed.", ["workload", "node_class"], buckets=ERROR_BUCKETS, registry=r)
+        self.ratio = Histogram("extender_replica_startup_estimate_ratio",
+                               "Estimated over observed startup seconds of each observed start (1: exact).",
+                               ["workload", "node_class"], buckets=RATIO_BUCKETS, registry=r)
         self._seen: set[tuple[str, str]] = set()
         for resource in RESOURCES:
             for c in (self.lists, self.relists, self.watch_restarts, self.watch_errors):
@@ -81,7 +83,7 @@ class SyncMetrics:
             for node_class in policy.node_classes:
                 if profile.node_classes and node_class.name not in profile.node_classes:
                     continue
-                for h in (self.startup, self.estimated, self.error):
+                for h in (self.startup, self.estimated, self.ratio):
                     h.labels(profile.name, node_class.name)
 
     def note(self, resource: str, what: str) -> None:
@@ -108,10 +110,10 @@ class SyncMetrics:
                 self.lag.observe(max(0.0, lag_s))
 
     def starts(self, observations: Sequence[Observation], policy: Policy | None = None) -> None:
-        """Record recorded starts: observed seconds, estimated seconds, relative error (module docstring)."""
+        """Record recorded starts: observed seconds, estimated seconds, their ratio (module docstring)."""
         for o in observations:
             self.startup.labels(o.workload, o.node_class).observe(o.total_s)
         for e in estimate_errors(policy or self.policy, observations):
             self.estimated.labels(e.workload, e.node_class).observe(e.estimated_s)
             if e.observed_s > 0:
-                self.error.labels(e.workload, e.node_class).observe(e.relative)
+                self.ratio.labels(e.workload, e.node_class).observe(e.estimated_s / e.observed_s)

@@ -102,6 +102,13 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+def aggregated_registry() -> CollectorRegistry:
+    """A registry that reads every worker's values from the multiprocess directory (for ``--metrics-bind``)."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return registry
+
+
 def mark_worker_dead(pid: int) -> None:
     """Drop a dead worker's ``live*`` gauges (gunicorn's ``child_exit`` hook)."""
     if multiprocess_dir():
