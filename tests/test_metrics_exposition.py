@@ -200,6 +200,24 @@ def test_every_metric_the_docs_name_is_served(scrapes: dict[str, Scrape]) -> Non
     assert unknown == {}
 
 
+#: (page, process, prefix): a page of docs/ whose metric list must name every family of ``process``
+#: that starts with ``prefix``, and nothing else with it.
+PAGE_LISTS = [
+    ("extender.md", "serve", "extender_"),
+    ("warming.md", "scale", "extender_warm_"),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("page", "process", "prefix"), PAGE_LISTS, ids=[p[0] for p in PAGE_LISTS])
+def test_the_metric_lists_of_other_pages_are_complete(scrapes: dict[str, Scrape], page: str, process: str,
+                                                      prefix: str) -> None:
+    named = {n for n in MENTION.findall((DOCS / page).read_text()) if n.startswith(prefix)}
+    served = {n for n in served_extender(scrapes[process]) if n.startswith(prefix)}
+    assert sorted(served - named) == []
+    assert sorted(named - served) == []
+
+
 def test_docs_tables_parse() -> None:
     """The section and row patterns find every process (a broken heading would make the comparison vacuous)."""
     tables = documented()
