@@ -20,14 +20,17 @@ from prometheus_client import CollectorRegistry
 from extender.agent.loop import Agent, AgentSettings
 from extender.agent.metrics import AgentMetrics
 from extender.core.errors import ExtenderError, StateError
+from extender.core.inventory import InventorySnapshot, NodeState
+from extender.core.policy import parse_policy
 from extender.kube.metrics import SyncMetrics
 from extender.scaler.loop import TickReport
 from extender.scaler.metrics import ScalerMetrics, symmetric_error
 from extender.state import InventoryStore, connect
 from extender.state.sources import SourceStore
 from extender.telemetry.endpoint import MetricsEndpoint
+from extender.warm.loop import WarmLoop
 from tests.conftest import RedisServer
-from tests.scaler_policy import make_policy
+from tests.scaler_policy import make_policy, policy_text
 from tests.test_agent import NODE, cache  # noqa: F401 - the cache fixture
 from tests.test_agent_scan import GiB
 from tests.test_scale_loop import T0, TICK, make_rig
@@ -199,3 +202,34 @@ def test_a_taken_port_is_a_clear_error() -> None:
             MetricsEndpoint(f"127.0.0.1:{first.port}", CollectorRegistry())
     finally:
         first.close()
+
+
+# ---- the warmer's NVMe reserve -----------------------------------------------------------------------
+
+RESERVE_POLICY = policy_text().replace("nvme: {capacity: 30TB, readBandwidth: 30GB/s}",
+                                       "nvme: {capacity: 30TB, readBandwidth: 30GB/s, reserve: 2TB}")
+
+
+def h100(name: str, free_tb: float, *, heartbeat: float = T0) -> NodeState:
+    return NodeState.model_validate({
+        "name": name, "nodeClass": "h100", "gpus": 8, "gpusFree": 8, "nvmeTotal": 30 * 10**12,
+        "nvmeFree": int(free_tb * 10**12), "heartbeat": heartbeat, "ttl": 60,
+    })
+
+
+#: (name, h100 nodes, expected count below the 2 TB reserve)
+RESERVE = [
+    ("all-above", [h100("a", 5), h100("b", 2)], 0.0),
+    ("one-below", [h100("a", 5), h100("b", 1.5)], 1.0),
+    ("stale-node-not-counted", [h100("a", 1), h100("b", 0.5, heartbeat=T0 - 3600)], 1.0),
+]
+
+
+@pytest.mark.parametrize(("nodes", "expected"), [r[1:] for r in RESERVE], ids=[r[0] for r in RESERVE])
+def test_the_warmer_counts_fresh_nodes_below_their_class_reserve(nodes: list[NodeState], expected: float) -> None:
+    policy = parse_policy(RESERVE_POLICY, "reserve.yaml")
+    registry = CollectorRegistry()
+    warm = WarmLoop(policy, None, None, registry=registry)
+    warm.tick(T0, snapshot=InventorySnapshot.build(policy, nodes, taken_at=T0))
+    assert gauge(registry, "extender_warm_nodes_below_nvme_reserve", node_class="h100") == expected
+    assert gauge(registry, "extender_warm_nodes_below_nvme_reserve", node_class="a10g") == 0.0
