@@ -6,8 +6,9 @@ alert on it has a series before the first event. Per-workload gauges are written
 ticks only: a standby keeps the values of its last lead, so queries join them with
 ``extender_scaler_leader == 1``.
 
-Forecast error of the last horizon, per workload: each leader tick remembers its forecast ``f``
-(demand expected ``h`` seconds ahead, ``h`` the horizon) with its due time ``t + h``; the first tick
+Forecast error of the last horizon, per workload: each leader tick remembers its point forecast ``f``
+(demand expected ``h`` seconds ahead, ``h`` the horizon; the gauge of the forecast shows the upper
+quantile the decision provisions for) with its due time ``t + h``; the first tick
 at or after the due time with an observation ``o`` sets
 
     error = |f - o| / ((|f| + |o|) / 2)        (0 when both are 0; 2 at most)
