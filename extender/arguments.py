@@ -80,6 +80,13 @@ def bind_address(text: str) -> str:
     return text if host else f"0.0.0.0:{port}"
 
 
+def add_metrics_bind_option(parser: Any) -> None:
+    """``--metrics-bind HOST:PORT``: serve ``/metrics``, ``/healthz`` and ``/readyz`` there (default: off)."""
+    parser.add_argument("--metrics-bind", type=bind_address, default=None, metavar="HOST:PORT",
+                        help="serve /metrics, /healthz and /readyz over plain HTTP at this address "
+                             "(e.g. :9090; default: not served)")
+
+
 # ---- renamed flags --------------------------------------------------------------------------------
 
 #: Where parsing leaves ``(old flag, new flag)`` for each deprecated name used (reported by the CLI

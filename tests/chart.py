@@ -73,7 +73,14 @@ VARIANT_CHOICES: dict[str, dict[str, tuple[dict[str, str], tuple[str, ...]]]] = 
 OVERLAY_DEFAULTS = {"redis": "statefulset", "metrics": "cert-manager"}
 
 #: Kinds whose definitions come with another project (cert-manager, KEDA): not served by a bare API server.
-FOREIGN_KINDS = {"Certificate", "Issuer", "ClusterIssuer", "ScaledObject", "TriggerAuthentication"}
+FOREIGN_KINDS = {"Certificate", "Issuer", "ClusterIssuer", "ScaledObject", "TriggerAuthentication", "PodMonitor",
+                 "PrometheusRule"}
+MONITORING = ROOT / "deploy" / "monitoring"
+MONITORING_HEADER = ("# Generated from deploy/helm/extender (monitoring.enabled=true) by scripts/render-kustomize: do\n"
+                     "# not edit (edit the chart and run it again; tests/test_monitoring.py fails while this is not\n"
+                     "# current). Namespace kube-system: change it to where you installed extender.\n")
+#: deploy/monitoring file -> the kinds it holds, from the chart with ``monitoring.enabled=true``.
+MONITORING_FILES = {"podmonitors.yaml": ("PodMonitor",), "prometheusrule.yaml": ("PrometheusRule",)}
 
 
 @dataclass(frozen=True)
@@ -330,6 +337,13 @@ def variant_overlay(variant: Variant, directory: Path, *, root: Path = KUSTOMIZE
     return directory
 
 
+def monitoring_files() -> dict[Path, str]:
+    """The Prometheus Operator manifests of deploy/monitoring, as the chart renders them (without Helm's labels)."""
+    texts = chunks(helm_template({**KUSTOMIZE_VALUES, "monitoring.enabled": "true"}).stdout)
+    return {MONITORING / name: MONITORING_HEADER + "---\n".join(text for doc, text in texts if doc["kind"] in kinds)
+            for name, kinds in MONITORING_FILES.items()}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="write deploy/kustomize from the Helm chart")
     parser.add_argument("--check", action="store_true", help="only say whether deploy/kustomize is current")
@@ -337,9 +351,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.check:
         stale = [str(p) for p, text in tree().items() if not (KUSTOMIZE / p).exists()
                  or (KUSTOMIZE / p).read_text() != text]
+        stale += [str(p.relative_to(ROOT)) for p, text in monitoring_files().items()
+                  if not p.exists() or p.read_text() != text]
         print("\n".join(stale) or "deploy/kustomize is current")
         return 1 if stale else 0
     for path in write_kustomize():
+        print(path.relative_to(ROOT))
+    for path, text in monitoring_files().items():
+        path.write_text(text)
         print(path.relative_to(ROOT))
     return 0
 

@@ -13,14 +13,16 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from extender import cli
 from extender.core.caches import weights_key
-from extender.core.calibration import PARAMETERS, Observation, effective_policy
+from extender.core.calibration import PARAMETERS, Observation, effective_policy, estimate_errors
 from extender.core.estimate import breakdown
 from extender.core.policy import Policy, parse_policy
 from extender.core.reports import AgentReport, KubeReport
 from extender.core.scoring import scale_for
+from extender.kube.metrics import SyncMetrics
 from extender.kube.objects import PodFacts
 from extender.kube.observe import StartObserver
 from extender.state import InventoryStore, connect
@@ -126,7 +128,8 @@ def test_sync_records_a_start_with_what_its_node_held_and_discards_what_it_canno
     for name in ("warm-a", "stale-b", "no-agent-c", "late-d", "gone-e"):
         double.apply(node(name, G5_12, gpus=4))
     double.apply(serving_pod("already-ready", "warm-a", scheduled=time.time() - 600, ready=time.time() - 300))
-    with running_sync(double, redis_server.url, tmp_path, SUGGEST) as sync:
+    registry = CollectorRegistry()
+    with running_sync(double, redis_server.url, tmp_path, SUGGEST, metrics=SyncMetrics(registry, SUGGEST)) as sync:
         wait_until(lambda: reader.store.names() >= {"warm-a", "stale-b"}, what="the nodes")
         report_agent(reader, "warm-a", age_s=5, weights=True)
         report_agent(reader, "stale-b", age_s=120, weights=True)  # older than maxInventoryAge
@@ -154,6 +157,18 @@ def test_sync_records_a_start_with_what_its_node_held_and_discards_what_it_canno
     assert o.started_at is not None and o.scheduled_at <= o.started_at <= o.ready_at
     assert 0 <= o.inventory_age < 30
     assert stored.discarded == {"stale inventory": 2, "seen late": 1, "deleted before ready": 1}
+    # the estimator's truth for the recorded start: observed, estimated and their ratio, once each
+    labels = {"workload": WORKLOAD, "node_class": CLASS}
+    (truth,) = estimate_errors(SUGGEST, [o])
+
+    def sample(name: str) -> float | None:
+        return registry.get_sample_value(name, labels)
+
+    assert sample("extender_replica_startup_seconds_count") == 1.0
+    assert sample("extender_replica_startup_seconds_sum") == pytest.approx(o.total_s)
+    assert sample("extender_replica_startup_estimate_seconds_sum") == pytest.approx(truth.estimated_s)
+    assert sample("extender_replica_startup_estimate_ratio_sum") == pytest.approx(truth.estimated_s / o.total_s)
+    assert sample("extender_replica_startup_estimate_ratio_count") == 1.0
 
 
 def test_sync_observes_nothing_when_calibration_is_off(

@@ -104,10 +104,12 @@ def test_the_deployment_runs_extender_scale_with_valid_arguments() -> None:
     assert one("PodDisruptionBudget", "extender-scaler")["spec"]["minAvailable"] == 1  # a drain leaves one
 
 
-def test_beside_keda_the_scaler_runs_its_loop_and_serves_nothing() -> None:
+def test_beside_keda_the_scaler_runs_its_loop_and_serves_only_its_metrics() -> None:
     container, args = scale_args(metrics__mode="keda")
     assert args.no_metrics_api and not args.tls_cert
-    assert "ports" not in container and "livenessProbe" not in container
+    (port,) = container["ports"]
+    assert port["name"] == "metrics" and args.metrics_bind == f"0.0.0.0:{port['containerPort']}"
+    assert "livenessProbe" not in container
     kinds = {(d["kind"], d["metadata"]["name"]) for d in docs(metrics__mode="keda")}
     assert ("APIService", f"{VERSION}.{GROUP}") not in kinds  # KEDA keeps the group
     assert ("Service", "extender-scaler") not in kinds and ("Deployment", "extender-keda-scaler") in kinds

@@ -30,6 +30,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from extender import cli
 from extender.keda import externalscaler_pb2 as pb
 from extender.keda import externalscaler_pb2_grpc as pb_grpc
+from extender.keda.metrics import CODES
 from extender.keda.reading import METRIC_NAME
 from extender.keda.server import KedaServer, KedaSettings, TlsFiles
 from extender.state import connect
@@ -209,9 +210,26 @@ def test_calls(row: Call, redis_server: RedisServer, tmp_path: Path) -> None:
             code, words = expected
             assert exc.code() == code
             assert words in (exc.details() or "")
+            assert counted(running, call) == {code.name: 1.0}
             return
         assert not isinstance(expected, tuple), f"{call} answered {got!r}, expected {expected[0]}"
         assert got == want
+        assert counted(running, call) == {"OK": 1.0}
+
+
+def counted(running: Running, method: str) -> dict[str, float]:
+    """The server's ``extender_keda_requests_total`` of ``method`` by code, where not zero.
+
+    The server counts a call when its handler returns, which may be just after the client has the
+    reply: wait (bounded) until the call is counted.
+    """
+    def counts() -> dict[str, float]:
+        found = {code: running.server.registry.get_sample_value(
+            "extender_keda_requests_total", {"method": method, "code": code}) or 0.0 for code in CODES}
+        return {code: n for code, n in found.items() if n}
+
+    wait_for(lambda: bool(counts()), f"the {method} call counted")
+    return counts()
 
 
 # ---- Redis down: UNAVAILABLE, health NOT_SERVING, back when it is back ---------------------------------

@@ -28,6 +28,7 @@ from extender.core.policy import Policy
 from extender.core.reports import AgentReport, KubeReport, Replicas
 from extender.files import load_policy
 from extender.kube.client import KubeClient
+from extender.kube.metrics import SyncMetrics
 from extender.kube.sync import ClusterSync, SyncSettings
 from extender.state import InventoryStore, connect
 from extender.state.sources import SourceStore
@@ -88,7 +89,7 @@ def pod(name: str, node_name: str, *, labels: dict[str, str] | None = None, gpus
 
 @contextmanager
 def running_sync(double: KubeDouble, redis_url: str, tmp_path: Path, policy: Policy,
-                 settings: SyncSettings = FAST) -> Iterator[ClusterSync]:
+                 settings: SyncSettings = FAST, *, metrics: SyncMetrics | None = None) -> Iterator[ClusterSync]:
     """A ClusterSync in a thread; stopped and joined (and its clients closed) however the test ends."""
     kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kubeconfig")))
     clients: list[redis.Redis] = []
@@ -98,7 +99,7 @@ def running_sync(double: KubeDouble, redis_url: str, tmp_path: Path, policy: Pol
         clients.append(client)
         return SourceStore(InventoryStore(client))
 
-    sync = ClusterSync(kube, open_sources, policy, settings)
+    sync = ClusterSync(kube, open_sources, policy, settings, metrics=metrics)
     thread = threading.Thread(target=sync.run, name="sync-under-test")
     thread.start()
     try:

@@ -25,10 +25,17 @@ import json
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 from extender.agent.hub import HubCaches
 from extender.agent.loop import Agent, AgentSettings, Labeler
-from extender.arguments import add_kube_options, add_store_options, duration, inventory_from_args
+from extender.arguments import (
+    add_kube_options,
+    add_metrics_bind_option,
+    add_store_options,
+    duration,
+    inventory_from_args,
+)
 from extender.core.errors import ExtenderError
 from extender.core.inventory import DEFAULT_TTL_S
 from extender.core.units import format_duration
@@ -58,6 +65,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     mode.add_argument("--once", action="store_true", help="scan and report once, then exit")
     mode.add_argument("--dry-run", action="store_true", help="print one report as JSON; write nothing")
     add_store_options(p)
+    add_metrics_bind_option(p)
     p.set_defaults(handler=run)
 
 
@@ -92,7 +100,16 @@ def run(args: argparse.Namespace) -> int:
         hub = HubCaches(args.hub_caches, policy, PolicyFile(args.policy, version))
     elif args.hub_caches:
         hub = HubCaches(args.hub_caches)
-    agent = Agent(settings, open_reporter, labeler=labeler, hub=hub)
+    endpoint = None
+    metrics = None
+    if args.metrics_bind and not (args.once or args.dry_run):
+        from extender.agent.metrics import AgentMetrics
+        from extender.telemetry.endpoint import MetricsEndpoint
+
+        registry = agent_registry()
+        metrics = AgentMetrics(registry)
+        endpoint = MetricsEndpoint(args.metrics_bind, registry, ready=lambda: agent_ready(agent))
+    agent = Agent(settings, open_reporter, labeler=labeler, hub=hub, metrics=metrics)
     if args.dry_run:
         scanned = agent.scan()
         print(json.dumps({"node": node, **scanned.model_dump(mode="python", by_alias=True)}, indent=2))
@@ -105,6 +122,32 @@ def run(args: argparse.Namespace) -> int:
             return 1
         return 0
     stop = threading.Event()
-    with stop_on_signals(stop):
-        agent.run(stop)
+    if endpoint is not None:
+        endpoint.start()
+    try:
+        with stop_on_signals(stop):
+            agent.run(stop)
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     return 0
+
+
+def agent_registry() -> Any:
+    """A registry with the build info and process metrics of ``extender agent``."""
+    from prometheus_client import CollectorRegistry
+
+    from extender.telemetry.build import add_build_info, add_process_collectors
+
+    registry = CollectorRegistry(auto_describe=True)
+    add_build_info(registry, "agent")
+    add_process_collectors(registry)
+    return registry
+
+
+def agent_ready(agent: Agent) -> tuple[bool, dict[str, Any]]:
+    """``/readyz``: ready once a report was written and the last write did not fail."""
+    stats = agent.stats
+    ok = stats.writes > 0 and not agent.outage
+    return ok, {"node": agent.settings.node_name, "scans": stats.scans, "writes": stats.writes,
+                "failedWrites": stats.failed_writes}

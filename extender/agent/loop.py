@@ -33,6 +33,7 @@ from typing import Protocol
 
 from extender.agent.disk import disk_usage
 from extender.agent.hub import HubCaches
+from extender.agent.metrics import AgentMetrics
 from extender.agent.scan import CacheScan, ManifestCache, Problem, SizeCache, scan_cache
 from extender.core.backoff import Backoff
 from extender.core.errors import KubeError, StateError
@@ -98,6 +99,7 @@ class Agent:
         *,
         labeler: Labeler | None = None,
         hub: HubCaches | None = None,
+        metrics: AgentMetrics | None = None,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -106,6 +108,8 @@ class Agent:
         self.labeler = labeler
         #: Model hub caches to add to each scan (:mod:`extender.agent.hub`).
         self.hub = hub
+        #: Where scans and writes are counted (``--metrics-bind``), if anywhere.
+        self.metrics = metrics
         self.clock = clock
         self.monotonic = monotonic
         self.stats = AgentStats()
@@ -125,6 +129,7 @@ class Agent:
         """Scan the cache root and the filesystem; the report has no heartbeat yet."""
         # The filesystem is measured once, and the same size bounds what the scan believes of sparse
         # files (extender.agent.scan.scan_cache) and is reported as the node's NVMe.
+        started = self.monotonic()
         try:
             disk = disk_usage(self.settings.cache_root)
             total, free = disk.total_bytes, disk.free_bytes
@@ -142,7 +147,7 @@ class Agent:
         self.stats.last_scan = scan
         self._log_problems(scan.problems)
         self._apply_labels(scan)
-        return AgentReport(
+        report = AgentReport(
             nvme_total=total,
             nvme_free=free,
             weights=scan.weights_bytes,
@@ -153,6 +158,9 @@ class Agent:
             last_used=scan.last_used,
             cache_bytes=scan.cache_bytes,
         )
+        if self.metrics is not None:
+            self.metrics.scanned(scan, report, self.monotonic() - started)
+        return report
 
     def due(self, report: AgentReport) -> bool:
         """Should this report be written now?
@@ -178,7 +186,11 @@ class Agent:
             version = self._reporter.report_agent(self.settings.node_name, stamped)
         except StateError:
             self.stats.failed_writes += 1
+            if self.metrics is not None:
+                self.metrics.wrote(False, stamped.heartbeat)
             raise
+        if self.metrics is not None:
+            self.metrics.wrote(True, stamped.heartbeat)
         self.last_written = stamped
         self._last_write_at = self.monotonic()
         self.stats.writes += 1
@@ -232,6 +244,11 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+
+    @property
+    def outage(self) -> bool:
+        """True while the last write failed (the loop retries with backoff)."""
+        return self._outage
 
     # ---- helpers ---------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from extender.arguments import (
+    add_metrics_bind_option,
     add_store_options,
     add_tls_options,
     bind_address,
@@ -45,6 +46,7 @@ def register(subparsers: Any) -> None:
                      help="also serve the gRPC health service alone, in plaintext, here (kubelet's grpc "
                           "probe speaks no TLS); default: health only on --listen")
     add_store_options(cmd)
+    add_metrics_bind_option(cmd)
     tls = cmd.add_argument_group("TLS")
     add_tls_options(tls, client_ca_old=("--client-ca",),
                     client_ca_help="CA bundle (PEM): client certificates are required and verified against it "
@@ -83,7 +85,7 @@ def _keda_scaler(args: argparse.Namespace) -> int:
         tls.read()  # a missing or empty file is one line now, not a failure at the first handshake
     settings = KedaSettings(policy=policy, listen=args.listen, tls=tls, watch_interval_s=args.watch_interval,
                             grace_s=args.grace, health_listen=args.health_listen, policy_path=Path(args.policy),
-                            policy_version=version)
+                            policy_version=version, metrics_bind=args.metrics_bind)
     store = DecisionStore(connect_from_args(args), prefix=prefix_from_args(args))
     run(settings, store)
     return 0

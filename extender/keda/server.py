@@ -28,17 +28,22 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from prometheus_client import CollectorRegistry
 
 from extender.core.errors import ExtenderError
 from extender.core.policy import Policy
 from extender.files import PolicyFile, read_regular
 from extender.keda import externalscaler_pb2_grpc as pb_grpc
 from extender.keda.commands import DEFAULT_LISTEN
+from extender.keda.metrics import KedaMetrics
 from extender.keda.reading import served_workloads
 from extender.keda.service import SERVICE_NAME, Board, ExternalScalerService, PublishedSource
+from extender.telemetry.build import add_build_info, add_process_collectors
+from extender.telemetry.endpoint import MetricsEndpoint
 
 log = logging.getLogger(__name__)
 
@@ -130,14 +135,19 @@ class KedaSettings:
     #: With a path, policy edits are taken while running (workloads added or removed).
     policy_path: Path | None = None
     policy_version: str = ""
+    #: ``HOST:PORT`` for ``/metrics``, ``/healthz`` and ``/readyz`` over plain HTTP, or ``None``.
+    metrics_bind: str | None = None
 
 
 class KedaServer:
     """One server on one event loop: :meth:`start`, then :meth:`stop` (module docstring)."""
 
-    def __init__(self, settings: KedaSettings, source: PublishedSource) -> None:
+    def __init__(self, settings: KedaSettings, source: PublishedSource,
+                 registry: CollectorRegistry | None = None) -> None:
         self.settings = settings
         self.source = source
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        self.metrics = KedaMetrics(self.registry)
         self.port = 0
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
@@ -154,6 +164,7 @@ class KedaServer:
 
     async def _set_health(self, serving: bool) -> None:
         assert self._health is not None
+        self.metrics.readable.set(1 if serving else 0)
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", SERVICE_NAME):
             await self._health.set(name, status)
@@ -167,7 +178,8 @@ class KedaServer:
         self._board = Board(served_workloads(settings.policy), self.source, interval_s=settings.watch_interval_s,
                             policy_file=policy_file, on_health=self._set_health)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_ExternalScalerServicer_to_server(ExternalScalerService(self._board), server)
+        pb_grpc.add_ExternalScalerServicer_to_server(ExternalScalerService(self._board, self.metrics), server)
+        self.metrics.workloads.set_function(lambda: len(self.board.workloads))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.port = _bind(server, settings.listen, server_credentials(settings.tls) if settings.tls else None)
         self._server = server
@@ -184,6 +196,12 @@ class KedaServer:
                  "mutual TLS" if settings.tls and settings.tls.client_ca else "TLS" if settings.tls else "plaintext",
                  len(self._board.workloads), ", ".join(sorted(self._board.workloads)))
         return self.port
+
+    def ready(self) -> tuple[bool, dict[str, Any]]:
+        """``/readyz``: serving, and the scaler's decisions can be read."""
+        board = self._board
+        ok = board is not None and bool(board.healthy) and not board.closed
+        return ok, {"workloads": len(board.workloads) if board is not None else 0}
 
     async def stop(self) -> None:
         """Graceful stop (module docstring); safe to call twice."""
@@ -219,7 +237,13 @@ def run(settings: KedaSettings, source: PublishedSource,
     """Serve until SIGTERM or SIGINT, then stop gracefully (the ``extender keda-scaler`` foreground)."""
 
     async def main() -> None:
-        server = KedaServer(settings, source)
+        registry = CollectorRegistry(auto_describe=True)
+        add_build_info(registry, "keda-scaler")
+        add_process_collectors(registry)
+        server = KedaServer(settings, source, registry)
+        endpoint = None
+        if settings.metrics_bind is not None:
+            endpoint = MetricsEndpoint(settings.metrics_bind, registry, ready=server.ready).start()
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -232,5 +256,7 @@ def run(settings: KedaSettings, source: PublishedSource,
             log.info("KEDA scaler: stopping (grace %gs)", settings.grace_s)
         finally:
             await server.stop()
+            if endpoint is not None:
+                endpoint.close()
 
     asyncio.run(main())

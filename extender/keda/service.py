@@ -33,11 +33,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Protocol
 
 import grpc
+from prometheus_client import CollectorRegistry
 
 from extender.core.errors import ExtenderError, UnknownNameError
 from extender.files import PolicyFile
 from extender.keda import externalscaler_pb2 as pb
 from extender.keda import externalscaler_pb2_grpc as pb_grpc
+from extender.keda.metrics import KedaMetrics
 from extender.keda.reading import (
     METRIC_NAME,
     TARGET_SIZE,
@@ -148,8 +150,9 @@ Context = grpc.aio.ServicerContext
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     """The four calls of KEDA's external scaler (module docstring)."""
 
-    def __init__(self, board: Board) -> None:
+    def __init__(self, board: Board, metrics: KedaMetrics | None = None) -> None:
         self.board = board
+        self.metrics = metrics or KedaMetrics(CollectorRegistry())
         self._told: set[str] = set()
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -182,12 +185,18 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
 
     async def GetMetricSpec(self, request: pb.ScaledObjectRef,  # noqa: N802 (the proto's name)
                             context: Context[object, object]) -> pb.GetMetricSpecResponse:
-        await self._target(request, context)
-        spec = pb.MetricSpec(metricName=METRIC_NAME, targetSize=TARGET_SIZE, targetSizeFloat=float(TARGET_SIZE))
-        return pb.GetMetricSpecResponse(metricSpecs=[spec])
+        with self.metrics.call("GetMetricSpec", context):
+            await self._target(request, context)
+            spec = pb.MetricSpec(metricName=METRIC_NAME, targetSize=TARGET_SIZE, targetSizeFloat=float(TARGET_SIZE))
+            return pb.GetMetricSpecResponse(metricSpecs=[spec])
 
     async def GetMetrics(self, request: pb.GetMetricsRequest,  # noqa: N802
                          context: Context[object, object]) -> pb.GetMetricsResponse:
+        with self.metrics.call("GetMetrics", context):
+            return await self._get_metrics(request, context)
+
+    async def _get_metrics(self, request: pb.GetMetricsRequest,
+                           context: Context[object, object]) -> pb.GetMetricsResponse:
         target = await self._target(request.scaledObjectRef, context)
         try:
             check_metric(target, request.metricName)
@@ -201,12 +210,23 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
 
     async def IsActive(self, request: pb.ScaledObjectRef,  # noqa: N802
                        context: Context[object, object]) -> pb.IsActiveResponse:
-        target = await self._target(request, context)
-        reading = read(target, self.board.workloads, await self._published(context))
-        return pb.IsActiveResponse(result=reading.active)
+        with self.metrics.call("IsActive", context):
+            target = await self._target(request, context)
+            reading = read(target, self.board.workloads, await self._published(context))
+            return pb.IsActiveResponse(result=reading.active)
 
     async def StreamIsActive(self, request: pb.ScaledObjectRef,  # noqa: N802
                              context: Context[object, object]) -> AsyncIterator[pb.IsActiveResponse]:
+        self.metrics.streams.inc()
+        try:
+            with self.metrics.call("StreamIsActive", context, timed=False):
+                async for response in self._stream(request, context):
+                    yield response
+        finally:
+            self.metrics.streams.dec()
+
+    async def _stream(self, request: pb.ScaledObjectRef,
+                      context: Context[object, object]) -> AsyncIterator[pb.IsActiveResponse]:
         target = await self._target(request, context)
         seen = self.board.generation
         last = read(target, self.board.workloads, await self._published(context)).active

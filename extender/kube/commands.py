@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import argparse
 import threading
+from typing import Any
 
-from extender.arguments import add_kube_options, add_store_options, inventory_from_args
+from extender.arguments import add_kube_options, add_metrics_bind_option, add_store_options, inventory_from_args
 from extender.files import load_policy
 from extender.kube.client import KubeClient
 from extender.kube.objects import DEFAULT_GPU_RESOURCE
@@ -29,6 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--gpu-resource", default=DEFAULT_GPU_RESOURCE, metavar="NAME",
                    help=f"extended resource that counts GPUs ({DEFAULT_GPU_RESOURCE})")
     add_store_options(p)
+    add_metrics_bind_option(p)
     p.set_defaults(handler=run)
 
 
@@ -40,11 +42,36 @@ def run(args: argparse.Namespace) -> int:
     def open_sources() -> SourceStore:
         return SourceStore(inventory_from_args(args))
 
-    sync = ClusterSync(kube, open_sources, policy, SyncSettings(gpu_resource=args.gpu_resource))
+    endpoint = None
+    metrics = None
+    if args.metrics_bind:
+        from prometheus_client import CollectorRegistry
+
+        from extender.kube.metrics import SyncMetrics
+        from extender.telemetry.build import add_build_info, add_process_collectors
+        from extender.telemetry.endpoint import MetricsEndpoint
+
+        registry = CollectorRegistry(auto_describe=True)
+        add_build_info(registry, "sync")
+        add_process_collectors(registry)
+        metrics = SyncMetrics(registry, policy)
+        endpoint = MetricsEndpoint(args.metrics_bind, registry, ready=lambda: sync_ready(sync))
+    sync = ClusterSync(kube, open_sources, policy, SyncSettings(gpu_resource=args.gpu_resource), metrics=metrics)
     stop = threading.Event()
     try:
+        if endpoint is not None:
+            endpoint.start()
         with stop_on_signals(stop):
             sync.run(stop)
     finally:
+        if endpoint is not None:
+            endpoint.close()
         kube.close()
     return 0
+
+
+def sync_ready(sync: ClusterSync) -> tuple[bool, dict[str, Any]]:
+    """``/readyz``: ready once both resources are listed and the store takes writes."""
+    listed = sync.nodes.synced.is_set() and sync.pods.synced.is_set()
+    ok = listed and not sync.outage
+    return ok, {"listed": listed, "storeOutage": sync.outage, "writes": sync.flushes}

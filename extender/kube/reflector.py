@@ -56,6 +56,7 @@ class Reflector:
         field_selector: str | None = None,
         watch_timeout_s: int = DEFAULT_WATCH_TIMEOUT_S,
         backoff: Backoff | None = None,
+        note: Callable[[str, str], None] | None = None,
     ) -> None:
         self.client = client
         self.resource = resource
@@ -64,6 +65,8 @@ class Reflector:
         self.field_selector = field_selector
         self.watch_timeout_s = watch_timeout_s
         self.backoff = backoff or Backoff()
+        #: Told ``(resource, what)`` for each list, watch opened, failure and event (metrics).
+        self.note = note or (lambda resource, what: None)
         #: Set once the first list has been handed to ``on_replace``.
         self.synced = threading.Event()
         self.resource_version = ""
@@ -90,6 +93,7 @@ class Reflector:
             except KubeError as exc:
                 if stop.is_set() or self._stopping.is_set():
                     break
+                self.note(self.resource, "error")
                 delay = self.backoff.next()
                 log.warning("%s: %s; retrying in %.1fs", self.resource, exc, delay,
                             extra={"resource": self.resource, "error": str(exc), "retry_s": delay})
@@ -99,6 +103,7 @@ class Reflector:
     def _list(self) -> None:
         items, resource_version = self.client.list(self.resource, field_selector=self.field_selector)
         self.lists += 1
+        self.note(self.resource, "list")
         self.resource_version = resource_version
         self.on_replace(items)
         self.synced.set()
@@ -114,12 +119,14 @@ class Reflector:
                 return
             self._stream = stream
         self.watches += 1
+        self.note(self.resource, "watch")
         try:
             for event in stream:
                 if stop.is_set():
                     return
                 if event.type != "BOOKMARK":
                     self.on_event(event.type, event.object)
+                    self.note(self.resource, event.type)
                 if event.resource_version:
                     self.resource_version = event.resource_version
                 self.backoff.reset()

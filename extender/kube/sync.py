@@ -38,10 +38,11 @@ from extender.core.errors import KubeError, StateError
 from extender.core.policy import Policy
 from extender.core.reports import KubeReport
 from extender.kube.client import JSON, KubeClient
+from extender.kube.metrics import SyncMetrics
 from extender.kube.objects import DEFAULT_GPU_RESOURCE, NodeFacts, PodFacts, kube_report, node_facts, pod_facts
 from extender.kube.observe import StartObserver
 from extender.kube.reflector import DEFAULT_WATCH_TIMEOUT_S, Reflector
-from extender.state.observations import ObservationStore
+from extender.state.observations import CalibratedPolicy, ObservationStore
 from extender.state.sources import SourceStore
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,15 @@ class ClusterView:
         self.dirty: set[str] = set()
         self.removed: set[str] = set()
         self.prune = False
+        #: Monotonic time of the first change not yet written (``None``: none), for the write lag.
+        self.changed_at: float | None = None
         self._bad: set[str] = set()
+
+    def _changed(self) -> None:
+        """Wake the writer; caller holds ``cond``."""
+        if self.changed_at is None:
+            self.changed_at = time.monotonic()
+        self.cond.notify_all()
 
     def _node(self, raw: JSON) -> NodeFacts | None:
         try:
@@ -111,7 +120,7 @@ class ClusterView:
             self.removed -= fresh.keys()
             self.dirty = (self.dirty | fresh.keys()) - gone
             self.prune = True
-            self.cond.notify_all()
+            self._changed()
 
     def node_event(self, etype: str, raw: JSON) -> None:
         if etype == "DELETED":
@@ -120,7 +129,7 @@ class ClusterView:
                 self.nodes.pop(name, None)
                 self.dirty.discard(name)
                 self.removed.add(name)
-                self.cond.notify_all()
+                self._changed()
             return
         facts = self._node(raw)
         if facts is None:
@@ -129,7 +138,7 @@ class ClusterView:
             self.nodes[facts.name] = facts
             self.removed.discard(facts.name)
             self.dirty.add(facts.name)
-            self.cond.notify_all()
+            self._changed()
 
     # ---- pods ------------------------------------------------------------------------------
 
@@ -161,7 +170,7 @@ class ClusterView:
                 self.observer.keep_only(set(self.pods))
             touched |= self.pods_by_node.keys()
             self.dirty |= touched & self.nodes.keys()
-            self.cond.notify_all()
+            self._changed()
 
     def pod_event(self, etype: str, raw: JSON) -> None:
         meta = raw.get("metadata", {})
@@ -178,7 +187,7 @@ class ClusterView:
                 else:
                     self.observer.pod(facts)
             self.dirty |= {n for n in touched if n is not None and n in self.nodes}
-            self.cond.notify_all()
+            self._changed()
 
     # ---- reports ---------------------------------------------------------------------------
 
@@ -192,7 +201,7 @@ class ClusterView:
     def mark_dirty(self, names: Iterable[str]) -> None:
         with self.cond:
             self.dirty |= set(names) & self.nodes.keys()
-            self.cond.notify_all()
+            self._changed()
 
 
 class ClusterSync:
@@ -206,25 +215,32 @@ class ClusterSync:
         settings: SyncSettings = SyncSettings(),
         *,
         clock: Callable[[], float] = time.monotonic,
+        metrics: SyncMetrics | None = None,
     ) -> None:
         self.settings = settings
+        #: Where lists, watches, writes and observed starts are counted (``--metrics-bind``), if anywhere.
+        self.metrics = metrics
         #: Follows new replicas for calibration (``None`` with ``calibration.mode: off``).
         self.observer = StartObserver(policy) if policy.calibration.mode != "off" else None
         self.view = ClusterView(policy, settings.gpu_resource, self.observer)
         self.policy = policy
         self.open_sources = open_sources
         self.clock = clock
+        note = metrics.note if metrics is not None else None
         self.nodes = Reflector(kube, "nodes", on_replace=self.view.replace_nodes, on_event=self.view.node_event,
-                               watch_timeout_s=settings.watch_timeout_s, backoff=self._backoff())
+                               watch_timeout_s=settings.watch_timeout_s, backoff=self._backoff(), note=note)
         self.pods = Reflector(kube, "pods", on_replace=self.view.replace_pods, on_event=self.view.pod_event,
                               field_selector=ASSIGNED_PODS, watch_timeout_s=settings.watch_timeout_s,
-                              backoff=self._backoff())
+                              backoff=self._backoff(), note=note)
+        if metrics is not None and self.observer is not None:
+            self.observer.on_recorded.append(lambda starts: metrics.starts(starts, self._estimator_policy()))
         #: What each node's stored report is, as far as we know (reports equal to it are not rewritten).
         self.written: dict[str, KubeReport] = {}
         #: Count of completed writes (tests wait on it; logs report it).
         self.flushes = 0
         self._sources: SourceStore | None = None
         self._observations: ObservationStore | None = None
+        self._calibrated: CalibratedPolicy | None = None
         self._last_version = 0
         self._outage = False
         self._stop = threading.Event()
@@ -249,6 +265,11 @@ class ClusterSync:
                 r.interrupt()
             for t in threads:
                 t.join()
+
+    @property
+    def outage(self) -> bool:
+        """True while the last write to the store failed (the writer retries with backoff)."""
+        return self._outage
 
     def stop(self) -> None:
         self._stop.set()
@@ -283,6 +304,8 @@ class ClusterSync:
                 self._flush(sources)
                 self._observe(sources)
             except StateError as exc:
+                if self.metrics is not None:
+                    self.metrics.wrote(False)
                 delay = backoff.next()
                 if not self._outage:
                     log.warning("inventory store: %s; retrying (next in %.1fs)", exc, delay,
@@ -294,6 +317,14 @@ class ClusterSync:
                 log.info("inventory store is back")
                 self._outage = False
             backoff.reset()
+
+    def _estimator_policy(self) -> Policy:
+        """The policy the components estimate with: calibrated when ``calibration.mode`` is ``apply``."""
+        if self._observations is None or self.policy.calibration.mode != "apply":
+            return self.policy
+        if self._calibrated is None:
+            self._calibrated = CalibratedPolicy(self._observations)
+        return self._calibrated.policy_for(self.policy)
 
     def _observing(self) -> bool:
         return self.observer is not None and self.observer.pending()
@@ -320,6 +351,7 @@ class ClusterSync:
         with view.cond:
             dirty, removed, prune = view.dirty, view.removed, view.prune
             view.dirty, view.removed, view.prune = set(), set(), False
+            changed_at, view.changed_at = view.changed_at, None
             reports = {n: r for n in dirty if (r := view.report(n)) is not None}
             alive = set(view.nodes)
         changed = {n: r for n, r in reports.items() if self.written.get(n) != r}
@@ -339,6 +371,8 @@ class ClusterSync:
                     self.written.pop(name, None)
         except StateError:
             with view.cond:  # keep everything not confirmed written for the next attempt
+                if changed_at is not None:
+                    view.changed_at = changed_at if view.changed_at is None else min(changed_at, view.changed_at)
                 view.dirty |= {n for n, r in changed.items() if self.written.get(n) != r}
                 view.dirty &= view.nodes.keys()
                 view.removed |= removed - view.nodes.keys()
@@ -346,6 +380,12 @@ class ClusterSync:
             raise
         if changed or removed or prune:
             self.flushes += 1
+        if self.metrics is not None:
+            self.metrics.nodes.set(len(alive))
+            self.metrics.synced.set(1)
+            if changed or removed or prune:
+                lag = time.monotonic() - changed_at if changed_at is not None else None
+                self.metrics.wrote(True, lag_s=lag, at=time.time())
 
     def _check_version(self, sources: SourceStore) -> None:
         version = sources.store.version()

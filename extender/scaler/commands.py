@@ -83,6 +83,9 @@ def register(subparsers: Any) -> None:
     mode.add_argument("--no-metrics-api", action="store_true",
                       help="run the loop alone in the foreground, without the External Metrics API")
     mode.add_argument("--no-loop", action="store_true", help="serve the External Metrics API only")
+    mode.add_argument("--metrics-bind", type=bind_address, default=None, metavar="HOST:PORT",
+                      help="with --no-metrics-api: serve /metrics, /healthz and /readyz over plain HTTP here "
+                           "(with the API, /metrics is on --bind)")
     api = scale.add_argument_group("External Metrics API")
     api.add_argument("--bind", default="0.0.0.0:6443", type=bind_address, metavar="HOST:PORT",
                      help="listen address (default: 0.0.0.0:6443)")
@@ -229,7 +232,7 @@ def _scale(args: argparse.Namespace) -> int:
     if args.once:
         return _once(settings)
     if args.no_metrics_api:
-        return _foreground(settings)
+        return _foreground(settings, args.metrics_bind)
     trouble = _preflight(settings)
     if trouble:
         report(f"extender scale: not starting: {trouble}")
@@ -294,14 +297,32 @@ def _once(settings: Any) -> int:
     return 0
 
 
-def _foreground(settings: Any) -> int:
-    from extender.scaler.loop import LoopThread
-    from extender.scaler.serve import build_loop
+def _foreground(settings: Any, metrics_bind: str | None = None) -> int:
+    from extender.scaler.loop import LoopThread, TickReport
+    from extender.scaler.metrics import ScalerMetrics
+    from extender.scaler.serve import build_loop, scaler_registry
     from extender.state import connect
+    from extender.telemetry.endpoint import MetricsEndpoint
 
     configure_logging()
-    runner = LoopThread(build_loop(settings, connect(settings.redis_url, settings.data_dir)),
-                        policy_file=settings.policy_file())
+    registry = scaler_registry()
+    loop = build_loop(settings, connect(settings.redis_url, settings.data_dir), registry=registry)
+    metrics = ScalerMetrics(registry, settings.policy)
+    loop.on_policy.append(metrics.set_policy)
+    last: list[TickReport] = []
+
+    def on_report(report: TickReport) -> None:
+        last[:] = [report]
+        metrics.observe(report)
+
+    runner = LoopThread(loop, on_report=on_report, policy_file=settings.policy_file())
+    endpoint = None
+    if metrics_bind:
+        def ready() -> tuple[bool, dict[str, Any]]:
+            report = last[0] if last else None
+            return report is not None and not report.error, {"leader": report.holder if report else None}
+
+        endpoint = MetricsEndpoint(metrics_bind, registry, ready=ready).start()
 
     def stop(signum: int, frame: Any) -> None:
         runner.stop(timeout_s=0)  # run() notices at its next wait, finishes the tick, releases the lock
@@ -310,7 +331,11 @@ def _foreground(settings: Any) -> int:
     signal.signal(signal.SIGINT, stop)
     log.info("scaler %s: ticking every %gs (lock ttl %gs), no External Metrics API",
              settings.identity, settings.tick, settings.lease_ttl, extra={"identity": settings.identity})
-    runner.run()
+    try:
+        runner.run()
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     return 0
 
 

@@ -31,6 +31,7 @@ observes nothing and holds; the forecast still comes from the shared history.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -88,6 +89,11 @@ class TickReport:
     results: tuple[WorkloadResult, ...] = ()
     fenced_out: bool = False
     error: str = ""
+    #: Seconds the tick took (monotonic clock).
+    duration_s: float = 0.0
+    #: Inventory nodes the leader read, fresh and stale (``None``: no inventory was read).
+    fresh_nodes: int | None = None
+    stale_nodes: int = 0
 
 
 def scaled_profiles(policy: Policy) -> tuple[Profile, ...]:
@@ -163,8 +169,22 @@ class ScaleLoop:
     # ---- one tick --------------------------------------------------------------------------------
 
     def tick(self, now: float | None = None) -> TickReport:
-        """Lead or stand by for one round; never raises for a failure it can report."""
+        """Lead or stand by for one round; never raises for a failure it can report.
+
+        The report carries the tick's duration and, for a leader, how many inventory nodes were
+        fresh and stale (for :mod:`extender.scaler.metrics`).
+        """
+        started = time.monotonic()
         now = self.clock() if now is None else now
+        report = self._tick(now)
+        extra: dict[str, Any] = {"duration_s": time.monotonic() - started}
+        snapshot = self._snapshot
+        if report.leader and snapshot is not None and self.inventory is not None:
+            fresh = int(snapshot.fresh(now)[:-1].sum())
+            extra.update(fresh_nodes=fresh, stale_nodes=len(snapshot) - fresh)
+        return dataclasses.replace(report, **extra)
+
+    def _tick(self, now: float) -> TickReport:
         try:
             lease = self.lock.acquire()
         except ExtenderError as exc:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask
+from prometheus_client import CollectorRegistry
 
 from extender.api.external_metrics.app import ExternalMetricsApi, create_app
 from extender.api.external_metrics.auth import Access, AuthConfig, Authenticator, User, ca_subjects
@@ -42,11 +43,13 @@ from extender.files import PolicyFile
 from extender.kube.client import KubeClient
 from extender.kube.delegation import Delegation
 from extender.scaler.loop import LoopThread, ScaleLoop, TickReport, scaled_profiles
+from extender.scaler.metrics import ScalerMetrics
 from extender.state import InventoryStore, connect
 from extender.state.decisions import DecisionStore
 from extender.state.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_POINTS, HistoryStore
 from extender.state.lock import LeaderLock
 from extender.state.observations import CalibratedPolicy, ObservationStore
+from extender.telemetry.build import add_build_info, add_process_collectors
 from extender.warm.loop import WarmLoop, expectations
 
 log = logging.getLogger(__name__)
@@ -151,12 +154,13 @@ class DelegatedReviews:
 
 
 def build_loop(settings: ScaleSettings, client: Any, pods: KubePodLister | None = None,
-               kube: KubeClient | None = None) -> ScaleLoop:
+               kube: KubeClient | None = None, registry: CollectorRegistry | None = None) -> ScaleLoop:
     """The loop of one candidate, on a Redis client from :func:`extender.state.connect`.
 
     The cache warmer runs inside the leader's tick (one leader for both: two warmers would race
     for the same nodes' NVMe), fed with that tick's decisions. It is attached only with a
     Kubernetes client (``kube``); without ``warming.enabled`` it plans and acts on nothing.
+    ``registry``: where the warmer's metrics go (the one the process serves); ``None``: a private one.
     """
     if pods is None:
         kube = kube or KubeClient.connect(settings.kubeconfig, context=settings.kube_context)
@@ -174,7 +178,7 @@ def build_loop(settings: ScaleSettings, client: Any, pods: KubePodLister | None 
         calibration=CalibratedPolicy(ObservationStore(client, prefix=settings.prefix)),
     )
     if kube is not None:
-        warm = WarmLoop(settings.policy, inventory, kube, instance=settings.identity)
+        warm = WarmLoop(settings.policy, inventory, kube, instance=settings.identity, registry=registry)
 
         def warm_after(report: TickReport) -> None:
             warm.tick(report.now, expectations(r.decision for r in report.results))
@@ -189,6 +193,17 @@ def workload_namespaces(policy: Policy) -> Mapping[str, str | None]:
     return {p.name: p.autoscaling.namespace if p.autoscaling else None for p in scaled_profiles(policy)}
 
 
+def scaler_registry() -> CollectorRegistry:
+    """The registry ``extender scale`` serves at ``/metrics``: build info and process metrics to start with.
+
+    One worker per process (:func:`gunicorn_overrides`), so an ordinary registry is the whole truth.
+    """
+    registry = CollectorRegistry(auto_describe=True)
+    add_build_info(registry, "scale")
+    add_process_collectors(registry)
+    return registry
+
+
 def create_worker_app(settings: ScaleSettings) -> Flask:
     """The WSGI app of one ``extender scale`` worker: the External Metrics API, plus the loop thread."""
     client = connect(settings.redis_url, settings.data_dir)
@@ -199,6 +214,7 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
     auth = Authenticator(settings.auth.config(), tokens=reviews, access=reviews)
     runner: LoopThread | None = None
     last: dict[str, TickReport] = {}
+    registry = scaler_registry()
 
     def ready() -> tuple[bool, dict[str, Any]]:
         detail: dict[str, Any] = {"identity": settings.identity}
@@ -214,11 +230,18 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
         return runner.alive(), detail
 
     api = ExternalMetricsApi(published=decisions.published, workloads=workload_namespaces(settings.policy),
-                             auth=auth, ready=ready)
+                             auth=auth, ready=ready, registry=registry)
     if settings.run_loop:
-        loop = build_loop(settings, client)
+        loop = build_loop(settings, client, registry=registry)
+        metrics = ScalerMetrics(registry, settings.policy)
         loop.on_policy.append(lambda policy: setattr(api, "workloads", workload_namespaces(policy)))
-        runner = LoopThread(loop, on_report=lambda r: last.__setitem__("report", r), policy_file=settings.policy_file())
+        loop.on_policy.append(metrics.set_policy)
+
+        def on_report(report: TickReport) -> None:
+            last["report"] = report
+            metrics.observe(report)
+
+        runner = LoopThread(loop, on_report=on_report, policy_file=settings.policy_file())
         runner.start()
     app = create_app(api)
     app.extensions["scaler_runner"] = runner

@@ -159,6 +159,7 @@ class WarmLoop:
         self.store = store
         self.kube = kube
         self.metrics = WarmMetrics(registry)
+        self.metrics.set_policy(policy)
         self.instance = instance or socket.gethostname()
         self.executor = Executor(kube, policy.warming.namespace, instance=self.instance) if kube else None
         self.tainter = NodeTainter(kube, self.metrics) if kube else None
@@ -173,6 +174,7 @@ class WarmLoop:
         if self.kube is not None and policy.warming.namespace != self.policy.warming.namespace:
             self.executor = Executor(self.kube, policy.warming.namespace, instance=self.instance)
         self.policy = policy
+        self.metrics.set_policy(policy)
 
     # ---- the tick ----------------------------------------------------------------------------
 
@@ -216,6 +218,7 @@ class WarmLoop:
             report.errors.extend(changes.errors)
         if not dry_run:
             self._observe(report, in_flight, publishing, now)
+            self._observe_reserve(snap, now)
         return report
 
     def _load(self, now: float) -> InventorySnapshot:
@@ -435,6 +438,19 @@ class WarmLoop:
             if outcome == "created":
                 report.publishing.append(name)
                 self.metrics.started.labels("publish").inc()
+
+    def _observe_reserve(self, snap: InventorySnapshot, now: float) -> None:
+        """Per node class: fresh nodes whose free NVMe is below the class's reserve (a reserve of 0 never is)."""
+        fresh = snap.fresh(now)[:-1]
+        free = snap.nvme_free[:-1]
+        index = snap.class_index[:-1]
+        known = {c.name for c in self.policy.node_classes}
+        for i, cls in enumerate(snap.classes):
+            if cls.name not in known:
+                continue
+            mask = fresh & (index == i)
+            below = int((free[mask] < cls.nvme.reserve).sum()) if cls.nvme.reserve > 0 else 0
+            self.metrics.below_reserve.labels(cls.name).set(below)
 
     def _observe(self, report: TickReport, in_flight: Sequence[Action], publishing: set[str], now: float) -> None:
         m = self.metrics

@@ -1,12 +1,24 @@
 """Prometheus metrics of the cache warmer.
 
 Created per :class:`~extender.warm.loop.WarmLoop` on a registry the caller passes (the scaler's, so
-one ``/metrics`` shows both), or a private one; importing this module registers nothing.
+one ``/metrics`` shows both), or a private one; importing this module registers nothing. Every
+label set the loop can write is created at start (alerts have a series before the first event).
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from extender.core.policy import Policy
+from extender.core.warming import KINDS
+
+#: The values the loop writes, created at start.
+PURPOSES = ("demand", "keep-warm")
+SKIP_REASONS = ("disabled", "no-template", "backoff", "eviction-unsafe", "error")
+JOB_KINDS: tuple[str, ...] = (*KINDS, "publish")
+OUTCOMES = ("confirmed", "failed", "unconfirmed")
+OPERATIONS = ("read", "plan", "create-job", "delete-job", "event", "publish", "taint")
+TAINT_CHANGES = (("added", "joined"), ("removed", "disabled"), ("removed", "warm"), ("removed", "max-taint"))
 
 
 class WarmMetrics:
@@ -58,8 +70,35 @@ class WarmMetrics:
             "extender_warm_errors_total", "Failed calls to the API server or the store, by operation.",
             ["operation"], registry=r,
         )
+        self.below_reserve = Gauge(
+            "extender_warm_nodes_below_nvme_reserve",
+            "Fresh nodes whose free NVMe is below their class's reserve, by node class (the planner's last read).",
+            ["node_class"], registry=r,
+        )
         self.saved = Gauge(
-            "extender_warm_plan_seconds_saved",
+            "extender_warm_plan_saved_seconds",
             "Expected replica startup seconds the last plan's actions save, by workload.",
             ["workload"], registry=r,
         )
+        for kind in KINDS:
+            for purpose in PURPOSES:
+                self.planned.labels(kind, purpose)
+        for reason in SKIP_REASONS:
+            self.skipped.labels(reason)
+        for job_kind in JOB_KINDS:
+            self.started.labels(job_kind)
+            self.retries.labels(job_kind)
+            self.in_flight.labels(job_kind)
+            for outcome in OUTCOMES:
+                self.finished.labels(job_kind, outcome)
+        for operation in OPERATIONS:
+            self.errors.labels(operation)
+        for change, reason in TAINT_CHANGES:
+            self.taint_changes.labels(change, reason)
+
+    def set_policy(self, policy: Policy) -> None:
+        """Create the series of ``policy``'s workloads and node classes."""
+        for profile in policy.profiles:
+            self.saved.labels(profile.name)
+        for node_class in policy.node_classes:
+            self.below_reserve.labels(node_class.name)

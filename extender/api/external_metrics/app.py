@@ -10,7 +10,8 @@ section 4 to the letter:
 * errors are ``metav1.Status`` objects with the matching HTTP code, every reply is
   ``Content-Type: application/json`` (client-go decodes by that header, and the HPA's client asks
   for protobuf first);
-* ``/healthz``, ``/livez``, ``/readyz`` need no authentication (the kubelet probes them).
+* ``/healthz``, ``/livez``, ``/readyz`` need no authentication (the kubelet probes them), nor does
+  ``/metrics`` (the scaler's and the warmer's metrics, for Prometheus: docs/monitoring.md).
 
 Two metrics, one item per workload, labelled ``workload=<profile name>``:
 
@@ -41,6 +42,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, g, request
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from werkzeug.exceptions import HTTPException
 
 from extender.api.external_metrics.auth import Access, Authenticator, AuthError, User
@@ -61,8 +63,8 @@ METRICS: Mapping[str, str] = {
 #: The label every item carries and HPAs select on.
 WORKLOAD_LABEL = "workload"
 
-#: Paths served without authentication (probes).
-OPEN_PATHS = frozenset({"/healthz", "/livez", "/readyz"})
+#: Paths served without authentication (probes, and the metrics Prometheus scrapes: docs/monitoring.md).
+OPEN_PATHS = frozenset({"/healthz", "/livez", "/readyz", "/metrics"})
 
 #: Environ key under which a server other than gunicorn (or a test) hands over the verified peer
 #: certificate (the ``ssl`` module's ``getpeercert()`` dict). Clients cannot set environ keys.
@@ -115,6 +117,8 @@ class ExternalMetricsApi:
     auth: Authenticator
     clock: Callable[[], float] = time.time
     ready: Callable[[], tuple[bool, dict[str, Any]]] | None = None
+    #: What ``/metrics`` serves (the scaler's and its warmer's families); ``None``: 404.
+    registry: CollectorRegistry | None = None
 
 
 bp = Blueprint("external_metrics", __name__)
@@ -218,6 +222,14 @@ def readyz() -> Response:
     ready = _api().ready
     ok, detail = ready() if ready is not None else (True, {})
     return Response(json.dumps({"ready": ok, **detail}), status=200 if ok else 503, mimetype=JSON_TYPE)
+
+
+@bp.get("/metrics")
+def metrics() -> Response:
+    registry = _api().registry
+    if registry is None:
+        return status(404, "NotFound", "the server could not find the requested resource")
+    return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
 def create_app(api: ExternalMetricsApi) -> Flask:

@@ -103,7 +103,7 @@ def create_app(settings: Settings) -> Flask:
 
     @app.get("/metrics")
     def metrics_endpoint() -> Response:
-        return Response(metrics.exposition(), mimetype=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
 
     if settings.start_refresher:
         refresher.start()

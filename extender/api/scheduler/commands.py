@@ -70,6 +70,9 @@ def register(subparsers: Any) -> None:
     knobs.add_argument("--max-body", type=size, default=64 * 2**20, metavar="SIZE",
                        help="largest request body; larger ones get HTTP 413 (default: 64MiB)")
     serve.add_argument("--access-log", action="store_true", help="log every request (off: it costs latency)")
+    serve.add_argument("--metrics-bind", type=bind_address, default=None, metavar="HOST:PORT",
+                       help="also serve /metrics (every worker's, aggregated) over plain HTTP here, from the "
+                            "gunicorn master: for Prometheus when --bind is loopback (default: only on --bind)")
     serve.set_defaults(handler=_serve)
 
     explain = subparsers.add_parser(
@@ -129,6 +132,12 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         worker_model=args.worker_model,
     )
+    if args.metrics_bind:
+        from extender.api.scheduler.metrics import aggregated_registry
+        from extender.telemetry.endpoint import MetricsEndpoint
+
+        # in the master: started before gunicorn forks, so its thread runs there only
+        MetricsEndpoint(args.metrics_bind, aggregated_registry()).start()
     if args.worker_model == "asgi":
         from extender.api.asgi import whole_requests
 

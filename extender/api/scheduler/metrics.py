@@ -16,9 +16,18 @@ import os
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess, values
 
+from extender.telemetry.build import add_build_info
+
 #: Latency buckets from 0.5 ms: at 5,000 candidates a reply takes a few milliseconds, and the
 #: scheduler's budget for all extenders together is about 10 ms per pod (docs/kubernetes-interfaces.md 6).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+#: The series created at start (extender.api.scheduler.verbs and .refresher name the same values).
+VERBS = ("filter", "prioritize")
+OUTCOMES = ("scored", "unmatched", "fail_open", "bad_request", "error")
+FAIL_OPEN_REASONS = ("no_snapshot", "store_unavailable", "stale_snapshot", "exception", "budget")
+REFRESH_ERRORS = ("store_unavailable", "store_error", "bad_record")
 
 
 def multiprocess_dir() -> str | None:
@@ -71,6 +80,18 @@ class Metrics:
             "extender_policy_reloads_total", "Policy file changes seen, by result (ok, invalid).",
             ["result"], registry=r,
         )
+        add_build_info(r, "serve")
+        # every labelled series exists from the start, so alerts on them have a series before the first event
+        for verb in VERBS:
+            self.latency.labels(verb)
+            for outcome in OUTCOMES:
+                self.requests.labels(verb, outcome)
+            for reason in FAIL_OPEN_REASONS:
+                self.fail_open.labels(verb, reason)
+        for reason in REFRESH_ERRORS:
+            self.refresh_errors.labels(reason)
+        for result in ("ok", "invalid"):
+            self.policy_reloads.labels(result)
 
     def exposition(self) -> bytes:
         """The text exposition of every worker's metrics (or this process's without multiprocess mode)."""
@@ -79,6 +100,13 @@ class Metrics:
             multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
             return generate_latest(registry)
         return generate_latest(self.registry)
+
+
+def aggregated_registry() -> CollectorRegistry:
+    """A registry that reads every worker's values from the multiprocess directory (for ``--metrics-bind``)."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return registry
 
 
 def mark_worker_dead(pid: int) -> None:

@@ -21,10 +21,12 @@
     - --threads={{ .Values.extender.threads }}
     - --max-snapshot-age={{ .Values.extender.maxSnapshotAge }}
     - --request-budget={{ .Values.extender.requestBudget }}
+    - --metrics-bind=0.0.0.0:{{ .Values.monitoring.ports.extender }}
   env:
     {{- include "extender.redisEnv" . | nindent 4 }}
   ports:
     - {name: http, containerPort: {{ $port }}, protocol: TCP}
+    - {name: metrics, containerPort: {{ .Values.monitoring.ports.extender }}, protocol: TCP}
   {{- if $tls }}
   # kubelet presents no client certificate, which mutual TLS refuses: the probes check the port only.
   livenessProbe:

@@ -1,0 +1,152 @@
+"""Prometheus metrics of ``extender scale``: the loop's view of each workload, its leadership and its ticks.
+
+Made per process on the registry the scaler's ``/metrics`` serves (the warmer's families are on the
+same registry, :mod:`extender.warm.metrics`); every labelled series exists from the start, so an
+alert on it has a series before the first event. Per-workload gauges are written by the leader's
+ticks only: a standby keeps the values of its last lead, so queries join them with
+``extender_scaler_leader == 1``.
+
+Forecast error of the last horizon, per workload: each leader tick remembers its point forecast ``f``
+(demand expected ``h`` seconds ahead, ``h`` the horizon; the gauge of the forecast shows the upper
+quantile the decision provisions for) with its due time ``t + h``; the first tick
+at or after the due time with an observation ``o`` sets
+
+    error = |f - o| / ((|f| + |o|) / 2)        (0 when both are 0; 2 at most)
+
+the symmetric absolute percentage error, bounded where a relative error divides by a zero demand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from extender.core.policy import Policy
+from extender.scaler.loop import TickReport, scaled_profiles
+
+ACTIONS = ("scale-up", "scale-down", "hold")
+DRIVERS = ("reactive", "forecast", "unobserved")
+FRESHNESS = ("fresh", "stale")
+#: A tick reads every workload's signal and the inventory: tens of milliseconds to seconds.
+TICK_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def symmetric_error(forecast: float, observed: float) -> float:
+    """``|f - o| / ((|f| + |o|) / 2)``, 0 when both are 0 (module docstring)."""
+    scale = (abs(forecast) + abs(observed)) / 2
+    return 0.0 if scale == 0 else abs(forecast - observed) / scale
+
+
+@dataclass(frozen=True)
+class _Pending:
+    due: float
+    forecast: float
+
+
+class ScalerMetrics:
+    """The scaler's own metric families; :meth:`observe` takes each tick's report."""
+
+    def __init__(self, registry: CollectorRegistry, policy: Policy) -> None:
+        r = self.registry = registry
+        self.leader = Gauge("extender_scaler_leader", "1 while this scaler candidate holds the leader lock, else 0.",
+                            registry=r)
+        self.ticks = Counter("extender_scaler_ticks_total",
+                             "Loop ticks, by role (leader, standby) and result (ok, error).",
+                             ["role", "result"], registry=r)
+        self.tick_duration = Histogram("extender_scaler_tick_duration_seconds", "Time one loop tick took.",
+                                       buckets=TICK_BUCKETS, registry=r)
+        self.last_tick = Gauge("extender_scaler_last_tick_timestamp_seconds",
+                               "Unix time of this candidate's last completed tick.", registry=r)
+        self.forecast = Gauge("extender_scaler_forecast_demand",
+                              "Demand forecast one horizon ahead (upper quantile), in the profile's capacity unit.",
+                              ["workload"], registry=r)
+        self.observed = Gauge("extender_scaler_observed_demand",
+                              "Demand observed at the last tick, in the profile's capacity unit.",
+                              ["workload"], registry=r)
+        self.desired = Gauge("extender_scaler_desired_replicas", "Replicas the scaler publishes to the HPA.",
+                             ["workload"], registry=r)
+        self.replicas = Gauge("extender_scaler_replicas", "Replicas of the workload, by state (ready, starting).",
+                              ["workload", "state"], registry=r)
+        self.horizon = Gauge("extender_scaler_horizon_seconds",
+                             "How far ahead the last decision provisioned: startup + tick + HPA sync.",
+                             ["workload"], registry=r)
+        self.driver = Gauge("extender_scaler_decision_driver",
+                            "1 for what drove the last decision (reactive, forecast, unobserved), 0 for the others.",
+                            ["workload", "driver"], registry=r)
+        self.decisions = Counter("extender_scaler_decisions_total", "Decisions, by action and driver.",
+                                 ["workload", "action", "driver"], registry=r)
+        self.forecast_error = Gauge("extender_scaler_forecast_error_ratio",
+                                    "Symmetric absolute error of the forecast made one horizon ago against the "
+                                    "demand observed now (0..2).", ["workload"], registry=r)
+        self.workload_errors = Counter("extender_scaler_workload_errors_total",
+                                       "Ticks in which a workload got no decision (signal, store or other error).",
+                                       ["workload"], registry=r)
+        self.inventory_nodes = Gauge("extender_scaler_inventory_nodes",
+                                     "Nodes in the inventory the leader read, by freshness (stale: the report "
+                                     "outlived its TTL).", ["freshness"], registry=r)
+        self._pending: dict[str, deque[_Pending]] = {}
+        for freshness in FRESHNESS:
+            self.inventory_nodes.labels(freshness)
+        for result in ("ok", "error"):
+            for role in ("leader", "standby"):
+                self.ticks.labels(role, result)
+        self.leader.set(0)
+        self.set_policy(policy)
+
+    def set_policy(self, policy: Policy) -> None:
+        """Create every series of the workloads ``policy`` autoscales (those of dropped ones stay)."""
+        for profile in scaled_profiles(policy):
+            w = profile.name
+            for g in (self.forecast, self.observed, self.desired, self.horizon, self.forecast_error):
+                g.labels(w)
+            self.workload_errors.labels(w)
+            for state in ("ready", "starting"):
+                self.replicas.labels(w, state)
+            for driver in DRIVERS:
+                self.driver.labels(w, driver)
+                for action in ACTIONS:
+                    self.decisions.labels(w, action, driver)
+
+    def observe(self, report: TickReport) -> None:
+        """Record one tick (called with every report, leader or standby)."""
+        role = "leader" if report.leader else "standby"
+        self.ticks.labels(role, "error" if report.error else "ok").inc()
+        self.tick_duration.observe(report.duration_s)
+        self.last_tick.set(report.now)
+        self.leader.set(1 if report.leader and not report.fenced_out else 0)
+        if not report.leader:
+            return
+        if report.fresh_nodes is not None:
+            self.inventory_nodes.labels("fresh").set(report.fresh_nodes)
+            self.inventory_nodes.labels("stale").set(report.stale_nodes)
+        for result in report.results:
+            w, decision = result.workload, result.decision
+            if decision is None:
+                self.workload_errors.labels(w).inc()
+                continue
+            inputs = decision.inputs
+            self.desired.labels(w).set(decision.desired)
+            self.horizon.labels(w).set(inputs.horizon.seconds)
+            self.replicas.labels(w, "ready").set(inputs.ready)
+            self.replicas.labels(w, "starting").set(inputs.starting)
+            self.decisions.labels(w, decision.action, decision.driver).inc()
+            for driver in DRIVERS:
+                self.driver.labels(w, driver).set(1 if driver == decision.driver else 0)
+            if inputs.demand is not None:
+                self.observed.labels(w).set(inputs.demand)
+                self._score(w, report.now, inputs.demand)
+            if inputs.forecast is not None and math.isfinite(inputs.forecast.upper):
+                self.forecast.labels(w).set(inputs.forecast.upper)
+                pending = self._pending.setdefault(w, deque())
+                pending.append(_Pending(report.now + inputs.horizon.seconds, inputs.forecast.point))
+
+    def _score(self, workload: str, now: float, observed: float) -> None:
+        pending = self._pending.get(workload)
+        due: _Pending | None = None
+        while pending and pending[0].due <= now:
+            due = pending.popleft()
+        if due is not None and math.isfinite(due.forecast):
+            self.forecast_error.labels(workload).set(symmetric_error(due.forecast, observed))

@@ -1,0 +1,235 @@
+"""What the metrics say, measured on the real loops: the scaler's forecast error one horizon later,
+its leadership, the agent's bytes per cache kind and its failed writes, the sync's relists and watch
+restarts, and the ``--metrics-bind`` endpoint's answers.
+
+The scaler runs its real loop on a real Redis with a scripted demand (tests/test_scale_loop.py's rig);
+the agent scans a real cache directory and writes to a real Redis, then to one that was killed.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from extender.agent.loop import Agent, AgentSettings
+from extender.agent.metrics import AgentMetrics
+from extender.core.errors import ExtenderError, StateError
+from extender.core.inventory import InventorySnapshot, NodeState
+from extender.core.policy import parse_policy
+from extender.kube.metrics import SyncMetrics
+from extender.scaler.loop import TickReport
+from extender.scaler.metrics import ScalerMetrics, symmetric_error
+from extender.state import InventoryStore, connect
+from extender.state.sources import SourceStore
+from extender.telemetry.endpoint import MetricsEndpoint
+from extender.warm.loop import WarmLoop
+from tests.conftest import RedisServer
+from tests.scaler_policy import make_policy, policy_text
+from tests.test_agent import NODE, cache  # noqa: F401 - the cache fixture
+from tests.test_agent_scan import GiB
+from tests.test_scale_loop import T0, TICK, make_rig
+
+# ---- the forecast error --------------------------------------------------------------------------
+
+ERRORS = [
+    ("exact", 8.0, 8.0, 0.0),
+    ("both-zero", 0.0, 0.0, 0.0),
+    ("forecast-zero", 0.0, 5.0, 2.0),
+    ("observed-zero", 5.0, 0.0, 2.0),
+    ("half-again", 12.0, 8.0, 0.4),
+    ("symmetric", 8.0, 12.0, 0.4),
+]
+
+
+@pytest.mark.parametrize(("forecast", "observed", "expected"), [e[1:] for e in ERRORS], ids=[e[0] for e in ERRORS])
+def test_symmetric_error(forecast: float, observed: float, expected: float) -> None:
+    assert symmetric_error(forecast, observed) == pytest.approx(expected)
+
+
+def gauge(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, labels)
+
+
+@pytest.mark.integration
+def test_the_forecast_is_scored_one_horizon_after_it_was_made(redis_server: RedisServer) -> None:
+    """Steady demand: the error is 0. A step from 8 to 16: the forecasts made before it are off by 2/3."""
+    step_at = T0 + 200 * TICK
+
+    def demand(t: float) -> float:
+        return 8.0 if t < step_at else 16.0
+
+    rig = make_rig(redis_server.url, demand)
+    registry = CollectorRegistry()
+    metrics = ScalerMetrics(registry, rig.policy)
+    horizon = 0.0
+    errors: dict[float, float | None] = {}
+    for k in range(210):
+        report = rig.tick(T0 + k * TICK)
+        metrics.observe(report)
+        errors[report.now] = gauge(registry, "extender_scaler_forecast_error_ratio", workload="qwen3")
+        horizon = gauge(registry, "extender_scaler_horizon_seconds", workload="qwen3") or horizon
+    assert horizon > TICK
+    first_scored = T0 + horizon
+    assert all(errors[t] == 0.0 for t in errors if t < first_scored)  # nothing due yet: the series at 0
+    assert errors[step_at - TICK] == pytest.approx(0.0, abs=0.02)  # a steady demand was forecast right
+    assert errors[step_at] == pytest.approx(symmetric_error(8.0, 16.0), abs=0.02)
+    assert gauge(registry, "extender_scaler_observed_demand", workload="qwen3") == 16.0
+    assert gauge(registry, "extender_scaler_leader") == 1.0
+    assert gauge(registry, "extender_scaler_ticks_total", role="leader", result="ok") == 210.0
+    assert gauge(registry, "extender_scaler_tick_duration_seconds_count") == 210.0
+
+
+def test_a_standby_says_so_and_keeps_the_workload_series() -> None:
+    registry = CollectorRegistry()
+    metrics = ScalerMetrics(registry, make_policy())
+    metrics.observe(TickReport(T0, False, 7, "other-candidate", duration_s=0.01))
+    metrics.observe(TickReport(T0 + TICK, False, 0, "", error="leader election: store down"))
+    assert gauge(registry, "extender_scaler_leader") == 0.0
+    assert gauge(registry, "extender_scaler_ticks_total", role="standby", result="ok") == 1.0
+    assert gauge(registry, "extender_scaler_ticks_total", role="standby", result="error") == 1.0
+    assert gauge(registry, "extender_scaler_last_tick_timestamp_seconds") == T0 + TICK
+    assert gauge(registry, "extender_scaler_desired_replicas", workload="llama") == 0.0
+
+
+# ---- the agent -----------------------------------------------------------------------------------
+
+
+@pytest.mark.integration
+def test_the_agent_reports_bytes_per_kind_and_counts_failed_writes(cache: Path,  # noqa: F811 - the fixture
+                                                                   redis_server: RedisServer, tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    client = connect(redis_server.url, tmp_path)
+    a = Agent(AgentSettings(node_name=NODE, cache_root=cache), lambda: SourceStore(InventoryStore(client)),
+              metrics=AgentMetrics(registry))
+    try:
+        report = a.scan()
+        a.write(report)
+        by_kind = {k: gauge(registry, "extender_agent_cache_bytes", kind=k)
+                   for k in ("weights", "compile", "snapshot", "adapter")}
+        entries = {k: gauge(registry, "extender_agent_cache_entries", kind=k)
+                   for k in ("weights", "compile", "snapshot", "adapter")}
+        assert by_kind["weights"] == float(sum(report.weights.values()))
+        assert by_kind["weights"] == 16 * GiB + 43 * GiB  # llama3-8b complete, mixtral-61g partly there
+        assert by_kind["compile"] == 4096 and by_kind["snapshot"] == 8 * GiB and by_kind["adapter"] == 0
+        assert entries == {"weights": 2.0, "compile": 1.0, "snapshot": 1.0, "adapter": 0.0}
+        assert gauge(registry, "extender_agent_nvme_free_bytes") == float(report.nvme_free)
+        assert gauge(registry, "extender_agent_reports_total", result="written") == 1.0
+        redis_server.kill()
+        with pytest.raises(StateError):
+            a.write(report)
+        assert gauge(registry, "extender_agent_reports_total", result="failed") == 1.0
+        assert gauge(registry, "extender_agent_scan_duration_seconds_count") == 1.0
+    finally:
+        client.close()
+
+
+# ---- the sync's list-watch counters ----------------------------------------------------------------
+
+#: (name, notes in order, relists of pods, watch restarts of pods, errors of pods)
+NOTES = [
+    ("first-list-and-watch", ["list", "watch"], 0.0, 0.0, 0.0),
+    ("watch-timeout", ["list", "watch", "watch", "watch"], 0.0, 2.0, 0.0),
+    ("gone-then-relist", ["list", "watch", "list", "watch"], 1.0, 1.0, 0.0),
+    ("errors-retried", ["list", "error", "error", "watch"], 0.0, 0.0, 2.0),
+]
+
+
+@pytest.mark.parametrize(("notes", "relists", "restarts", "errors"), [n[1:] for n in NOTES],
+                         ids=[n[0] for n in NOTES])
+def test_relists_and_watch_restarts_leave_out_the_first(notes: list[str], relists: float, restarts: float,
+                                                         errors: float) -> None:
+    registry = CollectorRegistry()
+    metrics = SyncMetrics(registry, make_policy())
+    metrics.note("nodes", "list")
+    for what in notes:
+        metrics.note("pods", what)
+    assert (gauge(registry, "extender_sync_relists_total", resource="pods"),
+            gauge(registry, "extender_sync_watch_restarts_total", resource="pods"),
+            gauge(registry, "extender_sync_watch_errors_total", resource="pods"),
+            gauge(registry, "extender_sync_relists_total", resource="nodes")) == (relists, restarts, errors, 0.0)
+
+
+# ---- the endpoint --------------------------------------------------------------------------------
+
+
+def fetch(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, r.headers["Content-Type"], r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read()
+
+
+def test_the_endpoint_answers_metrics_and_probes() -> None:
+    registry = CollectorRegistry()
+    state: dict[str, Any] = {"ready": False}
+
+    def ready() -> tuple[bool, dict[str, Any]]:
+        if state.get("raise"):
+            raise RuntimeError("probe broke")
+        return state["ready"], {"why": "no report yet" if not state["ready"] else "ok"}
+
+    endpoint = MetricsEndpoint("127.0.0.1:0", registry, ready=ready).start()
+    base = f"http://127.0.0.1:{endpoint.port}"
+    try:
+        AgentMetrics(registry)
+        code, content_type, body = fetch(f"{base}/metrics")
+        assert (code, content_type.count("charset")) == (200, 1)
+        assert b'extender_agent_reports_total{result="failed"} 0.0' in body
+        assert fetch(f"{base}/healthz")[0] == 200
+        code, _, body = fetch(f"{base}/readyz")
+        assert (code, json.loads(body)) == (503, {"ready": False, "why": "no report yet"})
+        state["ready"] = True
+        assert fetch(f"{base}/readyz")[0] == 200
+        state["raise"] = True
+        code, _, body = fetch(f"{base}/readyz")
+        assert (code, json.loads(body)["error"]) == (503, "RuntimeError: probe broke")
+        assert fetch(f"{base}/other")[0] == 404
+    finally:
+        endpoint.close()
+
+
+def test_a_taken_port_is_a_clear_error() -> None:
+    first = MetricsEndpoint("127.0.0.1:0", CollectorRegistry()).start()
+    try:
+        with pytest.raises(ExtenderError, match=rf"--metrics-bind 127.0.0.1:{first.port}: cannot listen"):
+            MetricsEndpoint(f"127.0.0.1:{first.port}", CollectorRegistry())
+    finally:
+        first.close()
+
+
+# ---- the warmer's NVMe reserve -----------------------------------------------------------------------
+
+RESERVE_POLICY = policy_text().replace("nvme: {capacity: 30TB, readBandwidth: 30GB/s}",
+                                       "nvme: {capacity: 30TB, readBandwidth: 30GB/s, reserve: 2TB}")
+
+
+def h100(name: str, free_tb: float, *, heartbeat: float = T0) -> NodeState:
+    return NodeState.model_validate({
+        "name": name, "nodeClass": "h100", "gpus": 8, "gpusFree": 8, "nvmeTotal": 30 * 10**12,
+        "nvmeFree": int(free_tb * 10**12), "heartbeat": heartbeat, "ttl": 60,
+    })
+
+
+#: (name, h100 nodes, expected count below the 2 TB reserve)
+RESERVE = [
+    ("all-above", [h100("a", 5), h100("b", 2)], 0.0),
+    ("one-below", [h100("a", 5), h100("b", 1.5)], 1.0),
+    ("stale-node-not-counted", [h100("a", 1), h100("b", 0.5, heartbeat=T0 - 3600)], 1.0),
+]
+
+
+@pytest.mark.parametrize(("nodes", "expected"), [r[1:] for r in RESERVE], ids=[r[0] for r in RESERVE])
+def test_the_warmer_counts_fresh_nodes_below_their_class_reserve(nodes: list[NodeState], expected: float) -> None:
+    policy = parse_policy(RESERVE_POLICY, "reserve.yaml")
+    registry = CollectorRegistry()
+    warm = WarmLoop(policy, None, None, registry=registry)
+    warm.tick(T0, snapshot=InventorySnapshot.build(policy, nodes, taken_at=T0))
+    assert gauge(registry, "extender_warm_nodes_below_nvme_reserve", node_class="h100") == expected
+    assert gauge(registry, "extender_warm_nodes_below_nvme_reserve", node_class="a10g") == 0.0
