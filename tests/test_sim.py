@@ -234,7 +234,8 @@ def test_cli_prints_the_table_and_writes_the_report(tmp_path: Path, capsys: pyte
     assert cli(str(write_tiny(tmp_path)), "--out", str(out)) == 0
     text = capsys.readouterr().out
     assert "default" in text and "SLO met" in text
-    assert {p.name for p in out.iterdir()} == {"report.md", "summary.json", "capacity-svc.png", "startup.png"}
+    assert {p.name for p in out.iterdir()} == {"report.md", "summary.json", "capacity-svc.png", "gpus.png",
+                                               "startup.png"}
     assert "![" in (out / "report.md").read_text()
     assert (out / "startup.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -383,3 +384,50 @@ def test_lora_tenants_the_warmer_stages_adapters_before_the_replicas_need_them()
     cold_predictive = sum(int(w.cold.sum()) for w in predictive.workloads)
     assert default.warm_actions == 0 and cold_default > 0
     assert predictive.warm_actions > 0 and cold_predictive < cold_default
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots' data
+# ---------------------------------------------------------------------------------------------
+
+
+class Axis(NamedTuple):
+    name: str
+    n_ticks: int
+    tick_s: float
+    label: str
+    last: float
+
+
+AXES = [
+    Axis("an hour in hours", 240, 15.0, "hours", 239 * 15 / 3600),
+    Axis("two days in hours", 11_520, 15.0, "hours", 11_519 * 15 / 3600),
+    Axis("14 days in days", 80_640, 15.0, "days", 80_639 * 15 / 86400),
+]
+
+
+@pytest.mark.parametrize("case", AXES, ids=[c.name for c in AXES])
+def test_long_runs_are_plotted_in_days(case: Axis) -> None:
+    from extender.sim.plots import time_axis
+
+    x, label = time_axis(case.n_ticks, case.tick_s)
+    assert label == case.label and len(x) == case.n_ticks
+    assert x[0] == 0.0 and x[-1] == pytest.approx(case.last)
+
+
+def test_gpu_plot_data_is_the_gpu_hours(fleet_day: tuple[Prepared, list[RunResult]]) -> None:
+    from extender.sim.plots import used_gpus
+
+    prepared, runs = fleet_day
+    fleet = commands.fleet_gpus(prepared)
+    # mixed-fleet's node groups, GPUs per node from the policy's classes
+    assert fleet == sum(g.count * prepared.policy.node_class(g.node_class).gpu.count
+                        for g in prepared.scenario.cluster.nodes)
+    for run in runs:
+        used = used_gpus(run)
+        # the GPUs pods hold, per tick, integrate to the GPU-hours the report counts
+        assert used.sum() * run.tick_s == pytest.approx(sum(w.gpu_seconds for w in run.workloads))
+        provisioned, tracked = commands.provisioned_gpus(run, fleet)
+        assert np.all(used <= provisioned)
+        if not tracked:
+            assert np.all(provisioned == fleet)

@@ -27,7 +27,7 @@ import logging
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -40,6 +40,10 @@ from extender.sim.scenario import Scenario, TraceSpec, load_scenario
 from extender.sim.simulation import Prepared, RunResult, prepare, simulate
 from extender.sim.strategies import STRATEGIES
 from extender.sim.traces import demand_summary
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 from extender.sim.truth import error_over_time, error_table
 
 
@@ -161,8 +165,25 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9.-]+", "-", name.lower()).strip("-") or "workload"
 
 
-def write_outputs(out: Path, report: Report, runs: list[RunResult]) -> list[Path]:
-    """``report.md``, ``summary.json`` and the PNG plots in ``out`` (created if missing)."""
+def fleet_gpus(prepared: Prepared) -> int:
+    """GPUs of the fleet the scenario starts with."""
+    return sum(prepared.policy.node_class(n.node_class).gpu.count for n in prepared.nodes)
+
+
+def provisioned_gpus(run: RunResult, fleet: int) -> tuple[NDArray[np.float64], bool]:
+    """GPUs provisioned per tick of a run, and whether the run tracked them: the run's own count when
+    it has one (``RunResult.fleet_gpus``, with autoscaled node pools), else the fixed fleet's GPUs."""
+    import numpy as np
+
+    tracked = getattr(run, "fleet_gpus", None)  # RunResult gains fleet_gpus with node autoscaling
+    if tracked is not None and len(tracked) == run.n_ticks:
+        return np.asarray(tracked, dtype=np.float64), True
+    return np.full(run.n_ticks, float(fleet)), False
+
+
+def write_outputs(out: Path, report: Report, runs: list[RunResult], fleet: int = 0) -> list[Path]:
+    """``report.md``, ``summary.json`` and the PNG plots in ``out`` (created if missing). ``fleet``: the
+    fleet's GPUs, plotted as provisioned for runs that do not track provisioned GPUs themselves."""
     from extender.sim import plots
 
     out.mkdir(parents=True, exist_ok=True)
@@ -170,7 +191,13 @@ def write_outputs(out: Path, report: Report, runs: list[RunResult]) -> list[Path
     written: list[Path] = []
     for w in runs[0].workloads if runs else []:
         path = plots.capacity_plot(runs, w.name, out / f"capacity-{_slug(w.name)}.png")
-        images.append((f"Demand and ready capacity: {w.name}", path.name))
+        images.append((f"Demand, ready capacity and what waits: {w.name}", path.name))
+        written.append(path)
+    if runs:
+        provisioned = [provisioned_gpus(r, fleet) for r in runs]
+        note = "" if all(t for _, t in provisioned) else "a fixed fleet: provisioned = every node's GPUs"
+        path = plots.gpu_plot(runs, [p for p, _ in provisioned], out / "gpus.png", note=note)
+        images.append(("GPUs provisioned vs held by pods", path.name))
         written.append(path)
     path = plots.startup_plot(runs, out / "startup.png")
     images.append(("Startup time of the pods placed", path.name))
@@ -223,7 +250,7 @@ def run(args: argparse.Namespace) -> int:
     report = build(title, sc.slo.queue_delay, prepared.duration_s, runs, credits=credits, notes=notes)
     errors = error_section(runs, prepared.duration_s) if sc.truth is not None else ""
     if args.out:
-        write_outputs(Path(args.out), report, runs)
+        write_outputs(Path(args.out), report, runs, fleet_gpus(prepared))
         if errors:
             (Path(args.out) / "estimate-error.md").write_text(f"```\n{errors}\n```\n", encoding="utf-8")
     print(to_json(report) if args.json else table(report))
