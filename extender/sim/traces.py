@@ -269,13 +269,20 @@ def _columns_ok(block: bytes, ncols: int) -> bool:
     :func:`_bad_line`, which skips blank and comment lines and honours quotes)."""
     if b'"' in block:
         return False
+    k = ncols - 1
+    lines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+    if block.count(b",") != k * lines:  # bytes.count: C speed, and most bad blocks stop here
+        return False
+    if k == 0:
+        return True
     a = np.frombuffer(block, dtype=np.uint8)
     ends = np.flatnonzero(a == 10)
-    if not block.endswith(b"\n"):
+    if len(ends) < lines:
         ends = np.append(ends, len(a))
-    commas = np.flatnonzero(a == 44)
-    per_line = np.diff(np.searchsorted(commas, ends), prepend=0)
-    return bool(np.all(per_line == ncols - 1))
+    commas = np.flatnonzero(a == 44).reshape(lines, k)
+    # line i's commas lie after line i - 1's end and before its own
+    starts = np.concatenate(([-1], ends[:-1]))
+    return bool(np.all(commas[:, 0] > starts) and np.all(commas[:, -1] < ends))
 
 
 def _bad_line(text: str, first_line: int, layout: _Layout, numeric: bool, source: str) -> Problem | None:
