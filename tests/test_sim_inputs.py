@@ -15,7 +15,15 @@ from extender.sim.errors import ScenarioError, TraceError
 from extender.sim.queueing import FifoQueue
 from extender.sim.scenario import SyntheticSpec, TraceSpec, load_scenario
 from extender.sim.synthetic import rate_trace
-from extender.sim.traces import AZURE_CREDIT, RateTrace, RequestTrace, arrivals_from, read_trace
+from extender.sim.traces import (
+    AZURE_CREDIT,
+    Arrivals,
+    RateTrace,
+    RequestTrace,
+    arrivals_from,
+    demand_summary,
+    read_trace,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -347,3 +355,39 @@ def test_a_trace_read_one_way_only_loads(tmp_path: Path, case: Sure) -> None:
     assert isinstance(t, case.kind)
     total = len(t.times) if isinstance(t, RequestTrace) else float(t.cumulative(np.array([t.end]))[0])
     assert total == pytest.approx(case.total)
+
+
+# ---------------------------------------------------------------------------------------------
+# The demand line printed before a run
+# ---------------------------------------------------------------------------------------------
+
+
+class DemandCase(NamedTuple):
+    name: str
+    arrivals: Arrivals
+    duration_s: float
+    line: str
+
+
+DEMANDS = [
+    # 4 requests in 120 s; the busiest minute (60-120 s) has 3
+    DemandCase("requests", Arrivals(np.array([0.0, 61.0, 62.0, 119.0]), np.ones(4), False, 5.0, 119.5, "trace r.csv"),
+               120.0, "demand w: 4 requests over 2.0 min, mean 0.0333/s, peak 0.05/s (busiest minute); "
+                      "from trace r.csv, read as one request per row"),
+    # 5 s bins of 10 requests for 10 minutes of a 20-minute trace: the run cuts it
+    DemandCase("cut rate",
+               Arrivals(np.arange(120, dtype=np.float64) * 5, np.full(120, 10.0), True, 5.0, 1200.0, "trace q.csv"),
+               600.0, "demand w: 1,200 requests over 10.0 min, mean 2/s, peak 2/s (busiest minute); "
+                      "from trace q.csv, read as rows of rates; the run cuts it from 20.0 min"),
+    DemandCase("short synthetic",
+               Arrivals(np.arange(12, dtype=np.float64) * 5, np.full(12, 1.0), True, 5.0, 60.0, "synthetic"),
+               600.0, "demand w: 12 requests over 10.0 min, mean 0.02/s, peak 0.2/s (busiest minute); "
+                      "from synthetic; it ends after 60 s, and the run goes on without demand"),
+]
+
+
+@pytest.mark.parametrize("case", DEMANDS, ids=[c.name for c in DEMANDS])
+def test_the_demand_line_says_what_was_loaded(case: DemandCase) -> None:
+    d = demand_summary("w", case.arrivals, case.duration_s)
+    assert d.requests == case.arrivals.total and d.mean_rps == pytest.approx(d.requests / case.duration_s)
+    assert d.line() == case.line

@@ -487,7 +487,8 @@ class DemandSummary:
 
     ``requests`` = the sum of the packets' weights; ``mean_rps`` = requests / ``duration_s``;
     ``peak_rps`` = the most requests in one minute of the simulation clock / 60 (packets counted at
-    their start).
+    their start). ``span_s``: how long the demand itself lasts (a trace's span), which the line
+    mentions when the run cuts it or outlasts it.
     """
 
     workload: str
@@ -497,6 +498,7 @@ class DemandSummary:
     duration_s: float
     mean_rps: float
     peak_rps: float
+    span_s: float
 
     def line(self) -> str:
         """One line for people."""
@@ -504,7 +506,14 @@ class DemandSummary:
         read = f", read as {how}" if self.source.startswith("trace") else ""
         return (f"demand {self.workload}: {self.requests:,.0f} requests over {span_text(self.duration_s)}, "
                 f"mean {self.mean_rps:.3g}/s, peak {self.peak_rps:.3g}/s (busiest minute); "
-                f"from {self.source or 'synthetic'}{read}")
+                f"from {self.source or 'synthetic'}{read}{self._span_note()}")
+
+    def _span_note(self) -> str:
+        if self.span_s > self.duration_s * 1.001:
+            return f"; the run cuts it from {span_text(self.span_s)}"
+        if self.span_s < self.duration_s * 0.99:
+            return f"; it ends after {span_text(self.span_s)}, and the run goes on without demand"
+        return ""
 
 
 #: The window :attr:`DemandSummary.peak_rps` is measured over.
@@ -521,4 +530,4 @@ def demand_summary(workload: str, arrivals: Arrivals, duration_s: float) -> Dema
         peak = 0.0
     kind: Literal["requests", "rate"] = "rate" if arrivals.fluid else "requests"
     mean = total / duration_s if duration_s > 0 else math.nan
-    return DemandSummary(workload, arrivals.description, kind, total, duration_s, mean, peak)
+    return DemandSummary(workload, arrivals.description, kind, total, duration_s, mean, peak, arrivals.span_s)
