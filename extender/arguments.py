@@ -136,7 +136,8 @@ def add_logging_options(parser: argparse.ArgumentParser, *, inherited: bool = Fa
     group = parser.add_argument_group("logging")
     group.add_argument("--log-level", choices=LOG_LEVELS, default=argparse.SUPPRESS if inherited else None,
                        help="lowest level logged (default: info for the long-running serve, agent, sync, scale "
-                            "and keda-scaler; warning for the others)")
+                            "and keda-scaler, and for simulate, which logs the demand it loaded; warning for the "
+                            "others)")
     group.add_argument("--log-format", choices=LOG_FORMATS, default=argparse.SUPPRESS if inherited else "text",
                        help="text: one line per record for people; json: one JSON object per line "
                             "(time, level, logger, message, fields) (default: text)")

@@ -28,6 +28,9 @@ Handler = Callable[[argparse.Namespace], int]
 
 #: Commands that run until stopped: they log at INFO unless told otherwise, the others at WARNING.
 LONG_RUNNING = frozenset({"serve", "agent", "sync", "scale", "keda-scaler"})
+#: Commands that also log at INFO by default because their INFO lines are part of what they report
+#: (``simulate``: the demand it loaded, before minutes of simulation).
+INFO_BY_DEFAULT = LONG_RUNNING | {"simulate"}
 
 
 def _policy_check(args: argparse.Namespace) -> int:
@@ -190,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``extender`` console script."""
     args = build_parser().parse_args(argv)
-    level = getattr(args, "log_level", None) or ("info" if args.command in LONG_RUNNING else "warning")
+    level = getattr(args, "log_level", None) or ("info" if args.command in INFO_BY_DEFAULT else "warning")
     setup_logging(level, getattr(args, "log_format", "text"))
     for old, new in deprecated_flags(args):
         report(f"extender: {old} is deprecated; use {new}", level=logging.WARNING, flag=old, replacement=new)

@@ -11,12 +11,16 @@ import argparse
 import json
 import math
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
 
+from extender.core.errors import InvalidValueError, UnknownNameError
+from extender.process import setup_logging
 from extender.sim import commands
-from extender.sim.report import FIGURES, build, summarise, to_json
+from extender.sim.errors import TraceError
+from extender.sim.report import FIGURES, WORKLOADS_KEY, build, summarise, to_json
 from extender.sim.scenario import LoadedScenario, load_scenario
 from extender.sim.simulation import Prepared, RunResult, prepare, simulate
 
@@ -185,7 +189,31 @@ def test_json_has_exactly_the_figures(azure: tuple[Prepared, list[RunResult]]) -
     doc = json.loads(to_json(build("t", prepared.scenario.slo.queue_delay, prepared.duration_s, runs)))
     assert list(doc) == ["default", "cache-aware", "predictive", "oracle"]
     for figures in doc.values():
-        assert tuple(figures) == FIGURES
+        assert tuple(figures) == (*FIGURES, WORKLOADS_KEY)
+        assert list(figures[WORKLOADS_KEY]) == [w.profile.name for w in prepared.workloads]
+        for per in figures[WORKLOADS_KEY].values():
+            assert tuple(per) == FIGURES
+
+
+def test_per_workload_figures_combine_to_the_totals(fleet_day: tuple[Prepared, list[RunResult]]) -> None:
+    prepared, runs = fleet_day
+    doc = json.loads(to_json(build("t", prepared.scenario.slo.queue_delay, prepared.duration_s, runs)))
+    for strategy, totals in doc.items():
+        per = list(totals[WORKLOADS_KEY].values())
+        assert len(per) >= 2, strategy
+        rounding = 1e-3 * len(per)  # each figure is rounded to 3 decimals in the JSON
+        for figure in ("requests", "pods_started", "cold_starts", "gpu_hours", "idle_gpu_hours"):
+            assert totals[figure] == pytest.approx(sum(w[figure] for w in per), abs=rounding), (strategy, figure)
+        # shares: weighted by requests; the mean startup: by pods started
+        met = sum(w["slo_attainment"] * w["requests"] for w in per) / totals["requests"]
+        assert totals["slo_attainment"] == pytest.approx(met, abs=1e-5), strategy
+        started = [w for w in per if w["pods_started"]]
+        mean = sum(w["mean_startup_s"] * w["pods_started"] for w in started) / totals["pods_started"]
+        assert totals["mean_startup_s"] == pytest.approx(mean, abs=rounding), strategy
+        # a percentile of the whole lies between the workloads' own
+        for figure in ("p50_delay_s", "p95_delay_s", "p99_delay_s", "p95_startup_s"):
+            values = [w[figure] for w in per if w[figure] is not None]
+            assert min(values) - rounding <= totals[figure] <= max(values) + rounding, (strategy, figure)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -206,7 +234,8 @@ def test_cli_prints_the_table_and_writes_the_report(tmp_path: Path, capsys: pyte
     assert cli(str(write_tiny(tmp_path)), "--out", str(out)) == 0
     text = capsys.readouterr().out
     assert "default" in text and "SLO met" in text
-    assert {p.name for p in out.iterdir()} == {"report.md", "summary.json", "capacity-svc.png", "startup.png"}
+    assert {p.name for p in out.iterdir()} == {"report.md", "summary.json", "capacity-svc.png", "gpus.png",
+                                               "startup.png"}
     assert "![" in (out / "report.md").read_text()
     assert (out / "startup.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -219,6 +248,99 @@ def test_cli_json_strategies_and_trace_override(tmp_path: Path, capsys: pytest.C
     doc = json.loads(capsys.readouterr().out)
     assert list(doc) == ["default", "cache-aware"]
     assert doc["default"]["slo_attainment"] == 1.0  # half a replica's capacity: nobody waits
+
+
+def two_workloads(tmp_path: Path) -> Path:
+    """The tiny scenario with a second workload ``api`` (its own profile, synthetic demand)."""
+    scenario = write_tiny(tmp_path)
+    api = TINY_POLICY.split("profiles:\n")[1].replace("name: svc", "name: api").replace("app: svc", "app: api")
+    (tmp_path / "policy.yaml").write_text(TINY_POLICY + api)
+    scenario.write_text(TINY_SCENARIO.replace("strategies:", "  - name: api\n    minReplicas: 1\n    maxReplicas: 1\n"
+                                              "    demand: {synthetic: {duration: 5m, base: 0.2}}\nstrategies:"))
+    return scenario
+
+
+#: A rate file whose columns the reader does not know: 600 s steps, 3,600 requests in 30 min.
+ISSUE_RATES = "timestamp_s,arrival_rate\n0,2\n600,3\n1200,1\n"
+
+
+def test_cli_trace_per_workload_with_column_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = two_workloads(tmp_path)
+    flat = tmp_path / "flat.csv"
+    flat.write_text("timestamp,rate\n0,0.5\n300,0.5\n")
+    rates = tmp_path / "rates.csv"
+    rates.write_text(ISSUE_RATES)
+    setup_logging()  # the demand lines in text, whatever an earlier test set up
+    assert cli(str(scenario), "--json", "--trace", f"svc={flat}",
+               "--trace", f"api={rates},timeColumn=timestamp_s,rateColumn=arrival_rate") == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    per = doc["default"][WORKLOADS_KEY]
+    # svc: 0.5/s for 600 s (two rows, the last holding for the median interval: 300 s each);
+    # api: 2, 3, 1 /s for 600 s each, cut at the end of the run (the longest trace: 1,800 s)
+    assert per["svc"]["requests"] == pytest.approx(300.0)
+    assert per["api"]["requests"] == pytest.approx(3600.0)
+    assert f"demand api: 3,600 requests over 30.0 min, mean 2/s, peak 3/s (busiest minute); from trace {rates}, " \
+           "read as rows of rates" in captured.err
+    # the same through the options that apply to every --trace file
+    assert cli(str(scenario), "--json", "--strategies", "default", "--trace", f"api={rates}",
+               "--time-column", "timestamp_s", "--rate-column", "arrival_rate") == 0
+    assert json.loads(capsys.readouterr().out)["default"][WORKLOADS_KEY]["api"]["requests"] == pytest.approx(3600.0)
+
+
+class BadTraceArg(NamedTuple):
+    name: str
+    args: tuple[str, ...]
+    error: type[Exception]
+    message: str
+
+
+BAD_TRACE_ARGS = [
+    BadTraceArg("unknown workload", ("--trace", "nope={rates}"), UnknownNameError,
+                "no workload 'nope' (known: svc, api)"),
+    BadTraceArg("two traces for one workload", ("--trace", "api={rates}", "--trace", "api={rates}"),
+                InvalidValueError, "two traces for workload 'api'"),
+    BadTraceArg("unknown field", ("--trace", "api={rates},rate=x"), InvalidValueError, "'rate=x' is not FIELD=VALUE"),
+    BadTraceArg("bad field value", ("--trace", "api={rates},loadScale=-1"), InvalidValueError, "loadScale"),
+    BadTraceArg("options without a trace", ("--time-column", "ts"), InvalidValueError, "only apply to a --trace"),
+    # the issue's file with the time column only: read as requests it would be 3 requests
+    BadTraceArg("ambiguous trace", ("--trace", "api={rates}", "--time-column", "timestamp_s"), TraceError,
+                "read as requests (one per row) the file is 3 requests over 20.0 min"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_TRACE_ARGS, ids=[c.name for c in BAD_TRACE_ARGS])
+def test_cli_bad_trace_arguments(tmp_path: Path, case: BadTraceArg) -> None:
+    scenario = two_workloads(tmp_path)
+    rates = tmp_path / "rates.csv"
+    rates.write_text(ISSUE_RATES)
+    with pytest.raises(case.error) as info:
+        cli(str(scenario), *(a.format(rates=rates) for a in case.args))
+    assert case.message in str(info.value)
+
+
+def test_cli_logs_the_demand_before_simulating(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = two_workloads(tmp_path)
+    try:
+        setup_logging("info", "text")
+        assert cli(str(scenario), "--strategies", "default") == 0
+        text = capsys.readouterr().err.splitlines()
+        setup_logging("info", "json")
+        assert cli(str(scenario), "--strategies", "default") == 0
+        records = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    finally:
+        setup_logging()
+    # svc: the step trace, 1/s for 60 s then 2/s for 240 s: 540 requests over 300 s, busiest minute 2/s
+    assert text[0] == ("demand svc: 540 requests over 5.0 min, mean 1.8/s, peak 2/s (busiest minute); "
+                       "from trace step.csv, read as rows of rates")
+    assert text[1].startswith("demand api: ") and "from synthetic" in text[1]
+    by_workload = {r["workload"]: r for r in records if "demand_kind" in r}
+    assert set(by_workload) == {"svc", "api"}
+    svc = by_workload["svc"]
+    assert (svc["requests"], svc["duration_s"], svc["mean_rps"], svc["peak_rps"]) == (540.0, 300.0, 1.8, 2.0)
+    assert svc["demand_kind"] == "rate" and svc["message"] == text[0] and svc["level"] == "INFO"
+    # the api workload's synthetic 0.2/s for 5 min
+    assert by_workload["api"]["mean_rps"] == pytest.approx(0.2, rel=0.3)
 
 
 def test_cli_unknown_strategy_is_an_error(tmp_path: Path) -> None:
@@ -262,3 +384,50 @@ def test_lora_tenants_the_warmer_stages_adapters_before_the_replicas_need_them()
     cold_predictive = sum(int(w.cold.sum()) for w in predictive.workloads)
     assert default.warm_actions == 0 and cold_default > 0
     assert predictive.warm_actions > 0 and cold_predictive < cold_default
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots' data
+# ---------------------------------------------------------------------------------------------
+
+
+class Axis(NamedTuple):
+    name: str
+    n_ticks: int
+    tick_s: float
+    label: str
+    last: float
+
+
+AXES = [
+    Axis("an hour in hours", 240, 15.0, "hours", 239 * 15 / 3600),
+    Axis("two days in hours", 11_520, 15.0, "hours", 11_519 * 15 / 3600),
+    Axis("14 days in days", 80_640, 15.0, "days", 80_639 * 15 / 86400),
+]
+
+
+@pytest.mark.parametrize("case", AXES, ids=[c.name for c in AXES])
+def test_long_runs_are_plotted_in_days(case: Axis) -> None:
+    from extender.sim.plots import time_axis
+
+    x, label = time_axis(case.n_ticks, case.tick_s)
+    assert label == case.label and len(x) == case.n_ticks
+    assert x[0] == 0.0 and x[-1] == pytest.approx(case.last)
+
+
+def test_gpu_plot_data_is_the_gpu_hours(fleet_day: tuple[Prepared, list[RunResult]]) -> None:
+    from extender.sim.plots import used_gpus
+
+    prepared, runs = fleet_day
+    fleet = commands.fleet_gpus(prepared)
+    # mixed-fleet's node groups, GPUs per node from the policy's classes
+    assert fleet == sum(g.count * prepared.policy.node_class(g.node_class).gpu.count
+                        for g in prepared.scenario.cluster.nodes)
+    for run in runs:
+        used = used_gpus(run)
+        # the GPUs pods hold, per tick, integrate to the GPU-hours the report counts
+        assert used.sum() * run.tick_s == pytest.approx(sum(w.gpu_seconds for w in run.workloads))
+        provisioned, tracked = commands.provisioned_gpus(run, fleet)
+        assert np.all(used <= provisioned)
+        if not tracked:
+            assert np.all(provisioned == fleet)

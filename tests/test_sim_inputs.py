@@ -15,7 +15,15 @@ from extender.sim.errors import ScenarioError, TraceError
 from extender.sim.queueing import FifoQueue
 from extender.sim.scenario import SyntheticSpec, TraceSpec, load_scenario
 from extender.sim.synthetic import rate_trace
-from extender.sim.traces import AZURE_CREDIT, RateTrace, RequestTrace, arrivals_from, read_trace
+from extender.sim.traces import (
+    AZURE_CREDIT,
+    Arrivals,
+    RateTrace,
+    RequestTrace,
+    arrivals_from,
+    demand_summary,
+    read_trace,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -95,6 +103,12 @@ BAD_TRACES = [
     BadTrace("bad rate", "timestamp,rate\n0,1\n60,fast\n", 3, "rate 'fast' is not a number"),
     BadTrace("negative rate", "timestamp,rate\n0,1\n\n60,-2\n", 4, "must be a finite number >= 0"),
     BadTrace("duplicate interval", "timestamp,rate\n0,1\n60,2\n0,3\n", 4, "same time as line 2"),
+    BadTrace("request row missing a column", "timestamp,tokens\n0,12\n\n# note\n7\n9,3\n", 5,
+             "the row has 1 columns, the header has 2"),
+    BadTrace("request row with an extra column", "timestamp,tokens\n0,12\n7,1,1\n", 3,
+             "the row has 3 columns, the header has 2"),
+    BadTrace("ISO request row missing a column", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+             "2023-11-16 18:17:03.97,10,2\n2023-11-16 18:17:04.03,8\n", 3, "the row has 2 columns, the header has 3"),
 ]
 
 
@@ -272,3 +286,108 @@ def test_queue_delays_match_the_reference() -> None:
     assert np.allclose(got[~np.isnan(got)], want[~np.isnan(want)])
     # served by the end = requests whose service began: arrived - queued
     assert q.served(n) == int((~np.isnan(got)).sum())
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests or rates: a file the reader cannot be sure about is an error naming both readings
+# ---------------------------------------------------------------------------------------------
+
+
+class Ambiguous(NamedTuple):
+    name: str
+    text: str
+    spec: dict[str, object]
+    #: Both readings, as the message words them.
+    readings: tuple[str, ...]
+    column: str
+
+
+AMBIGUOUS = [
+    # the case: a rate file named with timeColumn only; 600 s steps, 3 rows
+    Ambiguous("rate-like column name", "timestamp_s,arrival_rate\n0,2\n600,3\n1200,1\n",
+              {"timeColumn": "timestamp_s"}, ("3 requests over 20.0 min", "3600 requests over 30.0 min"),
+              "arrival_rate"),
+    Ambiguous("per-second column name", "t,requestsPerSec\n0,1\n5,1\n60,1\n", {},
+              ("3 requests over 60 s", "90 requests over 90 s"), "requestsPerSec"),
+    Ambiguous("evenly spaced numbers", "ts,value\n0,5\n60,5\n120,5\n", {},
+              ("3 requests over 2.0 min", "900 requests over 3.0 min"), "value"),
+]
+
+
+@pytest.mark.parametrize("case", AMBIGUOUS, ids=[c.name for c in AMBIGUOUS])
+def test_an_ambiguous_trace_is_an_error_naming_both_readings(tmp_path: Path, case: Ambiguous) -> None:
+    with pytest.raises(TraceError) as info:
+        trace(tmp_path, case.text, **case.spec)
+    (problem,) = info.value.problems
+    assert problem.line == 1
+    for reading in case.readings:
+        assert reading in problem.message
+    assert f"rateColumn: {case.column}" in problem.message and "format: requests" in problem.message
+    assert f"--rate-column {case.column}" in problem.message
+
+
+class Sure(NamedTuple):
+    name: str
+    text: str
+    spec: dict[str, object]
+    kind: type
+    total: float
+
+
+SURE = [
+    Sure("said requests", "timestamp_s,arrival_rate\n0,2\n600,3\n1200,1\n",
+         {"timeColumn": "timestamp_s", "format": "requests"}, RequestTrace, 3),
+    Sure("said rate column", "timestamp_s,arrival_rate\n0,2\n600,3\n1200,1\n",
+         {"timeColumn": "timestamp_s", "rateColumn": "arrival_rate"}, RateTrace, 3600),
+    Sure("known rate column", "timestamp,rps\n0,2\n600,3\n", {}, RateTrace, 3000),
+    Sure("uneven rows with numbers", "ts,value\n0,5\n1,5\n7,5\n", {}, RequestTrace, 3),
+    Sure("evenly spaced token counts", "ts,tokens\n0,5\n60,5\n120,5\n", {}, RequestTrace, 3),
+    Sure("evenly spaced, nothing else", "ts\n0\n60\n120\n", {}, RequestTrace, 3),
+    Sure("generated is not a rate", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+         "2023-11-16 18:00:00,1,1\n2023-11-16 18:00:01,1,1\n2023-11-16 18:00:02,1,1\n", {}, RequestTrace, 3),
+    Sure("quoted commas", 'ts,prompt\n0,"a, b"\n3,"c"\n', {}, RequestTrace, 2),
+]
+
+
+@pytest.mark.parametrize("case", SURE, ids=[c.name for c in SURE])
+def test_a_trace_read_one_way_only_loads(tmp_path: Path, case: Sure) -> None:
+    t = trace(tmp_path, case.text, **case.spec)
+    assert isinstance(t, case.kind)
+    total = len(t.times) if isinstance(t, RequestTrace) else float(t.cumulative(np.array([t.end]))[0])
+    assert total == pytest.approx(case.total)
+
+
+# ---------------------------------------------------------------------------------------------
+# The demand line printed before a run
+# ---------------------------------------------------------------------------------------------
+
+
+class DemandCase(NamedTuple):
+    name: str
+    arrivals: Arrivals
+    duration_s: float
+    line: str
+
+
+DEMANDS = [
+    # 4 requests in 120 s; the busiest minute (60-120 s) has 3
+    DemandCase("requests", Arrivals(np.array([0.0, 61.0, 62.0, 119.0]), np.ones(4), False, 5.0, 119.5, "trace r.csv"),
+               120.0, "demand w: 4 requests over 2.0 min, mean 0.0333/s, peak 0.05/s (busiest minute); "
+                      "from trace r.csv, read as one request per row"),
+    # 5 s bins of 10 requests for 10 minutes of a 20-minute trace: the run cuts it
+    DemandCase("cut rate",
+               Arrivals(np.arange(120, dtype=np.float64) * 5, np.full(120, 10.0), True, 5.0, 1200.0, "trace q.csv"),
+               600.0, "demand w: 1,200 requests over 10.0 min, mean 2/s, peak 2/s (busiest minute); "
+                      "from trace q.csv, read as rows of rates; the run cuts it from 20.0 min"),
+    DemandCase("short synthetic",
+               Arrivals(np.arange(12, dtype=np.float64) * 5, np.full(12, 1.0), True, 5.0, 60.0, "synthetic"),
+               600.0, "demand w: 12 requests over 10.0 min, mean 0.02/s, peak 0.2/s (busiest minute); "
+                      "from synthetic; it ends after 60 s, and the run goes on without demand"),
+]
+
+
+@pytest.mark.parametrize("case", DEMANDS, ids=[c.name for c in DEMANDS])
+def test_the_demand_line_says_what_was_loaded(case: DemandCase) -> None:
+    d = demand_summary("w", case.arrivals, case.duration_s)
+    assert d.requests == case.arrivals.total and d.mean_rps == pytest.approx(d.requests / case.duration_s)
+    assert d.line() == case.line

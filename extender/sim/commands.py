@@ -1,9 +1,20 @@
-"""``extender simulate SCENARIO.yaml [--trace CSV] [--strategies a,b] [--seed N] [--json] [--out DIR]``.
+"""``extender simulate SCENARIO.yaml [--trace [WORKLOAD=]CSV ...] [--strategies a,b] [--seed N] [--json] [--out DIR]``.
 
-Loads the scenario (every problem reported as ``file:line: path: message``), replays its demand
+Loads the scenario (every problem reported as ``file:line: path: message``) and the demand of each
+workload, logs one line per workload with the demand loaded (requests, mean and peak rate, duration:
+through the ``extender.cli`` logger, so a JSON record with ``--log-format json``), replays it
 through each strategy, and prints a table (or, with ``--json``, exactly the figures of
-:data:`extender.sim.report.FIGURES` per strategy). ``--out DIR`` also writes ``report.md`` with the
-table, a demand-vs-capacity plot per workload and a startup-time plot (PNG), and ``summary.json``.
+:data:`extender.sim.report.FIGURES` per strategy and per workload of each strategy).
+
+``--trace WORKLOAD=CSV`` (repeatable) replaces that workload's demand with a CSV trace;
+``--trace CSV`` the first workload's. The trace options (``--trace-format``, ``--time-column``,
+``--rate-column``, ``--load-scale``, ``--time-scale``) apply to every ``--trace`` file, on top of
+the workload's own ``trace`` settings in the scenario when it has them; ``,FIELD=VALUE`` after a
+file sets a scenario trace field for that file only (``--trace api=r.csv,rateColumn=rps``).
+
+``--out DIR`` also writes ``report.md`` with the table, PNG plots (per workload: demand vs ready
+capacity, waiting requests and pending pods; the fleet's provisioned vs used GPUs; startup times),
+and ``summary.json``.
 A progress bar goes to stderr on long runs in a terminal. When the scenario has a ``truth``
 (extender.sim.truth), the table is followed by the estimate error of new replicas over the run,
 per strategy (also written to ``estimate-error.md`` with ``--out``).
@@ -12,17 +23,27 @@ per strategy (also written to ``estimate-error.md`` with ``--out``).
 from __future__ import annotations
 
 import argparse
+import logging
+import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from extender.core.errors import UnknownNameError
+from pydantic import ValidationError
+
+from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.process import current_logging
+from extender.process import report as tell
 from extender.sim.progress import Progress
 from extender.sim.report import Report, build, markdown, table, to_json
-from extender.sim.scenario import load_scenario
-from extender.sim.simulation import RunResult, prepare, simulate
+from extender.sim.scenario import Scenario, TraceSpec, load_scenario
+from extender.sim.simulation import Prepared, RunResult, prepare, simulate
 from extender.sim.strategies import STRATEGIES
+from extender.sim.traces import demand_summary
+
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import NDArray
 from extender.sim.truth import error_over_time, error_table
 
 
@@ -33,13 +54,98 @@ def register(subparsers: Any) -> None:
         description="Replay a scenario's demand on a simulated cluster through each strategy and compare "
                     "SLO attainment, queueing delay, cold starts, startup time and GPU-hours.")
     p.add_argument("scenario", metavar="SCENARIO.yaml", help="scenario file (fleet, workloads, demand)")
-    p.add_argument("--trace", metavar="CSV", help="replace the first workload's demand with this CSV trace")
+    p.add_argument("--trace", metavar="[WORKLOAD=]CSV[,FIELD=VALUE...]", action="append", default=[],
+                   help="replace WORKLOAD's demand (without WORKLOAD=: the first workload's) with this CSV "
+                        f"trace; repeatable; FIELD: {', '.join(TRACE_FIELDS)} (as in a scenario's trace)")
+    p.add_argument("--trace-format", choices=("auto", "requests", "rate"),
+                   help="how to read every --trace file: one request per row, or rows of rates (default: auto, "
+                        "which refuses a file it cannot be sure about)")
+    p.add_argument("--time-column", metavar="NAME", help="the time column of every --trace file")
+    p.add_argument("--rate-column", metavar="NAME",
+                   help="the rate column (requests/s) of every --trace file; makes it a rate trace")
+    p.add_argument("--load-scale", type=_positive, metavar="X", help="multiply the load of every --trace file")
+    p.add_argument("--time-scale", type=_positive, metavar="X",
+                   help="stretch the clock of every --trace file (0.001: timestamps in milliseconds)")
     p.add_argument("--strategies", metavar="A,B,...",
                    help=f"comma-separated subset of {','.join(STRATEGIES)} (default: the scenario's)")
     p.add_argument("--seed", type=int, metavar="N", help="override the scenario's seed")
     p.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     p.add_argument("--out", metavar="DIR", help="also write report.md, summary.json and PNG plots here")
     p.set_defaults(handler=run)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
+    return value
+
+
+#: ``--trace`` options and the TraceSpec fields (camelCase) they set.
+TRACE_OPTIONS = (("trace_format", "format"), ("time_column", "timeColumn"), ("rate_column", "rateColumn"),
+                 ("load_scale", "loadScale"), ("time_scale", "timeScale"))
+#: The fields a ``--trace`` file may set for itself (``,FIELD=VALUE``).
+TRACE_FIELDS = ("format", "timeColumn", "rateColumn", "loadScale", "timeScale", "credit")
+
+
+def _split_trace(text: str, names: list[str]) -> tuple[str, str, dict[str, str]]:
+    """``[WORKLOAD=]CSV[,field=value...]`` -> (workload, path, fields); see :func:`trace_specs`."""
+    head, *extra = [text] if Path(text).exists() else text.split(",")
+    fields: dict[str, str] = {}
+    for item in extra:
+        key, sep, value = item.partition("=")
+        if not sep or key.strip() not in TRACE_FIELDS:
+            raise InvalidValueError(f"--trace {text}: {item!r} is not FIELD=VALUE with FIELD one of "
+                                    f"{', '.join(TRACE_FIELDS)}")
+        fields[key.strip()] = value.strip()
+    name, sep, path = head.partition("=")
+    if not sep or name not in names:
+        if sep and not Path(head).exists():
+            raise UnknownNameError(f"--trace {text}: no workload {name!r} (known: {', '.join(names)})")
+        name, path = names[0], head
+    return name, path, fields
+
+
+def trace_specs(args: argparse.Namespace, scenario: Scenario) -> dict[str, TraceSpec]:
+    """The trace spec of each workload named by ``--trace [WORKLOAD=]CSV[,FIELD=VALUE...]``.
+
+    ``WORKLOAD=CSV`` is read as such when WORKLOAD is one of the scenario's workloads; otherwise the
+    text is the first workload's file (so a file name with ``=`` still works) unless no such file
+    exists, which is an :class:`UnknownNameError` naming the workloads. ``,FIELD=VALUE`` items set the
+    trace fields of the scenario (``timeColumn``, ``rateColumn``, ``format``, ``loadScale``,
+    ``timeScale``, ``credit``) for that file only (a file that exists under the whole text is taken
+    whole). Each spec starts from the workload's ``trace`` in the scenario (when it has one), then the
+    ``--trace-format``/``--time-column``/... options, then the file's own fields.
+    """
+    names = [w.name for w in scenario.workloads]
+    options = {field: getattr(args, attr) for attr, field in TRACE_OPTIONS if getattr(args, attr, None) is not None}
+    if options and not args.trace:
+        raise InvalidValueError(f"--{'/--'.join(a.replace('_', '-') for a, f in TRACE_OPTIONS if f in options)} "
+                                "only apply to a --trace file")
+    specs: dict[str, TraceSpec] = {}
+    for text in args.trace:
+        name, path, fields = _split_trace(text, names)
+        if name in specs:
+            raise InvalidValueError(f"--trace: two traces for workload {name!r}")
+        workload = next(w for w in scenario.workloads if w.name == name)
+        base = workload.demand.trace.model_dump(by_alias=True) if workload.demand.trace is not None else {}
+        try:
+            specs[name] = TraceSpec.model_validate({**base, **options, **fields, "path": path})
+        except ValidationError as exc:
+            wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise InvalidValueError(f"--trace {text}: {wrong}") from None
+    return specs
+
+
+def log_demand(prepared: Prepared) -> None:
+    """One line per workload with the demand loaded (extender.sim.traces.DemandSummary), before the run."""
+    for w in prepared.workloads:
+        d = demand_summary(w.profile.name, w.arrivals, prepared.duration_s)
+        tell(d.line(), level=logging.INFO, workload=d.workload, demand_source=d.source, demand_kind=d.kind,
+               requests=d.requests, duration_s=d.duration_s, mean_rps=d.mean_rps, peak_rps=d.peak_rps)
 
 
 def strategy_list(text: str | None, default: tuple[str, ...]) -> list[str]:
@@ -59,8 +165,25 @@ def _slug(name: str) -> str:
     return re.sub(r"[^a-z0-9.-]+", "-", name.lower()).strip("-") or "workload"
 
 
-def write_outputs(out: Path, report: Report, runs: list[RunResult]) -> list[Path]:
-    """``report.md``, ``summary.json`` and the PNG plots in ``out`` (created if missing)."""
+def fleet_gpus(prepared: Prepared) -> int:
+    """GPUs of the fleet the scenario starts with."""
+    return sum(prepared.policy.node_class(n.node_class).gpu.count for n in prepared.nodes)
+
+
+def provisioned_gpus(run: RunResult, fleet: int) -> tuple[NDArray[np.float64], bool]:
+    """GPUs provisioned per tick of a run, and whether the run tracked them: the run's own count when
+    it has one (``RunResult.fleet_gpus``, with autoscaled node pools), else the fixed fleet's GPUs."""
+    import numpy as np
+
+    tracked = getattr(run, "fleet_gpus", None)  # RunResult gains fleet_gpus with node autoscaling
+    if tracked is not None and len(tracked) == run.n_ticks:
+        return np.asarray(tracked, dtype=np.float64), True
+    return np.full(run.n_ticks, float(fleet)), False
+
+
+def write_outputs(out: Path, report: Report, runs: list[RunResult], fleet: int = 0) -> list[Path]:
+    """``report.md``, ``summary.json`` and the PNG plots in ``out`` (created if missing). ``fleet``: the
+    fleet's GPUs, plotted as provisioned for runs that do not track provisioned GPUs themselves."""
     from extender.sim import plots
 
     out.mkdir(parents=True, exist_ok=True)
@@ -68,7 +191,13 @@ def write_outputs(out: Path, report: Report, runs: list[RunResult]) -> list[Path
     written: list[Path] = []
     for w in runs[0].workloads if runs else []:
         path = plots.capacity_plot(runs, w.name, out / f"capacity-{_slug(w.name)}.png")
-        images.append((f"Demand and ready capacity: {w.name}", path.name))
+        images.append((f"Demand, ready capacity and what waits: {w.name}", path.name))
+        written.append(path)
+    if runs:
+        provisioned = [provisioned_gpus(r, fleet) for r in runs]
+        note = "" if all(t for _, t in provisioned) else "a fixed fleet: provisioned = every node's GPUs"
+        path = plots.gpu_plot(runs, [p for p, _ in provisioned], out / "gpus.png", note=note)
+        images.append(("GPUs provisioned vs held by pods", path.name))
         written.append(path)
     path = plots.startup_plot(runs, out / "startup.png")
     images.append(("Startup time of the pods placed", path.name))
@@ -105,7 +234,9 @@ def run(args: argparse.Namespace) -> int:
         plots.require()  # before minutes of simulation, not after
     loaded = load_scenario(args.scenario)
     names = strategy_list(args.strategies, loaded.scenario.strategies)
-    prepared = prepare(loaded, trace=args.trace, seed=args.seed)
+    traces = trace_specs(args, loaded.scenario)
+    prepared = prepare(loaded, traces=traces, seed=args.seed)
+    log_demand(prepared)
     # no bar with JSON logs: every line on stderr is then a JSON object
     progress = Progress(names, prepared.n_ticks, enabled=False if current_logging()[1] == "json" else None)
     try:
@@ -114,12 +245,12 @@ def run(args: argparse.Namespace) -> int:
         progress.close()
     sc = loaded.scenario
     title = sc.metadata.name or Path(args.scenario).stem
-    notes = [f"demand of {prepared.workloads[0].profile.name} replaced by {args.trace}"] if args.trace else []
+    notes = [f"demand of {name} replaced by {spec.path}" for name, spec in traces.items()]
     credits = [w.arrivals.credit for w in prepared.workloads if w.arrivals.credit]
     report = build(title, sc.slo.queue_delay, prepared.duration_s, runs, credits=credits, notes=notes)
     errors = error_section(runs, prepared.duration_s) if sc.truth is not None else ""
     if args.out:
-        write_outputs(Path(args.out), report, runs)
+        write_outputs(Path(args.out), report, runs, fleet_gpus(prepared))
         if errors:
             (Path(args.out) / "estimate-error.md").write_text(f"```\n{errors}\n```\n", encoding="utf-8")
     print(to_json(report) if args.json else table(report))

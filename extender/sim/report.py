@@ -13,6 +13,14 @@ Per strategy, over every workload's requests and pods (formulas; w_j is a packet
     mean_startup_s, p95_startup_s = over the estimated startups of the pods placed during the run
     gpu_hours      = GPUs held by placed pods (starting or ready) x time, in hours
     idle_gpu_hours = gpu_hours - served requests / capacity per replica x GPUs per replica / 3600
+    requests       = requests that arrived during the run (the weight SLO attainment is a share of)
+    pods_started   = pods placed during the run (what the startup figures are over)
+
+The same figures are computed per workload, over that workload's requests and pods only, so the
+totals combine from them: ``requests``, ``pods_started``, ``cold_starts``, ``gpu_hours`` and
+``idle_gpu_hours`` are sums; ``slo_attainment`` is the request-weighted mean of the workloads';
+``mean_startup_s`` the mean weighted by ``pods_started``; a percentile of the total lies between the
+smallest and the largest of the workloads' (a percentile of a mixture does).
 
 and, across strategies, the gap closed on SLO attainment::
 
@@ -35,7 +43,9 @@ F64 = NDArray[np.float64]
 
 #: The figures of ``--json``, per strategy, in this order (issue 7).
 FIGURES = ("slo_attainment", "p50_delay_s", "p95_delay_s", "p99_delay_s", "cold_starts", "mean_startup_s",
-           "p95_startup_s", "gpu_hours", "idle_gpu_hours")
+           "p95_startup_s", "gpu_hours", "idle_gpu_hours", "requests", "pods_started")
+#: The key of the per-workload section of each strategy in ``--json``.
+WORKLOADS_KEY = "workloads"
 
 
 @dataclass(frozen=True)
@@ -51,6 +61,8 @@ class Summary:
     p95_startup_s: float
     gpu_hours: float
     idle_gpu_hours: float
+    requests: float
+    pods_started: int
 
 
 def weighted_quantile(values: F64, weights: F64, q: float) -> float:
@@ -87,6 +99,8 @@ def summarise(workloads: Sequence[WorkloadResult], slo_s: float) -> Summary:
         p95_startup_s=float(np.quantile(startups, 0.95, method="inverted_cdf")) if len(startups) else math.nan,
         gpu_hours=gpu_s / 3600.0,
         idle_gpu_hours=max(gpu_s - busy_s, 0.0) / 3600.0,
+        requests=arrived,
+        pods_started=len(startups),
     )
 
 
@@ -132,9 +146,15 @@ def _round(name: str, value: float | int) -> float | int | None:
     return round(value, 6 if name == "slo_attainment" else 3)
 
 
+def _figures(s: Summary) -> dict[str, float | int | None]:
+    return {k: _round(k, v) for k, v in asdict(s).items()}
+
+
 def to_json(report: Report) -> str:
-    """``{strategy: {figure: value}}`` with exactly :data:`FIGURES` per strategy (null where undefined)."""
-    doc = {name: {k: _round(k, v) for k, v in asdict(s).items()} for name, s in report.summaries.items()}
+    """``{strategy: {figure: value, ..., "workloads": {workload: {figure: value}}}}``: exactly
+    :data:`FIGURES` for each strategy and each of its workloads (null where undefined)."""
+    doc = {name: {**_figures(s), WORKLOADS_KEY: {w: _figures(ws) for w, ws in report.per_workload[name].items()}}
+           for name, s in report.summaries.items()}
     return json.dumps(doc, indent=2)
 
 

@@ -36,8 +36,9 @@ from __future__ import annotations
 import heapq
 import math
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
@@ -138,15 +139,20 @@ def _seed(*parts: int | str) -> list[int]:
 
 
 def load_demand(loaded: LoadedScenario, workload: Workload, *, seed: int, bin_s: float,
-                trace_path: str | None = None, duration_s: float | None = None) -> Arrivals:
-    """A workload's arrivals: its trace (or ``trace_path`` instead) or its synthetic demand."""
+                trace_path: str | None = None, duration_s: float | None = None,
+                override: TraceSpec | None = None) -> Arrivals:
+    """A workload's arrivals: its trace (or ``trace_path``, or the whole ``override`` spec, instead) or its
+    synthetic demand. ``trace_path`` and ``override`` paths are taken as given (relative to the working
+    directory), the scenario's relative to the scenario file."""
     rng = np.random.default_rng(_seed(seed, "demand", workload.name))
     spec = workload.demand
-    if trace_path is not None or spec.trace is not None:
-        tspec = spec.trace if spec.trace is not None else TraceSpec(path=trace_path or "")
-        if trace_path is not None:
-            tspec = tspec.model_copy(update={"path": trace_path})
-        path = loaded.resolve(tspec.path) if trace_path is None else trace_path
+    if override is None and trace_path is not None:
+        base = spec.trace if spec.trace is not None else TraceSpec(path=trace_path)
+        override = base.model_copy(update={"path": trace_path})
+    if override is not None or spec.trace is not None:
+        tspec = override if override is not None else spec.trace
+        assert tspec is not None
+        path = loaded.resolve(tspec.path) if override is None else Path(tspec.path)
         raw = read_trace(path, tspec)
         trace = raw.scaled(tspec, rng) if isinstance(raw, RequestTrace) else raw.scaled(tspec)
         return arrivals_from(trace, bin_s=bin_s, duration_s=duration_s, description=f"trace {tspec.path}")
@@ -173,15 +179,18 @@ def node_specs(policy: Policy, groups: Sequence[NodeGroup]) -> tuple[NodeSpec, .
     return tuple(out)
 
 
-def prepare(loaded: LoadedScenario, *, trace: str | None = None, seed: int | None = None) -> Prepared:
-    """Demand, clock and nodes for a loaded scenario. ``trace`` replaces the first workload's demand."""
+def prepare(loaded: LoadedScenario, *, trace: str | None = None, seed: int | None = None,
+            traces: Mapping[str, TraceSpec] | None = None) -> Prepared:
+    """Demand, clock and nodes for a loaded scenario. ``trace`` replaces the first workload's demand;
+    ``traces`` replaces the named workloads' trace specs (``extender simulate --trace WORKLOAD=FILE``)."""
     sc = loaded.scenario
     policy = loaded.policy
     s = sc.seed if seed is None else seed
     dt = float(sc.tick)
     bin_s = dt / BINS_PER_TICK
+    overrides = traces or {}
     demands = [load_demand(loaded, w, seed=s, bin_s=bin_s, trace_path=trace if i == 0 else None,
-                           duration_s=sc.duration)
+                           duration_s=sc.duration, override=overrides.get(w.name))
                for i, w in enumerate(sc.workloads)]
     if sc.duration is not None:
         n_ticks = max(1, math.ceil(sc.duration / dt - 1e-9))

@@ -9,8 +9,18 @@ Two kinds of file, both CSV with a header line:
   rate holds until the next row; the last row holds for the median interval.
 
 ``format: auto`` picks *rate* when the header has a rate column (``rate``, ``rps``, ``qps``,
-``requests_per_second``, or ``rateColumn``), else *requests*. The time column is ``timeColumn``
-or the first of ``timestamp``, ``time``, ``ts``, ``t`` (any letter case).
+``requests_per_second``, or ``rateColumn``), else *requests*, unless it cannot be sure: the file
+then is an error that names both readings (how many requests each gives) and how to choose. It is
+not sure when another column's name has a word that suggests a rate (``rate``, ``rps``, ``qps``,
+``count``, ``requests``, ``arrivals``, ``throughput``, ``per s``/``per min``...; words split at ``_``,
+digits and camelCase), or when the rows are evenly spaced in time and another column holds numbers,
+unless a column's name marks per-request data (a word starting with ``token``, ``prompt``,
+``context``, ``generated``, ``input``, ``output``, ``latency``, or ``id``: the Azure trace).
+``format: requests`` or ``format: rate`` (with ``rateColumn``) is always taken as said. The time
+column is ``timeColumn`` or the first of ``timestamp``, ``time``, ``ts``, ``t`` (any letter case).
+
+Every data row must have as many columns as the header (blank lines and ``#`` comments are
+skipped); a row with fewer or more is an error at its line, in both kinds of file.
 
 Reading is vectorised: the file is read in blocks of about 32 MiB and each block is parsed by
 ``numpy.loadtxt`` and converted with ``astype`` (``datetime64[ns]`` or ``float64``); there is no
@@ -31,8 +41,11 @@ Every trace starts at t = 0 on the simulation clock (its first row).
 
 from __future__ import annotations
 
+import csv
 import io
+import itertools
 import math
+import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -53,6 +66,28 @@ RATE_COLUMNS = ("rate", "rps", "qps", "requests_per_second")
 #: The Azure LLM inference trace header; a file with it is credited to its source.
 AZURE_COLUMNS = ("timestamp", "contexttokens", "generatedtokens")
 AZURE_CREDIT = "Azure Public Dataset (Microsoft), CC-BY 4.0"
+#: Words of a column name that suggest it holds a rate (module docstring).
+RATE_HINTS = frozenset({"rate", "rates", "rps", "qps", "persec", "count", "counts", "requests", "reqs", "arrivals",
+                        "throughput"})
+#: ``per <unit>`` in a column name also suggests a rate.
+PER_UNITS = frozenset({"s", "sec", "second", "min", "minute"})
+#: Word stems of a column name that mark one row per request (module docstring).
+REQUEST_HINTS = ("token", "prompt", "context", "generated", "input", "output", "latency", "id")
+
+
+def _words(name: str) -> list[str]:
+    """A column name's words: ``ContextTokens`` -> context, tokens; ``requests_per_s`` -> requests, per, s."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return re.findall(r"[a-z]+|[0-9]+", spaced.lower())
+
+
+def _rate_named(name: str) -> bool:
+    w = _words(name)
+    return bool(RATE_HINTS.intersection(w)) or any(a == "per" and b in PER_UNITS for a, b in itertools.pairwise(w))
+
+
+def _request_named(name: str) -> bool:
+    return any(word == "id" or (word.startswith(REQUEST_HINTS) and word != "id") for word in _words(name))
 #: Bytes read per block: large enough that per-block overhead vanishes, small enough for memory.
 BLOCK_BYTES = 32 * 2**20
 
@@ -222,10 +257,38 @@ def _is_iso(text: str) -> bool:
     return not np.isnat(value)
 
 
+def _fields(line: str) -> list[str]:
+    """A row's fields (quotes honoured only when the line has one: the common case stays a split)."""
+    if '"' not in line:
+        return line.split(",")
+    return next(csv.reader([line]), [])
+
+
+def _columns_ok(block: bytes, ncols: int) -> bool:
+    """Whether every line of a block has ``ncols - 1`` commas (vectorised; False sends the block to
+    :func:`_bad_line`, which skips blank and comment lines and honours quotes)."""
+    if b'"' in block:
+        return False
+    k = ncols - 1
+    lines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+    if block.count(b",") != k * lines:  # bytes.count: C speed, and most bad blocks stop here
+        return False
+    if k == 0:
+        return True
+    a = np.frombuffer(block, dtype=np.uint8)
+    ends = np.flatnonzero(a == 10)
+    if len(ends) < lines:
+        ends = np.append(ends, len(a))
+    commas = np.flatnonzero(a == 44).reshape(lines, k)
+    # line i's commas lie after line i - 1's end and before its own
+    starts = np.concatenate(([-1], ends[:-1]))
+    return bool(np.all(commas[:, 0] > starts) and np.all(commas[:, -1] < ends))
+
+
 def _bad_line(text: str, first_line: int, layout: _Layout, numeric: bool, source: str) -> Problem | None:
     """The first line of a block that cannot be read, with what is wrong with it (the slow path)."""
     for line_no, line in _data_lines(text, first_line):
-        fields = line.split(",")
+        fields = _fields(line)
         if len(fields) != layout.ncols:
             return Problem(source, line_no, "", f"the row has {len(fields)} columns, the header has {layout.ncols}")
         ts = fields[layout.time_col].strip().strip('"')
@@ -305,10 +368,12 @@ def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
             raise TraceError([Problem(source, 1, "", f"not UTF-8 text: {exc.reason}")]) from exc
         if not header.strip():
             raise TraceError([Problem(source, None, "", "the file is empty: expected a header line and rows")])
-        layout = _layout(_header(header), spec, source)
+        columns = _header(header)
+        layout = _layout(columns, spec, source)
         times: list[NDArray[np.int64] | F64] = []
         rates: list[F64] = []
         numeric: bool | None = None
+        first_fields: list[str] = []
         line = 2
         for block in _blocks(f):
             try:
@@ -319,9 +384,14 @@ def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
             if numeric is None:
                 first = next(_data_lines(text, line), None)
                 if first is not None:
-                    fields = first[1].split(",")
+                    fields = _fields(first[1])
+                    first_fields = fields
                     value = fields[layout.time_col].strip().strip('"') if layout.time_col < len(fields) else ""
                     numeric = _is_number(value)
+            if not _columns_ok(block, layout.ncols):
+                problem = _bad_line(text, line, layout, bool(numeric), source)
+                if problem is not None and problem.message.startswith("the row has"):
+                    raise TraceError([problem])
             if numeric is not None:
                 ts, rs = _parse_block(text, line, layout, numeric, source)
                 times.append(ts)
@@ -339,7 +409,10 @@ def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
         ns = raw[order]
         seconds = (ns - ns[0]).astype(np.float64) / 1e9
     if layout.kind == "requests":
-        return RequestTrace(np.ascontiguousarray(seconds, dtype=np.float64), layout.credit)
+        requests = RequestTrace(np.ascontiguousarray(seconds, dtype=np.float64), layout.credit)
+        if spec.format == "auto":
+            _refuse_if_ambiguous(path, spec, columns, first_fields, layout=layout, requests=requests)
+        return requests
     rate = np.concatenate(rates)[order]
     same = np.flatnonzero(np.diff(seconds) == 0)
     if len(same):
@@ -349,3 +422,112 @@ def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
                                                       "an interval trace needs one row per start")])
     step = float(np.median(np.diff(seconds))) if len(seconds) > 1 else 1.0
     return RateTrace(np.ascontiguousarray(seconds, dtype=np.float64), rate, float(seconds[-1]) + step, layout.credit)
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests or rates? (module docstring)
+# ---------------------------------------------------------------------------------------------
+
+
+def _rate_candidate(columns: list[str], first_fields: list[str], layout: _Layout,
+                    seconds: F64) -> str | None:
+    """The column a rate reading would use, when the file may well be a rate file; else None."""
+    others = [(i, c) for i, c in enumerate(columns) if i != layout.time_col]
+    named = [c for _, c in others if _rate_named(c)]
+    if named:
+        return named[0]
+    if any(_request_named(c) for _, c in others):
+        return None
+    numeric = [c for i, c in others if i < len(first_fields) and _is_number(first_fields[i].strip().strip('"'))]
+    if not numeric or len(seconds) < 3:
+        return None
+    steps = np.diff(seconds)
+    step = float(np.median(steps))
+    even = step > 0 and bool(np.all(np.abs(steps - step) <= 1e-6 * step))
+    return numeric[0] if even else None
+
+
+def span_text(seconds: float) -> str:
+    """A duration for people: ``40 s``, ``2.5 h``, ``14.0 d``."""
+    if seconds >= 2 * 86400:
+        return f"{seconds / 86400:.1f} d"
+    if seconds >= 2 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 120:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.0f} s"
+
+
+def _refuse_if_ambiguous(path: str | Path, spec: TraceSpec, columns: list[str], first_fields: list[str], *,
+                         layout: _Layout, requests: RequestTrace) -> None:
+    """Raise :class:`TraceError` naming both readings when a file read as requests may be a rate file."""
+    column = _rate_candidate(columns, first_fields, layout, requests.times)
+    if column is None:
+        return
+    try:
+        rate = read_trace(path, spec.model_copy(update={"format": "rate", "rate_column": column}))
+    except TraceError:
+        return  # the column cannot be read as rates: one reading only
+    assert isinstance(rate, RateTrace)
+    n = len(requests.times)
+    span = float(requests.times[-1])
+    total = float(rate.cumulative(np.array([rate.end]))[0])
+    as_requests = f"{n} requests over {span_text(span)}" + (f" ({n / span:.3g}/s)" if span > 0 else "")
+    as_rate = f"{total:.0f} requests over {span_text(rate.end)} ({total / rate.end:.3g}/s)"
+    raise TraceError([Problem(str(path), 1, "", (
+        f"cannot tell whether each row is one request or an interval with a rate: read as requests (one per "
+        f"row) the file is {as_requests}; read as rates from column {column!r} it is {as_rate}. Say which: "
+        f"format: requests, or format: rate with rateColumn: {column} (on the command line "
+        f"--trace-format requests, or --rate-column {column})"))])
+
+
+@dataclass(frozen=True)
+class DemandSummary:
+    """The demand a workload will replay, as loaded (printed before a run so a misread trace shows).
+
+    ``requests`` = the sum of the packets' weights; ``mean_rps`` = requests / ``duration_s``;
+    ``peak_rps`` = the most requests in one minute of the simulation clock / 60 (packets counted at
+    their start). ``span_s``: how long the demand itself lasts (a trace's span), which the line
+    mentions when the run cuts it or outlasts it.
+    """
+
+    workload: str
+    source: str
+    kind: Literal["requests", "rate"]
+    requests: float
+    duration_s: float
+    mean_rps: float
+    peak_rps: float
+    span_s: float
+
+    def line(self) -> str:
+        """One line for people."""
+        how = "one request per row" if self.kind == "requests" else "rows of rates"
+        read = f", read as {how}" if self.source.startswith("trace") else ""
+        return (f"demand {self.workload}: {self.requests:,.0f} requests over {span_text(self.duration_s)}, "
+                f"mean {self.mean_rps:.3g}/s, peak {self.peak_rps:.3g}/s (busiest minute); "
+                f"from {self.source or 'synthetic'}{read}{self._span_note()}")
+
+    def _span_note(self) -> str:
+        if self.span_s > self.duration_s * 1.001:
+            return f"; the run cuts it from {span_text(self.span_s)}"
+        if self.span_s < self.duration_s * 0.99:
+            return f"; it ends after {span_text(self.span_s)}, and the run goes on without demand"
+        return ""
+
+
+#: The window :attr:`DemandSummary.peak_rps` is measured over.
+PEAK_WINDOW_S = 60.0
+
+
+def demand_summary(workload: str, arrivals: Arrivals, duration_s: float) -> DemandSummary:
+    """What :class:`DemandSummary` says about ``arrivals`` over ``[0, duration_s)``."""
+    total = arrivals.total
+    if len(arrivals.times):
+        minute = np.floor(arrivals.times / PEAK_WINDOW_S).astype(np.int64)
+        peak = float(np.bincount(minute, weights=arrivals.weights).max()) / PEAK_WINDOW_S
+    else:
+        peak = 0.0
+    kind: Literal["requests", "rate"] = "rate" if arrivals.fluid else "requests"
+    mean = total / duration_s if duration_s > 0 else math.nan
+    return DemandSummary(workload, arrivals.description, kind, total, duration_s, mean, peak, arrivals.span_s)
