@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from extender.core.errors import UnitError
@@ -173,6 +173,39 @@ def add_tls_options(group: Any, *, client_ca_help: str, client_ca_old: Sequence[
         add_renamed(group, "--tls-client-ca", *client_ca_old, metavar="FILE", text=client_ca_help)
     else:
         group.add_argument("--tls-client-ca", metavar="FILE", help=client_ca_help)
+
+
+def tls_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the ``--tls-*`` family as given, or ``None``: a certificate needs its key (and
+    the key its certificate); a client CA (mutual TLS) needs both."""
+    cert, key, client_ca = getattr(args, "tls_cert", None), getattr(args, "tls_key", None), \
+        getattr(args, "tls_client_ca", None)
+    if bool(cert) != bool(key):
+        return "--tls-cert and --tls-key go together"
+    if client_ca and not cert:
+        return "--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)"
+    return None
+
+
+# ---- checks of the parsed flags -------------------------------------------------------------------
+
+#: A command's check of its parsed flags: the problem it refuses to start with (its usage error,
+#: exit 2), or ``None``. It reads the environment only from the mapping it is given.
+FlagCheck = Callable[[argparse.Namespace, Mapping[str, str]], "str | None"]
+
+#: Where a subcommand's parser keeps its :data:`FlagCheck` (``set_defaults(flag_check=...)``).
+FLAG_CHECK = "flag_check"
+
+
+def flag_problem(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> str | None:
+    """The problem the parsed command line would be refused for before its command starts, or ``None``.
+
+    Runs the check the command registered (the same one its handler runs first), so a command line
+    can be checked without starting anything: tests check every container command the chart renders
+    this way, with the container's environment as ``environ`` (default: this process's).
+    """
+    check: FlagCheck | None = getattr(args, FLAG_CHECK, None)
+    return None if check is None else check(args, os.environ if environ is None else environ)
 
 
 #: Key prefix of every Redis key when --prefix is not given.

@@ -6,8 +6,8 @@ tests/test_packaging.py. How the tree is cut:
 
 * every **variant** is one choice per dimension: the overlay (``self-managed``,
   ``second-scheduler``), Redis (the chart's StatefulSet, or yours by URL) and where the scaler's
-  decisions go (External Metrics API with certificates from cert-manager or from a Secret, or
-  KEDA); each choice stands for a set of kustomize components (:data:`VARIANT_CHOICES`);
+  decisions go (External Metrics API, or KEDA, each with certificates from cert-manager or from
+  Secrets); each choice stands for a set of kustomize components (:data:`VARIANT_CHOICES`);
 * each variant is rendered with ``helm template`` (Helm's own labels off, no Secret holding
   credentials: kustomize users create ``extender-redis`` themselves);
 * every rendered object goes to the one place (base, overlay or component) whose variants are
@@ -66,7 +66,9 @@ VARIANT_CHOICES: dict[str, dict[str, tuple[dict[str, str], tuple[str, ...]]]] = 
         "ca-secret": ({"metrics.mode": "external-metrics", "metrics.externalMetrics.certificates": "secret",
                        "metrics.externalMetrics.caBundle": CA_BUNDLE_PLACEHOLDER},
                       ("components/external-metrics", "components/external-metrics-ca-secret")),
-        "keda": ({"metrics.mode": "keda"}, ("components/keda",)),
+        "keda-cert-manager": ({"metrics.mode": "keda", "metrics.keda.certificates": "cert-manager"},
+                              ("components/keda", "components/keda-cert-manager")),
+        "keda-secret": ({"metrics.mode": "keda", "metrics.keda.certificates": "secret"}, ("components/keda",)),
     },
 }
 #: The components each overlay (deploy/kustomize/overlays/NAME) is made of, besides its own.

@@ -104,8 +104,8 @@ def manifest_commands() -> dict[str, list[str]]:
     return out
 
 
-def warm_job_commands() -> dict[str, list[str]]:
-    """The helper steps a weights Job runs, as jobspec builds them (``extender warm prepare|finish``)."""
+def warm_job() -> dict[str, Any]:
+    """A weights Job as the warmer builds it (jobspec), with the chart's policy."""
     text = chart.policy_text() + (
         "warming:\n  enabled: true\n  templates:\n    weights:\n      image: amazon/aws-cli:2\n"
         "      command: [aws, s3, sync, '{{source}}', '{{staging}}']\n")
@@ -113,7 +113,12 @@ def warm_job_commands() -> dict[str, list[str]]:
     action = Action(kind="weights", workload="qwen3-moe", node="gpu-a", cache="weights:qwen3-moe/main",
                     bytes=1, nvme_bytes=1, duration_s=1.0, deadline=None, saved_s=1.0, purpose="keep-warm")
     job: dict[str, Any] = action_job(policy, action)
-    pod = job["spec"]["template"]["spec"]
+    return job
+
+
+def warm_job_commands() -> dict[str, list[str]]:
+    """The helper steps a weights Job runs, as jobspec builds them (``extender warm prepare|finish``)."""
+    pod = warm_job()["spec"]["template"]["spec"]
     steps = [*pod.get("initContainers", []), *pod["containers"]]
     return {f"warm-job/{c['name']}": list(c["command"][1:]) for c in steps if c["command"][0] == "extender"}
 
@@ -146,18 +151,15 @@ def test_pip_check_is_clean_and_no_extra_is_installed(clean_venv: Path) -> None:
 @pytest.mark.integration
 def test_every_command_the_manifests_run_parses_in_the_clean_install(clean_venv: Path) -> None:
     commands = {**manifest_commands(), **warm_job_commands()}
-    assert len({args[0] for args in commands.values()}) >= 5  # serve, agent, sync, scale, warm (, keda-scaler)
+    assert len({args[0] for args in commands.values()}) >= 6  # serve, agent, sync, scale, warm, keda-scaler
     done = subprocess.run([str(clean_venv / "bin" / "python"), "-c", PARSE], input=json.dumps(commands),
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr  # argparse exits 2 naming the bad flag
     parsed: dict[str, str] = json.loads(done.stdout)
     unregistered = {where for where, command in parsed.items() if command == "unregistered"}
-    # `extender keda-scaler` comes with the KEDA external scaler (extender/keda, another branch): until
-    # it is merged, the keda mode's command is the only one this install may lack
-    assert {commands[w][0] for w in unregistered} <= {"keda-scaler"}, unregistered
+    assert unregistered == set()
     for where, command in parsed.items():
-        if command != "unregistered":
-            assert command == commands[where][0], where
+        assert command == commands[where][0], where
 
 
 @pytest.mark.integration

@@ -12,6 +12,7 @@ Each ```sh block is preceded by one marker:
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import subprocess
@@ -19,15 +20,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests import chart
+from tests.conftest import RedisServer
 from tests.real_cluster import Cluster
 from tests.test_packaging import RENDERS
 
 DOC = chart.ROOT / "docs" / "install.md"
 BLOCK = re.compile(r"(?:<!-- (?P<marker>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.DOTALL)
 #: Secrets the cluster blocks create (deleted first, so the blocks run again in one session).
-CREATED = ("extender-redis", "extender-redis-sentinel-example", "extender-scaler-tls")
+CREATED = ("extender-redis", "extender-redis-sentinel-example", "extender-scaler-tls", "extender-keda-scaler-tls",
+           "extender-keda-client-tls")
+#: ... and the copy of KEDA's client Secret in the ScaledObjects' namespace.
+CREATED_ELSEWHERE = (("default", "extender-keda-client-tls"),)
 
 
 def blocks() -> list[tuple[str, str]]:
@@ -82,11 +88,11 @@ def test_offline_blocks_run(scratch: tuple[Path, dict[str, str]], body: str) -> 
 
 @pytest.mark.integration
 @pytest.mark.cluster
-def test_cluster_blocks_run_in_order(kube_cluster: Cluster, scratch: tuple[Path, dict[str, str]]) -> None:
+def test_cluster_blocks_run_in_order(kube_cluster: Cluster, redis_server: RedisServer,
+                                     scratch: tuple[Path, dict[str, str]]) -> None:
     directory, env = scratch
     env["KUBECONFIG"] = str(kube_cluster.admin_kubeconfig)
-    for secret in CREATED:
-        kube_cluster.kubectl("-n", "kube-system", "delete", "secret", secret, "--ignore-not-found")
+    forget(kube_cluster)
     kube_cluster.apply([chart.one(chart.rendered(), "ConfigMap", "extender-scheduler-config")])
     for body in blocks_marked("tested: cluster"):
         done = shell(body, directory, env)
@@ -103,5 +109,59 @@ def test_cluster_blocks_run_in_order(kube_cluster: Cluster, scratch: tuple[Path,
     assert f"DNS:{service['name']}.{service['namespace']}.svc" in names
     redis = kube_cluster.get("secret", "extender-redis", "-n", "kube-system")
     assert set(redis["data"]) == {"password", "url"}
+    keda_mutual_tls_works(kube_cluster, redis_server, directory)
+    forget(kube_cluster)
+
+
+def forget(cluster: Cluster) -> None:
     for secret in CREATED:
-        kube_cluster.kubectl("-n", "kube-system", "delete", "secret", secret, "--ignore-not-found")
+        cluster.kubectl("-n", "kube-system", "delete", "secret", secret, "--ignore-not-found")
+    for namespace, secret in CREATED_ELSEWHERE:
+        cluster.kubectl("-n", namespace, "delete", "secret", secret, "--ignore-not-found")
+
+
+def secret_files(cluster: Cluster, namespace: str, name: str, directory: Path) -> dict[str, Path]:
+    """The Secret's keys written as files, as kubelet mounts a Secret volume."""
+    data = cluster.get("secret", name, "-n", namespace)["data"]
+    directory.mkdir(parents=True)
+    out = {}
+    for key, value in data.items():
+        out[key] = directory / key
+        out[key].write_bytes(base64.b64decode(value))
+    return out
+
+
+def keda_mutual_tls_works(cluster: Cluster, redis: RedisServer, directory: Path) -> None:
+    """The KEDA Secrets the guide makes carry working mutual TLS: the real keda-scaler serving what
+    ``kube-system/extender-keda-scaler-tls`` holds (where the chart mounts it, by the flags it
+    renders) answers a client holding ``default/extender-keda-client-tls`` (what KEDA's
+    TriggerAuthentication reads), for the host of the example's ``scalerAddress``, and refuses a
+    client without a certificate."""
+    import grpc
+
+    from extender.keda.server import TlsFiles
+    from tests.test_keda_scaler import ref, serving, settings, stub
+
+    server = secret_files(cluster, "kube-system", "extender-keda-scaler-tls", directory / "mounted")
+    client = secret_files(cluster, "default", "extender-keda-client-tls", directory / "keda")
+    assert set(server) == set(client) == {"ca.crt", "tls.crt", "tls.key"}
+    deployment = chart.one(chart.rendered(metrics__mode="keda"), "Deployment", "extender-keda-scaler")
+    flags = dict(a.split("=", 1) for a in chart.container(deployment, "keda-scaler")["args"] if "=" in a)
+    mounted = {flag: server[Path(flags[flag]).name] for flag in ("--tls-cert", "--tls-key", "--tls-client-ca")}
+    tls = TlsFiles(mounted["--tls-cert"], mounted["--tls-key"], mounted["--tls-client-ca"])
+    scaled = next(d for d in yaml.safe_load_all((chart.EXAMPLES / "scaledobject.yaml").read_text())
+                  if d and d["kind"] == "ScaledObject")
+    host = scaled["spec"]["triggers"][0]["metadata"]["scalerAddress"].rsplit(":", 1)[0]
+    options = [("grpc.ssl_target_name_override", host)]
+    with serving(settings(tls=tls), redis.url, directory / "redis-client") as running:
+        keda = grpc.ssl_channel_credentials(root_certificates=client["ca.crt"].read_bytes(),
+                                            private_key=client["tls.key"].read_bytes(),
+                                            certificate_chain=client["tls.crt"].read_bytes())
+        with grpc.secure_channel(running.address, keda, options=options) as channel:
+            spec = stub(channel).GetMetricSpec(ref("default", {"workload": "qwen3"}), timeout=30)
+            assert spec.metricSpecs[0].targetSize == 1
+        anonymous = grpc.ssl_channel_credentials(root_certificates=client["ca.crt"].read_bytes())
+        with grpc.secure_channel(running.address, anonymous, options=options) as channel:
+            with pytest.raises(grpc.RpcError) as refused:
+                stub(channel).GetMetricSpec(ref("default", {"workload": "qwen3"}), timeout=30)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -32,7 +32,7 @@ from extender.keda import externalscaler_pb2 as pb
 from extender.keda import externalscaler_pb2_grpc as pb_grpc
 from extender.keda.metrics import CODES
 from extender.keda.reading import METRIC_NAME
-from extender.keda.server import KedaServer, KedaSettings, TlsFiles
+from extender.keda.server import LIVENESS_SERVICE, KedaServer, KedaSettings, TlsFiles
 from extender.state import connect
 from extender.state.decisions import DecisionStore, Published
 from extender.state.lock import LeaderLock
@@ -263,6 +263,8 @@ def test_redis_outage_is_unavailable_and_not_serving(redis_server: RedisServer, 
         assert client.GetMetricSpec(metrics.scaledObjectRef).metricSpecs[0].targetSize == 1
         wait_for(lambda: health_of(channel) == health_pb2.HealthCheckResponse.NOT_SERVING, "NOT_SERVING")
         assert health_of(channel, "externalscaler.ExternalScaler") == health_pb2.HealthCheckResponse.NOT_SERVING
+        # alive all the same: the liveness probe must not restart a scaler that waits for Redis
+        assert health_of(channel, LIVENESS_SERVICE) == health_pb2.HealthCheckResponse.SERVING
 
         redis_server.restart()  # empty: nothing persisted
         wait_for(lambda: health_of(channel) == health_pb2.HealthCheckResponse.SERVING, "SERVING again")
@@ -426,6 +428,10 @@ USAGE = [
      "--tls-client-ca needs --tls-cert"),
     ("plaintext-and-tls", ["keda-scaler", "--policy", "p.yaml", "--plaintext", "--tls-cert", "c", "--tls-key", "k"],
      2, "exclude each other"),
+    ("health-on-the-serving-port", ["keda-scaler", "--policy", "p.yaml", "--plaintext", "--listen", ":9090",
+                                    "--health-listen", "0.0.0.0:9090"], 2, "--health-listen must differ"),
+    ("metrics-on-the-health-port", ["keda-scaler", "--policy", "p.yaml", "--plaintext", "--health-listen", ":9091",
+                                    "--metrics-bind", "0.0.0.0:9091"], 2, "--metrics-bind must differ"),
     ("missing-policy", ["keda-scaler", "--policy", "/nonexistent/p.yaml", "--plaintext"], 1, "cannot read"),
 ]
 
@@ -496,6 +502,7 @@ def test_the_process_serves_and_stops_on_sigterm(redis_server: RedisServer, pki:
                                            metricName=METRIC_NAME)
             assert client.GetMetrics(metrics).metricValues[0].metricValue == 8
             assert health_of(probe) == health_pb2.HealthCheckResponse.SERVING
+            assert health_of(probe, LIVENESS_SERVICE) == health_pb2.HealthCheckResponse.SERVING
             with pytest.raises(grpc.RpcError) as caught:  # the probe port tells nothing else
                 stub(probe).GetMetrics(metrics)
             assert caught.value.code() == grpc.StatusCode.UNIMPLEMENTED

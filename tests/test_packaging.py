@@ -31,6 +31,10 @@ EXTRA = {
     "metrics-none": {"metrics__mode": "none"},
     "second-scheduler-keda": {"mode": "second-scheduler", "metrics__mode": "keda", "redis__mode": "url",
                               "redis__url": "redis+sentinel://:pw@redis-sentinel.redis.svc:26379/extender"},
+    "agent-hub-caches": {"agent__hubCaches[0]": "/mnt/nvme/hf-hub", "agent__hubCaches[1]": "/var/lib/hf"},
+    "keda-own-secrets-and-ports": {"metrics__mode": "keda", "metrics__keda__certificates": "secret",
+                                   "metrics__keda__tls__secretName": "my-scaler-tls", "metrics__keda__port": "7070",
+                                   "metrics__keda__healthPort": "7071"},
 }
 #: Our workloads that call no Kubernetes API: they get no token.
 NO_API = {"scheduler-extender", "extender-keda-scaler", "extender-redis", "extender-agent"}
@@ -74,6 +78,11 @@ def test_chart_and_package_versions_agree() -> None:
         pytest.param({"mode": "second-scheduler", "extender.listen": "tls"}, "extender.listen=tls is for self-managed",
                      id="tls-in-second-scheduler"),
         pytest.param({"extender.listen": "0.0.0.0"}, "extender.listen must be loopback or tls", id="listen"),
+        pytest.param({"metrics.mode": "keda", "metrics.keda.certificates": "none"},
+                     "metrics.keda.certificates must be cert-manager or secret", id="keda-certificates"),
+        pytest.param({"metrics.mode": "keda", "metrics.keda.healthPort": "9090"},
+                     "metrics.keda.healthPort must differ from metrics.keda.port", id="keda-health-port"),
+        pytest.param({"agent.hubCaches": "{hf-hub}"}, "agent.hubCaches[0] must be an absolute path", id="hub-cache"),
     ],
 )
 def test_bad_values_are_refused_with_the_value_named(values: dict[str, str], message: str) -> None:
@@ -335,6 +344,82 @@ def test_the_scaledobject_points_at_the_keda_scaler() -> None:
         profile.autoscaling.min_replicas, profile.autoscaling.max_replicas)
     hpa = example("hpa.yaml")
     assert scaled["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == hpa["spec"]["behavior"]
+
+
+def certificate_of(docs: list[dict[str, Any]], secret: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == "Certificate" and d["spec"]["secretName"] == secret]
+    return found
+
+
+def test_the_scaledobject_and_the_keda_scaler_use_the_same_tls_material() -> None:
+    """Mutual TLS end to end as rendered: KEDA's TriggerAuthentication reads the client Secret the chart
+    issues (caCert, tlsClientCert, tlsClientKey), the scaler serves the certificate of the Secret it
+    mounts, for the host KEDA dials, and requires clients of the CA that issued KEDA's."""
+    docs = chart.rendered(metrics__mode="keda")  # certificates: cert-manager, the default
+    values = yaml.safe_load((chart.CHART / "values.yaml").read_text())["metrics"]["keda"]
+    scaled = example("scaledobject.yaml", "ScaledObject")
+    auth = example("scaledobject.yaml", "TriggerAuthentication")
+    (trigger,) = scaled["spec"]["triggers"]
+    assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    refs = {r["parameter"]: (r["name"], r["key"]) for r in auth["spec"]["secretTargetRef"]}
+    client_secret = values["tls"]["clientSecretName"]
+    # the keys cert-manager writes into every certificate's Secret
+    assert refs == {"caCert": (client_secret, "ca.crt"), "tlsClientCert": (client_secret, "tls.crt"),
+                    "tlsClientKey": (client_secret, "tls.key")}
+    client = certificate_of(docs, client_secret)
+    assert client["spec"]["usages"] == ["client auth"]
+
+    deployment = chart.one(docs, "Deployment", "extender-keda-scaler")
+    pod = deployment["spec"]["template"]["spec"]
+    container = chart.container(deployment, "keda-scaler")
+    flags = dict(a.split("=", 1) for a in container["args"][1:] if "=" in a)
+    mount = next(m for m in container["volumeMounts"] if flags["--tls-cert"].startswith(m["mountPath"] + "/"))
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    for flag, file in (("--tls-cert", "tls.crt"), ("--tls-key", "tls.key"), ("--tls-client-ca", "ca.crt")):
+        assert flags[flag] == f"{mount['mountPath']}/{file}", flag
+    serving = certificate_of(docs, volume["secret"]["secretName"])
+    assert serving["spec"]["usages"] == ["server auth"]
+    assert trigger["metadata"]["scalerAddress"].rsplit(":", 1)[0] in serving["spec"]["dnsNames"]
+    # one CA issues both: the ca.crt in each Secret verifies the other side
+    assert serving["spec"]["issuerRef"] == client["spec"]["issuerRef"] == {"name": "extender-keda-ca", "kind": "Issuer"}
+    issuer = chart.one(docs, "Issuer", "extender-keda-ca")
+    assert certificate_of(docs, issuer["spec"]["ca"]["secretName"])["spec"]["isCA"] is True
+
+    # the Secret path mounts the same Secret name, which the admin creates (docs/install.md)
+    own = chart.rendered(metrics__mode="keda", metrics__keda__certificates="secret")
+    assert not [d for d in own if d["kind"] in ("Certificate", "Issuer")]
+    assert chart.one(own, "Deployment", "extender-keda-scaler") == deployment
+
+
+def test_the_keda_scaler_is_probed_over_grpc_on_its_health_port() -> None:
+    from extender.keda.server import LIVENESS_SERVICE
+    from extender.keda.service import SERVICE_NAME
+
+    deployment = chart.one(chart.rendered(metrics__mode="keda"), "Deployment", "extender-keda-scaler")
+    container = chart.container(deployment, "keda-scaler")
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert f"--health-listen=0.0.0.0:{ports['health']}" in container["args"]
+    assert f"--listen=0.0.0.0:{ports['grpc']}" in container["args"]
+    assert container["readinessProbe"]["grpc"] == {"port": ports["health"], "service": SERVICE_NAME}
+    assert container["livenessProbe"]["grpc"] == {"port": ports["health"], "service": LIVENESS_SERVICE}
+
+
+def test_the_agent_reads_the_policy_and_each_hub_cache() -> None:
+    hubs = ["/mnt/nvme/hf-hub", "/var/lib/hf"]
+    daemonset = chart.one(chart.rendered(**EXTRA["agent-hub-caches"]), "DaemonSet", "extender-agent")
+    pod = daemonset["spec"]["template"]["spec"]
+    container = chart.container(daemonset, "agent")
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "--policy=/etc/extender/policy.yaml" in container["args"]
+    assert volumes[mounts["/etc/extender"]["name"]]["configMap"]["name"] == "extender-policy"
+    given = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--hub-cache=")]
+    assert len(given) == len(hubs)
+    for path, host in zip(given, hubs, strict=True):
+        assert mounts[path]["readOnly"] is True
+        assert volumes[mounts[path]["name"]]["hostPath"]["path"] == host
+    default = chart.container(chart.one(chart.rendered(), "DaemonSet", "extender-agent"), "agent")
+    assert not [a for a in default["args"] if a.startswith("--hub-cache")]
 
 
 # ---- release hygiene ----------------------------------------------------------------------------

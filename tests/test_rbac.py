@@ -144,12 +144,13 @@ def test_the_agent_gets_a_token_and_a_node_grant_only_when_it_labels_nodes(label
     assert bool(roles) is label, "without --label-nodes the agent is granted nothing"
 
 
-def test_the_agent_mounts_its_cache_read_only() -> None:
+def test_the_agent_mounts_everything_read_only() -> None:
     workload, args = container_args("DaemonSet", "extender-agent")
     (container,) = workload["spec"]["template"]["spec"]["containers"]
-    (mount,) = container["volumeMounts"]
-    assert mount["readOnly"] is True
-    assert parser().parse_args(args).cache_root == Path(mount["mountPath"])
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}  # the cache root and the policy
+    assert all(m["readOnly"] is True for m in mounts.values()), mounts
+    parsed = parser().parse_args(args)
+    assert str(parsed.cache_root) in mounts and parsed.policy.parent == Path("/etc/extender") and len(mounts) == 2
 
 
 # ---- static: the calls in the code ---------------------------------------------------------------

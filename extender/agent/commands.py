@@ -24,16 +24,19 @@ import argparse
 import json
 import os
 import threading
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from extender.agent.hub import HubCaches
 from extender.agent.loop import Agent, AgentSettings, Labeler
 from extender.arguments import (
+    FLAG_CHECK,
     add_kube_options,
     add_metrics_bind_option,
     add_store_options,
     duration,
+    flag_problem,
     inventory_from_args,
 )
 from extender.core.errors import ExtenderError
@@ -66,14 +69,22 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     mode.add_argument("--dry-run", action="store_true", help="print one report as JSON; write nothing")
     add_store_options(p)
     add_metrics_bind_option(p)
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, **{FLAG_CHECK: check_flags})
+
+
+def check_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """What ``agent`` refuses to start with (exit 2), or ``None``: a node name, from the flag or
+    ``$NODE_NAME``."""
+    if not (args.node_name or environ.get("NODE_NAME")):
+        return "give --node-name or set $NODE_NAME"
+    return None
 
 
 def run(args: argparse.Namespace) -> int:
-    node = args.node_name or os.environ.get("NODE_NAME")
-    if not node:
-        report("extender agent: give --node-name or set $NODE_NAME")
+    if problem := flag_problem(args):
+        report(f"extender agent: {problem}")
         return 2
+    node = args.node_name or os.environ["NODE_NAME"]
     configure_logging()
     if (args.once or args.dry_run) and not args.cache_root.is_dir():
         what = "is not a directory" if args.cache_root.exists() else "does not exist"

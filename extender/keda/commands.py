@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from extender.arguments import (
+    FLAG_CHECK,
     add_metrics_bind_option,
     add_store_options,
     add_tls_options,
     bind_address,
     connect_from_args,
     duration,
+    flag_problem,
     prefix_from_args,
+    tls_problem,
 )
 from extender.scaler.commands import scaled_policy_to_start
 
@@ -52,7 +56,24 @@ def register(subparsers: Any) -> None:
                     client_ca_help="CA bundle (PEM): client certificates are required and verified against it "
                                    "(mutual TLS)")
     tls.add_argument("--plaintext", action="store_true", help="serve without TLS (no --tls-cert)")
-    cmd.set_defaults(handler=_keda_scaler)
+    cmd.set_defaults(handler=_keda_scaler, **{FLAG_CHECK: check_flags})
+
+
+def check_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """What ``keda-scaler`` refuses to start with (exit 2), or ``None``: the ``--tls-*`` family
+    (:func:`~extender.arguments.tls_problem`), and TLS or ``--plaintext``, one of them, said out loud."""
+    if problem := tls_problem(args):
+        return problem
+    if args.plaintext and args.tls_cert:
+        return "--plaintext and --tls-cert exclude each other"
+    if not args.plaintext and not args.tls_cert:
+        return ("give --tls-cert and --tls-key (and --tls-client-ca for mutual TLS), or --plaintext to serve "
+                "without TLS")
+    if args.health_listen is not None and args.health_listen == args.listen:
+        return "--health-listen must differ from --listen (it is a second, plaintext listener)"
+    if args.metrics_bind is not None and args.metrics_bind in (args.listen, args.health_listen):
+        return "--metrics-bind must differ from --listen and --health-listen (each is a listener of its own)"
+    return None
 
 
 def _usage(message: str) -> int:
@@ -61,15 +82,8 @@ def _usage(message: str) -> int:
 
 
 def _keda_scaler(args: argparse.Namespace) -> int:
-    if bool(args.tls_cert) != bool(args.tls_key):
-        return _usage("--tls-cert and --tls-key go together")
-    if args.tls_client_ca and not args.tls_cert:
-        return _usage("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS is TLS first)")
-    if args.plaintext and args.tls_cert:
-        return _usage("--plaintext and --tls-cert exclude each other")
-    if not args.plaintext and not args.tls_cert:
-        return _usage("give --tls-cert and --tls-key (and --tls-client-ca for mutual TLS), or --plaintext to serve "
-                      "without TLS")
+    if problem := flag_problem(args):
+        return _usage(problem)
     started = scaled_policy_to_start(args.policy, "keda-scaler", nothing="nothing to serve")
     if started is None:
         return 1

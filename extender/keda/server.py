@@ -5,8 +5,10 @@
   ``grpc_health_probe`` can ask. Health is ``SERVING`` for the server (``""``) and for
   ``externalscaler.ExternalScaler`` while the published decisions can be read, ``NOT_SERVING``
   while Redis cannot be read (as the External Metrics API's ``/readyz`` answers 503) and from the
-  start of a shutdown on. kubelet's gRPC probe speaks no TLS, so ``health_listen`` adds a second,
-  plaintext listener that serves the health service only (it tells nothing but the status).
+  start of a shutdown on: the readiness answer. ``liveness`` (:data:`LIVENESS_SERVICE`) is
+  ``SERVING`` from the start until the shutdown, whatever Redis does: the liveness answer (a
+  restart does not bring Redis back). kubelet's gRPC probe speaks no TLS, so ``health_listen`` adds a
+  second, plaintext listener that serves the health service only (it tells nothing but the status).
 * **TLS** (optional): the serving certificate and key; with a client CA, client certificates are
   *required* and verified against it (mutual TLS, what KEDA's ``tlsClientCert``/``tlsClientKey``
   authentication parameters present). The files are watched: a changed certificate, key or CA
@@ -46,6 +48,9 @@ from extender.telemetry.build import add_build_info, add_process_collectors
 from extender.telemetry.endpoint import MetricsEndpoint
 
 log = logging.getLogger(__name__)
+
+#: The health service name that answers whether the process is alive, Redis or not (module docstring).
+LIVENESS_SERVICE = "liveness"
 
 #: Largest certificate, key or CA bundle read (a CA bundle of a few hundred certificates fits).
 MAX_PEM_BYTES = 1 << 20
@@ -175,6 +180,7 @@ class KedaServer:
         policy_file = (PolicyFile(settings.policy_path, settings.policy_version)
                        if settings.policy_path is not None else None)
         self._health = health.aio.HealthServicer()
+        await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self._board = Board(served_workloads(settings.policy), self.source, interval_s=settings.watch_interval_s,
                             policy_file=policy_file, on_health=self._set_health)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])

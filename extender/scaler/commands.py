@@ -33,11 +33,13 @@ import argparse
 import json
 import logging
 import signal
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from extender.arguments import (
+    FLAG_CHECK,
     add_kube_options,
     add_renamed,
     add_store_options,
@@ -45,9 +47,11 @@ from extender.arguments import (
     bind_address,
     data_dir_from_args,
     duration,
+    flag_problem,
     positive_int,
     prefix_from_args,
     redis_url_from_args,
+    tls_problem,
 )
 from extender.core.errors import ExtenderError
 from extender.core.policy import Policy
@@ -108,7 +112,7 @@ def register(subparsers: Any) -> None:
                      help="no TokenReview / SubjectAccessReview: certificates only, every authenticated caller allowed")
     api.add_argument("--insecure-no-auth", action="store_true",
                      help="LOCAL USE ONLY: no authentication at all, plain HTTP allowed")
-    scale.set_defaults(handler=_scale)
+    scale.set_defaults(handler=_scale, **{FLAG_CHECK: check_scale_flags})
 
     actions = scale.add_subparsers(dest="scale_command", metavar="ACTION")
     explain = actions.add_parser("explain", help="why the scaler decided what it did for a workload")
@@ -120,7 +124,7 @@ def register(subparsers: Any) -> None:
     explain.add_argument("--redis-url", default=argparse.SUPPRESS, metavar="URL", help="as for scale")
     explain.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR", help="as for scale")
     explain.add_argument("--prefix", default=argparse.SUPPRESS, metavar="PREFIX", help="as for scale")
-    explain.set_defaults(handler=_explain)
+    explain.set_defaults(handler=_explain, **{FLAG_CHECK: None})
 
 
 # ---- helpers -------------------------------------------------------------------------------------
@@ -190,18 +194,27 @@ def resolve_auth(args: argparse.Namespace) -> Any:
 # ---- scale ---------------------------------------------------------------------------------------
 
 
-def _scale(args: argparse.Namespace) -> int:
+def check_scale_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """What ``scale`` refuses to start with (exit 2), or ``None``: a policy, one mode, the ``--tls-*``
+    family, and TLS whenever the External Metrics API is served (unless ``--insecure-no-auth``)."""
     if not args.policy:
-        return _usage("--policy FILE is required (or use 'extender scale explain WORKLOAD')")
-    if bool(args.tls_cert) != bool(args.tls_key):
-        return _usage("--tls-cert and --tls-key go together")
+        return "--policy FILE is required (or use 'extender scale explain WORKLOAD')"
+    if problem := tls_problem(args):
+        return problem
     modes = [m for m in ("once", "no_metrics_api", "no_loop") if getattr(args, m)]
     if len(modes) > 1:
-        return _usage("--once, --no-metrics-api and --no-loop exclude each other")
+        return "--once, --no-metrics-api and --no-loop exclude each other"
     serving = not (args.once or args.no_metrics_api)
     if serving and not args.tls_cert and not args.insecure_no_auth:
-        return _usage("the External Metrics API is served over TLS (give --tls-cert and --tls-key); "
-                      "--insecure-no-auth serves plain HTTP without authentication, for local use only")
+        return ("the External Metrics API is served over TLS (give --tls-cert and --tls-key); "
+                "--insecure-no-auth serves plain HTTP without authentication, for local use only")
+    return None
+
+
+def _scale(args: argparse.Namespace) -> int:
+    if problem := flag_problem(args):
+        return _usage(problem)
+    serving = not (args.once or args.no_metrics_api)
     started = scaled_policy_to_start(args.policy, "scale", nothing="nothing to scale")
     if started is None:
         return 1

@@ -18,22 +18,26 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from extender.arguments import (
+    FLAG_CHECK,
     add_store_options,
     add_tls_options,
     bind_address,
     data_dir_from_args,
     duration,
+    flag_problem,
     inventory_from_args,
     positive_int,
     prefix_from_args,
     redis_url_from_args,
     size,
+    tls_problem,
 )
 from extender.core.errors import DocumentError, Problem
 from extender.files import load_policy, load_policy_to_start, read_text
@@ -73,7 +77,7 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--metrics-bind", type=bind_address, default=None, metavar="HOST:PORT",
                        help="also serve /metrics (every worker's, aggregated) over plain HTTP here, from the "
                             "gunicorn master: for Prometheus when --bind is loopback (default: only on --bind)")
-    serve.set_defaults(handler=_serve)
+    serve.set_defaults(handler=_serve, **{FLAG_CHECK: check_serve_flags})
 
     explain = subparsers.add_parser(
         "explain", help="per node: startup phases, score and filter verdict for a pod, from the live inventory"
@@ -87,12 +91,14 @@ def register(subparsers: Any) -> None:
     explain.set_defaults(handler=_explain)
 
 
+def check_serve_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """What ``serve`` refuses to start with (exit 2), or ``None``: the ``--tls-*`` family."""
+    return tls_problem(args)
+
+
 def _serve(args: argparse.Namespace) -> int:
-    if bool(args.tls_cert) != bool(args.tls_key):
-        report("extender serve: --tls-cert and --tls-key go together")
-        return 2
-    if args.tls_client_ca and not args.tls_cert:
-        report("extender serve: --tls-client-ca needs --tls-cert and --tls-key")
+    if problem := flag_problem(args):
+        report(f"extender serve: {problem}")
         return 2
     started = load_policy_to_start(args.policy, "serve")
     if started is None:
