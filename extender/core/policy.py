@@ -604,6 +604,9 @@ class Scoring(Schema):
     seconds_per_point: Annotated[Duration, Field(gt=0)] = 30.0
     #: Points taken off a node whose free NVMe cannot hold the weights without eviction.
     nvme_pressure_penalty: int = Field(default=2, ge=0, le=10)
+    #: Points at most for GPU bin-packing: ``round(packingPoints x fill)`` where ``fill`` is the
+    #: share of the node's GPUs in use with the pod on it (extender.core.scoring). 0: off.
+    packing_points: int = Field(default=0, ge=0, le=10)
 
 
 class Scaling(Schema):

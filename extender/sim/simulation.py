@@ -338,7 +338,7 @@ class Run:
             return feasible, totals, np.full(len(c), np.nan)
         ones = np.ones(len(c), dtype=np.bool_)
         nvme_free = np.fromiter((r.nvme_free for r in c.records), dtype=np.float64, count=len(c))
-        inputs = NodeInputs(c.classes, c.class_index, state, ones, ones, nvme_free)
+        inputs = NodeInputs(c.classes, c.class_index, state, ones, ones, nvme_free, c.gpus_free())
         b = self.belief
         ev = evaluate(b.policy, b.profile(w), inputs, scale=self.w[w].scale, table=b.table(w))
         feasible = feasible & (ev.judgement.verdict == 0)
