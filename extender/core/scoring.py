@@ -133,7 +133,8 @@ def packing(classes: Sequence[NodeClass], class_index: NDArray[np.intp], gpus_fr
     free = np.asarray(gpus_free, dtype=np.float64)
     fits = (total > 0) & (free >= request)
     fill = np.where(fits, (total - free + request) / np.maximum(total, 1.0), 0.0)
-    return np.rint(points * np.clip(fill, 0.0, 1.0)).astype(np.int64)
+    out: I64 = np.rint(points * np.clip(fill, 0.0, 1.0)).astype(np.int64)
+    return out
 
 
 def scores(scale: Scale, total_s: F64, pressure: Mask, penalty: int) -> I64:
