@@ -86,6 +86,8 @@ def history_span(scaling: Scaling, tick_s: float) -> float:
 FAR_EVERY_TICKS = 4
 
 ProgressFn = Callable[[int], None]
+#: The standard normal's 90th percentile: a log-normal with median m and p90 q has sigma ln(q/m)/Z90.
+Z90 = 1.2815515655446004
 
 
 # ---------------------------------------------------------------------------------------------
@@ -155,11 +157,16 @@ def load_demand(loaded: LoadedScenario, workload: Workload, *, seed: int, bin_s:
 
 
 def node_specs(policy: Policy, groups: Sequence[NodeGroup]) -> tuple[NodeSpec, ...]:
-    """The nodes at t = 0: names ``<group>-<i>`` (zero-padded) and the warm caches of each group."""
+    """The node slots: names ``<group>-<i>`` (zero-padded) and the warm caches of each group.
+
+    A fixed group has ``count`` nodes; an autoscaled pool (``maxCount``) has ``maxCount`` slots, the
+    first ``count`` present at t = 0 and the others absent until the autoscaler launches them.
+    """
     out: list[NodeSpec] = []
-    for g in groups:
+    for gi, g in enumerate(groups):
         cls = policy.node_class(g.node_class)
-        width = max(2, len(str(g.count - 1)))
+        slots = g.ceiling
+        width = max(2, len(str(slots - 1)))
         prefix = g.name or g.node_class
         held: list[dict[str, int]] = [{} for _ in range(g.count)]
         for warm in g.warm:
@@ -169,7 +176,9 @@ def node_specs(policy: Policy, groups: Sequence[NodeGroup]) -> tuple[NodeSpec, .
             for i in chosen:
                 for e in entries:
                     held[i].update(e)
-        out.extend(NodeSpec(f"{prefix}-{i:0{width}d}", cls.name, tuple(held[i].items())) for i in range(g.count))
+        pool = gi if g.max_count is not None else -1
+        out.extend(NodeSpec(f"{prefix}-{i:0{width}d}", cls.name, tuple(held[i].items()) if i < g.count else (),
+                            present=i < g.count, pool=pool) for i in range(slots))
     return tuple(out)
 
 
@@ -261,6 +270,13 @@ class RunResult:
     n_ticks: int
     workloads: list[WorkloadResult]
     warm_actions: int = 0
+    #: With autoscaled pools: GPUs of every provisioned node (launching or Ready) x time, the fleet's
+    #: cost; None on a fixed fleet (then the cost is the GPUs pods hold).
+    fleet_gpu_seconds: float | None = None
+    #: Per tick: GPUs of the provisioned nodes (with autoscaled pools; else empty).
+    fleet_gpus: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    nodes_launched: int = 0
+    nodes_removed: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,6 +340,25 @@ class Run:
         self.warm_actions = 0
         self._plan_key: tuple[object, ...] | None = None
         self._placed_state: dict[int, CacheState] = {}
+        self.hpa_target = prepared.scenario.hpa.target_utilization
+        self.names = {s.profile.name: s.index for s in prepared.workloads}
+        # node autoscaling (the scenario's groups with maxCount)
+        groups = prepared.scenario.cluster.nodes
+        self.auto = prepared.scenario.cluster.autoscaling
+        self.autoscaled = any(g.max_count is not None for g in groups)
+        self.floors = [g.floor for g in groups]
+        self.pool_slots = [np.flatnonzero(self.cluster.pool == gi) for gi in range(len(groups))]
+        self.launching: dict[int, float] = {}  # node slot -> Ready time
+        self.empty_since = np.full(len(self.cluster), np.nan)
+        self.node_rng = np.random.default_rng(_seed(prepared.seed, "nodes", strategy.name))
+        delay = self.auto.provisioning
+        self.delay_mu = math.log(delay.median)
+        self.delay_sigma = math.log(delay.p90 / delay.median) / Z90
+        self.provision_s = float(delay.median) if self.autoscaled else 0.0
+        self.fleet_gpu_s = 0.0
+        self.fleet_gpus = np.zeros(n if self.autoscaled else 0, dtype=np.int64)
+        self.launched = 0
+        self.removed = 0
 
     # ---- placement -----------------------------------------------------------------------
 
@@ -333,7 +368,13 @@ class Run:
         profile = self.w[w].setup.profile
         state = c.state(w, now)
         feasible = c.feasible(w)
-        totals = in_tree_scores(c.gpus, c.gpus_used, profile.parallelism.gpus, state.image, profile.image.size)
+        if self.autoscaled:  # the in-tree plugins see the nodes that exist
+            rows = np.flatnonzero(c.present)
+            totals = np.zeros(len(c), dtype=np.int64)
+            totals[rows] = in_tree_scores(c.gpus[rows], c.gpus_used[rows], profile.parallelism.gpus,
+                                          state.image[rows], profile.image.size)
+        else:
+            totals = in_tree_scores(c.gpus, c.gpus_used, profile.parallelism.gpus, state.image, profile.image.size)
         if self.strategy.placement != "extender":
             return feasible, totals, np.full(len(c), np.nan)
         ones = np.ones(len(c), dtype=np.bool_)
@@ -427,7 +468,7 @@ class Run:
         c = self.cluster
         rows = np.flatnonzero(c.feasible(w)).astype(np.intp)
         if len(rows) == 0:
-            value = float(s.scale.reference_s)
+            value = float(s.scale.reference_s) + self.provision_s
         else:
             b = self.belief
             est = estimate(b.profile(w), c.classes, c.class_index[rows], c.state(w, now, rows), b.table(w))
@@ -460,7 +501,8 @@ class Run:
         scaling = self.policy.scaling
         if self.strategy.scaling == "hpa":
             load = demand + queue / scaling.queue_drain
-            return s.hpa.sync(now, current, current, load, setup.capacity), None
+            desired = s.hpa.sync(now, current, current, load, setup.capacity * self.hpa_target)
+            return desired, (self._expect(s, k, desired, current) if self.strategy.warming else None)
         h = horizon(self._startup_next(setup.index, now), self.dt, scaling.hpa_sync_delay)
         fc = self._forecast(s, k, h.seconds)
         ready = s.ready
@@ -470,13 +512,19 @@ class Run:
         s.recent = prune((*s.recent, Recommendation(at_s=now, replicas=decision.recommendation)), now,
                          scaling.scale_down_stabilisation)
         desired = s.hpa.sync(now, current, current, float(decision.desired), 1.0)
-        # the warmer looks one cold start further: replicas that would have to start cold to be ready then
-        far = horizon(s.scale.reference_s, self.dt, scaling.hpa_sync_delay)
+        return desired, (self._expect(s, k, decision.desired, current) if self.strategy.warming else None)
+
+    def _expect(self, s: _WorkloadState, k: int, desired: int, current: int) -> Expectation:
+        """The warmer's expectation: it looks one cold start (and a node's provisioning) further,
+        at the replicas that would have to start cold to be ready then."""
+        setup = s.setup
+        scaling = self.policy.scaling
+        far = horizon(s.scale.reference_s + self.provision_s, self.dt, scaling.hpa_sync_delay)
         if s.far is None or k - s.far_at >= FAR_EVERY_TICKS:
             s.far, s.far_at = self._forecast(s, k, far.seconds), k
-        need = max(math.ceil(s.far.upper / setup.capacity - 1e-9), decision.desired)
+        need = max(math.ceil(s.far.upper / setup.capacity - 1e-9), desired)
         need = min(need, setup.max_replicas)
-        return desired, Expectation(workload=setup.profile.name, replicas=max(need - current, 0), within_s=far.seconds)
+        return Expectation(workload=setup.profile.name, replicas=max(need - current, 0), within_s=far.seconds)
 
     def _scale(self, s: _WorkloadState, desired: int, now: float) -> None:
         current = len(s.pods)
@@ -519,6 +567,86 @@ class Run:
             self.warm_actions += 1
         self._plan_key = (key[0], self.cluster.version)
 
+    # ---- node autoscaling ----------------------------------------------------------------
+
+    def _joins(self, now: float) -> None:
+        """Launched nodes whose provisioning delay has passed join the cluster, cold."""
+        for slot, at in list(self.launching.items()):
+            if at <= now:
+                del self.launching[slot]
+                self.cluster.join(slot)
+
+    def _launch(self, w: int, gpus: int, now: float) -> int | None:
+        """Launch a node for a pod of workload ``w``: the pool of an allowed class with the fewest
+        GPUs that still fit it (the cheapest that fits, as Karpenter chooses), below its maximum."""
+        c = self.cluster
+        allowed = c.allowed(w)
+        best: tuple[int, int] | None = None
+        for gi, slots in enumerate(self.pool_slots):
+            if len(slots) == 0 or not allowed[slots[0]] or c.class_gpus[slots[0]] < gpus:
+                continue
+            free = [int(i) for i in slots if not c.present[i] and int(i) not in self.launching]
+            if free and (best is None or c.class_gpus[slots[0]] < c.class_gpus[best[1]]):
+                best = (gi, free[0])
+        if best is None:
+            return None
+        slot = best[1]
+        self.launching[slot] = now + float(np.exp(self.node_rng.normal(self.delay_mu, self.delay_sigma)))
+        self.launched += 1
+        return slot
+
+    def _autoscale(self, now: float, expectations: Sequence[Expectation]) -> None:
+        """Launch nodes for pending pods (and, with ``provisionAhead``, for the replicas the warmer
+        expects), after packing them onto the nodes already launching; remove nodes empty for
+        ``consolidateAfter`` down to each pool's minimum."""
+        c = self.cluster
+        spare = {slot: int(c.class_gpus[slot]) for slot in self.launching}
+
+        def claim(w: int, gpus: int) -> bool:
+            allowed = c.allowed(w)
+            for slot, free in spare.items():
+                if allowed[slot] and free >= gpus:
+                    spare[slot] = free - gpus
+                    return True
+            return False
+
+        for s in self.w:
+            gpus = s.setup.profile.parallelism.gpus
+            for pod in s.pods.values():
+                if pod.pending and not claim(s.setup.index, gpus):
+                    slot = self._launch(s.setup.index, gpus, now)
+                    if slot is not None:
+                        spare[slot] = int(c.class_gpus[slot]) - gpus
+        if self.strategy.warming and self.auto.provision_ahead:
+            free = c.gpus_free().copy()
+            for e in expectations:
+                w = self.names[e.workload]
+                gpus = self.w[w].setup.profile.parallelism.gpus
+                allowed = c.allowed(w) & c.present
+                for _ in range(e.replicas):
+                    room = np.flatnonzero(allowed & (free >= gpus))
+                    if len(room):
+                        free[room[0]] -= gpus
+                    elif not claim(w, gpus):
+                        slot = self._launch(w, gpus, now)
+                        if slot is None:
+                            break
+                        spare[slot] = int(c.class_gpus[slot]) - gpus
+        empty = c.present & (c.pool >= 0) & (c.gpus_used == 0)
+        self.empty_since[~empty] = np.nan
+        fresh = empty & np.isnan(self.empty_since)
+        self.empty_since[fresh] = now
+        due = np.flatnonzero(empty & (now - self.empty_since >= self.auto.consolidate_after))
+        for at in due:
+            i = int(at)
+            gi = int(c.pool[i])
+            size = int(c.present[self.pool_slots[gi]].sum()) + sum(1 for x in self.launching if c.pool[x] == gi)
+            if size <= self.floors[gi] or c.warming(i):
+                continue
+            c.remove(i)
+            self.empty_since[i] = np.nan
+            self.removed += 1
+
     # ---- the loop ------------------------------------------------------------------------
 
     def run(self, progress: ProgressFn | None = None) -> RunResult:
@@ -528,6 +656,8 @@ class Run:
         report_every = max(1, n // 200)
         for k in range(n):
             now = k * dt
+            if self.launching:
+                self._joins(now)
             self._events(now)
             if self.belief.refresh(now):
                 for i, s in enumerate(self.w):
@@ -549,6 +679,12 @@ class Run:
                 if expectation is not None:
                     expectations.append(expectation)
             self._place_pending(now)
+            if self.autoscaled:
+                self._autoscale(now, expectations)
+                c = self.cluster
+                launching = sum(int(c.class_gpus[x]) for x in self.launching)
+                self.fleet_gpus[k] = int(c.class_gpus[c.present].sum()) + launching
+                self.fleet_gpu_s += float(self.fleet_gpus[k]) * dt
             if self.strategy.warming:
                 self._warm(expectations, now)
             for s in self.w:
@@ -588,7 +724,8 @@ class Run:
                 placed_s=np.array([p.placed_s for p in pods], dtype=np.float64),
                 believed_s=np.array([self.believed.get(p.id, math.nan) for p in pods], dtype=np.float64),
             ))
-        return RunResult(self.strategy, self.dt, n, out, self.warm_actions)
+        return RunResult(self.strategy, self.dt, n, out, self.warm_actions,
+                         self.fleet_gpu_s if self.autoscaled else None, self.fleet_gpus, self.launched, self.removed)
 
 
 def simulate(prepared: Prepared, strategies: Sequence[str], progress: Callable[[str, int], None] | None = None
