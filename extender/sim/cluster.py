@@ -419,6 +419,18 @@ class Cluster:
             }))
         return self.snapshot_of(records)
 
+    def set_profile(self, w: int, profile: Profile) -> None:
+        """Workload ``w`` now runs ``profile`` (a rollout): its cache columns are re-derived, so caches
+        of the old weights version or image no longer count."""
+        profiles = list(self.profiles)
+        profiles[w] = profile
+        self.profiles = tuple(profiles)
+        state, table = self.snapshot_of(self.records).cache_state(profile)
+        self._columns[w] = state.take(slice(0, len(self.records)))
+        self._tables[w] = table
+        self._compile_keys[w] = [compile_key(profile, c) for c in self.classes]
+        self.version += 1
+
     # ---- node autoscaling ----------------------------------------------------------------
 
     def join(self, node: int) -> None:

@@ -255,16 +255,15 @@ class HpaSpec(Schema):
 class Rollout(Schema):
     """A rolling update of one workload at ``at``: a new weights ``weightsVersion`` and/or ``image``.
 
-    ``announce``: seconds before ``at`` the policy tells the warmer the rollout is coming (0: it is not
-    told); the warmer may then stage the new version ahead. ``maxSurge``: new pods started at once
-    (as a Deployment's ``maxSurge``, in pods).
+    Every replica then runs the new version: running ones are replaced ``maxSurge`` at a time (a
+    Deployment's rolling update with ``maxSurge`` pods and ``maxUnavailable: 0``: an old replica is
+    deleted when its replacement is Ready). Caches of the old version no longer count as warm.
     """
 
     workload: Name
-    at: Duration
+    at: PositiveDuration
     weights_version: str | None = Field(default=None, min_length=1)
     image: str | None = Field(default=None, min_length=1)
-    announce: Duration = 0.0
     max_surge: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
@@ -370,8 +369,6 @@ def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
             if rollout.weights_version == current:
                 out.append((("rollouts", r, "weightsVersion"),
                             f"{current!r} is already the version of {rollout.workload!r}"))
-        if rollout.announce > rollout.at:
-            out.append((("rollouts", r, "announce"), "announced before the run starts (announce > at)"))
     for i, s in enumerate(scenario.strategies):
         if s not in STRATEGIES:
             out.append((("strategies", i), f"no strategy {s!r} (known: {', '.join(STRATEGIES)})"))

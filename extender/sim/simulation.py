@@ -53,7 +53,7 @@ from extender.sim import hpa as hpa_model
 from extender.sim.cluster import Cluster, NodeSpec, Pod
 from extender.sim.kubescheduler import EXTENDER_SCALE, in_tree_scores, select_host
 from extender.sim.queueing import Delays, FifoQueue
-from extender.sim.scenario import LoadedScenario, NodeGroup, Scenario, TraceSpec, Workload
+from extender.sim.scenario import LoadedScenario, NodeGroup, Rollout, Scenario, TraceSpec, Workload
 from extender.sim.strategies import STRATEGIES, Strategy
 from extender.sim.synthetic import synthetic_arrivals
 from extender.sim.traces import Arrivals, RequestTrace, arrivals_from, read_trace
@@ -67,6 +67,18 @@ BINS_PER_TICK = 3
 #: History the predictive scaler forecasts from with fixed constants and no season: their state
 #: forgets faster than six hours.
 SHORT_HISTORY_S = 6 * 3600.0
+
+
+def rolled_policy(policy: Policy, rollout: Rollout) -> Policy:
+    """``policy`` with the rollout's workload on its new weights version and/or image."""
+    p = policy.profile(rollout.workload)
+    update: dict[str, object] = {}
+    if rollout.weights_version is not None:
+        update["weights"] = p.weights.model_copy(update={"version": rollout.weights_version})
+    if rollout.image is not None:
+        update["image"] = p.image.model_copy(update={"reference": rollout.image})
+    new = p.model_copy(update=update)
+    return policy.model_copy(update={"profiles": tuple(new if q.name == p.name else q for q in policy.profiles)})
 
 
 def history_span(scaling: Scaling, tick_s: float) -> float:
@@ -84,6 +96,13 @@ def history_span(scaling: Scaling, tick_s: float) -> float:
 #: horizon is a whole cold start, so a minute-old forecast changes nothing it plans, and it halves
 #: the forecasting work of a run.
 FAR_EVERY_TICKS = 4
+
+#: The scaler's forecast is remade when this many ticks have passed since (a minute at 15 s: the
+#: forecast grid of the bundled policies is 5 minutes, so it moves little in between) or when the
+#: horizon moved by more than NEAR_SLACK_S; the queue and the demand of the tick still enter
+#: every decision.
+NEAR_EVERY_TICKS = 4
+NEAR_SLACK_S = 30.0
 
 ProgressFn = Callable[[int], None]
 #: The standard normal's 90th percentile: a log-normal with median m and p90 q has sigma ln(q/m)/Z90.
@@ -299,6 +318,11 @@ class _WorkloadState:
     timeline: Timeline | None = None
     gpu_s: float = 0.0
     far: Forecast | None = None  # the warmer's look-ahead forecast, and the tick it was made
+    old: set[int] = field(default_factory=set)  # pods of the version before a rollout
+    links: dict[int, int] = field(default_factory=dict)  # rolling update: new pod id -> old pod id it replaces
+    surge: int = 1
+    near: Forecast | None = None  # the scaler's forecast at its horizon, and the tick it was made
+    near_at: int = 0
     far_at: int = 0
     next_startup: tuple[int, float] | None = None  # (cluster version, seconds) while no pull is running
 
@@ -504,7 +528,11 @@ class Run:
             desired = s.hpa.sync(now, current, current, load, setup.capacity * self.hpa_target)
             return desired, (self._expect(s, k, desired, current) if self.strategy.warming else None)
         h = horizon(self._startup_next(setup.index, now), self.dt, scaling.hpa_sync_delay)
-        fc = self._forecast(s, k, h.seconds)
+        near = s.near
+        if near is None or k - s.near_at >= NEAR_EVERY_TICKS or abs(near.horizon_s - h.seconds) > NEAR_SLACK_S:
+            near = s.near = self._forecast(s, k, h.seconds)
+            s.near_at = k
+        fc = near
         ready = s.ready
         decision = decide(DecisionInputs.for_policy(
             scaling, setup.bounds, workload=setup.profile.name, now_s=now, demand=demand, queue=queue,
@@ -526,8 +554,51 @@ class Run:
         need = min(need, setup.max_replicas)
         return Expectation(workload=setup.profile.name, replicas=max(need - current, 0), within_s=far.seconds)
 
+    def _delete(self, s: _WorkloadState, pod: Pod, now: float) -> None:
+        if pod.is_ready(now):
+            s.ready -= 1
+        self.cluster.delete(pod, now)
+        del s.pods[pod.id]
+        s.old.discard(pod.id)
+        s.links.pop(pod.id, None)
+        for new, old in list(s.links.items()):
+            if old == pod.id:
+                del s.links[new]  # its replacement stays, as an ordinary replica
+
+    def _rollout(self, r: Rollout, now: float) -> None:
+        """Workload ``r.workload`` moves to a new weights version and/or image: the belief, the world
+        and the cluster's cache columns switch to the new profile; running replicas become old."""
+        w = self.names[r.workload]
+        s = self.w[w]
+        self.policy = rolled_policy(self.policy, r)
+        self.world = self.policy if self.world is self.belief.base else rolled_policy(self.world, r)
+        self.belief.base = self.policy
+        self.belief._use(self.policy)
+        self.cluster.set_profile(w, self.world.profile(r.workload))
+        s.scale, s.next_startup, s.surge = self.belief.scale(w), None, r.max_surge
+        self._plan_key = None
+        for pod in list(s.pods.values()):
+            if pod.is_ready(now):
+                s.old.add(pod.id)
+            else:
+                self._delete(s, pod, now)  # a start of the old version is abandoned
+
+    def _rolling(self, s: _WorkloadState, now: float) -> None:
+        """One step of the rolling update: old replicas whose replacement is Ready go; new
+        replacements start while fewer than ``maxSurge`` are in progress."""
+        for new, old in list(s.links.items()):
+            if s.pods[new].is_ready(now):
+                del s.links[new]
+                if old in s.pods:
+                    self._delete(s, s.pods[old], now)
+        linked = set(s.links.values())
+        for old in sorted(s.old - linked):
+            if len(s.links) >= s.surge:
+                break
+            s.links[self._new_pod(s.setup.index, now).id] = old
+
     def _scale(self, s: _WorkloadState, desired: int, now: float) -> None:
-        current = len(s.pods)
+        current = len(s.pods) - len(s.links)
         for _ in range(desired - current):
             self._new_pod(s.setup.index, now)
         if desired >= current:
@@ -537,17 +608,16 @@ class Run:
             if not pod.pending:
                 on_node[pod.node] = on_node.get(pod.node, 0) + 1
 
-        def rank(pod: Pod) -> tuple[int, int, int, float, float, int]:
-            # the ReplicaSet controller deletes first: unscheduled, not ready, doubled-up, newest
+        def rank(pod: Pod) -> tuple[int, int, int, int, float, float, int]:
+            # old-version pods first (a Deployment scales its old ReplicaSet down first), then as the
+            # ReplicaSet controller deletes: unscheduled, not ready, doubled-up, newest
             ready = pod.is_ready(now)
-            return (0 if pod.pending else 1, 1 if ready else 0, -on_node.get(pod.node, 0),
-                    -(pod.ready_s if ready else 0.0), -pod.created_s, -pod.id)
+            return (0 if pod.id in s.old else 1, 0 if pod.pending else 1, 1 if ready else 0,
+                    -on_node.get(pod.node, 0), -(pod.ready_s if ready else 0.0), -pod.created_s, -pod.id)
 
-        for pod in sorted(s.pods.values(), key=rank)[: current - desired]:
-            if pod.is_ready(now):
-                s.ready -= 1
-            self.cluster.delete(pod, now)
-            del s.pods[pod.id]
+        replacing = set(s.links)
+        for pod in sorted((p for p in s.pods.values() if p.id not in replacing), key=rank)[: current - desired]:
+            self._delete(s, pod, now)
 
     def _warm(self, expectations: list[Expectation], now: float) -> None:
         wanted = [e for e in expectations if e.replicas > 0]
@@ -654,8 +724,11 @@ class Run:
         self._initial()
         n, dt = self.p.n_ticks, self.dt
         report_every = max(1, n // 200)
+        rollouts = sorted(self.p.scenario.rollouts, key=lambda r: r.at)
         for k in range(n):
             now = k * dt
+            while rollouts and rollouts[0].at <= now:
+                self._rollout(rollouts.pop(0), now)
             if self.launching:
                 self._joins(now)
             self._events(now)
@@ -676,6 +749,8 @@ class Run:
                 s.hist_t[k], s.hist_v[k] = now, demand
                 desired, expectation = self._decide(s, k, demand, queued)
                 self._scale(s, desired, now)
+                if s.old:
+                    self._rolling(s, now)
                 if expectation is not None:
                     expectations.append(expectation)
             self._place_pending(now)
