@@ -570,6 +570,9 @@ class Profile(Schema):
     filter: FilterRules = FilterRules()
     #: The predictive scaler's settings for this workload; unset: ``extender scale`` leaves it alone.
     autoscaling: Autoscaling | None = None
+    #: Share of a fleet too small for every workload's desired replicas (extender.core.sharing):
+    #: higher goes first within each round; every observed load is served before any forecast.
+    priority: int = Field(default=0, ge=0, le=1000)
 
     @model_validator(mode="after")
     def _slo_rule_needs_slo(self) -> Profile:

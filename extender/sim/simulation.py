@@ -48,6 +48,7 @@ from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
 from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
 from extender.core.scoring import NodeInputs, Scale, evaluate, scale_for
+from extender.core.sharing import Claim, share
 from extender.core.warming import Expectation, plan
 from extender.sim import hpa as hpa_model
 from extender.sim.cluster import Cluster, NodeSpec, Pod
@@ -637,6 +638,15 @@ class Run:
             self.warm_actions += 1
         self._plan_key = (key[0], self.cluster.version)
 
+    def _fleet_gpus(self) -> int:
+        """GPUs the workloads can have: every present node's, plus those the pools can still add."""
+        c = self.cluster
+        total = int(c.class_gpus[c.present].sum())
+        for slots in self.pool_slots:
+            if len(slots):
+                total += int((~c.present[slots]).sum()) * int(c.class_gpus[slots[0]])
+        return total
+
     # ---- node autoscaling ----------------------------------------------------------------
 
     def _joins(self, now: float) -> None:
@@ -737,6 +747,7 @@ class Run:
                     s.scale, s.next_startup = self.belief.scale(i), None
                 self._plan_key = None
             expectations: list[Expectation] = []
+            claims: list[Claim] = []
             for s in self.w:
                 assert s.timeline is not None
                 q = s.queue
@@ -748,11 +759,18 @@ class Run:
                 demand = q.arrived_in(k - 1) / dt
                 s.hist_t[k], s.hist_v[k] = now, demand
                 desired, expectation = self._decide(s, k, demand, queued)
-                self._scale(s, desired, now)
-                if s.old:
-                    self._rolling(s, now)
+                observed = math.ceil((demand + queued / self.policy.scaling.queue_drain) / s.setup.capacity - 1e-9)
+                claims.append(Claim(s.setup.profile.name, s.setup.profile.priority, s.setup.profile.parallelism.gpus,
+                                    s.setup.min_replicas, observed, desired))
                 if expectation is not None:
                     expectations.append(expectation)
+            if claims:
+                granted = share(claims, self._fleet_gpus()) if self.strategy.scaling != "hpa" else {}
+                for claim in claims:
+                    s = self.w[self.names[claim.workload]]
+                    self._scale(s, granted.get(claim.workload, claim.desired), now)
+                    if s.old:
+                        self._rolling(s, now)
             self._place_pending(now)
             if self.autoscaled:
                 self._autoscale(now, expectations)
