@@ -199,3 +199,41 @@ def test_the_flagship_loads_with_pools_and_a_rollout() -> None:
     sizes = [loaded.policy.profile(w.name).weights.bytes for w in sc.workloads]
     assert min(sizes) <= 8 * 2**30 and max(sizes) >= 400 * 2**30
     assert {loaded.policy.profile(w.name).parallelism.gpus for w in sc.workloads} >= {1, 2, 4, 8}
+
+
+FIXED = """\
+apiVersion: extender.io/v1alpha1
+kind: Scenario
+policy: policy.yaml
+seed: 3
+slo: {queueDelay: 10s}
+cluster:
+  nodes:
+    - nodeClass: g5.xlarge
+      count: 4
+      warm: [{workload: llama3-8b, fraction: 1}]
+workloads:
+  - name: llama3-8b
+    initialReplicas: 1
+    demand:
+      synthetic: {duration: 2h, base: 2, arrivals: fluid}
+rollouts:
+  - {workload: llama3-8b, at: 1h, weightsVersion: v2, announce: ANNOUNCE}
+"""
+
+
+@pytest.mark.parametrize(("announce", "cold"), [("0s", True), ("30m", False)], ids=["not told", "announced"])
+def test_an_announced_rollout_is_staged_ahead(tmp_path: Path, announce: str, cold: bool) -> None:
+    run = _run(tmp_path, FIXED.replace("ANNOUNCE", announce), "predictive")
+    first = min((p for p in run.placed if p.placed_s >= 3600.0), key=lambda p: p.placed_s)
+    assert first.cold is cold
+
+
+def test_an_announcement_before_the_run_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "policy.yaml").write_text(POLICY_TEXT)
+    path = tmp_path / "s.yaml"
+    path.write_text(FIXED.replace("ANNOUNCE", "2h"))
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    (problem,) = info.value.problems
+    assert (problem.line, problem.path) == (17, "rollouts[0].announce")

@@ -258,6 +258,8 @@ class Rollout(Schema):
     Every replica then runs the new version: running ones are replaced ``maxSurge`` at a time (a
     Deployment's rolling update with ``maxSurge`` pods and ``maxUnavailable: 0``: an old replica is
     deleted when its replacement is Ready). Caches of the old version no longer count as warm.
+    ``announce``: seconds before ``at`` the warmer is told the rollout is coming (0: not told); the
+    strategies with the warmer then stage the new version on the nodes the replacements will land on.
     """
 
     workload: Name
@@ -265,6 +267,7 @@ class Rollout(Schema):
     weights_version: str | None = Field(default=None, min_length=1)
     image: str | None = Field(default=None, min_length=1)
     max_surge: int = Field(default=1, ge=1)
+    announce: Duration = 0.0
 
     @model_validator(mode="after")
     def _changes_something(self) -> Rollout:
@@ -369,6 +372,9 @@ def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
             if rollout.weights_version == current:
                 out.append((("rollouts", r, "weightsVersion"),
                             f"{current!r} is already the version of {rollout.workload!r}"))
+        if rollout.announce > rollout.at:
+            out.append((("rollouts", r, "announce"), f"announced {rollout.announce:g} s ahead of {rollout.at:g} s: "
+                                                     "before the run starts"))
     for i, s in enumerate(scenario.strategies):
         if s not in STRATEGIES:
             out.append((("strategies", i), f"no strategy {s!r} (known: {', '.join(STRATEGIES)})"))

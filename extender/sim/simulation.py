@@ -49,7 +49,7 @@ from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
 from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
 from extender.core.scoring import NodeInputs, Scale, evaluate, scale_for
 from extender.core.sharing import Claim, share
-from extender.core.warming import Expectation, plan
+from extender.core.warming import Action, Expectation, plan
 from extender.sim import hpa as hpa_model
 from extender.sim.cluster import Cluster, NodeSpec, Pod
 from extender.sim.kubescheduler import EXTENDER_SCALE, in_tree_scores, select_host
@@ -584,6 +584,26 @@ class Run:
             else:
                 self._delete(s, pod, now)  # a start of the old version is abandoned
 
+    def _stage(self, r: Rollout, now: float) -> None:
+        """An announced rollout: the warmer plans the new version for as many replicas as run now,
+        to be ready by ``at``, with the policy as it will be then (the old version's caches in use
+        are protected by the planner's own rules)."""
+        s = self.w[self.names[r.workload]]
+        wanted = [Expectation(workload=r.workload, replicas=len(s.pods), within_s=max(r.at - now, self.dt))]
+        policy = rolled_policy(self.belief.policy, r)
+        result = plan(policy, self.cluster.planning_snapshot(now), wanted, now=now,
+                      in_flight=self.cluster.in_flight_actions())
+        self._start(result.actions, now, policy)
+
+    def _start(self, actions: Sequence[Action], now: float, belief: Policy) -> None:
+        """Run planned warm actions (in the world's time when the scenario has a truth)."""
+        c = self.cluster
+        for action in actions:
+            node_class = c.classes[int(c.class_index[c.index[action.node]])]
+            run = action if self.world is self.policy else in_world(action, belief, self.world, node_class)
+            c.start_action(run, now)
+            self.warm_actions += 1
+
     def _rolling(self, s: _WorkloadState, now: float) -> None:
         """One step of the rolling update: old replicas whose replacement is Ready go; new
         replacements start while fewer than ``maxSurge`` are in progress."""
@@ -629,13 +649,8 @@ class Run:
             return  # nothing the planner reads has changed: it would plan nothing new
         snapshot = self.cluster.planning_snapshot(now)
         result = plan(self.belief.policy, snapshot, wanted, now=now, in_flight=self.cluster.in_flight_actions())
-        for action in result.actions:
-            # the planner's durations are the belief's; in a world that differs, it takes the world's time
-            c = self.cluster
-            node_class = c.classes[int(c.class_index[c.index[action.node]])]
-            run = action if self.world is self.policy else in_world(action, self.belief.policy, self.world, node_class)
-            c.start_action(run, now)
-            self.warm_actions += 1
+        # the planner's durations are the belief's; in a world that differs, it takes the world's time
+        self._start(result.actions, now, self.belief.policy)
         self._plan_key = (key[0], self.cluster.version)
 
     def _fleet_gpus(self) -> int:
@@ -739,6 +754,10 @@ class Run:
             now = k * dt
             while rollouts and rollouts[0].at <= now:
                 self._rollout(rollouts.pop(0), now)
+            if self.strategy.warming and k % FAR_EVERY_TICKS == 0:
+                for r in rollouts:
+                    if r.at - r.announce <= now:
+                        self._stage(r, now)
             if self.launching:
                 self._joins(now)
             self._events(now)
