@@ -143,6 +143,7 @@ class Cluster:
     class_gpus: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     pool: NDArray[np.intp] = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
     _bare: list[NodeState] = field(default_factory=list)
+    _allowed: list[NDArray[np.bool_]] = field(default_factory=list)
     _columns: list[CacheState] = field(default_factory=list)
     _tables: list[ClassTable] = field(default_factory=list)
     _compile_keys: list[list[str | None]] = field(default_factory=list)
@@ -231,12 +232,18 @@ class Cluster:
         return np.asarray(self.gpus - self.gpus_used, dtype=np.int64)
 
     def allowed(self, w: int) -> NDArray[np.bool_]:
-        """Nodes of a class workload ``w``'s profile may run on (present or not)."""
-        p = self.profiles[w]
-        if not p.node_classes:
-            return np.asarray(self.class_index < len(self.classes) - 1, dtype=np.bool_)
-        ok = {i for i, c in enumerate(self.classes) if c.name in p.node_classes}
-        return np.isin(self.class_index, list(ok))
+        """Nodes of a class workload ``w``'s profile may run on (present or not; read-only, memoised:
+        node slots keep their class and a rollout keeps the profile's classes)."""
+        while len(self._allowed) <= w:
+            p = self.profiles[len(self._allowed)]
+            if not p.node_classes:
+                mask = np.asarray(self.class_index < len(self.classes) - 1, dtype=np.bool_)
+            else:
+                ok = [i for i, c in enumerate(self.classes) if c.name in p.node_classes]
+                mask = np.isin(self.class_index, ok)
+            mask.flags.writeable = False
+            self._allowed.append(mask)
+        return self._allowed[w]
 
     def feasible(self, w: int) -> NDArray[np.bool_]:
         """Nodes where a replica of workload ``w`` fits now (class allowed, GPUs free)."""

@@ -98,10 +98,10 @@ def history_span(scaling: Scaling, tick_s: float) -> float:
 #: the forecasting work of a run.
 FAR_EVERY_TICKS = 4
 
-#: The scaler's forecast is remade when this many ticks have passed since (a minute at 15 s: the
-#: forecast grid of the bundled policies is 5 minutes, so it moves little in between) or when the
-#: horizon moved by more than NEAR_SLACK_S; the queue and the demand of the tick still enter
-#: every decision.
+#: The scaler's forecast is remade when this many ticks have passed (a minute at 15 s: the forecast
+#: grid of the bundled policies is 5 minutes, so it moves little in between) or when the horizon
+#: moved by more than NEAR_SLACK_S; the queue and the demand of the tick still enter every decision.
+#: The oracle's is remade every tick (the true demand is cheap and exact).
 NEAR_EVERY_TICKS = 4
 NEAR_SLACK_S = 30.0
 
@@ -530,7 +530,8 @@ class Run:
             return desired, (self._expect(s, k, desired, current) if self.strategy.warming else None)
         h = horizon(self._startup_next(setup.index, now), self.dt, scaling.hpa_sync_delay)
         near = s.near
-        if near is None or k - s.near_at >= NEAR_EVERY_TICKS or abs(near.horizon_s - h.seconds) > NEAR_SLACK_S:
+        if (near is None or self.strategy.scaling == "oracle" or k - s.near_at >= NEAR_EVERY_TICKS
+                or abs(near.horizon_s - h.seconds) > NEAR_SLACK_S):
             near = s.near = self._forecast(s, k, h.seconds)
             s.near_at = k
         fc = near
