@@ -44,7 +44,7 @@ from extender.sim.scenario import LoadedScenario, SyntheticSpec, load_scenario  
 from extender.sim.simulation import Prepared, prepare, simulate  # noqa: E402
 from extender.sim.synthetic import rate_trace  # noqa: E402
 
-STRATEGIES = ("default", "cache-aware", "predictive", "oracle")
+STRATEGIES = ("default", "cache-aware", "predictive", "oracle", "predictive-no-warm", "warm-only")
 
 INTERVAL_SCENARIO = """\
 apiVersion: extender.io/v1alpha1

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extender.core.errors import PolicyError
 from extender.core.estimate import CacheState, CompileCache
 from extender.core.policy import UNKNOWN_CLASS, Policy, parse_policy
 from extender.core.scoring import (
@@ -474,3 +475,50 @@ def test_registry_fetch_behind_a_queue_is_never_slower_than_no_cache(policy: Pol
     ev = evaluate(policy, policy.profile("short"), inputs)
     absent, registry = ev.estimate.total_s.tolist()
     assert registry <= absent
+
+
+# --------------------------------------------------------------------------------------------
+# GPU bin-packing (scoring.packingPoints)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PackingRow:
+    name: str
+    points: int
+    gpus_free: list[int]
+    want: list[int]
+
+
+#: llm (one GPU per replica) on four equally cold fast nodes (8 GPUs, score 6).
+PACKING_ROWS = [
+    PackingRow("off by default", 0, [8, 4, 1, 0], [6, 6, 6, 6]),
+    # fill = (8 - F + 1) / 8: 1/8, 5/8, 8/8; a full node gets nothing (the pod does not fit)
+    PackingRow("fuller node scores higher", 4, [8, 4, 1, 0], [6 + 0, 6 + 2, 6 + 4, 6]),
+    PackingRow("clamped at 10", 10, [8, 4, 1, 0], [6 + 1, 6 + 4, 10, 6]),
+]
+
+
+@pytest.mark.parametrize("row", PACKING_ROWS, ids=[r.name for r in PACKING_ROWS])
+def test_packing_term(policy: Policy, row: PackingRow) -> None:
+    packed = policy.model_copy(update={"scoring": policy.scoring.model_copy(update={"packing_points": row.points})})
+    base = nodes(policy, [("fast", set(), 1000.0 * GB)] * 4)
+    inputs = NodeInputs(base.classes, base.class_index, base.state, base.fresh, base.free_known, base.nvme_free,
+                        np.array(row.gpus_free, dtype=np.int64))
+    assert evaluate(packed, packed.profile("llm"), inputs).score.tolist() == row.want
+
+
+def test_packing_needs_known_free_gpus(policy: Policy) -> None:
+    packed = policy.model_copy(update={"scoring": policy.scoring.model_copy(update={"packing_points": 5})})
+    inputs = nodes(policy, [("fast", set(), 1000.0 * GB)] * 2)
+    assert evaluate(packed, packed.profile("llm"), inputs).score.tolist() == [6, 6]
+
+
+def test_packing_points_out_of_range_is_a_policy_error_with_its_line() -> None:
+    text = POLICY.replace("scoring: {secondsPerPoint: 30s, nvmePressurePenalty: 2}",
+                          "scoring:\n  secondsPerPoint: 30s\n  packingPoints: 11")
+    with pytest.raises(PolicyError) as err:
+        parse_policy(text, "p.yaml")
+    (problem,) = err.value.problems
+    assert (problem.line, problem.path) == (POLICY.count("\n") + 2, "scoring.packingPoints")
+    assert "<= 10" in problem.message

@@ -186,7 +186,7 @@ workloads:
 
 BAD_SCENARIOS = [
     BadScenario("unknown field", GOOD.replace("slo:", "sloo: 1\nslo:"), 4, "sloo", "unknown field"),
-    BadScenario("negative count", GOOD.replace("count: 2", "count: -1"), 8, "cluster.nodes[0].count", "must be >= 1"),
+    BadScenario("negative count", GOOD.replace("count: 2", "count: -1"), 8, "cluster.nodes[0].count", "must be >= 0"),
     BadScenario("unknown node class", GOOD.replace("g5.xlarge", "g6.xlarge"), 7, "cluster.nodes[0].nodeClass",
                 "no node class 'g6.xlarge'"),
     BadScenario("unknown workload", GOOD.replace("llama3-8b", "llama9"), 10, "workloads[0].name",

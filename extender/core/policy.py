@@ -570,6 +570,9 @@ class Profile(Schema):
     filter: FilterRules = FilterRules()
     #: The predictive scaler's settings for this workload; unset: ``extender scale`` leaves it alone.
     autoscaling: Autoscaling | None = None
+    #: Share of a fleet too small for every workload's desired replicas (extender.core.sharing):
+    #: higher goes first within each round; every observed load is served before any forecast.
+    priority: int = Field(default=0, ge=0, le=1000)
 
     @model_validator(mode="after")
     def _slo_rule_needs_slo(self) -> Profile:
@@ -604,6 +607,9 @@ class Scoring(Schema):
     seconds_per_point: Annotated[Duration, Field(gt=0)] = 30.0
     #: Points taken off a node whose free NVMe cannot hold the weights without eviction.
     nvme_pressure_penalty: int = Field(default=2, ge=0, le=10)
+    #: Points at most for GPU bin-packing: ``round(packingPoints x fill)`` where ``fill`` is the
+    #: share of the node's GPUs in use with the pod on it (extender.core.scoring). 0: off.
+    packing_points: int = Field(default=0, ge=0, le=10)
 
 
 class Scaling(Schema):

@@ -12,6 +12,9 @@ plugin. The mapping is therefore absolute, fixed per profile for one policy vers
     score  = max(points - scoring.nvmePressurePenalty, 0)   if the node's free NVMe cannot hold
                                                             the weights it still lacks
            = points                                         otherwise
+    fill   = (G - F + r) / G      G the node's GPUs (its class), F its free GPUs, r the pod's GPUs
+    score  = min(score + round(scoring.packingPoints x fill), 10)   when F >= r and G > 0
+
 
 * Comparable across node classes: ``T`` is the node's own estimate on its own class, measured
   against one reference for the profile, so a warm fast node scores at least as high as a warm slow
@@ -22,6 +25,13 @@ plugin. The mapping is therefore absolute, fixed per profile for one policy vers
   many points.
 * Estimates above ``T_ref`` (a class the profile is not meant to run on, an unknown node on
   seed-default bandwidths) clamp to 0; NaN counts as cold (0).
+* The packing term (``scoring.packingPoints``, default 0: off) is GPU bin-packing among nodes that
+  are otherwise equal: the fuller a node would be with the pod on it, the more points. It counters
+  kube-scheduler's ``LeastAllocated``, which spreads one-GPU pods over the big nodes until none keeps
+  room for a TP=4 or TP=8 replica. It applies only when the caller knows the free GPUs (the
+  inventory's ``gpusFree``); a node without room for the pod gets nothing (the scheduler filters it
+  anyway). It can lift a colder node over a warmer one by at most ``packingPoints``, so keep it below
+  the points a warm start is worth.
 * NVMe pressure applies only when the profile caches weights (``weights.cache`` is not ``none``) and
   only to nodes whose free space is known from the inventory; it can only lower a score, and more
   cache on a node never raises pressure, so more cache never lowers a score.
@@ -114,6 +124,17 @@ def nvme_pressure(profile: Profile, lacking: F64, usable_free: F64, free_known: 
     if not profile.weights.cached:
         return np.zeros(len(lacking), dtype=np.bool_)
     return free_known & (lacking > 0) & (usable_free < lacking)
+
+
+def packing(classes: Sequence[NodeClass], class_index: NDArray[np.intp], gpus_free: I64, request: int,
+            points: int) -> I64:
+    """``round(points x (G - F + r) / G)`` per node, 0 where the pod does not fit or G is 0."""
+    total = np.array([c.gpu.count for c in classes], dtype=np.float64)[class_index]
+    free = np.asarray(gpus_free, dtype=np.float64)
+    fits = (total > 0) & (free >= request)
+    fill = np.where(fits, (total - free + request) / np.maximum(total, 1.0), 0.0)
+    out: I64 = np.rint(points * np.clip(fill, 0.0, 1.0)).astype(np.int64)
+    return out
 
 
 def scores(scale: Scale, total_s: F64, pressure: Mask, penalty: int) -> I64:
@@ -237,6 +258,8 @@ class NodeInputs:
     fresh: Mask
     free_known: Mask
     nvme_free: F64
+    #: Free GPUs per node when known (the packing term needs them); None: no packing term.
+    gpus_free: I64 | None = None
 
 
 @dataclass(frozen=True)
@@ -296,6 +319,10 @@ def evaluate(
     lacking = lacking_bytes(profile, nodes.state.weights_bytes)
     pressure = nvme_pressure(profile, lacking, usable_free, nodes.free_known)
     score = scores(sc, est.total_s, pressure, policy.scoring.nvme_pressure_penalty)
+    points = policy.scoring.packing_points
+    if points and nodes.gpus_free is not None:
+        bonus = packing(nodes.classes, idx, nodes.gpus_free, profile.parallelism.gpus, points)
+        score = np.minimum(score + bonus, MAX_SCORE).astype(np.int64)
     judgement = judge(
         profile,
         total_s=est.total_s,

@@ -103,6 +103,10 @@ class NodeSpec:
     node_class: str
     #: (cache id, bytes) of every cache on the node (extender.core.caches).
     caches: tuple[tuple[str, int], ...] = ()
+    #: The node exists at t = 0 (a slot of an autoscaled pool may not).
+    present: bool = True
+    #: Index of its autoscaled pool (the scenario's node group), -1 for a fixed group.
+    pool: int = -1
 
 
 @dataclass
@@ -134,6 +138,12 @@ class Cluster:
     #: Bumped on every change a planner or placement could see.
     version: int = 0
     index: dict[str, int] = field(default_factory=dict)
+    #: Per node slot: it exists (joined and not removed); its class's GPUs; its pool (-1: fixed).
+    present: NDArray[np.bool_] = field(default_factory=lambda: np.zeros(0, dtype=np.bool_))
+    class_gpus: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    pool: NDArray[np.intp] = field(default_factory=lambda: np.zeros(0, dtype=np.intp))
+    _bare: list[NodeState] = field(default_factory=list)
+    _allowed: list[NDArray[np.bool_]] = field(default_factory=list)
     _columns: list[CacheState] = field(default_factory=list)
     _tables: list[ClassTable] = field(default_factory=list)
     _compile_keys: list[list[str | None]] = field(default_factory=list)
@@ -145,12 +155,17 @@ class Cluster:
         classes = (*policy.node_classes, UNKNOWN_CLASS)
         by_name = {c.name: i for i, c in enumerate(classes)}
         records: list[NodeState] = []
+        bares: list[NodeState] = []
         for spec in nodes:
             c = classes[by_name[spec.node_class]]
             bare = NodeState.model_validate({
                 "name": spec.name, "nodeClass": c.name, "gpus": c.gpu.count, "gpusFree": c.gpu.count,
-                "nvmeTotal": c.nvme.capacity, "heartbeat": 0.0, "ttl": _TTL_S,
+                "nvmeTotal": c.nvme.capacity, "nvmeFree": c.nvme.capacity, "heartbeat": 0.0, "ttl": _TTL_S,
             })
+            bares.append(bare)
+            if not spec.present:
+                records.append(bare)
+                continue
             held = dict(spec.caches)
             updates = with_entries(bare, add=held)
             on_nvme = {i: b for i, b in held.items() if SPECS[parse_cache_id(i)[0]].on_nvme}
@@ -160,7 +175,11 @@ class Cluster:
         cluster = cls(policy=policy, profiles=tuple(profiles), records=records, compile_registry=compile_registry)
         cluster.classes = classes
         cluster.class_index = np.array([by_name[r.node_class] for r in records], dtype=np.intp)
-        cluster.gpus = np.array([r.gpus for r in records], dtype=np.int64)
+        cluster.class_gpus = np.array([r.gpus for r in records], dtype=np.int64)
+        cluster.present = np.array([spec.present for spec in nodes], dtype=np.bool_)
+        cluster.pool = np.array([spec.pool for spec in nodes], dtype=np.intp)
+        cluster.gpus = np.where(cluster.present, cluster.class_gpus, 0).astype(np.int64)
+        cluster._bare = bares
         cluster.gpus_used = np.zeros(len(records), dtype=np.int64)
         cluster.pods_on = [{} for _ in records]
         cluster.index = {r.name: i for i, r in enumerate(records)}
@@ -213,12 +232,18 @@ class Cluster:
         return np.asarray(self.gpus - self.gpus_used, dtype=np.int64)
 
     def allowed(self, w: int) -> NDArray[np.bool_]:
-        """Nodes of a class workload ``w``'s profile may run on."""
-        p = self.profiles[w]
-        if not p.node_classes:
-            return np.asarray(self.class_index < len(self.classes) - 1, dtype=np.bool_)
-        ok = {i for i, c in enumerate(self.classes) if c.name in p.node_classes}
-        return np.isin(self.class_index, list(ok))
+        """Nodes of a class workload ``w``'s profile may run on (present or not; read-only, memoised:
+        node slots keep their class and a rollout keeps the profile's classes)."""
+        while len(self._allowed) <= w:
+            p = self.profiles[len(self._allowed)]
+            if not p.node_classes:
+                mask = np.asarray(self.class_index < len(self.classes) - 1, dtype=np.bool_)
+            else:
+                ok = [i for i, c in enumerate(self.classes) if c.name in p.node_classes]
+                mask = np.isin(self.class_index, ok)
+            mask.flags.writeable = False
+            self._allowed.append(mask)
+        return self._allowed[w]
 
     def feasible(self, w: int) -> NDArray[np.bool_]:
         """Nodes where a replica of workload ``w`` fits now (class allowed, GPUs free)."""
@@ -391,6 +416,8 @@ class Cluster:
         free = self.gpus_free()
         records = []
         for i, r in enumerate(self.records):
+            if not self.present[i]:
+                continue
             pods = self.pods_on[i].values()
             records.append(r.model_copy(update={
                 "gpus_free": int(free[i]), "pulling_bytes": int(queued[i]),
@@ -398,6 +425,43 @@ class Cluster:
                 "pod_workloads": tuple(sorted({self.profiles[p.workload].name for p in pods})),
             }))
         return self.snapshot_of(records)
+
+    def set_profile(self, w: int, profile: Profile) -> None:
+        """Workload ``w`` now runs ``profile`` (a rollout): its cache columns are re-derived, so caches
+        of the old weights version or image no longer count."""
+        profiles = list(self.profiles)
+        profiles[w] = profile
+        self.profiles = tuple(profiles)
+        state, table = self.snapshot_of(self.records).cache_state(profile)
+        self._columns[w] = state.take(slice(0, len(self.records)))
+        self._tables[w] = table
+        self._compile_keys[w] = [compile_key(profile, c) for c in self.classes]
+        self.version += 1
+
+    # ---- node autoscaling ----------------------------------------------------------------
+
+    def join(self, node: int) -> None:
+        """A provisioned node becomes Ready: empty and cold (no image, weights or compile cache)."""
+        self.present[node] = True
+        self.gpus[node] = self.class_gpus[node]
+        self.records[node] = self._bare[node]
+        self.refresh([node])
+
+    def remove(self, node: int) -> None:
+        """An empty node is deleted: its GPUs and caches go with it (its warm actions are cancelled)."""
+        assert not self.pods_on[node], "only empty nodes are removed"
+        name = self.records[node].name
+        self.present[node] = False
+        self.gpus[node] = 0
+        self.records[node] = self._bare[node]
+        self.in_flight = [(t, a) for t, a in self.in_flight if a.node != name]
+        self.pulls = [p for p in self.pulls if p.node != node]
+        self.refresh([node])
+
+    def warming(self, node: int) -> bool:
+        """A warm action is running on ``node``."""
+        name = self.records[node].name
+        return any(a.node == name for _, a in self.in_flight)
 
     def in_flight_actions(self) -> list[Action]:
         """Warm actions started and not finished."""

@@ -11,7 +11,8 @@ Per strategy, over every workload's requests and pods (formulas; w_j is a packet
                      compile artifacts when the profile has a compile-cache key); a snapshot
                      restore is warm. Initial replicas are not counted.
     mean_startup_s, p95_startup_s = over the estimated startups of the pods placed during the run
-    gpu_hours      = GPUs held by placed pods (starting or ready) x time, in hours
+    gpu_hours      = GPUs held by placed pods (starting or ready) x time, in hours; with autoscaled
+                     node pools, GPUs of every provisioned node (launching or Ready) x time
     idle_gpu_hours = gpu_hours - served requests / capacity per replica x GPUs per replica / 3600
     requests       = requests that arrived during the run (the weight SLO attainment is a share of)
     pods_started   = pods placed during the run (what the startup figures are over)
@@ -77,8 +78,12 @@ def weighted_quantile(values: F64, weights: F64, q: float) -> float:
     return float(v[order][min(i, len(v) - 1)])
 
 
-def summarise(workloads: Sequence[WorkloadResult], slo_s: float) -> Summary:
-    """The figures over the given workloads' requests and pods (formulas in the module docstring)."""
+def summarise(workloads: Sequence[WorkloadResult], slo_s: float, fleet_gpu_s: float | None = None) -> Summary:
+    """The figures over the given workloads' requests and pods (formulas in the module docstring).
+
+    ``fleet_gpu_s``: with autoscaled node pools, the GPU-seconds of every provisioned node, which then
+    is the cost (``gpu_hours``) and what idle time is counted against.
+    """
     delays = np.concatenate([w.delays.delay_s for w in workloads]) if workloads else np.zeros(0)
     weights = np.concatenate([w.delays.weights for w in workloads]) if workloads else np.zeros(0)
     arrived = float(weights.sum())
@@ -87,7 +92,7 @@ def summarise(workloads: Sequence[WorkloadResult], slo_s: float) -> Summary:
     d, w = delays[served], weights[served]
     startups = np.concatenate([w.startups for w in workloads]) if workloads else np.zeros(0)
     cold = int(sum(int(w.cold.sum()) for w in workloads))
-    gpu_s = sum(w.gpu_seconds for w in workloads)
+    gpu_s = sum(w.gpu_seconds for w in workloads) if fleet_gpu_s is None else fleet_gpu_s
     busy_s = sum(w.busy_gpu_seconds for w in workloads)
     return Summary(
         slo_attainment=met / arrived if arrived > 0 else math.nan,
@@ -132,7 +137,7 @@ class Report:
 def build(title: str, slo_s: float, duration_s: float, runs: Sequence[RunResult], *, credits: Sequence[str] = (),
           notes: Sequence[str] = ()) -> Report:
     """Summaries of each run, overall and per workload."""
-    summaries = {r.strategy.name: summarise(r.workloads, slo_s) for r in runs}
+    summaries = {r.strategy.name: summarise(r.workloads, slo_s, r.fleet_gpu_seconds) for r in runs}
     per_workload = {r.strategy.name: {w.name: summarise([w], slo_s) for w in r.workloads} for r in runs}
     return Report(title, slo_s, duration_s, summaries, per_workload, gap_closed(summaries),
                   tuple(dict.fromkeys(credits)), tuple(notes))

@@ -48,7 +48,7 @@ API_VERSION = "extender.io/v1alpha1"
 
 #: The strategies a scenario runs unless it lists its own, in the order reports list them
 #: (extender.sim.strategies defines each; the calibrated ones run only when named).
-STRATEGY_NAMES = tuple(name for name, s in STRATEGIES.items() if not s.calibrated)
+STRATEGY_NAMES = tuple(name for name, s in STRATEGIES.items() if not s.calibrated and not s.extra)
 
 PositiveDuration = Annotated[Duration, Field(gt=0)]
 CacheName = CacheKind
@@ -164,12 +164,76 @@ class WarmSpec(Schema):
 
 
 class NodeGroup(Schema):
-    """``count`` nodes of one class, named ``<name>-<i>`` (``name`` defaults to the class name)."""
+    """``count`` nodes of one class, named ``<name>-<i>`` (``name`` defaults to the class name).
+
+    With ``maxCount`` the group is an autoscaled node pool (the cluster's ``autoscaling``): it starts
+    with ``count`` nodes (0 allowed), never goes below ``minCount`` (default ``count``) and grows up
+    to ``maxCount`` when pods are pending.
+    """
 
     node_class: str = Field(min_length=1)
-    count: int = Field(ge=1, le=100_000)
+    count: int = Field(ge=0, le=100_000)
     name: Name | None = None
     warm: tuple[WarmSpec, ...] = ()
+    min_count: int | None = Field(default=None, ge=0, le=100_000)
+    max_count: int | None = Field(default=None, ge=1, le=100_000)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> NodeGroup:
+        if self.max_count is None:
+            if self.count < 1:
+                raise InvalidValueError("a fixed group needs count >= 1 (or set maxCount to make it a pool)")
+            if self.min_count is not None:
+                raise InvalidValueError("minCount needs maxCount (an autoscaled pool)")
+            return self
+        low = self.count if self.min_count is None else self.min_count
+        if not low <= self.count <= self.max_count:
+            raise InvalidValueError(f"need minCount <= count <= maxCount, got {low} <= {self.count} <= "
+                                    f"{self.max_count}")
+        return self
+
+    @property
+    def floor(self) -> int:
+        """Nodes the pool never goes below."""
+        return self.count if self.min_count is None else self.min_count
+
+    @property
+    def ceiling(self) -> int:
+        """Nodes the group can have at most."""
+        return self.count if self.max_count is None else self.max_count
+
+
+class ProvisioningDelay(Schema):
+    """Seconds from a node's launch to Ready: log-normal with this ``median`` and ``p90``.
+
+    Defaults (3 min median, 5 min p90) follow published figures for GPU nodes: the cluster-autoscaler
+    FAQ gives several minutes from scale-up to a schedulable node on the big clouds, and field reports
+    of Karpenter on EKS give ~5 minutes for a pod that needs a new node (docs/simulator.md).
+    """
+
+    median: PositiveDuration = 180.0
+    p90: PositiveDuration = 300.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> ProvisioningDelay:
+        if self.p90 < self.median:
+            raise InvalidValueError(f"p90 ({self.p90:g} s) is below the median ({self.median:g} s)")
+        return self
+
+
+class Autoscaling(Schema):
+    """Node autoscaling of the groups with ``maxCount`` (as cluster-autoscaler or Karpenter do it).
+
+    ``consolidateAfter``: an empty node above its pool's ``minCount`` is removed after this long
+    (cluster-autoscaler's ``--scale-down-unneeded-time`` default, 10 min). ``provisionAhead``: the
+    strategies with the warmer also launch nodes for the replicas the warmer expects (placeholder
+    pods of a negative priority, the overprovisioning pattern of the cluster-autoscaler FAQ), so the
+    warmer can prepare them before the replicas exist.
+    """
+
+    provisioning: ProvisioningDelay = ProvisioningDelay()
+    consolidate_after: Duration = 600.0
+    provision_ahead: bool = True
 
 
 class Cluster(Schema):
@@ -178,6 +242,38 @@ class Cluster(Schema):
 
     nodes: tuple[NodeGroup, ...] = Field(min_length=1)
     compile_registry: bool = False
+    autoscaling: Autoscaling = Autoscaling()
+
+
+class HpaSpec(Schema):
+    """The stock HPA of the ``hpa`` strategies: ``targetUtilization`` is the share of one replica's
+    capacity its ``AverageValue`` target is set to (1: scale only when replicas are full)."""
+
+    target_utilization: float = Field(default=1.0, gt=0, le=1)
+
+
+class Rollout(Schema):
+    """A rolling update of one workload at ``at``: a new weights ``weightsVersion`` and/or ``image``.
+
+    Every replica then runs the new version: running ones are replaced ``maxSurge`` at a time (a
+    Deployment's rolling update with ``maxSurge`` pods and ``maxUnavailable: 0``: an old replica is
+    deleted when its replacement is Ready). Caches of the old version no longer count as warm.
+    ``announce``: seconds before ``at`` the warmer is told the rollout is coming (0: not told); the
+    strategies with the warmer then stage the new version on the nodes the replacements will land on.
+    """
+
+    workload: Name
+    at: PositiveDuration
+    weights_version: str | None = Field(default=None, min_length=1)
+    image: str | None = Field(default=None, min_length=1)
+    max_surge: int = Field(default=1, ge=1)
+    announce: Duration = 0.0
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> Rollout:
+        if self.weights_version is None and self.image is None:
+            raise InvalidValueError("give weightsVersion, image or both")
+        return self
 
 
 class Slo(Schema):
@@ -213,6 +309,8 @@ class Scenario(Schema):
     workloads: tuple[Workload, ...] = Field(min_length=1)
     strategies: tuple[str, ...] = STRATEGY_NAMES
     scheduler: SchedulerSpec = SchedulerSpec()
+    hpa: HpaSpec = HpaSpec()
+    rollouts: tuple[Rollout, ...] = ()
     #: How the world's startups differ from the policy's estimates (extender.sim.truth); unset: they do not.
     truth: Truth | None = None
 
@@ -266,6 +364,17 @@ def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
                 if n >= group.count:
                     out.append(((*where, "nodes", k), f"node {n} does not exist: the group has {group.count} "
                                                       f"(0..{group.count - 1})"))
+    for r, rollout in enumerate(scenario.rollouts):
+        if rollout.workload not in names:
+            out.append((("rollouts", r, "workload"), f"no workload {rollout.workload!r} (known: {', '.join(names)})"))
+        elif rollout.weights_version is not None and profiles.get(rollout.workload) is not None:
+            current = profiles[rollout.workload].weights.version
+            if rollout.weights_version == current:
+                out.append((("rollouts", r, "weightsVersion"),
+                            f"{current!r} is already the version of {rollout.workload!r}"))
+        if rollout.announce > rollout.at:
+            out.append((("rollouts", r, "announce"), f"announced {rollout.announce:g} s ahead of {rollout.at:g} s: "
+                                                     "before the run starts"))
     for i, s in enumerate(scenario.strategies):
         if s not in STRATEGIES:
             out.append((("strategies", i), f"no strategy {s!r} (known: {', '.join(STRATEGIES)})"))

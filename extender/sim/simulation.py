@@ -49,12 +49,13 @@ from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
 from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
 from extender.core.scoring import NodeInputs, Scale, evaluate, scale_for
-from extender.core.warming import Expectation, plan
+from extender.core.sharing import Claim, share
+from extender.core.warming import Action, Expectation, plan
 from extender.sim import hpa as hpa_model
 from extender.sim.cluster import Cluster, NodeSpec, Pod
 from extender.sim.kubescheduler import EXTENDER_SCALE, in_tree_scores, select_host
 from extender.sim.queueing import Delays, FifoQueue
-from extender.sim.scenario import LoadedScenario, NodeGroup, Scenario, TraceSpec, Workload
+from extender.sim.scenario import LoadedScenario, NodeGroup, Rollout, Scenario, TraceSpec, Workload
 from extender.sim.strategies import STRATEGIES, Strategy
 from extender.sim.synthetic import synthetic_arrivals
 from extender.sim.traces import Arrivals, RequestTrace, arrivals_from, read_trace
@@ -68,6 +69,18 @@ BINS_PER_TICK = 3
 #: History the predictive scaler forecasts from with fixed constants and no season: their state
 #: forgets faster than six hours.
 SHORT_HISTORY_S = 6 * 3600.0
+
+
+def rolled_policy(policy: Policy, rollout: Rollout) -> Policy:
+    """``policy`` with the rollout's workload on its new weights version and/or image."""
+    p = policy.profile(rollout.workload)
+    update: dict[str, object] = {}
+    if rollout.weights_version is not None:
+        update["weights"] = p.weights.model_copy(update={"version": rollout.weights_version})
+    if rollout.image is not None:
+        update["image"] = p.image.model_copy(update={"reference": rollout.image})
+    new = p.model_copy(update=update)
+    return policy.model_copy(update={"profiles": tuple(new if q.name == p.name else q for q in policy.profiles)})
 
 
 def history_span(scaling: Scaling, tick_s: float) -> float:
@@ -86,7 +99,16 @@ def history_span(scaling: Scaling, tick_s: float) -> float:
 #: the forecasting work of a run.
 FAR_EVERY_TICKS = 4
 
+#: The scaler's forecast is remade when this many ticks have passed (a minute at 15 s: the forecast
+#: grid of the bundled policies is 5 minutes, so it moves little in between) or when the horizon
+#: moved by more than NEAR_SLACK_S; the queue and the demand of the tick still enter every decision.
+#: The oracle's is remade every tick (the true demand is cheap and exact).
+NEAR_EVERY_TICKS = 4
+NEAR_SLACK_S = 30.0
+
 ProgressFn = Callable[[int], None]
+#: The standard normal's 90th percentile: a log-normal with median m and p90 q has sigma ln(q/m)/Z90.
+Z90 = 1.2815515655446004
 
 
 # ---------------------------------------------------------------------------------------------
@@ -161,11 +183,16 @@ def load_demand(loaded: LoadedScenario, workload: Workload, *, seed: int, bin_s:
 
 
 def node_specs(policy: Policy, groups: Sequence[NodeGroup]) -> tuple[NodeSpec, ...]:
-    """The nodes at t = 0: names ``<group>-<i>`` (zero-padded) and the warm caches of each group."""
+    """The node slots: names ``<group>-<i>`` (zero-padded) and the warm caches of each group.
+
+    A fixed group has ``count`` nodes; an autoscaled pool (``maxCount``) has ``maxCount`` slots, the
+    first ``count`` present at t = 0 and the others absent until the autoscaler launches them.
+    """
     out: list[NodeSpec] = []
-    for g in groups:
+    for gi, g in enumerate(groups):
         cls = policy.node_class(g.node_class)
-        width = max(2, len(str(g.count - 1)))
+        slots = g.ceiling
+        width = max(2, len(str(slots - 1)))
         prefix = g.name or g.node_class
         held: list[dict[str, int]] = [{} for _ in range(g.count)]
         for warm in g.warm:
@@ -175,7 +202,9 @@ def node_specs(policy: Policy, groups: Sequence[NodeGroup]) -> tuple[NodeSpec, .
             for i in chosen:
                 for e in entries:
                     held[i].update(e)
-        out.extend(NodeSpec(f"{prefix}-{i:0{width}d}", cls.name, tuple(held[i].items())) for i in range(g.count))
+        pool = gi if g.max_count is not None else -1
+        out.extend(NodeSpec(f"{prefix}-{i:0{width}d}", cls.name, tuple(held[i].items()) if i < g.count else (),
+                            present=i < g.count, pool=pool) for i in range(slots))
     return tuple(out)
 
 
@@ -270,6 +299,13 @@ class RunResult:
     n_ticks: int
     workloads: list[WorkloadResult]
     warm_actions: int = 0
+    #: With autoscaled pools: GPUs of every provisioned node (launching or Ready) x time, the fleet's
+    #: cost; None on a fixed fleet (then the cost is the GPUs pods hold).
+    fleet_gpu_seconds: float | None = None
+    #: Per tick: GPUs of the provisioned nodes (with autoscaled pools; else empty).
+    fleet_gpus: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    nodes_launched: int = 0
+    nodes_removed: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,6 +328,11 @@ class _WorkloadState:
     timeline: Timeline | None = None
     gpu_s: float = 0.0
     far: Forecast | None = None  # the warmer's look-ahead forecast, and the tick it was made
+    old: set[int] = field(default_factory=set)  # pods of the version before a rollout
+    links: dict[int, int] = field(default_factory=dict)  # rolling update: new pod id -> old pod id it replaces
+    surge: int = 1
+    near: Forecast | None = None  # the scaler's forecast at its horizon, and the tick it was made
+    near_at: int = 0
     far_at: int = 0
     next_startup: tuple[int, float] | None = None  # (cluster version, seconds) while no pull is running
 
@@ -333,6 +374,25 @@ class Run:
         self.warm_actions = 0
         self._plan_key: tuple[object, ...] | None = None
         self._placed_state: dict[int, CacheState] = {}
+        self.hpa_target = prepared.scenario.hpa.target_utilization
+        self.names = {s.profile.name: s.index for s in prepared.workloads}
+        # node autoscaling (the scenario's groups with maxCount)
+        groups = prepared.scenario.cluster.nodes
+        self.auto = prepared.scenario.cluster.autoscaling
+        self.autoscaled = any(g.max_count is not None for g in groups)
+        self.floors = [g.floor for g in groups]
+        self.pool_slots = [np.flatnonzero(self.cluster.pool == gi) for gi in range(len(groups))]
+        self.launching: dict[int, float] = {}  # node slot -> Ready time
+        self.empty_since = np.full(len(self.cluster), np.nan)
+        self.node_rng = np.random.default_rng(_seed(prepared.seed, "nodes", strategy.name))
+        delay = self.auto.provisioning
+        self.delay_mu = math.log(delay.median)
+        self.delay_sigma = math.log(delay.p90 / delay.median) / Z90
+        self.provision_s = float(delay.median) if self.autoscaled else 0.0
+        self.fleet_gpu_s = 0.0
+        self.fleet_gpus = np.zeros(n if self.autoscaled else 0, dtype=np.int64)
+        self.launched = 0
+        self.removed = 0
 
     # ---- placement -----------------------------------------------------------------------
 
@@ -342,12 +402,18 @@ class Run:
         profile = self.w[w].setup.profile
         state = c.state(w, now)
         feasible = c.feasible(w)
-        totals = in_tree_scores(c.gpus, c.gpus_used, profile.parallelism.gpus, state.image, profile.image.size)
+        if self.autoscaled:  # the in-tree plugins see the nodes that exist
+            rows = np.flatnonzero(c.present)
+            totals = np.zeros(len(c), dtype=np.int64)
+            totals[rows] = in_tree_scores(c.gpus[rows], c.gpus_used[rows], profile.parallelism.gpus,
+                                          state.image[rows], profile.image.size)
+        else:
+            totals = in_tree_scores(c.gpus, c.gpus_used, profile.parallelism.gpus, state.image, profile.image.size)
         if self.strategy.placement != "extender":
             return feasible, totals, np.full(len(c), np.nan)
         ones = np.ones(len(c), dtype=np.bool_)
         nvme_free = np.fromiter((r.nvme_free for r in c.records), dtype=np.float64, count=len(c))
-        inputs = NodeInputs(c.classes, c.class_index, state, ones, ones, nvme_free)
+        inputs = NodeInputs(c.classes, c.class_index, state, ones, ones, nvme_free, c.gpus_free())
         b = self.belief
         ev = evaluate(b.policy, b.profile(w), inputs, scale=self.w[w].scale, table=b.table(w))
         feasible = feasible & (ev.judgement.verdict == 0)
@@ -436,7 +502,7 @@ class Run:
         c = self.cluster
         rows = np.flatnonzero(c.feasible(w)).astype(np.intp)
         if len(rows) == 0:
-            value = float(s.scale.reference_s)
+            value = float(s.scale.reference_s) + self.provision_s
         else:
             b = self.belief
             est = estimate(b.profile(w), c.classes, c.class_index[rows], c.state(w, now, rows), b.table(w))
@@ -469,9 +535,15 @@ class Run:
         scaling = self.policy.scaling
         if self.strategy.scaling == "hpa":
             load = demand + queue / scaling.queue_drain
-            return s.hpa.sync(now, current, current, load, setup.capacity), None
+            desired = s.hpa.sync(now, current, current, load, setup.capacity * self.hpa_target)
+            return desired, (self._expect(s, k, desired, current) if self.strategy.warming else None)
         h = horizon(self._startup_next(setup.index, now), self.dt, scaling.hpa_sync_delay)
-        fc = self._forecast(s, k, h.seconds)
+        near = s.near
+        if (near is None or self.strategy.scaling == "oracle" or k - s.near_at >= NEAR_EVERY_TICKS
+                or abs(near.horizon_s - h.seconds) > NEAR_SLACK_S):
+            near = s.near = self._forecast(s, k, h.seconds)
+            s.near_at = k
+        fc = near
         ready = s.ready
         decision = decide(DecisionInputs.for_policy(
             scaling, setup.bounds, workload=setup.profile.name, now_s=now, demand=demand, queue=queue,
@@ -479,16 +551,85 @@ class Run:
         s.recent = prune((*s.recent, Recommendation(at_s=now, replicas=decision.recommendation)), now,
                          scaling.scale_down_stabilisation)
         desired = s.hpa.sync(now, current, current, float(decision.desired), 1.0)
-        # the warmer looks one cold start further: replicas that would have to start cold to be ready then
-        far = horizon(s.scale.reference_s, self.dt, scaling.hpa_sync_delay)
+        return desired, (self._expect(s, k, decision.desired, current) if self.strategy.warming else None)
+
+    def _expect(self, s: _WorkloadState, k: int, desired: int, current: int) -> Expectation:
+        """The warmer's expectation: it looks one cold start (and a node's provisioning) further,
+        at the replicas that would have to start cold to be ready then."""
+        setup = s.setup
+        scaling = self.policy.scaling
+        far = horizon(s.scale.reference_s + self.provision_s, self.dt, scaling.hpa_sync_delay)
         if s.far is None or k - s.far_at >= FAR_EVERY_TICKS:
             s.far, s.far_at = self._forecast(s, k, far.seconds), k
-        need = max(math.ceil(s.far.upper / setup.capacity - 1e-9), decision.desired)
+        need = max(math.ceil(s.far.upper / setup.capacity - 1e-9), desired)
         need = min(need, setup.max_replicas)
-        return desired, Expectation(workload=setup.profile.name, replicas=max(need - current, 0), within_s=far.seconds)
+        return Expectation(workload=setup.profile.name, replicas=max(need - current, 0), within_s=far.seconds)
+
+    def _delete(self, s: _WorkloadState, pod: Pod, now: float) -> None:
+        if pod.is_ready(now):
+            s.ready -= 1
+        self.cluster.delete(pod, now)
+        del s.pods[pod.id]
+        s.old.discard(pod.id)
+        s.links.pop(pod.id, None)
+        for new, old in list(s.links.items()):
+            if old == pod.id:
+                del s.links[new]  # its replacement stays, as an ordinary replica
+
+    def _rollout(self, r: Rollout, now: float) -> None:
+        """Workload ``r.workload`` moves to a new weights version and/or image: the belief, the world
+        and the cluster's cache columns switch to the new profile; running replicas become old."""
+        w = self.names[r.workload]
+        s = self.w[w]
+        self.policy = rolled_policy(self.policy, r)
+        self.world = self.policy if self.world is self.belief.base else rolled_policy(self.world, r)
+        self.belief.base = self.policy
+        self.belief._use(self.policy)
+        self.cluster.set_profile(w, self.world.profile(r.workload))
+        s.scale, s.next_startup, s.surge = self.belief.scale(w), None, r.max_surge
+        self._plan_key = None
+        for pod in list(s.pods.values()):
+            if pod.is_ready(now):
+                s.old.add(pod.id)
+            else:
+                self._delete(s, pod, now)  # a start of the old version is abandoned
+
+    def _stage(self, r: Rollout, now: float) -> None:
+        """An announced rollout: the warmer plans the new version for as many replicas as run now,
+        to be ready by ``at``, with the policy as it will be then (the old version's caches in use
+        are protected by the planner's own rules)."""
+        s = self.w[self.names[r.workload]]
+        wanted = [Expectation(workload=r.workload, replicas=len(s.pods), within_s=max(r.at - now, self.dt))]
+        policy = rolled_policy(self.belief.policy, r)
+        result = plan(policy, self.cluster.planning_snapshot(now), wanted, now=now,
+                      in_flight=self.cluster.in_flight_actions())
+        self._start(result.actions, now, policy)
+
+    def _start(self, actions: Sequence[Action], now: float, belief: Policy) -> None:
+        """Run planned warm actions (in the world's time when the scenario has a truth)."""
+        c = self.cluster
+        for action in actions:
+            node_class = c.classes[int(c.class_index[c.index[action.node]])]
+            run = action if self.world is self.policy else in_world(action, belief, self.world, node_class)
+            c.start_action(run, now)
+            self.warm_actions += 1
+
+    def _rolling(self, s: _WorkloadState, now: float) -> None:
+        """One step of the rolling update: old replicas whose replacement is Ready go; new
+        replacements start while fewer than ``maxSurge`` are in progress."""
+        for new, old in list(s.links.items()):
+            if s.pods[new].is_ready(now):
+                del s.links[new]
+                if old in s.pods:
+                    self._delete(s, s.pods[old], now)
+        linked = set(s.links.values())
+        for old in sorted(s.old - linked):
+            if len(s.links) >= s.surge:
+                break
+            s.links[self._new_pod(s.setup.index, now).id] = old
 
     def _scale(self, s: _WorkloadState, desired: int, now: float) -> None:
-        current = len(s.pods)
+        current = len(s.pods) - len(s.links)
         for _ in range(desired - current):
             self._new_pod(s.setup.index, now)
         if desired >= current:
@@ -498,17 +639,16 @@ class Run:
             if not pod.pending:
                 on_node[pod.node] = on_node.get(pod.node, 0) + 1
 
-        def rank(pod: Pod) -> tuple[int, int, int, float, float, int]:
-            # the ReplicaSet controller deletes first: unscheduled, not ready, doubled-up, newest
+        def rank(pod: Pod) -> tuple[int, int, int, int, float, float, int]:
+            # old-version pods first (a Deployment scales its old ReplicaSet down first), then as the
+            # ReplicaSet controller deletes: unscheduled, not ready, doubled-up, newest
             ready = pod.is_ready(now)
-            return (0 if pod.pending else 1, 1 if ready else 0, -on_node.get(pod.node, 0),
-                    -(pod.ready_s if ready else 0.0), -pod.created_s, -pod.id)
+            return (0 if pod.id in s.old else 1, 0 if pod.pending else 1, 1 if ready else 0,
+                    -on_node.get(pod.node, 0), -(pod.ready_s if ready else 0.0), -pod.created_s, -pod.id)
 
-        for pod in sorted(s.pods.values(), key=rank)[: current - desired]:
-            if pod.is_ready(now):
-                s.ready -= 1
-            self.cluster.delete(pod, now)
-            del s.pods[pod.id]
+        replacing = set(s.links)
+        for pod in sorted((p for p in s.pods.values() if p.id not in replacing), key=rank)[: current - desired]:
+            self._delete(s, pod, now)
 
     def _warm(self, expectations: list[Expectation], now: float) -> None:
         wanted = [e for e in expectations if e.replicas > 0]
@@ -519,14 +659,98 @@ class Run:
             return  # nothing the planner reads has changed: it would plan nothing new
         snapshot = self.cluster.planning_snapshot(now)
         result = plan(self.belief.policy, snapshot, wanted, now=now, in_flight=self.cluster.in_flight_actions())
-        for action in result.actions:
-            # the planner's durations are the belief's; in a world that differs, it takes the world's time
-            c = self.cluster
-            node_class = c.classes[int(c.class_index[c.index[action.node]])]
-            run = action if self.world is self.policy else in_world(action, self.belief.policy, self.world, node_class)
-            c.start_action(run, now)
-            self.warm_actions += 1
+        # the planner's durations are the belief's; in a world that differs, it takes the world's time
+        self._start(result.actions, now, self.belief.policy)
         self._plan_key = (key[0], self.cluster.version)
+
+    def _fleet_gpus(self) -> int:
+        """GPUs the workloads can have: every present node's, plus those the pools can still add."""
+        c = self.cluster
+        total = int(c.class_gpus[c.present].sum())
+        for slots in self.pool_slots:
+            if len(slots):
+                total += int((~c.present[slots]).sum()) * int(c.class_gpus[slots[0]])
+        return total
+
+    # ---- node autoscaling ----------------------------------------------------------------
+
+    def _joins(self, now: float) -> None:
+        """Launched nodes whose provisioning delay has passed join the cluster, cold."""
+        for slot, at in list(self.launching.items()):
+            if at <= now:
+                del self.launching[slot]
+                self.cluster.join(slot)
+
+    def _launch(self, w: int, gpus: int, now: float) -> int | None:
+        """Launch a node for a pod of workload ``w``: the pool of an allowed class with the fewest
+        GPUs that still fit it (the cheapest that fits, as Karpenter chooses), below its maximum."""
+        c = self.cluster
+        allowed = c.allowed(w)
+        best: tuple[int, int] | None = None
+        for gi, slots in enumerate(self.pool_slots):
+            if len(slots) == 0 or not allowed[slots[0]] or c.class_gpus[slots[0]] < gpus:
+                continue
+            free = [int(i) for i in slots if not c.present[i] and int(i) not in self.launching]
+            if free and (best is None or c.class_gpus[slots[0]] < c.class_gpus[best[1]]):
+                best = (gi, free[0])
+        if best is None:
+            return None
+        slot = best[1]
+        self.launching[slot] = now + float(np.exp(self.node_rng.normal(self.delay_mu, self.delay_sigma)))
+        self.launched += 1
+        return slot
+
+    def _autoscale(self, now: float, expectations: Sequence[Expectation]) -> None:
+        """Launch nodes for pending pods (and, with ``provisionAhead``, for the replicas the warmer
+        expects), after packing them onto the nodes already launching; remove nodes empty for
+        ``consolidateAfter`` down to each pool's minimum."""
+        c = self.cluster
+        spare = {slot: int(c.class_gpus[slot]) for slot in self.launching}
+
+        def claim(w: int, gpus: int) -> bool:
+            allowed = c.allowed(w)
+            for slot, free in spare.items():
+                if allowed[slot] and free >= gpus:
+                    spare[slot] = free - gpus
+                    return True
+            return False
+
+        for s in self.w:
+            gpus = s.setup.profile.parallelism.gpus
+            for pod in s.pods.values():
+                if pod.pending and not claim(s.setup.index, gpus):
+                    slot = self._launch(s.setup.index, gpus, now)
+                    if slot is not None:
+                        spare[slot] = int(c.class_gpus[slot]) - gpus
+        if self.strategy.warming and self.auto.provision_ahead:
+            free = c.gpus_free().copy()
+            for e in expectations:
+                w = self.names[e.workload]
+                gpus = self.w[w].setup.profile.parallelism.gpus
+                allowed = c.allowed(w) & c.present
+                for _ in range(e.replicas):
+                    room = np.flatnonzero(allowed & (free >= gpus))
+                    if len(room):
+                        free[room[0]] -= gpus
+                    elif not claim(w, gpus):
+                        slot = self._launch(w, gpus, now)
+                        if slot is None:
+                            break
+                        spare[slot] = int(c.class_gpus[slot]) - gpus
+        empty = c.present & (c.pool >= 0) & (c.gpus_used == 0)
+        self.empty_since[~empty] = np.nan
+        fresh = empty & np.isnan(self.empty_since)
+        self.empty_since[fresh] = now
+        due = np.flatnonzero(empty & (now - self.empty_since >= self.auto.consolidate_after))
+        for at in due:
+            i = int(at)
+            gi = int(c.pool[i])
+            size = int(c.present[self.pool_slots[gi]].sum()) + sum(1 for x in self.launching if c.pool[x] == gi)
+            if size <= self.floors[gi] or c.warming(i):
+                continue
+            c.remove(i)
+            self.empty_since[i] = np.nan
+            self.removed += 1
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -535,14 +759,24 @@ class Run:
         self._initial()
         n, dt = self.p.n_ticks, self.dt
         report_every = max(1, n // 200)
+        rollouts = sorted(self.p.scenario.rollouts, key=lambda r: r.at)
         for k in range(n):
             now = k * dt
+            while rollouts and rollouts[0].at <= now:
+                self._rollout(rollouts.pop(0), now)
+            if self.strategy.warming and k % FAR_EVERY_TICKS == 0:
+                for r in rollouts:
+                    if r.at - r.announce <= now:
+                        self._stage(r, now)
+            if self.launching:
+                self._joins(now)
             self._events(now)
             if self.belief.refresh(now):
                 for i, s in enumerate(self.w):
                     s.scale, s.next_startup = self.belief.scale(i), None
                 self._plan_key = None
             expectations: list[Expectation] = []
+            claims: list[Claim] = []
             for s in self.w:
                 assert s.timeline is not None
                 q = s.queue
@@ -554,10 +788,25 @@ class Run:
                 demand = q.arrived_in(k - 1) / dt
                 s.hist_t[k], s.hist_v[k] = now, demand
                 desired, expectation = self._decide(s, k, demand, queued)
-                self._scale(s, desired, now)
+                observed = math.ceil((demand + queued / self.policy.scaling.queue_drain) / s.setup.capacity - 1e-9)
+                claims.append(Claim(s.setup.profile.name, s.setup.profile.priority, s.setup.profile.parallelism.gpus,
+                                    s.setup.min_replicas, observed, desired))
                 if expectation is not None:
                     expectations.append(expectation)
+            if claims:
+                granted = share(claims, self._fleet_gpus()) if self.strategy.scaling != "hpa" else {}
+                for claim in claims:
+                    s = self.w[self.names[claim.workload]]
+                    self._scale(s, granted.get(claim.workload, claim.desired), now)
+                    if s.old:
+                        self._rolling(s, now)
             self._place_pending(now)
+            if self.autoscaled:
+                self._autoscale(now, expectations)
+                c = self.cluster
+                launching = sum(int(c.class_gpus[x]) for x in self.launching)
+                self.fleet_gpus[k] = int(c.class_gpus[c.present].sum()) + launching
+                self.fleet_gpu_s += float(self.fleet_gpus[k]) * dt
             if self.strategy.warming:
                 self._warm(expectations, now)
             for s in self.w:
@@ -597,7 +846,8 @@ class Run:
                 placed_s=np.array([p.placed_s for p in pods], dtype=np.float64),
                 believed_s=np.array([self.believed.get(p.id, math.nan) for p in pods], dtype=np.float64),
             ))
-        return RunResult(self.strategy, self.dt, n, out, self.warm_actions)
+        return RunResult(self.strategy, self.dt, n, out, self.warm_actions,
+                         self.fleet_gpu_s if self.autoscaled else None, self.fleet_gpus, self.launched, self.removed)
 
 
 def simulate(prepared: Prepared, strategies: Sequence[str], progress: Callable[[str, int], None] | None = None

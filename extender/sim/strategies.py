@@ -7,6 +7,10 @@
 * ``predictive``: placement as cache-aware; the predictive scaler (forecast + decide, horizon from
   the estimator) published to the stock HPA; the warmer's planner.
 * ``oracle``: as predictive, but the forecast is the true future demand.
+* ``predictive-no-warm`` (ablation): predictive without the warmer.
+* ``warm-only`` (ablation): cache-aware scaled by the stock HPA, plus the warmer fed by the
+  forecaster (the same look-ahead expectation as ``predictive``). With ``default``, ``cache-aware``
+  and ``predictive`` these attribute a gain to placement, forecasting and warming separately.
 * ``cache-aware-calibrated``, ``predictive-calibrated``: as without the suffix, but estimating with
   the policy calibrated from the starts seen so far (``calibration.mode: apply``,
   extender.sim.truth); they differ from their base only when the scenario's ``truth`` makes the
@@ -41,6 +45,8 @@ class Strategy:
     summary: str
     #: Estimate with the policy calibrated from the starts seen so far (extender.sim.truth.Belief).
     calibrated: bool = False
+    #: Run only when named (a scenario's ``strategies`` or ``--strategies``).
+    extra: bool = False
 
 
 STRATEGIES = MappingProxyType({s.name: s for s in (
@@ -52,6 +58,10 @@ STRATEGIES = MappingProxyType({s.name: s for s in (
              "extender + predictive scaler (horizon from the estimator) + warmer"),
     Strategy("oracle", "extender", "oracle", True,
              "extender + a scaler that sees the true future demand + warmer"),
+    Strategy("predictive-no-warm", "extender", "predictive", False,
+             "ablation: predictive without the warmer (placement + forecasting only)", extra=True),
+    Strategy("warm-only", "extender", "hpa", True,
+             "ablation: cache-aware + the warmer on the forecast, scaled by the stock HPA", extra=True),
     Strategy("cache-aware-calibrated", "extender", "hpa", False,
              "cache-aware, estimating with the phase times calibrated from the starts seen so far", True),
     Strategy("predictive-calibrated", "extender", "predictive", True,

@@ -135,7 +135,7 @@ class Engine:
         fresh = snap.fresh(now)
         known = np.ones(n + 1, dtype=np.bool_)
         known[-1] = False
-        inputs = NodeInputs(snap.classes, snap.class_index, state, fresh, known, snap.nvme_free)
+        inputs = NodeInputs(snap.classes, snap.class_index, state, fresh, known, snap.nvme_free, snap.gpus_free)
         ev = evaluate(self.policy, profile, inputs, scale=self.scales[profile.name], table=class_table)
         scores = ev.score.tolist()
         fragments = _Fragments(dict(zip(self._names, fragments_for(self._names, scores[:n]), strict=True)), scores[n])
@@ -193,7 +193,8 @@ class Engine:
                 kubelet_image[i] = seen(node.images)
         if kubelet_image.any():
             state = replace(state, image=state.image | kubelet_image)
-        inputs = NodeInputs(snap.classes, class_index, state, snap.fresh(now)[rows], lookup.known, snap.nvme_free[rows])
+        inputs = NodeInputs(snap.classes, class_index, state, snap.fresh(now)[rows], lookup.known, snap.nvme_free[rows],
+                            snap.gpus_free[rows])
         ev = evaluate(self.policy, profile, inputs, scale=self.scales[profile.name], table=class_table)
         return ev, inputs
 

@@ -1,0 +1,239 @@
+"""The simulated world of issue #13: autoscaled node pools, rollouts, and the new scenario fields."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+import pytest
+
+from extender.core.caches import warm_entries
+from extender.core.policy import Policy
+from extender.files import load_policy
+from extender.sim.cluster import Cluster, NodeSpec
+from extender.sim.errors import ScenarioError
+from extender.sim.scenario import Rollout, load_scenario
+from extender.sim.simulation import Run, prepare, rolled_policy
+from extender.sim.strategies import STRATEGIES
+
+ROOT = Path(__file__).resolve().parents[1]
+POLICY_TEXT = (ROOT / "scenarios/mixed-fleet-policy.yaml").read_text()
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return load_policy(ROOT / "scenarios/mixed-fleet-policy.yaml")
+
+
+def _warm_node(policy: Policy, name: str, *, present: bool = True) -> NodeSpec:
+    cls = policy.node_class("g5.xlarge")
+    p = policy.profile("llama3-8b")
+    caches: dict[str, int] = {}
+    for kind in ("image", "weights", "compile"):
+        caches.update(warm_entries(p, cls, kind))
+    return NodeSpec(name, cls.name, tuple(caches.items()) if present else (), present=present, pool=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# The cluster: nodes that join and leave
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_joining_node_is_cold_and_a_removed_node_forgets_its_caches(policy: Policy) -> None:
+    p = policy.profile("llama3-8b")
+    c = Cluster.build(policy, [p], [_warm_node(policy, "a-00"), _warm_node(policy, "a-01", present=False)])
+    assert c.feasible(0).tolist() == [True, False]  # the absent slot takes no pod
+    assert not c.cost(0, 0, 0.0).cold
+    c.join(1)
+    assert c.feasible(0).tolist() == [True, True]
+    joined = c.cost(0, 1, 0.0)
+    assert joined.cold and joined.estimate.total_s[0] > c.cost(0, 0, 0.0).estimate.total_s[0]
+    c.remove(0)
+    assert c.feasible(0).tolist() == [False, True]
+    c.join(0)  # the slot launches again: a new machine, nothing cached
+    assert c.cost(0, 0, 0.0).cold
+    c.remove(1)
+    assert [r.name for r in c.planning_snapshot(0.0).nodes] == ["a-00"]  # the warmer never plans on a gone node
+
+
+def test_a_rollout_makes_the_old_version_cold(policy: Policy) -> None:
+    p = policy.profile("llama3-8b")
+    c = Cluster.build(policy, [p], [_warm_node(policy, "a-00")])
+    assert not c.cost(0, 0, 0.0).cold
+    rollout = Rollout.model_validate({"workload": "llama3-8b", "at": 60.0, "weightsVersion": "v2"})
+    rolled = rolled_policy(policy, rollout)
+    c.set_profile(0, rolled.profile("llama3-8b"))
+    start = c.cost(0, 0, 0.0)
+    assert start.cold
+    assert start.download_bytes >= rolled.profile("llama3-8b").weights.bytes  # the new weights are fetched
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole runs
+# ---------------------------------------------------------------------------------------------
+
+POOLED = """\
+apiVersion: extender.io/v1alpha1
+kind: Scenario
+policy: policy.yaml
+seed: 3
+slo: {queueDelay: 10s}
+cluster:
+  autoscaling:
+    provisioning: {median: 2m, p90: 4m}
+    consolidateAfter: 5m
+  nodes:
+    - nodeClass: g5.xlarge
+      count: 2
+      minCount: 0
+      maxCount: 6
+      warm: [{workload: llama3-8b, nodes: [0, 1]}]
+workloads:
+  - name: llama3-8b
+    initialReplicas: 1
+    demand:
+      synthetic: {duration: 8h, base: 3, trend: 10, arrivals: fluid}
+"""
+
+
+def _run(tmp_path: Path, text: str, strategy: str = "default") -> Run:
+    (tmp_path / "policy.yaml").write_text(POLICY_TEXT)
+    (tmp_path / "s.yaml").write_text(text)
+    run = Run(prepare(load_scenario(tmp_path / "s.yaml")), STRATEGIES[strategy])
+    run.run()
+    return run
+
+
+def test_autoscaled_nodes_arrive_cold_and_empty_ones_are_removed(tmp_path: Path) -> None:
+    run = _run(tmp_path, POOLED)
+    result = run._result()
+    c = run.cluster
+    # the second warm node stayed empty (one initial replica): removed after consolidateAfter
+    assert run.removed >= 1
+    assert result.fleet_gpus[0] == 2 and result.fleet_gpus.min() == 1
+    # 3 -> 13 requests/s in 8 h: demand outgrows the two nodes, so nodes are launched, and pods on them start cold
+    assert run.launched >= 2
+    launched_nodes = {i for i in range(len(c)) if c.records[i].name not in {"g5.xlarge-00", "g5.xlarge-01"}}
+    on_new = [p for p in run.placed if p.node in launched_nodes]
+    assert on_new, "no pod landed on a launched node"
+    first_on_each: dict[int, bool] = {}
+    for pod in sorted(on_new, key=lambda p: p.placed_s):
+        first_on_each.setdefault(pod.node, pod.cold)
+    assert all(first_on_each.values()), "the first pod on a new node found caches"
+    # the fleet's cost is the provisioned GPUs: at least what the pods held
+    assert result.fleet_gpu_seconds is not None
+    assert result.fleet_gpu_seconds >= sum(w.gpu_seconds for w in result.workloads)
+    assert np.all(result.fleet_gpus <= 6)
+
+
+def test_a_rollout_replaces_every_replica_and_they_start_cold(tmp_path: Path) -> None:
+    text = (POOLED.replace("trend: 10", "trend: 0")
+            + "rollouts:\n  - {workload: llama3-8b, at: 1h, weightsVersion: v2, maxSurge: 1}\n")
+    run = _run(tmp_path, text)
+    s = run.w[0]
+    assert not s.old and not s.links  # the update finished
+    after = [p for p in run.placed if p.placed_s >= 3600.0]
+    assert after and after[0].cold  # the first replica of v2 finds no v2 weights anywhere
+    assert run.policy.profile("llama3-8b").weights.version == "v2"
+    # every v1 replica (the initial one included) was replaced by one created at or after the rollout
+    assert s.pods and all(p.created_s >= 3600.0 for p in s.pods.values())
+
+
+# ---------------------------------------------------------------------------------------------
+# New scenario fields reject bad values with file:line
+# ---------------------------------------------------------------------------------------------
+
+
+class Bad(NamedTuple):
+    name: str
+    text: str
+    line: int
+    path: str
+    message: str
+
+
+BAD = [
+    Bad("pool max below count", POOLED.replace("maxCount: 6", "maxCount: 1"), 11, "cluster.nodes[0]",
+        "minCount <= count <= maxCount"),
+    Bad("minCount without maxCount", POOLED.replace("      maxCount: 6\n", ""), 11, "cluster.nodes[0]",
+        "minCount needs maxCount"),
+    Bad("fixed group of zero",
+        POOLED.replace("      minCount: 0\n      maxCount: 6\n", "").replace("count: 2", "count: 0"), 11,
+        "cluster.nodes[0]", "count >= 1"),
+    Bad("p90 below median", POOLED.replace("p90: 4m", "p90: 1m"), 8, "cluster.autoscaling.provisioning",
+        "below the median"),
+    Bad("bad consolidation", POOLED.replace("consolidateAfter: 5m", "consolidateAfter: soon"), 9,
+        "cluster.autoscaling.consolidateAfter", "not a duration"),
+    Bad("utilisation above 1", POOLED + "hpa: {targetUtilization: 1.5}\n", 21, "hpa.targetUtilization", "<= 1"),
+    Bad("rollout of nobody", POOLED + "rollouts:\n  - {workload: nobody, at: 1h, image: x}\n", 22,
+        "rollouts[0].workload", "no workload 'nobody'"),
+    Bad("rollout changing nothing", POOLED + "rollouts:\n  - {workload: llama3-8b, at: 1h}\n", 22, "rollouts[0]",
+        "weightsVersion, image or both"),
+    Bad("rollout to the same version", POOLED + "rollouts:\n  - {workload: llama3-8b, at: 1h, weightsVersion: main}\n",
+        22, "rollouts[0].weightsVersion", "already the version"),
+    Bad("rollout surge 0", POOLED + "rollouts:\n  - {workload: llama3-8b, at: 1h, image: x, maxSurge: 0}\n", 22,
+        "rollouts[0].maxSurge", ">= 1"),
+]
+
+
+@pytest.mark.parametrize("case", BAD, ids=[c.name for c in BAD])
+def test_new_scenario_fields_reject_bad_values_with_file_and_line(tmp_path: Path, case: Bad) -> None:
+    (tmp_path / "policy.yaml").write_text(POLICY_TEXT)
+    path = tmp_path / "s.yaml"
+    path.write_text(case.text)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    found = [p for p in info.value.problems if p.path == case.path]
+    assert found, [str(p) for p in info.value.problems]
+    assert (found[0].line, case.message in found[0].message) == (case.line, True), str(found[0])
+    assert str(found[0]).startswith(f"{path}:{case.line}: {case.path}: ")
+
+
+def test_the_flagship_loads_with_pools_and_a_rollout() -> None:
+    loaded = load_scenario(ROOT / "scenarios/flagship.yaml")
+    sc = loaded.scenario
+    assert len(sc.workloads) >= 12
+    assert all(g.max_count is not None for g in sc.cluster.nodes)
+    assert len(sc.rollouts) == 1
+    sizes = [loaded.policy.profile(w.name).weights.bytes for w in sc.workloads]
+    assert min(sizes) <= 8 * 2**30 and max(sizes) >= 400 * 2**30
+    assert {loaded.policy.profile(w.name).parallelism.gpus for w in sc.workloads} >= {1, 2, 4, 8}
+
+
+FIXED = """\
+apiVersion: extender.io/v1alpha1
+kind: Scenario
+policy: policy.yaml
+seed: 3
+slo: {queueDelay: 10s}
+cluster:
+  nodes:
+    - nodeClass: g5.xlarge
+      count: 4
+      warm: [{workload: llama3-8b, fraction: 1}]
+workloads:
+  - name: llama3-8b
+    initialReplicas: 1
+    demand:
+      synthetic: {duration: 2h, base: 2, arrivals: fluid}
+rollouts:
+  - {workload: llama3-8b, at: 1h, weightsVersion: v2, announce: ANNOUNCE}
+"""
+
+
+@pytest.mark.parametrize(("announce", "cold"), [("0s", True), ("30m", False)], ids=["not told", "announced"])
+def test_an_announced_rollout_is_staged_ahead(tmp_path: Path, announce: str, cold: bool) -> None:
+    run = _run(tmp_path, FIXED.replace("ANNOUNCE", announce), "predictive")
+    first = min((p for p in run.placed if p.placed_s >= 3600.0), key=lambda p: p.placed_s)
+    assert first.cold is cold
+
+
+def test_an_announcement_before_the_run_is_an_error(tmp_path: Path) -> None:
+    (tmp_path / "policy.yaml").write_text(POLICY_TEXT)
+    path = tmp_path / "s.yaml"
+    path.write_text(FIXED.replace("ANNOUNCE", "2h"))
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    (problem,) = info.value.problems
+    assert (problem.line, problem.path) == (17, "rollouts[0].announce")
