@@ -195,15 +195,30 @@ def test_json_has_exactly_the_figures(azure: tuple[Prepared, list[RunResult]]) -
             assert tuple(per) == FIGURES
 
 
-def test_per_workload_figures_combine_to_the_totals(fleet_day: tuple[Prepared, list[RunResult]]) -> None:
-    prepared, runs = fleet_day
+@pytest.fixture(scope="module")
+def flagship_hours() -> tuple[Prepared, list[RunResult]]:
+    """Two hours of the flagship: autoscaled pools, so provisioned GPUs are the cost."""
+    prepared = prepare(cut(load_scenario(SCENARIOS / "flagship.yaml"), 2 * 3600.0))
+    return prepared, simulate(prepared, ["default", "predictive"])
+
+
+@pytest.mark.parametrize("world", ["fleet_day", "flagship_hours"])
+def test_per_workload_figures_combine_to_the_totals(world: str, request: pytest.FixtureRequest) -> None:
+    prepared, runs = request.getfixturevalue(world)
+    if world == "flagship_hours":
+        assert all(r.fleet_gpu_seconds is not None for r in runs)  # the case this row is for
     doc = json.loads(to_json(build("t", prepared.scenario.slo.queue_delay, prepared.duration_s, runs)))
     for strategy, totals in doc.items():
         per = list(totals[WORKLOADS_KEY].values())
         assert len(per) >= 2, strategy
         rounding = 1e-3 * len(per)  # each figure is rounded to 3 decimals in the JSON
-        for figure in ("requests", "pods_started", "cold_starts", "gpu_hours", "idle_gpu_hours"):
+        for figure in ("requests", "pods_started", "cold_starts"):
             assert totals[figure] == pytest.approx(sum(w[figure] for w in per), abs=rounding), (strategy, figure)
+        # the GPU cost: what each workload's pods hold, plus what provisioned nodes hold for nobody
+        assert all(w["unheld_gpu_hours"] == 0 for w in per), strategy
+        for figure in ("gpu_hours", "idle_gpu_hours"):
+            owned = sum(w[figure] for w in per) + totals["unheld_gpu_hours"]
+            assert totals[figure] == pytest.approx(owned, abs=rounding), (strategy, figure)
         # shares: weighted by requests; the mean startup: by pods started
         met = sum(w["slo_attainment"] * w["requests"] for w in per) / totals["requests"]
         assert totals["slo_attainment"] == pytest.approx(met, abs=1e-5), strategy

@@ -175,9 +175,8 @@ def provisioned_gpus(run: RunResult, fleet: int) -> tuple[NDArray[np.float64], b
     it has one (``RunResult.fleet_gpus``, with autoscaled node pools), else the fixed fleet's GPUs."""
     import numpy as np
 
-    tracked = getattr(run, "fleet_gpus", None)  # RunResult gains fleet_gpus with node autoscaling
-    if tracked is not None and len(tracked) == run.n_ticks:
-        return np.asarray(tracked, dtype=np.float64), True
+    if len(run.fleet_gpus) == run.n_ticks:
+        return run.fleet_gpus.astype(np.float64), True
     return np.full(run.n_ticks, float(fleet)), False
 
 

@@ -14,12 +14,14 @@ Per strategy, over every workload's requests and pods (formulas; w_j is a packet
     gpu_hours      = GPUs held by placed pods (starting or ready) x time, in hours; with autoscaled
                      node pools, GPUs of every provisioned node (launching or Ready) x time
     idle_gpu_hours = gpu_hours - served requests / capacity per replica x GPUs per replica / 3600
+    unheld_gpu_hours = GPUs of provisioned nodes that no pod holds x time (with autoscaled node pools;
+                     0 on a fixed fleet and for each workload): the part of the cost no workload owns
     requests       = requests that arrived during the run (the weight SLO attainment is a share of)
     pods_started   = pods placed during the run (what the startup figures are over)
 
 The same figures are computed per workload, over that workload's requests and pods only, so the
-totals combine from them: ``requests``, ``pods_started``, ``cold_starts``, ``gpu_hours`` and
-``idle_gpu_hours`` are sums; ``slo_attainment`` is the request-weighted mean of the workloads';
+totals combine from them: ``requests``, ``pods_started`` and ``cold_starts`` are sums;
+``gpu_hours`` and ``idle_gpu_hours`` are sums plus the total's ``unheld_gpu_hours``; ``slo_attainment`` is the request-weighted mean of the workloads';
 ``mean_startup_s`` the mean weighted by ``pods_started``; a percentile of the total lies between the
 smallest and the largest of the workloads' (a percentile of a mixture does).
 
@@ -44,7 +46,7 @@ F64 = NDArray[np.float64]
 
 #: The figures of ``--json``, per strategy, in this order (issue 7).
 FIGURES = ("slo_attainment", "p50_delay_s", "p95_delay_s", "p99_delay_s", "cold_starts", "mean_startup_s",
-           "p95_startup_s", "gpu_hours", "idle_gpu_hours", "requests", "pods_started")
+           "p95_startup_s", "gpu_hours", "idle_gpu_hours", "unheld_gpu_hours", "requests", "pods_started")
 #: The key of the per-workload section of each strategy in ``--json``.
 WORKLOADS_KEY = "workloads"
 
@@ -62,6 +64,7 @@ class Summary:
     p95_startup_s: float
     gpu_hours: float
     idle_gpu_hours: float
+    unheld_gpu_hours: float
     requests: float
     pods_started: int
 
@@ -92,7 +95,8 @@ def summarise(workloads: Sequence[WorkloadResult], slo_s: float, fleet_gpu_s: fl
     d, w = delays[served], weights[served]
     startups = np.concatenate([w.startups for w in workloads]) if workloads else np.zeros(0)
     cold = int(sum(int(w.cold.sum()) for w in workloads))
-    gpu_s = sum(w.gpu_seconds for w in workloads) if fleet_gpu_s is None else fleet_gpu_s
+    held_s = sum(w.gpu_seconds for w in workloads)
+    gpu_s = held_s if fleet_gpu_s is None else fleet_gpu_s
     busy_s = sum(w.busy_gpu_seconds for w in workloads)
     return Summary(
         slo_attainment=met / arrived if arrived > 0 else math.nan,
@@ -104,6 +108,7 @@ def summarise(workloads: Sequence[WorkloadResult], slo_s: float, fleet_gpu_s: fl
         p95_startup_s=float(np.quantile(startups, 0.95, method="inverted_cdf")) if len(startups) else math.nan,
         gpu_hours=gpu_s / 3600.0,
         idle_gpu_hours=max(gpu_s - busy_s, 0.0) / 3600.0,
+        unheld_gpu_hours=max(gpu_s - held_s, 0.0) / 3600.0,
         requests=arrived,
         pods_started=len(startups),
     )
