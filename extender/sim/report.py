@@ -21,8 +21,9 @@ Per strategy, over every workload's requests and pods (formulas; w_j is a packet
 
 The same figures are computed per workload, over that workload's requests and pods only, so the
 totals combine from them: ``requests``, ``pods_started`` and ``cold_starts`` are sums;
-``gpu_hours`` and ``idle_gpu_hours`` are sums plus the total's ``unheld_gpu_hours``; ``slo_attainment`` is the request-weighted mean of the workloads';
-``mean_startup_s`` the mean weighted by ``pods_started``; a percentile of the total lies between the
+``gpu_hours`` and ``idle_gpu_hours`` are sums plus the total's ``unheld_gpu_hours``;
+``slo_attainment`` is the request-weighted mean of the workloads'; ``mean_startup_s`` the mean
+weighted by ``pods_started``; a percentile of the total lies between the
 smallest and the largest of the workloads' (a percentile of a mixture does).
 
 and, across strategies, the gap closed on SLO attainment::
