@@ -27,7 +27,8 @@ import os
 import secrets
 import socket
 import ssl
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,8 @@ class ScaleSettings:
     #: file from its next tick on (``None``: the policy stays as started).
     policy_path: Path | None = None
     policy_version: str = ""
+    #: Seconds between looks at the policy file when the loop does not run (``--no-loop``).
+    policy_check_s: float = 2.0
 
     def policy_file(self) -> PolicyFile | None:
         """A fresh watcher of :attr:`policy_path` (one per loop), or ``None``."""
@@ -231,10 +234,15 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
 
     api = ExternalMetricsApi(published=decisions.published, workloads=workload_namespaces(settings.policy),
                              auth=auth, ready=ready, registry=registry)
+
+    def take(policy: Policy) -> None:
+        api.workloads = workload_namespaces(policy)
+
+    watch: PolicyWatch | None = None
     if settings.run_loop:
         loop = build_loop(settings, client, registry=registry)
         metrics = ScalerMetrics(registry, settings.policy)
-        loop.on_policy.append(lambda policy: setattr(api, "workloads", workload_namespaces(policy)))
+        loop.on_policy.append(take)
         loop.on_policy.append(metrics.set_policy)
 
         def on_report(report: TickReport) -> None:
@@ -243,9 +251,58 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
 
         runner = LoopThread(loop, on_report=on_report, policy_file=settings.policy_file())
         runner.start()
+    else:
+        policy_file = settings.policy_file()
+        if policy_file is not None:  # no loop to follow the file: the API follows it itself
+            watch = PolicyWatch(policy_file, settings.policy_check_s, take)
+            watch.start()
     app = create_app(api)
     app.extensions["scaler_runner"] = runner
+    app.extensions["scaler_policy_watch"] = watch
     return app
+
+
+class PolicyWatch:
+    """Polls a :class:`PolicyFile` in a daemon thread and hands each new valid policy to ``on_policy``.
+
+    What ``extender scale --no-loop`` uses in place of the loop's per-tick look: the workloads the
+    External Metrics API serves, and their namespaces, follow edits of the file (ConfigMap ``..data``
+    swaps included) within ``interval_s``, without a restart. An invalid edit keeps the last good
+    policy (the watcher logs it once).
+    """
+
+    def __init__(self, policy_file: PolicyFile, interval_s: float, on_policy: Callable[[Policy], None]) -> None:
+        self.policy_file = policy_file
+        self.interval_s = interval_s
+        self.on_policy = on_policy
+        #: Policies taken since start (tests and logs).
+        self.reloads = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll(self) -> bool:
+        """Look once; True when a new policy was taken. Never raises (a bad file is the watcher's to report)."""
+        try:
+            policy = self.policy_file.poll().policy
+            if policy is None:
+                return False
+            self.on_policy(policy)
+        except Exception:
+            log.exception("policy watch failed; keeping the last good policy")
+            return False
+        self.reloads += 1
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="scaler-policy-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 #: Seconds a client has to complete its TLS handshake (and, on a new connection, to send its first
