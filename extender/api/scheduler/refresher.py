@@ -158,9 +158,9 @@ class Refresher:
         try:
             store = self._store if self._store is not None else self._connect()
             version = store.version()
-            # A reload holds this worker's GIL for its whole duration (0.3 s at 15,000 nodes), and
-            # requests arriving meanwhile are slowed down; spacing reloads by a multiple of their
-            # cost keeps that to a small share of requests.
+            # A reload holds this worker's GIL for its whole duration (a few ms for a patch, 0.3 s
+            # for a full read at 15,000 nodes), and requests arriving meanwhile are slowed down;
+            # spacing reloads by a multiple of their cost keeps that to a small share of requests.
             spacing = max(self.settings.min_rebuild_interval_s, self.settings.rebuild_duty_factor * self._rebuild_cost)
             if self._records is None or (version != self._version and t - self._last_load >= spacing):
                 started = time.perf_counter()
