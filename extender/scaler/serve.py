@@ -1,7 +1,11 @@
 """Assembling ``extender scale``: the loop, the External Metrics API, and the gunicorn process they run in.
 
-One gunicorn worker per scaler pod serves the External Metrics API (gthread: a few threads are
-plenty, the HPA controller asks once per HPA per 15 s) and runs the loop in a thread next to it.
+One gunicorn worker per scaler pod serves the External Metrics API and runs the loop in a thread
+next to it. The worker is the asyncio one ``extender serve`` uses (:class:`extender.api.asgi.TLSASGIWorker`):
+the event loop performs TLS handshakes and reads requests, so clients that stall a handshake or a
+request cost a buffer, not one of the few threads (the HPA controller asks once per HPA per 15 s;
+with ``gthread`` four half-sent handshakes held every thread). ``--request-timeout`` bounds each
+handshake and each request's headers and body; the peer certificate comes from the TLS transport.
 Every scaler pod serves the API from Redis, so the APIService's Service may route to any of them;
 only the elected leader's loop writes (extender.state.lock). One worker, because each worker would
 otherwise run its own loop candidate: correct (the lock still elects one), but pointless work.
@@ -21,7 +25,6 @@ so a standby takes over at its next tick instead of waiting for the lock to expi
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import secrets
@@ -305,29 +308,11 @@ class PolicyWatch:
         self._stop.set()
 
 
-#: Seconds a client has to complete its TLS handshake (and, on a new connection, to send its first
-#: request). gunicorn's gthread worker performs the handshake in a pool thread with a blocking call:
-#: without a bound, four half-sent handshakes held every thread before authentication.
-TLS_HANDSHAKE_TIMEOUT_S = 5.0
-
-
-class _BoundedTLSContext(ssl.SSLContext):
-    """An :class:`ssl.SSLContext` whose server sockets time out a stalled handshake."""
-
-    def wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> Any:
-        sock.settimeout(TLS_HANDSHAKE_TIMEOUT_S)  # the wrapped socket keeps it for the first request
-        try:
-            return super().wrap_socket(sock, *args, **kwargs)
-        except TimeoutError:
-            # gunicorn logs a reset quietly; a bare timeout would be a traceback per stalled client
-            raise ConnectionResetError(errno.ECONNRESET, "TLS handshake not completed in time") from None
-
-
 def tls_context_hook(ca_pem: str) -> Any:
     """gunicorn ``ssl_context`` hook: our certificate, TLS >= 1.2, client certificates optional (module docstring)."""
 
     def ssl_context(conf: Any, default_ssl_context_factory: Any) -> ssl.SSLContext:
-        context = _BoundedTLSContext(ssl.PROTOCOL_TLS_SERVER)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(certfile=conf.certfile, keyfile=conf.keyfile)
         if ca_pem.strip():
@@ -338,8 +323,14 @@ def tls_context_hook(ca_pem: str) -> Any:
     return ssl_context
 
 
+#: Largest request body the API reads (its requests are GETs; anything larger is not a client of ours).
+MAX_BODY_BYTES = 1 << 20
+
+
 def _worker_exit(server: Any, worker: Any) -> None:
-    app = getattr(worker, "wsgi", None)
+    app = getattr(worker, "asgi", None) or getattr(worker, "wsgi", None)
+    if not isinstance(app, Flask):
+        app = getattr(app, "wsgi_app", None)  # the Flask app behind extender.api.asgi.whole_requests
     runner = app.extensions.get("scaler_runner") if isinstance(app, Flask) else None
     if isinstance(runner, LoopThread):
         runner.stop()
@@ -349,5 +340,4 @@ def gunicorn_overrides(settings: ScaleSettings) -> dict[str, Any]:
     """The gunicorn settings ``extender scale`` changes from ``extender serve``'s (module docstring)."""
     ca = "\n".join(p.strip() for p in (settings.auth.requestheader_ca_pem, settings.auth.client_ca_pem) if p.strip())
     return {"workers": 1, "ssl_context": tls_context_hook(ca), "worker_exit": _worker_exit,
-            "do_handshake_on_connect": True,  # in wrap_socket, where the handshake timeout applies
-            "proc_name": "extender-scale"}
+            "worker_class": "extender.api.asgi.TLSASGIWorker", "proc_name": "extender-scale"}
