@@ -14,9 +14,15 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import os
+import signal
 import socket
+import ssl
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,6 +43,8 @@ from tests.test_extender_integration import (
 from tests.test_scoring import POLICY
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SLOW_CONNECTIONS = 12
 REAL_REQUESTS = 40
@@ -165,3 +173,115 @@ def test_a_worker_stopping_loses_no_request_on_kept_alive_connections(tmp_path: 
             for t in threads:
                 t.join(60)
     assert answered[0] > 0 and errors == []
+
+
+# ---- the External Metrics API (extender scale) -------------------------------------------------------
+
+#: The scaler's --request-timeout here: long enough that every stall is still held while the real
+#: client is served, short enough that the test sees the server end them.
+METRICS_REQUEST_TIMEOUT = "8s"
+STALLED_HANDSHAKES = 12
+STALLED_KEPT_ALIVE = 8
+
+
+@pytest.fixture
+def metrics_api(tmp_path: Path, redis_server: RedisServer) -> Iterator[tuple[str, Any]]:
+    """``extender scale --no-loop`` over TLS with a published decision: ``(base url, pki)``."""
+    from extender.state import connect
+    from extender.state.decisions import DecisionStore, Published
+    from extender.state.lock import LeaderLock
+    from tests.delegation_double import running as delegation
+    from tests.pki import make_pki
+    from tests.scaler_policy import policy_text
+    from tests.test_external_metrics_tls import HPA, _wait_up
+
+    pki = make_pki(tmp_path / "pki")
+    with delegation() as double:
+        double.state.tokens = {"hpa-token": (HPA, ["system:serviceaccounts"])}
+        double.state.rule = lambda user, groups, attrs: user == HPA
+        double.state.configmap = {"client-ca-file": pki.client_ca.pem(),
+                                  "requestheader-client-ca-file": pki.front_proxy_ca.pem()}
+        client = connect(redis_server.url, tmp_path)
+        lock = LeaderLock(client, "seeder", ttl_s=60)
+        token = lock.acquire().token
+        lock.commit(token, DecisionStore(client).stage_published(
+            "qwen3", Published(desired=5, load=1.0, unit="requests/s", t=1_735_732_800.0, window=15, token=token)))
+        client.close()
+        policy = tmp_path / "policy.yaml"
+        policy.write_text(policy_text())
+        port = free_port()
+        log = tmp_path / "scale.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "extender.scaler", "scale", "--policy", str(policy), "--no-loop",
+                 "--redis-url", redis_server.url, "--bind", f"127.0.0.1:{port}",
+                 "--kubeconfig", str(double.write_kubeconfig(tmp_path / "kubeconfig.yaml")),
+                 "--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key),
+                 "--request-timeout", METRICS_REQUEST_TIMEOUT],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        url = f"https://127.0.0.1:{port}"
+        try:
+            _wait_up(url, pki, process, log)
+            yield url, pki
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def test_stalled_handshakes_and_kept_alive_requests_do_not_stop_the_hpa(metrics_api: tuple[str, Any]) -> None:
+    # With gthread, four half-sent handshakes held every thread until each timed out, and a request
+    # stalled on a kept-alive connection held one for good. Now the event loop holds them all while
+    # the HPA's calls are answered, and the server ends each stall after --request-timeout.
+    url, pki = metrics_api
+    port = int(url.rsplit(":", 1)[1])
+    context = ssl.create_default_context(cafile=str(pki.server_ca.cert))
+    path = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/extender-desired-replicas"
+    query = f"{path}?labelSelector=workload%3Dqwen3"
+    get = f"GET {query} HTTP/1.1\r\nHost: scaler\r\nAuthorization: Bearer hpa-token\r\n\r\n".encode()
+    raw: list[socket.socket] = []
+    kept: list[ssl.SSLSocket] = []
+    try:
+        for _ in range(STALLED_HANDSHAKES):  # the start of a ClientHello, then nothing
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")
+            raw.append(s)
+        for k in range(STALLED_KEPT_ALIVE):  # one whole request answered, then half of the next
+            t = context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30),
+                                    server_hostname="127.0.0.1")
+            t.sendall(get)
+            first = t.recv(65536)
+            assert first.startswith(b"HTTP/1.1 200"), first[:200]
+            # half the stalls never finish their headers, half send headers and part of a body
+            t.sendall(get[:40] if k % 2 else f"POST {path} HTTP/1.1\r\nHost: scaler\r\n"
+                      "Content-Length: 1000\r\n\r\n{".encode())
+            kept.append(t)
+        # The real client, on one kept-alive connection and on fresh ones, while every stall is held.
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10)
+        for i in range(REAL_REQUESTS):
+            use = http.client.HTTPSConnection("127.0.0.1", port, context=context, timeout=10) if i % 4 == 0 else conn
+            use.request("GET", query, headers={"Authorization": "Bearer hpa-token"})
+            reply = use.getresponse()
+            body = reply.read()
+            if use is not conn:
+                use.close()
+            assert reply.status == 200, body[:300]
+            assert json.loads(body)["items"][0]["value"] == "5"
+        conn.close()
+        # Every stall is bounded: the server ends it (the socket's 30 s timeout bounds a hang here).
+        for s in raw:
+            assert s.recv(65536) == b""  # the handshake timed out: closed, nothing sent
+        for t in kept:
+            rest = b""
+            with contextlib.suppress(ssl.SSLError, ConnectionResetError):
+                while chunk := t.recv(65536):
+                    rest += chunk
+            assert rest == b"" or rest.startswith(b"HTTP/1.1 408"), rest[:200]
+    finally:
+        for s in raw:
+            s.close()
+        for t in kept:
+            t.close()

@@ -191,3 +191,53 @@ def test_a_policy_that_autoscales_nothing_is_refused(tmp_path: Path, capsys: pyt
     assert cli.main(["scale", "--policy", str(policy), "--once", "--redis-url", "redis://127.0.0.1:1/0"]) == 1
     err = capsys.readouterr().err
     assert f"extender scale: {policy} has no profile with an autoscaling section" in err and "nothing to scale" in err
+
+
+@pytest.mark.integration
+def test_an_api_only_scaler_follows_policy_edits(redis_server: RedisServer, tmp_path: Path) -> None:
+    # `extender scale --no-loop` read the policy once: a workload moved to another namespace was
+    # still served in the old one until a restart. The ConfigMap layout (..data swap) is followed.
+    from tests.test_fault_reload import ConfigMapVolume
+
+    volume = ConfigMapVolume(tmp_path / "config")
+    volume.publish(policy_text())
+    port = free_port()
+    log = tmp_path / "scale.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "extender.scaler", "scale", "--policy", str(volume.path), "--no-loop",
+             "--redis-url", redis_server.url, "--bind", f"127.0.0.1:{port}", "--insecure-no-auth",
+             "--kubeconfig", str(tmp_path / "unused-kubeconfig")],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def code_in(namespace: str) -> int:
+        url = (f"http://127.0.0.1:{port}/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/"
+               "extender-forecast-load?labelSelector=workload%3Dqwen3")
+        try:
+            return get_json(url)[0]
+        except (urllib.error.URLError, ConnectionError):
+            return -1
+
+    def until(check: Any, what: str) -> None:
+        deadline = time.monotonic() + SETTLE_S
+        while not check():
+            assert process.poll() is None, log.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"{what}: {log.read_text()[-3000:]}"
+            time.sleep(0.1)
+
+    try:
+        until(lambda: code_in("default") == 200, "qwen3 served in default")
+        assert code_in("staging") == 404
+        volume.publish("apiVersion: extender.io/v1alpha1\nkind: Policy\nprofiles: [{name: 7}]\n")  # invalid
+        until(lambda: "keeping the last good policy" in log.read_text(), "the invalid edit reported")
+        assert code_in("default") == 200  # the last good policy stays
+        volume.publish(policy_text().replace("namespace: default", "namespace: staging"))
+        until(lambda: code_in("staging") == 200, "qwen3 served in staging after the edit")
+        assert code_in("default") == 404
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=SETTLE_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -12,6 +12,14 @@ The body limit is enforced while the body arrives (413 as soon as ``Content-Leng
 received pass it). The WSGI environ is built by :mod:`asgiref` (``WsgiToAsgiInstance``); we do not
 use its ``WsgiToAsgi`` runner, which hops between the loop and a thread for every message and cost
 about 1 ms per call at 5,000 nodes. Here each request is one hop there and one back.
+
+TLS servers that authenticate by client certificate (the External Metrics API of ``extender
+scale``) run :class:`TLSASGIWorker`: the verified peer certificate comes from the TLS transport
+(``get_extra_info("peercert")``) into the WSGI environ under ``extender.peer_cert``, and one
+``request_timeout_s`` bounds each TLS handshake (asyncio's ``ssl_handshake_timeout``), the
+headers of each request from its first byte (the connection is dropped), and the body (408, then
+the connection is closed). An idle kept-alive connection is not a stalled request: gunicorn's
+keep-alive timeout governs it. Every bound is a timer on the event loop, never a thread.
 """
 
 from __future__ import annotations
@@ -63,6 +71,78 @@ class LingeringASGIWorker(ASGIWorker):  # type: ignore[misc]
         super().handle_exit_signal()
 
 
+#: Scope keys our worker adds (ASGI servers may add namespaced keys): the peer certificate, and the
+#: callbacks that tell the connection a request's headers are in and its reply is out.
+PEER_CERT_SCOPE = "extender.peer_cert"
+STARTED_SCOPE = "extender.request_started"
+FINISHED_SCOPE = "extender.request_finished"
+#: The WSGI environ key the app reads the peer certificate from
+#: (:data:`extender.api.external_metrics.app.PEER_CERT_ENVIRON`).
+PEER_CERT_ENVIRON = "extender.peer_cert"
+
+
+class TLSASGIWorker(LingeringASGIWorker):
+    """The asyncio worker with the peer certificate in each request and bounded reads (module docstring).
+
+    ``request_timeout_s`` is set on the class in the master before gunicorn forks its workers.
+    """
+
+    request_timeout_s: float = 5.0
+
+    async def _serve(self) -> None:
+        real = self.loop.create_server
+        timeout = self.request_timeout_s
+
+        async def create_server(factory: Callable[[], Any], **kwargs: Any) -> Any:
+            if kwargs.get("ssl") is not None:
+                kwargs["ssl_handshake_timeout"] = timeout
+            return await real(lambda: _bounded(factory(), timeout, self.loop), **kwargs)
+
+        self.loop.create_server = create_server
+        await super()._serve()
+
+
+def _bounded(protocol: Any, timeout_s: float, loop: asyncio.AbstractEventLoop) -> Any:
+    """gunicorn's protocol for one connection, with the certificate in its scopes and a header timer.
+
+    Wraps two of its methods on the instance: ``data_received`` (the first byte of a request arms a
+    timer that drops the connection unless the request's headers are complete in time) and
+    ``_build_http_scope`` (adds the peer certificate and the callbacks :func:`whole_requests` calls).
+    """
+    state = {"phase": "idle"}
+    timer: list[asyncio.TimerHandle] = []
+    received, build = protocol.data_received, protocol._build_http_scope
+
+    def drop() -> None:
+        if state["phase"] == "headers" and protocol.transport is not None:
+            protocol.transport.abort()
+
+    def data_received(data: bytes) -> None:
+        if state["phase"] == "idle" and data:
+            state["phase"] = "headers"
+            timer[:] = [loop.call_later(timeout_s, drop)]
+        received(data)
+
+    def started() -> None:
+        state["phase"] = "request"
+        for t in timer:
+            t.cancel()
+
+    def finished() -> None:
+        state["phase"] = "idle"
+
+    def build_scope(request: Any, sockname: Any, peername: Any) -> Scope:
+        scope: Scope = build(request, sockname, peername)
+        transport = protocol.transport
+        scope[PEER_CERT_SCOPE] = transport.get_extra_info("peercert") if transport is not None else None
+        scope[STARTED_SCOPE], scope[FINISHED_SCOPE] = started, finished
+        return scope
+
+    protocol.data_received = data_received
+    protocol._build_http_scope = build_scope
+    return protocol
+
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -70,10 +150,13 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def whole_requests(wsgi_app: Any, max_body_bytes: int, threads: int = 4) -> ASGIApp:
+def whole_requests(wsgi_app: Any, max_body_bytes: int, threads: int = 4,
+                   request_timeout_s: float | None = None) -> ASGIApp:
     """An ASGI app that reads each request whole (at most ``max_body_bytes``), then runs ``wsgi_app``.
 
     ``threads``: the pool that runs the app; a thread is taken only by a request that is complete.
+    ``request_timeout_s``: a body not complete this long after the headers gets 408 and the
+    connection is closed (``None``: no bound here).
     """
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="extender-request")
 
@@ -89,10 +172,16 @@ def whole_requests(wsgi_app: Any, max_body_bytes: int, threads: int = 4) -> ASGI
         if scope["type"] != "http":
             return
         _in_flight[0] += 1
+        started = scope.get(STARTED_SCOPE)
+        if started is not None:
+            started()
         try:
             await _answer(scope, receive, send)
         finally:
             _in_flight[0] -= 1
+            finished = scope.get(FINISHED_SCOPE)
+            if finished is not None:
+                finished()
 
     async def _answer(scope: Scope, receive: Receive, send: Send) -> None:
         length = _content_length(scope)
@@ -100,19 +189,28 @@ def whole_requests(wsgi_app: Any, max_body_bytes: int, threads: int = 4) -> ASGI
             await _too_large(send, max_body_bytes)
             return
         chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
+
+        async def read() -> bool:
+            size = 0
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client went away
+                    return False
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > max_body_bytes:
+                    await _too_large(send, max_body_bytes)
+                    return False
+                chunks.append(chunk)
+                if not message.get("more_body"):
+                    return True
+
+        try:
+            if not await asyncio.wait_for(read(), request_timeout_s):
                 return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > max_body_bytes:
-                await _too_large(send, max_body_bytes)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body"):
-                break
+        except TimeoutError:
+            await _error(send, 408, f"the request body did not arrive within {request_timeout_s:g} s")
+            return
         loop = asyncio.get_running_loop()
         status, headers, body = await loop.run_in_executor(pool, _call, wsgi_app, scope, b"".join(chunks))
         if _draining.is_set():
@@ -120,6 +218,7 @@ def whole_requests(wsgi_app: Any, max_body_bytes: int, threads: int = 4) -> ASGI
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
+    app.wsgi_app = wsgi_app  # type: ignore[attr-defined]  # for hooks that need the app (worker_exit)
     return app
 
 
@@ -128,6 +227,8 @@ def _call(wsgi_app: Any, scope: Scope, body: bytes) -> tuple[int, list[tuple[byt
     builder = WsgiToAsgiInstance(wsgi_app)  # type: ignore[no-untyped-call]
     builder.scope = scope
     environ = builder.build_environ(scope, io.BytesIO(body))  # type: ignore[no-untyped-call]
+    if scope.get(PEER_CERT_SCOPE):
+        environ[PEER_CERT_ENVIRON] = scope[PEER_CERT_SCOPE]
     started: list[tuple[int, list[tuple[bytes, bytes]]]] = []
     out: list[bytes] = []
 
@@ -158,8 +259,13 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _too_large(send: Send, limit: int) -> None:
-    body = json.dumps({"error": f"request body is larger than the {limit} byte limit"}).encode()
-    await send({"type": "http.response.start", "status": 413,
+    await _error(send, 413, f"request body is larger than the {limit} byte limit")
+
+
+async def _error(send: Send, code: int, message: str) -> None:
+    """A JSON error reply that closes the connection."""
+    body = json.dumps({"error": message}).encode()
+    await send({"type": "http.response.start", "status": code,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})

@@ -1,7 +1,8 @@
 """Running the extender under gunicorn, in-process (``extender serve``).
 
-Worker class: gunicorn's asyncio worker (``asgi``) for ``extender serve``, ``gthread`` on request and
-for ``extender scale``. kube-scheduler's HTTP client keeps connections alive and sends about one
+Worker class: gunicorn's asyncio worker (``asgi``) for ``extender serve``, and for ``extender
+scale`` with peer certificates and bounded reads (:class:`extender.api.asgi.TLSASGIWorker`);
+``gthread`` on request. kube-scheduler's HTTP client keeps connections alive and sends about one
 filter and one prioritize call at a time per scheduler (the scheduling cycle is sequential,
 docs/kubernetes-interfaces.md 2.10). ``sync`` workers close the connection after every reply, so every call would
 pay a TCP (and TLS) handshake; ``gevent``/``eventlet`` would add monkey-patching for concurrency the

@@ -14,9 +14,9 @@ change slowly and are better than nothing), but nothing that would make it look 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
-from typing import Annotated
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Annotated, Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -134,12 +134,31 @@ class Lookup:
     known: NDArray[np.bool_]
 
 
+@dataclass(frozen=True)
+class Delta:
+    """How a snapshot made by :meth:`InventorySnapshot.update` relates to the one it was made from.
+
+    ``carried[i]`` is the row of the previous snapshot that row ``i`` was copied from unchanged, or
+    -1 when row ``i`` was written since (replaced or new). ``removed`` names the rows that are gone.
+    Consumers (the engine's score tables) redo only the rows with ``carried == -1``.
+    """
+
+    carried: NDArray[np.intp]
+    removed: tuple[str, ...]
+
+
 @dataclass
 class InventorySnapshot:
     """Columnar, read-only view of every node record at one store version.
 
     Arrays have ``n + 1`` rows: row ``n`` is a sentinel for names the inventory does not know
     (unknown class, cold, no free resources), so requests can gather without branching.
+
+    Two ways to make one: :meth:`build` indexes every record (cost in proportion to the fleet);
+    :meth:`update` patches the rows of the records written since (cost in proportion to the
+    change, plus a few O(n) array copies that numpy does in microseconds). The two agree: updating
+    a snapshot equals building one from the same records in the same row order
+    (``tests/test_inventory_update.py``).
     """
 
     version: int
@@ -155,6 +174,8 @@ class InventorySnapshot:
     pulling_bytes: NDArray[np.float64]
     positions: dict[str, int]
     _per_profile: dict[str, tuple[CacheState, ClassTable]] = field(default_factory=dict, repr=False)
+    #: Set by :meth:`update`: what changed relative to the snapshot it was made from.
+    delta: Delta | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(
@@ -169,28 +190,132 @@ class InventorySnapshot:
         """Index the records against the policy's node classes (done once per store version)."""
         records = tuple(nodes)
         classes = (*policy.node_classes, UNKNOWN_CLASS)
-        by_name = {c.name: i for i, c in enumerate(classes)}
         unknown = len(classes) - 1
-
-        def class_of(s: NodeState) -> int:
-            if s.node_class:
-                return by_name.get(s.node_class, unknown)
-            return by_name[policy.classify_node(s.labels).name]
-
+        columns = _columns(policy, classes, records)
         return cls(
             version=version,
             taken_at=taken_at,
             nodes=records,
             registry=frozenset(registry),
             classes=classes,
-            class_index=np.array([*map(class_of, records), unknown], dtype=np.intp),
-            heartbeat=np.array([*(s.heartbeat for s in records), 0.0], dtype=np.float64),
-            ttl=np.array([*(s.ttl for s in records), 1.0], dtype=np.float64),
-            gpus_free=np.array([*(s.gpus_free for s in records), 0], dtype=np.int64),
-            nvme_free=np.array([*(s.nvme_free for s in records), 0], dtype=np.float64),
-            pulling_bytes=np.array([*(s.pulling_bytes for s in records), 0], dtype=np.float64),
+            class_index=np.array([*columns[0], unknown], dtype=np.intp),
+            heartbeat=np.array([*columns[1], 0.0], dtype=np.float64),
+            ttl=np.array([*columns[2], 1.0], dtype=np.float64),
+            gpus_free=np.array([*columns[3], 0], dtype=np.int64),
+            nvme_free=np.array([*columns[4], 0], dtype=np.float64),
+            pulling_bytes=np.array([*columns[5], 0], dtype=np.float64),
             positions={s.name: i for i, s in enumerate(records)},
         )
+
+    def update(
+        self,
+        policy: Policy,
+        changed: Mapping[str, NodeState | None],
+        *,
+        version: int,
+        taken_at: float,
+        registry: Iterable[str] | None = None,
+    ) -> InventorySnapshot:
+        """A new snapshot with ``changed`` applied (``None``: the node is gone); this one is untouched.
+
+        ``policy`` must be the one this snapshot was built with. A replaced record keeps its row, a
+        new one is appended (before the sentinel), a deleted one's row is removed and the rows after
+        it move up. Each memoised per-profile cache state is patched for the changed rows only,
+        unless the compile registry changed (a registry key changes every row's compile state; the
+        state is then recomputed on first use).
+        """
+        reg = self.registry if registry is None else frozenset(registry)
+        n = len(self.nodes)
+        replaced: dict[int, NodeState] = {}
+        removed: list[int] = []
+        added: dict[str, NodeState] = {}
+        for name, record in changed.items():
+            row = self.positions.get(name)
+            if row is None:
+                if record is not None:
+                    added[name] = record
+            elif record is None:
+                removed.append(row)
+            else:
+                replaced[row] = record
+        rows = np.fromiter(replaced, dtype=np.intp, count=len(replaced))
+        nodes = list(self.nodes)
+        for row, record in replaced.items():
+            nodes[row] = record
+        carried = np.arange(n, dtype=np.intp)
+        carried[rows] = -1
+        new_records = tuple(added.values())
+        patch = _columns(policy, self.classes, tuple(replaced.values()))
+        extra = _columns(policy, self.classes, new_records)
+        keep: NDArray[np.bool_] | None = None
+        if removed:
+            keep = np.ones(n + 1, dtype=np.bool_)
+            keep[removed] = False
+            gone = set(removed)
+            nodes = [s for i, s in enumerate(nodes) if i not in gone]
+            carried = carried[keep[:n]]
+        nodes.extend(new_records)
+        carried = np.concatenate([carried, np.full(len(new_records), -1, dtype=np.intp)])
+
+        def patched(column: NDArray[Any], values: list[Any], tail: list[Any]) -> NDArray[Any]:
+            out = column.copy()
+            out[rows] = values
+            if keep is not None:
+                out = out[keep]
+            if tail:
+                out = np.concatenate([out[:-1], np.array(tail, dtype=column.dtype), out[-1:]])
+            return out
+
+        arrays = [patched(col, patch[k], extra[k]) for k, col in enumerate(
+            (self.class_index, self.heartbeat, self.ttl, self.gpus_free, self.nvme_free, self.pulling_bytes))]
+        if removed:
+            positions = {s.name: i for i, s in enumerate(nodes)}
+        elif added:
+            positions = dict(self.positions)
+            positions.update((name, n + k) for k, name in enumerate(added))
+        else:
+            positions = self.positions
+        snapshot = InventorySnapshot(
+            version=version,
+            taken_at=taken_at,
+            nodes=tuple(nodes),
+            registry=reg,
+            classes=self.classes,
+            class_index=arrays[0],
+            heartbeat=arrays[1],
+            ttl=arrays[2],
+            gpus_free=arrays[3],
+            nvme_free=arrays[4],
+            pulling_bytes=arrays[5],
+            positions=positions,
+            delta=Delta(carried, tuple(self.nodes[i].name for i in removed)),
+        )
+        if reg != self.registry:
+            return snapshot
+        profiles = {p.name: p for p in policy.profiles}
+        stale_rows = np.flatnonzero(carried < 0)
+        for name, (state, table) in self._per_profile.items():
+            profile = profiles.get(name)
+            if profile is None:
+                continue
+            parts = []
+            for f in fields(CacheState):
+                column = getattr(state, f.name)
+                if keep is not None:
+                    column = column[keep]
+                if added:
+                    pad = np.zeros((len(added), *column.shape[1:]), dtype=column.dtype)
+                    column = np.concatenate([column[:-1], pad, column[-1:]])
+                elif keep is None:
+                    column = column.copy()
+                parts.append(column)
+            fresh = CacheState(*parts)
+            if len(stale_rows):
+                rows_state = snapshot._rows_state(profile, stale_rows)
+                for f in fields(CacheState):
+                    getattr(fresh, f.name)[stale_rows] = getattr(rows_state, f.name)
+            snapshot._per_profile[name] = (fresh, table)
+        return snapshot
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -217,32 +342,56 @@ class InventorySnapshot:
         cached = self._per_profile.get(profile.name)
         if cached is not None:
             return cached
+        rows = np.arange(len(self.nodes) + 1, dtype=np.intp)
+        result = (self._rows_state(profile, rows), ClassTable.build(profile, self.classes))
+        self._per_profile[profile.name] = result
+        return result
+
+    def _rows_state(self, profile: Profile, rows: NDArray[np.intp]) -> CacheState:
+        """The cache state of some rows for ``profile`` (a row equal to ``len(self)`` is the sentinel)."""
         digest = profile.compile.key.image_digest if profile.compile.key is not None else None
         image_names = names_for(profile.image.reference, digest)
         wkey = weights_key(profile.name, profile.weights.version)
         ckey = [compile_key(profile, c) for c in self.classes]
         akeys = adapter_keys(profile)
-        rows = self.nodes
-        image = np.array([*(not image_names.isdisjoint(normalise_all(s.images)) for s in rows), False], dtype=np.bool_)
-        weights = np.array([*(float(s.weights.get(wkey, 0)) for s in rows), 0.0], dtype=np.float64)
-        compile_state = np.zeros(len(rows) + 1, dtype=np.int8)
-        for i, s in enumerate(rows):
+        sentinel = len(self.nodes)
+        picked = [self.nodes[i] if i != sentinel else None for i in rows.tolist()]
+        image = np.array([s is not None and not image_names.isdisjoint(normalise_all(s.images)) for s in picked],
+                         dtype=np.bool_)
+        weights = np.array([float(s.weights.get(wkey, 0)) if s is not None else 0.0 for s in picked],
+                           dtype=np.float64)
+        compile_state = np.zeros(len(picked), dtype=np.int8)
+        for j, (i, s) in enumerate(zip(rows.tolist(), picked, strict=True)):
+            if s is None:
+                continue
             key = ckey[self.class_index[i]]
             if key is None:
                 continue
             if key in s.compile_keys:
-                compile_state[i] = CompileCache.LOCAL
+                compile_state[j] = CompileCache.LOCAL
             elif key in self.registry:
-                compile_state[i] = CompileCache.REGISTRY
-        snapshot = np.array([*(profile.name in s.snapshots for s in rows), False], dtype=np.bool_)
-        adapters = np.array([*([k in s.adapters for k in akeys] for s in rows), [False] * len(akeys)],
-                            dtype=np.bool_).reshape(len(rows) + 1, len(akeys))
-        state = CacheState(image, weights, compile_state, snapshot, self.pulling_bytes.copy(), adapters)
-        result = (state, ClassTable.build(profile, self.classes))
-        self._per_profile[profile.name] = result
-        return result
+                compile_state[j] = CompileCache.REGISTRY
+        snapshot = np.array([s is not None and profile.name in s.snapshots for s in picked], dtype=np.bool_)
+        adapters = np.array([[s is not None and k in s.adapters for k in akeys] for s in picked],
+                            dtype=np.bool_).reshape(len(picked), len(akeys))
+        return CacheState(image, weights, compile_state, snapshot, self.pulling_bytes[rows].copy(), adapters)
 
     def state_for(self, profile: Profile, rows: NDArray[np.intp], now: float) -> tuple[CacheState, ClassTable]:
         """Cache state of the given rows for ``profile``, with stale and unknown rows made cold."""
         full, table = self.cache_state(profile)
         return full.take(rows).cold_where(~self.fresh(now)[rows]), table
+
+
+def _columns(policy: Policy, classes: tuple[NodeClass, ...],
+             records: Sequence[NodeState]) -> tuple[list[Any], list[Any], list[Any], list[Any], list[Any], list[Any]]:
+    """The per-row values of ``records``: class position, heartbeat, ttl, free GPUs, free NVMe, pulling bytes."""
+    by_name = {c.name: i for i, c in enumerate(classes)}
+    unknown = len(classes) - 1
+
+    def class_of(s: NodeState) -> int:
+        if s.node_class:
+            return by_name.get(s.node_class, unknown)
+        return by_name[policy.classify_node(s.labels).name]
+
+    return ([*map(class_of, records)], [s.heartbeat for s in records], [s.ttl for s in records],
+            [s.gpus_free for s in records], [s.nvme_free for s in records], [s.pulling_bytes for s in records])

@@ -5,6 +5,8 @@
 
 Without ``--kubeconfig`` the in-cluster service account is used when running in a pod, else the
 default kubeconfig. SIGTERM and SIGINT stop it cleanly (open watches are closed, threads joined).
+An edit of the policy file is taken within a few seconds, without a restart
+(:class:`extender.kube.sync.ClusterSync`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import threading
 from typing import Any
 
 from extender.arguments import add_kube_options, add_metrics_bind_option, add_store_options, inventory_from_args
-from extender.files import load_policy
+from extender.files import PolicyFile, read_policy
 from extender.kube.client import KubeClient
 from extender.kube.objects import DEFAULT_GPU_RESOURCE
 from extender.kube.sync import ClusterSync, SyncSettings
@@ -35,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    policy = load_policy(args.policy)
+    policy, version = read_policy(args.policy)
     configure_logging()
     kube = KubeClient.connect(args.kubeconfig, context=args.context)
 
@@ -56,7 +58,8 @@ def run(args: argparse.Namespace) -> int:
         add_process_collectors(registry)
         metrics = SyncMetrics(registry, policy)
         endpoint = MetricsEndpoint(args.metrics_bind, registry, ready=lambda: sync_ready(sync))
-    sync = ClusterSync(kube, open_sources, policy, SyncSettings(gpu_resource=args.gpu_resource), metrics=metrics)
+    sync = ClusterSync(kube, open_sources, policy, SyncSettings(gpu_resource=args.gpu_resource), metrics=metrics,
+                       policy_file=PolicyFile(args.policy, version))
     stop = threading.Event()
     try:
         if endpoint is not None:

@@ -10,6 +10,7 @@ The loop::
     stream cut / unreachable -> wait (exponential backoff with jitter), watch again from RV
     410 Gone (RV compacted)  -> list again: on_replace gets the whole truth, so whatever happened
                                 while we were away (deletions included) is applied
+    relist() (a new policy)  -> end the watch, list again: on_replace sees every object anew
 
 Every event is applied in order by the thread that runs :meth:`Reflector.run`; the handlers do
 their own locking. :meth:`Reflector.interrupt` ends a blocked watch so a stop is prompt.
@@ -76,13 +77,15 @@ class Reflector:
         self._stream: WatchStream | None = None
         self._lock = threading.Lock()
         self._stopping = threading.Event()
+        self._relist = threading.Event()
 
     def run(self, stop: threading.Event) -> None:
         """List and watch until ``stop`` is set (call :meth:`interrupt` too, to end a blocked watch)."""
         need_list = True
         while not (stop.is_set() or self._stopping.is_set()):
             try:
-                if need_list:
+                if need_list or self._relist.is_set():
+                    self._relist.clear()
                     self._list()
                     need_list = False
                 self._watch(stop)
@@ -93,6 +96,8 @@ class Reflector:
             except KubeError as exc:
                 if stop.is_set() or self._stopping.is_set():
                     break
+                if self._relist.is_set():  # we ended the watch ourselves (:meth:`relist`)
+                    continue
                 self.note(self.resource, "error")
                 delay = self.backoff.next()
                 log.warning("%s: %s; retrying in %.1fs", self.resource, exc, delay,
@@ -115,14 +120,15 @@ class Reflector:
         stream = self.client.watch(self.resource, self.resource_version, timeout_s=self.watch_timeout_s,
                                    field_selector=self.field_selector)
         with self._lock:
-            if self._stopping.is_set():
+            if self._stopping.is_set() or self._relist.is_set():
+                stream.stop()
                 return
             self._stream = stream
         self.watches += 1
         self.note(self.resource, "watch")
         try:
             for event in stream:
-                if stop.is_set():
+                if stop.is_set() or self._relist.is_set():
                     return
                 if event.type != "BOOKMARK":
                     self.on_event(event.type, event.object)
@@ -133,6 +139,18 @@ class Reflector:
         finally:
             with self._lock:
                 self._stream = None
+
+    def relist(self) -> None:
+        """List again soon (the handlers now read objects differently, e.g. under a new policy).
+
+        Ends the open watch; :meth:`run` then lists, hands the whole list to ``on_replace`` and
+        watches from the new list's resourceVersion, so nothing is missed in between.
+        """
+        with self._lock:
+            self._relist.set()
+            stream = self._stream
+        if stream is not None:
+            stream.stop()
 
     def interrupt(self) -> None:
         """Stop for good: end the open watch (if any) so :meth:`run` returns promptly."""

@@ -19,6 +19,14 @@ With ``calibration.mode`` other than ``off``, the view also hands every pod of a
 to a :class:`~extender.kube.observe.StartObserver`, and the writer records each new replica's start
 (where it landed, what its node held then, when it became Ready) for calibration.
 
+Policy edits: with a :class:`~extender.files.PolicyFile` the writer loop polls the file every
+``policy_check_s``. A new valid policy changes which class each node is in and which pods belong
+to a workload profile, and the view holds only what the old policy made of the objects, so both
+reflectors list again: the view is rebuilt from the whole truth under the new policy, and the
+writer stores only the reports that came out different. An invalid edit keeps the last good
+policy (logged once by the watcher). The start observer is rebuilt for the new policy (starts it
+was following are followed again from their pods in the new list).
+
 Redis outages: the writer keeps what it could not write marked dirty and retries with backoff. A
 Redis that came back empty is noticed from its version counter going backwards (checked every
 ``version_check_s``) and triggers a full rewrite; every ``resync_s`` the stored reports are also
@@ -37,6 +45,7 @@ from extender.core.backoff import Backoff
 from extender.core.errors import KubeError, StateError
 from extender.core.policy import Policy
 from extender.core.reports import KubeReport
+from extender.files import PolicyFile
 from extender.kube.client import JSON, KubeClient
 from extender.kube.metrics import SyncMetrics
 from extender.kube.objects import DEFAULT_GPU_RESOURCE, NodeFacts, PodFacts, kube_report, node_facts, pod_facts
@@ -63,6 +72,8 @@ class SyncSettings:
     version_check_s: float = 2.0
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
+    #: Look at the policy file this often (with a ``policy_file``).
+    policy_check_s: float = 2.0
 
 
 class ClusterView:
@@ -216,10 +227,15 @@ class ClusterSync:
         *,
         clock: Callable[[], float] = time.monotonic,
         metrics: SyncMetrics | None = None,
+        policy_file: PolicyFile | None = None,
     ) -> None:
         self.settings = settings
         #: Where lists, watches, writes and observed starts are counted (``--metrics-bind``), if anywhere.
         self.metrics = metrics
+        #: Watched for edits (module docstring); ``None``: the policy stays as started.
+        self.policy_file = policy_file
+        #: Policies taken from the file since start (logs and tests).
+        self.policy_reloads = 0
         #: Follows new replicas for calibration (``None`` with ``calibration.mode: off``).
         self.observer = StartObserver(policy) if policy.calibration.mode != "off" else None
         self.view = ClusterView(policy, settings.gpu_resource, self.observer)
@@ -282,11 +298,15 @@ class ClusterSync:
         backoff = self._backoff()
         next_resync = self.clock() + self.settings.resync_s
         next_version_check = self.clock() + self.settings.version_check_s
+        next_policy_check = self.clock() + self.settings.policy_check_s
         while not stop.is_set():
+            if self.policy_file is not None and self.clock() >= next_policy_check:
+                self.check_policy()
+                next_policy_check = self.clock() + self.settings.policy_check_s
             with self.view.cond:
                 pending = self.view.dirty or self.view.removed or self.view.prune or self._observing()
                 if not pending or not self._synced():
-                    wake = min(next_resync, next_version_check) - self.clock()
+                    wake = min(next_resync, next_version_check, next_policy_check) - self.clock()
                     self.view.cond.wait(timeout=max(0.01, min(wake, 0.5)))
             if stop.is_set():
                 break
@@ -325,6 +345,33 @@ class ClusterSync:
         if self._calibrated is None:
             self._calibrated = CalibratedPolicy(self._observations)
         return self._calibrated.policy_for(self.policy)
+
+    def check_policy(self) -> bool:
+        """Take a new valid policy from the file, if there is one, and list both resources again."""
+        if self.policy_file is None:
+            return False
+        policy = self.policy_file.poll().policy
+        if policy is None:
+            return False
+        observer = StartObserver(policy) if policy.calibration.mode != "off" else None
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.policy = policy
+            if observer is not None:
+                observer.on_recorded.append(lambda starts: metrics.starts(starts, self._estimator_policy()))
+        with self.view.cond:
+            self.policy = policy
+            self.observer = observer
+            self.view.policy = policy
+            self.view.observer = observer
+            self._observations = None
+            self._calibrated = None
+        self.policy_reloads += 1
+        log.info("policy changed: listing nodes and pods again to apply it",
+                 extra={"version": self.policy_file.version})
+        self.nodes.relist()
+        self.pods.relist()
+        return True
 
     def _observing(self) -> bool:
         return self.observer is not None and self.observer.pending()

@@ -94,6 +94,8 @@ def register(subparsers: Any) -> None:
     api.add_argument("--bind", default="0.0.0.0:6443", type=bind_address, metavar="HOST:PORT",
                      help="listen address (default: 0.0.0.0:6443)")
     api.add_argument("--threads", default=4, type=positive_int, metavar="N", help="request threads (default: 4)")
+    api.add_argument("--request-timeout", default=5.0, type=duration, metavar="DURATION",
+                     help="bound on each TLS handshake, and on reading each request's headers and body (default: 5s)")
     add_tls_options(api, client_ca_old=("--client-ca-file",),
                     client_ca_help="CA of client certificates accepted directly (default: from the ConfigMap)")
     add_renamed(api, "--tls-front-proxy-ca", "--requestheader-client-ca-file", metavar="FILE",
@@ -353,15 +355,18 @@ def _foreground(settings: Any, metrics_bind: str | None = None) -> int:
 
 
 def _serve(settings: Any, args: argparse.Namespace) -> int:
+    from extender.api.asgi import TLSASGIWorker, whole_requests
     from extender.api.launcher import ServeOptions, run
-    from extender.scaler.serve import create_worker_app, gunicorn_overrides
+    from extender.scaler.serve import MAX_BODY_BYTES, create_worker_app, gunicorn_overrides
 
     options = ServeOptions(
-        bind=args.bind, workers=1, threads=args.threads,
+        bind=args.bind, workers=1, threads=args.threads, worker_model="asgi",
         tls_cert=Path(args.tls_cert) if args.tls_cert else None,
         tls_key=Path(args.tls_key) if args.tls_key else None,
     )
-    run(lambda: create_worker_app(settings), options, overrides=gunicorn_overrides(settings))
+    TLSASGIWorker.request_timeout_s = args.request_timeout  # set before gunicorn forks the worker
+    run(lambda: whole_requests(create_worker_app(settings), MAX_BODY_BYTES, args.threads, args.request_timeout),
+        options, overrides=gunicorn_overrides(settings))
     return 0
 
 

@@ -1,7 +1,11 @@
 """Assembling ``extender scale``: the loop, the External Metrics API, and the gunicorn process they run in.
 
-One gunicorn worker per scaler pod serves the External Metrics API (gthread: a few threads are
-plenty, the HPA controller asks once per HPA per 15 s) and runs the loop in a thread next to it.
+One gunicorn worker per scaler pod serves the External Metrics API and runs the loop in a thread
+next to it. The worker is the asyncio one ``extender serve`` uses (:class:`extender.api.asgi.TLSASGIWorker`):
+the event loop performs TLS handshakes and reads requests, so clients that stall a handshake or a
+request cost a buffer, not one of the few threads (the HPA controller asks once per HPA per 15 s;
+with ``gthread`` four half-sent handshakes held every thread). ``--request-timeout`` bounds each
+handshake and each request's headers and body; the peer certificate comes from the TLS transport.
 Every scaler pod serves the API from Redis, so the APIService's Service may route to any of them;
 only the elected leader's loop writes (extender.state.lock). One worker, because each worker would
 otherwise run its own loop candidate: correct (the lock still elects one), but pointless work.
@@ -21,13 +25,13 @@ so a standby takes over at its next tick instead of waiting for the lock to expi
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import secrets
 import socket
 import ssl
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +114,8 @@ class ScaleSettings:
     #: file from its next tick on (``None``: the policy stays as started).
     policy_path: Path | None = None
     policy_version: str = ""
+    #: Seconds between looks at the policy file when the loop does not run (``--no-loop``).
+    policy_check_s: float = 2.0
 
     def policy_file(self) -> PolicyFile | None:
         """A fresh watcher of :attr:`policy_path` (one per loop), or ``None``."""
@@ -231,10 +237,15 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
 
     api = ExternalMetricsApi(published=decisions.published, workloads=workload_namespaces(settings.policy),
                              auth=auth, ready=ready, registry=registry)
+
+    def take(policy: Policy) -> None:
+        api.workloads = workload_namespaces(policy)
+
+    watch: PolicyWatch | None = None
     if settings.run_loop:
         loop = build_loop(settings, client, registry=registry)
         metrics = ScalerMetrics(registry, settings.policy)
-        loop.on_policy.append(lambda policy: setattr(api, "workloads", workload_namespaces(policy)))
+        loop.on_policy.append(take)
         loop.on_policy.append(metrics.set_policy)
 
         def on_report(report: TickReport) -> None:
@@ -243,34 +254,65 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
 
         runner = LoopThread(loop, on_report=on_report, policy_file=settings.policy_file())
         runner.start()
+    else:
+        policy_file = settings.policy_file()
+        if policy_file is not None:  # no loop to follow the file: the API follows it itself
+            watch = PolicyWatch(policy_file, settings.policy_check_s, take)
+            watch.start()
     app = create_app(api)
     app.extensions["scaler_runner"] = runner
+    app.extensions["scaler_policy_watch"] = watch
     return app
 
 
-#: Seconds a client has to complete its TLS handshake (and, on a new connection, to send its first
-#: request). gunicorn's gthread worker performs the handshake in a pool thread with a blocking call:
-#: without a bound, four half-sent handshakes held every thread before authentication.
-TLS_HANDSHAKE_TIMEOUT_S = 5.0
+class PolicyWatch:
+    """Polls a :class:`PolicyFile` in a daemon thread and hands each new valid policy to ``on_policy``.
 
+    What ``extender scale --no-loop`` uses in place of the loop's per-tick look: the workloads the
+    External Metrics API serves, and their namespaces, follow edits of the file (ConfigMap ``..data``
+    swaps included) within ``interval_s``, without a restart. An invalid edit keeps the last good
+    policy (the watcher logs it once).
+    """
 
-class _BoundedTLSContext(ssl.SSLContext):
-    """An :class:`ssl.SSLContext` whose server sockets time out a stalled handshake."""
+    def __init__(self, policy_file: PolicyFile, interval_s: float, on_policy: Callable[[Policy], None]) -> None:
+        self.policy_file = policy_file
+        self.interval_s = interval_s
+        self.on_policy = on_policy
+        #: Policies taken since start (tests and logs).
+        self.reloads = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
-    def wrap_socket(self, sock: Any, *args: Any, **kwargs: Any) -> Any:
-        sock.settimeout(TLS_HANDSHAKE_TIMEOUT_S)  # the wrapped socket keeps it for the first request
+    def poll(self) -> bool:
+        """Look once; True when a new policy was taken. Never raises (a bad file is the watcher's to report)."""
         try:
-            return super().wrap_socket(sock, *args, **kwargs)
-        except TimeoutError:
-            # gunicorn logs a reset quietly; a bare timeout would be a traceback per stalled client
-            raise ConnectionResetError(errno.ECONNRESET, "TLS handshake not completed in time") from None
+            policy = self.policy_file.poll().policy
+            if policy is None:
+                return False
+            self.on_policy(policy)
+        except Exception:
+            log.exception("policy watch failed; keeping the last good policy")
+            return False
+        self.reloads += 1
+        return True
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="scaler-policy-watch", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 def tls_context_hook(ca_pem: str) -> Any:
     """gunicorn ``ssl_context`` hook: our certificate, TLS >= 1.2, client certificates optional (module docstring)."""
 
     def ssl_context(conf: Any, default_ssl_context_factory: Any) -> ssl.SSLContext:
-        context = _BoundedTLSContext(ssl.PROTOCOL_TLS_SERVER)
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(certfile=conf.certfile, keyfile=conf.keyfile)
         if ca_pem.strip():
@@ -281,8 +323,14 @@ def tls_context_hook(ca_pem: str) -> Any:
     return ssl_context
 
 
+#: Largest request body the API reads (its requests are GETs; anything larger is not a client of ours).
+MAX_BODY_BYTES = 1 << 20
+
+
 def _worker_exit(server: Any, worker: Any) -> None:
-    app = getattr(worker, "wsgi", None)
+    app = getattr(worker, "asgi", None) or getattr(worker, "wsgi", None)
+    if not isinstance(app, Flask):
+        app = getattr(app, "wsgi_app", None)  # the Flask app behind extender.api.asgi.whole_requests
     runner = app.extensions.get("scaler_runner") if isinstance(app, Flask) else None
     if isinstance(runner, LoopThread):
         runner.stop()
@@ -292,5 +340,4 @@ def gunicorn_overrides(settings: ScaleSettings) -> dict[str, Any]:
     """The gunicorn settings ``extender scale`` changes from ``extender serve``'s (module docstring)."""
     ca = "\n".join(p.strip() for p in (settings.auth.requestheader_ca_pem, settings.auth.client_ca_pem) if p.strip())
     return {"workers": 1, "ssl_context": tls_context_hook(ca), "worker_exit": _worker_exit,
-            "do_handshake_on_connect": True,  # in wrap_socket, where the handshake timeout applies
-            "proc_name": "extender-scale"}
+            "worker_class": "extender.api.asgi.TLSASGIWorker", "proc_name": "extender-scale"}

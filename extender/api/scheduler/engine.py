@@ -13,6 +13,12 @@ with numpy and keeps the results as
 Those results depend on the clock only through record freshness, so they stay valid until the next
 record's heartbeat expires (``valid_until``) and are rebuilt after that.
 
+A rebuild redoes the vector arithmetic for every row (cheap) but re-encodes only the rows whose
+score moved: an engine made for a snapshot that :meth:`InventorySnapshot.update` patched starts
+from the previous engine's tables (``previous``), and a table rebuilt after a heartbeat expired
+starts from the table it replaces. So a reload after a heartbeat costs in proportion to what
+changed, not to the fleet.
+
 Full ``NodeList`` requests and ``explain`` take the general path: gather the requested rows, let
 the Node objects' labels and ``status.images`` fill in what the inventory lacks, and run the
 estimator on just those rows.
@@ -27,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from extender.api.scheduler.wire import NodeInfo, PodInfo, fragments_for, priority_fragment
 from extender.core.estimate import PHASES
@@ -93,7 +100,9 @@ class FilterDecision:
 class Engine:
     """Scores and verdicts for one policy and one inventory snapshot; safe to share between threads."""
 
-    def __init__(self, policy: Policy, snapshot: InventorySnapshot) -> None:
+    def __init__(self, policy: Policy, snapshot: InventorySnapshot, previous: Engine | None = None) -> None:
+        """``previous``: the engine of the snapshot ``snapshot`` was updated from (same policy), whose
+        tables the first build of each profile's table starts from."""
         self.policy = policy
         self.snapshot = snapshot
         self.scales: dict[str, Scale] = {p.name: scale_for(policy, p) for p in policy.profiles}
@@ -101,6 +110,9 @@ class Engine:
         self._names = [s.name for s in snapshot.nodes]
         self._tables: dict[str, ProfileTable] = {}
         self._lock = threading.Lock()
+        usable = previous is not None and previous.policy is policy and snapshot.delta is not None
+        #: Tables of the previous engine, by profile, with the map from our rows to theirs.
+        self._previous: dict[str, ProfileTable] = dict(previous._tables) if usable and previous else {}
 
     # ---- matching --------------------------------------------------------------------------------
 
@@ -118,7 +130,15 @@ class Engine:
         with self._lock:  # one thread builds, the others wait instead of building the same table
             table = self._tables.get(profile.name)
             if table is None or now >= table.valid_until:
-                table = self._build_table(profile, now)
+                if table is not None:  # same rows: start from the table being replaced
+                    table = self._build_table(profile, now, table, np.arange(len(self.snapshot), dtype=np.intp), ())
+                else:
+                    old = self._previous.pop(profile.name, None)
+                    delta = self.snapshot.delta
+                    if old is not None and delta is not None:
+                        table = self._build_table(profile, now, old, delta.carried, delta.removed)
+                    else:
+                        table = self._build_table(profile, now)
                 self._tables[profile.name] = table
         return table
 
@@ -126,8 +146,15 @@ class Engine:
         """Build every profile's table ahead of the first request (the refresher calls this)."""
         for profile in self.policy.profiles:
             self.table(profile, now)
+        self._previous = {}  # never keep a chain of old engines alive
 
-    def _build_table(self, profile: Profile, now: float) -> ProfileTable:
+    def _build_table(self, profile: Profile, now: float, old: ProfileTable | None = None,
+                     carried: NDArray[np.intp] | None = None, removed: Sequence[str] = ()) -> ProfileTable:
+        """Score and judge every row; with ``old``, re-encode only rows whose score is not ``old``'s.
+
+        ``carried[i]`` is the row of ``old`` that row ``i`` holds unchanged (-1: a new record), and
+        ``removed`` the names ``old`` has and this snapshot does not.
+        """
         snap = self.snapshot
         n = len(snap)
         rows = np.arange(n + 1, dtype=np.intp)
@@ -137,8 +164,20 @@ class Engine:
         known[-1] = False
         inputs = NodeInputs(snap.classes, snap.class_index, state, fresh, known, snap.nvme_free, snap.gpus_free)
         ev = evaluate(self.policy, profile, inputs, scale=self.scales[profile.name], table=class_table)
-        scores = ev.score.tolist()
-        fragments = _Fragments(dict(zip(self._names, fragments_for(self._names, scores[:n]), strict=True)), scores[n])
+        if old is not None and carried is not None:
+            score = ev.score[:n]
+            old_score = old.evaluation.score[np.where(carried >= 0, carried, 0)]
+            redo = np.flatnonzero((carried < 0) | (old_score != score)).tolist()
+            items = dict(old.fragments)
+            for name in removed:
+                items.pop(name, None)
+            names = [self._names[i] for i in redo]
+            items.update(zip(names, fragments_for(names, score[redo].tolist()), strict=True))
+            fragments = _Fragments(items, int(ev.score[n]))
+        else:
+            scores = ev.score.tolist()
+            fragments = _Fragments(dict(zip(self._names, fragments_for(self._names, scores[:n]), strict=True)),
+                                   scores[n])
         failing = {self._names[i]: int(i) for i in np.flatnonzero(ev.judgement.verdict[:n])}
         expiry = (snap.heartbeat + snap.ttl)[:n][fresh[:n]]
         valid_until = float(expiry.min()) if len(expiry) else math.inf
