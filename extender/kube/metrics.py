@@ -4,8 +4,9 @@ Served by ``--metrics-bind`` (:mod:`extender.telemetry.endpoint`). Every labelle
 the start.
 
 * Reflectors: ``relists`` are lists after the first (a watch whose resourceVersion was compacted
-  away, 410 Gone); ``watch restarts`` are watches opened after the first (the server ends each
-  watch after its timeout, so a steady rate is normal; a burst means the connection keeps failing).
+  away, 410 Gone, or a policy edit that changes what is watched); ``watch restarts`` are watches
+  opened after the first (the server ends each watch after its timeout, so a steady rate is normal;
+  a burst means the connection keeps failing).
 * Lag: seconds from a change reaching the writer (the view marks a node dirty) to the store
   confirming the write that carries it.
 * Estimator truth, for each new replica whose start the calibration observer records
@@ -44,7 +45,7 @@ class SyncMetrics:
         self.lists = Counter("extender_sync_lists_total", "Full lists of a resource, the first included.",
                              ["resource"], registry=r)
         self.relists = Counter("extender_sync_relists_total",
-                               "Lists after the first (the watch's resourceVersion was too old).",
+                               "Lists after the first (the watch's resourceVersion was too old, or a policy edit).",
                                ["resource"], registry=r)
         self.watch_restarts = Counter("extender_sync_watch_restarts_total", "Watches opened after the first.",
                                       ["resource"], registry=r)
