@@ -121,6 +121,9 @@ def test_tiny_step_matches_hand_computation(tmp_path: Path) -> None:
     assert s.gpu_hours == pytest.approx(525 / 3600)
     assert s.idle_gpu_hours == pytest.approx(60 / 3600)
     assert (s.cold_starts, s.mean_startup_s, s.p95_startup_s) == (1, 60.0, 60.0)
+    # Created at 75 s and placed in the same tick (a GPU was free): Ready 60 s after its creation.
+    assert w.ready_waits.tolist() == [60.0]
+    assert (s.mean_ready_s, s.p95_ready_s, s.pods_ready) == (60.0, 60.0, 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -212,7 +215,7 @@ def test_per_workload_figures_combine_to_the_totals(world: str, request: pytest.
         per = list(totals[WORKLOADS_KEY].values())
         assert len(per) >= 2, strategy
         rounding = 1e-3 * len(per)  # each figure is rounded to 3 decimals in the JSON
-        for figure in ("requests", "pods_started", "cold_starts"):
+        for figure in ("requests", "pods_started", "pods_ready", "cold_starts"):
             assert totals[figure] == pytest.approx(sum(w[figure] for w in per), abs=rounding), (strategy, figure)
         # the GPU cost: what each workload's pods hold, plus what provisioned nodes hold for nobody
         assert all(w["unheld_gpu_hours"] == 0 for w in per), strategy
@@ -225,8 +228,14 @@ def test_per_workload_figures_combine_to_the_totals(world: str, request: pytest.
         started = [w for w in per if w["pods_started"]]
         mean = sum(w["mean_startup_s"] * w["pods_started"] for w in started) / totals["pods_started"]
         assert totals["mean_startup_s"] == pytest.approx(mean, abs=rounding), strategy
+        # the mean pod created -> Ready: weighted by the pods that became Ready
+        ready = [w for w in per if w["pods_ready"]]
+        assert ready, strategy
+        mean = sum(w["mean_ready_s"] * w["pods_ready"] for w in ready) / totals["pods_ready"]
+        assert totals["mean_ready_s"] == pytest.approx(mean, abs=rounding), strategy
+        assert totals["pods_ready"] <= totals["pods_started"], strategy
         # a percentile of the whole lies between the workloads' own
-        for figure in ("p50_delay_s", "p95_delay_s", "p99_delay_s", "p95_startup_s"):
+        for figure in ("p50_delay_s", "p95_delay_s", "p99_delay_s", "p95_startup_s", "p95_ready_s"):
             values = [w[figure] for w in per if w[figure] is not None]
             assert min(values) - rounding <= totals[figure] <= max(values) + rounding, (strategy, figure)
 

@@ -11,6 +11,11 @@ Per strategy, over every workload's requests and pods (formulas; w_j is a packet
                      compile artifacts when the profile has a compile-cache key); a snapshot
                      restore is warm. Initial replicas are not counted.
     mean_startup_s, p95_startup_s = over the estimated startups of the pods placed during the run
+                     (placed -> Ready: the time a pod waits pending for a node is not in it)
+    mean_ready_s, p95_ready_s = pod created -> Ready, over the pods placed during the run that became
+                     Ready before its end (not deleted first): the pending time (no node had room;
+                     with autoscaled pools, the node's provisioning) plus the startup, what an
+                     operator sees between a scale-up and the new replica serving
     gpu_hours      = GPUs held by placed pods (starting or ready) x time, in hours; with autoscaled
                      node pools, GPUs of every provisioned node (launching or Ready) x time
     idle_gpu_hours = gpu_hours - served requests / capacity per replica x GPUs per replica / 3600
@@ -18,12 +23,13 @@ Per strategy, over every workload's requests and pods (formulas; w_j is a packet
                      0 on a fixed fleet and for each workload): the part of the cost no workload owns
     requests       = requests that arrived during the run (the weight SLO attainment is a share of)
     pods_started   = pods placed during the run (what the startup figures are over)
+    pods_ready     = of those, the pods that became Ready (what the ready figures are over)
 
 The same figures are computed per workload, over that workload's requests and pods only, so the
 totals combine from them: ``requests``, ``pods_started`` and ``cold_starts`` are sums;
 ``gpu_hours`` and ``idle_gpu_hours`` are sums plus the total's ``unheld_gpu_hours``;
 ``slo_attainment`` is the request-weighted mean of the workloads'; ``mean_startup_s`` the mean
-weighted by ``pods_started``; a percentile of the total lies between the
+weighted by ``pods_started``, ``mean_ready_s`` by ``pods_ready``; a percentile of the total lies between the
 smallest and the largest of the workloads' (a percentile of a mixture does).
 
 and, across strategies, the gap closed on SLO attainment::
@@ -47,7 +53,8 @@ F64 = NDArray[np.float64]
 
 #: The figures of ``--json``, per strategy, in this order (issue 7).
 FIGURES = ("slo_attainment", "p50_delay_s", "p95_delay_s", "p99_delay_s", "cold_starts", "mean_startup_s",
-           "p95_startup_s", "gpu_hours", "idle_gpu_hours", "unheld_gpu_hours", "requests", "pods_started")
+           "p95_startup_s", "mean_ready_s", "p95_ready_s", "gpu_hours", "idle_gpu_hours", "unheld_gpu_hours",
+           "requests", "pods_started", "pods_ready")
 #: The key of the per-workload section of each strategy in ``--json``.
 WORKLOADS_KEY = "workloads"
 
@@ -63,11 +70,14 @@ class Summary:
     cold_starts: int
     mean_startup_s: float
     p95_startup_s: float
+    mean_ready_s: float
+    p95_ready_s: float
     gpu_hours: float
     idle_gpu_hours: float
     unheld_gpu_hours: float
     requests: float
     pods_started: int
+    pods_ready: int
 
 
 def weighted_quantile(values: F64, weights: F64, q: float) -> float:
@@ -95,6 +105,7 @@ def summarise(workloads: Sequence[WorkloadResult], slo_s: float, fleet_gpu_s: fl
     met = float(weights[served & (delays <= slo_s + 1e-9)].sum())
     d, w = delays[served], weights[served]
     startups = np.concatenate([w.startups for w in workloads]) if workloads else np.zeros(0)
+    ready = np.concatenate([w.ready_waits for w in workloads]) if workloads else np.zeros(0)
     cold = int(sum(int(w.cold.sum()) for w in workloads))
     held_s = sum(w.gpu_seconds for w in workloads)
     gpu_s = held_s if fleet_gpu_s is None else fleet_gpu_s
@@ -107,11 +118,14 @@ def summarise(workloads: Sequence[WorkloadResult], slo_s: float, fleet_gpu_s: fl
         cold_starts=cold,
         mean_startup_s=float(startups.mean()) if len(startups) else math.nan,
         p95_startup_s=float(np.quantile(startups, 0.95, method="inverted_cdf")) if len(startups) else math.nan,
+        mean_ready_s=float(ready.mean()) if len(ready) else math.nan,
+        p95_ready_s=float(np.quantile(ready, 0.95, method="inverted_cdf")) if len(ready) else math.nan,
         gpu_hours=gpu_s / 3600.0,
         idle_gpu_hours=max(gpu_s - busy_s, 0.0) / 3600.0,
         unheld_gpu_hours=max(gpu_s - held_s, 0.0) / 3600.0,
         requests=arrived,
         pods_started=len(startups),
+        pods_ready=len(ready),
     )
 
 
@@ -174,14 +188,15 @@ def _fmt(value: float, spec: str) -> str:
 
 
 COLUMNS = (("strategy", "<12"), ("SLO met", ">8"), ("p50 s", ">7"), ("p95 s", ">7"), ("p99 s", ">7"),
-           ("cold", ">5"), ("start s", ">8"), ("p95 s", ">7"), ("GPU-h", ">8"), ("idle GPU-h", ">10"))
+           ("cold", ">5"), ("start s", ">8"), ("p95 s", ">7"), ("ready s", ">8"), ("GPU-h", ">8"),
+           ("idle GPU-h", ">10"))
 
 
 def _cells(name: str, s: Summary) -> list[str]:
     return [name, _fmt(100 * s.slo_attainment, ".1f") + " %" if math.isfinite(s.slo_attainment) else "-",
             _fmt(s.p50_delay_s, ".1f"), _fmt(s.p95_delay_s, ".1f"), _fmt(s.p99_delay_s, ".1f"), str(s.cold_starts),
-            _fmt(s.mean_startup_s, ".0f"), _fmt(s.p95_startup_s, ".0f"), _fmt(s.gpu_hours, ".1f"),
-            _fmt(s.idle_gpu_hours, ".1f")]
+            _fmt(s.mean_startup_s, ".0f"), _fmt(s.p95_startup_s, ".0f"), _fmt(s.mean_ready_s, ".0f"),
+            _fmt(s.gpu_hours, ".1f"), _fmt(s.idle_gpu_hours, ".1f")]
 
 
 def gap_line(report: Report) -> str:

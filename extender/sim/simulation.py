@@ -288,6 +288,9 @@ class WorkloadResult:
     #: for it (differs from ``startups`` when the scenario's truth differs from the belief).
     placed_s: F64 = field(default_factory=lambda: np.zeros(0))
     believed_s: F64 = field(default_factory=lambda: np.zeros(0))
+    #: Pod created -> Ready in seconds (pending for a node included), of every pod placed during the
+    #: run that became Ready before its end and was not deleted first.
+    ready_waits: F64 = field(default_factory=lambda: np.zeros(0))
 
 
 @dataclass
@@ -837,6 +840,8 @@ class Run:
             pods = [p for p in self.placed if p.workload == s.setup.index]
             gpus = s.setup.profile.parallelism.gpus
             served = q.served(n)
+            end = n * self.dt
+            waits = [p.ready_s - p.created_s for p in pods if p.ready_s <= end and p.ready_s <= p.deleted_s]
             out.append(WorkloadResult(
                 name=s.setup.profile.name, capacity=s.setup.capacity, gpus_per_replica=gpus,
                 timeline=s.timeline, delays=q.delays(), arrived=q.arrived(n) + 0.0, served=served,
@@ -845,6 +850,7 @@ class Run:
                 busy_gpu_seconds=served / s.setup.capacity * gpus,
                 placed_s=np.array([p.placed_s for p in pods], dtype=np.float64),
                 believed_s=np.array([self.believed.get(p.id, math.nan) for p in pods], dtype=np.float64),
+                ready_waits=np.array(waits, dtype=np.float64),
             ))
         return RunResult(self.strategy, self.dt, n, out, self.warm_actions,
                          self.fleet_gpu_s if self.autoscaled else None, self.fleet_gpus, self.launched, self.removed)
