@@ -11,6 +11,8 @@ from extender.core.errors import PolicyError
 from extender.core.policy import Policy, parse_policy
 from extender.core.scaler import DecisionInputs, decide, horizon
 from extender.core.sharing import Claim, FleetCapacity, apply_share, claim, fleet_capacity, share
+from extender.sim.errors import ScenarioError
+from extender.sim.scenario import load_scenario
 from tests.scaler_policy import policy_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -164,3 +166,24 @@ def test_max_nodes_bad_values_are_policy_errors_with_their_line(value: str, mess
     assert (problem.line, problem.path) == (line, "nodeClasses[1].maxNodes")
     assert message in problem.message
     assert "p.yaml:" in str(err.value)
+
+
+def test_a_scenario_pool_larger_than_the_policys_max_nodes_is_an_error(tmp_path: Path) -> None:
+    policy = (ROOT / "scenarios/mixed-fleet-policy.yaml").read_text()
+    anchor = "  - name: g5.xlarge\n"
+    (tmp_path / "policy.yaml").write_text(policy.replace(anchor, f"{anchor}    maxNodes: 4\n", 1))
+    scenario = (
+        "apiVersion: extender.io/v1alpha1\nkind: Scenario\npolicy: policy.yaml\nslo: {queueDelay: 10s}\n"
+        "cluster:\n  nodes:\n    - nodeClass: g5.xlarge\n      count: 2\n      maxCount: 6\n"
+        "workloads:\n  - name: llama3-8b\n    initialReplicas: 1\n"
+        "    demand:\n      synthetic: {duration: 1h, base: 3, arrivals: fluid}\n"
+    )
+    path = tmp_path / "s.yaml"
+    path.write_text(scenario)
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    (problem,) = err.value.problems
+    assert (problem.line, problem.path) == (9, "cluster.nodes[0].maxCount")
+    assert "can hold 6 nodes, more than the policy's maxNodes 4" in problem.message
+    path.write_text(scenario.replace("maxCount: 6", "maxCount: 4"))
+    assert load_scenario(path).policy.node_class("g5.xlarge").max_nodes == 4
