@@ -221,7 +221,11 @@ class ScaleLoop:
                 # a bug for one workload must not stop the others, nor the loop thread
                 log.exception("scaler: %s: unexpected error", profile.name, extra={"workload": profile.name})
                 results.append(WorkloadResult(profile.name, error=f"unexpected error: {exc!r}"))
-        drafts = self._share(drafts, snapshot, now)
+        try:
+            drafts = self._share(drafts, snapshot, now)
+        except Exception:  # sharing can only cut; a bug there must not stop every decision
+            log.exception("scaler: sharing the fleet failed; publishing the decisions uncut")
+        order = {p.name: i for i, p in enumerate(self.profiles)}
         for d in drafts:
             profile = d.profile
             try:
@@ -230,6 +234,7 @@ class ScaleLoop:
                 log.warning("scaler %s stepping down: %s", self.holder, exc,
                             extra={"identity": self.holder, "workload": profile.name, "error": str(exc)})
                 self._lease_token = None
+                results.sort(key=lambda r: order[r.workload])
                 return TickReport(now, True, lease.token, self.holder, tuple(results), fenced_out=True,
                                   error=str(exc))
             except ExtenderError as exc:
@@ -239,6 +244,7 @@ class ScaleLoop:
                 # a bug for one workload must not stop the others, nor the loop thread
                 log.exception("scaler: %s: unexpected error", profile.name, extra={"workload": profile.name})
                 results.append(WorkloadResult(profile.name, error=f"unexpected error: {exc!r}"))
+        results.sort(key=lambda r: order[r.workload])  # in the policy's order, as before sharing
         report = TickReport(now, True, lease.token, self.holder, tuple(results))
         for listener in self.on_leader_tick:
             try:
@@ -287,10 +293,6 @@ class ScaleLoop:
         return self._snapshot
 
     # ---- one workload ----------------------------------------------------------------------------
-
-    def step(self, profile: Profile, token: int, now: float, snapshot: InventorySnapshot | None) -> WorkloadResult:
-        """Observe, forecast, decide and commit (fenced) for one workload, alone (no sharing)."""
-        return self.commit(self.draft(profile, now, snapshot), token, now)
 
     def _share(self, drafts: list[_Draft], snapshot: InventorySnapshot | None, now: float) -> list[_Draft]:
         """Cut the drafts' decisions to what the fleet holds (extender.core.sharing; fails open)."""
