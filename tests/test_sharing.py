@@ -8,9 +8,11 @@ from typing import NamedTuple
 import pytest
 
 from extender.core.errors import PolicyError
+from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy, parse_policy
 from extender.core.scaler import DecisionInputs, decide, horizon
 from extender.core.sharing import Claim, FleetCapacity, apply_share, claim, fleet_capacity, share
+from extender.scaler.loop import fresh_nodes
 from extender.sim.errors import ScenarioError
 from extender.sim.scenario import load_scenario
 from tests.scaler_policy import policy_text
@@ -187,3 +189,17 @@ def test_a_scenario_pool_larger_than_the_policys_max_nodes_is_an_error(tmp_path:
     assert "can hold 6 nodes, more than the policy's maxNodes 4" in problem.message
     path.write_text(scenario.replace("maxCount: 6", "maxCount: 4"))
     assert load_scenario(path).policy.node_class("g5.xlarge").max_nodes == 4
+
+
+def test_the_loop_counts_fresh_inventory_records_only() -> None:
+    policy = sized_policy(a10g=3)
+    records = [NodeState.model_validate(r) for r in (
+        {"name": "fresh", "nodeClass": "a10g", "gpus": 4, "heartbeat": 1000.0, "ttl": 60},
+        {"name": "stale", "nodeClass": "a10g", "gpus": 4, "heartbeat": 100.0, "ttl": 60},
+        {"name": "no-gpus-reported", "labels": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+         "heartbeat": 1000.0, "ttl": 60},
+    )]
+    nodes = fresh_nodes(InventorySnapshot.build(policy, records), 1010.0)
+    assert nodes == [("a10g", 4), ("h100", 8)]  # the stale record is left out; the class gives the GPUs
+    got = fleet_capacity(policy, [policy.profile("llama")], nodes)
+    assert got.gpus == 4 + 2 * 4  # the stale node's slot counts as headroom up to maxNodes 3
