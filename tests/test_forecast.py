@@ -115,9 +115,9 @@ def ref_damped(phi: float, h: float) -> float:
     return sum(phi ** j for j in range(1, int(h) + 1)) if h == int(h) else phi * (1 - phi ** h) / (1 - phi)
 
 
-def ref_project(st: RefState, pos: float, h: float, phi: float, m: int) -> float:
-    """The forecast at grid position ``pos`` = origin + h."""
-    f = st.level + ref_damped(phi, h) * st.trend
+def ref_project(st: RefState, pos: float, h: float, phi: float, m: int, *, reach: float | None = None) -> float:
+    """The forecast at grid position ``pos`` = origin + h, the trend projected over ``min(h, reach)``."""
+    f = st.level + ref_damped(phi, h if reach is None else min(h, reach)) * st.trend
     if st.season:
         lo = math.floor(pos)
         f += (1 - (pos - lo)) * st.season[lo % m] + (pos - lo) * st.season[(lo + 1) % m]
@@ -188,7 +188,9 @@ def ref_forecast(name: str, ts: list[float], ys: list[float], horizon: float, p:
     elif name == "holt":
         c["gamma"] = 0.0
     kind = "ewma" if name == "last" else name
-    raw = ref_project(ref_state(kind, y, len(y) - 1, c, m), len(y) - 1 + h, h, c["phi"], m)
+    # the trend reaches half the history's span at most (forecast.trend_reach)
+    raw = ref_project(ref_state(kind, y, len(y) - 1, c, m), len(y) - 1 + h, h, c["phi"], m,
+                      reach=0.5 * (len(y) - 1))
     k = max(1, math.ceil(h - 1e-9))
     errs = ref_errors(kind, y, k, c, m)
     if len(errs) >= max(20, 3 * k):  # enough errors, over three horizons at least
@@ -228,13 +230,16 @@ HAND = [
     Hand("ewma-three-points", "ewma", [0, 15, 30], [10, 20, 20], 30.0, {"alpha": 0.5},
          17.5, 17.5 + math.sqrt(1.25) * 10),
     # Holt alpha = beta = 0.5: state at t=1: l 3, b 2. t=2: f 5, e +1 -> l 5.5, b 2 + 0.25 = 2.25.
-    # t=3: f 7.75, e -0.75 -> l 7.375, b 2.25 - 0.1875 = 2.0625. Point at h 2: 7.375 + 4.125 = 11.5.
-    # Residuals sorted [-0.75, 1]: q = 1; psi_1 = 0.5 + 0.25 = 0.75, c = sqrt(1.5625) = 1.25 -> 12.75
-    Hand("holt-four-points", "holt", [0, 1, 2, 3], [1, 3, 6, 7], 2.0, {"alpha": 0.5, "beta": 0.5}, 11.5, 12.75),
-    # Same with a gap at t=2: t=2 predicted only: l 5. t=3: f 7, e 0 -> l 7, b 2. Point at h 2: 11.
+    # t=3: f 7.75, e -0.75 -> l 7.375, b 2.25 - 0.1875 = 2.0625. The history spans 3 steps, so the
+    # trend reaches 1.5 of the 2 (trend_reach): point 7.375 + 1.5 x 2.0625 = 10.46875.
+    # Residuals sorted [-0.75, 1]: q = 1; psi_1 = 0.5 + 0.25 = 0.75, c = sqrt(1.5625) = 1.25 -> 11.71875
+    Hand("holt-four-points", "holt", [0, 1, 2, 3], [1, 3, 6, 7], 2.0, {"alpha": 0.5, "beta": 0.5}, 10.46875,
+         11.71875),
+    # Same with a gap at t=2: t=2 predicted only: l 5. t=3: f 7, e 0 -> l 7, b 2. Point at h 2, the
+    # trend reaching 1.5 steps: 7 + 3 = 10.
     # No non-zero residual: q = 0, upper = point. (The step is given: inferred from spacings 1 and 2
     # it would be their median, 1.5.)
-    Hand("holt-gap", "holt", [0, 1, 3], [1, 3, 7], 2.0, {"alpha": 0.5, "beta": 0.5, "step_s": 1.0}, 11.0, 11.0),
+    Hand("holt-gap", "holt", [0, 1, 3], [1, 3, 7], 2.0, {"alpha": 0.5, "beta": 0.5, "step_s": 1.0}, 10.0, 10.0),
     # Holt-Winters m = 2 (season 2 s at a 1 s step), alpha = beta = gamma = 0.5, y = 1 3 2 4 4 5.
     # Init: A1 2, A2 3, b0 0.5; deviations from A_j + b0*(i - 0.5): season [-0.75, 0.75];
     # l = 2 - 0.25 - 0.5 = 1.25. t=0..3 fit exactly (e 0), l 3.25 after t=3.
@@ -960,3 +965,41 @@ def test_auto_does_not_lose_to_the_last_value(row: Versus) -> None:
             last.append(abs(y[o + k] - y[o]))
         ratio = float(np.mean(auto)) / float(np.mean(last))
         assert ratio <= row.at_most, (k, ratio)
+
+
+# ---- short history: no trend projected beyond half the history's span ---------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.floats(0.01, 5.0), st.integers(3, 400), st.floats(0.0, 2000.0), st.booleans(),
+       st.sampled_from(["holt", "auto", "holt-winters"]))
+def test_a_short_ramp_is_not_extrapolated_beyond_half_its_span(slope: float, points: int, lead_steps: float,
+                                                               fit: bool, name: str) -> None:
+    step = 15.0
+    t = [1_735_689_600.0 + i * step for i in range(points)]
+    y = [10.0 + slope * i for i in range(points)]
+    f = forecast(name, t, y, lead_steps * step, ForecastParams(fit=fit))
+    reach = 0.5 * (points - 1)  # steps
+    assert f.point <= y[-1] + slope * min(lead_steps, reach) * (1 + 1e-6) + 1e-6, f
+    if name == "holt" and not fit:
+        # a noiseless line: Holt's trend is the slope, projected over the lead up to the reach exactly
+        assert f.point == pytest.approx(y[-1] + slope * min(lead_steps, reach), rel=1e-6)
+
+
+def test_one_hour_of_a_ramp_holds_no_trend_for_two_hours() -> None:
+    # the issue's case: a one-hour trace opening on a ramp, forecast one cold start plus a node's
+    # provisioning ahead (here two hours): auto has no held-out errors yet and runs the last value;
+    # holt projects the ramp over half an hour at most instead of two hours
+    step, slope = 60.0, 40.0 / 60  # 10 -> 50 requests/s in an hour
+    t = [1_735_689_600.0 + i * step for i in range(61)]
+    y = [10.0 + slope * i for i in range(61)]
+    auto = forecast("auto", t, y, 7200.0)
+    assert auto.method == "last"
+    assert auto.point == pytest.approx(50.0)
+    for fit in (True, False):
+        holt = forecast("holt", t, y, 7200.0, ForecastParams(fit=fit))
+        assert holt.point <= 50.0 + slope * 30 + 1e-6  # 70 at most; the whole lead would give 130
+    long = [1_735_689_600.0 + i * step for i in range(24 * 60 + 1)]
+    line = [10.0 + slope * i for i in range(len(long))]
+    far = forecast("holt", long, line, 7200.0, ForecastParams(fit=False))
+    assert far.point == pytest.approx(line[-1] + slope * 120)  # a day of history: the whole lead

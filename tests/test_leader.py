@@ -198,7 +198,7 @@ def test_a_paused_leader_is_fenced_out_when_it_wakes(client: object) -> None:
     records = len(decisions.records("qwen3", 100))
     # a wakes up in the middle of its old tick and tries to record a decision with token 1
     with pytest.raises(FencedOutError):
-        a.step(a.profiles[0], 1, now[0], None)
+        a.commit(a.draft(a.profiles[0], now[0], None), 1, now[0])
     assert len(decisions.records("qwen3", 100)) == records
     assert decisions.published()["qwen3"].token == 2
     # and at its next tick it sees b and stands by

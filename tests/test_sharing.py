@@ -8,8 +8,14 @@ from typing import NamedTuple
 import pytest
 
 from extender.core.errors import PolicyError
-from extender.core.policy import parse_policy
-from extender.core.sharing import Claim, share
+from extender.core.inventory import InventorySnapshot, NodeState
+from extender.core.policy import Policy, parse_policy
+from extender.core.scaler import DecisionInputs, decide, horizon
+from extender.core.sharing import Claim, FleetCapacity, apply_share, claim, fleet_capacity, share
+from extender.scaler.loop import fresh_nodes
+from extender.sim.errors import ScenarioError
+from extender.sim.scenario import load_scenario
+from tests.scaler_policy import policy_text
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,3 +66,140 @@ def test_priority_out_of_range_is_a_policy_error_with_its_line() -> None:
     (problem,) = err.value.problems
     assert (problem.line, problem.path) == (line, "profiles[0].priority")
     assert ">= 0" in problem.message
+
+
+# ---- the pool the scaler shares: fleet_capacity ------------------------------------------------------
+
+
+def sized_policy(**max_nodes: int) -> Policy:
+    """tests/scaler_policy.py's policy (h100: 8 GPUs, a10g: 4; llama runs on a10g only) with ``maxNodes``."""
+    text = policy_text()
+    for name, n in max_nodes.items():
+        anchor = f"  - name: {name}\n"
+        text = text.replace(anchor, f"{anchor}    maxNodes: {n}\n", 1)
+    return parse_policy(text, "p.yaml")
+
+
+class CapacityRow(NamedTuple):
+    name: str
+    max_nodes: dict[str, int]
+    profiles: tuple[str, ...]
+    nodes: list[tuple[str, int]] | None
+    gpus: int | None
+    note: str
+
+
+CAPACITY_ROWS = [
+    CapacityRow("no inventory: nothing known, not capped", {"h100": 2, "a10g": 2}, ("qwen3",), None, None,
+                "not capped: no inventory"),
+    CapacityRow("a class without maxNodes: its pool is unbounded, not capped", {"a10g": 2}, ("qwen3",),
+                [("a10g", 4)], None, "not capped: node class h100 has no maxNodes"),
+    CapacityRow("nodes present plus what each pool can still add", {"h100": 2, "a10g": 1}, ("qwen3",),
+                [("h100", 8), ("a10g", 4)], 8 + 4 + 1 * 8 + 0, "20 GPUs (h100 8 on 1 nodes + 8 to maxNodes 2"),
+    CapacityRow("only the classes the workloads may use count", {"a10g": 3}, ("llama",),
+                [("a10g", 4), ("h100", 8), ("h100", 8)], 4 + 2 * 4, "12 GPUs (a10g 4 on 1 nodes + 8"),
+    CapacityRow("the union of every shared workload's classes", {"h100": 1, "a10g": 1}, ("llama", "qwen3"),
+                [("a10g", 4)], 4 + 8, "12 GPUs"),
+    CapacityRow("more nodes than maxNodes: no negative headroom", {"a10g": 1}, ("llama",),
+                [("a10g", 4), ("a10g", 4), ("a10g", 4)], 12, "a10g 12 on 3 nodes + 0 to maxNodes 1"),
+    CapacityRow("a record's own GPU count is what it has", {"a10g": 2}, ("llama",), [("a10g", 2)], 2 + 4, ""),
+    CapacityRow("maxNodes 0 and no nodes: nothing to share", {"a10g": 0}, ("llama",), [], 0, "0 GPUs"),
+]
+
+
+@pytest.mark.parametrize("row", CAPACITY_ROWS, ids=[r.name for r in CAPACITY_ROWS])
+def test_fleet_capacity(row: CapacityRow) -> None:
+    policy = sized_policy(**row.max_nodes)
+    got = fleet_capacity(policy, [policy.profile(n) for n in row.profiles], row.nodes)
+    assert got.gpus == row.gpus
+    assert row.note in got.note
+
+
+class ClaimRow(NamedTuple):
+    name: str
+    reactive: float | None
+    current: int
+    observed: int
+
+
+CLAIM_ROWS = [
+    ClaimRow("nothing observed: the current replicas are the observed need", None, 3, 3),
+    ClaimRow("a fractional need rounds up", 2.5, 7, 3),
+    ClaimRow("float noise does not add a replica", 1.1 / 0.1, 0, 11),
+    ClaimRow("no load: no replica", 0.0, 2, 0),
+]
+
+
+@pytest.mark.parametrize("row", CLAIM_ROWS, ids=[r.name for r in CLAIM_ROWS])
+def test_claim_from_a_decision(row: ClaimRow) -> None:
+    profile = sized_policy().profile("llama")
+    got = claim(profile, minimum=1, reactive=row.reactive, current=row.current, desired=9)
+    assert got == Claim("llama", 0, 1, 1, row.observed, 9)
+
+
+def test_a_cut_decision_says_so() -> None:
+    h = horizon(100.0, 15.0, 15.0)
+    d = decide(DecisionInputs(workload="w", now_s=0.0, demand=4.0, capacity=1.0, horizon=h, ready=2, max_replicas=20,
+                              forecast=None))
+    assert (d.desired, d.action, d.unshared) == (4, "scale-up", None)
+    mine = Claim("w", 3, 1, 0, 4, 4)
+    cap = FleetCapacity(2, "2 GPUs (x)")
+    assert apply_share(d, mine, 4, cap) is d  # fits: unchanged
+    cut = apply_share(d, mine, 1, cap)
+    assert (cut.desired, cut.unshared, cut.action) == (1, 4, "scale-down")
+    assert "cut from 4 to 1 by sharing the fleet (2 GPUs (x))" in cut.reasons[-1]
+    assert "cut from 4 by sharing the fleet" in cut.explain().splitlines()[0]
+    assert apply_share(d, mine, 2, cap).action == "hold"
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    pytest.param("-1", ">= 0", id="negative"),
+    pytest.param("many", "whole number", id="not-a-number"),
+    pytest.param("100001", "<= 100000", id="too-large"),
+    pytest.param("2.5", "whole number", id="fractional"),
+])
+def test_max_nodes_bad_values_are_policy_errors_with_their_line(value: str, message: str) -> None:
+    text = policy_text()
+    anchor = "  - name: a10g\n"
+    line = text[: text.index(anchor)].count("\n") + 2
+    with pytest.raises(PolicyError) as err:
+        parse_policy(text.replace(anchor, f"{anchor}    maxNodes: {value}\n", 1), "p.yaml")
+    (problem,) = err.value.problems
+    assert (problem.line, problem.path) == (line, "nodeClasses[1].maxNodes")
+    assert message in problem.message
+    assert "p.yaml:" in str(err.value)
+
+
+def test_a_scenario_pool_larger_than_the_policys_max_nodes_is_an_error(tmp_path: Path) -> None:
+    policy = (ROOT / "scenarios/mixed-fleet-policy.yaml").read_text()
+    anchor = "  - name: g5.xlarge\n"
+    (tmp_path / "policy.yaml").write_text(policy.replace(anchor, f"{anchor}    maxNodes: 4\n", 1))
+    scenario = (
+        "apiVersion: extender.io/v1alpha1\nkind: Scenario\npolicy: policy.yaml\nslo: {queueDelay: 10s}\n"
+        "cluster:\n  nodes:\n    - nodeClass: g5.xlarge\n      count: 2\n      maxCount: 6\n"
+        "workloads:\n  - name: llama3-8b\n    initialReplicas: 1\n"
+        "    demand:\n      synthetic: {duration: 1h, base: 3, arrivals: fluid}\n"
+    )
+    path = tmp_path / "s.yaml"
+    path.write_text(scenario)
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    (problem,) = err.value.problems
+    assert (problem.line, problem.path) == (9, "cluster.nodes[0].maxCount")
+    assert "can hold 6 nodes, more than the policy's maxNodes 4" in problem.message
+    path.write_text(scenario.replace("maxCount: 6", "maxCount: 4"))
+    assert load_scenario(path).policy.node_class("g5.xlarge").max_nodes == 4
+
+
+def test_the_loop_counts_fresh_inventory_records_only() -> None:
+    policy = sized_policy(a10g=3)
+    records = [NodeState.model_validate(r) for r in (
+        {"name": "fresh", "nodeClass": "a10g", "gpus": 4, "heartbeat": 1000.0, "ttl": 60},
+        {"name": "stale", "nodeClass": "a10g", "gpus": 4, "heartbeat": 100.0, "ttl": 60},
+        {"name": "no-gpus-reported", "labels": {"node.kubernetes.io/instance-type": "p5.48xlarge"},
+         "heartbeat": 1000.0, "ttl": 60},
+    )]
+    nodes = fresh_nodes(InventorySnapshot.build(policy, records), 1010.0)
+    assert nodes == [("a10g", 4), ("h100", 8)]  # the stale record is left out; the class gives the GPUs
+    got = fleet_capacity(policy, [policy.profile("llama")], nodes)
+    assert got.gpus == 4 + 2 * 4  # the stale node's slot counts as headroom up to maxNodes 3

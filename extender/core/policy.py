@@ -139,6 +139,10 @@ class NodeClass(Schema):
     gpu: Gpu
     nvme: Nvme
     network: Network = Network()
+    #: Nodes of this class the cluster can hold in all: the node pool's maximum (cluster-autoscaler
+    #: ``--nodes`` max, Karpenter ``limits``), counting those that exist. The scaler shares capacity
+    #: only when every class a workload may use has one (extender.core.sharing); unset: unbounded.
+    max_nodes: int | None = Field(default=None, ge=0, le=100_000)
 
     def matches(self, labels: dict[str, str]) -> bool:
         """True when every ``matchLabels`` entry is on the node with the same value."""

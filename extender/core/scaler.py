@@ -21,6 +21,8 @@ The rules (docs/scaler.md; docs/prior-art.md Part B for the failures they avoid)
                = min(current, max(recommendation, recommendations in (now - window, now]))
                                                                      otherwise (HPA downscale rule)
     desired    = clamp(stabilised, min_replicas, max_replicas)
+    published  = share(every workload's claim, fleet GPUs)[workload]     when the fleet cannot hold
+                                                 every desired replica (extender.core.sharing)
 
 Why each rule:
 
@@ -186,6 +188,8 @@ class Decision(_Model):
     desired: int
     action: Action
     reasons: tuple[str, ...]
+    #: The desired replicas before a fleet too small cut them (extender.core.sharing); ``None``: not cut.
+    unshared: int | None = None
 
     def explain(self) -> str:
         """A few lines for ``extender scale explain``: inputs, needs, horizon provenance, result."""
@@ -196,7 +200,8 @@ class Decision(_Model):
         observed = "no observation" if i.demand is None else f"{i.demand:g} {i.unit}, queue {i.queue:g}"
         lines = [
             f"{i.workload}: {self.action} {'at' if self.action == 'hold' else 'to'} {self.desired} "
-            f"(current {i.ready} ready + {i.starting} starting)",
+            f"(current {i.ready} ready + {i.starting} starting)"
+            + ("" if self.unshared is None else f", cut from {self.unshared} by sharing the fleet"),
             f"  observed: {observed}; capacity {i.capacity:g} {i.unit} per replica",
             f"  horizon: {h.seconds:g}s = startup {h.startup_s:g}s + tick {h.tick_s:g}s + "
             f"hpa sync {h.hpa_sync_s:g}s ({where})",

@@ -18,12 +18,36 @@ priorities. When everything fits, every claim gets ``desired``.
 GPUs are counted as one pool: a replica needs ``gpus`` of the total. Fragmentation (a TP=8 replica
 needs eight free GPUs on one node) is the placement's concern (the packing term of
 extender.core.scoring); this module only keeps the sum within what exists.
+
+The pool (:func:`fleet_capacity`), for the workloads being shared::
+
+    classes  = every node class one of the workloads may run on (Policy.classes_for)
+    present  = sum of the GPUs of the nodes of those classes (the scaler: fresh inventory records)
+    headroom = sum over those classes of max(0, maxNodes - nodes present of the class) x gpu.count
+    gpus     = present + headroom
+
+Not capped (``gpus`` is ``None``, every decision stands) when nothing is known about the nodes (no
+inventory) or one of the classes has no ``maxNodes`` (its pool may grow without a declared bound):
+sharing fails open, so a missing input never removes a replica. Workloads whose classes do not
+overlap are still counted in one pool (a sum over their classes): an approximation that can only
+over-state what one of them could get, never cut one below what its own classes hold.
+
+A workload's claim (:func:`claim`) comes from its decision: ``observed = ceil(reactive need)``
+(``current`` when nothing was observed: nothing is removed on missing data), ``desired`` the
+decision's. The scaler loop and the simulator both build their claims there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+
+from extender.core.policy import Policy, Profile
+from extender.core.scaler import Action, Decision
+
+#: ceil() of a need computed as 11.000000000000002 must be 11 (as in extender.core.scaler).
+_CEIL_SLACK = 1e-9
 
 
 @dataclass(frozen=True)
@@ -61,3 +85,60 @@ def share(claims: Sequence[Claim], gpus: int) -> dict[str, int]:
             granted[best.workload] += 1
             left -= best.gpus
     return granted
+
+
+def claim(profile: Profile, *, minimum: int, reactive: float | None, current: int, desired: int) -> Claim:
+    """``profile``'s claim: ``observed = ceil(reactive)`` (``current`` when ``reactive`` is ``None``)."""
+    observed = current if reactive is None else max(0, math.ceil(reactive - _CEIL_SLACK * max(1.0, abs(reactive))))
+    return Claim(profile.name, profile.priority, profile.parallelism.gpus, minimum, observed, desired)
+
+
+@dataclass(frozen=True)
+class FleetCapacity:
+    """GPUs the shared workloads can have (``None``: not capped) and where that number came from."""
+
+    gpus: int | None
+    note: str
+
+
+def fleet_capacity(policy: Policy, profiles: Iterable[Profile],
+                   nodes: Sequence[tuple[str, int]] | None) -> FleetCapacity:
+    """The pool :func:`share` divides (module docstring): ``nodes`` are (class name, GPUs) of the
+    nodes known to exist; ``None`` when nothing is known (no inventory)."""
+    names: dict[str, None] = {}
+    for p in profiles:
+        names.update((c.name, None) for c in policy.classes_for(p))
+    classes = [policy.node_class(n) for n in names]
+    if nodes is None:
+        return FleetCapacity(None, "not capped: no inventory, so the fleet's size is unknown")
+    unbounded = [c.name for c in classes if c.max_nodes is None]
+    if unbounded:
+        return FleetCapacity(None, f"not capped: node class {', '.join(unbounded)} has no maxNodes")
+    present = {c.name: 0 for c in classes}
+    gpus = {c.name: 0 for c in classes}
+    for name, n in nodes:
+        if name in present:
+            present[name] += 1
+            gpus[name] += n
+    headroom = {c.name: max(0, (c.max_nodes or 0) - present[c.name]) * c.gpu.count for c in classes}
+    total = sum(gpus.values()) + sum(headroom.values())
+    parts = ", ".join(f"{c.name} {gpus[c.name]} on {present[c.name]} nodes + {headroom[c.name]} to "
+                      f"maxNodes {c.max_nodes}" for c in classes)
+    return FleetCapacity(total, f"{total} GPUs ({parts})")
+
+
+def apply_share(decision: Decision, mine: Claim, granted: int, capacity: FleetCapacity) -> Decision:
+    """``decision`` with ``desired`` cut to ``granted`` by :func:`share` (unchanged when it fits).
+
+    The cut is in the reasons (``extender scale explain``) and ``unshared`` keeps what the decision
+    wanted; the stabilisation history keeps the unshared recommendation, so the workload grows back
+    as soon as the fleet has room.
+    """
+    if granted >= decision.desired:
+        return decision
+    current = decision.current
+    action: Action = "scale-up" if granted > current else "scale-down" if granted < current else "hold"
+    why = (f"cut from {decision.desired} to {granted} by sharing the fleet ({capacity.note}): observed "
+           f"needs ({mine.observed} here) come before any forecast, then priority ({mine.priority} here)")
+    return decision.model_copy(update={"desired": granted, "unshared": decision.desired, "action": action,
+                                       "reasons": (*decision.reasons, why)})

@@ -278,11 +278,13 @@ def relative_errors_at(r: Run, k: int, first: int, floor: float, offset: F64 | N
     return np.asarray((target[seen] - f) / np.maximum(scale, floor), dtype=np.float64)
 
 
-def point_at(r: Run, h: float) -> float:
+def point_at(r: Run, h: float, trend_reach: float | None = None) -> float:
     """The forecast ``h`` steps (fractional allowed) after the last step: the season interpolated
-    linearly between the two slots around position ``n - 1 + h``."""
+    linearly between the two slots around position ``n - 1 + h``; the trend projected over
+    ``min(h, trend_reach)`` steps (``None``: over ``h``)."""
     n = len(r.y)
-    f = float(r.level[-1]) + damped_sum(r.constants.phi, h) * float(r.trend[-1])
+    reach = h if trend_reach is None else min(h, max(trend_reach, 0.0))
+    f = float(r.level[-1]) + damped_sum(r.constants.phi, reach) * float(r.trend[-1])
     if r.shape.seasonal:
         m = r.shape.m
         pos = n - 1 + h

@@ -391,7 +391,8 @@ def render_record(record: dict[str, Any]) -> str:
         f"  next replica: {place['node'] or '(no node yet)'} ({place['nodeClass'] or '?'}), "
         f"estimated startup {float(place['startupSeconds']):.0f}s, {place['cache']}",
         f"  published: extender-desired-replicas {pub['desired']}, extender-forecast-load "
-        f"{float(pub['load']):.3g} {pub['unit']}",
+        f"{float(pub['load']):.3g} {pub['unit']}"
+        + ("" if pub.get("unshared") is None else f" (cut from {pub['unshared']} by sharing the fleet)"),
     ]
     return "\n".join(lines)
 
@@ -408,7 +409,8 @@ def render_table(records: list[dict[str, Any]]) -> str:
         upper = "-" if i["forecast"] is None else f"{i['forecast']['upper']:.3g}"
         when = datetime.fromtimestamp(float(r["t"]), UTC).strftime("%Y-%m-%d %H:%M:%S")
         rows.append(f"{when:<19} {d['action']:<10} {d['desired']:>7} {d['current']:>7} {demand:>9} {upper:>9} "
-                    f"{i['horizon']['seconds']:>7.0f}s  {d['driver']}")
+                    f"{i['horizon']['seconds']:>7.0f}s  {d['driver']}"
+                    + ("" if d.get("unshared") is None else f", shared: cut from {d['unshared']}"))
     return "\n".join(rows)
 
 

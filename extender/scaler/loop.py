@@ -11,8 +11,14 @@ A tick (default every 15 s, the HPA's own sync period)::
         placement = next replica's node + estimate -> horizon = startup + tick + hpa sync
         history   = Redis history + this sample   -> forecast(horizon) at the upper quantile
         decision  = decide(...)                   (extender.core.scaler, pure)
+    capacity = fleet_capacity(fresh inventory nodes, maxNodes)    (extender.core.sharing)
+    granted  = share(claims of every decided workload, capacity)  cut a decision only if it must
+    for each decided workload:
         commit, fenced by the lease's token: sample, decision record, stabilisation window,
         published desired replicas and load -- all or nothing
+
+Sharing fails open: with no inventory, or a class without ``maxNodes``, nothing is cut and the
+decision's reasons say so when the inventory is missing.
 
 An incomplete observation (some ready pods did not answer) is a lower bound of the demand: if the
 decision made on it is a scale-down, it is made again as "not observed" (hold, forecast may raise),
@@ -46,6 +52,7 @@ from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.placement import Placement, next_replica
 from extender.core.policy import Policy, Profile
 from extender.core.scaler import Decision, DecisionInputs, Recommendation, decide, horizon, prune
+from extender.core.sharing import apply_share, claim, fleet_capacity, share
 from extender.files import PolicyFile
 from extender.scaler.observation import Fetcher, Observation, SignalSource, http_get
 from extender.scaler.pods import PodLister, Replicas, count_replicas, label_selector, workload_pods
@@ -203,13 +210,31 @@ class ScaleLoop:
         self._calibrate()
         snapshot = self._inventory(now)
         results: list[WorkloadResult] = []
+        drafts: list[_Draft] = []
         for profile in self.profiles:
             try:
-                results.append(self.step(profile, lease.token, now, snapshot))
+                drafts.append(self.draft(profile, now, snapshot))
+            except ExtenderError as exc:
+                log.warning("scaler: %s: %s", profile.name, exc, extra={"workload": profile.name, "error": str(exc)})
+                results.append(WorkloadResult(profile.name, error=str(exc)))
+            except Exception as exc:
+                # a bug for one workload must not stop the others, nor the loop thread
+                log.exception("scaler: %s: unexpected error", profile.name, extra={"workload": profile.name})
+                results.append(WorkloadResult(profile.name, error=f"unexpected error: {exc!r}"))
+        try:
+            drafts = self._share(drafts, snapshot, now)
+        except Exception:  # sharing can only cut; a bug there must not stop every decision
+            log.exception("scaler: sharing the fleet failed; publishing the decisions uncut")
+        order = {p.name: i for i, p in enumerate(self.profiles)}
+        for d in drafts:
+            profile = d.profile
+            try:
+                results.append(self.commit(d, lease.token, now))
             except FencedOutError as exc:
                 log.warning("scaler %s stepping down: %s", self.holder, exc,
                             extra={"identity": self.holder, "workload": profile.name, "error": str(exc)})
                 self._lease_token = None
+                results.sort(key=lambda r: order[r.workload])
                 return TickReport(now, True, lease.token, self.holder, tuple(results), fenced_out=True,
                                   error=str(exc))
             except ExtenderError as exc:
@@ -219,6 +244,7 @@ class ScaleLoop:
                 # a bug for one workload must not stop the others, nor the loop thread
                 log.exception("scaler: %s: unexpected error", profile.name, extra={"workload": profile.name})
                 results.append(WorkloadResult(profile.name, error=f"unexpected error: {exc!r}"))
+        results.sort(key=lambda r: order[r.workload])  # in the policy's order, as before sharing
         report = TickReport(now, True, lease.token, self.holder, tuple(results))
         for listener in self.on_leader_tick:
             try:
@@ -268,8 +294,26 @@ class ScaleLoop:
 
     # ---- one workload ----------------------------------------------------------------------------
 
-    def step(self, profile: Profile, token: int, now: float, snapshot: InventorySnapshot | None) -> WorkloadResult:
-        """Observe, forecast, decide and commit (fenced) for one workload."""
+    def _share(self, drafts: list[_Draft], snapshot: InventorySnapshot | None, now: float) -> list[_Draft]:
+        """Cut the drafts' decisions to what the fleet holds (extender.core.sharing; fails open)."""
+        if not drafts:
+            return drafts
+        nodes = None if snapshot is None else fresh_nodes(snapshot, now)
+        capacity = fleet_capacity(self.policy, (d.profile for d in drafts), nodes)
+        if capacity.gpus is None:
+            if snapshot is None:
+                note = f"fleet capacity {capacity.note}"
+                return [dataclasses.replace(d, decision=d.decision.model_copy(
+                    update={"reasons": (*d.decision.reasons, note)})) for d in drafts]
+            return drafts
+        claims = [claim(d.profile, minimum=d.decision.inputs.min_replicas, reactive=d.decision.reactive_replicas,
+                        current=d.decision.current, desired=d.decision.desired) for d in drafts]
+        granted = share(claims, capacity.gpus)
+        return [dataclasses.replace(d, decision=apply_share(d.decision, c, granted[c.workload], capacity))
+                for d, c in zip(drafts, claims, strict=True)]
+
+    def draft(self, profile: Profile, now: float, snapshot: InventorySnapshot | None) -> _Draft:
+        """Observe, forecast and decide for one workload (nothing written yet)."""
         auto, capacity = profile.autoscaling, profile.capacity
         assert auto is not None and capacity is not None  # scaled_profiles() keeps only these
         assert self.tick_s is not None and self.hpa_sync_s is not None
@@ -297,13 +341,24 @@ class ScaleLoop:
             note = (f"observation incomplete ({observation.note or 'not every ready pod answered'}): "
                     f"{observation.rate:g} {capacity.unit} is a lower bound, so no scale-down this tick")
             decision = held.model_copy(update={"reasons": (*held.reasons, note)})
+        return _Draft(profile, decision, observation, replicas, placement, tuple(new), recent, len(pods))
+
+    def commit(self, d: _Draft, token: int, now: float) -> WorkloadResult:
+        """Write one workload's decision, fenced by ``token``: all or nothing."""
+        assert self.tick_s is not None
+        profile, decision, observation = d.profile, d.decision, d.observation
+        replicas, placement = d.replicas, d.placement
+        capacity = profile.capacity
+        assert capacity is not None
+        name, scaling, recent, new = profile.name, self.policy.scaling, d.recent, list(d.new)
         window = prune((*recent, Recommendation(at_s=now, replicas=decision.recommendation)), now,
                        scaling.scale_down_stabilisation)
-        load = decision.need * capacity.per_replica
+        # a cut by sharing cuts the published load too (an HPA on the load metric does the same)
+        load = (decision.need if decision.unshared is None else decision.desired) * capacity.per_replica
         published = Published(desired=decision.desired, load=load if math.isfinite(load) else 0.0,
                                unit=capacity.unit, t=now, window=max(1, round(self.tick_s)), token=token)
         record = decision_record(decision, observation, replicas, placement, published=published,
-                                 source=self.sources[name].name, holder=self.holder, token=token, pods=len(pods))
+                                 source=self.sources[name].name, holder=self.holder, token=token, pods=d.pods)
         self.lock.commit(
             token,
             self.history.stage_append(name, new, now=now),
@@ -326,6 +381,31 @@ class ScaleLoop:
                         horizon_s, self.params, now_s=now)
 
 
+@dataclass(frozen=True)
+class _Draft:
+    """One workload's decision before sharing and commit, with what it was made from."""
+
+    profile: Profile
+    decision: Decision
+    observation: Observation
+    replicas: Replicas
+    placement: Placement
+    new: tuple[Sample, ...]
+    recent: tuple[Recommendation, ...]
+    pods: int
+
+
+def fresh_nodes(snapshot: InventorySnapshot, now: float) -> list[tuple[str, int]]:
+    """(class name, GPUs) of every fresh inventory record (GPUs: the record's, else its class's)."""
+    fresh = snapshot.fresh(now)
+    out = []
+    for i, node in enumerate(snapshot.nodes):
+        if fresh[i]:
+            cls = snapshot.classes[int(snapshot.class_index[i])]
+            out.append((cls.name, node.gpus or cls.gpu.count))
+    return out
+
+
 def decision_record(decision: Decision, observation: Observation, replicas: Replicas, placement: Placement, *,
                     published: Published, source: str, holder: str, token: int, pods: int) -> dict[str, Any]:
     """The JSON stored for ``extender scale explain``: the decision with its inputs, and how they were got."""
@@ -340,7 +420,8 @@ def decision_record(decision: Decision, observation: Observation, replicas: Repl
         "pods": {"listed": pods, "ready": replicas.ready, "starting": replicas.starting},
         "placement": {"node": placement.node, "nodeClass": placement.node_class, "cache": placement.cache,
                       "startupSeconds": placement.startup_s},
-        "published": {"desired": published.desired, "load": published.load, "unit": published.unit},
+        "published": {"desired": published.desired, "load": published.load, "unit": published.unit,
+                      "unshared": decision.unshared},
         "decision": decision.model_dump(mode="json"),
     }
 

@@ -320,6 +320,24 @@ class Scenario(Schema):
 # ---------------------------------------------------------------------------------------------
 
 
+def _check_max_nodes(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
+    """A class's groups must not hold more nodes than the policy's ``maxNodes`` for it: the scaler
+    shares a fleet of at most that many (extender.core.sharing), the simulated pools are the truth."""
+    out: list[tuple[Loc, str]] = []
+    for cls in policy.node_classes:
+        if cls.max_nodes is None:
+            continue
+        groups = [(g, group) for g, group in enumerate(scenario.cluster.nodes) if group.node_class == cls.name]
+        ceiling = sum(group.ceiling for _, group in groups)
+        if groups and ceiling > cls.max_nodes:
+            g, last = groups[-1]
+            out.append((("cluster", "nodes", g, "maxCount" if last.max_count is not None else "count"),
+                        f"the groups of node class {cls.name!r} can hold {ceiling} nodes, more than the policy's "
+                        f"maxNodes {cls.max_nodes} for it (the scaler would share a smaller fleet than the one "
+                        "simulated)"))
+    return out
+
+
 def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
     """Problems that need the policy (or span fields), as ``(location, message)`` pairs."""
     out: list[tuple[Loc, str]] = []
@@ -342,6 +360,7 @@ def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
             elif profile.capacity.unit != "requests/s":
                 out.append((("workloads", i), f"profile {w.name!r} gives its capacity in {profile.capacity.unit}; "
                                               "the simulator counts requests: set capacity (requests/s) here"))
+    out += _check_max_nodes(scenario, policy)
     for g, group in enumerate(scenario.cluster.nodes):
         cls = classes.get(group.node_class)
         if cls is None:

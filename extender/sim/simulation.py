@@ -49,7 +49,7 @@ from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
 from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
 from extender.core.scoring import NodeInputs, Scale, evaluate, scale_for
-from extender.core.sharing import Claim, share
+from extender.core.sharing import Claim, claim, share
 from extender.core.warming import Action, Expectation, plan
 from extender.sim import hpa as hpa_model
 from extender.sim.cluster import Cluster, NodeSpec, Pod
@@ -791,16 +791,16 @@ class Run:
                 demand = q.arrived_in(k - 1) / dt
                 s.hist_t[k], s.hist_v[k] = now, demand
                 desired, expectation = self._decide(s, k, demand, queued)
-                observed = math.ceil((demand + queued / self.policy.scaling.queue_drain) / s.setup.capacity - 1e-9)
-                claims.append(Claim(s.setup.profile.name, s.setup.profile.priority, s.setup.profile.parallelism.gpus,
-                                    s.setup.min_replicas, observed, desired))
+                reactive = (demand + queued / self.policy.scaling.queue_drain) / s.setup.capacity
+                claims.append(claim(s.setup.profile, minimum=s.setup.min_replicas, reactive=reactive,
+                                    current=len(s.pods), desired=desired))
                 if expectation is not None:
                     expectations.append(expectation)
             if claims:
                 granted = share(claims, self._fleet_gpus()) if self.strategy.scaling != "hpa" else {}
-                for claim in claims:
-                    s = self.w[self.names[claim.workload]]
-                    self._scale(s, granted.get(claim.workload, claim.desired), now)
+                for cl in claims:
+                    s = self.w[self.names[cl.workload]]
+                    self._scale(s, granted.get(cl.workload, cl.desired), now)
                     if s.old:
                         self._rolling(s, now)
             self._place_pending(now)
