@@ -214,13 +214,8 @@ class ScaleLoop:
         for profile in self.profiles:
             try:
                 drafts.append(self.draft(profile, now, snapshot))
-            except ExtenderError as exc:
-                log.warning("scaler: %s: %s", profile.name, exc, extra={"workload": profile.name, "error": str(exc)})
-                results.append(WorkloadResult(profile.name, error=str(exc)))
             except Exception as exc:
-                # a bug for one workload must not stop the others, nor the loop thread
-                log.exception("scaler: %s: unexpected error", profile.name, extra={"workload": profile.name})
-                results.append(WorkloadResult(profile.name, error=f"unexpected error: {exc!r}"))
+                results.append(_failed(profile.name, exc))
         try:
             drafts = self._share(drafts, snapshot, now)
         except Exception:  # sharing can only cut; a bug there must not stop every decision
@@ -237,13 +232,8 @@ class ScaleLoop:
                 results.sort(key=lambda r: order[r.workload])
                 return TickReport(now, True, lease.token, self.holder, tuple(results), fenced_out=True,
                                   error=str(exc))
-            except ExtenderError as exc:
-                log.warning("scaler: %s: %s", profile.name, exc, extra={"workload": profile.name, "error": str(exc)})
-                results.append(WorkloadResult(profile.name, error=str(exc)))
             except Exception as exc:
-                # a bug for one workload must not stop the others, nor the loop thread
-                log.exception("scaler: %s: unexpected error", profile.name, extra={"workload": profile.name})
-                results.append(WorkloadResult(profile.name, error=f"unexpected error: {exc!r}"))
+                results.append(_failed(profile.name, exc))
         results.sort(key=lambda r: order[r.workload])  # in the policy's order, as before sharing
         report = TickReport(now, True, lease.token, self.holder, tuple(results))
         for listener in self.on_leader_tick:
@@ -379,6 +369,17 @@ class ScaleLoop:
             return None
         return forecast(self.policy.scaling.forecaster, [s.t for s in samples], [s.rate for s in samples],
                         horizon_s, self.params, now_s=now)
+
+
+def _failed(workload: str, exc: Exception) -> WorkloadResult:
+    """One workload's failed draft or commit, logged (call from the ``except`` block): an
+    :class:`ExtenderError` is a stated problem; anything else is a bug, logged with its traceback, that
+    must not stop the other workloads nor the loop thread."""
+    if isinstance(exc, ExtenderError):
+        log.warning("scaler: %s: %s", workload, exc, extra={"workload": workload, "error": str(exc)})
+        return WorkloadResult(workload, error=str(exc))
+    log.exception("scaler: %s: unexpected error", workload, extra={"workload": workload})
+    return WorkloadResult(workload, error=f"unexpected error: {exc!r}")
 
 
 @dataclass(frozen=True)
