@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 
 import pytest
 
 from tests.metrics_world import PROCESSES, ROOT, Process, Scrape, get, running_processes, scrape_all
+from tests.prometheus_tools import prometheus_tool
 
 DOCS = ROOT / "docs"
 MONITORING = DOCS / "monitoring.md"
@@ -34,11 +34,7 @@ MENTION = re.compile(r"`(extender_[a-z0-9_]+)(?:\{[^`]*\})?`")
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail("promtool is not installed; run scripts/test as root (it installs Debian's prometheus "
-                    "package), or: apt-get update && apt-get install -y prometheus")
-    return path
+    return prometheus_tool("promtool")
 
 
 @pytest.fixture(scope="module")

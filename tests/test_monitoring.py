@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import yaml
 
 from tests import chart
 from tests.metrics_catalog import metric_names, registered
+from tests.prometheus_tools import prometheus_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 MONITORING = ROOT / "deploy" / "monitoring"
@@ -37,11 +37,7 @@ RUNBOOK_BASE = "https://github.com/extender-project/extender/blob/main/docs/runb
 
 
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.fail("promtool is not installed; run scripts/test as root (it installs Debian's prometheus "
-                    "package), or: apt-get update && apt-get install -y prometheus")
-    return path
+    return prometheus_tool("promtool")
 
 
 def rules() -> list[dict[str, Any]]:

@@ -34,6 +34,7 @@ from extender.scaler.scrape import ScrapeSource
 from extender.scaler.serve import KubePodLister
 from tests.kube_double import KubeDouble
 from tests.net import free_port
+from tests.prometheus_tools import prometheus_tool
 from tests.scaler_policy import make_policy
 from tests.vllm_endpoint import MetricsEndpoint, pod, serving
 
@@ -52,11 +53,7 @@ class Prometheus:
 
 
 def prometheus_binary() -> str:
-    path = shutil.which("prometheus")
-    if path is None:
-        pytest.fail("the prometheus binary is not installed; run scripts/test as root (it installs Debian's "
-                    "package), or: apt-get update && apt-get install -y prometheus")
-    return path
+    return prometheus_tool("prometheus")
 
 
 def _answers(url: str) -> bool:
