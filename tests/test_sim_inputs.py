@@ -211,15 +211,19 @@ BAD_SCENARIOS = [
 @pytest.mark.parametrize("case", BAD_SCENARIOS, ids=[c.name for c in BAD_SCENARIOS])
 def test_scenario_errors_are_located(tmp_path: Path, case: BadScenario) -> None:
     (tmp_path / "policy.yaml").write_text(POLICY)
-    path = tmp_path / "s.yaml"
-    path.write_text(case.text)
+    assert_scenario_error(tmp_path / "s.yaml", case.text, case.path, case.line, case.message)
+
+
+def assert_scenario_error(path: Path, text: str, where: str, line: int, message: str) -> None:
+    """Loading ``text`` from ``path`` fails with a problem at ``path:line: where: ...`` saying ``message``."""
+    path.write_text(text)
     with pytest.raises(ScenarioError) as info:
         load_scenario(path)
-    found = [p for p in info.value.problems if p.path == case.path]
+    found = [p for p in info.value.problems if p.path == where]
     assert found, [str(p) for p in info.value.problems]
-    assert found[0].line == case.line
-    assert case.message in found[0].message
-    assert str(found[0]).startswith(f"{path}:{case.line}: {case.path}: ")
+    assert found[0].line == line
+    assert message in found[0].message
+    assert str(found[0]).startswith(f"{path}:{line}: {where}: ")
 
 
 def test_the_good_scenario_and_the_bundled_ones_load(tmp_path: Path) -> None:

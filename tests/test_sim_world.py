@@ -16,6 +16,7 @@ from extender.sim.errors import ScenarioError
 from extender.sim.scenario import Rollout, load_scenario
 from extender.sim.simulation import Run, prepare, rolled_policy
 from extender.sim.strategies import STRATEGIES
+from tests.test_sim_inputs import assert_scenario_error
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICY_TEXT = (ROOT / "scenarios/mixed-fleet-policy.yaml").read_text()
@@ -180,14 +181,7 @@ BAD = [
 @pytest.mark.parametrize("case", BAD, ids=[c.name for c in BAD])
 def test_new_scenario_fields_reject_bad_values_with_file_and_line(tmp_path: Path, case: Bad) -> None:
     (tmp_path / "policy.yaml").write_text(POLICY_TEXT)
-    path = tmp_path / "s.yaml"
-    path.write_text(case.text)
-    with pytest.raises(ScenarioError) as info:
-        load_scenario(path)
-    found = [p for p in info.value.problems if p.path == case.path]
-    assert found, [str(p) for p in info.value.problems]
-    assert (found[0].line, case.message in found[0].message) == (case.line, True), str(found[0])
-    assert str(found[0]).startswith(f"{path}:{case.line}: {case.path}: ")
+    assert_scenario_error(tmp_path / "s.yaml", case.text, case.path, case.line, case.message)
 
 
 def test_the_flagship_loads_with_pools_and_a_rollout() -> None:
