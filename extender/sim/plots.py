@@ -79,9 +79,11 @@ def capacity_plot(runs: Sequence[RunResult], workload: str, path: Path, *, dpi: 
         ax.set_ylabel("requests", fontsize=8)
         ax.grid(alpha=0.3)
         pods = ax.twinx()
-        pods.step(x, _bucket(w.timeline.pending.astype(np.float64), factor, "max"), where="post",
-                  color="tab:purple", lw=0.9, label="pending pods")
+        pending = _bucket(w.timeline.pending.astype(np.float64), factor, "max")
+        pods.step(x, pending, where="post", color="tab:purple", lw=0.9, label="pending pods")
         pods.set_ylabel("pods", fontsize=8)
+        pods.set_ylim(bottom=0, top=max(1.0, float(pending.max(initial=0.0))) * 1.05)  # whole pods, from 0
+        pods.yaxis.get_major_locator().set_params(integer=True)
         if i == 0:
             ax.set_title("waiting", loc="left", fontsize=9)
             lines = ax.get_lines() + pods.get_lines()
