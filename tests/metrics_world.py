@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
+from tests.kube_double.waiting import wait_until
 from tests.net import free_port
 from tests.scaler_policy import policy_text
 from tests.vllm_endpoint import Counters, pod, serving
@@ -90,16 +90,16 @@ class Process:
         return Scrape(self.name, body.decode(), content_type)
 
     def wait(self, done: Callable[[Scrape], bool], what: str) -> Scrape:
-        deadline = time.monotonic() + SETTLE_S
-        while True:
+        def ready() -> Scrape | None:
             assert self.process.poll() is None, f"{self.name} exited: {self.log.read_text()[-3000:]}"
             code, body, content_type = get(self.metrics_url)
-            if code == 200:
-                scrape = Scrape(self.name, body.decode(), content_type)
-                if done(scrape):
-                    return scrape
-            assert time.monotonic() < deadline, f"{self.name}: no {what}: {self.log.read_text()[-3000:]}"
-            time.sleep(0.1)
+            scrape = Scrape(self.name, body.decode(), content_type) if code == 200 else None
+            return scrape if scrape is not None and done(scrape) else None
+
+        scrape = wait_until(ready, timeout_s=SETTLE_S, what=f"{self.name}: {what}", interval_s=0.1,
+                            report=lambda: self.log.read_text()[-3000:])
+        assert scrape is not None  # wait_until returns only a truthy value
+        return scrape
 
     def stop(self) -> None:
         if self.process.poll() is None:

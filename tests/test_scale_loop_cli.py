@@ -28,6 +28,7 @@ from extender.state import connect
 from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
+from tests.kube_double.waiting import wait_until
 from tests.net import free_port
 from tests.scaler_policy import policy_text
 from tests.vllm_endpoint import Counters, MetricsEndpoint, pod, serving
@@ -219,11 +220,11 @@ def test_an_api_only_scaler_follows_policy_edits(redis_server: RedisServer, tmp_
             return -1
 
     def until(check: Any, what: str) -> None:
-        deadline = time.monotonic() + SETTLE_S
-        while not check():
+        def done() -> bool:
             assert process.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"{what}: {log.read_text()[-3000:]}"
-            time.sleep(0.1)
+            return bool(check())
+
+        wait_until(done, timeout_s=SETTLE_S, what=what, interval_s=0.1, report=lambda: log.read_text()[-3000:])
 
     try:
         until(lambda: code_in("default") == 200, "qwen3 served in default")
