@@ -110,9 +110,10 @@ class Engine:
         self._names = [s.name for s in snapshot.nodes]
         self._tables: dict[str, ProfileTable] = {}
         self._lock = threading.Lock()
-        usable = previous is not None and previous.policy is policy and snapshot.delta is not None
-        #: Tables of the previous engine, by profile, with the map from our rows to theirs.
-        self._previous: dict[str, ProfileTable] = dict(previous._tables) if usable and previous else {}
+        #: The previous engine's tables by profile (its rows map to ours through ``snapshot.delta``).
+        self._previous: dict[str, ProfileTable] = (
+            dict(previous._tables) if previous is not None and previous.policy is policy and snapshot.delta is not None
+            else {})
 
     # ---- matching --------------------------------------------------------------------------------
 
