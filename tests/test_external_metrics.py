@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
+from prometheus_client import CollectorRegistry, Counter
 from werkzeug.datastructures import Headers
 
 from extender.api.external_metrics.app import (
@@ -237,6 +238,21 @@ def test_probes_need_no_credentials() -> None:
     assert c.get("/healthz").status_code == 200
     assert c.get("/readyz").status_code == 200
     assert c.get("/apis").status_code == 401
+
+
+@pytest.mark.parametrize("served", [True, False], ids=["registry", "no-registry"])
+def test_metrics_need_no_credentials_and_are_a_status_404_without_a_registry(served: bool) -> None:
+    registry = CollectorRegistry()
+    Counter("extender_test_events_total", "A family only this test registers.", registry=registry)
+    app = create_app(ExternalMetricsApi(published=lambda: PUBLISHED, workloads=WORKLOADS,
+                                        auth=Authenticator(AuthConfig()), clock=lambda: NOW,
+                                        registry=registry if served else None))
+    r = app.test_client().get("/metrics")  # no credentials: Prometheus scrapes it like a probe
+    if served:
+        assert r.status_code == 200 and r.content_type.startswith("text/plain")
+        assert "extender_test_events_total 0.0" in r.get_data(as_text=True)
+    else:
+        assert (r.status_code, r.content_type, r.get_json()["reason"]) == (404, "application/json", "NotFound")
 
 
 # ---- authentication and authorization ------------------------------------------------------------
