@@ -670,3 +670,33 @@ def test_a_heartbeat_rebuilds_its_own_row_not_the_fleet(
         assert got.failing == want.failing
     held = {r.name for r in engine.snapshot.nodes}
     assert "gpu-new" in held and "gpu-slow-cold-3" not in held and len(held) == len(fleet)
+
+
+def test_a_patch_that_fails_falls_back_to_a_full_rebuild_and_says_so(
+        policy_file: Path, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from extender.api.scheduler.app import create_app
+    from extender.api.scheduler.settings import Settings
+    from extender.core.inventory import InventorySnapshot
+
+    client = connect(redis_server.url, tmp_path / "unused")
+    writer = InventoryStore(client)
+    now = time.time()
+    writer.replace(records(now), [])
+    settings = Settings(policy_path=policy_file, start_refresher=False, store_factory=lambda: InventoryStore(client),
+                        min_rebuild_interval_s=0.0, rebuild_duty_factor=0.0)
+    refresher = create_app(settings).extensions["extender"].refresher
+    refresher.refresh_once()
+
+    def broken(*args: Any, **kwargs: Any) -> InventorySnapshot:
+        raise RuntimeError("a bug in the patch")
+
+    monkeypatch.setattr(InventorySnapshot, "update", broken)
+    writer.put(NodeState(name="gpu-new", labels={"pool": "fast"}, heartbeat=now + 1))
+    with caplog.at_level("WARNING", logger="extender"):
+        refresher.refresh_once()
+    engine = refresher.engine
+    assert engine is not None and engine.snapshot.version == writer.version()
+    assert "gpu-new" in {r.name for r in engine.snapshot.nodes}  # the full rebuild took it in
+    warned = [r.getMessage() for r in caplog.records if "patching" in r.getMessage()]
+    assert warned == ["patching 1 changed records failed, rebuilding from every record: a bug in the patch"]

@@ -272,7 +272,10 @@ class Refresher:
                                               registry=registry)
             patched = Engine(engine.policy, snapshot, previous=engine)
             patched.warm(now)
-        except Exception:
+        except Exception as exc:  # the full rebuild that follows finds and skips a bad record
+            if self.throttle.allow("patch-failed") is not None:
+                log.warning("patching %d changed records failed, rebuilding from every record: %s", len(changed), exc,
+                            extra={"changed": len(changed), "error": str(exc)})
             return False
         self._records = list(snapshot.nodes)
         self._registry, self._version = registry, version
