@@ -140,11 +140,30 @@ def test_only_changes_and_due_heartbeats_are_written(cache: Path, clients: Clien
     assert state is not None and state.weights["mixtral-61g/v1"] == 61 * GiB
     assert a.stats.writes == 2
     clock.now += 10
-    a.step()  # nothing changed, but the heartbeat is due
+    version = reader.store.version()
+    a.step()  # nothing changed, but the heartbeat is due: a bare heartbeat, no record write
     beat = reader.store.get(NODE)
-    assert a.stats.writes == 3 and beat is not None and first is not None
+    assert (a.stats.writes, a.stats.heartbeats, reader.store.version()) == (3, 1, version)
+    assert beat is not None and first is not None
     ignore = {"heartbeat": 0, "nvme_free": 0}
     assert beat.heartbeat >= state.heartbeat and beat.model_copy(update=ignore) == state.model_copy(update=ignore)
+    assert reader.store.heartbeats_since(0)[1] == {NODE: beat.heartbeat}
+
+
+def test_a_bare_heartbeat_for_a_node_the_store_lost_becomes_a_whole_report(
+        cache: Path, clients: Clients, reader: SourceStore) -> None:
+    clock = FakeClock()
+    a = agent(cache, clients, heartbeat_s=10.0, monotonic=clock, free_tolerance_bytes=2**62)
+    a.step()
+    reader.store.client.delete(reader.store.keys.node(NODE), reader.store.keys.nodes)  # Redis lost the record
+    clock.now += 10
+    a.step()
+    assert (a.stats.writes, a.stats.heartbeats) == (2, 0)
+    assert reader.store.get(NODE) is not None
+    reader.remove_node(NODE)  # the node left the cluster: the whole report meets the tombstone
+    clock.now += 10
+    a.step()
+    assert reader.store.get(NODE) is None and a.stats.heartbeats == 0
 
 
 def test_an_agent_restart_loses_nothing(cache: Path, clients: Clients, reader: SourceStore) -> None:

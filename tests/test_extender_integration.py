@@ -614,6 +614,52 @@ def test_a_heartbeat_costs_a_reader_one_record_not_the_inventory(
     assert sorted(r.name for r in refresher.engine.snapshot.nodes) == sorted(set(NAMES) - {"gpu-slow-cold"})
 
 
+def test_a_bare_heartbeat_decodes_no_record_and_brings_a_stale_node_back(
+        policy_file: Path, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Heartbeats were record writes: each bumped the version, and every worker read, decoded and
+    # re-scored the records of every node that reported (issue: p99 under 1,000 heartbeats/s).
+    from extender.api.scheduler.app import create_app
+    from extender.api.scheduler.settings import Settings
+    from extender.state import store as store_module
+
+    client = connect(redis_server.url, tmp_path / "unused")
+    writer = InventoryStore(client)
+    now = time.time()
+    stale = [r.model_copy(update={"ttl": 60.0, "heartbeat": now - 120}) if r.name == "gpu-fast-warm" else r
+             for r in records(now)]
+    writer.replace(stale, [])
+    settings = Settings(policy_path=policy_file, start_refresher=False, store_factory=lambda: InventoryStore(client),
+                        min_rebuild_interval_s=0.0, rebuild_duty_factor=0.0)
+    refresher = create_app(settings).extensions["extender"].refresher
+    refresher.refresh_once(now)
+    profile = refresher.policy.profiles[0]
+    engine = refresher.engine
+    assert engine is not None
+    cold_score = engine.table(profile, now).evaluation.score[engine.snapshot.positions["gpu-fast-warm"]]
+    decoded: list[str] = []
+    real_decode = store_module.decode
+
+    def counting(name: str, raw: str | bytes) -> NodeState:
+        decoded.append(name)
+        return real_decode(name, raw)
+
+    monkeypatch.setattr(store_module, "decode", counting)
+    version = writer.version()
+    writer.beat_many({"gpu-fast-warm": now + 1, "gpu-slow-cold": now + 1})
+    refresher.refresh_once(now + 1)
+    assert decoded == [] and writer.version() == version  # no record read, no record version moved
+    engine = refresher.engine
+    assert engine is not None and engine.snapshot.version == version
+    row = engine.snapshot.positions["gpu-fast-warm"]
+    assert engine.snapshot.heartbeat[row] == now + 1
+    assert engine.table(profile, now + 1).evaluation.score[row] > cold_score  # fresh again, so warm again
+    # A policy change rebuilds from the records held, which do not carry the heartbeat: it must stay.
+    refresher._policy_dirty = True
+    refresher.refresh_once(now + 2)
+    engine = refresher.engine
+    assert engine is not None and engine.snapshot.heartbeat[engine.snapshot.positions["gpu-fast-warm"]] == now + 1
+
+
 def test_a_heartbeat_rebuilds_its_own_row_not_the_fleet(
         policy_file: Path, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Reading one record was not enough: each reload still rebuilt the columnar snapshot, every

@@ -9,7 +9,7 @@ records are exactly the ones the batches leave.
 
 from __future__ import annotations
 
-from dataclasses import fields
+from dataclasses import fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -129,3 +129,70 @@ def test_rows_after_an_update(changes: dict[str, str | None], order: list[str]) 
     assert updated.heartbeat[-1] == 0.0
     assert [r.name for r in snap.nodes] == ["a", "b", "c"]  # the old snapshot is untouched
     assert snap.heartbeat.tolist() == [NOW - 10] * 3 + [0.0]
+
+
+#: A batch of bare heartbeats: names the snapshot may or may not hold, times older or newer than its own.
+beat_batches = st.dictionaries(st.sampled_from([*NAMES, "not-held"]), st.sampled_from([0.0, NOW - 3600, NOW - 1, NOW]),
+                               max_size=6)
+
+
+def merged(start: list[NodeState], beats: dict[str, float]) -> list[NodeState]:
+    """The records as the store returns them after ``beats``: each with the later heartbeat."""
+    return [r.model_copy(update={"heartbeat": max(r.heartbeat, beats.get(r.name, 0.0))}) for r in start]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(start=st.lists(records, max_size=6, unique_by=lambda r: r.name), beats=st.lists(beat_batches, max_size=3),
+       memoise=st.booleans())
+def test_heartbeats_equal_a_full_build_from_the_merged_records(start: list[NodeState],
+                                                               beats: list[dict[str, float]], memoise: bool) -> None:
+    snapshot = InventorySnapshot.build(POLICY, start, taken_at=NOW)
+    if memoise:
+        snapshot.cache_state(PROFILE)
+    seen: dict[str, float] = {}
+    for batch in beats:
+        before = snapshot.heartbeat.copy()
+        snapshot = snapshot.with_heartbeats(batch, taken_at=NOW)
+        for name, beat in batch.items():
+            seen[name] = max(seen.get(name, 0.0), beat)
+        built = InventorySnapshot.build(POLICY, merged(start, seen), taken_at=NOW)
+        assert [r.name for r in snapshot.nodes] == [r.name for r in built.nodes]
+        assert_same(replace(snapshot, nodes=built.nodes), built, POLICY)
+        assert (snapshot.heartbeat >= before).all()  # never back
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(start=st.lists(records, max_size=6, unique_by=lambda r: r.name), beats=beat_batches,
+       later=st.sampled_from([0.0, 30.0, 4000.0]))
+def test_an_engine_given_heartbeats_scores_like_one_built_from_the_merged_records(
+        start: list[NodeState], beats: dict[str, float], later: float) -> None:
+    from extender.api.scheduler.engine import Engine
+
+    engine = Engine(POLICY, InventorySnapshot.build(POLICY, start, taken_at=NOW))
+    engine.warm(NOW)
+    now = NOW + later
+    given_beats = engine.with_heartbeats(engine.snapshot.with_heartbeats(beats, taken_at=now), now)
+    oracle = Engine(POLICY, InventorySnapshot.build(POLICY, merged(start, beats), taken_at=now))
+    for profile in POLICY.profiles:
+        got, want = given_beats.table(profile, now), oracle.table(profile, now)
+        assert dict(got.fragments) == dict(want.fragments)
+        assert got.failing == want.failing
+        assert got.valid_until == want.valid_until
+        np.testing.assert_array_equal(got.fresh, want.fresh)
+
+
+def test_heartbeats_that_change_no_freshness_keep_the_score_tables() -> None:
+    from extender.api.scheduler.engine import Engine
+
+    start = [NodeState(name=n, heartbeat=NOW - 10, ttl=60) for n in NAMES[:3]]
+    engine = Engine(POLICY, InventorySnapshot.build(POLICY, start, taken_at=NOW))
+    engine.warm(NOW)
+    kept = engine.with_heartbeats(engine.snapshot.with_heartbeats({"node-0": NOW}, taken_at=NOW), NOW)
+    assert all(kept.table(p, NOW).fragments is engine.table(p, NOW).fragments for p in POLICY.profiles)
+    assert kept.table(PROFILE, NOW).valid_until == NOW - 10 + 60  # node-1 and node-2 still expire first
+    stale = [NodeState(name="node-0", heartbeat=NOW - 100, ttl=60)]
+    engine = Engine(POLICY, InventorySnapshot.build(POLICY, stale, taken_at=NOW))
+    engine.warm(NOW)
+    back = engine.with_heartbeats(engine.snapshot.with_heartbeats({"node-0": NOW}, taken_at=NOW), NOW)
+    assert back.table(PROFILE, NOW).fragments is not engine.table(PROFILE, NOW).fragments  # rescored
+    assert back.table(PROFILE, NOW).fresh[0]

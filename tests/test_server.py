@@ -54,10 +54,13 @@ class MemoryStore:
         self.records = records
         self.current += 1
 
-    def version(self) -> int:
+    def versions(self) -> tuple[int, int]:
         if self.fail is not None:
             raise self.fail
-        return self.current
+        return self.current, 0  # no heartbeat lane: every heartbeat is a record write here
+
+    def heartbeats_since(self, seq: int) -> tuple[int, dict[str, float]]:
+        return 0, {}
 
     def load_all(self) -> tuple[int, list[NodeState], frozenset[str]]:
         if self.fail is not None:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import redis
 
-from extender.core.errors import StateError, StoreUnavailableError
+from extender.core.errors import InvalidValueError, StateError, StoreUnavailableError
 from extender.core.inventory import NodeState
 from extender.state import InventoryStore, connect, describe, embedded
 from extender.state.connection import redact
@@ -321,6 +321,9 @@ OPERATIONS: list[tuple[str, Callable[[InventoryStore], object]]] = [
     ("delete", lambda s: s.delete("a")),
     ("set_registry", lambda s: s.set_registry(["k"])),
     ("add_registry", lambda s: s.add_registry("k")),
+    ("versions", lambda s: s.versions()),
+    ("beat_many", lambda s: s.beat_many({"a": 1.0})),
+    ("heartbeats_since", lambda s: s.heartbeats_since(0)),
 ]
 
 
@@ -491,3 +494,102 @@ def test_changes_since_skips_a_corrupt_record(store: InventoryStore, client: red
     _, changed, _ = store.changes_since(v1)
     assert changed == {"bad": None}
     assert "gpus" in store.corrupt["extender:node:bad"]
+
+
+# ---- heartbeats apart from records ------------------------------------------------------------------
+
+
+def test_a_heartbeat_moves_no_version_and_every_read_sees_it(store: InventoryStore) -> None:
+    v1 = store.put_many([node("a", heartbeat=100.0, gpus=8), node("b", heartbeat=100.0)])
+    assert store.versions() == (v1, 0)
+    seq, missing = store.beat_many({"a": 250.5})
+    assert (seq, missing) == (1, [])
+    assert store.versions() == (v1, 1)  # the record version did not move: nothing to decode
+    assert store.changes_since(v1)[1] == {}
+    assert store.heartbeats_since(0) == (1, {"a": 250.5})
+    assert store.heartbeats_since(1) == (1, {})
+    store.beat_many({"a": 200.0})  # out of order: an older heartbeat than the stored one is ignored
+    assert store.heartbeats_since(1) == (2, {"a": 250.5})
+    got = store.get("a")
+    assert got is not None and (got.heartbeat, got.gpus) == (250.5, 8)
+    assert {r.name: r.heartbeat for r in store.load_all()[1]} == {"a": 250.5, "b": 100.0}
+    store.put(node("b", heartbeat=100.0, gpus=4))  # a record written later still shows a's heartbeat
+    assert {n: r.heartbeat if r else None for n, r in store.changes_since(v1)[1].items()} == {"b": 100.0}
+
+
+@pytest.mark.parametrize(("beats", "expected"), [
+    pytest.param({"a": 90.0}, 100.0, id="older-than-the-record-s-own-is-ignored"),
+    pytest.param({"a": 300.0}, 300.0, id="a-newer-one-is-taken"),
+    pytest.param({"a": 300.0, "ghost": 300.0}, 300.0, id="with-a-node-that-has-no-record"),
+])
+def test_a_heartbeat_never_moves_back(store: InventoryStore, beats: dict[str, float], expected: float) -> None:
+    store.put(node("a", heartbeat=100.0))
+    _, missing = store.beat_many(beats)
+    assert missing == [n for n in beats if n != "a"]
+    got = store.get("a")
+    assert got is not None and got.heartbeat == expected
+    assert store.get("ghost") is None  # a heartbeat never creates a record
+
+
+@pytest.mark.parametrize("write", [
+    pytest.param(lambda s: s.put(node("a", heartbeat=50.0)), id="put-says-its-own-heartbeat"),
+    pytest.param(lambda s: s.replace([node("a", heartbeat=50.0)], []), id="replace-clears-every-heartbeat"),
+])
+def test_a_whole_record_written_after_a_heartbeat_says_its_own(store: InventoryStore,
+                                                              write: Callable[[InventoryStore], object]) -> None:
+    store.put(node("a", heartbeat=10.0))
+    store.beat_many({"a": 500.0})
+    write(store)
+    got = store.get("a")
+    assert got is not None and got.heartbeat == 50.0
+    assert store.heartbeats_since(0)[1] == {}
+
+
+def test_a_deleted_node_takes_its_heartbeat_with_it(store: InventoryStore) -> None:
+    store.put(node("a", heartbeat=10.0))
+    store.beat_many({"a": 500.0})
+    store.delete("a")
+    assert store.beat_many({"a": 600.0})[1] == ["a"]
+    store.put(node("a", heartbeat=20.0))  # back, with its own heartbeat and not the old one
+    got = store.get("a")
+    assert got is not None and got.heartbeat == 20.0
+
+
+def test_a_merged_record_keeps_the_later_heartbeat(store: InventoryStore) -> None:
+    from extender.core.reports import AgentReport, KubeReport
+    from extender.state.sources import SourceStore
+
+    sources = SourceStore(store)
+    sources.report_agent("a", AgentReport(heartbeat=100.0, nvme_total=10))
+    assert sources.beat_agent("a", 400.0)
+    sources.report_kube({"a": KubeReport(gpus=8)})  # rewrites the merged record with the agent's old report
+    got = store.get("a")
+    assert got is not None and (got.heartbeat, got.gpus) == (400.0, 8)
+    sources.remove_node("a")
+    assert not sources.beat_agent("a", 500.0)  # no record: the agent must write whole (and meet the tombstone)
+
+
+@pytest.mark.parametrize("value", [
+    pytest.param(float("nan"), id="nan"),
+    pytest.param(-1.0, id="negative"),
+    pytest.param(1e12, id="past-the-largest-timestamp"),
+    pytest.param(float("inf"), id="infinite"),
+])
+def test_an_impossible_heartbeat_is_refused_naming_the_node(store: InventoryStore, value: float) -> None:
+    store.put(node("a", heartbeat=10.0))
+    with pytest.raises(InvalidValueError, match="heartbeat of node 'a'"):
+        store.beat_many({"a": value})
+    got = store.get("a")
+    assert got is not None and got.heartbeat == 10.0
+
+
+@pytest.mark.parametrize("garbage", ["abc", "-5", "1e300", "nan"])
+def test_a_garbage_heartbeat_in_redis_leaves_the_record_s_own(store: InventoryStore, client: redis.Redis,
+                                                             garbage: str) -> None:
+    store.put(node("a", heartbeat=10.0))
+    store.beat_many({"a": 20.0})
+    client.hset("extender:heartbeats", "a", garbage)
+    got = store.get("a")
+    assert got is not None and got.heartbeat == 10.0
+    assert [r.heartbeat for r in store.load_all()[1]] == [10.0]
+    assert store.heartbeats_since(0)[1] == {}

@@ -110,13 +110,18 @@ def test_the_agent_reports_usage_into_the_node_record(tmp_path: Path, sources: S
     assert record.in_use == ()  # the agent cannot see which files pods hold open; podWorkloads covers it
 
 
-def test_a_change_of_last_use_alone_waits_for_the_heartbeat(tmp_path: Path) -> None:
+def test_a_change_of_last_use_alone_rides_on_a_whole_report_once_per_ttl(tmp_path: Path) -> None:
     writes: list[AgentReport] = []
+    beats: list[float] = []
 
     class Recorder:
         def report_agent(self, name: str, report: AgentReport) -> int | None:
             writes.append(report)
             return len(writes)
+
+        def beat_agent(self, name: str, heartbeat: float) -> bool:
+            beats.append(heartbeat)
+            return True
 
     build(tmp_path)
     clock = [0.0]
@@ -125,8 +130,11 @@ def test_a_change_of_last_use_alone_waits_for_the_heartbeat(tmp_path: Path) -> N
     os.utime(weights_dir(tmp_path, "llm", "v1") / "a", (time.time() + 100, time.time()))  # a pod read it
     clock[0] = 1.0
     agent.step()
-    assert len(writes) == 1  # the same content: no write for an access time
-    clock[0] = 15.0  # the heartbeat (ttl / 4) is due: it carries the new time
+    assert (len(writes), len(beats)) == (1, 0)  # the same content: no write for an access time
+    clock[0] = 15.0  # the heartbeat (ttl / 4) is due, the last whole report is younger than the ttl
     agent.step()
-    assert len(writes) == 2
+    assert (len(writes), len(beats)) == (1, 1)
+    clock[0] = 60.0  # the last whole report is a ttl old: this one carries the new time
+    agent.step()
+    assert (len(writes), len(beats)) == (2, 1)
     assert writes[1].last_used["weights:llm/v1"] > writes[0].last_used["weights:llm/v1"]

@@ -48,6 +48,8 @@ class Reporter(Protocol):
 
     def report_agent(self, name: str, report: AgentReport) -> int | None: ...
 
+    def beat_agent(self, name: str, heartbeat: float) -> bool: ...
+
 
 class Labeler(Protocol):
     """Mirrors readiness onto the Node (``extender.kube.labels.NodeLabeler``)."""
@@ -83,6 +85,8 @@ class AgentStats:
 
     scans: int = 0
     writes: int = 0
+    #: Of ``writes``, those sent as a bare heartbeat (nothing new in the report).
+    heartbeats: int = 0
     failed_writes: int = 0
     label_patches: int = 0
     last_scan: CacheScan | None = None
@@ -116,6 +120,7 @@ class Agent:
         self.last_written: AgentReport | None = None
         self._reporter: Reporter | None = None
         self._last_write_at = float("-inf")
+        self._last_report_at = float("-inf")
         self._labels_applied: frozenset[str] | None = None
         self._outage = False
         self._tombstoned = False
@@ -177,12 +182,39 @@ class Agent:
             or self.monotonic() - self._last_write_at >= self.settings.heartbeat_every_s
         )
 
+    def heartbeat_only(self, report: AgentReport) -> bool:
+        """May ``report`` go out as a bare heartbeat (:meth:`Reporter.beat_agent`) instead of whole?
+
+        Yes when it holds what was last written (free space within the tolerance), and either its
+        last-use times are those written too or the last whole report is younger than the TTL: new
+        last-use times ride on a whole report once per TTL, soon enough for evictions measured in
+        minutes, while the heartbeats in between cost readers nothing to decode.
+        """
+        last = self.last_written
+        if last is None or self._tombstoned:
+            return False
+        if not report.same_content(last.model_copy(update={"last_used": report.last_used}),
+                                   free_tolerance=self.settings.free_tolerance_bytes):
+            return False
+        return report.last_used == last.last_used or self.monotonic() - self._last_report_at < self.settings.ttl_s
+
     def write(self, report: AgentReport) -> None:
-        """Write ``report`` with a heartbeat of now; raises :class:`StateError` when the store fails."""
+        """Write ``report`` with a heartbeat of now; raises :class:`StateError` when the store fails.
+
+        A report with nothing new (:meth:`heartbeat_only`) is sent as a bare heartbeat; when the
+        store has no record of the node, it is written whole after all.
+        """
         stamped = report.model_copy(update={"heartbeat": self.clock()})
         try:
             if self._reporter is None:
                 self._reporter = self.open_reporter()
+            if self.heartbeat_only(report) and self._reporter.beat_agent(self.settings.node_name, stamped.heartbeat):
+                if self.metrics is not None:
+                    self.metrics.wrote(True, stamped.heartbeat)
+                self._last_write_at = self.monotonic()
+                self.stats.writes += 1
+                self.stats.heartbeats += 1
+                return
             version = self._reporter.report_agent(self.settings.node_name, stamped)
         except StateError:
             self.stats.failed_writes += 1
@@ -192,7 +224,7 @@ class Agent:
         if self.metrics is not None:
             self.metrics.wrote(True, stamped.heartbeat)
         self.last_written = stamped
-        self._last_write_at = self.monotonic()
+        self._last_write_at = self._last_report_at = self.monotonic()
         self.stats.writes += 1
         if version is None and not self._tombstoned:
             log.warning("node %s was removed from the cluster; its reports are ignored until it returns",

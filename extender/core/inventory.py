@@ -15,7 +15,7 @@ change slowly and are better than nothing), but nothing that would make it look 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Annotated, Any
 
 import numpy as np
@@ -316,6 +316,27 @@ class InventorySnapshot:
                     getattr(fresh, f.name)[stale_rows] = getattr(rows_state, f.name)
             snapshot._per_profile[name] = (fresh, table)
         return snapshot
+
+    def with_heartbeats(self, beats: Mapping[str, float], *, taken_at: float) -> InventorySnapshot:
+        """This snapshot with later heartbeats (node name -> unix seconds); this one is untouched.
+
+        Only the heartbeat column changes, and only upward (an older heartbeat than the row's is
+        ignored, as is a name the snapshot does not hold). Records and rows are shared, and the
+        memoised cache states carried over (copied as a map, so neither snapshot's additions disturb
+        the other): a cache state is computed as if every record were fresh, so it does not depend
+        on heartbeats. The records in :attr:`nodes` keep the heartbeat they were read with;
+        the column is what freshness is judged by. Cost: one lookup per heartbeat and one copy of
+        the column. The result's :attr:`delta` maps every row to itself.
+        """
+        get = self.positions.get
+        found = [(row, beat) for name, beat in beats.items() if (row := get(name)) is not None]
+        heartbeat = self.heartbeat.copy()
+        if found:
+            rows = np.fromiter((r for r, _ in found), dtype=np.intp, count=len(found))
+            values = np.fromiter((b for _, b in found), dtype=np.float64, count=len(found))
+            heartbeat[rows] = np.maximum(heartbeat[rows], values)
+        return replace(self, taken_at=taken_at, heartbeat=heartbeat, _per_profile=dict(self._per_profile),
+                       delta=Delta(np.arange(len(self.nodes), dtype=np.intp), ()))
 
     def __len__(self) -> int:
         return len(self.nodes)

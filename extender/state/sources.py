@@ -106,6 +106,17 @@ class SourceStore:
             return None
         return int(result[-1])
 
+    def beat_agent(self, name: str, heartbeat: float) -> bool:
+        """Record a heartbeat of an agent whose report did not change; False when the node has no record.
+
+        Only the heartbeat is written (:meth:`InventoryStore.beat_many`), not the report nor the
+        merged record, so readers have nothing to decode. With no record (a removed node, a store
+        that lost data) the agent must write its whole report instead, which also meets the
+        tombstone of a removed node.
+        """
+        _, missing = self.store.beat_many({name: heartbeat})
+        return not missing
+
     # ---- the sync --------------------------------------------------------------------------
 
     def report_kube(self, reports: Mapping[str, KubeReport]) -> int:

@@ -7,6 +7,9 @@ Keys (``<p>`` is the prefix, ``extender`` by default; see docs/inventory.md)::
     <p>:compile-registry     set      compile-cache keys any node can fetch
     <p>:inventory:version    string   integer, INCR'd in the same MULTI/EXEC as every write
     <p>:inventory:changes    zset     node name -> version of the last write that touched it
+    <p>:heartbeats           hash     node name -> unix seconds of its latest heartbeat-only report
+    <p>:heartbeats:seq       string   integer, INCR'd by every heartbeat batch
+    <p>:heartbeats:changes   zset     node name -> heartbeat sequence of its latest heartbeat
 
 Why one JSON string per node rather than a hash: a record is validated as a whole by the same
 pydantic model that checks ``inventory load`` files, it has nested maps and lists that a flat hash
@@ -21,6 +24,15 @@ Incremental reads: the same transaction records, per node name, the version its 
 (one member per node ever written, so the set is bounded by the fleet). A reader at version v asks
 for the names scored above v and reads only those records (:meth:`InventoryStore.changes_since`):
 with 1,000 heartbeats a second a reader pays for the nodes that reported, not for all 15,000.
+
+Heartbeats apart from records: an agent whose disk did not change reports only "still here, at time
+t" (:meth:`InventoryStore.beat_many`). That writes one hash field and one sequence mark, and leaves
+the record, the version and the version's change log alone, so a reader polling the version learns
+nothing it would have to decode; it asks for the heartbeats since its sequence instead
+(:meth:`InventoryStore.heartbeats_since`: a name and a number per node that reported). Every read of
+records returns each record with the later of its own ``heartbeat`` and the one in the hash, so no
+reader can see an older heartbeat than was reported. Writes that replace or delete a record drop
+its hash entry with it.
 
 Consistency of :meth:`InventoryStore.load_all`: every write changes records, the name set and the
 version in one MULTI/EXEC, and the read takes the version, the name set, the registry and the
@@ -46,7 +58,7 @@ from pydantic import ValidationError
 from redis.client import Pipeline
 
 from extender.core.errors import InvalidValueError, StateError
-from extender.core.inventory import MAX_RECORD_BYTES, NodeState
+from extender.core.inventory import MAX_RECORD_BYTES, MAX_TIMESTAMP, NodeState
 from extender.state.errors import redis_errors
 
 log = logging.getLogger(__name__)
@@ -84,6 +96,18 @@ class Keys:
     def changes(self) -> str:
         return f"{self.prefix}:inventory:changes"
 
+    @property
+    def heartbeats(self) -> str:
+        return f"{self.prefix}:heartbeats"
+
+    @property
+    def beat_seq(self) -> str:
+        return f"{self.prefix}:heartbeats:seq"
+
+    @property
+    def beat_changes(self) -> str:
+        return f"{self.prefix}:heartbeats:changes"
+
 
 #: Bumps the version and marks each written name with the new version, inside the write's
 #: MULTI/EXEC (a script sees the INCR; a plain ZADD queued beside it could not know the value).
@@ -91,6 +115,26 @@ _BUMP = """
 local v = redis.call('INCR', KEYS[1])
 for _, name in ipairs(ARGV) do redis.call('ZADD', KEYS[2], v, name) end
 return v
+"""
+
+
+#: Records heartbeats of stored nodes: ARGV is name, time, name, time, ... A name not in the node
+#: set is skipped (its record must be written whole first) and returned; a heartbeat never moves
+#: back. Returns ``{sequence, skipped names...}``.
+_BEAT = """
+local seq = redis.call('INCR', KEYS[1])
+local skipped = {seq}
+for i = 1, #ARGV, 2 do
+  local name, t = ARGV[i], tonumber(ARGV[i + 1])
+  if redis.call('SISMEMBER', KEYS[4], name) == 0 then
+    table.insert(skipped, name)
+  else
+    local old = tonumber(redis.call('HGET', KEYS[3], name))
+    if old == nil or t > old then redis.call('HSET', KEYS[3], name, ARGV[i + 1]) end
+    redis.call('ZADD', KEYS[2], seq, name)
+  end
+end
+return skipped
 """
 
 
@@ -118,6 +162,22 @@ def decode(name: str, raw: str | bytes) -> NodeState:
     if state.name != name:
         raise InvalidValueError(f"record is stored under node {name!r} but names node {state.name!r}")
     return state
+
+
+def _beat(raw: str | bytes | None) -> float:
+    """A stored heartbeat; anything unreadable counts as none (the record's own heartbeat stands)."""
+    if raw is None:
+        return 0.0
+    try:
+        value = float(raw)
+    except ValueError:
+        return 0.0
+    return value if 0.0 <= value <= MAX_TIMESTAMP else 0.0
+
+
+def with_beat(state: NodeState, beat: float) -> NodeState:
+    """``state`` with the later of its own heartbeat and ``beat``."""
+    return state if beat <= state.heartbeat else state.model_copy(update={"heartbeat": beat})
 
 
 def _text(value: str | bytes) -> str:
@@ -173,6 +233,7 @@ class InventoryStore:
             if records:
                 pipe.mset(records)
                 pipe.sadd(self.keys.nodes, *names)
+                pipe.hdel(self.keys.heartbeats, *names)  # a whole record says its own heartbeat
             if registry_keys:
                 pipe.sadd(self.keys.registry, *registry_keys)
 
@@ -195,7 +256,7 @@ class InventoryStore:
             stale = current - names
             if stale:
                 pipe.delete(*(self.keys.node(n) for n in stale))
-            pipe.delete(self.keys.nodes, self.keys.registry)
+            pipe.delete(self.keys.nodes, self.keys.registry, self.keys.heartbeats, self.keys.beat_changes)
             if records:
                 pipe.mset(records)
                 pipe.sadd(self.keys.nodes, *names)
@@ -215,6 +276,7 @@ class InventoryStore:
         def write(pipe: Pipeline) -> None:
             pipe.delete(self.keys.node(name))
             pipe.srem(self.keys.nodes, name)
+            pipe.hdel(self.keys.heartbeats, name)
 
         return self._write(f"deleting node {name!r}", write, [name])
 
@@ -232,6 +294,27 @@ class InventoryStore:
     def add_registry(self, key: str) -> int:
         """Add one compile-cache key to the registry; returns the new version."""
         return self._write("adding to the compile registry", lambda pipe: pipe.sadd(self.keys.registry, key))
+
+    def beat_many(self, beats: Mapping[str, float]) -> tuple[int, list[str]]:
+        """Record heartbeats of stored nodes; returns ``(heartbeat sequence, names not stored)``.
+
+        Leaves records and the inventory version alone (see the module docstring): an agent whose
+        disk did not change reports this way. A name that has no record is not stored and comes
+        back in the second item; its agent must write the whole record. A heartbeat older than the
+        one stored is ignored.
+        """
+        args: list[str | float] = []
+        for name, beat in beats.items():
+            if not (0.0 <= beat <= MAX_TIMESTAMP):  # also refuses NaN
+                raise InvalidValueError(f"heartbeat of node {name!r} must be unix seconds between 0 and "
+                                        f"{MAX_TIMESTAMP:g}, got {beat!r}")
+            args += [name, repr(float(beat))]
+        if not args:
+            return self.beat_seq(), []
+        with redis_errors("writing heartbeats"):
+            seq, *skipped = self.client.eval(_BEAT, 4, self.keys.beat_seq, self.keys.beat_changes,
+                                             self.keys.heartbeats, self.keys.nodes, *args)
+        return int(seq), [_text(n) for n in skipped]
 
     def _write(self, action: str, commands: Callable[[Pipeline], Any], names: Iterable[str] = ()) -> int:
         with redis_errors(action), self.client.pipeline(transaction=True) as pipe:
@@ -256,6 +339,35 @@ class InventoryStore:
             (raw,) = pipe.execute()
         return _version(raw)
 
+    def beat_seq(self) -> int:
+        """The heartbeat sequence (0 before the first heartbeat-only report)."""
+        return self.versions()[1]
+
+    def versions(self) -> tuple[int, int]:
+        """``(inventory version, heartbeat sequence)`` in one round trip: what a poller compares."""
+        with redis_errors("reading the inventory version"), self.client.pipeline(transaction=False) as pipe:
+            pipe.get(self.keys.version)
+            pipe.get(self.keys.beat_seq)
+            raw, raw_seq = pipe.execute()
+        return _version(raw), _version(raw_seq)
+
+    def heartbeats_since(self, seq: int) -> tuple[int, dict[str, float]]:
+        """``(current sequence, name -> heartbeat)`` for the nodes that reported a heartbeat after ``seq``.
+
+        Costs one name and one number per node that reported; no record is read. A heartbeat may be
+        newer than the sequence returned (it landed between the two round trips); the next call
+        returns it again, and applying a heartbeat twice is harmless.
+        """
+        with redis_errors("reading heartbeats"):
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.get(self.keys.beat_seq)
+                pipe.zrangebyscore(self.keys.beat_changes, f"({seq}", "+inf")
+                raw_seq, raw_names = pipe.execute()
+            names = [_text(n) for n in raw_names]
+            values = self.client.hmget(self.keys.heartbeats, names) if names else []
+        beats = {name: beat for name, raw in zip(names, values, strict=True) if (beat := _beat(raw)) > 0.0}
+        return _version(raw_seq), beats
+
     def get(self, name: str) -> NodeState | None:
         """One node's record, or ``None`` if it is not stored.
 
@@ -265,11 +377,12 @@ class InventoryStore:
         key = self.keys.node(name)
         with redis_errors(f"reading node {name!r}"), self.client.pipeline(transaction=False) as pipe:
             pipe.get(key)
-            (raw,) = pipe.execute()
+            pipe.hget(self.keys.heartbeats, name)
+            raw, beat = pipe.execute()
         if raw is None:
             return None
         try:
-            return decode(name, raw)
+            return with_beat(decode(name, raw), _beat(beat))
         except ValueError as exc:
             raise StateError(f"inventory record {key} is corrupt: {_reason(exc)}") from exc
 
@@ -294,9 +407,10 @@ class InventoryStore:
                     pipe.get(self.keys.version)
                     pipe.smembers(self.keys.nodes)
                     pipe.smembers(self.keys.registry)
+                    pipe.hgetall(self.keys.heartbeats)
                     if names:
                         pipe.mget([self.keys.node(n) for n in names])
-                    raw_version, raw_members, raw_registry, *fetched = pipe.execute()
+                    raw_version, raw_members, raw_registry, raw_beats, *fetched = pipe.execute()
                 members = {_text(m) for m in raw_members}
                 if members.issubset(names):
                     break
@@ -306,6 +420,7 @@ class InventoryStore:
                     f"the set of inventory nodes changed during each of {MAX_READ_ATTEMPTS} reads; try again"
                 )
         raws = dict(zip(names, fetched[0] if fetched else [], strict=True))
+        beats = {_text(k): _beat(v) for k, v in raw_beats.items()}
         records: list[NodeState] = []
         corrupt: dict[str, str] = {}
         for name in sorted(members):
@@ -313,7 +428,7 @@ class InventoryStore:
             try:
                 if raw is None:
                     raise InvalidValueError("listed in the node set but the record is missing")
-                records.append(decode(name, raw))
+                records.append(with_beat(decode(name, raw), beats.get(name, 0.0)))
             except ValueError as exc:
                 corrupt[self.keys.node(name)] = _reason(exc)
         self._note_corrupt(corrupt)
@@ -336,16 +451,22 @@ class InventoryStore:
                 pipe.smembers(self.keys.registry)
                 raw_version, raw_names, raw_registry = pipe.execute()
             names = [_text(n) for n in raw_names]
-            fetched = self.client.mget([self.keys.node(n) for n in names]) if names else []
+            fetched: list[Any] = []
+            beats: list[Any] = []
+            if names:
+                with self.client.pipeline(transaction=True) as pipe:
+                    pipe.mget([self.keys.node(n) for n in names])
+                    pipe.hmget(self.keys.heartbeats, names)
+                    fetched, beats = pipe.execute()
         changed: dict[str, NodeState | None] = {}
         reread = {self.keys.node(n) for n in names}  # their old verdicts are replaced below
         corrupt = {k: v for k, v in self.corrupt.items() if k not in reread}
-        for name, raw in zip(names, fetched, strict=True):
+        for name, raw, beat in zip(names, fetched, beats, strict=True):
             changed[name] = None
             if raw is None:
                 continue
             try:
-                changed[name] = decode(name, raw)
+                changed[name] = with_beat(decode(name, raw), _beat(beat))
             except ValueError as exc:
                 corrupt[self.keys.node(name)] = _reason(exc)
         self._note_corrupt(corrupt)

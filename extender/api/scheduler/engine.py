@@ -77,6 +77,8 @@ class ProfileTable:
     #: Wall-clock second after which some fresh record has gone stale and this table is outdated.
     valid_until: float
     _reasons: dict[int, str]
+    #: Which rows were fresh when the table was built (its scores depend on the clock only through this).
+    fresh: NDArray[np.bool_]
 
     def reason(self, row: int, engine: Engine) -> str:
         """Why ``row`` failed (memoised: the same node fails the same way until the table changes)."""
@@ -100,20 +102,23 @@ class FilterDecision:
 class Engine:
     """Scores and verdicts for one policy and one inventory snapshot; safe to share between threads."""
 
-    def __init__(self, policy: Policy, snapshot: InventorySnapshot, previous: Engine | None = None) -> None:
+    def __init__(self, policy: Policy, snapshot: InventorySnapshot, previous: Engine | None = None, *,
+                 names: list[str] | None = None) -> None:
         """``previous``: the engine of the snapshot ``snapshot`` was updated from (same policy), whose
-        tables the first build of each profile's table starts from."""
+        tables the first build of each profile's table starts from. ``names``: the snapshot's node
+        names in row order, when the caller has them already."""
         self.policy = policy
         self.snapshot = snapshot
-        self.scales: dict[str, Scale] = {p.name: scale_for(policy, p) for p in policy.profiles}
+        same_policy = previous is not None and previous.policy is policy
+        self.scales: dict[str, Scale] = (previous.scales if previous is not None and same_policy else
+                                         {p.name: scale_for(policy, p) for p in policy.profiles})
         self._class_pos = {c.name: i for i, c in enumerate(snapshot.classes)}
-        self._names = [s.name for s in snapshot.nodes]
+        self._names = names if names is not None else [s.name for s in snapshot.nodes]
         self._tables: dict[str, ProfileTable] = {}
         self._lock = threading.Lock()
         #: The previous engine's tables by profile (its rows map to ours through ``snapshot.delta``).
         self._previous: dict[str, ProfileTable] = (
-            dict(previous._tables) if previous is not None and previous.policy is policy and snapshot.delta is not None
-            else {})
+            dict(previous._tables) if previous is not None and same_policy and snapshot.delta is not None else {})
 
     # ---- matching --------------------------------------------------------------------------------
 
@@ -180,9 +185,24 @@ class Engine:
             fragments = _Fragments(dict(zip(self._names, fragments_for(self._names, scores[:n]), strict=True)),
                                    scores[n])
         failing = {self._names[i]: int(i) for i in np.flatnonzero(ev.judgement.verdict[:n])}
-        expiry = (snap.heartbeat + snap.ttl)[:n][fresh[:n]]
-        valid_until = float(expiry.min()) if len(expiry) else math.inf
-        return ProfileTable(profile, ev, fragments, failing, valid_until, {})
+        return ProfileTable(profile, ev, fragments, failing, _valid_until(snap, fresh), {}, fresh)
+
+    def with_heartbeats(self, snapshot: InventorySnapshot, now: float) -> Engine:
+        """The engine of ``snapshot``, which is this engine's snapshot with later heartbeats.
+
+        (:meth:`InventorySnapshot.with_heartbeats`.) A table whose rows are fresh exactly as when it
+        was built scores every row as before: it is kept, valid until the next fresh row's new
+        expiry. A table where a heartbeat brought a stale row back (or the clock made one stale) is
+        rebuilt from the old one on first use, re-encoding only the rows whose score moved. So a
+        batch of heartbeats costs a freshness mask per profile, not a scoring pass.
+        """
+        engine = Engine(self.policy, snapshot, previous=self, names=self._names)
+        fresh = snapshot.fresh(now)
+        for name, table in self._tables.items():
+            if np.array_equal(table.fresh, fresh):
+                engine._tables[name] = replace(table, valid_until=_valid_until(snapshot, fresh))
+                engine._previous.pop(name, None)
+        return engine
 
     def prioritize_names(self, profile: Profile, names: Sequence[str], now: float) -> str:
         """The prioritize reply body for names-only candidates."""
@@ -344,3 +364,10 @@ def explain_report(
     report["filterRules"] = profile.filter.model_dump(by_alias=True)
     report["nodes"] = engine.explain(profile, nodes if nodes is not None else engine.all_nodes(), now)
     return report
+
+
+def _valid_until(snapshot: InventorySnapshot, fresh: NDArray[np.bool_]) -> float:
+    """The first wall-clock second at which a row fresh in ``fresh`` goes stale: ``min(heartbeat + ttl)``."""
+    n = len(snapshot)
+    expiry = (snapshot.heartbeat + snapshot.ttl)[:n][fresh[:n]]
+    return float(expiry.min()) if len(expiry) else math.inf

@@ -7,11 +7,15 @@ Requests never wait on Redis: they read :attr:`Refresher.engine`, an immutable
 1. checks the policy file (stat, then content hash); a valid new policy replaces the old one and
    the snapshot is rebuilt from the records already held (no Redis needed); an invalid one is
    logged with every problem and the last good policy stays;
-2. reads the store's version counter (one GET) and, when it moved, reads the records written since
-   (every record at start and every ``full_reload_interval_s``), patches them into a new columnar
-   snapshot (:meth:`InventorySnapshot.update`: cost in proportion to what changed), then
-   pre-computes each profile's score table so the first request after a change does not pay for
-   it (re-encoding only rows whose score moved);
+2. reads the store's two counters (one round trip): the version, bumped by record writes, and the
+   heartbeat sequence, bumped by agents that report nothing new. When the version moved it reads
+   the records written since (every record at start and every ``full_reload_interval_s``),
+   patches them into a new columnar snapshot (:meth:`InventorySnapshot.update`: cost in
+   proportion to what changed), then pre-computes each profile's score table so the first
+   request after a change does not pay for it (re-encoding only rows whose score moved). When
+   the sequence moved it reads only the new heartbeats, a name and a number each, and moves the
+   snapshot's heartbeat column (:meth:`Engine.with_heartbeats`: score tables are kept unless a
+   stale node came back);
 3. records when the snapshot was last confirmed against the store. A request that finds the
    confirmation older than ``max_snapshot_age_s`` gets the neutral reply: the store is down or this
    thread is stuck, and old news about warm caches could be wrong.
@@ -108,6 +112,10 @@ class Refresher:
         self._records: list[NodeState] | None = None
         self._registry: frozenset[str] = frozenset()
         self._version = -1
+        #: Heartbeat sequence the snapshot has caught up with, and the heartbeats read since the
+        #: last full read (records rebuilt from :attr:`_records` get them back).
+        self._beat_seq = 0
+        self._beats: dict[str, float] = {}
         self._last_load = -float("inf")
         self._last_full = -float("inf")
         self._rebuild_cost = 0.0
@@ -157,7 +165,7 @@ class Refresher:
             self._rebuild(t, self._records, self._registry, self._version)  # no Redis needed
         try:
             store = self._store if self._store is not None else self._connect()
-            version = store.version()
+            version, beat_seq = store.versions()
             # A reload holds this worker's GIL for its whole duration (a few ms for a patch, 0.3 s
             # for a full read at 15,000 nodes), and requests arriving meanwhile are slowed down;
             # spacing reloads by a multiple of their cost keeps that to a small share of requests.
@@ -165,9 +173,10 @@ class Refresher:
             if self._records is None or (version != self._version and t - self._last_load >= spacing):
                 started = time.perf_counter()
                 if self._records is None or t - self._last_full >= self.settings.full_reload_interval_s:
-                    loaded, records, registry = store.load_all()
+                    loaded, records, registry = store.load_all()  # with every heartbeat up to beat_seq
                     self._last_full = t
                     self._last_load = t
+                    self._beats, self._beat_seq = {}, beat_seq
                     self._rebuild(t, records, registry, loaded)
                 else:  # only what was written since our version: a heartbeat costs one record
                     loaded, changed, registry = store.changes_since(self._version)
@@ -175,7 +184,10 @@ class Refresher:
                     if not self._patch(t, changed, registry, loaded):
                         self._rebuild(t, _apply(self._records, changed), registry, loaded)
                 self._rebuild_cost = time.perf_counter() - started
-            elif self.engine is not None:
+            if beat_seq != self._beat_seq and self.engine is not None:
+                self._beat_seq, beats = store.heartbeats_since(self._beat_seq)
+                self._take_beats(t, beats)
+            if self.engine is not None:
                 # A record whose heartbeat just expired makes its profile tables outdated; rebuild
                 # them here rather than in the next request.
                 self.engine.warm(t)
@@ -283,6 +295,14 @@ class Refresher:
         self.engine_policy_version = self.policy_version
         return True
 
+    def _take_beats(self, now: float, beats: dict[str, float]) -> None:
+        """Swap in an engine whose snapshot has ``beats`` in its heartbeat column (records untouched)."""
+        engine = self.engine
+        if engine is None or not beats:
+            return
+        self._beats.update(beats)
+        self.engine = engine.with_heartbeats(engine.snapshot.with_heartbeats(beats, taken_at=now), now)
+
     @property
     def serving_version(self) -> str | None:
         """The version of the policy requests are answered with now."""
@@ -300,6 +320,8 @@ class Refresher:
         def attempt(part: list[NodeState]) -> Engine:
             policy = self.estimator_policy
             snapshot = InventorySnapshot.build(policy, part, version=version, taken_at=now, registry=registry)
+            if self._beats:  # heartbeats read since the records were: the records do not carry them
+                snapshot = snapshot.with_heartbeats(self._beats, taken_at=now)
             engine = Engine(policy, snapshot)
             engine.warm(now)
             return engine

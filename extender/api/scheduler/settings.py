@@ -14,8 +14,8 @@ from extender.core.policy import Policy
 class Store(Protocol):
     """What the refresher reads from the inventory store (``extender.state.InventoryStore``)."""
 
-    def version(self) -> int:
-        """A counter bumped by every write."""
+    def versions(self) -> tuple[int, int]:
+        """``(a counter bumped by every record write, a counter bumped by every heartbeat batch)``."""
         ...
 
     def load_all(self) -> tuple[int, list[NodeState], frozenset[str]]:
@@ -24,6 +24,10 @@ class Store(Protocol):
 
     def changes_since(self, version: int) -> tuple[int, dict[str, NodeState | None], frozenset[str]]:
         """``(version, name -> record or None when gone, compile registry)`` for nodes written after ``version``."""
+        ...
+
+    def heartbeats_since(self, seq: int) -> tuple[int, dict[str, float]]:
+        """``(heartbeat counter, name -> heartbeat)`` for nodes that reported a bare heartbeat after ``seq``."""
         ...
 
 
