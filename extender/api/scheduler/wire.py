@@ -208,8 +208,16 @@ _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f\x7f]')
 
 
 def plain(names: Sequence[str]) -> bool:
-    """True when every name can be written inside JSON quotes as it is (no escaping needed)."""
-    return _NEEDS_ESCAPE.search("".join(names)) is None
+    """True when every name can be written inside JSON quotes as it is (no escaping needed).
+
+    For ASCII text (every real node name) that is: printable (``str.isprintable`` is false for
+    exactly U+0000-U+001F and U+007F there) with no ``"`` and no ``\\``. Those are three C loops,
+    about ten times faster than the regular expression, which still decides for other text.
+    """
+    joined = "".join(names)
+    if joined.isascii():
+        return joined.isprintable() and '"' not in joined and "\\" not in joined
+    return _NEEDS_ESCAPE.search(joined) is None
 
 
 def encode_names(names: Sequence[str], is_plain: bool | None = None) -> str:
