@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -302,44 +302,59 @@ def measure(servers_: Sequence[Server], verb: str, bodies: Sequence[bytes], wind
 
 
 @contextlib.contextmanager
-def churn(data_dir: Path, records: list[Any], per_second: int) -> Iterator[None]:
-    """Agents reporting in the background: ``per_second`` heartbeats a second, in batches of 50.
+def churn(data_dir: Path, records: list[Any], per_second: int, changes_per_second: int = 0) -> Iterator[None]:
+    """Agents reporting in the background, in batches of 50 nodes.
 
-    Every batch bumps the store version, so each worker reloads its snapshot every
-    ``--min-rebuild-interval``: the steady state of a big fleet with agents reporting.
+    ``per_second`` bare heartbeats a second (what an agent sends when its disk did not change:
+    :meth:`InventoryStore.beat_many`, no record write), and ``changes_per_second`` whole records
+    whose content changed (free GPUs move), each batch of those one version step that every worker
+    reads and patches in. Nodes whose records are stale stay silent, as their agents are. The steady
+    state of a big fleet with agents reporting.
     """
-    if per_second <= 0:
+    if per_second <= 0 and changes_per_second <= 0:
         yield
         return
     from extender.state import InventoryStore, connect
 
+    reporting = [r for r in records if r.fresh(time.time())]  # a stale node's agent is silent
     stop_event = threading.Event()
 
-    def write() -> None:
+    def write(per_s: int, step: Callable[[InventoryStore, int], object]) -> None:
         client = connect(None, data_dir)
         store = InventoryStore(client)
         i = 0
         try:
             while not stop_event.is_set():
-                batch = [records[(i + k) % len(records)].model_copy(update={"heartbeat": time.time()})
-                         for k in range(50)]
-                store.put_many(batch)
+                step(store, i)
                 i += 50
-                stop_event.wait(50 / per_second)
+                stop_event.wait(50 / per_s)
         finally:
             client.close()
 
-    thread = threading.Thread(target=write, daemon=True)
-    thread.start()
+    def beats(store: InventoryStore, i: int) -> None:
+        now = time.time()
+        store.beat_many({reporting[(i + k) % len(reporting)].name: now for k in range(50)})
+
+    def changes(store: InventoryStore, i: int) -> None:
+        picked = [reporting[(i * 7 + k) % len(reporting)] for k in range(50)]
+        store.put_many([r.model_copy(update={"heartbeat": time.time(), "gpus_free": (r.gpus_free + 2) % 10})
+                        for r in picked])
+
+    threads = [threading.Thread(target=write, args=(rate, step), daemon=True)
+               for rate, step in ((per_second, beats), (changes_per_second, changes)) if rate > 0]
+    for thread in threads:
+        thread.start()
     try:
         yield
     finally:
         stop_event.set()
-        thread.join(10)
+        for thread in threads:
+            thread.join(10)
 
 
 def run_bench(sizes: Sequence[int], requests: int | None, workers: int, threads: int,
-              churn_per_second: int = 0, *, worker_model: str = "asgi") -> dict[str, Any]:
+              churn_per_second: int = 0, *, changes_per_second: int = 0,
+              worker_model: str = "asgi") -> dict[str, Any]:
     from extender.state import InventoryStore, connect
     from extender.state.embedded import stop
 
@@ -350,7 +365,7 @@ def run_bench(sizes: Sequence[int], requests: int | None, workers: int, threads:
                     "cpus": os.cpu_count(), "system": platform.platform()},
         "setup": {"inventoryNodes": INVENTORY_NODES, "policy": str(POLICY.relative_to(ROOT)), "profile": PROFILE,
                   "workers": workers, "threads": threads, "workerModel": worker_model, "warmup": WARMUP,
-                  "churnHeartbeatsPerSecond": churn_per_second},
+                  "churnHeartbeatsPerSecond": churn_per_second, "churnRecordsPerSecond": changes_per_second},
         "runs": [],
     }
     try:
@@ -361,7 +376,7 @@ def run_bench(sizes: Sequence[int], requests: int | None, workers: int, threads:
         pod = vllm_pod()
         all_names = [r.name for r in records]
         with servers(data_dir, workers, threads, tmp / "servers.log", worker_model) as (app, floor), \
-                churn(data_dir, records, churn_per_second):
+                churn(data_dir, records, churn_per_second, changes_per_second):
             for size in sizes:
                 step = max(1, (INVENTORY_NODES - size) // 16) if size < INVENTORY_NODES else 0
                 windows = [
@@ -422,7 +437,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="gunicorn workers per server (default: 1)")
     parser.add_argument("--threads", type=int, default=4, help="gthread threads per worker (default: 4)")
     parser.add_argument("--churn", type=int, default=0, metavar="N",
-                        help="agents write N heartbeats a second during the run (default: 0, a quiet store)")
+                        help="agents send N bare heartbeats a second during the run (default: 0, a quiet store)")
+    parser.add_argument("--churn-records", type=int, default=0, metavar="N",
+                        help="agents write N changed records a second during the run (default: 0)")
     parser.add_argument("--worker-model", choices=("asgi", "gthread"), default="asgi",
                         help="gunicorn worker model of both servers (default: asgi, as extender serve)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -433,7 +450,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     sizes = [int(s) for s in args.sizes.split(",") if s]
     print(HEADER)
-    results = run_bench(sizes, args.requests, args.workers, args.threads, args.churn, worker_model=args.worker_model)
+    results = run_bench(sizes, args.requests, args.workers, args.threads, args.churn,
+                        changes_per_second=args.churn_records, worker_model=args.worker_model)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
