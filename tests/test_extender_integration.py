@@ -660,6 +660,30 @@ def test_a_bare_heartbeat_decodes_no_record_and_brings_a_stale_node_back(
     assert engine is not None and engine.snapshot.heartbeat[engine.snapshot.positions["gpu-fast-warm"]] == now + 1
 
 
+def test_a_store_that_restarted_empty_is_read_whole_at_once(
+        policy_file: Path, redis_server: RedisServer, tmp_path: Path) -> None:
+    # Its change log starts again below our version: asking it for "changes since" finds nothing,
+    # and the snapshot kept serving the lost nodes until the next periodic full read (60 s).
+    from extender.api.scheduler.app import create_app
+    from extender.api.scheduler.settings import Settings
+
+    client = connect(redis_server.url, tmp_path / "unused")
+    writer = InventoryStore(client)
+    now = time.time()
+    writer.replace(records(now), [])
+    for _ in range(3):
+        writer.put(records(now)[0])
+    settings = Settings(policy_path=policy_file, start_refresher=False, store_factory=lambda: InventoryStore(client),
+                        min_rebuild_interval_s=0.0, rebuild_duty_factor=0.0)
+    refresher = create_app(settings).extensions["extender"].refresher
+    refresher.refresh_once(now)
+    client.flushall()
+    writer.put(NodeState(name="gpu-new", labels={"pool": "fast"}, heartbeat=now))
+    refresher.refresh_once(now + 1)
+    engine = refresher.engine
+    assert engine is not None and [r.name for r in engine.snapshot.nodes] == ["gpu-new"]
+
+
 def test_a_heartbeat_rebuilds_its_own_row_not_the_fleet(
         policy_file: Path, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # Reading one record was not enough: each reload still rebuilt the columnar snapshot, every
