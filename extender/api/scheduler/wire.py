@@ -25,6 +25,7 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from pydantic_core import from_json
@@ -128,8 +129,18 @@ class ExtenderArgs:
     node_items: list[dict[str, Any]] | None
     #: Parsed Node objects in full mode (empty in cache mode).
     nodes: list[NodeInfo]
-    #: Every name can be written between JSON quotes as it is (see :func:`plain`).
-    plain: bool
+    #: The raw body held a backslash, so some string in it was escaped (maybe a name).
+    escaped: bool
+
+    @cached_property
+    def plain(self) -> bool:
+        """Every name can be written between JSON quotes as it is (see :func:`plain`).
+
+        Decided on first use: a reply from pre-encoded fragments never asks, and at 15,000 names the
+        check is a scan of the whole list. Without a backslash in the body no string was escaped,
+        so no name can need escaping (JSON text cannot carry a quote or a control character raw).
+        """
+        return not self.escaped or plain(self.names)
 
     @property
     def cache_mode(self) -> bool:
@@ -174,9 +185,7 @@ def parse_args(body: bytes) -> ExtenderArgs:
         raise BadRequestError("body has no Pod object (ExtenderArgs.Pod)")
     names = get_ci(data, "NodeNames")
     nodes = get_ci(data, "Nodes")
-    # A string that needs escaping in JSON (quote, backslash, control character) can only have
-    # arrived escaped, with a backslash in the raw body; without one, every name is plain.
-    escaped = b"\\" in body
+    escaped = b"\\" in body  # see ExtenderArgs.plain
     if names is not None:
         if not isinstance(names, list):
             raise BadRequestError("NodeNames must be an array of strings")
@@ -184,7 +193,7 @@ def parse_args(body: bytes) -> ExtenderArgs:
             "".join(names)  # C-speed type check: raises TypeError on any non-string
         except TypeError:
             raise BadRequestError("NodeNames must be an array of strings") from None
-        return ExtenderArgs(PodInfo.from_object(pod), names, names, None, [], not escaped or plain(names))
+        return ExtenderArgs(PodInfo.from_object(pod), names, names, None, [], escaped)
     if nodes is not None:
         if not isinstance(nodes, dict):  # Go's decoder refuses anything but an object here
             raise BadRequestError("Nodes must be a NodeList object whose items are Node objects")
@@ -195,7 +204,7 @@ def parse_args(body: bytes) -> ExtenderArgs:
             raise BadRequestError("Nodes must be a NodeList object whose items are Node objects")
         infos = [NodeInfo.from_object(item) for item in items]
         all_names = [n.name for n in infos]
-        return ExtenderArgs(PodInfo.from_object(pod), all_names, None, items, infos, not escaped or plain(all_names))
+        return ExtenderArgs(PodInfo.from_object(pod), all_names, None, items, infos, escaped)
     raise BadRequestError("body has neither NodeNames nor Nodes; nothing to filter or score")
 
 
