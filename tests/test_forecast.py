@@ -738,6 +738,44 @@ def forecast_module_cache_clear() -> None:
     module._CACHE.clear()
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_tick_inside_a_refit_period_forecasts_as_a_cold_start_does(name: str) -> None:
+    # later ticks reuse the runs over the fit data made at the first one (forecast._run_on,
+    # _profile_on); a replica with nothing cached must still forecast exactly the same
+    t, y = noisy_daily(3.5, 300.0, seed=3)
+    t = t + 1_700_000_000.0 - 1_700_000_000.0 % 3600
+    forecast_module_cache_clear()
+    n = len(t) - 20
+    forecast(name, t[:n], y[:n], 900.0)  # the first tick after a boundary fits and caches
+    for later in (n + 3, n + 9):
+        warm = forecast(name, t[:later], y[:later], 900.0)
+        forecast_module_cache_clear()
+        cold = forecast(name, t[:later], y[:later], 900.0)
+        assert warm.method == cold.method and warm.constants == cold.constants
+        assert warm.point == pytest.approx(cold.point, rel=1e-12, abs=1e-12)
+        assert warm.upper == pytest.approx(cold.upper, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("shape", [smoothing.Shape(trend=False), smoothing.Shape(trend=True),
+                                   smoothing.Shape(trend=True, m=12)], ids=["ewma", "holt", "holt-winters"])
+def test_a_run_continued_from_a_prefix_is_the_run_over_the_whole(shape: smoothing.Shape) -> None:
+    from extender.core.forecast import _run_on
+    rng = np.random.default_rng(5)
+    y = 50 + np.cumsum(rng.normal(0, 1, 120))
+    y[[7, 40, 41, 100]] = NAN
+    c = smoothing.Constants(alpha=0.4, beta=0.1, gamma=0.2 if shape.seasonal else 0.0, phi=0.95)
+    base = smoothing.run(y[:90], shape, c)
+    whole = smoothing.run(y, shape, c)
+    got = _run_on(y, base)
+    for a, b in [(got.level, whole.level), (got.trend, whole.trend), (got.slot, whole.slot),
+                 (got.season, whole.season), (got.season_init, whole.season_init)]:
+        assert np.array_equal(a, b, equal_nan=True)  # bit for bit: the same operations in the same order
+    assert got.t0 == whole.t0
+    changed = y.copy()
+    changed[3] += 1.0  # a different prefix: the whole series is run again
+    assert np.array_equal(_run_on(changed, base).level, smoothing.run(changed, shape, c).level, equal_nan=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # auto and calibration
 # ---------------------------------------------------------------------------------------------

@@ -510,6 +510,20 @@ def _profile(w: Window, params: ForecastParams) -> smoothing.Profile:
     return got
 
 
+def _profile_on(times: F64, w: Window, params: ForecastParams) -> F64:
+    """``S(times)`` of :func:`_profile`, reusing its values over D (cached) when ``times`` begin
+    with D's grid times (within a refit period, Y's grid usually does): only the times since the
+    boundary are computed. The same values either way, up to the rounding of a matrix product."""
+    prof = _profile(w, params)
+    d_times = w.fit_times()
+    n0 = len(d_times)
+    if len(times) < n0 or not np.array_equal(times[:n0], d_times):
+        return prof.at(times)
+    got = _cached(("profile-on-d", *_fit_key(w, params)), lambda: prof.at(d_times))
+    assert isinstance(got, np.ndarray)
+    return np.concatenate([got, prof.at(times[n0:])]) if len(times) > n0 else got.copy()
+
+
 def _profile_ready(w: Window, m: int) -> bool:
     """Whether D's training part holds :data:`PROFILE_SEASONS` seasons of observations."""
     seen = int(np.count_nonzero(~np.isnan(w.fit[:w.split])))
@@ -569,7 +583,7 @@ def _fitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Fitte
     def make() -> Fitted:
         y = w.fit
         if name == "seasonal-holt":
-            y = y - _profile(w, params).at(w.fit_times())
+            y = y - _profile_on(w.fit_times(), w, params)
         split = _split(w, name, shape, params)
         c = Constants(alpha=1.0) if name == "last" else smoothing.fit(y[:split], shape, _fixed(name, params))
         return Fitted(smoothing.run(y, shape, c), split)
@@ -578,22 +592,44 @@ def _fitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Fitte
     return got
 
 
-def _refitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Constants:
-    """``name``'s constants fitted on the whole of D, training and held-out parts (cached by D's content).
+def _refitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Run:
+    """``name``'s constants fitted on the whole of D, training and held-out parts, and run over D
+    (cached by D's content).
 
     The held-out part has done its work once a model is chosen and its errors are measured; the
     constants the forecast runs with then learn from all of D, the newest 26 h included.
     """
-    def make() -> Constants:
-        if name == "last":
-            return Constants(alpha=1.0)
+    def make() -> Run:
         y = w.fit
         if name == "seasonal-holt":
-            y = y - _profile(w, params).at(w.fit_times())
-        return smoothing.fit(y, shape, _fixed(name, params))
+            y = y - _profile_on(w.fit_times(), w, params)
+        c = Constants(alpha=1.0) if name == "last" else smoothing.fit(y, shape, _fixed(name, params))
+        return smoothing.run(y, shape, c)
     got = _cached(("refit", name, shape, *_fit_key(w, params)), make)
-    assert isinstance(got, Constants)
+    assert isinstance(got, Run)
     return got
+
+
+def _run_on(y: F64, base: Run) -> Run:
+    """``smoothing.run(y, base.shape, base.constants)``, reusing ``base`` when ``y`` begins with ``base.y``.
+
+    Within a refit period the forecast grid Y usually begins with D itself (same samples, same grid
+    points): the recursion over that prefix is then already in ``base``, and only the samples since
+    the refit boundary are run, from the state ``base`` ended in. The result is the same, bit for
+    bit: the same float operations in the same order. Any difference in the prefix (a grid
+    anchored differently, a late sample) runs the whole of ``y``.
+    """
+    n0 = len(base.y)
+    shape, c = base.shape, base.constants
+    reusable = (len(y) >= n0 and base.t0 < n0 - 1 and not (shape.seasonal and n0 < 2 * shape.m)
+                and np.array_equal(y[:n0], base.y, equal_nan=True))
+    if not reusable:
+        return smoothing.run(y, shape, c)
+    at = n0 - 1
+    tail = smoothing.run(y, shape, c, smoothing.Start(at, float(base.level[at]), float(base.trend[at]), base.season))
+    level, trend, slot = tail.level.copy(), tail.trend.copy(), tail.slot.copy()
+    level[:n0], trend[:n0], slot[:n0] = base.level, base.trend, base.slot
+    return Run(y, shape, c, base.t0, level, trend, slot, base.season_init, tail.season)
 
 
 def _fitted_forecast(name: str, ctx: Context, w: Window, note: str) -> Forecast:
@@ -601,18 +637,17 @@ def _fitted_forecast(name: str, ctx: Context, w: Window, note: str) -> Forecast:
     training part, of the constants fitted on the training part alone (:class:`HeldOut`)."""
     shape = _shape(name, ctx.m)
     fitted = _fitted(name, shape, w, ctx.params)
-    trained = fitted.run.constants
-    c = _refitted(name, shape, w, ctx.params)
+    refit = _refitted(name, shape, w, ctx.params)
     first = w.held_from + fitted.first - w.split  # the same point in time on Y's grid
     off, ahead = None, 0.0
     y = w.y
     if name == "seasonal-holt":
         prof = _profile(w, ctx.params)
-        off = prof.at(w.y_times())
+        off = _profile_on(w.y_times(), w, ctx.params)
         ahead = float(prof.at(np.array([w.y_end + ctx.lead_s]))[0])
         y = w.y - off
-    r = smoothing.run(y, shape, c)
-    held = HeldOut(r if c == trained else smoothing.run(y, shape, trained), first, off)
+    r = _run_on(y, refit)
+    held = HeldOut(r if refit.constants == fitted.run.constants else _run_on(y, fitted.run), first, off)
     return _finish(ctx, name, r, first, note, offset=off, ahead=ahead, held=held)
 
 
