@@ -148,8 +148,10 @@ def mean_of_seen(xs: list[float]) -> float:
 def ref_quantile(res: list[float], level: float) -> float:
     if not res:
         return 0.0
+    # the ceil((N+1) level)-th smallest, the largest when there are too few for that rank
     ordered = sorted(res)
-    return ordered[math.ceil(level * (len(ordered) - 1))]
+    rank = min(math.ceil((len(ordered) + 1) * level - 1e-9), len(ordered))
+    return ordered[rank - 1]
 
 
 def ref_spread_factor(h: float, psi: Any) -> float:
@@ -225,14 +227,15 @@ class Hand(NamedTuple):
 
 HAND = [
     # (id, forecaster, timestamps, values, horizon_s, params, point, upper)
-    # EWMA alpha 0.5: l 10 -> e 10, l 15 -> e 5, l 17.5. Residuals [10, 5]: q = r_(ceil(0.95*1)) = 10.
+    # EWMA alpha 0.5: l 10 -> e 10, l 15 -> e 5, l 17.5. Residuals [10, 5]: rank ceil(3 x 0.95) = 3 > 2,
+    # so q is the largest, 10.
     # h = 30/15 = 2 steps: c = sqrt(1 + 0.5^2) = 1.118034; upper = 17.5 + 11.18034 = 28.68034
     Hand("ewma-three-points", "ewma", [0, 15, 30], [10, 20, 20], 30.0, {"alpha": 0.5},
          17.5, 17.5 + math.sqrt(1.25) * 10),
     # Holt alpha = beta = 0.5: state at t=1: l 3, b 2. t=2: f 5, e +1 -> l 5.5, b 2 + 0.25 = 2.25.
     # t=3: f 7.75, e -0.75 -> l 7.375, b 2.25 - 0.1875 = 2.0625. The history spans 3 steps, so the
     # trend reaches 1.5 of the 2 (trend_reach): point 7.375 + 1.5 x 2.0625 = 10.46875.
-    # Residuals sorted [-0.75, 1]: q = 1; psi_1 = 0.5 + 0.25 = 0.75, c = sqrt(1.5625) = 1.25 -> 11.71875
+    # Residuals sorted [-0.75, 1]: q = the largest, 1; psi_1 = 0.5 + 0.25 = 0.75, c = sqrt(1.5625) = 1.25 -> 11.71875
     Hand("holt-four-points", "holt", [0, 1, 2, 3], [1, 3, 6, 7], 2.0, {"alpha": 0.5, "beta": 0.5}, 10.46875,
          11.71875),
     # Same with a gap at t=2: t=2 predicted only: l 5. t=3: f 7, e 0 -> l 7, b 2. Point at h 2, the
@@ -246,7 +249,7 @@ HAND = [
     # t=4 (slot 0): f 3.25 + 0.5 - 0.75 = 3, e +1 -> l 4.25, b 0.75, s0 -0.25.
     # t=5 (slot 1): f 4.25 + 0.75 + 0.75 = 5.75, e -0.75 -> l 4.625, b 0.5625, s1 0.375.
     # h 2 -> slot (5 + 2) mod 2 = 1: 4.625 + 1.125 + 0.375 = 6.125. Residuals sorted [-0.75, 0, 0, 0, 0, 1]:
-    # q = r_(ceil(0.95*5) = 5) = 1; psi_1 = 0.5 + 0.25 (1 mod 2 != 0: no gamma) -> c 1.25 -> 7.375
+    # q = the largest (rank ceil(7 x 0.95) = 7 > 6) = 1; psi_1 = 0.5 + 0.25 (1 mod 2 != 0: no gamma) -> c 1.25 -> 7.375
     Hand("holt-winters-m2", "holt-winters", [0, 1, 2, 3, 4, 5], [1, 3, 2, 4, 4, 5], 2.0,
      {"alpha": 0.5, "beta": 0.5, "gamma": 0.5, "season_s": 2.0}, 6.125, 7.375),
     # Same fit at h 1 -> slot 0: 4.625 + 0.5625 - 0.25 = 4.9375; c = 1 -> upper 5.9375
@@ -735,6 +738,44 @@ def forecast_module_cache_clear() -> None:
     module._CACHE.clear()
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_a_tick_inside_a_refit_period_forecasts_as_a_cold_start_does(name: str) -> None:
+    # later ticks reuse the runs over the fit data made at the first one (forecast._run_on,
+    # _profile_on); a replica with nothing cached must still forecast exactly the same
+    t, y = noisy_daily(3.5, 300.0, seed=3)
+    t = t + 1_700_000_000.0 - 1_700_000_000.0 % 3600
+    forecast_module_cache_clear()
+    n = len(t) - 20
+    forecast(name, t[:n], y[:n], 900.0)  # the first tick after a boundary fits and caches
+    for later in (n + 3, n + 9):
+        warm = forecast(name, t[:later], y[:later], 900.0)
+        forecast_module_cache_clear()
+        cold = forecast(name, t[:later], y[:later], 900.0)
+        assert warm.method == cold.method and warm.constants == cold.constants
+        assert warm.point == pytest.approx(cold.point, rel=1e-12, abs=1e-12)
+        assert warm.upper == pytest.approx(cold.upper, rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize("shape", [smoothing.Shape(trend=False), smoothing.Shape(trend=True),
+                                   smoothing.Shape(trend=True, m=12)], ids=["ewma", "holt", "holt-winters"])
+def test_a_run_continued_from_a_prefix_is_the_run_over_the_whole(shape: smoothing.Shape) -> None:
+    from extender.core.forecast import _run_on
+    rng = np.random.default_rng(5)
+    y = 50 + np.cumsum(rng.normal(0, 1, 120))
+    y[[7, 40, 41, 100]] = NAN
+    c = smoothing.Constants(alpha=0.4, beta=0.1, gamma=0.2 if shape.seasonal else 0.0, phi=0.95)
+    base = smoothing.run(y[:90], shape, c)
+    whole = smoothing.run(y, shape, c)
+    got = _run_on(y, base)
+    for a, b in [(got.level, whole.level), (got.trend, whole.trend), (got.slot, whole.slot),
+                 (got.season, whole.season), (got.season_init, whole.season_init)]:
+        assert np.array_equal(a, b, equal_nan=True)  # bit for bit: the same operations in the same order
+    assert got.t0 == whole.t0
+    changed = y.copy()
+    changed[3] += 1.0  # a different prefix: the whole series is run again
+    assert np.array_equal(_run_on(changed, base).level, smoothing.run(changed, shape, c).level, equal_nan=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # auto and calibration
 # ---------------------------------------------------------------------------------------------
@@ -813,6 +854,9 @@ def test_has_season(y: np.ndarray, m: int, expected: bool) -> None:
 
 
 _D = np.random.default_rng(9).normal(0.3, 1.0, 100)
+#: loss differences along a shared path: each the mean of 10 consecutive N(0.1, 1) draws, so
+#: neighbours up to 9 apart share most of their terms (as k-step errors of nearby origins do)
+_SHARED = np.convolve(np.random.default_rng(9).normal(0.1, 1.0, 109), np.ones(10) / 10, "valid")
 
 CLEARLY: list[tuple[str, np.ndarray, np.ndarray, int, bool]] = [
     # (id, new errors, old errors, k, clearly better)
@@ -822,16 +866,31 @@ CLEARLY: list[tuple[str, np.ndarray, np.ndarray, int, bool]] = [
     ("always-higher", np.full(50, 2.0), np.full(50, 1.0), 1, False),
     # d ~ N(0.3, 1), 100 of them: se = sd / 10 ~ 0.1, mean 0.3 > 2 se at k = 1 ...
     ("noisy-gain-one-step", np.full(100, 5.0) - _D, np.full(100, 5.0), 1, True),
-    # ... but at k = 10 only 10 independent errors: se ~ 0.32, and 0.3 < 2 se
-    ("noisy-gain-ten-steps", np.full(100, 5.0) - _D, np.full(100, 5.0), 10, False),
+    # ... and at k = 10 too: they are independent, and the long-run variance measures that
+    # (the earlier N / k rule assumed 10 independent errors only and said no)
+    ("noisy-gain-ten-steps-independent", np.full(100, 5.0) - _D, np.full(100, 5.0), 10, True),
+    # mean 0.12 over sd 0.32 / 10: t ~ 3.9 when read as independent (k = 1) ...
+    ("shared-path-read-as-independent", np.full(100, 5.0) - _SHARED, np.full(100, 5.0), 1, True),
+    # ... but about 1.4 once the correlation up to lag 9 is counted (k = 10): not clear
+    ("shared-path-ten-steps", np.full(100, 5.0) - _SHARED, np.full(100, 5.0), 10, False),
 ]
+
+
+def ref_diebold_mariano(d: list[float], k: int) -> float:
+    """mean(d) over its Newey-West standard error with Bartlett weights up to lag k - 1, the slow way."""
+    n = len(d)
+    mu = statistics.fmean(d)
+    c = [x - mu for x in d]
+    v = sum(x * x for x in c) / n
+    for j in range(1, min(k - 1, n - 1) + 1):
+        v += 2 * (1 - j / k) * sum(c[i] * c[i - j] for i in range(j, n)) / n
+    return mu / math.sqrt(v / n) if v > 0 else (math.inf if mu > 0 else -math.inf)
 
 
 @pytest.mark.parametrize(("new", "old", "k", "expected"), [r[1:] for r in CLEARLY], ids=[r[0] for r in CLEARLY])
 def test_clearly_better(new: np.ndarray, old: np.ndarray, k: int, expected: bool) -> None:
-    from extender.core.forecast import clearly_better
-    d = old - new  # the slow way: mean against two standard errors of N / k samples
-    assert (statistics.fmean(d) > 2 * statistics.pstdev(d) / math.sqrt(len(d) / k)) is expected
+    from extender.core.forecast import AUTO_Z, clearly_better
+    assert (ref_diebold_mariano(list(old - new), k) > AUTO_Z) is expected
     assert clearly_better(new, old, k) is expected
 
 
