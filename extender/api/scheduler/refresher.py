@@ -181,7 +181,7 @@ class Refresher:
                     self._last_load = t
                     self._beats, self._beat_seq = {}, beat_seq
                     self._rebuild(t, records, registry, loaded)
-                else:  # only what was written since our version: a heartbeat costs one record
+                else:  # only what was written since our version: a changed record costs one record
                     loaded, changed, registry = store.changes_since(self._version)
                     self._last_load = t
                     if not self._patch(t, changed, registry, loaded):
