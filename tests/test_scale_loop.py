@@ -412,3 +412,15 @@ def test_an_edited_policy_file_is_taken_from_the_next_tick(redis_server: RedisSe
     autoscaling = policy.profile("qwen3").autoscaling
     assert autoscaling is not None and autoscaling.min_replicas == 3
     assert watcher.version == policy_version(path.read_text())
+
+
+def test_a_bare_heartbeat_reaches_the_loop_s_inventory(redis_server: RedisServer) -> None:
+    # Bare heartbeats move the heartbeat sequence, not the version: a loop that re-read only when
+    # the version moved counted every node stale one ttl after its last whole report.
+    node = warm_node("gpu-a", cached=True).model_copy(update={"heartbeat": T0, "ttl": 60.0})
+    rig = make_rig(redis_server.url, lambda t: 2.0, nodes=[node])
+    first = rig.tick(T0)
+    assert (first.fresh_nodes, first.stale_nodes) == (1, 0)
+    InventoryStore(rig.client).beat_many({"gpu-a": T0 + 100})
+    later = rig.tick(T0 + 120)
+    assert (later.fresh_nodes, later.stale_nodes) == (1, 0)

@@ -68,7 +68,7 @@ log = logging.getLogger(__name__)
 class InventoryReader(Protocol):
     """What the loop reads from the inventory store (``extender.state.InventoryStore``)."""
 
-    def version(self) -> int: ...
+    def versions(self) -> tuple[int, int]: ...
 
     def load_all(self) -> tuple[int, list[NodeState], frozenset[str]]: ...
 
@@ -138,6 +138,8 @@ class ScaleLoop:
     #: changes, before the tick that first uses it (the cache warmer plans with it).
     on_estimator_policy: list[Callable[[Policy], None]] = field(default_factory=list)
     _snapshot: InventorySnapshot | None = field(default=None, init=False, repr=False)
+    #: The store's (version, heartbeat sequence) the snapshot was read at: bare heartbeats move only the second.
+    _read_at: tuple[int, int] | None = field(default=None, init=False, repr=False)
     _told: Policy | None = field(default=None, init=False, repr=False)
     _lease_token: int | None = field(default=None, init=False, repr=False)
 
@@ -271,11 +273,12 @@ class ScaleLoop:
         if self.inventory is None:
             return None
         try:
-            version = self.inventory.version()
-            if self._snapshot is None or self._snapshot.version != version:
+            current = self.inventory.versions()
+            if self._snapshot is None or self._read_at != current:
                 version, records, registry = self.inventory.load_all()
                 self._snapshot = InventorySnapshot.build(self.estimator_policy, records, version=version,
                                                          taken_at=now, registry=registry)
+                self._read_at = current
         except ExtenderError as exc:
             # with no inventory the horizon is the cold estimate: the longest, never a late start
             log.warning("scaler: inventory unavailable, assuming cold nodes: %s", exc, extra={"error": str(exc)})
