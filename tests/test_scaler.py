@@ -19,7 +19,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from extender.core.errors import PolicyError
 from extender.core.forecast import Forecast, ForecastParams, forecast
+from extender.core.policy import ReplicaBounds, parse_policy
 from extender.core.scaler import (
     Decision,
     DecisionInputs,
@@ -136,6 +138,12 @@ ROWS = [
     Row("unobserved-holds", {"demand": None, "ready": 5, "recent": covered(1)}, 5, "hold"),
     # ... but a forecast may still raise: 72 / 10 -> 8
     Row("unobserved-forecast-raises", {"demand": None, "ready": 5, "forecast": fc(60.0, 72.0)}, 8, "scale-up"),
+    # target utilisation 0.8: 20 / (10 x 0.8) = 2.5 -> 3 (at 1 it is exactly 2: "steady")
+    Row("target-utilization-headroom", {"target_utilization": 0.8}, 3, "scale-up"),
+    # ... the forecast need too: 45 / (10 x 0.9) = 5 exactly, not 6
+    Row("target-utilization-forecast", {"forecast": fc(38.0, 45.0), "target_utilization": 0.9}, 5, "scale-up"),
+    # ... and the drain term: (20 + 600 / 60) / (10 x 0.75) = 4
+    Row("target-utilization-queue", {"queue": 600.0, "target_utilization": 0.75}, 4, "scale-up"),
     # from zero (min 0): 3 / 10 -> 1, no tolerance test against 0 current
     Row("from-zero", {"demand": 3.0, "ready": 0, "min_replicas": 0}, 1, "scale-up"),
     # to zero with min 0, after the window
@@ -587,3 +595,49 @@ def test_explain_shows_the_forecast_constants() -> None:
     line = next(x for x in d.explain().splitlines() if "constants" in x)
     assert line.startswith("  constants (fitted): alpha ")
     assert f"phi {f.constants['phi']:g}" in line
+
+
+# ---------------------------------------------------------------------------------------------
+# scaling.targetUtilization: the policy field reaches the decision; bad values are errors with file:line
+# ---------------------------------------------------------------------------------------------
+
+_POLICY_HEAD = """\
+apiVersion: extender.io/v1alpha1
+kind: Policy
+metadata: {name: util}
+nodeClasses:
+  - name: g
+    matchLabels: {pool: g}
+    gpu: {product: NVIDIA-L4, count: 1}
+    nvme: {capacity: 250GB, readBandwidth: 4GB/s}
+    network: {nic: 10Gbps, objectStorePerStream: 2Gbps, imagePull: 50MB/s}
+profiles:
+  - name: chat
+    match: {labels: {app: chat}}
+    image: {reference: "vllm/vllm-openai:v0.11.0", size: 10GB}
+    weights: {source: "s3://m/chat/", version: v1, bytes: 16GB}
+scaling:
+  queueDrain: 60s
+"""
+
+
+def test_target_utilization_from_the_policy_reaches_the_decision() -> None:
+    policy = parse_policy(_POLICY_HEAD + "  targetUtilization: 0.8\n", "util.yaml")
+    bounds = ReplicaBounds.model_construct(min_replicas=1, max_replicas=20)
+    i = DecisionInputs.for_policy(policy.scaling, bounds, workload="chat", now_s=NOW, demand=20.0, capacity=10.0,
+                                  horizon=H, ready=2)
+    d = decide(i)
+    # 20 / (10 x 0.8) = 2.5 -> 3; the reason shows the product
+    assert (d.reactive_replicas, d.desired) == (2.5, 3)
+    assert "/ (10 x 0.8)" in d.reasons[0]
+
+
+@pytest.mark.parametrize(("value", "words"), [("0", "> 0"), ("1.5", "<= 1"), ("most", "number")],
+                         ids=["zero", "above one", "not a number"])
+def test_target_utilization_bad_value_is_an_error_with_its_line(value: str, words: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        parse_policy(_POLICY_HEAD + f"  targetUtilization: {value}\n", "util.yaml")
+    (problem,) = err.value.problems
+    assert (problem.source, problem.line, problem.path) == ("util.yaml", _POLICY_HEAD.count("\n") + 1,
+                                                             "scaling.targetUtilization")
+    assert words in problem.message

@@ -231,3 +231,53 @@ def test_an_announcement_before_the_run_is_an_error(tmp_path: Path) -> None:
         load_scenario(path)
     (problem,) = info.value.problems
     assert (problem.line, problem.path) == (17, "rollouts[0].announce")
+
+
+# ---------------------------------------------------------------------------------------------
+# The protection term in the simulator's placement (scoring.protectWarmPoints, extender.core.scoring)
+# ---------------------------------------------------------------------------------------------
+
+PROTECTED = """\
+apiVersion: extender.io/v1alpha1
+kind: Scenario
+policy: policy.yaml
+seed: 3
+slo: {queueDelay: 10s}
+cluster:
+  nodes:
+    - nodeClass: g5.12xlarge
+      count: 2
+      warm: [{workload: mixtral-61g, nodes: [0]}]
+workloads:
+  - name: llama3-8b
+    initialReplicas: 0
+    minReplicas: 0
+    demand:
+      synthetic: {duration: 1h, base: 1, arrivals: fluid}
+  - name: mixtral-61g
+    initialReplicas: 0
+    minReplicas: 0
+    demand:
+      synthetic: {duration: 1h, base: 1, arrivals: fluid}
+"""
+
+
+def _scored(tmp_path: Path, points: int) -> list[int]:
+    """Total scores of the two nodes for a llama3-8b pod (workload 0, one GPU) under cache-aware."""
+    (tmp_path / "policy.yaml").write_text(POLICY_TEXT + f"scoring: {{protectWarmPoints: {points}}}\n")
+    (tmp_path / "s.yaml").write_text(PROTECTED)
+    run = Run(prepare(load_scenario(tmp_path / "s.yaml")), STRATEGIES["cache-aware"])
+    assert run.policy.scoring.protect_warm_points == points
+    feasible, totals, _ = run._scores(0, 0.0)
+    assert feasible.tolist() == [True, True]
+    return [int(t) for t in totals]
+
+
+@pytest.mark.parametrize(("points", "charge"), [(1, 1), (3, 3)], ids=["1 point", "3 points"])
+def test_the_simulator_scores_with_the_protection_term(tmp_path: Path, points: int, charge: int) -> None:
+    # node 0 is warm for mixtral-61g (TP=4) with its 4 GPUs free: a one-GPU pod there takes its only
+    # TP=4 slot (4 of 4 GPUs), so it pays the whole charge; node 1 is warm for nothing and pays none
+    off = _scored(tmp_path, 0)
+    on = _scored(tmp_path, points)
+    weight = 2 * 10  # the scenario's extenderWeight (default 2) x kube-scheduler's 10
+    assert [a - b for a, b in zip(off, on, strict=True)] == [charge * weight, 0]

@@ -614,6 +614,10 @@ class Scoring(Schema):
     #: Points at most for GPU bin-packing: ``round(packingPoints x fill)`` where ``fill`` is the
     #: share of the node's GPUs in use with the pod on it (extender.core.scoring). 0: off.
     packing_points: int = Field(default=0, ge=0, le=10)
+    #: Points at most taken off a node for the warm replica slots a pod would take from larger
+    #: profiles: ``round(protectWarmPoints x min(lost / G, 1))``, ``lost`` the GPUs of those slots
+    #: and ``G`` the node's (extender.core.scoring). 0: off.
+    protect_warm_points: int = Field(default=0, ge=0, le=10)
 
 
 class Scaling(Schema):
@@ -652,6 +656,10 @@ class Scaling(Schema):
     step: Annotated[Duration, Field(gt=0)] | None = None
     #: Seconds within which the reactive need drains the current queue.
     queue_drain: Annotated[Duration, Field(gt=0)] = 60.0
+    #: Share of a replica's capacity the scaler plans to use: every need is divided by
+    #: ``capacity x targetUtilization``. Below 1 it keeps headroom for the noise within a tick (the
+    #: stock HPA's target utilisation plays the same part); 1: replicas are planned at full capacity.
+    target_utilization: float = Field(default=1.0, gt=0, le=1)
     #: The HPA's tolerance (docs/kubernetes-interfaces.md section 4.3); the decision mirrors it to say what will happen.
     tolerance: float = Field(default=0.1, ge=0, lt=1)
 

@@ -10,9 +10,10 @@ depth in the matching amount (requests or tokens); times in seconds; replicas ar
 The rules (docs/scaler.md; docs/prior-art.md Part B for the failures they avoid)::
 
     current    = ready + starting                   replicas still starting are capacity in flight
-    r_reactive = (demand + queue / queue_drain_s) / capacity            serve arrivals now and
+    usable     = capacity x target_utilization      (scaling.targetUtilization, default 1)
+    r_reactive = (demand + queue / queue_drain_s) / usable              serve arrivals now and
                                                                         drain the backlog in time
-    r_forecast = forecast.upper / capacity          demand one horizon ahead, at the upper quantile
+    r_forecast = forecast.upper / usable            demand one horizon ahead, at the upper quantile
     r          = max(r_reactive, r_forecast)        the forecast can only raise (a floor)
     candidate  = ceil(r)
     recommendation = current      if current > 0 and |1 - candidate / current| <= tolerance
@@ -34,6 +35,10 @@ Why each rule:
   queue, and with it the drain term: linearly in the backlog, because a larger backlog really does
   need more drain capacity to clear within ``queue_drain_s``. A drain time shorter than a startup
   cannot be met by new replicas anyway; set it to at least the cold startup to damp that growth.
+* **Headroom by a target utilisation.** A replica planned at its full capacity queues requests
+  whenever arrivals in a tick run above their mean, which Poisson arrivals do half the time;
+  ``target_utilization`` below 1 keeps the same margin as the stock HPA's target (an
+  ``AverageValue`` of 90 % of a replica's capacity), for the reactive and the forecast need alike.
 * **Forecast at the upper quantile, as a floor.** ``desired >= reactive need`` always, so a
   forecast can raise the decision but never lower it (AIBrix ``final = max(reactive, projected)``,
   AWS "will not scale in" on a forecast).
@@ -139,6 +144,7 @@ class DecisionInputs(_Model):
     tolerance: float = Field(default=_DEFAULTS.tolerance, ge=0, lt=1)
     stabilisation_s: float = Field(default=_DEFAULTS.scale_down_stabilisation, ge=0)
     queue_drain_s: float = Field(default=_DEFAULTS.queue_drain, gt=0)
+    target_utilization: float = Field(default=_DEFAULTS.target_utilization, gt=0, le=1)
     recent: tuple[Recommendation, ...] = ()
 
     @classmethod
@@ -150,7 +156,7 @@ class DecisionInputs(_Model):
         return cls.model_validate({
             **observed, "min_replicas": bounds.min_replicas, "max_replicas": bounds.max_replicas,
             "tolerance": scaling.tolerance, "stabilisation_s": scaling.scale_down_stabilisation,
-            "queue_drain_s": scaling.queue_drain,
+            "queue_drain_s": scaling.queue_drain, "target_utilization": scaling.target_utilization,
         })
 
     @model_validator(mode="after")
@@ -228,16 +234,18 @@ def decide(inputs: DecisionInputs) -> Decision:
     reasons: list[str] = []
     current = i.ready + i.starting
 
-    reactive = None if i.demand is None else (i.demand + i.queue / i.queue_drain_s) / i.capacity
-    fc = None if i.forecast is None else i.forecast.upper / i.capacity
-    fc_point = None if i.forecast is None else i.forecast.point / i.capacity
+    usable = i.capacity * i.target_utilization
+    per = f"{i.capacity:g}" if i.target_utilization == 1 else f"({i.capacity:g} x {i.target_utilization:g})"
+    reactive = None if i.demand is None else (i.demand + i.queue / i.queue_drain_s) / usable
+    fc = None if i.forecast is None else i.forecast.upper / usable
+    fc_point = None if i.forecast is None else i.forecast.point / usable
 
     if reactive is not None:
         reasons.append(f"reactive need {reactive:.3g} = ({i.demand:g} + queue {i.queue:g} / "
-                       f"{i.queue_drain_s:g}s) / {i.capacity:g}")
+                       f"{i.queue_drain_s:g}s) / {per}")
     if fc is not None and i.forecast is not None:
         reasons.append(f"forecast need {fc:.3g} = p{100 * i.forecast.level:g} {i.forecast.upper:g} / "
-                       f"{i.capacity:g} at +{i.forecast.lead_s:g}s")
+                       f"{per} at +{i.forecast.lead_s:g}s")
         if abs(i.forecast.horizon_s - i.horizon.seconds) > 1e-6:
             reasons.append(f"note: forecast horizon {i.forecast.horizon_s:g}s differs from the decision "
                            f"horizon {i.horizon.seconds:g}s")

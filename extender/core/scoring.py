@@ -14,6 +14,9 @@ plugin. The mapping is therefore absolute, fixed per profile for one policy vers
            = points                                         otherwise
     fill   = (G - F + r) / G      G the node's GPUs (its class), F its free GPUs, r the pod's GPUs
     score  = min(score + round(scoring.packingPoints x fill), 10)   when F >= r and G > 0
+    lost   = sum over larger profiles Q (g_Q > r GPUs per replica) warm on the node of
+             g_Q x (floor(F / g_Q) - floor((F - r) / g_Q))          GPUs of warm replica slots lost
+    score  = max(score - round(scoring.protectWarmPoints x min(lost / G, 1)), 0)   when F >= r
 
 
 * Comparable across node classes: ``T`` is the node's own estimate on its own class, measured
@@ -32,6 +35,13 @@ plugin. The mapping is therefore absolute, fixed per profile for one policy vers
   inventory's ``gpusFree``); a node without room for the pod gets nothing (the scheduler filters it
   anyway). It can lift a colder node over a warmer one by at most ``packingPoints``, so keep it below
   the points a warm start is worth.
+* The protection term (``scoring.protectWarmPoints``, default 0: off) charges a placement for the
+  warm replica slots it takes from larger profiles: a one-GPU pod on a node that holds a TP=8
+  model's caches with 8 GPUs free leaves no room for that model's warm start (8 GPUs lost of 8: the
+  whole penalty); on a 4-GPU node warm for a TP=2 model with 4 free it costs one slot (2 of 4: half).
+  "Warm" for Q means a replica of Q would download nothing there (:func:`warm_nodes`). Only larger
+  profiles count, so pods of one size compete on their own warmth alone. It applies only when the
+  caller knows the free GPUs and passes the other profiles' warm nodes (``NodeInputs.others``).
 * NVMe pressure applies only when the profile caches weights (``weights.cache`` is not ``none``) and
   only to nodes whose free space is known from the inventory; it can only lower a score, and more
   cache on a node never raises pressure, so more cache never lowers a score.
@@ -52,13 +62,14 @@ This module is pure (numpy only) so the server, ``extender explain`` and the sim
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
 from numpy.typing import NDArray
 
+from extender.core.caches import caches_weights
 from extender.core.estimate import CacheState, ClassTable, Estimate, cold_by_class, estimate
 from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
 
@@ -134,6 +145,51 @@ def packing(classes: Sequence[NodeClass], class_index: NDArray[np.intp], gpus_fr
     fits = (total > 0) & (free >= request)
     fill = np.where(fits, (total - free + request) / np.maximum(total, 1.0), 0.0)
     out: I64 = np.rint(points * np.clip(fill, 0.0, 1.0)).astype(np.int64)
+    return out
+
+
+@dataclass(frozen=True)
+class WarmSlots:
+    """Another profile's replica size and the nodes where a replica of it would start warm."""
+
+    gpus: int
+    warm: Mask
+
+
+def warm_nodes(profile: Profile, classes: Sequence[NodeClass], class_index: NDArray[np.intp],
+               state: CacheState) -> Mask:
+    """Nodes where a replica of ``profile`` downloads nothing: the image is there, and the whole
+    weights too where its class keeps them on NVMe."""
+    keeps = np.array([caches_weights(profile, c) for c in classes], dtype=np.bool_)[class_index]
+    whole = np.asarray(state.weights_bytes, dtype=np.float64) >= float(profile.weights.bytes)
+    out: Mask = np.asarray(state.image, dtype=np.bool_) & (whole | ~keeps)
+    return out
+
+
+def larger_warm(profile: Profile, profiles: Sequence[Profile], classes: Sequence[NodeClass],
+                class_index: NDArray[np.intp], state_of: Callable[[Profile], CacheState]) -> tuple[WarmSlots, ...]:
+    """The :class:`WarmSlots` of every profile with more GPUs per replica than ``profile`` (the ones the
+    protection term guards); ``state_of`` gives a profile's cache state on the scored nodes."""
+    r = profile.parallelism.gpus
+    return tuple(WarmSlots(q.parallelism.gpus, warm_nodes(q, classes, class_index, state_of(q)))
+                 for q in profiles if q.parallelism.gpus > r)
+
+
+def protection(classes: Sequence[NodeClass], class_index: NDArray[np.intp], gpus_free: I64, request: int,
+               others: Sequence[WarmSlots], *, points: int) -> I64:
+    """``round(points x min(lost / G, 1))`` per node (formula in the module docstring); 0 where the
+    pod does not fit, G is 0, or no larger profile is warm."""
+    total = np.array([c.gpu.count for c in classes], dtype=np.float64)[class_index]
+    free = np.asarray(gpus_free, dtype=np.int64)
+    after = np.maximum(free - request, 0)
+    lost = np.zeros(len(free), dtype=np.float64)
+    for q in others:
+        if q.gpus <= request:
+            continue
+        lost += np.where(q.warm, q.gpus * (free // q.gpus - after // q.gpus), 0)
+    fits = (total > 0) & (free >= request)
+    share = np.where(fits, lost / np.maximum(total, 1.0), 0.0)
+    out: I64 = np.rint(points * np.clip(share, 0.0, 1.0)).astype(np.int64)
     return out
 
 
@@ -258,8 +314,10 @@ class NodeInputs:
     fresh: Mask
     free_known: Mask
     nvme_free: F64
-    #: Free GPUs per node when known (the packing term needs them); None: no packing term.
+    #: Free GPUs per node when known (the packing and protection terms need them); None: neither.
     gpus_free: I64 | None = None
+    #: Larger profiles and where they are warm (:func:`larger_warm`), for the protection term.
+    others: Sequence[WarmSlots] = ()
 
 
 @dataclass(frozen=True)
@@ -323,6 +381,11 @@ def evaluate(
     if points and nodes.gpus_free is not None:
         bonus = packing(nodes.classes, idx, nodes.gpus_free, profile.parallelism.gpus, points)
         score = np.minimum(score + bonus, MAX_SCORE).astype(np.int64)
+    guard = policy.scoring.protect_warm_points
+    if guard and nodes.gpus_free is not None and nodes.others:
+        charge = protection(nodes.classes, idx, nodes.gpus_free, profile.parallelism.gpus, nodes.others,
+                            points=guard)
+        score = np.maximum(score - charge, MIN_SCORE).astype(np.int64)
     judgement = judge(
         profile,
         total_s=est.total_s,

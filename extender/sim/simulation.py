@@ -48,7 +48,7 @@ from extender.core.estimate import CacheState, estimate
 from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
 from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
-from extender.core.scoring import NodeInputs, Scale, evaluate, scale_for
+from extender.core.scoring import NodeInputs, Scale, WarmSlots, evaluate, larger_warm, scale_for
 from extender.core.sharing import Claim, claim, share
 from extender.core.warming import Action, Expectation, plan
 from extender.sim import hpa as hpa_model
@@ -416,8 +416,12 @@ class Run:
             return feasible, totals, np.full(len(c), np.nan)
         ones = np.ones(len(c), dtype=np.bool_)
         nvme_free = np.fromiter((r.nvme_free for r in c.records), dtype=np.float64, count=len(c))
-        inputs = NodeInputs(c.classes, c.class_index, state, ones, ones, nvme_free, c.gpus_free())
         b = self.belief
+        others: tuple[WarmSlots, ...] = ()
+        if self.policy.scoring.protect_warm_points:
+            others = larger_warm(b.profile(w), [b.profile(q) for q in range(len(self.w)) if q != w], c.classes,
+                                 c.class_index, lambda q: c.state(self.names[q.name], now))
+        inputs = NodeInputs(c.classes, c.class_index, state, ones, ones, nvme_free, c.gpus_free(), others)
         ev = evaluate(b.policy, b.profile(w), inputs, scale=self.w[w].scale, table=b.table(w))
         feasible = feasible & (ev.judgement.verdict == 0)
         return feasible, totals + ev.score * self.weight * EXTENDER_SCALE, ev.estimate.total_s
@@ -564,7 +568,7 @@ class Run:
         far = horizon(s.scale.reference_s + self.provision_s, self.dt, scaling.hpa_sync_delay)
         if s.far is None or k - s.far_at >= FAR_EVERY_TICKS:
             s.far, s.far_at = self._forecast(s, k, far.seconds), k
-        need = max(math.ceil(s.far.upper / setup.capacity - 1e-9), desired)
+        need = max(math.ceil(s.far.upper / (setup.capacity * scaling.target_utilization) - 1e-9), desired)
         need = min(need, setup.max_replicas)
         return Expectation(workload=setup.profile.name, replicas=max(need - current, 0), within_s=far.seconds)
 
@@ -791,7 +795,8 @@ class Run:
                 demand = q.arrived_in(k - 1) / dt
                 s.hist_t[k], s.hist_v[k] = now, demand
                 desired, expectation = self._decide(s, k, demand, queued)
-                reactive = (demand + queued / self.policy.scaling.queue_drain) / s.setup.capacity
+                scaling = self.policy.scaling
+                reactive = (demand + queued / scaling.queue_drain) / (s.setup.capacity * scaling.target_utilization)
                 claims.append(claim(s.setup.profile, minimum=s.setup.min_replicas, reactive=reactive,
                                     current=len(s.pods), desired=desired))
                 if expectation is not None:

@@ -46,7 +46,9 @@ from extender.core.scoring import (
     NodeInputs,
     Scale,
     Verdict,
+    WarmSlots,
     evaluate,
+    larger_warm,
     scale_for,
 )
 
@@ -168,7 +170,8 @@ class Engine:
         fresh = snap.fresh(now)
         known = np.ones(n + 1, dtype=np.bool_)
         known[-1] = False
-        inputs = NodeInputs(snap.classes, snap.class_index, state, fresh, known, snap.nvme_free, snap.gpus_free)
+        inputs = NodeInputs(snap.classes, snap.class_index, state, fresh, known, snap.nvme_free, snap.gpus_free,
+                            self._others(profile, snap.class_index, rows, now))
         ev = evaluate(self.policy, profile, inputs, scale=self.scales[profile.name], table=class_table)
         if old is not None and carried is not None:
             score = ev.score[:n]
@@ -254,9 +257,18 @@ class Engine:
         if kubelet_image.any():
             state = replace(state, image=state.image | kubelet_image)
         inputs = NodeInputs(snap.classes, class_index, state, snap.fresh(now)[rows], lookup.known, snap.nvme_free[rows],
-                            snap.gpus_free[rows])
+                            snap.gpus_free[rows], self._others(profile, class_index, rows, now))
         ev = evaluate(self.policy, profile, inputs, scale=self.scales[profile.name], table=class_table)
         return ev, inputs
+
+    def _others(self, profile: Profile, class_index: NDArray[np.intp], rows: NDArray[np.intp],
+                now: float) -> tuple[WarmSlots, ...]:
+        """Where the larger profiles are warm, for ``scoring.protectWarmPoints`` (nothing when it is off)."""
+        if not self.policy.scoring.protect_warm_points:
+            return ()
+        snap = self.snapshot
+        return larger_warm(profile, self.policy.profiles, snap.classes, class_index,
+                           lambda q: snap.state_for(q, rows, now)[0])
 
     def _image_matcher(self, profile: Profile) -> Callable[[Sequence[str]], bool]:
         digest = profile.compile.key.image_digest if profile.compile.key is not None else None
