@@ -39,3 +39,21 @@ def test_encoded_names_decode_to_the_names(values: list[str]) -> None:
 ])
 def test_plain_edge_cases(value: str, expected: bool) -> None:
     assert plain([value]) is expected
+
+
+ESCAPING = [
+    pytest.param(["a", 'b","Score":3},{"Host":"c'], id="a-name-holding-the-separator"),
+    pytest.param(['"'], id="a-lone-quote"),
+    pytest.param(["a\\", "b"], id="a-trailing-backslash"),
+    pytest.param(["a\nb"], id="a-newline"),
+    pytest.param(["nœud", "b"], id="non-ascii"),
+    pytest.param(["x"] * 3, id="plain"),
+]
+
+
+@pytest.mark.parametrize("names", ESCAPING)
+def test_the_encoders_escape_whatever_needs_it(names: list[str]) -> None:
+    # no hint: the encoder checks the joined text; with the right hint it takes the caller's word
+    for hint in (None, plain(names)):
+        assert json.loads(encode_names(names, hint)) == names
+        assert json.loads(encode_uniform_priorities(names, 0, hint)) == [{"Host": n, "Score": 0} for n in names]

@@ -25,7 +25,6 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 from pydantic_core import from_json
@@ -132,15 +131,15 @@ class ExtenderArgs:
     #: The raw body held a backslash, so some string in it was escaped (maybe a name).
     escaped: bool
 
-    @cached_property
-    def plain(self) -> bool:
-        """Every name can be written between JSON quotes as it is (see :func:`plain`).
+    @property
+    def plain(self) -> bool | None:
+        """``True`` when no name can need escaping, ``None`` when the encoder must check as it joins.
 
-        Decided on first use: a reply from pre-encoded fragments never asks, and at 15,000 names the
-        check is a scan of the whole list. Without a backslash in the body no string was escaped,
-        so no name can need escaping (JSON text cannot carry a quote or a control character raw).
+        Without a backslash in the body no string was escaped, so no name can need escaping (JSON
+        text cannot carry a quote or a control character raw). With one (a pod annotation is enough)
+        the encoders check the joined text, in the same pass over the names that writes the reply.
         """
-        return not self.escaped or plain(self.names)
+        return True if not self.escaped else None
 
     @property
     def cache_mode(self) -> bool:
@@ -214,27 +213,58 @@ def parse_args(body: bytes) -> ExtenderArgs:
 
 
 _NEEDS_ESCAPE = re.compile(r'["\\\x00-\x1f\x7f]')
+#: The bytes of :data:`_NEEDS_ESCAPE` but the quote, which :func:`_plain_ascii` counts instead.
+_ESCAPED_BYTES = bytes(range(0x20)) + b"\\\x7f"
+
+
+def _plain_ascii(text: str, quotes: int) -> bool:
+    """ASCII ``text`` holds no control character, no ``\\`` and exactly ``quotes`` double quotes.
+
+    Two C loops over the bytes (``bytes.translate`` deleting the bytes that need escaping, and
+    ``bytes.count``); at 15,000 names about five times faster than the regular expression or
+    ``str.isprintable``, which look every character up in a table.
+    """
+    raw = text.encode("ascii")
+    return len(raw.translate(None, _ESCAPED_BYTES)) == len(raw) and raw.count(b'"') == quotes
 
 
 def plain(names: Sequence[str]) -> bool:
     """True when every name can be written inside JSON quotes as it is (no escaping needed).
 
-    For ASCII text (every real node name) that is: printable (``str.isprintable`` is false for
-    exactly U+0000-U+001F and U+007F there) with no ``"`` and no ``\\``. Those are three C loops,
-    about ten times faster than the regular expression, which still decides for other text.
+    ASCII text (every real node name) is checked by :func:`_plain_ascii`; the regular expression
+    decides for other text.
     """
     joined = "".join(names)
     if joined.isascii():
-        return joined.isprintable() and '"' not in joined and "\\" not in joined
+        return _plain_ascii(joined, 0)
     return _NEEDS_ESCAPE.search(joined) is None
 
 
+def _joined_plain(separator: str, names: Sequence[str], is_plain: bool | None) -> str | None:
+    """``separator.join(names)`` when every name can stand between JSON quotes as it is, else ``None``.
+
+    ``is_plain`` is what the caller knows (``True``/``False``), or ``None``: then the joined text
+    is checked instead of the names, so the names are walked once, not twice. The separator is
+    printable ASCII without ``\\``, so the text is plain exactly when it is ASCII without control
+    characters or ``\\`` and holds no ``"`` but the separators' own (a non-ASCII name counts as not
+    plain: the caller's ``json.dumps`` then escapes it, which is correct, only slower).
+    """
+    if is_plain is False:
+        return None
+    joined = separator.join(names)
+    if is_plain:
+        return joined
+    quotes = separator.count('"') * (len(names) - 1)
+    return joined if joined.isascii() and _plain_ascii(joined, quotes) else None
+
+
 def encode_names(names: Sequence[str], is_plain: bool | None = None) -> str:
-    """A JSON array of strings (``is_plain``: the caller already knows whether names need escaping)."""
+    """A JSON array of strings (``is_plain``: whether names need escaping, if the caller knows)."""
     if not names:
         return "[]"
-    if is_plain if is_plain is not None else plain(names):
-        return '["' + '","'.join(names) + '"]'
+    joined = _joined_plain('","', names, is_plain)
+    if joined is not None:
+        return '["' + joined + '"]'
     return json.dumps(list(names), separators=(",", ":"))
 
 
@@ -243,8 +273,9 @@ def encode_uniform_priorities(names: Sequence[str], score: int, is_plain: bool |
     if not names:
         return "[]"
     tail = f'","Score":{int(score)}}}'
-    if is_plain if is_plain is not None else plain(names):
-        return '[{"Host":"' + (tail + ',{"Host":"').join(names) + tail + "]"
+    joined = _joined_plain(tail + ',{"Host":"', names, is_plain)
+    if joined is not None:
+        return '[{"Host":"' + joined + tail + "]"
     return json.dumps([{"Host": n, "Score": int(score)} for n in names], separators=(",", ":"))
 
 
