@@ -25,6 +25,7 @@ from extender.state import embedded
 from tests.net import free_port
 
 if TYPE_CHECKING:
+    from extender.core.inventory import NodeState
     from tests.cluster_stack import Stack
 from tests.real_cluster import Cluster, terminal
 
@@ -120,6 +121,22 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 def redis_url(redis_server: RedisServer) -> str:
     """``redis://127.0.0.1:PORT/0`` of this test's :func:`redis_server`."""
     return redis_server.url
+
+
+@pytest.fixture
+def decoded_records(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the inventory records decoded during the test, in order (the store's ``decode``, counted)."""
+    from extender.state import store
+
+    decoded: list[str] = []
+    real = store.decode
+
+    def counting(name: str, raw: str | bytes) -> NodeState:
+        decoded.append(name)
+        return real(name, raw)
+
+    monkeypatch.setattr(store, "decode", counting)
+    return decoded
 
 
 @pytest.fixture

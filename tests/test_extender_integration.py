@@ -576,20 +576,12 @@ def test_explain_command_reads_the_live_inventory(policy_file: Path, redis_serve
 
 
 def test_a_heartbeat_costs_a_reader_one_record_not_the_inventory(
-        policy_file: Path, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        policy_file: Path, redis_server: RedisServer, tmp_path: Path, decoded_records: list[str]) -> None:
     # 1,000 heartbeats a second used to make every worker re-read all 15,000 records per reload
     from extender.api.scheduler.app import create_app
     from extender.api.scheduler.settings import Settings
-    from extender.state import store as store_module
 
-    decoded: list[str] = []
-    real_decode = store_module.decode
-
-    def counting(name: str, raw: str | bytes) -> NodeState:
-        decoded.append(name)
-        return real_decode(name, raw)
-
-    monkeypatch.setattr(store_module, "decode", counting)
+    decoded = decoded_records
     client = connect(redis_server.url, tmp_path / "unused")
     writer = InventoryStore(client)
     now = time.time()
@@ -615,12 +607,11 @@ def test_a_heartbeat_costs_a_reader_one_record_not_the_inventory(
 
 
 def test_a_bare_heartbeat_decodes_no_record_and_brings_a_stale_node_back(
-        policy_file: Path, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        policy_file: Path, redis_server: RedisServer, tmp_path: Path, decoded_records: list[str]) -> None:
     # Heartbeats were record writes: each bumped the version, and every worker read, decoded and
     # re-scored the records of every node that reported (issue: p99 under 1,000 heartbeats/s).
     from extender.api.scheduler.app import create_app
     from extender.api.scheduler.settings import Settings
-    from extender.state import store as store_module
 
     client = connect(redis_server.url, tmp_path / "unused")
     writer = InventoryStore(client)
@@ -636,18 +627,11 @@ def test_a_bare_heartbeat_decodes_no_record_and_brings_a_stale_node_back(
     engine = refresher.engine
     assert engine is not None
     cold_score = engine.table(profile, now).evaluation.score[engine.snapshot.positions["gpu-fast-warm"]]
-    decoded: list[str] = []
-    real_decode = store_module.decode
-
-    def counting(name: str, raw: str | bytes) -> NodeState:
-        decoded.append(name)
-        return real_decode(name, raw)
-
-    monkeypatch.setattr(store_module, "decode", counting)
+    decoded_records.clear()
     version = writer.version()
     writer.beat_many({"gpu-fast-warm": now + 1, "gpu-slow-cold": now + 1})
     refresher.refresh_once(now + 1)
-    assert decoded == [] and writer.version() == version  # no record read, no record version moved
+    assert decoded_records == [] and writer.version() == version  # no record read, no record version moved
     engine = refresher.engine
     assert engine is not None and engine.snapshot.version == version
     row = engine.snapshot.positions["gpu-fast-warm"]

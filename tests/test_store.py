@@ -596,20 +596,12 @@ def test_a_garbage_heartbeat_in_redis_leaves_the_record_s_own(store: InventorySt
 
 
 def test_a_full_read_decodes_only_records_whose_text_changed(store: InventoryStore,
-                                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from extender.state import store as store_module
-
+                                                             decoded_records: list[str]) -> None:
     store.put_many([node("a", gpus=1), node("b", gpus=2), node("c", gpus=3)])
     store.load_all()
-    decoded: list[str] = []
-    real = store_module.decode
-    def counting(name: str, raw: str | bytes) -> NodeState:
-        decoded.append(name)
-        return real(name, raw)
-
-    monkeypatch.setattr(store_module, "decode", counting)
+    decoded_records.clear()
     store.put(node("b", gpus=4))
     store.beat_many({"c": 500.0})
     _, records, _ = store.load_all()
-    assert decoded == ["b"]  # a heartbeat changes no text; a rewritten record is read anew
+    assert decoded_records == ["b"]  # a heartbeat changes no text; a rewritten record is read anew
     assert {r.name: (r.gpus, r.heartbeat) for r in records} == {"a": (1, 0.0), "b": (4, 0.0), "c": (3, 500.0)}
