@@ -566,6 +566,7 @@ def test_a_merged_record_keeps_the_later_heartbeat(store: InventoryStore) -> Non
     got = store.get("a")
     assert got is not None and (got.heartbeat, got.gpus) == (400.0, 8)
     sources.remove_node("a")
+    assert store.heartbeats_since(0)[1] == {}  # the removal took the heartbeat with it
     assert not sources.beat_agent("a", 500.0)  # no record: the agent must write whole (and meet the tombstone)
 
 

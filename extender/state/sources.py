@@ -152,6 +152,7 @@ class SourceStore:
             pipe.expire(key, TOMBSTONE_TTL_S)
             pipe.delete(self.store.keys.node(name))
             pipe.srem(self.store.keys.nodes, name)
+            pipe.hdel(self.store.keys.heartbeats, name)
             self.store.stage_bump(pipe, [name])
 
         with redis_errors(f"removing node {name!r}"), self.client.pipeline(transaction=True) as pipe:

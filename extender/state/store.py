@@ -213,7 +213,7 @@ class InventoryStore:
         self._reported: set[str] = set()
         self._names_hint: list[str] = []
         #: name -> (stored text, its record) from the last :meth:`load_all`: a record whose text did
-        #: not change since is not decoded again (about a tenth of the cost of a full read).
+        #: not change since is not decoded again (decoding was most of a full read's cost).
         self._decoded: dict[str, tuple[str | bytes, NodeState]] = {}
         self._lock = threading.Lock()
 
