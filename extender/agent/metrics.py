@@ -39,7 +39,8 @@ class AgentMetrics:
                               "Paths the last scan could not use as they are (unreadable, inconsistent, ...).",
                               registry=r)
         self.reports = Counter("extender_agent_reports_total",
-                               "Reports written to the inventory, by result (written, failed).", ["result"], registry=r)
+                               "Reports written to the inventory (whole, or bare heartbeats), by result "
+                               "(written, failed).", ["result"], registry=r)
         self.last_report = Gauge("extender_agent_last_report_timestamp_seconds",
                                  "Unix time of the last report the store accepted.", registry=r)
         for kind in KINDS:
