@@ -37,6 +37,7 @@ from extender.state import connect
 from extender.state.decisions import DecisionStore, Published
 from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
+from tests.kube_double.waiting import wait_until
 from tests.net import free_port
 from tests.pki import Pki, make_ca, make_cert, make_pki
 from tests.scaler_policy import make_policy, policy_text
@@ -49,10 +50,7 @@ WEEK_S = 7 * 86400.0
 
 
 def wait_for(condition: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + SETTLE_S
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
+    wait_until(condition, timeout_s=SETTLE_S, what=what)
 
 
 def publish(redis_url: str, directory: Path, decisions: dict[str, tuple[int, float]]) -> None:

@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
@@ -33,6 +32,7 @@ from extender import process
 from extender.process import JsonLineFormatter, TextFormatter, setup_logging
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
+from tests.kube_double.waiting import wait_until
 from tests.net import free_port
 from tests.scaler_policy import policy_text
 from tests.vllm_endpoint import Counters, pod, serving
@@ -192,16 +192,16 @@ def running(argv: Sequence[str], tmp_path: Path, name: str) -> Iterator[Callable
         proc = subprocess.Popen(command(*argv), cwd=tmp_path, env=env(), stdout=subprocess.DEVNULL, stderr=err)
 
     def wait(predicate: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
-        deadline = time.monotonic() + SETTLE_S
-        while True:
+        def found() -> dict[str, Any] | None:
             text = log.read_text()
             complete = text[: text.rfind("\n") + 1]
-            for doc in json_lines(complete):
-                if predicate(doc):
-                    return doc
-            assert proc.poll() is None, f"{name} exited with {proc.returncode}: {text[-3000:]}"
-            assert time.monotonic() < deadline, f"{name}: no such record within the setup bound: {text[-3000:]}"
-            time.sleep(0.05)
+            match = next((doc for doc in json_lines(complete) if predicate(doc)), None)
+            assert match is not None or proc.poll() is None, f"{name} exited with {proc.returncode}: {text[-3000:]}"
+            return match
+
+        record: dict[str, Any] = wait_until(found, timeout_s=SETTLE_S, interval_s=0.05, what=f"a {name} record",
+                                            report=lambda: log.read_text()[-3000:])
+        return record
 
     try:
         yield wait
@@ -303,15 +303,13 @@ def test_serve_with_gunicorn_logs_in_the_same_format(tmp_path: Path, redis_serve
                   "--redis-url", redis_server.url, "--access-log", "--log-format", "json"], tmp_path, "serve") as wait:
         booted = wait(lambda d: d["logger"] == "gunicorn.error" and "Booting worker" in d["message"])
         assert booted["level"] == "INFO"
-        deadline = time.monotonic() + SETTLE_S
-        while True:
+        def healthy() -> bool:
             try:
-                if get(f"http://127.0.0.1:{port}/healthz") == 200:
-                    break
+                return get(f"http://127.0.0.1:{port}/healthz") == 200
             except (urllib.error.URLError, ConnectionError):
-                pass
-            assert time.monotonic() < deadline, "serve did not answer /healthz"
-            time.sleep(0.05)
+                return False
+
+        wait_until(healthy, timeout_s=SETTLE_S, interval_s=0.05, what="serve to answer /healthz")
         access = wait(lambda d: d["logger"] == "gunicorn.access" and d.get("path") == "/healthz")
         assert (access["method"], access["status"], access["message"]) == ("GET", 200, "GET /healthz 200")
         assert access["duration_s"] >= 0 and access["bytes"] > 0 and access["remote"] == "127.0.0.1"

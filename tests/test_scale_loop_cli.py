@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -151,26 +150,24 @@ def test_the_full_process_publishes_what_the_loop_decides(cluster: tuple[KubeDou
     url = (f"{base}/apis/external.metrics.k8s.io/v1beta1/namespaces/default/extender-forecast-load"
            "?labelSelector=workload%3Dqwen3")
     try:
-        deadline = time.monotonic() + SETTLE_S
-        item: dict[str, Any] = {}
-        while not item.get("window"):  # "window" is set once a decision (not the "0" placeholder) is served
+        def served() -> dict[str, Any] | None:
+            # "window" is set once a decision (not the "0" placeholder) is served
             assert process.poll() is None, log.read_text()[-3000:]
-            assert time.monotonic() < deadline, f"no decision served: {log.read_text()[-3000:]}"
             try:
                 code, body = get_json(url)
-                if code == 200 and body["items"][0]["value"] != "0":
-                    item = body["items"][0]
             except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.05)
+                return None
+            found: dict[str, Any] = body["items"][0] if code == 200 else {}
+            return found if found.get("window") and found["value"] != "0" else None
+
+        item: dict[str, Any] = wait_until(served, timeout_s=SETTLE_S, interval_s=0.05, what="a decision served",
+                                          report=lambda: log.read_text()[-3000:])
         assert item["metricLabels"] == {"workload": "qwen3"}
         assert item["window"] == 1  # the 0.2 s tick, rounded to whole seconds (at least 1)
         # /readyz reports the tick once it has returned (after its writes and the warmer's turn),
         # so it may trail the published value by one tick: poll it, bounded like the wait above
-        code, ready = get_json(f"{base}/readyz")
-        while ready.get("leader") is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-            code, ready = get_json(f"{base}/readyz")
+        code, ready = wait_until(lambda: (got := get_json(f"{base}/readyz"))[1].get("leader") is not None and got,
+                                 timeout_s=SETTLE_S, interval_s=0.05, what="/readyz to name the leader")
         assert (code, ready["loop"], ready["leader"]) == (200, "running", "scaler-x")
     finally:
         process.send_signal(signal.SIGTERM)

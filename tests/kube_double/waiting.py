@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 T = TypeVar("T")
 
@@ -12,10 +12,11 @@ T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 20.0
 
 
-def wait_until(condition: Callable[[], T], *, timeout_s: float = DEFAULT_TIMEOUT_S, what: str = "condition",
-               report: Callable[[], str] | None = None, interval_s: float = 0.01) -> T:
-    """Poll ``condition`` until it returns something truthy and return that; fail the test after
-    ``timeout_s``, with ``report()`` (e.g. the logs of the processes involved) in the message."""
+def wait_until(condition: Callable[[], T | Literal[False] | None], *, timeout_s: float = DEFAULT_TIMEOUT_S,
+               what: str = "condition", report: Callable[[], str] | None = None, interval_s: float = 0.01) -> T:
+    """Poll ``condition`` until it returns something truthy and return that (``None`` and ``False``
+    mean "not yet", so the result's type leaves them out); fail the test after ``timeout_s``, with
+    ``report()`` (e.g. the logs of the processes involved) in the message."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
