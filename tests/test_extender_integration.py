@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from flask import Flask
@@ -34,6 +34,11 @@ from extender.state import InventoryStore, connect
 from tests.conftest import RedisServer
 from tests.net import free_port
 from tests.test_scoring import POLICY
+
+if TYPE_CHECKING:
+    import redis
+
+    from extender.api.scheduler.refresher import Refresher
 
 pytestmark = pytest.mark.integration
 
@@ -575,21 +580,28 @@ def test_explain_command_reads_the_live_inventory(policy_file: Path, redis_serve
     assert down.returncode == 1 and "unavailable" in down.stderr
 
 
+def hand_driven_refresher(policy_file: Path, client: redis.Redis) -> Refresher:
+    """The refresher of a real app on ``client``'s inventory, without its thread and without spacing
+    between reloads: each ``refresh_once`` reads whatever changed."""
+    from extender.api.scheduler.app import create_app
+    from extender.api.scheduler.settings import Settings
+
+    settings = Settings(policy_path=policy_file, start_refresher=False, store_factory=lambda: InventoryStore(client),
+                        min_rebuild_interval_s=0.0, rebuild_duty_factor=0.0)
+    refresher: Refresher = create_app(settings).extensions["extender"].refresher
+    return refresher
+
+
 def test_a_heartbeat_costs_a_reader_one_record_not_the_inventory(
         policy_file: Path, redis_server: RedisServer, tmp_path: Path, decoded_records: list[str]) -> None:
     # 1,000 heartbeats a second used to make every worker re-read all 15,000 records per reload
-    from extender.api.scheduler.app import create_app
-    from extender.api.scheduler.settings import Settings
 
     decoded = decoded_records
     client = connect(redis_server.url, tmp_path / "unused")
     writer = InventoryStore(client)
     now = time.time()
     writer.replace(records(now), [])
-    settings = Settings(policy_path=policy_file, start_refresher=False, store_factory=lambda: InventoryStore(client),
-                        min_rebuild_interval_s=0.0, rebuild_duty_factor=0.0)
-    app = create_app(settings)
-    refresher = app.extensions["extender"].refresher
+    refresher = hand_driven_refresher(policy_file, client)
     refresher.refresh_once()
     assert sorted(decoded) == sorted(NAMES)  # the first read is whole
     decoded.clear()
@@ -603,15 +615,15 @@ def test_a_heartbeat_costs_a_reader_one_record_not_the_inventory(
     assert sorted(held) == sorted(NAMES) and held["gpu-fast-cold"].gpus_free == 3
     writer.delete("gpu-slow-cold")
     refresher.refresh_once()
-    assert sorted(r.name for r in refresher.engine.snapshot.nodes) == sorted(set(NAMES) - {"gpu-slow-cold"})
+    engine = refresher.engine
+    assert engine is not None
+    assert sorted(r.name for r in engine.snapshot.nodes) == sorted(set(NAMES) - {"gpu-slow-cold"})
 
 
 def test_a_bare_heartbeat_decodes_no_record_and_brings_a_stale_node_back(
         policy_file: Path, redis_server: RedisServer, tmp_path: Path, decoded_records: list[str]) -> None:
     # Heartbeats were record writes: each bumped the version, and every worker read, decoded and
     # re-scored the records of every node that reported (issue: p99 under 1,000 heartbeats/s).
-    from extender.api.scheduler.app import create_app
-    from extender.api.scheduler.settings import Settings
 
     client = connect(redis_server.url, tmp_path / "unused")
     writer = InventoryStore(client)
@@ -619,9 +631,7 @@ def test_a_bare_heartbeat_decodes_no_record_and_brings_a_stale_node_back(
     stale = [r.model_copy(update={"ttl": 60.0, "heartbeat": now - 120}) if r.name == "gpu-fast-warm" else r
              for r in records(now)]
     writer.replace(stale, [])
-    settings = Settings(policy_path=policy_file, start_refresher=False, store_factory=lambda: InventoryStore(client),
-                        min_rebuild_interval_s=0.0, rebuild_duty_factor=0.0)
-    refresher = create_app(settings).extensions["extender"].refresher
+    refresher = hand_driven_refresher(policy_file, client)
     refresher.refresh_once(now)
     profile = refresher.policy.profiles[0]
     engine = refresher.engine
@@ -648,8 +658,6 @@ def test_a_store_that_restarted_empty_is_read_whole_at_once(
         policy_file: Path, redis_server: RedisServer, tmp_path: Path) -> None:
     # Its change log starts again below our version: asking it for "changes since" finds nothing,
     # and the snapshot kept serving the lost nodes until the next periodic full read (60 s).
-    from extender.api.scheduler.app import create_app
-    from extender.api.scheduler.settings import Settings
 
     client = connect(redis_server.url, tmp_path / "unused")
     writer = InventoryStore(client)
@@ -657,9 +665,7 @@ def test_a_store_that_restarted_empty_is_read_whole_at_once(
     writer.replace(records(now), [])
     for _ in range(3):
         writer.put(records(now)[0])
-    settings = Settings(policy_path=policy_file, start_refresher=False, store_factory=lambda: InventoryStore(client),
-                        min_rebuild_interval_s=0.0, rebuild_duty_factor=0.0)
-    refresher = create_app(settings).extensions["extender"].refresher
+    refresher = hand_driven_refresher(policy_file, client)
     refresher.refresh_once(now)
     client.flushall()
     writer.put(NodeState(name="gpu-new", labels={"pool": "fast"}, heartbeat=now))
@@ -673,9 +679,7 @@ def test_a_heartbeat_rebuilds_its_own_row_not_the_fleet(
     # Reading one record was not enough: each reload still rebuilt the columnar snapshot, every
     # profile's cache state and every score fragment for the whole fleet (0.15 s at 15,000 nodes).
     from extender.api.scheduler import engine as engine_module
-    from extender.api.scheduler.app import create_app
     from extender.api.scheduler.engine import Engine
-    from extender.api.scheduler.settings import Settings
     from extender.api.scheduler.wire import fragments_for
     from extender.core.inventory import InventorySnapshot
 
@@ -684,9 +688,7 @@ def test_a_heartbeat_rebuilds_its_own_row_not_the_fleet(
     now = time.time()
     fleet = records(now) + [r.model_copy(update={"name": f"{r.name}-{i}"}) for i in range(50) for r in records(now)]
     writer.replace(fleet, [])
-    settings = Settings(policy_path=policy_file, start_refresher=False, store_factory=lambda: InventoryStore(client),
-                        min_rebuild_interval_s=0.0, rebuild_duty_factor=0.0)
-    refresher = create_app(settings).extensions["extender"].refresher
+    refresher = hand_driven_refresher(policy_file, client)
     refresher.refresh_once()
     rows_done: list[int] = []
     encoded: list[str] = []
@@ -729,17 +731,13 @@ def test_a_heartbeat_rebuilds_its_own_row_not_the_fleet(
 def test_a_patch_that_fails_falls_back_to_a_full_rebuild_and_says_so(
         policy_file: Path, redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
-    from extender.api.scheduler.app import create_app
-    from extender.api.scheduler.settings import Settings
     from extender.core.inventory import InventorySnapshot
 
     client = connect(redis_server.url, tmp_path / "unused")
     writer = InventoryStore(client)
     now = time.time()
     writer.replace(records(now), [])
-    settings = Settings(policy_path=policy_file, start_refresher=False, store_factory=lambda: InventoryStore(client),
-                        min_rebuild_interval_s=0.0, rebuild_duty_factor=0.0)
-    refresher = create_app(settings).extensions["extender"].refresher
+    refresher = hand_driven_refresher(policy_file, client)
     refresher.refresh_once()
 
     def broken(*args: Any, **kwargs: Any) -> InventorySnapshot:
