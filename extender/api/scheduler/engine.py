@@ -111,8 +111,8 @@ class Engine:
         names in row order, when the caller has them already."""
         self.policy = policy
         self.snapshot = snapshot
-        same_policy = previous is not None and previous.policy is policy
-        self.scales: dict[str, Scale] = (previous.scales if previous is not None and same_policy else
+        same = previous if previous is not None and previous.policy is policy else None
+        self.scales: dict[str, Scale] = (same.scales if same is not None else
                                          {p.name: scale_for(policy, p) for p in policy.profiles})
         self._class_pos = {c.name: i for i, c in enumerate(snapshot.classes)}
         self._names = names if names is not None else [s.name for s in snapshot.nodes]
@@ -120,7 +120,7 @@ class Engine:
         self._lock = threading.Lock()
         #: The previous engine's tables by profile (its rows map to ours through ``snapshot.delta``).
         self._previous: dict[str, ProfileTable] = (
-            dict(previous._tables) if previous is not None and same_policy and snapshot.delta is not None else {})
+            dict(same._tables) if same is not None and snapshot.delta is not None else {})
 
     # ---- matching --------------------------------------------------------------------------------
 

@@ -172,9 +172,9 @@ class Refresher:
             spacing = max(self.settings.min_rebuild_interval_s, self.settings.rebuild_duty_factor * self._rebuild_cost)
             if self._records is None or (version != self._version and t - self._last_load >= spacing):
                 started = time.perf_counter()
-                # A version or heartbeat sequence below ours: the store restarted empty or is another
-                # one, and its change log cannot tell us what we hold that it lost.
-                went_back = version < self._version or beat_seq < self._beat_seq
+                # A version below ours: the store restarted empty or is another one, and its change
+                # log cannot tell us what we hold that it lost (the full read also resets beat_seq).
+                went_back = version < self._version
                 if self._records is None or went_back or t - self._last_full >= self.settings.full_reload_interval_s:
                     loaded, records, registry = store.load_all()  # with every heartbeat up to beat_seq
                     self._last_full = t
