@@ -11,7 +11,7 @@ import pytest
 from extender.core.caches import warm_entries
 from extender.core.policy import Policy
 from extender.files import load_policy
-from extender.sim.cluster import Cluster, NodeSpec
+from extender.sim.cluster import Cluster, NodeSpec, Pod
 from extender.sim.errors import ScenarioError
 from extender.sim.scenario import Rollout, load_scenario
 from extender.sim.simulation import Run, prepare, rolled_policy
@@ -68,6 +68,36 @@ def test_a_rollout_makes_the_old_version_cold(policy: Policy) -> None:
     start = c.cost(0, 0, 0.0)
     assert start.cold
     assert start.download_bytes >= rolled.profile("llama3-8b").weights.bytes  # the new weights are fetched
+
+
+def _with_snapshot(text: str, *, published: bool) -> str:
+    """The mixed-fleet policy with a process snapshot for ``llama3-8b`` (published for g5.xlarge or not)."""
+    text = text.replace("    capacity: {perReplica: 4, unit: requests/s}\n    startupSlo: 2m\n",
+                        "    capacity: {perReplica: 4, unit: requests/s}\n    startupSlo: 2m\n"
+                        "    snapshot: {bytes: 18GB, restore: 10s}\n", 1)
+    assert "snapshot:" in text
+    if published:
+        published_line = "  publishedSnapshots: [{workload: llama3-8b, nodeClass: g5.xlarge}]\n"
+        text = text.replace("warming:\n", "warming:\n" + published_line, 1)
+    return text
+
+
+def test_a_rollout_deletes_the_workload_s_snapshots(tmp_path: Path) -> None:
+    (tmp_path / "policy.yaml").write_text(_with_snapshot(POLICY_TEXT, published=True))
+    policy = load_policy(tmp_path / "policy.yaml")
+    cls, p = policy.node_class("g5.xlarge"), policy.profile("llama3-8b")
+    caches: dict[str, int] = {}
+    for kind in ("image", "weights", "compile", "snapshot"):
+        caches.update(warm_entries(p, cls, kind))
+    c = Cluster.build(policy, [p], [NodeSpec("a-00", cls.name, tuple(caches.items()))])
+    before = c.records[0]
+    assert c.cost(0, 0, 0.0).estimate.restore_s[0] > 10.0  # the restore path: the read, then 10 s
+    rollout = Rollout.model_validate({"workload": "llama3-8b", "at": 60.0, "weightsVersion": "v2"})
+    c.set_profile(0, rolled_policy(policy, rollout).profile("llama3-8b"))
+    after = c.records[0]
+    assert after.snapshots == () and "snapshot:llama3-8b" not in after.cache_bytes
+    assert after.nvme_free == before.nvme_free + 18 * 10**9
+    assert c.cost(0, 0, 0.0).estimate.restore_s[0] == 0.0  # the old model is not restored
 
 
 # ---------------------------------------------------------------------------------------------
@@ -281,3 +311,46 @@ def test_the_simulator_scores_with_the_protection_term(tmp_path: Path, points: i
     on = _scored(tmp_path, points)
     weight = 2 * 10  # the scenario's extenderWeight (default 2) x kube-scheduler's 10
     assert [a - b for a, b in zip(off, on, strict=True)] == [charge * weight, 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Process snapshots: the simulator's warmer stages the published ones, as the production warmer does
+# ---------------------------------------------------------------------------------------------
+
+
+GROWING = """\
+apiVersion: extender.io/v1alpha1
+kind: Scenario
+policy: policy.yaml
+seed: 3
+slo: {queueDelay: 10s}
+cluster:
+  nodes:
+    - nodeClass: g5.xlarge
+      count: 6
+      warm: [{workload: llama3-8b, nodes: [0]}]
+workloads:
+  - name: llama3-8b
+    initialReplicas: 1
+    demand:
+      synthetic: {duration: 4h, base: 2, trend: 8, arrivals: fluid}
+"""
+
+
+@pytest.mark.parametrize("published", [True, False], ids=["published", "not published"])
+def test_the_warmer_stages_published_snapshots_and_replicas_restore_them(tmp_path: Path, published: bool) -> None:
+    (tmp_path / "policy.yaml").write_text(_with_snapshot(POLICY_TEXT, published=published))
+    (tmp_path / "s.yaml").write_text(GROWING)
+    run = Run(prepare(load_scenario(tmp_path / "s.yaml")), STRATEGIES["predictive"])
+    restored: list[bool] = []
+    place = run._place
+
+    def spy(pod: Pod, node: int, now: float) -> None:
+        place(pod, node, now)
+        restored.append(bool(run.cluster.state(pod.workload, now, np.array([node], dtype=np.intp)).snapshot[0]))
+
+    run._place = spy  # type: ignore[method-assign]
+    run.run()
+    held = sum("llama3-8b" in r.snapshots for r in run.cluster.records)
+    assert (held > 0) is published
+    assert any(restored) is published

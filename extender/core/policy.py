@@ -939,6 +939,10 @@ class Warming(Schema):
     #: What happens when a node joins.
     new_nodes: NewNodes = NewNodes()
 
+    def snapshot_pairs(self) -> frozenset[tuple[str, str]]:
+        """(workload, node class) of every published snapshot (``publishedSnapshots``)."""
+        return frozenset((p.workload, p.node_class) for p in self.published_snapshots)
+
 
 class Metadata(Schema):
     """Identification only."""

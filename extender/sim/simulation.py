@@ -609,7 +609,8 @@ class Run:
         wanted = [Expectation(workload=r.workload, replicas=len(s.pods), within_s=max(r.at - now, self.dt))]
         policy = rolled_policy(self.belief.policy, r)
         result = plan(policy, self.cluster.planning_snapshot(now), wanted, now=now,
-                      in_flight=self.cluster.in_flight_actions())
+                      in_flight=self.cluster.in_flight_actions(),
+                      published_snapshots=policy.warming.snapshot_pairs())
         self._start(result.actions, now, policy)
 
     def _start(self, actions: Sequence[Action], now: float, belief: Policy) -> None:
@@ -665,7 +666,8 @@ class Run:
         if key == self._plan_key:
             return  # nothing the planner reads has changed: it would plan nothing new
         snapshot = self.cluster.planning_snapshot(now)
-        result = plan(self.belief.policy, snapshot, wanted, now=now, in_flight=self.cluster.in_flight_actions())
+        result = plan(self.belief.policy, snapshot, wanted, now=now, in_flight=self.cluster.in_flight_actions(),
+                      published_snapshots=self.belief.policy.warming.snapshot_pairs())
         # the planner's durations are the belief's; in a world that differs, it takes the world's time
         self._start(result.actions, now, self.belief.policy)
         self._plan_key = (key[0], self.cluster.version)

@@ -36,7 +36,7 @@ def published_snapshots(policy: Policy) -> frozenset[tuple[str, str]]:
     """(workload, node class) pairs whose snapshot can be fetched: the policy's list, when a template can."""
     if policy.warming.templates.snapshot is None:
         return frozenset()
-    return frozenset((p.workload, p.node_class) for p in policy.warming.published_snapshots)
+    return policy.warming.snapshot_pairs()
 
 
 def present(policy: Policy, snapshot: InventorySnapshot, action: Action, now: float) -> bool | None:
