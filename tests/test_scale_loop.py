@@ -31,8 +31,7 @@ from extender.core.caches import weights_key
 from extender.core.errors import KubeError
 from extender.core.inventory import NodeState
 from extender.core.policy import Policy
-from extender.core.scaler import Decision, decide
-from extender.core.warming import Expectation
+from extender.core.scaler import Decision
 from extender.files import PolicyFile, policy_version
 from extender.scaler.loop import LoopThread, ScaleLoop, TickReport
 from extender.scaler.observation import Observation
@@ -169,24 +168,6 @@ def test_a_ramp_is_met_one_horizon_before_the_load(redis_server: RedisServer) ->
     leading = next(d for d in decisions if d.inputs.now_s == by_forecast)
     assert leading.driver == "forecast"
     assert leading.inputs.forecast is not None and leading.inputs.forecast.method == "holt"
-
-
-def test_the_warmer_prepares_for_its_own_quantile_without_moving_the_decision(redis_server: RedisServer) -> None:
-    def noisy(t: float) -> float:
-        k = round((t - T0) / TICK)
-        return 20.0 + 0.01 * (t - T0) + (6.0 if k % 7 == 3 else 0.0)  # a ramp with a jump every 7th tick
-
-    rig = make_rig(redis_server.url, noisy, scaling_extra="  tolerance: 0\nwarming:\n  quantile: 0.99\n")
-    decisions = rig.run(150)
-    later = [(d, d.inputs.forecast, d.inputs.warm_upper) for d in decisions[60:]]
-    raised = 0
-    for d, fc, warm in later:
-        assert fc is not None and warm is not None and warm >= fc.upper
-        raised += warm > fc.upper
-        assert decide(d.inputs.model_copy(update={"warm_upper": None})).desired == d.desired
-        assert Expectation.from_decision(d).replicas >= max(d.desired - d.current, 0)
-    assert raised > 0
-    assert "warming.quantile" in later[-1][0].explain()
 
 
 def test_a_daily_cycle_is_anticipated_once_two_days_are_known(redis_server: RedisServer) -> None:

@@ -641,26 +641,3 @@ def test_target_utilization_bad_value_is_an_error_with_its_line(value: str, word
     assert (problem.source, problem.line, problem.path) == ("util.yaml", _POLICY_HEAD.count("\n") + 1,
                                                              "scaling.targetUtilization")
     assert words in problem.message
-
-
-@pytest.mark.parametrize(("value", "words"), [("0.5", "> 0.5"), ("1", "< 1"), ("high", "number")],
-                         ids=["at one half", "one", "not a number"])
-def test_warming_quantile_bad_value_is_an_error_with_its_line(value: str, words: str) -> None:
-    head = _POLICY_HEAD + "warming:\n"
-    with pytest.raises(PolicyError) as err:
-        parse_policy(head + f"  quantile: {value}\n", "warm.yaml")
-    (problem,) = err.value.problems
-    assert (problem.source, problem.line, problem.path) == ("warm.yaml", head.count("\n") + 1, "warming.quantile")
-    assert words in problem.message
-
-
-def test_the_warmer_s_forecast_is_the_scaler_s_at_another_level() -> None:
-    t = np.arange(0.0, 3 * 86_400.0, 60.0)  # long enough for more than 100 held-out errors
-    v = 40.0 + 10.0 * np.sin(t / 3000.0) + np.random.default_rng(5).normal(0.0, 3.0, len(t))
-    params = ForecastParams(step_s=300.0)
-    assert params.at_level(None) is params and params.at_level(params.level) is params
-    low = forecast("auto", t, v, 600.0, params, now_s=float(t[-1]))
-    high = forecast("auto", t, v, 600.0, params.at_level(0.99), now_s=float(t[-1]))
-    assert (high.point, high.method) == (low.point, low.method)
-    assert high.level == 0.99 and high.upper > low.upper
-

@@ -354,13 +354,3 @@ def test_the_warmer_stages_published_snapshots_and_replicas_restore_them(tmp_pat
     held = sum("llama3-8b" in r.snapshots for r in run.cluster.records)
     assert (held > 0) is published
     assert any(restored) is published
-
-
-@pytest.mark.parametrize(("extra", "level"), [("", 0.95), ("  quantile: 0.99\n", 0.99)], ids=["unset", "0.99"])
-def test_the_simulator_s_warmer_looks_ahead_at_the_warming_quantile(tmp_path: Path, extra: str, level: float) -> None:
-    (tmp_path / "policy.yaml").write_text(POLICY_TEXT.replace("warming:\n", "warming:\n" + extra, 1))
-    (tmp_path / "s.yaml").write_text(GROWING)
-    run = Run(prepare(load_scenario(tmp_path / "s.yaml")), STRATEGIES["predictive"])
-    assert run.params.level == run.policy.scaling.quantile == 0.95  # the scaler's own level is untouched
-    assert run.warm_params.level == level
-    assert (run.warm_params is run.params) is (not extra)

@@ -374,29 +374,6 @@ def test_expectation_from_a_decision() -> None:
     assert (e.workload, e.replicas, e.within_s) == ("llm", 3, 181.0)  # need 5, have 2; 151 + 15 + 15
 
 
-class Prepared(NamedTuple):
-    name: str
-    warm_upper: float | None
-    replicas: int
-
-
-PREPARED = [
-    Prepared("no warming quantile: the decision's own replicas", None, 3),      # 50 / 10 = 5 desired, 2 running
-    Prepared("a higher quantile prepares more", 82.0, 7),                     # ceil(82 / 10) = 9, minus 2
-    Prepared("never fewer than desired", 10.0, 3),                            # 1 < 5 desired: 5 - 2
-    Prepared("exactly on a replica: no extra one", 60.0 + 1e-12, 4),         # 6 - 2
-    Prepared("capped by maxReplicas", 1000.0, 18),                            # min(100, 20) - 2
-]
-
-
-@pytest.mark.parametrize("case", PREPARED, ids=[c.name for c in PREPARED])
-def test_expectation_from_a_decision_with_a_warming_quantile(case: Prepared) -> None:
-    d = decide(DecisionInputs(workload="llm", now_s=NOW, demand=50.0, capacity=10.0, warm_upper=case.warm_upper,
-                              horizon=horizon(151.0, 15.0, 15.0), ready=2, max_replicas=20))
-    assert d.desired == 5  # the warmer's quantile never changes the decision
-    assert Expectation.from_decision(d).replicas == case.replicas
-
-
 def test_duplicate_and_unknown_expectations() -> None:
     with pytest.raises(ValueError, match="llm"):
         run(CAP1, [node("a")], [expect(), expect()])

@@ -241,14 +241,6 @@ class ForecastParams(BaseModel):
                    fit=scaling.fit, refit_s=scaling.refit, fit_window_s=scaling.fit_window,
                    level=scaling.quantile, step_s=scaling.step, season_s=scaling.season)
 
-    def at_level(self, level: float | None) -> ForecastParams:
-        """These parameters with the upper quantile at ``level`` (``None``: unchanged, the same object).
-
-        The warmer's forecast (``warming.quantile``) is the scaler's at another level; the fitted
-        runs are cached without the level, so the second forecast reuses the first one's work.
-        """
-        return self if level is None or level == self.level else self.model_copy(update={"level": level})
-
     def fixed(self) -> Constants:
         return Constants(alpha=self.alpha, beta=self.beta, gamma=self.gamma, phi=self.phi)
 

@@ -899,11 +899,6 @@ class Warming(Schema):
     #: A cache used more recently than this is not evicted: it is likely wanted again soon, and
     #: evicting it to warm something else only moves the cold start elsewhere.
     evict_after_idle: Duration = 600.0
-    #: Upper quantile of forecast demand the warmer prepares nodes for (unset: ``scaling.quantile``).
-    #: A prepared node costs NVMe, bandwidth and, where nodes are provisioned ahead, the node for a
-    #: while; a replica costs its GPUs for as long as it runs. So the warmer can plan for a higher
-    #: quantile than the scaler: when a burst comes, its replicas land on prepared nodes.
-    quantile: float | None = Field(default=None, gt=0.5, lt=1)
 
     # ---- the executor: how each action becomes a Kubernetes Job (extender.warm, docs/warming.md) ----
     #: Namespace of the warm Jobs and their Events.

@@ -126,9 +126,7 @@ class DecisionInputs(_Model):
 
     ``demand=None``: no observation this tick. ``forecast=None``: reactive only. ``recent``: past
     recommendations of this workload; keep at least one at or before ``now - stabilisation_s`` or
-    a scale-down is held (the window is not covered). ``warm_upper``: the demand the warmer
-    prepares nodes for (the forecast's upper quantile at ``warming.quantile``); it never changes
-    the decision, only the warmer's expectation (:meth:`extender.core.warming.Expectation.from_decision`).
+    a scale-down is held (the window is not covered).
     """
 
     workload: str
@@ -148,7 +146,6 @@ class DecisionInputs(_Model):
     queue_drain_s: float = Field(default=_DEFAULTS.queue_drain, gt=0)
     target_utilization: float = Field(default=_DEFAULTS.target_utilization, gt=0, le=1)
     recent: tuple[Recommendation, ...] = ()
-    warm_upper: float | None = Field(default=None, ge=0)
 
     @classmethod
     def for_policy(cls, scaling: Scaling, bounds: ReplicaBounds, **observed: object) -> DecisionInputs:
@@ -223,8 +220,6 @@ class Decision(_Model):
             if f.constants:
                 consts = ", ".join(f"{k} {v:g}" for k, v in f.constants.items())
                 lines.append(f"  constants ({'fitted' if f.fitted else 'fixed'}): {consts}")
-        if i.warm_upper is not None:
-            lines.append(f"  warmer: prepares nodes for {i.warm_upper:g} {i.unit} (warming.quantile)")
         lines += [f"  - {r}" for r in self.reasons]
         return "\n".join(lines)
 

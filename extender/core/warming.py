@@ -75,7 +75,6 @@ not known.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, assert_never
@@ -131,29 +130,9 @@ class Expectation(_Model):
 
     @classmethod
     def from_decision(cls, decision: Decision) -> Expectation:
-        """``replicas = max(prepared - (ready + starting), 0)``, ``within_s`` = the decision's horizon.
-
-        ``prepared`` is the decision's desired replicas, or, when the inputs carry a ``warm_upper``
-        (``warming.quantile``), :func:`prepared_replicas` of it.
-        """
-        i = decision.inputs
-        prepared = decision.desired if i.warm_upper is None else prepared_replicas(
-            i.warm_upper, capacity=i.capacity, target_utilization=i.target_utilization,
-            desired=decision.desired, max_replicas=i.max_replicas)
-        return cls(workload=i.workload, replicas=max(prepared - decision.current, 0), within_s=i.horizon.seconds)
-
-
-def prepared_replicas(upper: float, *, capacity: float, target_utilization: float, desired: int,
-                      max_replicas: int) -> int:
-    """Replicas the warmer prepares nodes for, when it plans for the demand ``upper``::
-
-        prepared = min(max(ceil(upper / (capacity x target_utilization)), desired), max_replicas)
-
-    Never fewer than the scaler's ``desired``: the replicas ordered now need their nodes whatever
-    the forecast says. (The ceiling forgives 1e-9 of rounding: 2.0000000001 replicas are 2.)
-    """
-    need = math.ceil(upper / (capacity * target_utilization) - 1e-9)
-    return min(max(need, desired), max_replicas)
+        """``replicas = max(desired - (ready + starting), 0)``, ``within_s`` = the decision's horizon."""
+        return cls(workload=decision.inputs.workload, replicas=max(decision.desired - decision.current, 0),
+                   within_s=decision.inputs.horizon.seconds)
 
 
 class Eviction(_Model):

@@ -154,8 +154,6 @@ class ScaleLoop:
         self.tick_s = self._fixed_tick if self._fixed_tick is not None else scaling.tick
         self.hpa_sync_s = self._fixed_hpa_sync if self._fixed_hpa_sync is not None else scaling.hpa_sync_delay
         self.params = ForecastParams.from_scaling(scaling)
-        #: The warmer's expectation counts replicas at ``warming.quantile`` when the policy sets one.
-        self.warm_params = self.params.at_level(self.policy.warming.quantile)
         self.profiles = scaled_profiles(self.policy)
         #: The policy placements and horizons are estimated with (:meth:`_calibrate`).
         self.estimator_policy = self.policy
@@ -323,15 +321,12 @@ class ScaleLoop:
         samples = self.history.read(name, now=now)
         new = [Sample(now, observation.rate, observation.queue)] if observation.rate is not None else []
         fc = self._forecast(samples + new, h.seconds, now)
-        warm = None if self.warm_params is self.params else self._forecast(samples + new, h.seconds, now,
-                                                                            self.warm_params)
         recent = tuple(Recommendation(at_s=a, replicas=n) for a, n in self.decisions.recommendations(name))
         scaling = self.policy.scaling
         inputs = DecisionInputs.for_policy(
             scaling, auto, workload=name, now_s=now, unit=capacity.unit, demand=observation.rate,
             queue=max(0.0, observation.queue) if observation.rate is not None else 0.0, capacity=capacity.per_replica,
             forecast=fc, horizon=h, ready=replicas.ready, starting=replicas.starting, recent=recent,
-            warm_upper=None if warm is None else warm.upper,
         )
         decision = decide(inputs)
         if decision.action == "scale-down" and not observation.complete:
@@ -372,12 +367,11 @@ class ScaleLoop:
                             "horizon_s": decision.inputs.horizon.seconds, "token": token})
         return WorkloadResult(name, decision, observation, replicas, placement)
 
-    def _forecast(self, samples: Sequence[Sample], horizon_s: float, now: float,
-                  params: ForecastParams | None = None) -> Forecast | None:
+    def _forecast(self, samples: Sequence[Sample], horizon_s: float, now: float) -> Forecast | None:
         if not samples:
             return None
         return forecast(self.policy.scaling.forecaster, [s.t for s in samples], [s.rate for s in samples],
-                        horizon_s, params or self.params, now_s=now)
+                        horizon_s, self.params, now_s=now)
 
 
 def _failed(workload: str, exc: Exception) -> WorkloadResult:

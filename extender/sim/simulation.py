@@ -50,7 +50,7 @@ from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
 from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
 from extender.core.scoring import NodeInputs, Scale, WarmSlots, evaluate, larger_warm, scale_for
 from extender.core.sharing import Claim, claim, share
-from extender.core.warming import Action, Expectation, plan, prepared_replicas
+from extender.core.warming import Action, Expectation, plan
 from extender.sim import hpa as hpa_model
 from extender.sim.cluster import Cluster, NodeSpec, Pod
 from extender.sim.kubescheduler import EXTENDER_SCALE, in_tree_scores, select_host
@@ -361,8 +361,6 @@ class Run:
         self.weight = prepared.scenario.scheduler.extender_weight
         scaling = self.policy.scaling
         self.params = ForecastParams.from_scaling(scaling)
-        #: The warmer's look-ahead plans for ``warming.quantile`` when the policy sets one.
-        self.warm_params = self.params.at_level(prepared.policy.warming.quantile)
         self.history_s = history_span(scaling, self.dt)
         n = prepared.n_ticks
         self.w: list[_WorkloadState] = []
@@ -528,14 +526,13 @@ class Run:
                         requested="oracle", method="none", note="true future demand", observations=0,
                         residuals=0, step_s=self.dt, spread=0.0, t_end=k * self.dt)
 
-    def _forecast(self, s: _WorkloadState, k: int, ahead_s: float, params: ForecastParams | None = None) -> Forecast:
-        """The forecast ``ahead_s`` from tick ``k`` (``params``: the scaler's unless given)."""
+    def _forecast(self, s: _WorkloadState, k: int, ahead_s: float) -> Forecast:
         if self.strategy.scaling == "oracle":
             return self._truth(s, k, ahead_s)
         now = k * self.dt
         lo = int(np.searchsorted(s.hist_t[1:k + 1], now - self.history_s, side="left")) + 1
         return forecast(self.policy.scaling.forecaster, s.hist_t[lo:k + 1], s.hist_v[lo:k + 1], ahead_s,
-                        params or self.params, now_s=now)
+                        self.params, now_s=now)
 
     def _decide(self, s: _WorkloadState, k: int, demand: float, queue: float) -> tuple[int, Expectation | None]:
         """Replicas for this tick, and the warmer's expectation (predictive scaling only)."""
@@ -570,9 +567,9 @@ class Run:
         scaling = self.policy.scaling
         far = horizon(s.scale.reference_s + self.provision_s, self.dt, scaling.hpa_sync_delay)
         if s.far is None or k - s.far_at >= FAR_EVERY_TICKS:
-            s.far, s.far_at = self._forecast(s, k, far.seconds, self.warm_params), k
-        need = prepared_replicas(s.far.upper, capacity=setup.capacity, target_utilization=scaling.target_utilization,
-                                 desired=desired, max_replicas=setup.max_replicas)
+            s.far, s.far_at = self._forecast(s, k, far.seconds), k
+        need = max(math.ceil(s.far.upper / (setup.capacity * scaling.target_utilization) - 1e-9), desired)
+        need = min(need, setup.max_replicas)
         return Expectation(workload=setup.profile.name, replicas=max(need - current, 0), within_s=far.seconds)
 
     def _delete(self, s: _WorkloadState, pod: Pod, now: float) -> None:
