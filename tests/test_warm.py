@@ -256,6 +256,20 @@ def test_published_snapshots_must_name_a_profile_with_a_snapshot_and_a_class() -
     }
 
 
+def test_a_snapshot_published_for_a_class_its_profile_does_not_run_on_is_an_error() -> None:
+    path = Path(__file__).resolve().parents[1] / "scenarios/flagship-policy.yaml"
+    good = "    - {workload: gemma2-27b, nodeClass: g6e-4}\n"
+    text = path.read_text()
+    assert good in text
+    with pytest.raises(PolicyError) as excinfo:
+        parse_policy(text.replace(good, "    - {workload: gemma2-27b, nodeClass: l4-1}\n"), "flagship-policy.yaml")
+    (problem,) = excinfo.value.problems
+    # the thirteenth entry: three each for the four models that run on every class come first
+    assert (problem.line, problem.path) == (text[:text.index(good)].count("\n") + 1,
+                                            "warming.publishedSnapshots[12].nodeClass")
+    assert problem.message == "profile 'gemma2-27b' does not run on node class 'l4-1' (its nodeClasses)"
+
+
 # ---------------------------------------------------------------------------------------------
 # Job objects
 # ---------------------------------------------------------------------------------------------

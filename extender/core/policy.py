@@ -1092,6 +1092,10 @@ def _check_warming(policy: Policy, profile_names: list[str], class_names: set[st
                         f"profile {ref.workload!r} declares no snapshot"))
         if ref.node_class not in class_names:
             out.append((("warming", "publishedSnapshots", i, "nodeClass"), f"no node class {ref.node_class!r}"))
+        elif ref.workload in profile_names and ref.node_class not in {
+                c.name for c in policy.classes_for(policy.profile(ref.workload))}:
+            out.append((("warming", "publishedSnapshots", i, "nodeClass"),
+                        f"profile {ref.workload!r} does not run on node class {ref.node_class!r} (its nodeClasses)"))
     return out
 
 
