@@ -318,23 +318,11 @@ def test_the_simulator_scores_with_the_protection_term(tmp_path: Path, points: i
 # ---------------------------------------------------------------------------------------------
 
 
-GROWING = """\
-apiVersion: extender.io/v1alpha1
-kind: Scenario
-policy: policy.yaml
-seed: 3
-slo: {queueDelay: 10s}
-cluster:
-  nodes:
-    - nodeClass: g5.xlarge
-      count: 6
-      warm: [{workload: llama3-8b, nodes: [0]}]
-workloads:
-  - name: llama3-8b
-    initialReplicas: 1
-    demand:
-      synthetic: {duration: 4h, base: 2, trend: 8, arrivals: fluid}
-"""
+#: FIXED without its rollout, on six nodes of which one is warm, and demand that grows.
+GROWING = (FIXED.split("rollouts:", maxsplit=1)[0]
+           .replace("count: 4\n      warm: [{workload: llama3-8b, fraction: 1}]",
+                    "count: 6\n      warm: [{workload: llama3-8b, nodes: [0]}]")
+           .replace("{duration: 2h, base: 2, arrivals: fluid}", "{duration: 4h, base: 2, trend: 8, arrivals: fluid}"))
 
 
 @pytest.mark.parametrize("published", [True, False], ids=["published", "not published"])
