@@ -1,0 +1,43 @@
+"""The simulator tables in the docs are what the simulator prints today.
+
+README.md ("What the demo shows", the flagship) and docs/simulator.md (the mixed-fleet example)
+each hold a copy of one run. This runs the same simulations (seeded, so deterministic) and compares
+the tables, so a change to the simulator or a scenario cannot leave a stale table behind. To
+refresh one, run the scenario (``./scripts/demo --out report/`` for the flagship, then copy the two
+plots into docs/img/ as the README says) and paste its table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from extender import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Copy(NamedTuple):
+    doc: str
+    scenario: str
+
+
+COPIES = [Copy("README.md", "scenarios/flagship.yaml"), Copy("docs/simulator.md", "scenarios/mixed-fleet.yaml")]
+
+
+def _table(text: str, name: str) -> list[str]:
+    """The lines from the ``<name>:`` header to the ``gap closed`` line after it, right-stripped."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{name}: "))
+    end = next(i for i in range(start, len(lines)) if lines[i].startswith("gap closed:"))
+    return lines[start:end + 1]
+
+
+@pytest.mark.parametrize("copy", COPIES, ids=[c.doc for c in COPIES])
+def test_the_docs_show_what_the_simulator_prints(copy: Copy, capsys: pytest.CaptureFixture[str]) -> None:
+    name = Path(copy.scenario).stem
+    shown = _table((ROOT / copy.doc).read_text(), name)
+    assert cli.main(["simulate", str(ROOT / copy.scenario)]) == 0
+    assert _table(capsys.readouterr().out, name) == shown
