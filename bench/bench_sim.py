@@ -11,6 +11,9 @@ Two workloads of the simulator, each run once per strategy in one process:
   The file is not bundled: pass the trace CSV you downloaded with ``--requests`` (docs/sources.md);
   without it, or when the file does not exist, the row is skipped with a message.
 
+Each row gives wall-clock and CPU seconds (``time.process_time``: on a machine shared with other
+work, the CPU time moves less than the wall time) and both against the baseline's.
+
 The **baseline** is the same trace replay without any strategy: the demand loaded, then per tick the
 queue placed at a fixed service rate (``FifoQueue.serve``) and read back (``queued``), then the
 delays computed. The ratio ``strategy / baseline`` is what scheduling, scaling, estimating and
@@ -77,9 +80,9 @@ def write_interval_trace(path: Path, days: float) -> int:
     return len(trace.starts)
 
 
-def baseline(prepared: Prepared) -> float:
-    """Seconds for the bare replay: every workload's queue served at a fixed rate, tick by tick."""
-    start = time.perf_counter()
+def baseline(prepared: Prepared) -> tuple[float, float]:
+    """Wall and CPU seconds for the bare replay: every workload's queue served at a fixed rate, tick by tick."""
+    start, cpu = time.perf_counter(), time.process_time()
     for w in prepared.workloads:
         q = FifoQueue(w.arrivals, prepared.n_ticks, prepared.tick_s)
         rate = w.capacity * max(w.initial_replicas, 1)
@@ -87,7 +90,7 @@ def baseline(prepared: Prepared) -> float:
             q.queued(k)
             q.serve(k, rate)
         q.delays()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def measure(name: str, loaded: LoadedScenario, trace: str | None = None) -> dict[str, Any]:
@@ -95,16 +98,19 @@ def measure(name: str, loaded: LoadedScenario, trace: str | None = None) -> dict
     t0 = time.perf_counter()
     prepared = prepare(loaded, trace=trace)
     load_s = time.perf_counter() - t0
-    base_s = baseline(prepared)
+    base_s, base_cpu = baseline(prepared)
     sim_s = prepared.duration_s
     row: dict[str, Any] = {"name": name, "ticks": prepared.n_ticks, "nodes": len(prepared.nodes),
-                           "simulated_s": sim_s, "load_s": load_s, "baseline_s": base_s,
+                           "simulated_s": sim_s, "load_s": load_s, "baseline_s": base_s, "baseline_cpu_s": base_cpu,
                            "baseline_speed": sim_s / base_s, "strategies": {}}
     for s in STRATEGIES:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         simulate(prepared, [s])
-        wall = time.perf_counter() - t
-        row["strategies"][s] = {"wall_s": wall, "speed": sim_s / wall, "vs_baseline": wall / base_s}
+        wall, cpu = time.perf_counter() - t, time.process_time() - c
+        row["strategies"][s] = {"wall_s": wall, "cpu_s": cpu, "speed": sim_s / wall, "vs_baseline": wall / base_s,
+                                "cpu_vs_baseline": cpu / base_cpu}
+    row["sum_wall_s"] = sum(v["wall_s"] for v in row["strategies"].values())
+    row["sum_cpu_s"] = sum(v["cpu_s"] for v in row["strategies"].values())
     return row
 
 
@@ -132,13 +138,16 @@ def main() -> None:
         rows.append(measure("requests (Azure code sample)", load_scenario(ROOT / "scenarios/azure-code-sample.yaml"),
                             trace=args.requests))
     print(f"machine: {platform.machine()}, Python {platform.python_version()}, numpy {np.__version__}")
-    head = ("trace", "ticks", "nodes", "strategy", "wall s", "sim s / wall s", "x baseline")
-    print(f"{head[0]:<36}{head[1]:>8}{head[2]:>7}  {head[3]:<12}{head[4]:>9}{head[5]:>16}{head[6]:>12}")
+    head = ("trace", "ticks", "nodes", "strategy", "wall s", "cpu s", "sim s / wall s", "x baseline", "x (cpu)")
+    print(f"{head[0]:<36}{head[1]:>8}{head[2]:>7}  {head[3]:<20}{head[4]:>9}{head[5]:>9}{head[6]:>16}{head[7]:>12}"
+          f"{head[8]:>10}")
     for r in rows:
-        print(f"{r['name']:<36}{r['ticks']:>8}{r['nodes']:>7}  {'(baseline)':<12}{r['baseline_s']:>9.2f}"
-              f"{r['baseline_speed']:>16,.0f}{1.0:>12.1f}")
+        print(f"{r['name']:<36}{r['ticks']:>8}{r['nodes']:>7}  {'(baseline)':<20}{r['baseline_s']:>9.2f}"
+              f"{r['baseline_cpu_s']:>9.2f}{r['baseline_speed']:>16,.0f}{1.0:>12.1f}{1.0:>10.1f}")
         for s, v in r["strategies"].items():
-            print(f"{'':<36}{'':>8}{'':>7}  {s:<12}{v['wall_s']:>9.2f}{v['speed']:>16,.0f}{v['vs_baseline']:>12.1f}")
+            print(f"{'':<36}{'':>8}{'':>7}  {s:<20}{v['wall_s']:>9.2f}{v['cpu_s']:>9.2f}{v['speed']:>16,.0f}"
+                  f"{v['vs_baseline']:>12.1f}{v['cpu_vs_baseline']:>10.1f}")
+        print(f"{'':<36}{'':>8}{'':>7}  {'(sum of strategies)':<20}{r['sum_wall_s']:>9.2f}{r['sum_cpu_s']:>9.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
 

@@ -231,7 +231,8 @@ def estimate(
     fetch_s = float(profile.compile.artifact_bytes) / np.minimum(nic, stream) + warm
     extra_queue_s = np.where(downloads, 0.0, waiting_s)
     use_fetch = (state.compile == CompileCache.REGISTRY) & (extra_queue_s + fetch_s < cold)
-    compile_s = np.select([state.compile == CompileCache.LOCAL, use_fetch], [warm, fetch_s], default=cold)
+    # np.select([local, use_fetch], [warm, fetch_s], default=cold), without its per-call overhead
+    compile_s = np.where(state.compile == CompileCache.LOCAL, warm, np.where(use_fetch, fetch_s, cold))
 
     graph_s, init_s = t.graph_s[idx], t.init_s[idx]
     queue_s = np.where(downloads | use_fetch, waiting_s, 0.0)

@@ -463,7 +463,12 @@ class _Work:
         totals = self.totals()
         k = min(e.replicas, int(self.slots.sum()))
         order = np.lexsort((self.name_rank, totals))
-        landing = [self.names[i] for i in order for _ in range(int(self.slots[i]))][:k]
+        landing: list[str] = []
+        for i in order.tolist():  # each node once per slot, until k replicas have landed
+            if len(landing) >= k:
+                break
+            landing.extend([self.names[i]] * int(self.slots[i]))
+        del landing[k:]
         after = self.objective(totals)
         return Outlook(workload=e.workload, replicas=e.replicas, within_s=e.within_s, placeable=k,
                        before_s=before / k if k else None, after_s=after / k if k else None,
@@ -484,8 +489,10 @@ class _Planner:
         #: Workloads planned for this tick (expected or keep-warm): their current caches are never evicted.
         self.tracked = frozenset(tracked)
         # rows in name order, so every tie in the plan goes to the node whose name sorts first
-        self.by_name = sorted(range(len(snapshot.nodes)), key=lambda r: snapshot.nodes[r].name)
-        self.rank = {r: i for i, r in enumerate(self.by_name)}
+        names = [node.name for node in snapshot.nodes]
+        self.by_name = sorted(range(len(names)), key=names.__getitem__)
+        self.rank = np.empty(len(names), dtype=np.intp)  # row -> its position in name order
+        self.rank[np.asarray(self.by_name, dtype=np.intp)] = np.arange(len(names), dtype=np.intp)
         self._keys: dict[tuple[str, str], str | None] = {}
         self._sizes: dict[str, dict[str, int]] = {}
         self.cluster_left = self.warming.max_concurrent - len(in_flight)
@@ -546,27 +553,32 @@ class _Planner:
         """The workload's nodes and their state, with in-flight actions taken as done."""
         snap = self.snap
         allowed = {c.name for c in self.policy.classes_for(profile)}
-        rows = np.array([r for r in self.by_name
-                         if self.fresh[r] and snap.classes[int(snap.class_index[r])].name in allowed], dtype=np.intp)
+        classes = snap.classes
+        # per class, then gathered per row (the same values as asking each row's class)
+        class_ok = np.array([c.name in allowed for c in classes], dtype=np.bool_)
+        by_name = np.asarray(self.by_name, dtype=np.intp)
+        rows = by_name[self.fresh[by_name] & class_ok[snap.class_index[by_name]]].astype(np.intp)
         full, table = snap.cache_state(profile)
         state = full.take(rows)
-        classes = snap.classes
-        node_classes = [classes[int(snap.class_index[r])] for r in rows]
+        row_class = snap.class_index[rows]
+        rows_list, classes_list = rows.tolist(), row_class.tolist()
         gpus = profile.parallelism.gpus
         k = expectation.replicas if expectation is not None else 0
-        slots = np.array([min((n.gpus_free if n.gpus else c.gpu.count) // gpus, k)
-                          for n, c in ((snap.nodes[r], c) for r, c in zip(rows, node_classes, strict=True))],
+        slots = np.array([min((n.gpus_free if n.gpus else classes[c].gpu.count) // gpus, k)
+                          for n, c in ((snap.nodes[r], c) for r, c in zip(rows_list, classes_list, strict=True))],
                          dtype=np.int64).reshape(len(rows))
+        class_published = np.array([profile.snapshot is not None and (profile.name, c.name) in published
+                                    for c in classes], dtype=np.bool_)
+        class_nvme_ok = np.array([caches_weights(profile, c) for c in classes], dtype=np.bool_)
+        class_compile = [self.compile_key(profile, c) for c in classes]
         w = _Work(
             profile=profile, table=table, classes=classes, rows=rows,
-            names=[snap.nodes[r].name for r in rows],
-            name_rank=np.array([self.rank[r] for r in rows], dtype=np.intp).reshape(len(rows)),
+            names=[snap.nodes[r].name for r in rows_list],
+            name_rank=self.rank[rows].reshape(len(rows)),
             class_index=snap.class_index[rows], state=state,
-            published=np.array([profile.snapshot is not None and (profile.name, c.name) in published
-                                for c in node_classes], dtype=np.bool_).reshape(len(rows)),
-            nvme_ok=np.array([caches_weights(profile, c) for c in node_classes],
-                             dtype=np.bool_).reshape(len(rows)),
-            compile_ids=[self.compile_key(profile, c) for c in node_classes],
+            published=class_published[row_class].reshape(len(rows)),
+            nvme_ok=class_nvme_ok[row_class].reshape(len(rows)),
+            compile_ids=[class_compile[c] for c in classes_list],
             slots=slots, expectation=expectation,
             dead={kind: np.zeros(len(rows), dtype=np.bool_) for kind in KINDS},
         )

@@ -323,6 +323,9 @@ class _WorkloadState:
     hpa: hpa_model.Hpa
     scale: Scale
     pods: dict[int, Pod] = field(default_factory=dict)
+    #: The pods of ``pods`` not placed yet (in creation order), and how many are placed.
+    waiting: dict[int, Pod] = field(default_factory=dict)
+    placed: int = 0
     ready: int = 0
     recent: tuple[Recommendation, ...] = ()
     hist_t: F64 = field(default_factory=lambda: np.zeros(0))
@@ -427,7 +430,7 @@ class Run:
         return feasible, totals + ev.score * self.weight * EXTENDER_SCALE, ev.estimate.total_s
 
     def _place_pending(self, now: float) -> None:
-        pending = sorted((p for s in self.w for p in s.pods.values() if p.pending), key=lambda p: (p.created_s, p.id))
+        pending = sorted((p for s in self.w for p in s.waiting.values()), key=lambda p: (p.created_s, p.id))
         for pod in pending:
             feasible, totals, _ = self._scores(pod.workload, now)
             node = select_host(feasible, totals, self.rng)
@@ -443,6 +446,7 @@ class Run:
         state = c.state(pod.workload, now, np.array([node], dtype=np.intp))
         self.believed[pod.id] = self.belief.estimate(pod.workload, int(c.class_index[node]), state)
         c.place(pod, node, now)
+        self._placed_on_node(pod)
         if self.noise > 0:
             pod.startup_s *= float(np.exp(self.noise_rng.normal(0.0, self.noise)))
             pod.ready_s = now + pod.startup_s
@@ -458,6 +462,7 @@ class Run:
                 if node is None:
                     continue  # stays pending: the cluster is too small for the initial replicas
                 self.cluster.place(pod, node, 0.0)
+                self._placed_on_node(pod)
                 self.cluster.pulls = [p for p in self.cluster.pulls if p.owner != pod.id]
                 pod.startup_s, pod.ready_s, pod.cold = 0.0, 0.0, False
                 self.cluster.ready(pod)
@@ -467,7 +472,13 @@ class Run:
         pod = Pod(self.next_id, w, now)
         self.next_id += 1
         self.w[w].pods[pod.id] = pod
+        self.w[w].waiting[pod.id] = pod
         return pod
+
+    def _placed_on_node(self, pod: Pod) -> None:
+        s = self.w[pod.workload]
+        del s.waiting[pod.id]
+        s.placed += 1
 
     # ---- events --------------------------------------------------------------------------
 
@@ -575,6 +586,10 @@ class Run:
     def _delete(self, s: _WorkloadState, pod: Pod, now: float) -> None:
         if pod.is_ready(now):
             s.ready -= 1
+        if pod.pending:
+            del s.waiting[pod.id]
+        else:
+            s.placed -= 1
         self.cluster.delete(pod, now)
         del s.pods[pod.id]
         s.old.discard(pod.id)
@@ -664,7 +679,10 @@ class Run:
         key = (tuple((e.workload, e.replicas, e.within_s) for e in wanted), self.cluster.version)
         if key == self._plan_key:
             return  # nothing the planner reads has changed: it would plan nothing new
-        snapshot = self.cluster.planning_snapshot(now)
+        if len(self.cluster.in_flight) >= self.belief.policy.warming.max_concurrent:
+            self._plan_key = key  # the cluster's cap is taken: the planner would start nothing
+            return
+        snapshot = self.cluster.planning_snapshot(now, self.belief.policy)
         result = plan(self.belief.policy, snapshot, wanted, now=now, in_flight=self.cluster.in_flight_actions())
         # the planner's durations are the belief's; in a world that differs, it takes the world's time
         self._start(result.actions, now, self.belief.policy)
@@ -724,8 +742,8 @@ class Run:
 
         for s in self.w:
             gpus = s.setup.profile.parallelism.gpus
-            for pod in s.pods.values():
-                if pod.pending and not claim(s.setup.index, gpus):
+            for _ in range(len(s.waiting)):  # every pending pod
+                if not claim(s.setup.index, gpus):
                     slot = self._launch(s.setup.index, gpus, now)
                     if slot is not None:
                         spare[slot] = int(c.class_gpus[slot]) - gpus
@@ -825,7 +843,7 @@ class Run:
                 tl.demand[k] = s.queue.arrived_in(k) / dt
                 tl.capacity[k] = rate
                 tl.ready[k] = s.ready
-                placed = sum(1 for p in s.pods.values() if not p.pending)
+                placed = s.placed
                 tl.starting[k] = placed - s.ready
                 tl.pending[k] = len(s.pods) - placed
                 s.gpu_s += placed * s.setup.profile.parallelism.gpus * dt
