@@ -315,7 +315,8 @@ def resample(timestamps: ArrayLike, values: ArrayLike, step_s: float | None = No
     if t.shape != y.shape:
         raise InvalidValueError(f"{t.size} timestamps but {y.size} values")
     ok = np.isfinite(t) & np.isfinite(y)
-    t, y = t[ok], y[ok]
+    if not ok.all():
+        t, y = t[ok], y[ok]
     if t.size == 0:
         return Series(np.empty(0), float(step_s or 0.0), None)
     t_end = float(t.max())
@@ -325,9 +326,11 @@ def resample(timestamps: ArrayLike, values: ArrayLike, step_s: float | None = No
     if step_s <= 0:
         return Series(np.array([float(y.mean())]), 0.0, t_end)
     back = np.rint((t_end - t) / step_s).astype(np.int64)  # grid points counted back from the end
-    keep = back < max_points
-    back, y = back[keep], y[keep]
     n = int(back.max()) + 1
+    if n > max_points:
+        keep = back < max_points
+        back, y = back[keep], y[keep]
+        n = int(back.max()) + 1
     idx = n - 1 - back
     sums = np.bincount(idx, weights=y, minlength=n)
     counts = np.bincount(idx, minlength=n)
@@ -450,19 +453,30 @@ def window(t: F64, v: F64, series: Series, params: ForecastParams) -> Window | N
     return None
 
 
-#: The last fit data D made by :func:`window`, with the samples it was made from (copies).
-_LAST_FIT: list[tuple[F64, F64, float, Series]] = []
+#: The last fit data D made by :func:`window`, with the samples it was made from (copies) and
+#: :func:`_ends` of them.
+_LAST_FIT: list[tuple[tuple[object, ...], F64, F64, Series]] = []
+
+
+def _ends(t: F64, v: F64, *more: object) -> tuple[object, ...]:
+    """A cheap key of two sample arrays: lengths and the bits of the end values (equal arrays have
+    equal keys; the whole arrays are compared only when the keys match)."""
+    if len(t) == 0 or len(v) == 0:
+        return (len(t), len(v), *more)
+    ti, vi = t.view(np.int64), v.view(np.int64)
+    return (len(t), len(v), int(ti[0]), int(ti[-1]), int(vi[0]), int(vi[-1]), *more)
 
 
 def _fit_data(t: F64, v: F64, step_s: float) -> Series:
     """``resample(t, v, step_s)``, the one of the last call again when its samples are the same, bit
     for bit (D does not move between refit boundaries, and re-gridding it costs more than
     comparing)."""
-    for kt, kv, ks, d in _LAST_FIT:
-        if ks == step_s and _same_bits(kt, t) and _same_bits(kv, v):
+    key = _ends(t, v, step_s)
+    for kk, kt, kv, d in _LAST_FIT:
+        if kk == key and _same_bits(kt, t) and _same_bits(kv, v):
             return d
     d = resample(t, v, step_s)
-    _LAST_FIT[:] = [(t.copy(), v.copy(), step_s, d), *_LAST_FIT][:LAST_FITS]
+    _LAST_FIT[:] = [(key, t.copy(), v.copy(), d), *_LAST_FIT][:LAST_FITS]
     return d
 
 
@@ -677,10 +691,12 @@ def _run_on(y: F64, base: Run) -> Run:
     n0 = len(base.y)
     shape, c = base.shape, base.constants
     reusable = (len(y) >= n0 and base.t0 < n0 - 1 and not (shape.seasonal and n0 < 2 * shape.m)
-                and np.array_equal(y[:n0], base.y, equal_nan=True))
+                and _may_equal(y, base.y) and np.array_equal(y[:n0], base.y, equal_nan=True))
     how = "base" if reusable else "full"
+    first = int(y[:1].view(np.int64)[0]) if len(y) else None  # a prefix shares the first value
     kept = _RUNS.get(id(base))
-    recent = tuple((h, r) for h, r in (kept[1] if kept is not None and kept[0] is base else ()) if h == how)
+    listed = kept[1] if kept is not None and kept[0] is base else ()
+    recent = tuple((h, r) for h, f, r in listed if h == how and f == first)
     out, same = _resumed(y, recent)
     if out is None:
         if not reusable:
@@ -689,10 +705,11 @@ def _run_on(y: F64, base: Run) -> Run:
             at = n0 - 1
             out = _spliced(y, base, at, smoothing.run(
                 y, shape, c, smoothing.Start(at, float(base.level[at]), float(base.trend[at]), base.season)))
-    others = tuple(e for e in (kept[1] if kept is not None and kept[0] is base else ()) if e[1] is not same)
-    _RUNS[id(base)] = (base, ((how, out), *others)[:RECENT_RUNS])
-    for old in list(_RUNS)[: max(0, len(_RUNS) - CACHE_SIZE)]:
-        _RUNS.pop(old, None)
+    others = tuple(e for e in listed if e[2] is not same)
+    _RUNS[id(base)] = (base, ((how, first, out), *others)[:RECENT_RUNS])
+    if len(_RUNS) > CACHE_SIZE:
+        for old in list(_RUNS)[: len(_RUNS) - CACHE_SIZE]:
+            _RUNS.pop(old, None)
     return out
 
 
@@ -700,16 +717,23 @@ def _run_on(y: F64, base: Run) -> Run:
 #: so calls a tick apart see different grids and a call finds its prefix in the one a grid step
 #: (several ticks) earlier.
 RECENT_RUNS = 12
-#: ``id(base) -> (base, ((how, run), ...))``, newest first; holding ``base`` keeps its id from
-#: being reused while it is listed. Same concurrency rules as :data:`_CACHE`.
-_RUNS: dict[int, tuple[Run, tuple[tuple[str, Run], ...]]] = {}
+#: ``id(base) -> (base, ((how, bits of y[0], run), ...))``, newest first; holding ``base`` keeps its
+#: id from being reused while it is listed. Same concurrency rules as :data:`_CACHE`.
+_RUNS: dict[int, tuple[Run, tuple[tuple[str, int | None, Run], ...]]] = {}
+
+
+def _may_equal(y: F64, head: F64) -> bool:
+    """False when ``y`` surely does not begin with ``head`` (their first values differ, NaN equal to
+    NaN as in ``np.array_equal(..., equal_nan=True)``): a cheap test before the whole comparison."""
+    if len(head) == 0:
+        return True
+    a, b = float(y[0]), float(head[0])
+    return a == b or (a != a and b != b)  # noqa: PLR0124 -- NaN is the only float unequal to itself
 
 
 def _prefix(a: F64, b: F64) -> int:
     """How many leading values ``a`` and ``b`` share, bit for bit."""
     n = min(len(a), len(b))
-    if n == 0 or a[:1].view(np.int64)[0] != b[:1].view(np.int64)[0]:
-        return 0  # the usual miss (a grid anchored elsewhere), told by the first value
     differ = np.flatnonzero(np.ascontiguousarray(a[:n]).view(np.int64) != np.ascontiguousarray(b[:n]).view(np.int64))
     return int(differ[0]) if len(differ) else n
 
@@ -1062,21 +1086,25 @@ def forecast(name: str, timestamps: ArrayLike, values: ArrayLike, horizon_s: flo
     return fn(Context(series, horizon_s, horizon_s + stale, p, name, win))
 
 
-#: The last history :func:`_prepared` gridded (copies), with its parameters, grid and window.
-_LAST_PREPARED: list[tuple[F64, F64, ForecastParams, Series, Window | None]] = []
+#: The last histories :func:`_prepared` gridded (copies), with :func:`_ends` of them, the
+#: parameters, grid and window.
+_LAST_PREPARED: list[tuple[tuple[object, ...], F64, F64, ForecastParams, Series, Window | None]] = []
+#: Histories kept by :func:`_prepared`: the same history is forecast at its horizons in a row.
+LAST_PREPARED = 4
 
 
 def _prepared(t: F64, v: F64, p: ForecastParams) -> tuple[Series, Window | None]:
     """The history on its grid and the fit window (:func:`resample`, :func:`window`); those of the
     last call again when its history and parameters are the same, bit for bit (a scaler that
     forecasts the same history at two horizons grids it once)."""
-    for kt, kv, kp, series, win in _LAST_PREPARED:
-        if (kp is p or kp == p) and _same_bits(kt, t) and _same_bits(kv, v):
+    key = _ends(t, v)
+    for kk, kt, kv, kp, series, win in _LAST_PREPARED:
+        if kk == key and (kp is p or kp == p) and _same_bits(kt, t) and _same_bits(kv, v):
             return series, win
     series = resample(t, v, p.step_s)
     win = None
     if series.t_end is not None:
         ok = np.isfinite(t) & np.isfinite(v)
         win = window(t, v, series, p) if ok.all() else window(t[ok], v[ok], series, p)
-    _LAST_PREPARED[:] = [(t.copy(), v.copy(), p, series, win), *_LAST_PREPARED][:LAST_FITS]
+    _LAST_PREPARED[:] = [(key, t.copy(), v.copy(), p, series, win), *_LAST_PREPARED][:LAST_PREPARED]
     return series, win

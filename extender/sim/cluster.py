@@ -588,7 +588,7 @@ class Cluster:
             return
         snap = self.snapshot_of([self.records[i] for i in idx])
         for w, p in enumerate(self.profiles):
-            state, _ = snap.cache_state(p)
+            state = snap.rows_state(p)
             col = self._columns[w]
             for name in _CACHE_COLUMNS:
                 getattr(col, name)[idx] = getattr(state, name)[:-1]

@@ -533,9 +533,11 @@ class Run:
         h = max(1, math.ceil(ahead_s / self.dt))
         window = s.true_rate[k: k + h + 1]
         v = float(window.max()) if len(window) else 0.0
-        return Forecast(point=v, upper=v, level=self.params.level, horizon_s=ahead_s, lead_s=ahead_s,
-                        requested="oracle", method="none", note="true future demand", observations=0,
-                        residuals=0, step_s=self.dt, spread=0.0, t_end=k * self.dt)
+        # every field of the right type already: the model's validation would change nothing (a tick each)
+        return Forecast.model_construct(
+            point=v, upper=v, level=float(self.params.level), horizon_s=float(ahead_s), lead_s=float(ahead_s),
+            requested="oracle", method="none", note="true future demand", observations=0, residuals=0,
+            step_s=float(self.dt), spread=0.0, t_end=float(k * self.dt))
 
     def _forecast(self, s: _WorkloadState, k: int, ahead_s: float) -> Forecast:
         if self.strategy.scaling == "oracle":
