@@ -564,9 +564,11 @@ class _Planner:
         rows_list, classes_list = rows.tolist(), row_class.tolist()
         gpus = profile.parallelism.gpus
         k = expectation.replicas if expectation is not None else 0
-        slots = np.array([min((n.gpus_free if n.gpus else classes[c].gpu.count) // gpus, k)
-                          for n, c in ((snap.nodes[r], c) for r, c in zip(rows_list, classes_list, strict=True))],
-                         dtype=np.int64).reshape(len(rows))
+        # min((free GPUs, or the class's count for a record that reports none) // gpus, k) per row
+        reported = np.fromiter((snap.nodes[r].gpus for r in rows_list), dtype=np.int64, count=len(rows_list))
+        class_gpus = np.array([c.gpu.count for c in classes], dtype=np.int64)
+        free = np.where(reported != 0, snap.gpus_free[rows], class_gpus[row_class])
+        slots = np.minimum(free // gpus, k).astype(np.int64).reshape(len(rows))
         class_published = np.array([profile.snapshot is not None and (profile.name, c.name) in published
                                     for c in classes], dtype=np.bool_)
         class_nvme_ok = np.array([caches_weights(profile, c) for c in classes], dtype=np.bool_)

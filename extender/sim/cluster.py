@@ -178,6 +178,7 @@ class Cluster:
     #: made from, its free GPUs, pulling bytes and pods' workloads, and the planning record; then
     #: the last snapshot with the planner's policy, the present nodes and the registry it was made for.
     _plan_rows: _PlanRows | None = None
+    _nvme_free: tuple[int, F64] | None = None
     #: Per node: bumped whenever a pod is placed on it or leaves it.
     _pods_changes: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     _plan_snap: tuple[Policy, bytes, frozenset[str], InventorySnapshot] | None = None
@@ -261,6 +262,15 @@ class Cluster:
     def table(self, w: int) -> ClassTable:
         """The class table of workload ``w``'s profile (for :func:`extender.core.estimate.estimate`)."""
         return self._tables[w]
+
+    def nvme_free(self) -> F64:
+        """Free NVMe bytes per node, from the records (read-only; memoised while :attr:`version`
+        stands: every change of a record is followed by a bump before anything reads again)."""
+        if self._nvme_free is None or self._nvme_free[0] != self.version:
+            column = np.fromiter((r.nvme_free for r in self.records), dtype=np.float64, count=len(self.records))
+            column.flags.writeable = False
+            self._nvme_free = (self.version, column)
+        return self._nvme_free[1]
 
     def gpus_free(self) -> I64:
         """Free GPUs per node."""

@@ -418,7 +418,7 @@ class Run:
         if self.strategy.placement != "extender":
             return feasible, totals, np.full(len(c), np.nan)
         ones = np.ones(len(c), dtype=np.bool_)
-        nvme_free = np.fromiter((r.nvme_free for r in c.records), dtype=np.float64, count=len(c))
+        nvme_free = c.nvme_free()
         b = self.belief
         others: tuple[WarmSlots, ...] = ()
         if self.policy.scoring.protect_warm_points:
