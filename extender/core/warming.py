@@ -349,6 +349,9 @@ class _Work:
     slots: I64
     expectation: Expectation | None
     dead: dict[Kind, NDArray[np.bool_]] = field(default_factory=dict)
+    #: :meth:`totals` of ``state`` and :meth:`objective` of them, until :meth:`mark` changes the state.
+    _totals: F64 | None = field(default=None, init=False, repr=False)
+    _objective: float | None = field(default=None, init=False, repr=False)
 
     def available(self, kind: Kind) -> NDArray[np.bool_]:
         """Nodes where an action of this kind would add a cache that is missing and obtainable."""
@@ -398,13 +401,20 @@ class _Work:
                 assert_never(kind)
 
     def totals(self, state: CacheState | None = None) -> F64:
-        """Estimated startup seconds on each node."""
-        est = estimate(self.profile, self.classes, self.class_index, self.state if state is None else state,
-                       self.table)
-        return est.total_s
+        """Estimated startup seconds on each node (of ``state``, or of the planned state: read-only,
+        made once per state)."""
+        if state is None and self._totals is not None:
+            return self._totals
+        total_s = estimate(self.profile, self.classes, self.class_index, self.state if state is None else state,
+                           self.table).total_s
+        if state is None:
+            total_s.flags.writeable = False
+            self._totals = total_s
+        return total_s
 
     def mark(self, i: int, kind: Kind, cache: str | None = None) -> None:
         """Node ``i`` now holds (or will hold) the cache of ``kind`` (for adapters: ``cache``, else the next)."""
+        self._totals = self._objective = None
         st = self.state
         match kind:
             case "image":
@@ -454,7 +464,12 @@ class _Work:
         """``F_w``: summed startup of the replicas that can land now (0 without an expectation)."""
         if self.expectation is None:
             return 0.0
-        return best_k_sum(totals, self.slots, self.expectation.replicas)
+        if totals is self._totals and self._objective is not None:
+            return self._objective
+        value = best_k_sum(totals, self.slots, self.expectation.replicas)
+        if totals is self._totals:
+            self._objective = value
+        return value
 
     def outlook(self, before: float) -> Outlook:
         """The expectation's numbers before and after the plan (state is the plan's end state)."""
@@ -682,17 +697,18 @@ class _Planner:
 
     # -- entry ----------------------------------------------------------------------------------
 
-    def run(self, wanted: dict[str, Expectation], published: Collection[tuple[str, str]]) -> Plan:
+    def run(self, wanted: dict[str, Expectation], published: Collection[tuple[str, str]],
+            outlooks: bool = True) -> Plan:
         """Demand first, then keep-warm with what the caps leave."""
         keep = set(self.warming.keep_warm)
         works = {name: self.work(self.policy.profile(name), wanted.get(name), published)
                  for name in sorted(self.tracked)}
         demand = [works[n] for n in sorted(wanted)]
-        before = {w.profile.name: w.objective(w.totals()) for w in demand}
+        before = {w.profile.name: w.objective(w.totals()) for w in demand} if outlooks else {}
         self.greedy(demand, "demand")
         self.greedy([works[n] for n in sorted(keep)], "keep-warm")
         return Plan(now=self.now, actions=tuple(self.actions),
-                    outlooks=tuple(w.outlook(before[w.profile.name]) for w in demand),
+                    outlooks=tuple(w.outlook(before[w.profile.name]) for w in demand) if outlooks else (),
                     skipped=tuple(self.skipped), cluster_full=self.cluster_full)
 
 
@@ -704,6 +720,7 @@ def plan(
     now: float,
     in_flight: Sequence[Action] = (),
     published_snapshots: Collection[tuple[str, str]] = (),
+    outlooks: bool = True,
 ) -> Plan:
     """Plan this tick's warm actions (objective, constraints and method in the module docstring).
 
@@ -712,6 +729,8 @@ def plan(
     earlier ticks and not finished, which count against every cap and whose caches count as
     present; ``published_snapshots``: (workload, node class) pairs whose process snapshot can be
     fetched (the inventory does not record a snapshot registry), the only snapshots planned.
+    ``outlooks=False``: leave :attr:`Plan.outlooks` empty (a caller that only starts the actions,
+    such as the simulator every tick, saves their estimates); the actions are the same.
     """
     listed = list(expectations)
     names = [e.workload for e in listed]
@@ -720,4 +739,4 @@ def plan(
         raise InvalidValueError(f"one expectation per workload, got several for {', '.join(twice)}")
     wanted = {e.workload: e for e in listed if e.replicas > 0}
     tracked = set(wanted) | set(policy.warming.keep_warm)
-    return _Planner(policy, snapshot, now, in_flight, tracked).run(wanted, published_snapshots)
+    return _Planner(policy, snapshot, now, in_flight, tracked).run(wanted, published_snapshots, outlooks)

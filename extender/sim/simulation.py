@@ -47,7 +47,7 @@ from extender.core.caches import warm_entries
 from extender.core.estimate import CacheState, estimate
 from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
-from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
+from extender.core.scaler import DecisionInputs, Recommendation, horizon, prune, recommend
 from extender.core.scoring import NodeInputs, Scale, WarmSlots, evaluate, larger_warm, scale_for
 from extender.core.sharing import Claim, claim, share
 from extender.core.warming import Action, Expectation, plan
@@ -565,13 +565,14 @@ class Run:
             s.near_at = k
         fc = near
         ready = s.ready
-        decision = decide(DecisionInputs.for_policy(
+        # decide()'s recommendation and desired replicas, without its reasons (every tick)
+        recommendation, wanted = recommend(DecisionInputs.for_policy(
             scaling, setup.bounds, workload=setup.profile.name, now_s=now, demand=demand, queue=queue,
             capacity=setup.capacity, forecast=fc, horizon=h, ready=ready, starting=current - ready, recent=s.recent))
-        s.recent = prune((*s.recent, Recommendation(at_s=now, replicas=decision.recommendation)), now,
+        s.recent = prune((*s.recent, Recommendation(at_s=now, replicas=recommendation)), now,
                          scaling.scale_down_stabilisation)
-        desired = s.hpa.sync(now, current, current, float(decision.desired), 1.0)
-        return desired, (self._expect(s, k, decision.desired, current) if self.strategy.warming else None)
+        desired = s.hpa.sync(now, current, current, float(wanted), 1.0)
+        return desired, (self._expect(s, k, wanted, current) if self.strategy.warming else None)
 
     def _expect(self, s: _WorkloadState, k: int, desired: int, current: int) -> Expectation:
         """The warmer's expectation: it looks one cold start (and a node's provisioning) further,
@@ -626,7 +627,7 @@ class Run:
         wanted = [Expectation(workload=r.workload, replicas=len(s.pods), within_s=max(r.at - now, self.dt))]
         policy = rolled_policy(self.belief.policy, r)
         result = plan(policy, self.cluster.planning_snapshot(now), wanted, now=now,
-                      in_flight=self.cluster.in_flight_actions())
+                      in_flight=self.cluster.in_flight_actions(), outlooks=False)
         self._start(result.actions, now, policy)
 
     def _start(self, actions: Sequence[Action], now: float, belief: Policy) -> None:
@@ -685,7 +686,8 @@ class Run:
             self._plan_key = key  # the cluster's cap is taken: the planner would start nothing
             return
         snapshot = self.cluster.planning_snapshot(now, self.belief.policy)
-        result = plan(self.belief.policy, snapshot, wanted, now=now, in_flight=self.cluster.in_flight_actions())
+        result = plan(self.belief.policy, snapshot, wanted, now=now, in_flight=self.cluster.in_flight_actions(),
+                      outlooks=False)
         # the planner's durations are the belief's; in a world that differs, it takes the world's time
         self._start(result.actions, now, self.belief.policy)
         self._plan_key = (key[0], self.cluster.version)
