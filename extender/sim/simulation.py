@@ -33,6 +33,7 @@ change another's results.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import zlib
@@ -128,9 +129,9 @@ class WorkloadSetup:
     initial_replicas: int
     arrivals: Arrivals
 
-    @property
+    @functools.cached_property
     def bounds(self) -> ReplicaBounds:
-        """The workload's replica range, as the scaler's policy section gives it."""
+        """The workload's replica range, as the scaler's policy section gives it (made once)."""
         return ReplicaBounds.model_construct(min_replicas=self.min_replicas, max_replicas=self.max_replicas)
 
 
