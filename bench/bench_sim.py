@@ -19,21 +19,29 @@ queue placed at a fixed service rate (``FifoQueue.serve``) and read back (``queu
 delays computed. The ratio ``strategy / baseline`` is what scheduling, scaling, estimating and
 warming cost on top of moving the requests.
 
+``--parts`` then runs every strategy on the interval trace once more with timers around the parts
+of the loop (their overhead is a few percent, which is why it is a separate run) and prints the
+share of CPU time each takes: the forecaster (``Run._forecast``, the scaler's and the warmer's),
+the rest of the scaling decision, the warm planner and its snapshot, placement, the tick's
+events, and the rest (queues, timelines, the loop).
+
 Run (from the repository root)::
 
     .venv/bin/python bench/bench_sim.py
-    .venv/bin/python bench/bench_sim.py --days 14 --json out.json
+    .venv/bin/python bench/bench_sim.py --days 14 --json out.json --parts
     .venv/bin/python bench/bench_sim.py --requests AzureLLMInferenceTrace_code.csv   # + the requests row
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import platform
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +50,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from extender.sim import cluster as sim_cluster  # noqa: E402
+from extender.sim import simulation as sim_loop  # noqa: E402
 from extender.sim.queueing import FifoQueue  # noqa: E402
 from extender.sim.scenario import LoadedScenario, SyntheticSpec, load_scenario  # noqa: E402
 from extender.sim.simulation import Prepared, prepare, simulate  # noqa: E402
@@ -114,21 +124,70 @@ def measure(name: str, loaded: LoadedScenario, trace: str | None = None) -> dict
     return row
 
 
+#: The timed parts of the loop: (label, class, method). A method called inside another is
+#: subtracted from it (the forecaster from the decision, the snapshot from the warm step).
+PARTS: tuple[tuple[str, type, str], ...] = (
+    ("forecast", sim_loop.Run, "_forecast"), ("decide", sim_loop.Run, "_decide"),
+    ("warm", sim_loop.Run, "_warm"), ("snapshot", sim_cluster.Cluster, "planning_snapshot"),
+    ("place", sim_loop.Run, "_place_pending"), ("events", sim_loop.Run, "_events"),
+)
+
+
+def parts(prepared: Prepared) -> dict[str, dict[str, float]]:
+    """Per strategy: CPU seconds, and the share of them each part of the loop takes."""
+    spent: dict[str, float] = collections.defaultdict(float)
+    saved: list[tuple[type, str, Callable[..., Any]]] = []
+
+    def timed(label: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            t = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[label] += time.process_time() - t
+        return wrapper
+
+    for label, cls, name in PARTS:
+        saved.append((cls, name, getattr(cls, name)))
+        setattr(cls, name, timed(label, getattr(cls, name)))
+    out: dict[str, dict[str, float]] = {}
+    try:
+        for s in STRATEGIES:
+            spent.clear()
+            t = time.process_time()
+            simulate(prepared, [s])
+            cpu = time.process_time() - t
+            own = {"forecast": spent["forecast"], "decide (other)": spent["decide"] - spent["forecast"],
+                   "plan": spent["warm"] - spent["snapshot"], "snapshot": spent["snapshot"],
+                   "place": spent["place"], "events": spent["events"]}
+            own["rest"] = cpu - sum(own.values())
+            out[s] = {"cpu_s": cpu, **{k: v / cpu for k, v in own.items()}}
+    finally:
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--days", type=float, default=14.0, help="length of the interval trace")
     parser.add_argument("--requests", metavar="CSV",
                         help="the trace CSV you downloaded (Azure LLM inference format); row skipped if not given")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--parts", action="store_true",
+                        help="then time the parts of the loop per strategy (a second, timed run)")
     args = parser.parse_args()
     rows: list[dict[str, Any]] = []
+    shares: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         n = write_interval_trace(d / "interval.csv", args.days)
         (d / "bench.yaml").write_text(INTERVAL_SCENARIO.format(
             policy=ROOT / "scenarios/mixed-fleet-policy.yaml", trace=d / "interval.csv"))
-        rows.append({**measure(f"interval ({n} rows, {args.days:g} days)", load_scenario(d / "bench.yaml")),
-                     "rows": n})
+        loaded = load_scenario(d / "bench.yaml")
+        rows.append({**measure(f"interval ({n} rows, {args.days:g} days)", loaded), "rows": n})
+        if args.parts:
+            shares = parts(prepare(loaded))
     if args.requests is None:
         print("requests row skipped: no --requests CSV given (the Azure LLM inference code trace is not "
               "bundled; see docs/sources.md)", file=sys.stderr)
@@ -148,8 +207,14 @@ def main() -> None:
             print(f"{'':<36}{'':>8}{'':>7}  {s:<20}{v['wall_s']:>9.2f}{v['cpu_s']:>9.2f}{v['speed']:>16,.0f}"
                   f"{v['vs_baseline']:>12.1f}{v['cpu_vs_baseline']:>10.1f}")
         print(f"{'':<36}{'':>8}{'':>7}  {'(sum of strategies)':<20}{r['sum_wall_s']:>9.2f}{r['sum_cpu_s']:>9.2f}")
+    if shares:
+        names = [k for k in next(iter(shares.values())) if k != "cpu_s"]
+        print(f"\nwhere the time goes (interval trace; CPU share per part, a timed run):\n{'strategy':<20}{'cpu s':>8}"
+              + "".join(f"{k:>16}" for k in names))
+        for s, v in shares.items():
+            print(f"{s:<20}{v['cpu_s']:>8.2f}" + "".join(f"{v[k]:>16.0%}" for k in names))
     if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        Path(args.json).write_text(json.dumps({"rows": rows, "parts": shares} if shares else rows, indent=2))
 
 
 if __name__ == "__main__":
