@@ -174,9 +174,9 @@ class Cluster:
     #: (workload, class); (in_use, pod_workloads) per (class, workloads with a pod on the node).
     _replica_ids: dict[tuple[int, int], frozenset[str]] = field(default_factory=dict)
     _usage: dict[tuple[int, frozenset[int]], tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
-    #: The incremental planning snapshot (:meth:`planning_snapshot`): per node, the record it was
-    #: made from, its free GPUs, pulling bytes and pods' workloads, and the planning record; then
-    #: the last snapshot with the planner's policy, the present nodes and the registry it was made for.
+    #: The incremental planning snapshot (:meth:`planning_snapshot`): what each row was made from
+    #: (``_plan_rows``), and the last snapshot with the planner's policy, the present nodes and the
+    #: registry it was made for (``_plan_snap``).
     _plan_rows: _PlanRows | None = None
     _nvme_free: tuple[int, F64] | None = None
     #: Per node: bumped whenever a pod is placed on it or leaves it.
@@ -479,8 +479,8 @@ class Cluster:
         """The inventory the warmer plans on: records with free GPUs, pulls and pod usage filled in.
 
         Made incrementally, equal to :meth:`full_planning_snapshot` (tests/test_sim_snapshot.py): a
-        node's planning record is remade only when its record, free GPUs, pulling bytes or the
-        workloads of its pods changed since the last call, and with ``policy`` (the planner's) the
+        node's planning record is remade only when its record, free GPUs or pulling bytes changed
+        since the last call or a pod came or went, and with ``policy`` (the planner's) the
         snapshot is the previous one updated with the remade rows (:meth:`InventorySnapshot.update`,
         which also patches the cache states the planner memoised on it), as long as the planner's
         policy (whose profiles those states were made for), the present nodes and the compile
