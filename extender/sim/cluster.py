@@ -296,11 +296,13 @@ class Cluster:
 
     # ---- pods ----------------------------------------------------------------------------
 
-    def cost(self, w: int, node: int, now: float) -> Start:
-        """What starting workload ``w`` on ``node`` now takes, from the estimator."""
+    def cost(self, w: int, node: int, now: float, state: CacheState | None = None) -> Start:
+        """What starting workload ``w`` on ``node`` now takes, from the estimator. ``state``: the
+        caller's ``state(w, now, [node])`` of this moment, when it has it (read, not changed)."""
         p = self.profiles[w]
         rows = np.array([node], dtype=np.intp)
-        state = self.state(w, now, rows)
+        if state is None:
+            state = self.state(w, now, rows)
         est = estimate(p, self.classes, self.class_index[rows], state, self._tables[w])
         cls = self.classes[int(self.class_index[node])]
         keeps_weights = caches_weights(p, cls)
@@ -320,9 +322,10 @@ class Cluster:
             seconds += float(est.compile_s[0])
         return Start(est, cold, download, seconds)
 
-    def place(self, pod: Pod, node: int, now: float) -> Start:
-        """Bind ``pod`` to ``node`` now: take its GPUs, time its start, register its downloads."""
-        start = self.cost(pod.workload, node, now)
+    def place(self, pod: Pod, node: int, now: float, state: CacheState | None = None) -> Start:
+        """Bind ``pod`` to ``node`` now: take its GPUs, time its start, register its downloads
+        (``state``: as for :meth:`cost`)."""
+        start = self.cost(pod.workload, node, now, state)
         pod.node = node
         pod.placed_s = now
         pod.startup_s = float(start.estimate.total_s[0])

@@ -446,7 +446,7 @@ class Run:
         c = self.cluster
         state = c.state(pod.workload, now, np.array([node], dtype=np.intp))
         self.believed[pod.id] = self.belief.estimate(pod.workload, int(c.class_index[node]), state)
-        c.place(pod, node, now)
+        c.place(pod, node, now, state)  # the same state: nothing changed since it was read
         self._placed_on_node(pod)
         if self.noise > 0:
             pod.startup_s *= float(np.exp(self.noise_rng.normal(0.0, self.noise)))
