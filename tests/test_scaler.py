@@ -30,6 +30,7 @@ from extender.core.scaler import (
     decide,
     horizon,
     prune,
+    recommend,
 )
 
 NOW = 10_000.0
@@ -157,6 +158,12 @@ def test_decision(row: Row) -> None:
     assert (d.desired, d.action) == (row.desired, row.action)
 
 
+@pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
+def test_recommend_gives_the_decisions_numbers(row: Row) -> None:
+    d = decide(inputs(**row.overrides))
+    assert recommend(inputs(**row.overrides)) == (d.recommendation, d.desired)
+
+
 def test_decision_records_its_inputs_and_steps() -> None:
     i = inputs(demand=30.0, queue=300.0, forecast=fc(50.0, 62.0), starting=1)
     d = decide(i)
@@ -220,6 +227,12 @@ def decision_inputs(draw: st.DrawFn) -> DecisionInputs:
                   capacity=draw(st.floats(0.5, 50)), forecast=draw(maybe_forecast), ready=draw(st.integers(0, 40)),
                   starting=draw(st.integers(0, 20)), min_replicas=lo, max_replicas=draw(st.integers(max(lo, 1), 60)),
                   tolerance=draw(st.sampled_from([0.0, 0.1, 0.2])), recent=draw(history))
+
+
+@given(decision_inputs())
+def test_recommend_agrees_with_decide(i: DecisionInputs) -> None:
+    d = decide(i)
+    assert recommend(i) == (d.recommendation, d.desired)
 
 
 @given(decision_inputs())

@@ -99,8 +99,15 @@ def node(name: str, *, image: bool = False, llm_weights: int = 0, compile: bool 
 def run(policy: Policy, nodes: Sequence[NodeState], expectations: Sequence[Expectation] = (), *,
         registry: bool = True, in_flight: Sequence[Action] = (),
         published: Sequence[tuple[str, str]] = ()) -> Plan:
+    """The plan; checked against the one made without outlooks (the simulator's), which must hold
+    the same actions, skips and cluster-full flag."""
     snap = InventorySnapshot.build(policy, nodes, registry=[llm_key()] if registry else [])
-    return plan(policy, snap, expectations, now=NOW, in_flight=in_flight, published_snapshots=published)
+    got = plan(policy, snap, expectations, now=NOW, in_flight=in_flight, published_snapshots=published)
+    fresh = InventorySnapshot.build(policy, nodes, registry=[llm_key()] if registry else [])
+    bare = plan(policy, fresh, expectations, now=NOW, in_flight=in_flight, published_snapshots=published,
+                outlooks=False)
+    assert bare == got.model_copy(update={"outlooks": ()})
+    return got
 
 
 def expect(workload: str = "llm", replicas: int = 1, within_s: float = 600.0) -> Expectation:

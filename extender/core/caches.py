@@ -108,13 +108,31 @@ def adapter_key(workload: str, adapter: str) -> str:
 # ---- facts about a (profile, node class) pair -------------------------------------------------------
 
 
+#: :func:`compile_key` by the identity of its (frozen) arguments: ``(id(profile), id(class))`` ->
+#: ``(profile, class, key)``. Holding the objects keeps their ids from being reused while they are
+#: listed; the whole memo is dropped when it reaches :data:`_KEY_MEMO_SIZE` entries.
+_KEY_MEMO: dict[tuple[int, int], tuple[Profile, NodeClass, str | None]] = {}
+_KEY_MEMO_SIZE = 4096
+
+
 def compile_key(profile: Profile, node_class: NodeClass) -> str | None:
     """The profile's compile-cache key on a class; ``None`` without key inputs or on the unknown class.
 
     The key hashes the GPU product, so a node whose class the policy does not know has no key.
+    Memoised by the arguments' identity (both are frozen models, so the same objects always give
+    the same key): the simulator and the planner ask for the same few pairs many times a tick, and
+    each key is a SHA-256 over canonical JSON.
     """
+    slot = (id(profile), id(node_class))
+    got = _KEY_MEMO.get(slot)
+    if got is not None and got[0] is profile and got[1] is node_class:
+        return got[2]
     material = compile_key_material(profile, node_class)
-    return None if material is None else compile_cache_key_of(material)
+    key = None if material is None else compile_cache_key_of(material)
+    if len(_KEY_MEMO) >= _KEY_MEMO_SIZE:
+        _KEY_MEMO.clear()
+    _KEY_MEMO[slot] = (profile, node_class, key)
+    return key
 
 
 def compile_key_material(profile: Profile, node_class: NodeClass) -> dict[str, object] | None:

@@ -48,6 +48,7 @@ Units: bytes, bytes per second, seconds. Every phase is finite and non-negative 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from enum import IntEnum
@@ -133,6 +134,11 @@ class CacheState:
         return replace(self, queued_bytes=queued_bytes)
 
 
+#: The compile states as array scalars (reading an enum member costs more than the comparison).
+_LOCAL = np.int8(CompileCache.LOCAL)
+_REGISTRY = np.int8(CompileCache.REGISTRY)
+
+
 @dataclass(frozen=True)
 class ClassTable:
     """Per-class parameters for one profile (arrays indexed by class position)."""
@@ -174,6 +180,11 @@ class ClassTable:
             })
         return cls(**{f.name: np.array([r[f.name] for r in rows], dtype=np.float64) for f in fields(cls)})
 
+    @functools.cached_property
+    def stacked(self) -> F64:
+        """Every column as one (columns x classes) array, in field order (one gather serves all)."""
+        return np.stack([getattr(self, f.name) for f in fields(self)])
+
 
 @dataclass(frozen=True)
 class Estimate:
@@ -211,7 +222,8 @@ def estimate(
     """
     t = table if table is not None else ClassTable.build(profile, classes)
     idx = np.asarray(class_index, dtype=np.intp)
-    nvme, nic, stream, pull = t.nvme_bps[idx], t.nic_bps[idx], t.stream_bps[idx], t.pull_bps[idx]
+    # the table's columns gathered at once, rows in ClassTable's field order
+    nvme, nic, stream, pull, cold, warm, graph_s, init_s, class_restore = t.stacked[:, idx]
 
     image_bytes = float(profile.image.size)
     image_s = np.where(state.image, 0.0, image_bytes / pull)
@@ -225,21 +237,20 @@ def estimate(
 
     adapters_s, adapters_fetched = _adapters(profile, state.adapters, nvme, nic, stream)
 
-    cold, warm = t.compile_cold_s[idx], t.compile_warm_s[idx]
     waiting_s = np.maximum(state.queued_bytes, 0.0) / nic
     downloads = ~state.image | (remote > 0) | adapters_fetched
     fetch_s = float(profile.compile.artifact_bytes) / np.minimum(nic, stream) + warm
     extra_queue_s = np.where(downloads, 0.0, waiting_s)
-    use_fetch = (state.compile == CompileCache.REGISTRY) & (extra_queue_s + fetch_s < cold)
-    compile_s = np.select([state.compile == CompileCache.LOCAL, use_fetch], [warm, fetch_s], default=cold)
+    use_fetch = (state.compile == _REGISTRY) & (extra_queue_s + fetch_s < cold)
+    # np.select([local, use_fetch], [warm, fetch_s], default=cold), without its per-call overhead
+    compile_s = np.where(state.compile == _LOCAL, warm, np.where(use_fetch, fetch_s, cold))
 
-    graph_s, init_s = t.graph_s[idx], t.init_s[idx]
     queue_s = np.where(downloads | use_fetch, waiting_s, 0.0)
     restore_s = np.zeros(len(idx))
     total_s = queue_s + image_s + weights_s + compile_s + graph_s + init_s + adapters_s
 
     if profile.snapshot is not None:
-        snap_restore = float(profile.snapshot.bytes) / nvme + t.restore_s[idx]
+        snap_restore = float(profile.snapshot.bytes) / nvme + class_restore
         snap_queue = np.where(state.image & ~adapters_fetched, 0.0, waiting_s)
         snap_total = snap_queue + image_s + snap_restore + adapters_s
         use = state.snapshot & (snap_total < total_s)

@@ -315,7 +315,8 @@ def resample(timestamps: ArrayLike, values: ArrayLike, step_s: float | None = No
     if t.shape != y.shape:
         raise InvalidValueError(f"{t.size} timestamps but {y.size} values")
     ok = np.isfinite(t) & np.isfinite(y)
-    t, y = t[ok], y[ok]
+    if not ok.all():
+        t, y = t[ok], y[ok]
     if t.size == 0:
         return Series(np.empty(0), float(step_s or 0.0), None)
     t_end = float(t.max())
@@ -325,9 +326,11 @@ def resample(timestamps: ArrayLike, values: ArrayLike, step_s: float | None = No
     if step_s <= 0:
         return Series(np.array([float(y.mean())]), 0.0, t_end)
     back = np.rint((t_end - t) / step_s).astype(np.int64)  # grid points counted back from the end
-    keep = back < max_points
-    back, y = back[keep], y[keep]
     n = int(back.max()) + 1
+    if n > max_points:
+        keep = back < max_points
+        back, y = back[keep], y[keep]
+        n = int(back.max()) + 1
     idx = n - 1 - back
     sums = np.bincount(idx, weights=y, minlength=n)
     counts = np.bincount(idx, minlength=n)
@@ -437,7 +440,7 @@ def window(t: F64, v: F64, series: Series, params: ForecastParams) -> Window | N
         boundary = math.floor(t_end / period) * period
         start = boundary - params.fit_window_s
         inside = (t <= boundary) & (t > start)
-        d = resample(t[inside], v[inside], s)
+        d = _fit_data(t[inside], v[inside], s)
         split = len(d) - math.ceil(len(d) * params.holdout)
         if d.t_end is not None and int(np.count_nonzero(~np.isnan(d.values[:split]))) >= MIN_FIT_POINTS:
             n = len(series)
@@ -448,6 +451,47 @@ def window(t: F64, v: F64, series: Series, params: ForecastParams) -> Window | N
             return Window(d.values, split, series.values[first:], max(0, held - first), s, d.t_end, t_end)
         period /= 2
     return None
+
+
+#: The last fit data D made by :func:`window`, with the samples it was made from (copies) and
+#: :func:`_ends` of them.
+_LAST_FIT: list[tuple[tuple[object, ...], F64, F64, Series]] = []
+
+
+def _ends(t: F64, v: F64, *more: object) -> tuple[object, ...]:
+    """A cheap key of two sample arrays: lengths and the bits of the end values (equal arrays have
+    equal keys; the whole arrays are compared only when the keys match)."""
+    if len(t) == 0 or len(v) == 0:
+        return (len(t), len(v), *more)
+    ti, vi = t.view(np.int64), v.view(np.int64)
+    return (len(t), len(v), int(ti[0]), int(ti[-1]), int(vi[0]), int(vi[-1]), *more)
+
+
+def _fit_data(t: F64, v: F64, step_s: float) -> Series:
+    """``resample(t, v, step_s)``, the one of the last call again when its samples are the same, bit
+    for bit (D does not move between refit boundaries, and re-gridding it costs more than
+    comparing)."""
+    key = _ends(t, v, step_s)
+    for kk, kt, kv, d in _LAST_FIT:
+        if kk == key and _same_bits(kt, t) and _same_bits(kv, v):
+            return d
+    d = resample(t, v, step_s)
+    _LAST_FIT[:] = [(key, t.copy(), v.copy(), d), *_LAST_FIT][:LAST_FITS]
+    return d
+
+
+#: Fit data kept by :func:`_fit_data` (one per workload forecast in turn, in the simulator).
+LAST_FITS = 16
+
+
+def _same_bits(a: F64, b: F64) -> bool:
+    """Same length and the same bits (NaN equal to the same NaN, -0.0 unequal to 0.0)."""
+    if a.shape != b.shape:
+        return False
+    if a.size == 0:
+        return True
+    ai, bi = np.ascontiguousarray(a).view(np.int64), np.ascontiguousarray(b).view(np.int64)
+    return bool(ai[-1] == bi[-1] and ai[0] == bi[0] and np.array_equal(ai, bi))
 
 
 @dataclass(frozen=True)
@@ -462,7 +506,12 @@ class Fitted:
 #: operation on it is one dict operation, atomic under the GIL, so threads may share it without a
 #: lock: at worst two threads make the same value (identically) and one of the two is kept.
 _CACHE: dict[tuple[object, ...], object] = {}
-CACHE_SIZE = 64
+#: A workload holds about ten entries per refit period (``auto``'s choice per horizon in steps,
+#: five candidates' fits, the refit, the daily profile): 256 keep a dozen workloads forecast at two
+#: horizons (the flagship's twelve, the scaler's and the warmer's), where 64 evicted fits that
+#: were still in use and refitted them on every forecast (its predictive run: 42 s -> 19 s).
+#: An entry is a few arrays of the fit grid (tens of kB).
+CACHE_SIZE = 256
 
 
 def _cached(key: tuple[object, ...], make: Callable[[], object]) -> object:
@@ -479,12 +528,34 @@ _MISSING = object()
 
 
 def _digest(y: F64) -> bytes:
-    return hashlib.blake2b(np.ascontiguousarray(y).tobytes(), digest_size=16).digest()
+    for a, d in _DIGESTS:
+        if a is y:
+            return d  # the same array (D, kept by _fit_data; nothing writes to it)
+    d = hashlib.blake2b(np.ascontiguousarray(y).tobytes(), digest_size=16).digest()
+    _DIGESTS[:] = [(y, d), *_DIGESTS][:LAST_FITS]
+    return d
+
+
+#: The digests of the last arrays :func:`_digest` read, by identity.
+_DIGESTS: list[tuple[F64, bytes]] = []
 
 
 def _fit_key(w: Window, params: ForecastParams) -> tuple[object, ...]:
     # fit_end: the daily profile's phase depends on when D was, not only on its values
-    return (_digest(w.fit), len(w.fit), w.split, w.fit_end, params.model_dump_json(exclude={"level"}))
+    return (_digest(w.fit), len(w.fit), w.split, w.fit_end, _params_key(params))
+
+
+#: ``params.model_dump_json(exclude={"level"})`` of the last parameters seen, by identity (they are frozen).
+_PARAMS_KEY: list[tuple[ForecastParams, str]] = []
+
+
+def _params_key(params: ForecastParams) -> str:
+    for p, key in _PARAMS_KEY:
+        if p is params:
+            return key
+    key = params.model_dump_json(exclude={"level"})
+    _PARAMS_KEY[:] = [(params, key), *_PARAMS_KEY][:8]
+    return key
 
 
 def _shape(name: str, m: int) -> Shape:
@@ -618,18 +689,108 @@ def _run_on(y: F64, base: Run) -> Run:
     the refit boundary are run, from the state ``base`` ended in. The result is the same, bit for
     bit: the same float operations in the same order. Any difference in the prefix (a grid
     anchored differently, a late sample) runs the whole of ``y``.
+
+    The runs of the last calls with the same ``base`` are kept too (:func:`_resumed`): a call whose
+    ``y`` shares a prefix with one of them (the same grid a few steps later) runs only the rest.
     """
     n0 = len(base.y)
     shape, c = base.shape, base.constants
     reusable = (len(y) >= n0 and base.t0 < n0 - 1 and not (shape.seasonal and n0 < 2 * shape.m)
-                and np.array_equal(y[:n0], base.y, equal_nan=True))
-    if not reusable:
-        return smoothing.run(y, shape, c)
-    at = n0 - 1
-    tail = smoothing.run(y, shape, c, smoothing.Start(at, float(base.level[at]), float(base.trend[at]), base.season))
+                and _may_equal(y, base.y) and np.array_equal(y[:n0], base.y, equal_nan=True))
+    how = "base" if reusable else "full"
+    first = int(y[:1].view(np.int64)[0]) if len(y) else None  # a prefix shares the first value
+    kept = _RUNS.get(id(base))
+    listed = kept[1] if kept is not None and kept[0] is base else ()
+    recent = tuple((h, r) for h, f, r in listed if h == how and f == first)
+    out, same = _resumed(y, recent)
+    if out is None:
+        if not reusable:
+            out = smoothing.run(y, shape, c)
+        else:
+            at = n0 - 1
+            out = _spliced(y, base, at, smoothing.run(
+                y, shape, c, smoothing.Start(at, float(base.level[at]), float(base.trend[at]), base.season)))
+    others = tuple(e for e in listed if e[2] is not same)
+    _RUNS[id(base)] = (base, ((how, first, out), *others)[:RECENT_RUNS])
+    if len(_RUNS) > CACHE_SIZE:
+        for old in list(_RUNS)[: len(_RUNS) - CACHE_SIZE]:
+            _RUNS.pop(old, None)
+    return out
+
+
+#: Runs kept per base run for :func:`_resumed`: the forecast grid is anchored at the newest sample,
+#: so calls a tick apart see different grids and a call finds its prefix in the one a grid step
+#: (several ticks) earlier.
+RECENT_RUNS = 12
+#: ``id(base) -> (base, ((how, bits of y[0], run), ...))``, newest first; holding ``base`` keeps its
+#: id from being reused while it is listed. Same concurrency rules as :data:`_CACHE`.
+_RUNS: dict[int, tuple[Run, tuple[tuple[str, int | None, Run], ...]]] = {}
+
+
+def _may_equal(y: F64, head: F64) -> bool:
+    """False when ``y`` surely does not begin with ``head`` (their first values differ, NaN equal to
+    NaN as in ``np.array_equal(..., equal_nan=True)``): a cheap test before the whole comparison."""
+    if len(head) == 0:
+        return True
+    a, b = float(y[0]), float(head[0])
+    return a == b or (a != a and b != b)  # noqa: PLR0124 -- NaN is the only float unequal to itself
+
+
+def _prefix(a: F64, b: F64) -> int:
+    """How many leading values ``a`` and ``b`` share, bit for bit."""
+    n = min(len(a), len(b))
+    differ = np.flatnonzero(np.ascontiguousarray(a[:n]).view(np.int64) != np.ascontiguousarray(b[:n]).view(np.int64))
+    return int(differ[0]) if len(differ) else n
+
+
+def _spliced(y: F64, head: Run, at: int, tail: Run) -> Run:
+    """``head``'s states up to step ``at``, then ``tail``'s (a run resumed from ``head``'s state at ``at``)."""
     level, trend, slot = tail.level.copy(), tail.trend.copy(), tail.slot.copy()
-    level[:n0], trend[:n0], slot[:n0] = base.level, base.trend, base.slot
-    return Run(y, shape, c, base.t0, level, trend, slot, base.season_init, tail.season)
+    level[:at + 1], trend[:at + 1], slot[:at + 1] = head.level[:at + 1], head.trend[:at + 1], head.slot[:at + 1]
+    return Run(y, head.shape, head.constants, head.t0, level, trend, slot, head.season_init, tail.season)
+
+
+def _resumed(y: F64, recent: tuple[tuple[str, Run], ...]) -> tuple[Run | None, Run | None]:
+    """What :func:`_run_on` would return for ``y``, from the longest prefix a recent run of the same
+    kind (all of ``recent`` are) shares with it (``None``: none shares enough); and the recent run
+    over the very same ``y``, if any.
+
+    The recursion's state after step t depends only on its start and ``y[:t + 1]``, so resuming
+    from a run's state after the last shared step repeats the same float operations in the same
+    order. A run of the same kind started the same way: ``base`` resumed from the same base run
+    (``y`` then shares base's whole grid), ``full`` from :func:`smoothing.start`, which reads only
+    the steps up to ``t0`` (its first observation, or its second with a trend) and, for a season,
+    the first two seasons, all inside the shared prefix. The season after step ``t`` is, per slot,
+    its value after that slot's last step (``slot``), copied.
+    """
+    best: tuple[int, Run] | None = None
+    how = ""
+    for h, r in recent:
+        shared = _prefix(y, r.y)
+        if best is None or shared > best[0]:
+            best, how = (shared, r), h
+    if best is None:
+        return None, None
+    shared, r = best
+    same = r if shared == len(y) == len(r.y) else None
+    at = shared - 1
+    shape = r.shape
+    if at <= r.t0:
+        return None, same
+    if how == "full":
+        if shape.seasonal and shared < 2 * shape.m:
+            return None, same
+        if not shape.seasonal and shape.trend and int(np.count_nonzero(~np.isnan(r.y[:r.t0 + 1]))) < 2:
+            return None, same  # a start on one observation: a later second one would move it
+    season = r.season_init
+    if shape.seasonal:
+        if at + 1 < shape.m:
+            return None, same
+        steps = np.arange(at + 1 - shape.m, at + 1)
+        season = np.empty(shape.m)
+        season[steps % shape.m] = r.slot[steps]
+    tail = smoothing.run(y, shape, r.constants, smoothing.Start(at, float(r.level[at]), float(r.trend[at]), season))
+    return _spliced(y, r, at, tail), same
 
 
 def _fitted_forecast(name: str, ctx: Context, w: Window, note: str) -> Forecast:
@@ -919,13 +1080,36 @@ def forecast(name: str, timestamps: ArrayLike, values: ArrayLike, horizon_s: flo
     if not horizon_s >= 0 or not math.isfinite(horizon_s):
         raise InvalidValueError(f"horizon must be a finite number of seconds >= 0, got {horizon_s!r}")
     p = params if params is not None else ForecastParams()
-    series = resample(timestamps, values, p.step_s)
+    t = np.asarray(timestamps, dtype=np.float64).ravel()
+    v = np.asarray(values, dtype=np.float64).ravel()
+    series, win = _prepared(t, v, p)
     if series.t_end is None:
         return Forecast(point=0.0, upper=0.0, level=p.level, horizon_s=horizon_s, lead_s=horizon_s,
                         requested=name, method="none", note="no observations", observations=0,
                         residuals=0, step_s=series.step_s, spread=0.0, t_end=None)
     stale = max(0.0, now_s - series.t_end) if now_s is not None else 0.0
-    t = np.asarray(timestamps, dtype=np.float64).ravel()
-    v = np.asarray(values, dtype=np.float64).ravel()
-    ok = np.isfinite(t) & np.isfinite(v)
-    return fn(Context(series, horizon_s, horizon_s + stale, p, name, window(t[ok], v[ok], series, p)))
+    return fn(Context(series, horizon_s, horizon_s + stale, p, name, win))
+
+
+#: The last histories :func:`_prepared` gridded (copies), with :func:`_ends` of them, the
+#: parameters, grid and window.
+_LAST_PREPARED: list[tuple[tuple[object, ...], F64, F64, ForecastParams, Series, Window | None]] = []
+#: Histories kept by :func:`_prepared`: the same history is forecast at its horizons in a row.
+LAST_PREPARED = 4
+
+
+def _prepared(t: F64, v: F64, p: ForecastParams) -> tuple[Series, Window | None]:
+    """The history on its grid and the fit window (:func:`resample`, :func:`window`); those of the
+    last call again when its history and parameters are the same, bit for bit (a scaler that
+    forecasts the same history at two horizons grids it once)."""
+    key = _ends(t, v)
+    for kk, kt, kv, kp, series, win in _LAST_PREPARED:
+        if kk == key and (kp is p or kp == p) and _same_bits(kt, t) and _same_bits(kv, v):
+            return series, win
+    series = resample(t, v, p.step_s)
+    win = None
+    if series.t_end is not None:
+        ok = np.isfinite(t) & np.isfinite(v)
+        win = window(t, v, series, p) if ok.all() else window(t[ok], v[ok], series, p)
+    _LAST_PREPARED[:] = [(key, t.copy(), v.copy(), p, series, win), *_LAST_PREPARED][:LAST_PREPARED]
+    return series, win

@@ -368,6 +368,11 @@ class InventorySnapshot:
         self._per_profile[profile.name] = result
         return result
 
+    def rows_state(self, profile: Profile) -> CacheState:
+        """Every row's cache state for ``profile``, as :meth:`cache_state` gives it, made anew each
+        call and without the class table (for a caller that only reads the rows it changed)."""
+        return self._rows_state(profile, np.arange(len(self.nodes) + 1, dtype=np.intp))
+
     def _rows_state(self, profile: Profile, rows: NDArray[np.intp]) -> CacheState:
         """The cache state of some rows for ``profile`` (a row equal to ``len(self)`` is the sentinel)."""
         digest = profile.compile.key.image_digest if profile.compile.key is not None else None

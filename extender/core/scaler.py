@@ -71,6 +71,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -228,17 +229,79 @@ def _ceil(x: float) -> int:
     return max(0, math.ceil(x - _CEIL_SLACK * max(1.0, abs(x))))
 
 
-def decide(inputs: DecisionInputs) -> Decision:
-    """Desired replicas for one workload at ``inputs.now_s`` (rules in the module docstring)."""
-    i = inputs
-    reasons: list[str] = []
-    current = i.ready + i.starting
+@dataclass(frozen=True)
+class _Numbers:
+    """Every number of one decision, in the order :func:`decide` reaches them."""
 
+    current: int
+    reactive: float | None
+    fc: float | None
+    fc_point: float | None
+    need: float
+    driver: Driver
+    candidate: int
+    within: bool
+    recommendation: int
+    window_max: int | None
+    covered: bool
+    stabilised: int
+    desired: int
+    action: Action
+
+
+def _numbers(i: DecisionInputs) -> _Numbers:
+    """The decision's numbers (rules in the module docstring); :func:`decide` adds the reasons."""
+    current = i.ready + i.starting
     usable = i.capacity * i.target_utilization
-    per = f"{i.capacity:g}" if i.target_utilization == 1 else f"({i.capacity:g} x {i.target_utilization:g})"
     reactive = None if i.demand is None else (i.demand + i.queue / i.queue_drain_s) / usable
     fc = None if i.forecast is None else i.forecast.upper / usable
     fc_point = None if i.forecast is None else i.forecast.point / usable
+
+    driver: Driver
+    if reactive is None:
+        # Nothing observed: never shed capacity on missing data, but a forecast may still raise.
+        need = max(float(current), fc or 0.0)
+        driver = "forecast" if fc is not None and fc > current else "unobserved"
+    else:
+        need = max(reactive, fc or 0.0)
+        driver = "forecast" if fc is not None and fc > reactive else "reactive"
+
+    candidate = _ceil(need)
+    # The HPA's test on our metric (AverageValue 1: ratio = candidate / current), same float maths.
+    within = current > 0 and abs(1.0 - candidate / current) <= i.tolerance
+    recommendation = current if within else candidate
+
+    cutoff = i.now_s - i.stabilisation_s
+    window = [r.replicas for r in i.recent if cutoff < r.at_s <= i.now_s]
+    window_max = max(window) if window else None
+    covered = i.stabilisation_s == 0 or any(r.at_s <= cutoff for r in i.recent)
+    if recommendation >= current:
+        stabilised = recommendation
+    elif not covered:
+        stabilised = current
+    else:
+        stabilised = min(current, max(recommendation, window_max if window_max is not None else 0))
+
+    desired = min(max(stabilised, i.min_replicas), i.max_replicas)
+    action: Action = "scale-up" if desired > current else "scale-down" if desired < current else "hold"
+    return _Numbers(current, reactive, fc, fc_point, need, driver, candidate, within, recommendation, window_max,
+                    covered, stabilised, desired, action)
+
+
+def recommend(inputs: DecisionInputs) -> tuple[int, int]:
+    """``(recommendation, desired)`` of :func:`decide`, without its reasons and record (for a loop,
+    such as the simulator's, that reads only these two every tick)."""
+    n = _numbers(inputs)
+    return n.recommendation, n.desired
+
+
+def decide(inputs: DecisionInputs) -> Decision:
+    """Desired replicas for one workload at ``inputs.now_s`` (rules in the module docstring)."""
+    i = inputs
+    n = _numbers(i)
+    reasons: list[str] = []
+    current, reactive, fc = n.current, n.reactive, n.fc
+    per = f"{i.capacity:g}" if i.target_utilization == 1 else f"({i.capacity:g} x {i.target_utilization:g})"
 
     if reactive is not None:
         reasons.append(f"reactive need {reactive:.3g} = ({i.demand:g} + queue {i.queue:g} / "
@@ -249,55 +312,29 @@ def decide(inputs: DecisionInputs) -> Decision:
         if abs(i.forecast.horizon_s - i.horizon.seconds) > 1e-6:
             reasons.append(f"note: forecast horizon {i.forecast.horizon_s:g}s differs from the decision "
                            f"horizon {i.horizon.seconds:g}s")
-
-    driver: Driver
     if reactive is None:
-        # Nothing observed: never shed capacity on missing data, but a forecast may still raise.
-        need = max(float(current), fc or 0.0)
-        driver = "forecast" if fc is not None and fc > current else "unobserved"
         reasons.append(f"no observation this tick: holding {current} unless the forecast needs more")
-    else:
-        need = max(reactive, fc or 0.0)
-        driver = "forecast" if fc is not None and fc > reactive else "reactive"
-
-    candidate = _ceil(need)
-    # The HPA's test on our metric (AverageValue 1: ratio = candidate / current), same float maths.
-    within = current > 0 and abs(1.0 - candidate / current) <= i.tolerance
-    recommendation = current if within else candidate
-    if within and candidate != current:
-        reasons.append(f"{candidate} is within the {i.tolerance:g} tolerance of {current}: the HPA would "
+    if n.within and n.candidate != current:
+        reasons.append(f"{n.candidate} is within the {i.tolerance:g} tolerance of {current}: the HPA would "
                        "not act, so holding")
-
-    cutoff = i.now_s - i.stabilisation_s
-    window = [r.replicas for r in i.recent if cutoff < r.at_s <= i.now_s]
-    window_max = max(window) if window else None
-    covered = i.stabilisation_s == 0 or any(r.at_s <= cutoff for r in i.recent)
-    if recommendation >= current:
-        stabilised = recommendation
-    elif not covered:
-        stabilised = current
-        reasons.append(f"scale-down to {recommendation} held: recommendations do not yet cover the "
+    if n.recommendation < current and not n.covered:
+        reasons.append(f"scale-down to {n.recommendation} held: recommendations do not yet cover the "
                        f"{i.stabilisation_s:g}s stabilisation window")
-    else:
-        stabilised = min(current, max(recommendation, window_max if window_max is not None else 0))
-        if stabilised > recommendation:
-            reasons.append(f"scale-down limited to {stabilised}: the largest recommendation of the last "
-                           f"{i.stabilisation_s:g}s")
-
-    desired = min(max(stabilised, i.min_replicas), i.max_replicas)
-    if desired != stabilised:
-        bound = "min" if desired > stabilised else "max"
-        reasons.append(f"clamped to {bound}Replicas {desired}")
-    action: Action = "scale-up" if desired > current else "scale-down" if desired < current else "hold"
-    if action == "scale-up":
-        reasons.append(f"scale-up driven by the {driver} need")
-    elif action == "scale-down":
+    elif n.recommendation < current and n.stabilised > n.recommendation:
+        reasons.append(f"scale-down limited to {n.stabilised}: the largest recommendation of the last "
+                       f"{i.stabilisation_s:g}s")
+    if n.desired != n.stabilised:
+        bound = "min" if n.desired > n.stabilised else "max"
+        reasons.append(f"clamped to {bound}Replicas {n.desired}")
+    if n.action == "scale-up":
+        reasons.append(f"scale-up driven by the {n.driver} need")
+    elif n.action == "scale-down":
         reasons.append("scale-down on observed load")
     return Decision(
         inputs=i, current=current, reactive_replicas=reactive, forecast_replicas=fc,
-        forecast_point_replicas=fc_point, need=need, driver=driver, candidate=candidate,
-        within_tolerance=within, recommendation=recommendation, window_max=window_max,
-        window_covered=covered, stabilised=stabilised, desired=desired, action=action,
+        forecast_point_replicas=n.fc_point, need=n.need, driver=n.driver, candidate=n.candidate,
+        within_tolerance=n.within, recommendation=n.recommendation, window_max=n.window_max,
+        window_covered=n.covered, stabilised=n.stabilised, desired=n.desired, action=n.action,
         reasons=tuple(reasons),
     )
 

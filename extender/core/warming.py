@@ -349,6 +349,9 @@ class _Work:
     slots: I64
     expectation: Expectation | None
     dead: dict[Kind, NDArray[np.bool_]] = field(default_factory=dict)
+    #: :meth:`totals` of ``state`` and :meth:`objective` of them, until :meth:`mark` changes the state.
+    _totals: F64 | None = field(default=None, init=False, repr=False)
+    _objective: float | None = field(default=None, init=False, repr=False)
 
     def available(self, kind: Kind) -> NDArray[np.bool_]:
         """Nodes where an action of this kind would add a cache that is missing and obtainable."""
@@ -398,13 +401,20 @@ class _Work:
                 assert_never(kind)
 
     def totals(self, state: CacheState | None = None) -> F64:
-        """Estimated startup seconds on each node."""
-        est = estimate(self.profile, self.classes, self.class_index, self.state if state is None else state,
-                       self.table)
-        return est.total_s
+        """Estimated startup seconds on each node (of ``state``, or of the planned state: read-only,
+        made once per state)."""
+        if state is None and self._totals is not None:
+            return self._totals
+        total_s = estimate(self.profile, self.classes, self.class_index, self.state if state is None else state,
+                           self.table).total_s
+        if state is None:
+            total_s.flags.writeable = False
+            self._totals = total_s
+        return total_s
 
     def mark(self, i: int, kind: Kind, cache: str | None = None) -> None:
         """Node ``i`` now holds (or will hold) the cache of ``kind`` (for adapters: ``cache``, else the next)."""
+        self._totals = self._objective = None
         st = self.state
         match kind:
             case "image":
@@ -454,7 +464,12 @@ class _Work:
         """``F_w``: summed startup of the replicas that can land now (0 without an expectation)."""
         if self.expectation is None:
             return 0.0
-        return best_k_sum(totals, self.slots, self.expectation.replicas)
+        if totals is self._totals and self._objective is not None:
+            return self._objective
+        value = best_k_sum(totals, self.slots, self.expectation.replicas)
+        if totals is self._totals:
+            self._objective = value
+        return value
 
     def outlook(self, before: float) -> Outlook:
         """The expectation's numbers before and after the plan (state is the plan's end state)."""
@@ -463,7 +478,12 @@ class _Work:
         totals = self.totals()
         k = min(e.replicas, int(self.slots.sum()))
         order = np.lexsort((self.name_rank, totals))
-        landing = [self.names[i] for i in order for _ in range(int(self.slots[i]))][:k]
+        landing: list[str] = []
+        for i in order.tolist():  # each node once per slot, until k replicas have landed
+            if len(landing) >= k:
+                break
+            landing.extend([self.names[i]] * int(self.slots[i]))
+        del landing[k:]
         after = self.objective(totals)
         return Outlook(workload=e.workload, replicas=e.replicas, within_s=e.within_s, placeable=k,
                        before_s=before / k if k else None, after_s=after / k if k else None,
@@ -484,8 +504,10 @@ class _Planner:
         #: Workloads planned for this tick (expected or keep-warm): their current caches are never evicted.
         self.tracked = frozenset(tracked)
         # rows in name order, so every tie in the plan goes to the node whose name sorts first
-        self.by_name = sorted(range(len(snapshot.nodes)), key=lambda r: snapshot.nodes[r].name)
-        self.rank = {r: i for i, r in enumerate(self.by_name)}
+        names = [node.name for node in snapshot.nodes]
+        self.by_name = sorted(range(len(names)), key=names.__getitem__)
+        self.rank = np.empty(len(names), dtype=np.intp)  # row -> its position in name order
+        self.rank[np.asarray(self.by_name, dtype=np.intp)] = np.arange(len(names), dtype=np.intp)
         self._keys: dict[tuple[str, str], str | None] = {}
         self._sizes: dict[str, dict[str, int]] = {}
         self.cluster_left = self.warming.max_concurrent - len(in_flight)
@@ -546,27 +568,34 @@ class _Planner:
         """The workload's nodes and their state, with in-flight actions taken as done."""
         snap = self.snap
         allowed = {c.name for c in self.policy.classes_for(profile)}
-        rows = np.array([r for r in self.by_name
-                         if self.fresh[r] and snap.classes[int(snap.class_index[r])].name in allowed], dtype=np.intp)
+        classes = snap.classes
+        # per class, then gathered per row (the same values as asking each row's class)
+        class_ok = np.array([c.name in allowed for c in classes], dtype=np.bool_)
+        by_name = np.asarray(self.by_name, dtype=np.intp)
+        rows = by_name[self.fresh[by_name] & class_ok[snap.class_index[by_name]]].astype(np.intp)
         full, table = snap.cache_state(profile)
         state = full.take(rows)
-        classes = snap.classes
-        node_classes = [classes[int(snap.class_index[r])] for r in rows]
+        row_class = snap.class_index[rows]
+        rows_list, classes_list = rows.tolist(), row_class.tolist()
         gpus = profile.parallelism.gpus
         k = expectation.replicas if expectation is not None else 0
-        slots = np.array([min((n.gpus_free if n.gpus else c.gpu.count) // gpus, k)
-                          for n, c in ((snap.nodes[r], c) for r, c in zip(rows, node_classes, strict=True))],
-                         dtype=np.int64).reshape(len(rows))
+        # min((free GPUs, or the class's count for a record that reports none) // gpus, k) per row
+        reported = np.fromiter((snap.nodes[r].gpus for r in rows_list), dtype=np.int64, count=len(rows_list))
+        class_gpus = np.array([c.gpu.count for c in classes], dtype=np.int64)
+        free = np.where(reported != 0, snap.gpus_free[rows], class_gpus[row_class])
+        slots = np.minimum(free // gpus, k).astype(np.int64).reshape(len(rows))
+        class_published = np.array([profile.snapshot is not None and (profile.name, c.name) in published
+                                    for c in classes], dtype=np.bool_)
+        class_nvme_ok = np.array([caches_weights(profile, c) for c in classes], dtype=np.bool_)
+        class_compile = [self.compile_key(profile, c) for c in classes]
         w = _Work(
             profile=profile, table=table, classes=classes, rows=rows,
-            names=[snap.nodes[r].name for r in rows],
-            name_rank=np.array([self.rank[r] for r in rows], dtype=np.intp).reshape(len(rows)),
+            names=[snap.nodes[r].name for r in rows_list],
+            name_rank=self.rank[rows].reshape(len(rows)),
             class_index=snap.class_index[rows], state=state,
-            published=np.array([profile.snapshot is not None and (profile.name, c.name) in published
-                                for c in node_classes], dtype=np.bool_).reshape(len(rows)),
-            nvme_ok=np.array([caches_weights(profile, c) for c in node_classes],
-                             dtype=np.bool_).reshape(len(rows)),
-            compile_ids=[self.compile_key(profile, c) for c in node_classes],
+            published=class_published[row_class].reshape(len(rows)),
+            nvme_ok=class_nvme_ok[row_class].reshape(len(rows)),
+            compile_ids=[class_compile[c] for c in classes_list],
             slots=slots, expectation=expectation,
             dead={kind: np.zeros(len(rows), dtype=np.bool_) for kind in KINDS},
         )
@@ -668,17 +697,18 @@ class _Planner:
 
     # -- entry ----------------------------------------------------------------------------------
 
-    def run(self, wanted: dict[str, Expectation], published: Collection[tuple[str, str]]) -> Plan:
+    def run(self, wanted: dict[str, Expectation], published: Collection[tuple[str, str]],
+            outlooks: bool = True) -> Plan:
         """Demand first, then keep-warm with what the caps leave."""
         keep = set(self.warming.keep_warm)
         works = {name: self.work(self.policy.profile(name), wanted.get(name), published)
                  for name in sorted(self.tracked)}
         demand = [works[n] for n in sorted(wanted)]
-        before = {w.profile.name: w.objective(w.totals()) for w in demand}
+        before = {w.profile.name: w.objective(w.totals()) for w in demand} if outlooks else {}
         self.greedy(demand, "demand")
         self.greedy([works[n] for n in sorted(keep)], "keep-warm")
         return Plan(now=self.now, actions=tuple(self.actions),
-                    outlooks=tuple(w.outlook(before[w.profile.name]) for w in demand),
+                    outlooks=tuple(w.outlook(before[w.profile.name]) for w in demand) if outlooks else (),
                     skipped=tuple(self.skipped), cluster_full=self.cluster_full)
 
 
@@ -690,6 +720,7 @@ def plan(
     now: float,
     in_flight: Sequence[Action] = (),
     published_snapshots: Collection[tuple[str, str]] = (),
+    outlooks: bool = True,
 ) -> Plan:
     """Plan this tick's warm actions (objective, constraints and method in the module docstring).
 
@@ -698,6 +729,8 @@ def plan(
     earlier ticks and not finished, which count against every cap and whose caches count as
     present; ``published_snapshots``: (workload, node class) pairs whose process snapshot can be
     fetched (the inventory does not record a snapshot registry), the only snapshots planned.
+    ``outlooks=False``: leave :attr:`Plan.outlooks` empty (a caller that only starts the actions,
+    such as the simulator every tick, saves their estimates); the actions are the same.
     """
     listed = list(expectations)
     names = [e.workload for e in listed]
@@ -706,4 +739,4 @@ def plan(
         raise InvalidValueError(f"one expectation per workload, got several for {', '.join(twice)}")
     wanted = {e.workload: e for e in listed if e.replicas > 0}
     tracked = set(wanted) | set(policy.warming.keep_warm)
-    return _Planner(policy, snapshot, now, in_flight, tracked).run(wanted, published_snapshots)
+    return _Planner(policy, snapshot, now, in_flight, tracked).run(wanted, published_snapshots, outlooks)

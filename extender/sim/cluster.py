@@ -120,6 +120,29 @@ class Start:
 
 
 @dataclass
+class _PlanRows:
+    """What the last planning snapshot's rows were made from (:meth:`Cluster.planning_snapshot`):
+    per present node, the identity of its record, its free GPUs, pulling bytes and pod changes, the
+    record itself (``held``: kept alive, so its identity is not reused) and the planning record."""
+
+    present: bytes
+    rows: NDArray[np.intp]
+    sources: NDArray[np.uint64]
+    gpus_free: I64
+    pulling: I64
+    pods: I64
+    held: list[NodeState | None]
+    records: list[NodeState]
+
+    @classmethod
+    def empty(cls, present: bytes, rows: NDArray[np.intp]) -> _PlanRows:
+        """Rows that all differ from any node (every one is made on first use)."""
+        n = len(rows)
+        return cls(present, rows, np.zeros(n, dtype=np.uint64), np.full(n, -1, dtype=np.int64),
+                   np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64), [None] * n, [None] * n)  # type: ignore[list-item]
+
+
+@dataclass
 class Cluster:
     """Nodes, pods and pulls of one simulation run (see the module docstring)."""
 
@@ -147,6 +170,18 @@ class Cluster:
     _columns: list[CacheState] = field(default_factory=list)
     _tables: list[ClassTable] = field(default_factory=list)
     _compile_keys: list[list[str | None]] = field(default_factory=list)
+    #: Memos that follow the profiles (cleared by :meth:`set_profile`): cache ids a replica reads per
+    #: (workload, class); (in_use, pod_workloads) per (class, workloads with a pod on the node).
+    _replica_ids: dict[tuple[int, int], frozenset[str]] = field(default_factory=dict)
+    _usage: dict[tuple[int, frozenset[int]], tuple[tuple[str, ...], tuple[str, ...]]] = field(default_factory=dict)
+    #: The incremental planning snapshot (:meth:`planning_snapshot`): what each row was made from
+    #: (``_plan_rows``), and the last snapshot with the planner's policy, the present nodes and the
+    #: registry it was made for (``_plan_snap``).
+    _plan_rows: _PlanRows | None = None
+    _nvme_free: tuple[int, F64] | None = None
+    #: Per node: bumped whenever a pod is placed on it or leaves it.
+    _pods_changes: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    _plan_snap: tuple[Policy, bytes, frozenset[str], InventorySnapshot] | None = None
 
     @classmethod
     def build(cls, policy: Policy, profiles: Sequence[Profile], nodes: Sequence[NodeSpec], *,
@@ -182,6 +217,7 @@ class Cluster:
         cluster._bare = bares
         cluster.gpus_used = np.zeros(len(records), dtype=np.int64)
         cluster.pods_on = [{} for _ in records]
+        cluster._pods_changes = np.zeros(len(records), dtype=np.int64)
         cluster.index = {r.name: i for i, r in enumerate(records)}
         snap = cluster.snapshot_of(records)
         for p in cluster.profiles:
@@ -227,6 +263,15 @@ class Cluster:
         """The class table of workload ``w``'s profile (for :func:`extender.core.estimate.estimate`)."""
         return self._tables[w]
 
+    def nvme_free(self) -> F64:
+        """Free NVMe bytes per node, from the records (read-only; memoised while :attr:`version`
+        stands: every change of a record is followed by a bump before anything reads again)."""
+        if self._nvme_free is None or self._nvme_free[0] != self.version:
+            column = np.fromiter((r.nvme_free for r in self.records), dtype=np.float64, count=len(self.records))
+            column.flags.writeable = False
+            self._nvme_free = (self.version, column)
+        return self._nvme_free[1]
+
     def gpus_free(self) -> I64:
         """Free GPUs per node."""
         return np.asarray(self.gpus - self.gpus_used, dtype=np.int64)
@@ -251,11 +296,13 @@ class Cluster:
 
     # ---- pods ----------------------------------------------------------------------------
 
-    def cost(self, w: int, node: int, now: float) -> Start:
-        """What starting workload ``w`` on ``node`` now takes, from the estimator."""
+    def cost(self, w: int, node: int, now: float, state: CacheState | None = None) -> Start:
+        """What starting workload ``w`` on ``node`` now takes, from the estimator. ``state``: the
+        caller's ``state(w, now, [node])`` of this moment, when it has it (read, not changed)."""
         p = self.profiles[w]
         rows = np.array([node], dtype=np.intp)
-        state = self.state(w, now, rows)
+        if state is None:
+            state = self.state(w, now, rows)
         est = estimate(p, self.classes, self.class_index[rows], state, self._tables[w])
         cls = self.classes[int(self.class_index[node])]
         keeps_weights = caches_weights(p, cls)
@@ -275,9 +322,10 @@ class Cluster:
             seconds += float(est.compile_s[0])
         return Start(est, cold, download, seconds)
 
-    def place(self, pod: Pod, node: int, now: float) -> Start:
-        """Bind ``pod`` to ``node`` now: take its GPUs, time its start, register its downloads."""
-        start = self.cost(pod.workload, node, now)
+    def place(self, pod: Pod, node: int, now: float, state: CacheState | None = None) -> Start:
+        """Bind ``pod`` to ``node`` now: take its GPUs, time its start, register its downloads
+        (``state``: as for :meth:`cost`)."""
+        start = self.cost(pod.workload, node, now, state)
         pod.node = node
         pod.placed_s = now
         pod.startup_s = float(start.estimate.total_s[0])
@@ -285,6 +333,7 @@ class Cluster:
         pod.cold = start.cold
         self.gpus_used[node] += self.profiles[pod.workload].parallelism.gpus
         self.pods_on[node][pod.id] = pod
+        self._pods_changes[node] += 1
         if start.download_bytes > 0 and start.download_s > 0:
             self.pulls.append(_Pull(node, start.download_bytes, now, now + start.download_s, pod.id))
         self.version += 1
@@ -297,6 +346,7 @@ class Cluster:
             return
         self.gpus_used[pod.node] -= self.profiles[pod.workload].parallelism.gpus
         del self.pods_on[pod.node][pod.id]
+        self._pods_changes[pod.node] += 1
         self.pulls = [p for p in self.pulls if p.owner != pod.id]
         if pod.ready_s <= now:
             self._touch(pod.node, self._ids(pod.workload, pod.node), now)
@@ -338,9 +388,14 @@ class Cluster:
                                                        "nvme_free": record.nvme_free - size})
         return True
 
-    def _ids(self, w: int, node: int) -> set[str]:
-        """Cache ids (other than the image) a replica of workload ``w`` uses on ``node``."""
-        return replica_ids(self.profiles[w], self.classes[int(self.class_index[node])])
+    def _ids(self, w: int, node: int) -> frozenset[str]:
+        """Cache ids (other than the image) a replica of workload ``w`` uses on ``node`` (memoised per
+        workload and class)."""
+        c = int(self.class_index[node])
+        got = self._replica_ids.get((w, c))
+        if got is None:
+            got = self._replica_ids[(w, c)] = frozenset(replica_ids(self.profiles[w], self.classes[c]))
+        return got
 
     def _touch(self, node: int, ids: Iterable[str], now: float) -> None:
         """Record a use of the caches ``ids`` that the node holds."""
@@ -359,6 +414,19 @@ class Cluster:
         for pod in self.pods_on[node].values():
             out.update(self._ids(pod.workload, node))
         return out
+
+    def _pod_usage(self, node: int, workloads: frozenset[int]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """``(in_use, pod_workloads)`` of a planning record: the sorted cache ids that pods of
+        ``workloads`` read on ``node`` (:meth:`in_use`) and their workloads' names, sorted (memoised
+        per class and set of workloads)."""
+        key = (int(self.class_index[node]), workloads)
+        got = self._usage.get(key)
+        if got is None:
+            ids: set[str] = set()
+            for w in workloads:
+                ids.update(self._ids(w, node))
+            got = self._usage[key] = (tuple(sorted(ids)), tuple(sorted({self.profiles[w].name for w in workloads})))
+        return got
 
     def _make_room(self, node: int, need: int, now: float) -> bool:
         """Free ``need`` NVMe bytes above the reserve, evicting idle unused caches LRU first."""
@@ -410,8 +478,57 @@ class Cluster:
         self.refresh(rows)
         return len(done)
 
-    def planning_snapshot(self, now: float) -> InventorySnapshot:
-        """The inventory the warmer plans on: records with free GPUs, pulls and pod usage filled in."""
+    def planning_snapshot(self, now: float, policy: Policy | None = None) -> InventorySnapshot:
+        """The inventory the warmer plans on: records with free GPUs, pulls and pod usage filled in.
+
+        Made incrementally, equal to :meth:`full_planning_snapshot` (tests/test_sim_snapshot.py): a
+        node's planning record is remade only when its record, free GPUs or pulling bytes changed
+        since the last call or a pod came or went, and with ``policy`` (the planner's) the
+        snapshot is the previous one updated with the remade rows (:meth:`InventorySnapshot.update`,
+        which also patches the cache states the planner memoised on it), as long as the planner's
+        policy (whose profiles those states were made for), the present nodes and the compile
+        registry are the same; otherwise it is built anew. Without ``policy`` it is built anew and
+        not kept, so callers that memoise other profiles on it do not disturb the planner's.
+        """
+        queued = self.queued_bytes(now)
+        free = self.gpus_free()
+        present = self.present.tobytes()
+        kept = self._plan_rows
+        if kept is None or kept.present != present:
+            kept = self._plan_rows = _PlanRows.empty(present, np.flatnonzero(self.present))
+        rows = kept.rows
+        sources = np.fromiter(map(id, self.records), dtype=np.uint64, count=len(self.records))[rows]
+        gpus_free = free[rows]
+        pulling = queued[rows].astype(np.int64)  # int(): towards zero, as astype
+        pods = self._pods_changes[rows]
+        dirty = np.flatnonzero((sources != kept.sources) | (gpus_free != kept.gpus_free) | (pulling != kept.pulling)
+                               | (pods != kept.pods))
+        for j in dirty.tolist():
+            i = int(rows[j])
+            r = self.records[i]
+            in_use, names = self._pod_usage(i, frozenset(p.workload for p in self.pods_on[i].values()))
+            record = r.model_copy(update={"gpus_free": int(gpus_free[j]), "pulling_bytes": int(pulling[j]),
+                                          "in_use": in_use, "pod_workloads": names})
+            kept.records[j], kept.held[j] = record, r
+        kept.sources, kept.gpus_free, kept.pulling, kept.pods = sources, gpus_free, pulling, pods
+        records = kept.records
+        if policy is None:
+            return self.snapshot_of(records)
+        registry = frozenset(self.registry)
+        last = self._plan_snap
+        if last is not None and last[0] is policy and last[1] == present and last[2] == registry:
+            snap = last[3]
+            changed = {new.name: new for new, old in zip(records, snap.nodes, strict=True) if new is not old}
+            if changed:
+                snap = snap.update(policy, changed, version=snap.version, taken_at=snap.taken_at)
+        else:
+            snap = self.snapshot_of(records)
+        self._plan_snap = (policy, present, registry, snap)
+        return snap
+
+    def full_planning_snapshot(self, now: float) -> InventorySnapshot:
+        """:meth:`planning_snapshot` made from scratch: every record copied, every state computed
+        (the reference the incremental one is tested against)."""
         queued = self.queued_bytes(now)
         free = self.gpus_free()
         records = []
@@ -419,9 +536,13 @@ class Cluster:
             if not self.present[i]:
                 continue
             pods = self.pods_on[i].values()
+            cls = self.classes[int(self.class_index[i])]
+            in_use: set[str] = set()
+            for p in pods:
+                in_use |= replica_ids(self.profiles[p.workload], cls)
             records.append(r.model_copy(update={
                 "gpus_free": int(free[i]), "pulling_bytes": int(queued[i]),
-                "in_use": tuple(sorted(self.in_use(i))),
+                "in_use": tuple(sorted(in_use)),
                 "pod_workloads": tuple(sorted({self.profiles[p.workload].name for p in pods})),
             }))
         return self.snapshot_of(records)
@@ -448,6 +569,10 @@ class Cluster:
         self._columns[w] = state.take(slice(0, len(self.records)))
         self._tables[w] = table
         self._compile_keys[w] = [compile_key(profile, c) for c in self.classes]
+        self._replica_ids.clear()
+        self._usage.clear()
+        self._plan_rows = None
+        self._plan_snap = None
         self.version += 1
 
     # ---- node autoscaling ----------------------------------------------------------------
@@ -488,7 +613,7 @@ class Cluster:
             return
         snap = self.snapshot_of([self.records[i] for i in idx])
         for w, p in enumerate(self.profiles):
-            state, _ = snap.cache_state(p)
+            state = snap.rows_state(p)
             col = self._columns[w]
             for name in _CACHE_COLUMNS:
                 getattr(col, name)[idx] = getattr(state, name)[:-1]

@@ -33,6 +33,7 @@ change another's results.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import zlib
@@ -47,7 +48,7 @@ from extender.core.caches import warm_entries
 from extender.core.estimate import CacheState, estimate
 from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
-from extender.core.scaler import DecisionInputs, Recommendation, decide, horizon, prune
+from extender.core.scaler import DecisionInputs, Recommendation, horizon, prune, recommend
 from extender.core.scoring import NodeInputs, Scale, WarmSlots, evaluate, larger_warm, scale_for
 from extender.core.sharing import Claim, claim, share
 from extender.core.warming import Action, Expectation, plan
@@ -128,9 +129,9 @@ class WorkloadSetup:
     initial_replicas: int
     arrivals: Arrivals
 
-    @property
+    @functools.cached_property
     def bounds(self) -> ReplicaBounds:
-        """The workload's replica range, as the scaler's policy section gives it."""
+        """The workload's replica range, as the scaler's policy section gives it (made once)."""
         return ReplicaBounds.model_construct(min_replicas=self.min_replicas, max_replicas=self.max_replicas)
 
 
@@ -323,6 +324,9 @@ class _WorkloadState:
     hpa: hpa_model.Hpa
     scale: Scale
     pods: dict[int, Pod] = field(default_factory=dict)
+    #: The pods of ``pods`` not placed yet (in creation order), and how many are placed.
+    waiting: dict[int, Pod] = field(default_factory=dict)
+    placed: int = 0
     ready: int = 0
     recent: tuple[Recommendation, ...] = ()
     hist_t: F64 = field(default_factory=lambda: np.zeros(0))
@@ -415,7 +419,7 @@ class Run:
         if self.strategy.placement != "extender":
             return feasible, totals, np.full(len(c), np.nan)
         ones = np.ones(len(c), dtype=np.bool_)
-        nvme_free = np.fromiter((r.nvme_free for r in c.records), dtype=np.float64, count=len(c))
+        nvme_free = c.nvme_free()
         b = self.belief
         others: tuple[WarmSlots, ...] = ()
         if self.policy.scoring.protect_warm_points:
@@ -427,7 +431,7 @@ class Run:
         return feasible, totals + ev.score * self.weight * EXTENDER_SCALE, ev.estimate.total_s
 
     def _place_pending(self, now: float) -> None:
-        pending = sorted((p for s in self.w for p in s.pods.values() if p.pending), key=lambda p: (p.created_s, p.id))
+        pending = sorted((p for s in self.w for p in s.waiting.values()), key=lambda p: (p.created_s, p.id))
         for pod in pending:
             feasible, totals, _ = self._scores(pod.workload, now)
             node = select_host(feasible, totals, self.rng)
@@ -442,7 +446,8 @@ class Run:
         c = self.cluster
         state = c.state(pod.workload, now, np.array([node], dtype=np.intp))
         self.believed[pod.id] = self.belief.estimate(pod.workload, int(c.class_index[node]), state)
-        c.place(pod, node, now)
+        c.place(pod, node, now, state)  # the same state: nothing changed since it was read
+        self._placed_on_node(pod)
         if self.noise > 0:
             pod.startup_s *= float(np.exp(self.noise_rng.normal(0.0, self.noise)))
             pod.ready_s = now + pod.startup_s
@@ -458,6 +463,7 @@ class Run:
                 if node is None:
                     continue  # stays pending: the cluster is too small for the initial replicas
                 self.cluster.place(pod, node, 0.0)
+                self._placed_on_node(pod)
                 self.cluster.pulls = [p for p in self.cluster.pulls if p.owner != pod.id]
                 pod.startup_s, pod.ready_s, pod.cold = 0.0, 0.0, False
                 self.cluster.ready(pod)
@@ -467,7 +473,13 @@ class Run:
         pod = Pod(self.next_id, w, now)
         self.next_id += 1
         self.w[w].pods[pod.id] = pod
+        self.w[w].waiting[pod.id] = pod
         return pod
+
+    def _placed_on_node(self, pod: Pod) -> None:
+        s = self.w[pod.workload]
+        del s.waiting[pod.id]
+        s.placed += 1
 
     # ---- events --------------------------------------------------------------------------
 
@@ -522,9 +534,11 @@ class Run:
         h = max(1, math.ceil(ahead_s / self.dt))
         window = s.true_rate[k: k + h + 1]
         v = float(window.max()) if len(window) else 0.0
-        return Forecast(point=v, upper=v, level=self.params.level, horizon_s=ahead_s, lead_s=ahead_s,
-                        requested="oracle", method="none", note="true future demand", observations=0,
-                        residuals=0, step_s=self.dt, spread=0.0, t_end=k * self.dt)
+        # every field of the right type already: the model's validation would change nothing (a tick each)
+        return Forecast.model_construct(
+            point=v, upper=v, level=float(self.params.level), horizon_s=float(ahead_s), lead_s=float(ahead_s),
+            requested="oracle", method="none", note="true future demand", observations=0, residuals=0,
+            step_s=float(self.dt), spread=0.0, t_end=float(k * self.dt))
 
     def _forecast(self, s: _WorkloadState, k: int, ahead_s: float) -> Forecast:
         if self.strategy.scaling == "oracle":
@@ -552,13 +566,14 @@ class Run:
             s.near_at = k
         fc = near
         ready = s.ready
-        decision = decide(DecisionInputs.for_policy(
+        # decide()'s recommendation and desired replicas, without its reasons (every tick)
+        recommendation, wanted = recommend(DecisionInputs.for_policy(
             scaling, setup.bounds, workload=setup.profile.name, now_s=now, demand=demand, queue=queue,
             capacity=setup.capacity, forecast=fc, horizon=h, ready=ready, starting=current - ready, recent=s.recent))
-        s.recent = prune((*s.recent, Recommendation(at_s=now, replicas=decision.recommendation)), now,
+        s.recent = prune((*s.recent, Recommendation(at_s=now, replicas=recommendation)), now,
                          scaling.scale_down_stabilisation)
-        desired = s.hpa.sync(now, current, current, float(decision.desired), 1.0)
-        return desired, (self._expect(s, k, decision.desired, current) if self.strategy.warming else None)
+        desired = s.hpa.sync(now, current, current, float(wanted), 1.0)
+        return desired, (self._expect(s, k, wanted, current) if self.strategy.warming else None)
 
     def _expect(self, s: _WorkloadState, k: int, desired: int, current: int) -> Expectation:
         """The warmer's expectation: it looks one cold start (and a node's provisioning) further,
@@ -575,6 +590,10 @@ class Run:
     def _delete(self, s: _WorkloadState, pod: Pod, now: float) -> None:
         if pod.is_ready(now):
             s.ready -= 1
+        if pod.pending:
+            del s.waiting[pod.id]
+        else:
+            s.placed -= 1
         self.cluster.delete(pod, now)
         del s.pods[pod.id]
         s.old.discard(pod.id)
@@ -610,7 +629,7 @@ class Run:
         policy = rolled_policy(self.belief.policy, r)
         result = plan(policy, self.cluster.planning_snapshot(now), wanted, now=now,
                       in_flight=self.cluster.in_flight_actions(),
-                      published_snapshots=policy.warming.snapshot_pairs())
+                      published_snapshots=policy.warming.snapshot_pairs(), outlooks=False)
         self._start(result.actions, now, policy)
 
     def _start(self, actions: Sequence[Action], now: float, belief: Policy) -> None:
@@ -665,9 +684,12 @@ class Run:
         key = (tuple((e.workload, e.replicas, e.within_s) for e in wanted), self.cluster.version)
         if key == self._plan_key:
             return  # nothing the planner reads has changed: it would plan nothing new
-        snapshot = self.cluster.planning_snapshot(now)
+        if len(self.cluster.in_flight) >= self.belief.policy.warming.max_concurrent:
+            self._plan_key = key  # the cluster's cap is taken: the planner would start nothing
+            return
+        snapshot = self.cluster.planning_snapshot(now, self.belief.policy)
         result = plan(self.belief.policy, snapshot, wanted, now=now, in_flight=self.cluster.in_flight_actions(),
-                      published_snapshots=self.belief.policy.warming.snapshot_pairs())
+                      published_snapshots=self.belief.policy.warming.snapshot_pairs(), outlooks=False)
         # the planner's durations are the belief's; in a world that differs, it takes the world's time
         self._start(result.actions, now, self.belief.policy)
         self._plan_key = (key[0], self.cluster.version)
@@ -726,8 +748,8 @@ class Run:
 
         for s in self.w:
             gpus = s.setup.profile.parallelism.gpus
-            for pod in s.pods.values():
-                if pod.pending and not claim(s.setup.index, gpus):
+            for _ in range(len(s.waiting)):  # every pending pod
+                if not claim(s.setup.index, gpus):
                     slot = self._launch(s.setup.index, gpus, now)
                     if slot is not None:
                         spare[slot] = int(c.class_gpus[slot]) - gpus
@@ -827,7 +849,7 @@ class Run:
                 tl.demand[k] = s.queue.arrived_in(k) / dt
                 tl.capacity[k] = rate
                 tl.ready[k] = s.ready
-                placed = sum(1 for p in s.pods.values() if not p.pending)
+                placed = s.placed
                 tl.starting[k] = placed - s.ready
                 tl.pending[k] = len(s.pods) - placed
                 s.gpu_s += placed * s.setup.profile.parallelism.gpus * dt
