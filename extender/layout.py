@@ -9,7 +9,8 @@ the cache warmer (write)::
     <root>/compile/<cache-key>/               torch.compile / Triton / vLLM cache of one key
                                               (VLLM_CACHE_ROOT, TORCHINDUCTOR_CACHE_DIR and
                                               TRITON_CACHE_DIR can point inside it)
-    <root>/snapshots/<workload>/              a process snapshot for this node's class
+    <root>/snapshots/<workload>/<version>/    a process snapshot for this node's class, of the
+                                              workload on its weights version <version>
         .complete                             written last, as for weights
     <root>/adapters/<workload>/<adapter>/     one LoRA adapter's files
         .complete                             written last, as for weights
@@ -100,8 +101,8 @@ def compile_dir(root: Path, key: str) -> Path:
     return root / COMPILE / key
 
 
-def snapshot_dir(root: Path, workload: str) -> Path:
-    return root / SNAPSHOTS / workload
+def snapshot_dir(root: Path, workload: str, version: str) -> Path:
+    return root / SNAPSHOTS / workload / version
 
 
 def adapter_dir(root: Path, workload: str, adapter: str) -> Path:

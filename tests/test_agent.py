@@ -44,8 +44,8 @@ def cache(tmp_path: Path) -> Path:
     make_weights(root, "mixtral-61g", "v1", {"a": 40 * GiB, "b": 21 * GiB}, present={"a": 40 * GiB, "b": 3 * GiB},
                  complete=False)
     sparse(compile_dir(root, "ck1-0123456789abcdef0123456789abcdef") / "triton" / "k.cubin", 4096)
-    sparse(snapshot_dir(root, "llama3-8b") / "pages.img", 8 * GiB)
-    mark_complete(snapshot_dir(root, "llama3-8b"))
+    sparse(snapshot_dir(root, "llama3-8b", "main") / "pages.img", 8 * GiB)
+    mark_complete(snapshot_dir(root, "llama3-8b", "main"))
     return root
 
 
@@ -115,7 +115,7 @@ def test_the_inventory_matches_the_disk(cache: Path, clients: Clients, reader: S
     assert state is not None
     assert state.weights == {"llama3-8b/main": 16 * GiB, "mixtral-61g/v1": 43 * GiB}  # 40 + 3 of 61 GiB
     assert state.compile_keys == ("ck1-0123456789abcdef0123456789abcdef",)
-    assert state.snapshots == ("llama3-8b",)
+    assert state.snapshots == ("llama3-8b/main",)
     st = os.statvfs(cache)
     assert state.nvme_total == st.f_blocks * st.f_frsize
     assert 0 < state.nvme_free <= state.nvme_total
@@ -231,7 +231,7 @@ def test_a_damaged_cache_is_reported_around_the_damage(cache: Path, clients: Cli
     state = reader.store.get(NODE)
     assert state is not None
     assert state.weights["llama3-8b/main"] == 12 * GiB  # three shards left, no manifest to trust
-    assert state.snapshots == ("llama3-8b",)
+    assert state.snapshots == ("llama3-8b/main",)
     corrupt = [r for r in caplog.records if "corrupt manifest" in r.getMessage()]
     assert len(corrupt) == 1  # logged once, not on every scan
 
@@ -314,7 +314,7 @@ def test_once_writes_one_report(cache: Path, redis_server: RedisServer, reader: 
     out = run_command("--cache-root", str(cache), "--once", "--redis-url", redis_server.url, env={"NODE_NAME": NODE})
     assert out.returncode == 0, out.stderr
     state = reader.store.get(NODE)
-    assert state is not None and state.snapshots == ("llama3-8b",)
+    assert state is not None and state.snapshots == ("llama3-8b/main",)
 
 
 def test_once_fails_when_redis_is_down(cache: Path, redis_server: RedisServer) -> None:

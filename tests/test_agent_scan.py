@@ -110,9 +110,9 @@ def _compile(root: Path) -> None:
 
 
 def _snapshots(root: Path) -> None:
-    sparse(snapshot_dir(root, "llama3-8b") / "pages.img", 20 * GiB)
-    mark_complete(snapshot_dir(root, "llama3-8b"))
-    sparse(snapshot_dir(root, "qwen") / "pages.img", 1 * GiB)  # being written: no marker
+    sparse(snapshot_dir(root, "llama3-8b", "main") / "pages.img", 20 * GiB)
+    mark_complete(snapshot_dir(root, "llama3-8b", "main"))
+    sparse(snapshot_dir(root, "qwen", "v1") / "pages.img", 1 * GiB)  # being written: no marker
 
 
 CASES = [
@@ -163,7 +163,7 @@ CASES = [
          weights=(WeightsEntry("a", "v1", 10, True, 10), WeightsEntry("a", "v2", 20, True, 20),
                   WeightsEntry("b", "v1", 29, False, 30))),
     Case("compile keys: present once a file exists anywhere inside", _compile, compile_keys=("ck1-full",)),
-    Case("snapshots: present only with the marker", _snapshots, snapshots=("llama3-8b",)),
+    Case("snapshots: present only with the marker", _snapshots, snapshots=("llama3-8b/main",)),
 ]
 
 

@@ -150,7 +150,7 @@ def test_every_kind_a_warm_node_holds_reaches_the_simulated_record() -> None:
 
 
 def test_every_kind_on_nvme_has_a_path_the_agent_reads(tmp_path: Path) -> None:
-    ids = {"weights": "weights:llm/v1", "compile": "compile:ck1-abc", "snapshot": "snapshot:snapw",
+    ids = {"weights": "weights:llm/v1", "compile": "compile:ck1-abc", "snapshot": "snapshot:snapw/v1",
            "adapter": "adapter:tenants/acme"}
     assert set(ids) == {s.kind for s in NVME_KINDS}
     for ident in ids.values():
@@ -160,7 +160,7 @@ def test_every_kind_on_nvme_has_a_path_the_agent_reads(tmp_path: Path) -> None:
     scan = scan_cache(tmp_path)
     assert scan.weights_bytes == {"llm/v1": 10}
     assert scan.compile_keys == ("ck1-abc",)
-    assert scan.snapshots == ("snapw",)
+    assert scan.snapshots == ("snapw/v1",)
     assert scan.adapters == ("tenants/acme",)
 
 

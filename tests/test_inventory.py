@@ -59,7 +59,8 @@ STATES = [
     ("other-tag", {"images": [f"{IMAGE}:0.5.0"]}, (False, 0.0, ABSENT, False)),
     ("partial-weights", {"weights": {weights_key("dynamo-worker", "r1"): "10GB"}}, (False, 1e10, ABSENT, False)),
     ("other-version", {"weights": {weights_key("dynamo-worker", "r0"): "60GB"}}, (False, 0.0, ABSENT, False)),
-    ("snapshot", {"snapshots": ["dynamo-worker"]}, (False, 0.0, CompileCache.ABSENT, True)),
+    ("snapshot", {"snapshots": ["dynamo-worker/r1"]}, (False, 0.0, CompileCache.ABSENT, True)),
+    ("snapshot-of-another-version", {"snapshots": ["dynamo-worker/r0"]}, (False, 0.0, CompileCache.ABSENT, False)),
 ]
 
 
@@ -104,7 +105,7 @@ def test_stale_and_unknown_records_are_cold(policy: Policy) -> None:
     warm = {
         "images": ["nvcr.io/nvidia/ai-dynamo/vllm-runtime:0.6.0"],
         "weights": {weights_key("dynamo-worker", "r1"): "60GB"},
-        "snapshots": ["dynamo-worker"],
+        "snapshots": ["dynamo-worker/r1"],
         "pullingBytes": "5GB",
     }
     records = [node("fresh", **warm), node("stale", **{**warm, "heartbeat": NOW - 61, "ttl": "60s"})]

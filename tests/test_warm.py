@@ -104,7 +104,7 @@ def node(name: str, *, now: float = NOW, **fields: Any) -> NodeState:
 def action(kind: CacheKind = "weights", node_name: str = "gpu-a", *, evictions: tuple[Eviction, ...] = (),
            workload: str = "llm") -> Action:
     cache = {"image": "image:example.com/llm:1", "weights": "weights:llm/v1", "compile": f"compile:{LLM_KEY}",
-             "snapshot": "snapshot:llm"}[kind]
+             "snapshot": "snapshot:llm/v1"}[kind]
     return Action(node=node_name, workload=workload, kind=kind, cache=cache, bytes=100 * GB, nvme_bytes=100 * GB,
                   duration_s=10.0, deadline=NOW + 600, saved_s=5.0, purpose="demand", evictions=evictions)
 
@@ -124,7 +124,7 @@ class NameCase(NamedTuple):
 NAME_CASES = [
     NameCase("plain", "weights", "gpu-a", "weights:llm/v1"),
     NameCase("dots and capitals in the node name", "image", "ip-10-0-1-2.EC2.internal", "image:example.com/llm:1"),
-    NameCase("a node name longer than the Job name allows", "snapshot", "n" * 250, "snapshot:llm"),
+    NameCase("a node name longer than the Job name allows", "snapshot", "n" * 250, "snapshot:llm/v1"),
     NameCase("a node name of symbols only", "compile", "...", f"compile:{LLM_KEY}"),
 ]
 
@@ -481,7 +481,7 @@ def test_evictions_happen_before_staging_and_are_atomic(tmp_path: Path) -> None:
     old = weights_dir(tmp_path, "old", "v0")
     sparse(old / "x", 10)
     sparse(cache_path(tmp_path, f"compile:{LLM_KEY}") / "k", 10)
-    prepare(tmp_path, "snapshot:llm", ["weights:old/v0", "snapshot:absent"])
+    prepare(tmp_path, "snapshot:llm/v1", ["weights:old/v0", "snapshot:absent/v1"])
     assert not old.exists()
     assert [p.name for p in (tmp_path / "weights" / "old").iterdir()] == []  # no tombstone left behind
     assert evict(tmp_path, f"compile:{LLM_KEY}") is True
@@ -491,10 +491,10 @@ def test_evictions_happen_before_staging_and_are_atomic(tmp_path: Path) -> None:
 def test_compile_and_snapshot_entries(tmp_path: Path) -> None:
     sparse(prepare(tmp_path, f"compile:{LLM_KEY}") / "inductor" / "a.py", 10)
     finish(tmp_path, f"compile:{LLM_KEY}")
-    sparse(prepare(tmp_path, "snapshot:llm") / "pages.img", 10)
-    finish(tmp_path, "snapshot:llm")
+    sparse(prepare(tmp_path, "snapshot:llm/v1") / "pages.img", 10)
+    finish(tmp_path, "snapshot:llm/v1")
     result = scan_cache(tmp_path)
-    assert (result.compile_keys, result.snapshots) == ((LLM_KEY,), ("llm",))
+    assert (result.compile_keys, result.snapshots) == ((LLM_KEY,), ("llm/v1",))
 
 
 def test_finish_refuses_an_empty_fetch(tmp_path: Path) -> None:
@@ -505,10 +505,10 @@ def test_finish_refuses_an_empty_fetch(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("bad", ["weights:../etc/v1", "weights:llm", "weights:llm/.hidden", "compile:a/b",
-                                 "snapshot:", "image:nginx", "model:llm", "weights"])
+                                 "snapshot:", "snapshot:llm", "image:nginx", "model:llm", "weights"])
 def test_cache_ids_that_would_leave_the_cache_root_are_refused(tmp_path: Path, bad: str) -> None:
     with pytest.raises(StepError):
-        prepare(tmp_path, "snapshot:llm", [bad])
+        prepare(tmp_path, "snapshot:llm/v1", [bad])
     assert not (tmp_path / "snapshots").exists()  # nothing was done
 
 
@@ -533,14 +533,14 @@ def test_present_reads_the_cache_as_the_planner_does() -> None:
 def test_an_eviction_a_pod_now_needs_is_unsafe() -> None:
     cls = BASE.node_class("gpu")
     victims = (Eviction(node="a", cache="weights:old/v0", bytes=1, last_used=0),
-               Eviction(node="a", cache="snapshot:old", bytes=1, last_used=0),
+               Eviction(node="a", cache="snapshot:old/v0", bytes=1, last_used=0),
                Eviction(node="a", cache=f"compile:{LLM_KEY}", bytes=1, last_used=0))
     idle = node("a", weights={"old/v0": 1})
     assert unsafe_evictions(BASE, idle, cls, victims) == []
-    busy_old = node("a", weights={"old/v0": 1}, podWorkloads=["old"])
-    assert unsafe_evictions(BASE, busy_old, cls, victims) == ["weights:old/v0", "snapshot:old"]
-    busy_llm = node("a", podWorkloads=["llm"], inUse=["snapshot:old"])
-    assert unsafe_evictions(BASE, busy_llm, cls, victims) == ["snapshot:old", f"compile:{LLM_KEY}"]
+    busy_old = node("a", weights={"old/v0": 1}, snapshots=["old/v0"], podWorkloads=["old"])
+    assert unsafe_evictions(BASE, busy_old, cls, victims) == ["weights:old/v0", "snapshot:old/v0"]
+    busy_llm = node("a", podWorkloads=["llm"], inUse=["snapshot:old/v0"])
+    assert unsafe_evictions(BASE, busy_llm, cls, victims) == ["snapshot:old/v0", f"compile:{LLM_KEY}"]
     assert len(unsafe_evictions(BASE, None, cls, victims)) == 3  # the node's record is gone: evict nothing
 
 

@@ -31,8 +31,8 @@ def build(root: Path) -> None:
     make_weights(root, "llm", "v1", {"a": 100, "b": 50})
     sparse(compile_dir(root, KEY) / "inductor" / "x.py", 300)
     sparse(compile_dir(root, KEY) / "triton" / "y.cubin", 700)
-    sparse(snapshot_dir(root, "llm") / "pages.img", 4000)
-    mark_complete(snapshot_dir(root, "llm"))
+    sparse(snapshot_dir(root, "llm", "v1") / "pages.img", 4000)
+    mark_complete(snapshot_dir(root, "llm", "v1"))
 
 
 def age(path: Path, seconds: float) -> None:
@@ -48,9 +48,9 @@ def test_a_scan_with_a_size_cache_measures_compile_and_snapshot_entries(tmp_path
     build(tmp_path)
     plain = scan_cache(tmp_path)
     assert plain.cache_bytes == {}  # without a size cache, compile directories are not walked
-    assert set(plain.last_used) == {"weights:llm/v1", f"compile:{KEY}", "snapshot:llm"}
+    assert set(plain.last_used) == {"weights:llm/v1", f"compile:{KEY}", "snapshot:llm/v1"}
     result = scan_cache(tmp_path, sizes=SizeCache())
-    assert result.cache_bytes == {f"compile:{KEY}": 1000, "snapshot:llm": 4000}
+    assert result.cache_bytes == {f"compile:{KEY}": 1000, "snapshot:llm/v1": 4000}
     scanned_by = time.time()
     # the times of the files just written: between the build and the scan (1 s of timestamp granularity)
     assert all(built_from - 1 <= t <= scanned_by + 1 for t in result.last_used.values())
@@ -105,8 +105,8 @@ def test_the_agent_reports_usage_into_the_node_record(tmp_path: Path, sources: S
     agent.step()
     record = sources.store.get("gpu-a")
     assert record is not None
-    assert record.cache_bytes == {f"compile:{KEY}": 1000, "snapshot:llm": 4000}
-    assert set(record.last_used) == {"weights:llm/v1", f"compile:{KEY}", "snapshot:llm"}
+    assert record.cache_bytes == {f"compile:{KEY}": 1000, "snapshot:llm/v1": 4000}
+    assert set(record.last_used) == {"weights:llm/v1", f"compile:{KEY}", "snapshot:llm/v1"}
     assert record.in_use == ()  # the agent cannot see which files pods hold open; podWorkloads covers it
 
 

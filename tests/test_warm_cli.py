@@ -131,8 +131,8 @@ def test_prepare_and_finish_as_a_warm_job_runs_them(tmp_path: Path, capsys: pyte
     (entry,) = scan_cache(tmp_path).weights
     assert (entry.key, entry.bytes, entry.complete) == ("llm/v1", GB, True)
     # a fetch that wrote nothing fails the Job (exit 1), and nothing appears in the cache
-    assert run(["warm", "prepare", "--root", root, "--cache", "snapshot:llm"]) == 0
-    assert run(["warm", "finish", "--root", root, "--cache", "snapshot:llm"]) == 1
+    assert run(["warm", "prepare", "--root", root, "--cache", "snapshot:llm/v1"]) == 0
+    assert run(["warm", "finish", "--root", root, "--cache", "snapshot:llm/v1"]) == 1
     assert "left no files" in capsys.readouterr().err
     assert scan_cache(tmp_path).snapshots == ()
 

@@ -337,21 +337,21 @@ def test_eviction_respects_the_idle_knob() -> None:
 def test_compile_and_snapshot_sizes_come_from_the_record_or_the_policy() -> None:
     # an old compile key (not llm's current one) with its size in the record, and snapw's snapshot
     # whose size comes from the policy (40 GB)
-    nodes = [node("a", image=True, nvme_free=100 * GB, compileKeys=["ck1-old"], snapshots=["snapw"],
+    nodes = [node("a", image=True, nvme_free=100 * GB, compileKeys=["ck1-old"], snapshots=["snapw/v1"],
                   cacheBytes={"compile:ck1-old": 70 * GB},
-                  lastUsed={"compile:ck1-old": OLD, "snapshot:snapw": OLD - 1})]
+                  lastUsed={"compile:ck1-old": OLD, "snapshot:snapw/v1": OLD - 1})]
     got = run(CAP1, nodes, [expect()])
     # need 100 GB: snapshot 40 GB (older) then compile 70 GB
     assert [(e.cache, e.bytes) for e in got.actions[0].evictions] == [
-        ("snapshot:snapw", 40 * GB), ("compile:ck1-old", 70 * GB)]
+        ("snapshot:snapw/v1", 40 * GB), ("compile:ck1-old", 70 * GB)]
 
 
 def test_expected_workloads_caches_are_never_evicted() -> None:
     # snapw is expected too: its snapshot is protected even though it is old and idle
-    nodes = [node("a", images=[LLM_IMAGE, SNAPW_IMAGE], nvme_free=100 * GB, snapshots=["snapw"],
-                  lastUsed={"snapshot:snapw": OLD})]
+    nodes = [node("a", images=[LLM_IMAGE, SNAPW_IMAGE], nvme_free=100 * GB, snapshots=["snapw/v1"],
+                  lastUsed={"snapshot:snapw/v1": OLD})]
     got = run(CAP1, nodes, [expect(), expect("snapw")])
-    assert all(e.cache != "snapshot:snapw" for a in got.actions for e in a.evictions)
+    assert all(e.cache != "snapshot:snapw/v1" for a in got.actions for e in a.evictions)
     assert [(s.workload, s.kind, s.reason) for s in got.skipped] == [("llm", "weights", "nvme"),
                                                                      ("llm", "compile", "nvme")]
 
@@ -458,7 +458,7 @@ def test_best_k_after_matches_brute_force(data: st.DataObject) -> None:
 # ---------------------------------------------------------------------------------------------
 
 CACHE_NAMES = ["weights:x/v0", "weights:y/v0", "weights:llm/v0", "weights:llm/v1", "weights:snapw/v1",
-               "snapshot:snapw", "compile:ck1-old"]
+               "snapshot:snapw/v1", "snapshot:snapw/v0", "compile:ck1-old"]
 
 
 @st.composite
@@ -481,7 +481,7 @@ def clusters(draw: st.DrawFn, tight: bool = False) -> dict[str, Any]:
                    for e in entries if e.startswith("weights:")}
         fields: dict[str, Any] = {
             "weights": weights,
-            "snapshots": ["snapw"] if "snapshot:snapw" in entries else [],
+            "snapshots": [e.partition(":")[2] for e in entries if e.startswith("snapshot:")],
             "lastUsed": {e: NOW - draw(st.integers(0, 20_000)) for e in entries if tight or draw(st.integers(0, 3))},
             "inUse": [e for e in entries if not draw(st.integers(0, 6 if tight else 3))],
             "podWorkloads": draw(st.lists(st.sampled_from(["x", "llm", "snapw"]), unique=True, max_size=2)),
@@ -537,9 +537,10 @@ def protected_ids(policy: Policy, record: NodeState, tracked: set[str], in_fligh
     for w in record.pod_workloads:  # a pod may run any version of its weights
         ids |= {f"weights:{k}" for k in record.weights if k.startswith(f"{w}/")}
     for w in set(record.pod_workloads) | tracked:
-        ids.add(f"snapshot:{w}")
         if w in {p.name for p in policy.profiles}:
-            ids.add(f"weights:{w}/{policy.profile(w).weights.version}")
+            version = policy.profile(w).weights.version
+            ids.add(f"snapshot:{w}/{version}")
+            ids.add(f"weights:{w}/{version}")
             if w == "llm":
                 ids.add(f"compile:{llm_key()}")
     return ids

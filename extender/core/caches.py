@@ -8,7 +8,7 @@ kind       name on a node        inventory field         on NVMe   cache-root di
 image      image reference       ``images``              no        none: the runtime's image store
 weights    ``<workload>/<ver>``  ``weights`` (bytes)     yes       ``weights/<workload>/<version>/``
 compile    compile-cache key     ``compile_keys``        yes       ``compile/<key>/``
-snapshot   ``<workload>``        ``snapshots``           yes       ``snapshots/<workload>/``
+snapshot   ``<workload>/<ver>``  ``snapshots``           yes       ``snapshots/<workload>/<version>/``
 adapter    ``<workload>/<name>`` ``adapters``            yes       ``adapters/<workload>/<adapter>/``
 =========  ====================  ======================  ========  ==================================
 
@@ -63,7 +63,7 @@ KINDS: tuple[KindSpec, ...] = (
     KindSpec("image", "images", sized=False, on_nvme=False, directory=None, parts=("reference",)),
     KindSpec("weights", "weights", sized=True, on_nvme=True, directory="weights", parts=("workload", "version")),
     KindSpec("compile", "compile_keys", sized=False, on_nvme=True, directory="compile", parts=("key",)),
-    KindSpec("snapshot", "snapshots", sized=False, on_nvme=True, directory="snapshots", parts=("workload",)),
+    KindSpec("snapshot", "snapshots", sized=False, on_nvme=True, directory="snapshots", parts=("workload", "version")),
     KindSpec("adapter", "adapters", sized=False, on_nvme=True, directory="adapters", parts=("workload", "adapter")),
 )
 SPECS: Mapping[CacheKind, KindSpec] = MappingProxyType({s.kind: s for s in KINDS})
@@ -98,6 +98,15 @@ def split_name(kind: CacheKind, name: str) -> tuple[str, ...]:
 def weights_key(workload: str, version: str) -> str:
     """Name of a profile's weights on a node: ``<workload>/<version>``."""
     return f"{workload}/{version}"
+
+
+def snapshot_key(profile: Profile) -> str:
+    """Name of a profile's process snapshot on a node: ``<workload>/<weights version>``.
+
+    A snapshot holds the loaded model, so one taken before a rollout to new weights is not a
+    snapshot of the new version: naming it by the version makes it stop counting, as old weights do.
+    """
+    return f"{profile.name}/{profile.weights.version}"
 
 
 def adapter_key(workload: str, adapter: str) -> str:
@@ -156,7 +165,7 @@ def adapter_keys(profile: Profile) -> tuple[str, ...]:
 def replica_ids(profile: Profile, node_class: NodeClass) -> set[str]:
     """Cache ids in the cache root that a replica of ``profile`` on ``node_class`` reads."""
     ids = {cache_id("weights", weights_key(profile.name, profile.weights.version)),
-           cache_id("snapshot", profile.name), *(cache_id("adapter", k) for k in adapter_keys(profile))}
+           cache_id("snapshot", snapshot_key(profile)), *(cache_id("adapter", k) for k in adapter_keys(profile))}
     key = compile_key(profile, node_class)
     if key is not None:
         ids.add(cache_id("compile", key))
@@ -180,7 +189,9 @@ def warm_entries(profile: Profile, node_class: NodeClass, kind: CacheKind) -> di
             key = compile_key(profile, node_class)
             return {} if key is None else {cache_id("compile", key): profile.compile.artifact_bytes}
         case "snapshot":
-            return {} if profile.snapshot is None else {cache_id("snapshot", profile.name): profile.snapshot.bytes}
+            if profile.snapshot is None:
+                return {}
+            return {cache_id("snapshot", snapshot_key(profile)): profile.snapshot.bytes}
         case "adapter":
             if not caches_weights(profile, node_class):
                 return {}
@@ -198,7 +209,7 @@ def declared_sizes(policy: Policy, node_class: NodeClass) -> dict[str, int]:
         if key is not None:
             sizes[cache_id("compile", key)] = p.compile.artifact_bytes
         if p.snapshot is not None:
-            sizes[cache_id("snapshot", p.name)] = p.snapshot.bytes
+            sizes[cache_id("snapshot", snapshot_key(p))] = p.snapshot.bytes
         for a in p.adapters:
             sizes[cache_id("adapter", adapter_key(p.name, a.name))] = a.bytes
     return sizes
@@ -228,15 +239,16 @@ def ids_in_use(policy: Policy, record: NodeState, node_class: NodeClass) -> set[
     """Cache ids the pods running or starting on the node need: never evicted.
 
     ``in_use`` (what the agent saw open), and for each workload with a pod there
-    (``pod_workloads``): what its replica reads on this class, plus its weights of every version
-    and its adapters (a pod of the previous rollout still reads its own).
+    (``pod_workloads``): what its replica reads on this class (its current snapshot included),
+    plus its weights of every version and its adapters (a pod of the previous rollout still reads
+    its own; a snapshot is read only while a replica restores from it, so an old version's is not
+    kept).
     """
     needed = set(record.in_use)
     for w in record.pod_workloads:
         prefix = f"{w}/"
         needed |= {cache_id("weights", k) for k in record.weights if k.startswith(prefix)}
         needed |= {cache_id("adapter", k) for k in record.adapters if k.startswith(prefix)}
-        needed.add(cache_id("snapshot", w))
         if w in policy.profile_names:
             needed |= replica_ids(policy.profile(w), node_class)
     return needed

@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field
 
-from extender.core.caches import adapter_keys, compile_key, weights_key
+from extender.core.caches import adapter_keys, compile_key, snapshot_key, weights_key
 from extender.core.estimate import CacheState, ClassTable, CompileCache
 from extender.core.images import names_for, normalise_all
 from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
@@ -88,7 +88,7 @@ class NodeState(Schema):
     weights: BytesMap = {}
     #: Compile-cache keys present on the node (``extender.core.cachekey``).
     compile_keys: Texts = ()
-    #: Workloads with a process snapshot on this node (valid for the node's class).
+    #: Process snapshots on this node, ``<workload>/<weights version>`` (valid for the node's class).
     snapshots: Texts = ()
     #: LoRA adapters on this node, complete, as ``<workload>/<adapter>`` (extender.core.caches).
     adapters: Texts = ()
@@ -397,7 +397,8 @@ class InventorySnapshot:
                 compile_state[j] = CompileCache.LOCAL
             elif key in self.registry:
                 compile_state[j] = CompileCache.REGISTRY
-        snapshot = np.array([s is not None and profile.name in s.snapshots for s in picked], dtype=np.bool_)
+        snap_key = snapshot_key(profile)
+        snapshot = np.array([s is not None and snap_key in s.snapshots for s in picked], dtype=np.bool_)
         adapters = np.array([[s is not None and k in s.adapters for k in akeys] for s in picked],
                             dtype=np.bool_).reshape(len(picked), len(akeys))
         return CacheState(image, weights, compile_state, snapshot, self.pulling_bytes[rows].copy(), adapters)

@@ -794,7 +794,7 @@ TEMPLATE_COMMON = frozenset({"node", "nodeClass", "workload", "kind", "cacheId",
 TEMPLATE_VARS: dict[str, frozenset[str]] = {
     "weights": TEMPLATE_COMMON | {"source", "version", "staging", "dest"},
     "compile": TEMPLATE_COMMON | {"key", "staging", "dest"},
-    "snapshot": TEMPLATE_COMMON | {"staging", "dest"},
+    "snapshot": TEMPLATE_COMMON | {"version", "staging", "dest"},
     "adapter": TEMPLATE_COMMON | {"source", "adapter", "staging", "dest"},
     "publishCompile": TEMPLATE_COMMON | {"key", "dir"},
 }

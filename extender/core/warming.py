@@ -95,6 +95,7 @@ from extender.core.caches import (
     ids_in_use,
     nvme_entries,
     replica_ids,
+    snapshot_key,
     weights_key,
     with_entries,
 )
@@ -452,7 +453,7 @@ class _Work:
                 return cache_id("compile", key), size, size, one_stream
             case "snapshot":
                 assert p.snapshot is not None  # only offered where a snapshot is published
-                return cache_id("snapshot", p.name), p.snapshot.bytes, p.snapshot.bytes, remote_bps
+                return cache_id("snapshot", snapshot_key(p)), p.snapshot.bytes, p.snapshot.bytes, remote_bps
             case "adapter":
                 j = int(self.first_missing_adapter()[i])
                 adapter = p.preloaded_adapters[j]  # only offered where one is missing

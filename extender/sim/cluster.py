@@ -549,22 +549,11 @@ class Cluster:
 
     def set_profile(self, w: int, profile: Profile) -> None:
         """Workload ``w`` now runs ``profile`` (a rollout): its cache columns are re-derived, so caches
-        of the old weights version or image no longer count.
-
-        Its process snapshots are deleted from every node: a snapshot is named by its workload alone
-        (``snapshots/<workload>/``), so one taken before the rollout would otherwise pass for the
-        new version and restore the old model. The warmer may then stage the new version's."""
+        of the old weights version (weights and process snapshots, both named by it) or image no
+        longer count."""
         profiles = list(self.profiles)
         profiles[w] = profile
         self.profiles = tuple(profiles)
-        stale = cache_id("snapshot", profile.name)
-        holding = [i for i, r in enumerate(self.records) if profile.name in r.snapshots]
-        for i in holding:
-            record = self.records[i]
-            freed = record.cache_bytes.get(stale, 0)
-            self.records[i] = record.model_copy(update={**with_entries(record, remove=[stale]),
-                                                        "nvme_free": record.nvme_free + freed})
-        self.refresh(holding)
         state, table = self.snapshot_of(self.records).cache_state(profile)
         self._columns[w] = state.take(slice(0, len(self.records)))
         self._tables[w] = table

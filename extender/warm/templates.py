@@ -161,7 +161,7 @@ def action_values(policy: Policy, action: Action, node_class: str = "") -> dict[
             values["adapter"] = adapter
             values["source"] = next((a.source for a in (profile.adapters if profile else ()) if a.name == adapter), "")
         case "snapshot":
-            pass
+            values["version"] = name.partition("/")[2]
         case _:
             assert_never(kind)
     return values
