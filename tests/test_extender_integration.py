@@ -32,6 +32,7 @@ from extender.core.caches import weights_key
 from extender.core.inventory import NodeState
 from extender.state import InventoryStore, connect
 from tests.conftest import RedisServer
+from tests.kube_double.waiting import wait_until
 from tests.net import free_port
 from tests.test_scoring import POLICY
 
@@ -233,13 +234,13 @@ class Server:
 
 
 def wait_for(check: Callable[[], bool], what: str, server: Server | None = None, bound_s: float = SETTLE_S) -> None:
-    deadline = time.monotonic() + bound_s
-    while time.monotonic() < deadline:
+    def attempt() -> bool:
         with contextlib.suppress(OSError, http.client.HTTPException):
-            if check():
-                return
-        time.sleep(0.05)
-    raise AssertionError(f"never saw: {what}" + (f"\n--- server log ---\n{server.logs()[-4000:]}" if server else ""))
+            return check()
+        return False  # the server is not answering yet
+
+    wait_until(attempt, timeout_s=bound_s, what=what, interval_s=0.05,
+               report=None if server is None else lambda: f"--- server log ---\n{server.logs()[-4000:]}")
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

@@ -18,7 +18,6 @@ import signal
 import ssl
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from extender.state.decisions import DecisionStore, Published
 from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
 from tests.delegation_double import DelegationDouble, running
+from tests.kube_double.waiting import wait_until
 from tests.net import free_port
 from tests.pki import Pki, make_pki
 from tests.scaler_policy import policy_text
@@ -59,17 +59,18 @@ class Served:
 
 def _wait_up(url: str, pki: Pki, process: subprocess.Popen[bytes], log: Path) -> None:
     context = ssl.create_default_context(cafile=str(pki.server_ca.cert))
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
+
+    def up() -> bool:
         if process.poll() is not None:
             raise AssertionError(f"extender scale exited with {process.returncode}: {log.read_text()[-3000:]}")
         try:
             with urllib.request.urlopen(f"{url}/healthz", context=context, timeout=2) as r:
-                if r.status == 200:
-                    return
+                return bool(r.status == 200)
         except (urllib.error.URLError, ConnectionError, TimeoutError):
-            time.sleep(0.05)
-    raise AssertionError(f"extender scale did not come up: {log.read_text()[-3000:]}")
+            return False
+
+    wait_until(up, timeout_s=START_TIMEOUT_S, what="extender scale to come up", interval_s=0.05,
+               report=lambda: log.read_text()[-3000:])
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -255,13 +255,9 @@ def scaler_process(args: list[str], log: Path) -> Iterator[subprocess.Popen[byte
         process.wait()
 
 
-def wait_for(condition: object, what: str, logs: Sequence[Path]) -> None:
-    deadline = time.monotonic() + SETTLE_S
-    while not condition():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            tails = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in logs)
-            raise AssertionError(f"timed out waiting for {what}\n{tails}")
-        time.sleep(0.05)
+def wait_for(condition: Callable[[], object], what: str, logs: Sequence[Path]) -> None:
+    wait_until(condition, timeout_s=SETTLE_S, what=what, interval_s=0.05,
+               report=lambda: "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in logs))
 
 
 @pytest.mark.integration

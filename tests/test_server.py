@@ -24,6 +24,7 @@ from extender.api.scheduler.verbs import SchedulerService
 from extender.core.caches import weights_key
 from extender.core.errors import StateError, StoreUnavailableError
 from extender.core.inventory import NodeState
+from tests.kube_double.waiting import wait_until
 from tests.test_scoring import POLICY
 
 GB = 10**9
@@ -626,10 +627,8 @@ def test_the_refresher_thread_loads_and_stops(policy_file: Path, store: MemorySt
     application = create_app(settings)
     refresher = service(application).refresher
     try:
-        deadline = time.monotonic() + 10  # a setup bound, not a timing assertion
-        while refresher.engine is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert refresher.engine is not None and refresher.alive()
+        wait_until(lambda: refresher.engine, what="the refresher's first engine")
+        assert refresher.alive()
     finally:
         refresher.stop()
     assert refresher._thread is not None and not refresher._thread.is_alive()

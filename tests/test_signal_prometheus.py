@@ -33,6 +33,7 @@ from extender.scaler.prometheus import PrometheusSource
 from extender.scaler.scrape import ScrapeSource
 from extender.scaler.serve import KubePodLister
 from tests.kube_double import KubeDouble
+from tests.kube_double.waiting import wait_until
 from tests.net import free_port
 from tests.prometheus_tools import prometheus_tool
 from tests.scaler_policy import make_policy
@@ -93,13 +94,14 @@ def running_prometheus(targets: list[str], *, web_config: str | None = None, sch
                                        stderr=subprocess.STDOUT, cwd=work)
         try:
             url = f"{scheme}://127.0.0.1:{port}"
-            deadline = time.monotonic() + SETTLE_S
-            while not ready(url):
+
+            def up() -> bool:
                 if process.poll() is not None:
                     raise AssertionError(f"prometheus exited with {process.returncode}: {log.read_text()[-2000:]}")
-                if time.monotonic() > deadline:
-                    raise AssertionError(f"prometheus did not become ready: {log.read_text()[-2000:]}")
-                time.sleep(0.1)
+                return ready(url)
+
+            wait_until(up, timeout_s=SETTLE_S, what="prometheus to become ready", interval_s=0.1,
+                       report=lambda: log.read_text()[-2000:])
             yield Prometheus(url, process)
         finally:
             process.terminate()
@@ -129,17 +131,13 @@ def wait_for_value(source: PrometheusSource, query: str) -> float:
     (rate() over a window a series only partly covers extrapolates just half an interval past its
     first sample, so it reads low until the window is full.)
     """
-    deadline = time.monotonic() + SETTLE_S
-    while True:
+    def value() -> tuple[float] | None:
         series = source.run('count(vllm:request_success_total{finished_reason="stop"})') or 0
         samples = source.run('min(count_over_time(vllm:request_success_total{finished_reason="stop"}[5s]))') or 0
-        if series >= 2 and samples >= 5:
-            value = source.run(query)
-            if value is not None:
-                return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"prometheus gave no value for {query!r} within the setup bound")
-        time.sleep(0.2)
+        got = source.run(query) if series >= 2 and samples >= 5 else None
+        return None if got is None else (got,)  # a tuple: a value of 0.0 is an answer, not "not yet"
+
+    return wait_until(value, timeout_s=SETTLE_S, what=f"a value for {query!r} from prometheus", interval_s=0.2)[0]
 
 
 def test_prometheus_source_reads_the_rate_and_queue(
