@@ -324,9 +324,8 @@ class _WorkloadState:
     hpa: hpa_model.Hpa
     scale: Scale
     pods: dict[int, Pod] = field(default_factory=dict)
-    #: The pods of ``pods`` not placed yet (in creation order), and how many are placed.
+    #: The pods of ``pods`` not placed yet (in creation order).
     waiting: dict[int, Pod] = field(default_factory=dict)
-    placed: int = 0
     ready: int = 0
     recent: tuple[Recommendation, ...] = ()
     hist_t: F64 = field(default_factory=lambda: np.zeros(0))
@@ -477,9 +476,7 @@ class Run:
         return pod
 
     def _placed_on_node(self, pod: Pod) -> None:
-        s = self.w[pod.workload]
-        del s.waiting[pod.id]
-        s.placed += 1
+        del self.w[pod.workload].waiting[pod.id]
 
     # ---- events --------------------------------------------------------------------------
 
@@ -590,10 +587,7 @@ class Run:
     def _delete(self, s: _WorkloadState, pod: Pod, now: float) -> None:
         if pod.is_ready(now):
             s.ready -= 1
-        if pod.pending:
-            del s.waiting[pod.id]
-        else:
-            s.placed -= 1
+        s.waiting.pop(pod.id, None)
         self.cluster.delete(pod, now)
         del s.pods[pod.id]
         s.old.discard(pod.id)
@@ -849,7 +843,7 @@ class Run:
                 tl.demand[k] = s.queue.arrived_in(k) / dt
                 tl.capacity[k] = rate
                 tl.ready[k] = s.ready
-                placed = s.placed
+                placed = len(s.pods) - len(s.waiting)
                 tl.starting[k] = placed - s.ready
                 tl.pending[k] = len(s.pods) - placed
                 s.gpu_s += placed * s.setup.profile.parallelism.gpus * dt
