@@ -353,6 +353,19 @@ def test_a_compile_job_fetches_the_key_from_the_registry() -> None:
         f'aws s3 cp "s3://compile-cache/prod/{LLM_KEY}.tar" - | tar -x -C "$WARM_STAGING"'
 
 
+def test_a_snapshot_job_fetches_the_weights_version_s_snapshot() -> None:
+    text = POLICY + """\
+    snapshot:
+      image: amazon/aws-cli:2
+      command: [aws, s3, sync, "{{registry}}/snapshots/{{nodeClass}}/{{workload}}/{{version}}/", "{{staging}}"]
+"""
+    fetch = _containers(action_job(load(text), action("snapshot"), node_class="gpu"))["fetch"]
+    assert fetch["command"] == ["aws", "s3", "sync", "s3://compile-cache/prod/snapshots/gpu/llm/v1/",
+                                "/cache/snapshots/llm/.v1.warming"]
+    env = {e["name"]: e["value"] for e in fetch["env"]}
+    assert (env["WARM_VERSION"], env["WARM_DEST"]) == ("v1", "/cache/snapshots/llm/v1")
+
+
 def test_a_kind_without_a_template_has_no_job() -> None:
     with pytest.raises(ValueError, match="snapshot"):
         action_job(BASE, action("snapshot"))
