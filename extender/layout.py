@@ -58,6 +58,19 @@ COMPLETE = ".complete"
 METADATA = frozenset({MANIFEST, COMPLETE})
 
 
+def _temporary(name: str) -> str:
+    """The name :func:`_write_durably` writes ``name`` under before renaming it into place."""
+    return f".{name}.tmp"
+
+
+_METADATA_NAMES = METADATA | {_temporary(name) for name in METADATA}
+
+
+def is_metadata(name: str) -> bool:
+    """Whether a top-level file name of a weights directory is ours, finished or still being written."""
+    return name in _METADATA_NAMES
+
+
 class _Model(Schema):
     model_config = ConfigDict(populate_by_name=True)
 
@@ -111,7 +124,7 @@ def adapter_dir(root: Path, workload: str, adapter: str) -> Path:
 
 def _write_durably(path: Path, data: bytes) -> None:
     """Write via a temporary name, fsync, rename: a reader sees the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(_temporary(path.name))
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -140,7 +153,7 @@ def finish_from_disk(directory: Path, *, source: str = "") -> Manifest:
         for name in filenames:
             full = Path(dirpath, name)
             rel = full.relative_to(directory).as_posix()
-            if rel not in METADATA and not name.startswith(f".{MANIFEST}"):
+            if not is_metadata(rel):
                 files.append((rel, full.stat().st_size))
     manifest = write_manifest(directory, sorted(files), source=source)
     mark_complete(directory)

@@ -109,6 +109,13 @@ def _compile(root: Path) -> None:
     sparse(compile_dir(root, ".ck1-staging") / "x", 1)
 
 
+def _manifest_being_written(root: Path) -> None:
+    """The shards are whole and the loader is between writing the manifest and renaming it."""
+    make_weights(root, "w", "v1", {"a": 100, "b": 50}, manifest=False, complete=False)
+    sparse(weights_dir(root, "w", "v1") / f".{MANIFEST}.tmp", 604)
+    sparse(weights_dir(root, "w", "v1") / f".{COMPLETE}.tmp", 0)
+
+
 def _snapshots(root: Path) -> None:
     sparse(snapshot_dir(root, "llama3-8b", "main") / "pages.img", 20 * GiB)
     mark_complete(snapshot_dir(root, "llama3-8b", "main"))
@@ -140,6 +147,9 @@ CASES = [
          weights=(WeightsEntry("w", "v1", 100, True, 100),)),
     Case("no manifest: the bytes present, never complete",
          lambda root: make_weights(root, "w", "v1", {"a": 100, "b": 50}, manifest=False, complete=False),
+         weights=(WeightsEntry("w", "v1", 150, False, None),)),
+    Case("a manifest still being written is not counted as model bytes",
+         _manifest_being_written,
          weights=(WeightsEntry("w", "v1", 150, False, None),)),
     Case("marker without a manifest: partial, and said so",
          lambda root: make_weights(root, "w", "v1", {"a": 100}, manifest=False, complete=True),

@@ -176,6 +176,13 @@ class E2EStack:
         except AssertionError:
             raise AssertionError(f"the score did not rise\n{self.logs_tail()}") from None
 
+    def wait_for_scores(self, expected: dict[str, int], what: str) -> None:
+        """Wait until ``/prioritize`` gives exactly ``expected``; fail with the last scores and the logs."""
+        try:
+            self._wait_for_scores(lambda s: s == expected, f"scores {expected} ({what})")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; last scores {self.scores()}\n{self.logs_tail()}") from None
+
     def _wait_for_scores(self, ok: Callable[[dict[str, int]], bool], what: str) -> dict[str, int]:
         def matching() -> dict[str, int] | None:
             scores = self.scores()
@@ -230,6 +237,10 @@ def test_writing_weights_into_a_cache_root_raises_the_nodes_score(redis_server: 
     with running_stack(tmp_path, POLICY, redis_server.url) as cluster:
         assert cluster.wait_for_setup() == {"gpu-a": 5, "gpu-b": 5, "gpu-c": 0}
         write_weights(cluster.roots["gpu-b"])
-        assert cluster.wait_for_rise("gpu-b") == {"gpu-a": 5, "gpu-b": 8, "gpu-c": 0}
+        # a scan may land while the loader is still writing (some shards, no manifest yet): the
+        # score rises on that partial entry first, so wait for the scan that sees every byte
+        wait_until(lambda: (r := cluster.store.get("gpu-b")) is not None and r.weights.get("big-llm/rev-1") == 200 * GB,
+                   what="gpu-b's inventory holding all 200 GB of big-llm/rev-1", report=cluster.logs_tail)
         record = cluster.store.get("gpu-b")
         assert record is not None and record.weights == {"big-llm/rev-1": 200 * GB}
+        cluster.wait_for_scores({"gpu-a": 5, "gpu-b": 8, "gpu-c": 0}, "complete weights on gpu-b")

@@ -46,8 +46,8 @@ from extender.layout import (
     COMPLETE,
     MANIFEST,
     MAX_MANIFEST_BYTES,
-    METADATA,
     Manifest,
+    is_metadata,
 )
 
 ProblemKind = Literal["unreadable", "vanished", "corrupt", "inconsistent"]
@@ -207,7 +207,7 @@ class Walk:
                         if entry.is_dir(follow_symlinks=False):
                             stack.append((entry.path, f"{prefix}{entry.name}/"))
                         elif entry.is_file(follow_symlinks=False):
-                            if not prefix and entry.name in METADATA:
+                            if not prefix and is_metadata(entry.name):
                                 continue
                             self.files += 1
                             st = entry.stat(follow_symlinks=False)
