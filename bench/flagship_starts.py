@@ -83,14 +83,11 @@ class Traced(Run):
                 self.joined[slot] = now
         super()._joins(now)
 
-    def _launch(self, w: int, gpus: int, now: float) -> int | None:
-        # Run._autoscale walks the pending pods first, then the warmer's expectations (loop variable
-        # ``e``): a launch made while ``e`` is bound is one ahead of demand
-        ahead = "e" in sys._getframe(1).f_locals
-        slot = super()._launch(w, gpus, now)
+    def _launch(self, w: int, gpus: int, now: float, *, standby: bool = False) -> int | None:
+        slot = super()._launch(w, gpus, now, standby=standby)
         if slot is not None:
             self.launched_at[slot] = now
-        if slot is not None and ahead:
+        if slot is not None and standby:  # launched for a placeholder: ahead of demand
             self.ahead.add(slot)
         elif slot is not None:
             self.ahead.discard(slot)

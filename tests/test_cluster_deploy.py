@@ -147,7 +147,7 @@ def test_what_the_components_call_is_allowed(cluster_stack: Stack, call: tuple[s
     assert allowed, reason
 
 
-@pytest.mark.parametrize("metric", ["extender-desired-replicas", "extender-forecast-load"])
+@pytest.mark.parametrize("metric", ["extender-desired-replicas", "extender-forecast-load", "extender-standby-replicas"])
 def test_the_hpa_controller_may_read_the_metrics(cluster_stack: Stack, metric: str) -> None:
     # The HPA reads GET .../namespaces/<ns>/<metric>?labelSelector=..., a "list" to the authorizer.
     # Kubernetes' own bootstrap role for the HPA controller already grants it every external

@@ -118,7 +118,8 @@ def test_the_metric_is_served_through_the_aggregator(scaler: Stack) -> None:
     assert value == 1  # no demand: the profile's minReplicas
     # the discovery document lists both metrics, through the same path the HPA uses
     discovery = json.loads(scaler.cluster.kubectl("get", "--raw", "/apis/external.metrics.k8s.io/v1beta1").stdout)
-    assert {r["name"] for r in discovery["resources"]} == {"extender-desired-replicas", "extender-forecast-load"}
+    assert {r["name"] for r in discovery["resources"]} == {"extender-desired-replicas", "extender-forecast-load",
+                                                           "extender-standby-replicas"}
 
 
 def test_demand_rises_the_hpa_scales_and_warm_replicas_are_ready_first(scaler: Stack) -> None:

@@ -128,7 +128,7 @@ def test_timestamps_are_rfc3339_utc() -> None:
 # ---- the app -------------------------------------------------------------------------------------
 
 NOW = 1_735_732_800.0  # 2025-01-01T12:00:00Z
-PUBLISHED = {"qwen3": Published(desired=5, load=17.5, unit="requests/s", t=NOW - 10, window=15, token=3)}
+PUBLISHED = {"qwen3": Published(desired=5, load=17.5, unit="requests/s", t=NOW - 10, window=15, token=3, standby=2)}
 WORKLOADS: dict[str, str | None] = {"qwen3": "default", "llama": "ml", "anywhere": None}
 
 
@@ -155,7 +155,7 @@ def test_discovery_documents(client: FlaskClient) -> None:
     assert resources["groupVersion"] == GROUP_VERSION
     assert resources["resources"] == [
         {"name": name, "singularName": "", "namespaced": True, "kind": "ExternalMetricValueList", "verbs": ["get"]}
-        for name in ("extender-desired-replicas", "extender-forecast-load")
+        for name in ("extender-desired-replicas", "extender-forecast-load", "extender-standby-replicas")
     ]
 
 
@@ -178,6 +178,18 @@ def test_desired_replicas_of_one_workload(client: FlaskClient) -> None:
 def test_forecast_load_is_a_milli_quantity(client: FlaskClient) -> None:
     _, body, _ = get(client, "namespaces/default/extender-forecast-load", "workload=qwen3")
     assert body["items"][0]["value"] == "17500m"  # HPA: ceil(17500 / 4000 per replica) = 5
+
+
+def test_standby_replicas_are_served_for_the_placeholder_hpa(client: FlaskClient) -> None:
+    _, body, _ = get(client, "namespaces/default/extender-standby-replicas", "workload=qwen3")
+    assert body["items"] == [{"metricName": "extender-standby-replicas", "metricLabels": {"workload": "qwen3"},
+                              "timestamp": "2025-01-01T11:59:50Z", "window": 15, "value": "2"}]
+
+
+def test_a_value_published_before_standby_existed_reads_as_none() -> None:
+    old = '{"desired":5,"load":17.5,"unit":"requests/s","t":1.0,"window":15,"token":3}'
+    assert Published.decode(old).standby == 0
+    assert Published.decode(PUBLISHED["qwen3"].encode()) == PUBLISHED["qwen3"]
 
 
 def test_no_data_yet_is_one_zero_item(client: FlaskClient) -> None:

@@ -175,7 +175,7 @@ def test_kubectl_reads_discovery(served: Served) -> None:
     done = kubectl(served, kubeconfig(served, "hpa", {"token": "hpa-token"}), "/apis/external.metrics.k8s.io/v1beta1")
     assert done.returncode == 0, done.stderr
     names = [r["name"] for r in json.loads(done.stdout)["resources"]]
-    assert names == ["extender-desired-replicas", "extender-forecast-load"]
+    assert names == ["extender-desired-replicas", "extender-forecast-load", "extender-standby-replicas"]
 
 
 @pytest.mark.parametrize(("user", "words"), [

@@ -19,6 +19,7 @@ import yaml
 from extender import __version__
 from extender.cli import main
 from extender.core.policy import parse_policy
+from extender.kube.objects import STANDBY_LABEL
 from extender.state.sentinel import parse as parse_sentinel
 from tests import chart
 
@@ -327,6 +328,33 @@ def test_the_vllm_example_is_recognised(capsys: pytest.CaptureFixture[str], tmp_
     for variable in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         assert env[variable].startswith(f"{mount}/compile/$(EXTENDER_CACHE_KEY)/"), variable
     assert f"{mount}/weights/{profile.name}/{profile.weights.version}/.complete" in container["args"][0]
+
+
+def test_the_standby_example_holds_room_for_one_replica_each_and_is_no_replica() -> None:
+    policy = parse_policy(chart.policy_text(), "policy.yaml")
+    placeholder = example("standby.yaml", "Deployment")["spec"]["template"]
+    workload = example("vllm-deployment.yaml")["spec"]["template"]
+    labels = placeholder["metadata"]["labels"]
+    profile = policy.profile(labels[STANDBY_LABEL])
+    assert profile.autoscaling is not None
+    # never counted as a replica of the workload, whose label selector it must not match
+    assert policy.profile_for_pod(labels, {}) is None
+    # one placeholder asks for what one replica asks for, and may go where it goes
+    (held,), (real,) = placeholder["spec"]["containers"], workload["spec"]["containers"]
+    assert held["resources"]["limits"] == real["resources"]["limits"]
+    for key in ("nodeSelector", "affinity", "tolerations"):
+        assert placeholder["spec"].get(key) == workload["spec"].get(key), key
+    # below every real pod, and never preempting anything itself
+    priority = example("standby.yaml", "PriorityClass")
+    assert placeholder["spec"]["priorityClassName"] == priority["metadata"]["name"]
+    assert priority["value"] < 0 and priority["preemptionPolicy"] == "Never"
+    # the HPA follows the scaler's standby count for that workload, up to the workload's bound
+    hpa = example("standby.yaml", "HorizontalPodAutoscaler")
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["external"]["metric"] == {"name": "extender-standby-replicas",
+                                            "selector": {"matchLabels": {"workload": profile.name}}}
+    assert metric["external"]["target"] == {"type": "AverageValue", "averageValue": "1"}
+    assert hpa["spec"]["maxReplicas"] == profile.autoscaling.max_replicas
 
 
 def test_the_scaledobject_points_at_the_keda_scaler() -> None:

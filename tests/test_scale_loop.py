@@ -203,21 +203,58 @@ def warm_node(name: str, *, cached: bool) -> NodeState:
     })
 
 
-@pytest.mark.parametrize(("nodes", "node", "cache"), [
-    pytest.param([warm_node("warm-1", cached=True), warm_node("cold-1", cached=False)], "warm-1",
-                 "image, weights local", id="warm-node-free"),
-    pytest.param([warm_node("cold-1", cached=False)], "cold-1", "cold", id="only-cold-nodes-free"),
-    pytest.param([], None, "cold: no fresh node with 1 free GPU(s), assuming the slowest class", id="no-free-node"),
+@pytest.mark.parametrize(("nodes", "extra", "node", "cache", "expected"), [
+    pytest.param([warm_node("warm-1", cached=True), warm_node("cold-1", cached=False)], "", "warm-1",
+                 "image, weights local", 106.3, id="warm-node-free"),  # extender estimate, h100
+    pytest.param([warm_node("cold-1", cached=False)], "", "cold-1", "cold", 466.9, id="only-cold-nodes-free"),
+    pytest.param([], "", None, "cold: no fresh node with 1 free GPU(s), assuming the slowest class", COLD_STARTUP_S,
+                 id="no-free-node"),
+    pytest.param([], "  provisionDelay: 3m\n", None, "cold: no fresh node with 1 free GPU(s), assuming the slowest "
+                 "class on a new node (+180s provisioning)", COLD_STARTUP_S + 180, id="no-free-node-autoscaled"),
+    pytest.param([warm_node("cold-1", cached=False)], "  provisionDelay: 3m\n", "cold-1", "cold", 466.9,
+                 id="a-free-node-needs-no-provisioning"),
 ])
-def test_the_horizon_comes_from_the_node_the_next_replica_lands_on(redis_server: RedisServer, nodes: list[NodeState],
-                                                                   node: str | None, cache: str) -> None:
-    rig = make_rig(redis_server.url, lambda t: 4.0, nodes=nodes)
+def test_the_horizon_comes_from_the_node_the_next_replica_lands_on(
+        redis_server: RedisServer, nodes: list[NodeState], *, extra: str, node: str | None, cache: str,
+        expected: float) -> None:
+    rig = make_rig(redis_server.url, lambda t: 4.0, nodes=nodes, scaling_extra=extra)
     (d,) = rig.run(1)
     h = d.inputs.horizon
     assert (h.node, h.cache) == (node, cache)
-    expected = {"warm-1": 106.3, "cold-1": 466.9, None: COLD_STARTUP_S}[node]  # extender estimate, h100 / a10g
     assert h.startup_s == pytest.approx(expected, abs=0.1)
     assert h.seconds == pytest.approx(expected + 30, abs=0.1)
+
+
+@pytest.mark.parametrize(("extra", "ahead_s"), [
+    pytest.param("", COLD_STARTUP_S, id="fixed-fleet"),
+    pytest.param("  provisionDelay: 3m\n", COLD_STARTUP_S + 180, id="autoscaled"),
+])
+def test_the_warmer_is_told_what_the_forecast_needs_one_cold_start_ahead(
+        redis_server: RedisServer, extra: str, ahead_s: float) -> None:
+    """On a warm node the decision looks one warm start ahead; the warmer one cold start (and a new
+    node) ahead, at the replicas the forecast needs then beyond those running or starting."""
+    def ramp(t: float) -> float:
+        return 2.0 + 0.02 * (t - T0)
+
+    rig = make_rig(redis_server.url, ramp, nodes=[warm_node("warm-1", cached=True)],
+                   scaling_extra="  tolerance: 0\n" + extra)
+    rig.run(119)
+    report = rig.tick(T0 + 119 * TICK)
+    (result,) = [r for r in report.results if r.workload == "qwen3"]
+    decision = result.decision
+    assert decision is not None and result.expectation is not None
+    assert decision.inputs.horizon.seconds == pytest.approx(106.3 + 30, abs=0.1)  # the warm node
+    (expectation,) = [e for e in report.expectations() if e.workload == "qwen3"]
+    assert expectation == result.expectation
+    assert expectation.within_s == pytest.approx(ahead_s + 30, abs=0.1)
+    # the demand grows 0.02 /s: one cold start ahead it needs replicas the decision has not ordered
+    assert expectation.replicas > decision.desired - decision.current
+    assert expectation.replicas >= need(ramp(T0 + 119 * TICK + ahead_s)) - decision.current
+    # placeholders hold room for the look-ahead's replicas the HPA is not creating this tick
+    standby = expectation.replicas - max(decision.desired - decision.current, 0)
+    assert standby > 0 and result.standby == standby
+    assert rig.loop.decisions.published()["qwen3"].standby == standby
+    assert rig.loop.decisions.records("qwen3")[0]["published"]["standby"] == standby
 
 
 def test_a_warm_cluster_scales_later_than_a_cold_one(redis_server: RedisServer) -> None:

@@ -654,3 +654,14 @@ def test_target_utilization_bad_value_is_an_error_with_its_line(value: str, word
     assert (problem.source, problem.line, problem.path) == ("util.yaml", _POLICY_HEAD.count("\n") + 1,
                                                              "scaling.targetUtilization")
     assert words in problem.message
+
+
+@pytest.mark.parametrize(("value", "words"), [("-1m", "cannot be negative"), ("soon", "duration")],
+                         ids=["negative", "not a duration"])
+def test_provision_delay_bad_value_is_an_error_with_its_line(value: str, words: str) -> None:
+    with pytest.raises(PolicyError) as err:
+        parse_policy(_POLICY_HEAD + f"  provisionDelay: {value}\n", "util.yaml")
+    (problem,) = err.value.problems
+    assert (problem.source, problem.line, problem.path) == ("util.yaml", _POLICY_HEAD.count("\n") + 1,
+                                                             "scaling.provisionDelay")
+    assert words in problem.message

@@ -171,6 +171,9 @@ POD_CASES = [
     PodCase("GPUs summed over containers", pod(gpus=["1", "2"]), PodFacts("ml/p", "n1", 3, None, "starting")),
     PodCase("a larger init container wins", pod(gpus=["1"], init_gpus=["4", "2"]),  # max(1, max(4, 2)) = 4
             PodFacts("ml/p", "n1", 4, None, "starting")),
+    PodCase("a standby placeholder: its GPUs count as free (a replica preempts it)",
+            pod(labels={"extender.io/standby-for": "llama3-8b"}, phase="Running", ready=True, gpus=["4"]),
+            PodFacts("ml/p", "n1", 0, None, "running")),
     PodCase("unbound: nothing", pod(node_name="", labels=LLAMA), None),
     PodCase("succeeded: nothing", pod(labels=LLAMA, phase="Succeeded"), None),
     PodCase("failed: nothing", pod(labels=LLAMA, phase="Failed"), None),

@@ -409,15 +409,3 @@ def test_a_bad_expectation_is_reported_not_raised(double: KubeDouble, kube: Kube
         report = loop.tick(NOW, expectations, snapshot=snap(BASE, NOW, *two_nodes(NOW)))
         assert report.plan is None and report.started == [] and report.errors[0].startswith("plan: ")
     assert double.count("create", "jobs") == 0
-
-
-def test_expectations_from_the_scalers_decisions() -> None:
-    from extender.core.scaler import DecisionInputs, decide, horizon
-    from extender.warm.loop import expectations
-
-    inputs = DecisionInputs(workload="llm", now_s=NOW, demand=30.0, capacity=10.0, ready=1, starting=1,
-                            max_replicas=10, horizon=horizon(120.0, 15.0, 15.0))
-    decision = decide(inputs)
-    # need ceil(30 / 10) = 3, current 1 ready + 1 starting: one more, within 150 s
-    assert decision.desired == 3
-    assert expectations([decision, None]) == [Expectation(workload="llm", replicas=1, within_s=150.0)]

@@ -35,6 +35,7 @@ from extender.core.caches import cache_id
 from extender.core.errors import UnknownNameError
 from extender.core.estimate import CompileCache, estimate
 from extender.core.inventory import InventorySnapshot, NodeState
+from extender.core.placement import next_replica
 from extender.core.policy import Policy, Warming, parse_policy
 from extender.core.scaler import DecisionInputs, decide, horizon
 from extender.core.warming import (
@@ -45,7 +46,10 @@ from extender.core.warming import (
     apply,
     best_k_sum,
     best_k_sums_after,
+    look_ahead,
+    look_ahead_s,
     plan,
+    standby_replicas,
 )
 from tests.gpu_policy import GPU_LLM_POLICY, KEY_INPUTS, LLM_IMAGE
 
@@ -379,6 +383,49 @@ def test_expectation_from_a_decision() -> None:
                               horizon=horizon(151.0, 15.0, 15.0), ready=2, max_replicas=20))
     e = Expectation.from_decision(d)
     assert (e.workload, e.replicas, e.within_s) == ("llm", 3, 181.0)  # need 5, have 2; 151 + 15 + 15
+
+
+@pytest.mark.parametrize(("upper", "utilization", "desired", "current", "replicas"), [
+    pytest.param(50.0, 1.0, 3, 2, 3, id="the-forecast-needs-more-than-the-decision"),  # ceil(50 / 10) = 5
+    pytest.param(10.0, 1.0, 3, 2, 1, id="never-fewer-than-the-decision-orders"),
+    pytest.param(500.0, 1.0, 3, 2, 18, id="capped-at-max-replicas"),  # 20 - 2
+    pytest.param(45.0, 0.9, 3, 2, 3, id="target-utilization-divides-capacity"),  # ceil(45 / 9) = 5
+    pytest.param(30.0, 1.0, 1, 1, 2, id="an-exact-multiple-does-not-round-up"),  # 3, not 4
+    pytest.param(30.0, 1.0, 3, 6, 0, id="more-running-than-needed"),
+    pytest.param(0.0, 1.0, 0, 0, 0, id="no-demand"),
+])
+def test_look_ahead(upper: float, utilization: float, desired: int, current: int, replicas: int) -> None:
+    got = look_ahead("llm", upper, capacity=10.0, target_utilization=utilization, desired=desired,
+                     current=current, max_replicas=20, within_s=600.0)
+    assert got == Expectation(workload="llm", replicas=replicas, within_s=600.0)
+
+
+def test_expectation_ahead_reads_the_decision() -> None:
+    d = decide(DecisionInputs(workload="llm", now_s=NOW, demand=50.0, capacity=10.0, target_utilization=0.8,
+                              horizon=horizon(151.0, 15.0, 15.0), ready=2, starting=1, max_replicas=9))
+    assert (d.desired, d.current) == (7, 3)  # ceil(50 / 8)
+    assert Expectation.ahead(d, 100.0, 700.0) == Expectation(workload="llm", replicas=6, within_s=700.0)  # 9 - 3
+    assert Expectation.ahead(d, 10.0, 700.0).replicas == 4  # the decision's own 7 - 3
+
+
+@pytest.mark.parametrize(("ahead", "desired", "current", "standby"), [
+    pytest.param(5, 4, 2, 3, id="the-hpa-creates-two-placeholders-hold-the-other-three"),
+    pytest.param(5, 2, 2, 5, id="nothing-created-this-tick"),
+    pytest.param(2, 4, 2, 0, id="the-hpa-creates-everything-expected"),
+    pytest.param(0, 1, 3, 0, id="scaling-down"),
+])
+def test_standby_replicas(ahead: int, desired: int, current: int, standby: int) -> None:
+    expectation = Expectation(workload="llm", replicas=ahead, within_s=600.0)
+    assert standby_replicas(expectation, desired=desired, current=current) == standby
+
+
+def test_look_ahead_is_a_cold_start_and_a_new_node() -> None:
+    autoscaled = BASE.model_copy(update={"scaling": BASE.scaling.model_copy(update={"provision_delay": 180.0})})
+    llm = BASE.profile("llm")
+    cold = next_replica(BASE, llm, None, NOW)  # no node with room: the slowest class, cold
+    assert cold.node is None and look_ahead_s(BASE, llm) == pytest.approx(cold.startup_s)
+    assert look_ahead_s(autoscaled, llm) == pytest.approx(cold.startup_s + 180.0)
+    assert next_replica(autoscaled, llm, None, NOW).startup_s == pytest.approx(cold.startup_s + 180.0)
 
 
 def test_duplicate_and_unknown_expectations() -> None:

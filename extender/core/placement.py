@@ -12,7 +12,8 @@ same estimate and kube-scheduler takes the best score, so the next replica lands
 
 When no such node exists the replica waits for one that has nothing cached (a node being
 provisioned, or one freed later): the horizon is then the *cold* estimate on the slowest class
-the profile may run on. Slowest, because a longer horizon only lets the forecast raise the
+the profile may run on, plus ``scaling.provisionDelay`` (the node autoscaler's time to a Ready
+node; 0 on a fixed fleet). Slowest, because a longer horizon only lets the forecast raise the
 decision earlier (it is a floor, never a cut), while a too-short one would start replicas late.
 """
 
@@ -79,9 +80,11 @@ def next_replica(policy: Policy, profile: Profile, snapshot: InventorySnapshot |
             )
     cold = cold_by_class(profile, classes)
     worst = int(np.argmax(cold.total_s))
+    delay = float(policy.scaling.provision_delay)
+    new_node = f" on a new node (+{delay:g}s provisioning)" if delay else ""
     return Placement(
-        startup_s=float(cold.total_s[worst]),
+        startup_s=float(cold.total_s[worst]) + delay,
         node=None,
         node_class=classes[worst].name,
-        cache=f"cold: no fresh node with {gpus} free GPU(s), assuming the slowest class",
+        cache=f"cold: no fresh node with {gpus} free GPU(s), assuming the slowest class{new_node}",
     )

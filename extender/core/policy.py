@@ -662,6 +662,10 @@ class Scaling(Schema):
     target_utilization: float = Field(default=1.0, gt=0, le=1)
     #: The HPA's tolerance (docs/kubernetes-interfaces.md section 4.3); the decision mirrors it to say what will happen.
     tolerance: float = Field(default=0.1, ge=0, lt=1)
+    #: How long the node autoscaler takes to bring a new node to Ready for a pending pod (its
+    #: median; 0: a fixed fleet). Added to the horizon when no node has room for the next replica,
+    #: and to the cache warmer's look-ahead (extender.core.warming.look_ahead).
+    provision_delay: Annotated[Duration, Field(ge=0)] = 0.0
 
 
 CalibrationMode = Literal["off", "suggest", "apply"]

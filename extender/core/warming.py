@@ -75,6 +75,7 @@ not known.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal, assert_never
@@ -100,7 +101,7 @@ from extender.core.caches import (
     with_entries,
 )
 from extender.core.errors import InvalidValueError
-from extender.core.estimate import CacheState, ClassTable, CompileCache, estimate
+from extender.core.estimate import CacheState, ClassTable, CompileCache, cold_by_class, estimate
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import NodeClass, Policy, Profile
 from extender.core.scaler import Decision
@@ -134,6 +135,52 @@ class Expectation(_Model):
         """``replicas = max(desired - (ready + starting), 0)``, ``within_s`` = the decision's horizon."""
         return cls(workload=decision.inputs.workload, replicas=max(decision.desired - decision.current, 0),
                    within_s=decision.inputs.horizon.seconds)
+
+    @classmethod
+    def ahead(cls, decision: Decision, upper: float, within_s: float) -> Expectation:
+        """The warmer's look-ahead from a decision and a forecast ``within_s`` ahead (:func:`look_ahead`)."""
+        i = decision.inputs
+        return look_ahead(i.workload, upper, capacity=i.capacity, target_utilization=i.target_utilization,
+                          desired=decision.desired, current=decision.current, max_replicas=i.max_replicas,
+                          within_s=within_s)
+
+
+def standby_replicas(ahead: Expectation, *, desired: int, current: int) -> int:
+    """Placeholder replicas that hold room for the look-ahead's replicas the HPA is not creating::
+
+        standby = max(ahead.replicas - max(desired - current, 0), 0)
+
+    ``ahead``: :func:`look_ahead`'s expectation (replicas beyond ``current = ready + starting``);
+    ``desired - current``: those the HPA creates this tick, which need no placeholder. Placeholder
+    pods of a negative priority (docs/scaler.md, "Standby capacity") keep that many replicas' GPUs
+    on nodes: the node autoscaler launches nodes for them ahead of the demand, and a real replica
+    preempts one at once instead of waiting for a new node.
+    """
+    return max(ahead.replicas - max(desired - current, 0), 0)
+
+
+def look_ahead_s(policy: Policy, profile: Profile) -> float:
+    """How far ahead the warmer looks: a fully cold start on the slowest class the profile may run
+    on, plus ``scaling.provisionDelay`` (a new node). A replica the scaler will order within that
+    time can still be helped by caches staged now; one ordered later can wait for the next plan."""
+    return float(cold_by_class(profile, policy.classes_for(profile)).total_s.max()) + policy.scaling.provision_delay
+
+
+def look_ahead(workload: str, upper: float, *, capacity: float, target_utilization: float, desired: int,
+               current: int, max_replicas: int, within_s: float) -> Expectation:
+    """The replicas the warmer prepares nodes for: those the forecast ``within_s`` ahead needs that
+    neither run nor start yet, and never fewer than the decision orders now::
+
+        need     = min(max(ceil(upper / (capacity x targetUtilization)), desired), maxReplicas)
+        replicas = max(need - current, 0)            current = ready + starting
+
+    ``upper``: the forecast's upper quantile at ``within_s`` (:func:`look_ahead_s` and the horizon
+    rule of :func:`extender.core.scaler.horizon`). The decision's own horizon is one startup on the
+    best node; looking one cold start (and a node's provisioning) ahead is what gives the warmer
+    time to stage before the replicas exist. The simulator's warmer uses the same function.
+    """
+    need = min(max(math.ceil(upper / (capacity * target_utilization) - 1e-9), desired), max_replicas)
+    return Expectation(workload=workload, replicas=max(need - current, 0), within_s=within_s)
 
 
 class Eviction(_Model):

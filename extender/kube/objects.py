@@ -203,13 +203,23 @@ def _container_gpus(container: Container, resource: str) -> int:
         return 0  # the API server rejects such pods; nothing sensible to count
 
 
+#: The label of a standby placeholder pod (docs/scaler.md, "Standby capacity"); its value names the
+#: workload it holds room for.
+STANDBY_LABEL = "extender.io/standby-for"
+
+
 def pod_facts(raw: Mapping[str, Any], policy: Policy, gpu_resource: str = DEFAULT_GPU_RESOURCE) -> PodFacts | None:
-    """Facts of a pod, or ``None`` when it holds nothing on any node (unbound, succeeded, failed)."""
+    """Facts of a pod, or ``None`` when it holds nothing on any node (unbound, succeeded, failed).
+
+    A standby placeholder (``STANDBY_LABEL``) holds no GPUs here: a replica preempts it at once, so
+    for the extender, the scaler's next replica and the warmer its GPUs are free.
+    """
     pod: Pod = _parse(Pod, raw)
     if not pod.spec.node_name or pod.status.phase in ("Succeeded", "Failed"):
         return None
-    regular = sum(_container_gpus(c, gpu_resource) for c in pod.spec.containers)
-    init = max((_container_gpus(c, gpu_resource) for c in pod.spec.init_containers), default=0)
+    standby = STANDBY_LABEL in pod.metadata.labels
+    regular = 0 if standby else sum(_container_gpus(c, gpu_resource) for c in pod.spec.containers)
+    init = 0 if standby else max((_container_gpus(c, gpu_resource) for c in pod.spec.init_containers), default=0)
     profile = policy.profile_for_pod(dict(pod.metadata.labels), dict(pod.metadata.annotations))
     state: PodState
     if pod.metadata.deletion_timestamp:

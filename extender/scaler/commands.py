@@ -392,7 +392,8 @@ def render_record(record: dict[str, Any]) -> str:
         f"estimated startup {float(place['startupSeconds']):.0f}s, {place['cache']}",
         f"  published: extender-desired-replicas {pub['desired']}, extender-forecast-load "
         f"{float(pub['load']):.3g} {pub['unit']}"
-        + ("" if pub.get("unshared") is None else f" (cut from {pub['unshared']} by sharing the fleet)"),
+        + ("" if pub.get("unshared") is None else f" (cut from {pub['unshared']} by sharing the fleet)")
+        + f", extender-standby-replicas {pub.get('standby', 0)}",
     ]
     return "\n".join(lines)
 

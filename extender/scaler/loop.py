@@ -53,6 +53,7 @@ from extender.core.placement import Placement, next_replica
 from extender.core.policy import Policy, Profile
 from extender.core.scaler import Decision, DecisionInputs, Recommendation, decide, horizon, prune
 from extender.core.sharing import apply_share, claim, fleet_capacity, share
+from extender.core.warming import Expectation, look_ahead_s, standby_replicas
 from extender.files import PolicyFile
 from extender.scaler.observation import Fetcher, Observation, SignalSource, http_get
 from extender.scaler.pods import PodLister, Replicas, count_replicas, label_selector, workload_pods
@@ -82,6 +83,11 @@ class WorkloadResult:
     observation: Observation | None = None
     replicas: Replicas | None = None
     placement: Placement | None = None
+    #: What the cache warmer should prepare for: :meth:`Expectation.ahead`, or without any history
+    #: to forecast from, :meth:`Expectation.from_decision`.
+    expectation: Expectation | None = None
+    #: Placeholder replicas published (extender.core.warming.standby_replicas).
+    standby: int = 0
     error: str = ""
 
 
@@ -101,6 +107,10 @@ class TickReport:
     #: Inventory nodes the leader read, fresh and stale (``None``: no inventory was read).
     fresh_nodes: int | None = None
     stale_nodes: int = 0
+
+    def expectations(self) -> list[Expectation]:
+        """What the cache warmer should prepare for after this tick, one per decided workload."""
+        return [r.expectation for r in self.results if r.expectation is not None]
 
 
 def scaled_profiles(policy: Policy) -> tuple[Profile, ...]:
@@ -321,6 +331,8 @@ class ScaleLoop:
         samples = self.history.read(name, now=now)
         new = [Sample(now, observation.rate, observation.queue)] if observation.rate is not None else []
         fc = self._forecast(samples + new, h.seconds, now)
+        far = horizon(look_ahead_s(estimator, estimator.profile(name)), self.tick_s, self.hpa_sync_s)
+        ahead = self._forecast(samples + new, far.seconds, now)
         recent = tuple(Recommendation(at_s=a, replicas=n) for a, n in self.decisions.recommendations(name))
         scaling = self.policy.scaling
         inputs = DecisionInputs.for_policy(
@@ -334,7 +346,7 @@ class ScaleLoop:
             note = (f"observation incomplete ({observation.note or 'not every ready pod answered'}): "
                     f"{observation.rate:g} {capacity.unit} is a lower bound, so no scale-down this tick")
             decision = held.model_copy(update={"reasons": (*held.reasons, note)})
-        return _Draft(profile, decision, observation, replicas, placement, tuple(new), recent, len(pods))
+        return _Draft(profile, decision, observation, replicas, placement, tuple(new), recent, len(pods), ahead)
 
     def commit(self, d: _Draft, token: int, now: float) -> WorkloadResult:
         """Write one workload's decision, fenced by ``token``: all or nothing."""
@@ -348,8 +360,12 @@ class ScaleLoop:
                        scaling.scale_down_stabilisation)
         # a cut by sharing cuts the published load too (an HPA on the load metric does the same)
         load = (decision.need if decision.unshared is None else decision.desired) * capacity.per_replica
+        expectation = (Expectation.from_decision(decision) if d.ahead is None
+                       else Expectation.ahead(decision, d.ahead.upper, d.ahead.horizon_s))
+        standby = standby_replicas(expectation, desired=decision.desired, current=decision.current)
         published = Published(desired=decision.desired, load=load if math.isfinite(load) else 0.0,
-                               unit=capacity.unit, t=now, window=max(1, round(self.tick_s)), token=token)
+                              unit=capacity.unit, t=now, window=max(1, round(self.tick_s)), token=token,
+                              standby=standby)
         record = decision_record(decision, observation, replicas, placement, published=published,
                                  source=self.sources[name].name, holder=self.holder, token=token, pods=d.pods)
         self.lock.commit(
@@ -365,7 +381,7 @@ class ScaleLoop:
                      extra={"workload": name, "decision": decision.action, "desired": decision.desired,
                             "current": decision.current, "driver": decision.driver,
                             "horizon_s": decision.inputs.horizon.seconds, "token": token})
-        return WorkloadResult(name, decision, observation, replicas, placement)
+        return WorkloadResult(name, decision, observation, replicas, placement, expectation, standby)
 
     def _forecast(self, samples: Sequence[Sample], horizon_s: float, now: float) -> Forecast | None:
         if not samples:
@@ -397,6 +413,8 @@ class _Draft:
     new: tuple[Sample, ...]
     recent: tuple[Recommendation, ...]
     pods: int
+    #: The forecast one cold start (and a node's provisioning) ahead, for the warmer.
+    ahead: Forecast | None = None
 
 
 def fresh_nodes(snapshot: InventorySnapshot, now: float) -> list[tuple[str, int]]:
@@ -425,7 +443,7 @@ def decision_record(decision: Decision, observation: Observation, replicas: Repl
         "placement": {"node": placement.node, "nodeClass": placement.node_class, "cache": placement.cache,
                       "startupSeconds": placement.startup_s},
         "published": {"desired": published.desired, "load": published.load, "unit": published.unit,
-                      "unshared": decision.unshared},
+                      "standby": published.standby, "unshared": decision.unshared},
         "decision": decision.model_dump(mode="json"),
     }
 

@@ -68,6 +68,9 @@ class ScalerMetrics:
                               ["workload"], registry=r)
         self.desired = Gauge("extender_scaler_desired_replicas", "Replicas the scaler publishes to the HPA.",
                              ["workload"], registry=r)
+        self.standby = Gauge("extender_scaler_standby_replicas",
+                             "Placeholder replicas the scaler publishes (extender-standby-replicas).",
+                             ["workload"], registry=r)
         self.replicas = Gauge("extender_scaler_replicas", "Replicas of the workload, by state (ready, starting).",
                               ["workload", "state"], registry=r)
         self.horizon = Gauge("extender_scaler_horizon_seconds",
@@ -100,7 +103,7 @@ class ScalerMetrics:
         """Create every series of the workloads ``policy`` autoscales (those of dropped ones stay)."""
         for profile in scaled_profiles(policy):
             w = profile.name
-            for g in (self.forecast, self.observed, self.desired, self.horizon, self.forecast_error):
+            for g in (self.forecast, self.observed, self.desired, self.standby, self.horizon, self.forecast_error):
                 g.labels(w)
             self.workload_errors.labels(w)
             for state in ("ready", "starting"):
@@ -129,6 +132,7 @@ class ScalerMetrics:
                 continue
             inputs = decision.inputs
             self.desired.labels(w).set(decision.desired)
+            self.standby.labels(w).set(result.standby)
             self.horizon.labels(w).set(inputs.horizon.seconds)
             self.replicas.labels(w, "ready").set(inputs.ready)
             self.replicas.labels(w, "starting").set(inputs.starting)

@@ -54,7 +54,7 @@ from extender.state.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_POINTS, Histor
 from extender.state.lock import LeaderLock
 from extender.state.observations import CalibratedPolicy, ObservationStore
 from extender.telemetry.build import add_build_info, add_process_collectors
-from extender.warm.loop import WarmLoop, expectations
+from extender.warm.loop import WarmLoop
 
 log = logging.getLogger(__name__)
 
@@ -187,7 +187,7 @@ def build_loop(settings: ScaleSettings, client: Any, pods: KubePodLister | None 
         warm = WarmLoop(settings.policy, inventory, kube, instance=settings.identity, registry=registry)
 
         def warm_after(report: TickReport) -> None:
-            warm.tick(report.now, expectations(r.decision for r in report.results))
+            warm.tick(report.now, report.expectations())
 
         loop.on_leader_tick.append(warm_after)
         loop.on_estimator_policy.append(warm.set_policy)  # the policy, calibrated when its mode is apply

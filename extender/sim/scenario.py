@@ -226,9 +226,9 @@ class Autoscaling(Schema):
 
     ``consolidateAfter``: an empty node above its pool's ``minCount`` is removed after this long
     (cluster-autoscaler's ``--scale-down-unneeded-time`` default, 10 min). ``provisionAhead``: the
-    strategies with the warmer also launch nodes for the replicas the warmer expects (placeholder
-    pods of a negative priority, the overprovisioning pattern of the cluster-autoscaler FAQ), so the
-    warmer can prepare them before the replicas exist.
+    strategies with the warmer keep the standby placeholders the scaler publishes (pods of a
+    negative priority holding free GPUs, the overprovisioning pattern of the cluster-autoscaler
+    FAQ; docs/scaler.md section 5.1), so nodes exist, and are prepared, before the replicas do.
     """
 
     provisioning: ProvisioningDelay = ProvisioningDelay()

@@ -51,7 +51,7 @@ from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
 from extender.core.scaler import DecisionInputs, Recommendation, horizon, prune, recommend
 from extender.core.scoring import NodeInputs, Scale, WarmSlots, evaluate, larger_warm, scale_for
 from extender.core.sharing import Claim, claim, share
-from extender.core.warming import Action, Expectation, plan
+from extender.core.warming import Action, Expectation, look_ahead, plan, standby_replicas
 from extender.sim import hpa as hpa_model
 from extender.sim.cluster import Cluster, NodeSpec, Pod
 from extender.sim.kubescheduler import EXTENDER_SCALE, in_tree_scores, select_host
@@ -340,6 +340,7 @@ class _WorkloadState:
     near: Forecast | None = None  # the scaler's forecast at its horizon, and the tick it was made
     near_at: int = 0
     far_at: int = 0
+    standby: int = 0  # placeholder replicas (extender.core.warming.standby_replicas) this tick
     next_startup: tuple[int, float] | None = None  # (cluster version, seconds) while no pull is running
 
 
@@ -394,7 +395,9 @@ class Run:
         delay = self.auto.provisioning
         self.delay_mu = math.log(delay.median)
         self.delay_sigma = math.log(delay.p90 / delay.median) / Z90
-        self.provision_s = float(delay.median) if self.autoscaled else 0.0
+        #: The scaler's and the warmer's belief of a new node's provisioning (the policy's, as in
+        #: production); the world's delays are drawn from the scenario's distribution above.
+        self.provision_s = float(prepared.policy.scaling.provision_delay)
         self.fleet_gpu_s = 0.0
         self.fleet_gpus = np.zeros(n if self.autoscaled else 0, dtype=np.int64)
         self.launched = 0
@@ -580,9 +583,9 @@ class Run:
         far = horizon(s.scale.reference_s + self.provision_s, self.dt, scaling.hpa_sync_delay)
         if s.far is None or k - s.far_at >= FAR_EVERY_TICKS:
             s.far, s.far_at = self._forecast(s, k, far.seconds), k
-        need = max(math.ceil(s.far.upper / (setup.capacity * scaling.target_utilization) - 1e-9), desired)
-        need = min(need, setup.max_replicas)
-        return Expectation(workload=setup.profile.name, replicas=max(need - current, 0), within_s=far.seconds)
+        return look_ahead(setup.profile.name, s.far.upper, capacity=setup.capacity,
+                          target_utilization=scaling.target_utilization, desired=desired, current=current,
+                          max_replicas=setup.max_replicas, within_s=far.seconds)
 
     def _delete(self, s: _WorkloadState, pod: Pod, now: float) -> None:
         if pod.is_ready(now):
@@ -706,9 +709,10 @@ class Run:
                 del self.launching[slot]
                 self.cluster.join(slot)
 
-    def _launch(self, w: int, gpus: int, now: float) -> int | None:
-        """Launch a node for a pod of workload ``w``: the pool of an allowed class with the fewest
-        GPUs that still fit it (the cheapest that fits, as Karpenter chooses), below its maximum."""
+    def _launch(self, w: int, gpus: int, now: float, *, standby: bool = False) -> int | None:
+        """Launch a node for a pod of workload ``w`` (``standby``: a placeholder): the pool of an
+        allowed class with the fewest GPUs that still fit it (the cheapest that fits, as Karpenter
+        chooses), below its maximum."""
         c = self.cluster
         allowed = c.allowed(w)
         best: tuple[int, int] | None = None
@@ -725,10 +729,18 @@ class Run:
         self.launched += 1
         return slot
 
-    def _autoscale(self, now: float, expectations: Sequence[Expectation]) -> None:
-        """Launch nodes for pending pods (and, with ``provisionAhead``, for the replicas the warmer
-        expects), after packing them onto the nodes already launching; remove nodes empty for
-        ``consolidateAfter`` down to each pool's minimum."""
+    def _autoscale(self, now: float) -> None:
+        """Launch nodes for pending pods, after packing them onto the nodes already launching; with
+        ``provisionAhead``, place each workload's standby placeholders (:func:`standby_replicas`)
+        on free GPUs, else on launching or new nodes; remove nodes empty for ``consolidateAfter``
+        down to each pool's minimum.
+
+        Placeholders are the overprovisioning pattern (docs/scaler.md, "Standby capacity"): they are
+        placed again every tick on the GPUs left free, which is what a replica preempting one and
+        the placeholder going pending for the next node add up to; a node that holds one is not
+        empty, so it is not consolidated; their GPUs count as free for the scheduler and the warmer,
+        as the inventory counts them in production.
+        """
         c = self.cluster
         spare = {slot: int(c.class_gpus[slot]) for slot in self.launching}
 
@@ -747,22 +759,24 @@ class Run:
                     slot = self._launch(s.setup.index, gpus, now)
                     if slot is not None:
                         spare[slot] = int(c.class_gpus[slot]) - gpus
+        held = np.zeros(len(c), dtype=np.bool_)
         if self.strategy.warming and self.auto.provision_ahead:
             free = c.gpus_free().copy()
-            for e in expectations:
-                w = self.names[e.workload]
-                gpus = self.w[w].setup.profile.parallelism.gpus
+            for s in self.w:
+                w = s.setup.index
+                gpus = s.setup.profile.parallelism.gpus
                 allowed = c.allowed(w) & c.present
-                for _ in range(e.replicas):
+                for _ in range(s.standby):
                     room = np.flatnonzero(allowed & (free >= gpus))
                     if len(room):
                         free[room[0]] -= gpus
+                        held[room[0]] = True
                     elif not claim(w, gpus):
-                        slot = self._launch(w, gpus, now)
+                        slot = self._launch(w, gpus, now, standby=True)
                         if slot is None:
                             break
                         spare[slot] = int(c.class_gpus[slot]) - gpus
-        empty = c.present & (c.pool >= 0) & (c.gpus_used == 0)
+        empty = c.present & (c.pool >= 0) & (c.gpus_used == 0) & ~held
         self.empty_since[~empty] = np.nan
         fresh = empty & np.isnan(self.empty_since)
         self.empty_since[fresh] = now
@@ -821,14 +835,18 @@ class Run:
                     expectations.append(expectation)
             if claims:
                 granted = share(claims, self._fleet_gpus()) if self.strategy.scaling != "hpa" else {}
+                ahead = {e.workload: e for e in expectations}
                 for cl in claims:
                     s = self.w[self.names[cl.workload]]
-                    self._scale(s, granted.get(cl.workload, cl.desired), now)
+                    desired, current = granted.get(cl.workload, cl.desired), len(s.pods)  # as at _decide
+                    self._scale(s, desired, now)
                     if s.old:
                         self._rolling(s, now)
+                    e = ahead.get(cl.workload)
+                    s.standby = 0 if e is None else standby_replicas(e, desired=desired, current=current)
             self._place_pending(now)
             if self.autoscaled:
-                self._autoscale(now, expectations)
+                self._autoscale(now)
                 c = self.cluster
                 launching = sum(int(c.class_gpus[x]) for x in self.launching)
                 self.fleet_gpus[k] = int(c.class_gpus[c.present].sum()) + launching

@@ -43,7 +43,9 @@ class Published:
 
     ``desired``: replicas (HPA target ``AverageValue: 1``); ``load``: the demand the decision sized
     for, in ``unit`` (HPA target ``AverageValue: <capacity per replica>``); ``t``: decision time,
-    unix seconds; ``window``: seconds the values cover (the tick); ``token``: the leader's fence.
+    unix seconds; ``window``: seconds the values cover (the tick); ``token``: the leader's fence;
+    ``standby``: placeholder replicas (extender.core.warming.standby_replicas; 0 in a value written
+    before it existed).
     """
 
     desired: int
@@ -52,6 +54,7 @@ class Published:
     t: float
     window: int
     token: int
+    standby: int = 0
 
     def encode(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"), allow_nan=False)
@@ -60,7 +63,8 @@ class Published:
     def decode(cls, raw: str | bytes) -> Published:
         data = json.loads(raw)
         return cls(desired=int(data["desired"]), load=float(data["load"]), unit=str(data["unit"]),
-                   t=float(data["t"]), window=int(data["window"]), token=int(data["token"]))
+                   t=float(data["t"]), window=int(data["window"]), token=int(data["token"]),
+                   standby=int(data.get("standby", 0)))
 
 
 class DecisionStore:

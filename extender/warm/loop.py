@@ -26,7 +26,7 @@ Calling it from the scaler's leader tick (the loop keeps its state between calls
 
     warm = WarmLoop(policy, InventoryStore(redis_client), KubeClient.connect(...), registry=metrics_registry)
     scale_loop.on_leader_tick.append(
-        lambda r: warm.tick(r.now, expectations(res.decision for res in r.results)))
+        lambda r: warm.tick(r.now, r.expectations()))
 
 (``snapshot=`` may pass the scaler's own inventory snapshot, saving one read of the store.)
 """
@@ -44,7 +44,6 @@ from prometheus_client import CollectorRegistry
 from extender.core.errors import ExtenderError, KubeError, StateError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
-from extender.core.scaler import Decision
 from extender.core.warming import KINDS, Action, Expectation, Plan, apply, plan
 from extender.warm.checks import node_class, present, published_snapshots, unsafe_evictions
 from extender.warm.executor import Executor, WarmKube, retry_delay
@@ -124,15 +123,6 @@ class _Backoff:
     publish: Publish | None
 
 
-def expectations(decisions: Iterable[Decision | None]) -> list[Expectation]:
-    """The warm planner's expectations from this tick's scaling decisions (``None``: a workload without one).
-
-    ``replicas = max(desired - (ready + starting), 0)`` within the decision's horizon: the replicas
-    ordered now that do not exist yet, due when they could first serve.
-    """
-    return [Expectation.from_decision(d) for d in decisions if d is not None]
-
-
 def _without_weights(policy: Policy) -> Policy:
     """The policy with no weights caching: the planner then plans no weights actions (no template for them)."""
     profiles = tuple(p.model_copy(update={"weights": p.weights.model_copy(update={"cache": "none"})})
@@ -183,7 +173,7 @@ class WarmLoop:
         """One pass (steps in the module docstring). ``now``: unix seconds, the clock heartbeats use.
 
         ``expectations``: at most one per workload (the scaler's decisions, through
-        :meth:`Expectation.from_decision`); keep-warm workloads come from the policy.
+        :meth:`TickReport.expectations`: each decision's look-ahead); keep-warm workloads come from the policy.
         ``dry_run``: read and plan, change nothing (no Job, Event, Node or registry write, no metric).
         """
         policy = self.policy

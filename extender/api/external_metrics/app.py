@@ -13,7 +13,7 @@ section 4 to the letter:
 * ``/healthz``, ``/livez``, ``/readyz`` need no authentication (the kubelet probes them), nor does
   ``/metrics`` (the scaler's and the warmer's metrics, for Prometheus: docs/monitoring.md).
 
-Two metrics, one item per workload, labelled ``workload=<profile name>``:
+Three metrics, one item per workload, labelled ``workload=<profile name>``:
 
 ==============================  ================================  ==================================
 metric                          value                             HPA target
@@ -21,6 +21,9 @@ metric                          value                             HPA target
 ``extender-desired-replicas``   the scaler's desired replicas     ``AverageValue: 1``
 ``extender-forecast-load``      the demand the decision sized     ``AverageValue: <capacity per
                                 for (rate, in the profile unit)   replica>``
+``extender-standby-replicas``   placeholder replicas to keep      ``AverageValue: 1``, on the
+                                (extender.core.warming.           placeholder Deployment
+                                standby_replicas)                 (docs/scaler.md)
 ==============================  ================================  ==================================
 
 A workload the scaler has not decided for yet is served as one item with value ``"0"`` (an empty
@@ -56,9 +59,10 @@ GROUP_VERSION = f"{GROUP}/{VERSION}"
 JSON_TYPE = "application/json"
 
 #: Metric name (the path's resource segment) -> which published value it serves.
-METRICS: Mapping[str, str] = {
-    "extender-desired-replicas": "desired",
-    "extender-forecast-load": "load",
+METRICS: Mapping[str, Callable[[Published], float]] = {
+    "extender-desired-replicas": lambda p: float(p.desired),
+    "extender-forecast-load": lambda p: p.load,
+    "extender-standby-replicas": lambda p: float(p.standby),
 }
 #: The label every item carries and HPAs select on.
 WORKLOAD_LABEL = "workload"
@@ -173,8 +177,8 @@ def api_resources() -> Response:
 @bp.get(f"/apis/{GROUP_VERSION}/namespaces/<namespace>/<metric>")
 def metric_values(namespace: str, metric: str) -> Response:
     api = _api()
-    field = METRICS.get(metric)
-    if field is None:
+    value_of = METRICS.get(metric)
+    if value_of is None:
         return status(404, "NotFound", f"the server could not find the metric {metric!r} "
                       f"(served: {', '.join(METRICS)})")
     user: User = g.user
@@ -205,8 +209,7 @@ def metric_values(namespace: str, metric: str) -> Response:
         if value is None:  # not decided yet: "0", as an empty list would be an error to the HPA
             item.update(timestamp=rfc3339(now), value="0")
         else:
-            number = float(value.desired) if field == "desired" else value.load
-            item.update(timestamp=rfc3339(value.t), window=value.window, value=format_quantity(number))
+            item.update(timestamp=rfc3339(value.t), window=value.window, value=format_quantity(value_of(value)))
         items.append(item)
     return _json({"kind": "ExternalMetricValueList", "apiVersion": GROUP_VERSION, "metadata": {}, "items": items})
 
