@@ -645,23 +645,17 @@ def test_target_utilization_from_the_policy_reaches_the_decision() -> None:
     assert "/ (10 x 0.8)" in d.reasons[0]
 
 
-@pytest.mark.parametrize(("value", "words"), [("0", "> 0"), ("1.5", "<= 1"), ("most", "number")],
-                         ids=["zero", "above one", "not a number"])
-def test_target_utilization_bad_value_is_an_error_with_its_line(value: str, words: str) -> None:
+@pytest.mark.parametrize(("field", "value", "words"), [
+    pytest.param("targetUtilization", "0", "> 0", id="utilization-zero"),
+    pytest.param("targetUtilization", "1.5", "<= 1", id="utilization-above-one"),
+    pytest.param("targetUtilization", "most", "number", id="utilization-not-a-number"),
+    pytest.param("provisionDelay", "-1m", "cannot be negative", id="provision-delay-negative"),
+    pytest.param("provisionDelay", "soon", "duration", id="provision-delay-not-a-duration"),
+])
+def test_a_bad_scaling_value_is_an_error_with_its_line(field: str, value: str, words: str) -> None:
     with pytest.raises(PolicyError) as err:
-        parse_policy(_POLICY_HEAD + f"  targetUtilization: {value}\n", "util.yaml")
+        parse_policy(_POLICY_HEAD + f"  {field}: {value}\n", "util.yaml")
     (problem,) = err.value.problems
     assert (problem.source, problem.line, problem.path) == ("util.yaml", _POLICY_HEAD.count("\n") + 1,
-                                                             "scaling.targetUtilization")
-    assert words in problem.message
-
-
-@pytest.mark.parametrize(("value", "words"), [("-1m", "cannot be negative"), ("soon", "duration")],
-                         ids=["negative", "not a duration"])
-def test_provision_delay_bad_value_is_an_error_with_its_line(value: str, words: str) -> None:
-    with pytest.raises(PolicyError) as err:
-        parse_policy(_POLICY_HEAD + f"  provisionDelay: {value}\n", "util.yaml")
-    (problem,) = err.value.problems
-    assert (problem.source, problem.line, problem.path) == ("util.yaml", _POLICY_HEAD.count("\n") + 1,
-                                                             "scaling.provisionDelay")
+                                                             f"scaling.{field}")
     assert words in problem.message
