@@ -31,7 +31,7 @@ from extender import cli
 from extender.keda import externalscaler_pb2 as pb
 from extender.keda import externalscaler_pb2_grpc as pb_grpc
 from extender.keda.metrics import CODES
-from extender.keda.reading import METRIC_NAME
+from extender.keda.reading import METRIC_NAME, STANDBY_METRIC
 from extender.keda.server import LIVENESS_SERVICE, KedaServer, KedaSettings, TlsFiles
 from extender.state import connect
 from extender.state.decisions import DecisionStore, Published
@@ -53,8 +53,9 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
     wait_until(condition, timeout_s=SETTLE_S, what=what)
 
 
-def publish(redis_url: str, directory: Path, decisions: dict[str, tuple[int, float]]) -> None:
-    """Commit ``workload -> (desired, age in seconds)`` as the scaler's leader does (fenced)."""
+def publish(redis_url: str, directory: Path, decisions: dict[str, tuple[int, float]], *, standby: int = 0) -> None:
+    """Commit ``workload -> (desired, age in seconds)`` (and ``standby`` placeholders for each) as
+    the scaler's leader does (fenced)."""
     client = connect(redis_url, directory)
     try:
         lock = LeaderLock(client, "test-leader", ttl_s=600)
@@ -62,7 +63,8 @@ def publish(redis_url: str, directory: Path, decisions: dict[str, tuple[int, flo
         store = DecisionStore(client)
         now = time.time()
         lock.commit(token, *(store.stage_published(w, Published(desired=d, load=float(d), unit="requests/s",
-                                                                  t=now - age, window=15, token=token))
+                                                                  t=now - age, window=15, token=token,
+                                                                  standby=standby))
                              for w, (d, age) in decisions.items()))
     finally:
         client.close()
@@ -130,6 +132,10 @@ class Call(NamedTuple):
     metadata: dict[str, str]  # its trigger's
     metric: str  # GetMetrics' metricName
     expected: Any  # a value (GetMetrics), a bool (IsActive), "spec" (GetMetricSpec), or (StatusCode, words)
+    standby: int = 0  # placeholders published with every decision
+
+
+STANDBY = {"workload": "qwen3", "metric": STANDBY_METRIC}
 
 
 CALLS = [Call(*row) for row in [
@@ -168,7 +174,7 @@ CALLS = [Call(*row) for row in [
                                         "name of an autoscaled profile of the policy (keys given: none;")),
     ("missing-workload-key", {}, "IsActive", "default", {"scalerAddress": "x:9090", "worklaod": "qwen3"}, "",
      (grpc.StatusCode.INVALID_ARGUMENT, "'workload' is required: the name of an autoscaled profile of the policy "
-                                        "(keys given: scalerAddress, worklaod; we read workload, namespace)")),
+                                        "(keys given: scalerAddress, worklaod; we read workload, namespace, metric)")),
     ("missing-metadata-spec", {}, "GetMetricSpec", "default", {}, "",
      (grpc.StatusCode.INVALID_ARGUMENT, "'workload' is required")),
     ("malformed-workload", {}, "GetMetrics", "default", {"workload": "Qwen_3"}, METRIC_NAME,
@@ -179,6 +185,17 @@ CALLS = [Call(*row) for row in [
     ("unknown-metric", {"qwen3": (7, FRESH)}, "GetMetrics", "default", {"workload": "qwen3"},
      f"s0-{METRIC_NAME}",
      (grpc.StatusCode.NOT_FOUND, f"no metric 's0-{METRIC_NAME}' (served: {METRIC_NAME})")),
+    # a ScaledObject on the placeholder Deployment (docs/scaler.md 5.1): the standby count, active above 0
+    ("standby-value", {"qwen3": (7, FRESH)}, "GetMetrics", "default", STANDBY, STANDBY_METRIC, 2, 2),
+    ("standby-spec", {}, "GetMetricSpec", "default", STANDBY, "", "spec"),
+    ("standby-active", {"qwen3": (7, FRESH)}, "IsActive", "default", STANDBY, "", True, 2),
+    ("no-standby-is-idle-whatever-the-minimum", {"qwen3": (7, FRESH)}, "IsActive", "default", STANDBY, "", False),
+    ("standby-undecided-reads-zero", {}, "GetMetrics", "default", STANDBY, STANDBY_METRIC, 0),
+    ("standby-asked-for-desired", {"qwen3": (7, FRESH)}, "GetMetrics", "default", STANDBY, METRIC_NAME,
+     (grpc.StatusCode.NOT_FOUND, f"no metric '{METRIC_NAME}' (served: {STANDBY_METRIC})")),
+    ("unknown-metric-key", {}, "GetMetricSpec", "default", {"workload": "qwen3", "metric": "replicas"}, "",
+     (grpc.StatusCode.INVALID_ARGUMENT, "'metric': Input should be 'extender-desired-replicas' or "
+                                        "'extender-standby-replicas'")),
 ]]
 
 
@@ -186,7 +203,8 @@ CALLS = [Call(*row) for row in [
 @pytest.mark.parametrize("row", CALLS, ids=[c.id for c in CALLS])
 def test_calls(row: Call, redis_server: RedisServer, tmp_path: Path) -> None:
     call, expected = row.call, row.expected
-    publish(redis_server.url, tmp_path, row.published)
+    publish(redis_server.url, tmp_path, row.published, standby=row.standby)
+    served = row.metadata.get("metric", METRIC_NAME)
     with serving(settings(), redis_server.url, tmp_path) as running, \
             grpc.insecure_channel(running.address) as channel:
         client = stub(channel)
@@ -196,13 +214,13 @@ def test_calls(row: Call, redis_server: RedisServer, tmp_path: Path) -> None:
                 reply = client.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=target, metricName=row.metric))
                 values = [(v.metricName, v.metricValue, v.metricValueFloat) for v in reply.metricValues]
                 got: Any = values
-                want: Any = [(METRIC_NAME, expected, float(expected))] if not isinstance(expected, tuple) else None
+                want: Any = [(served, expected, float(expected))] if not isinstance(expected, tuple) else None
             elif call == "IsActive":
                 got, want = client.IsActive(target).result, expected
             else:
                 reply = client.GetMetricSpec(target)
                 got = [(s.metricName, s.targetSize, s.targetSizeFloat) for s in reply.metricSpecs]
-                want = [(METRIC_NAME, 1, 1.0)]
+                want = [(served, 1, 1.0)]
         except grpc.RpcError as exc:
             assert isinstance(expected, tuple), f"{call} failed: {exc.code()} {exc.details()}"
             code, words = expected

@@ -9,12 +9,16 @@ the two paths scale a workload alike:
   not autoscale in that namespace is *not found*: a typo must show up in KEDA, not as a silent 0.
 * the metric is the scaler's desired replicas, target 1 (``AverageValue``), so KEDA's HPA computes
   ``desired = ceil(value / 1)``: the published number itself (docs/kubernetes-interfaces.md 4.3).
+  With ``metric: extender-standby-replicas`` in the metadata it is the standby placeholders'
+  count instead (docs/scaler.md section 5.1), for a ScaledObject on the placeholder Deployment.
 * a workload not decided yet is served as 0 (the External Metrics API's ``"0"`` item); a decision
   is served however old it is (the HPA then keeps the last decision while no scaler leads,
   docs/scaler.md section 7).
 * active (KEDA's 0 <-> 1 switch): ``max(desired, minReplicas of the policy) > 0``. A workload whose
   policy minimum is at least 1 is therefore always active, decided or not: KEDA never scales it to
-  zero while a new scaler makes its first decision.
+  zero while a new scaler makes its first decision. Placeholders are active while the standby count
+  is above 0, so with ``minReplicaCount: 0`` none idles when nothing is expected (an HPA of its own
+  keeps at least one).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails
@@ -32,12 +36,15 @@ from extender.core.policy import Name, Policy
 from extender.scaler.loop import scaled_profiles
 from extender.state.decisions import Published
 
-#: The one metric served, named as the External Metrics API names the same value.
-METRIC_NAME = "extender-desired-replicas"
-#: Its HPA target (``AverageValue``): one replica per unit of the published count.
+MetricName = Literal["extender-desired-replicas", "extender-standby-replicas"]
+#: The metric served unless the trigger asks for another, named as the External Metrics API names it.
+METRIC_NAME: MetricName = "extender-desired-replicas"
+#: The standby placeholders' count (extender.core.warming.standby_replicas).
+STANDBY_METRIC: MetricName = "extender-standby-replicas"
+#: Their HPA target (``AverageValue``): one replica per unit of the published count.
 TARGET_SIZE = 1
 #: Trigger metadata keys we read; KEDA passes every key of the trigger, its own included.
-METADATA_KEYS = ("workload", "namespace")
+METADATA_KEYS = ("workload", "namespace", "metric")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
@@ -60,6 +67,7 @@ class TriggerMetadata(BaseModel):
 
     workload: Name
     namespace: Annotated[str, AfterValidator(_namespace)] | None = None
+    metric: MetricName = METRIC_NAME
 
 
 @dataclass(frozen=True)
@@ -88,6 +96,7 @@ class Target:
     workload: str
     namespace: str
     scaled_object: str
+    metric: MetricName = METRIC_NAME
 
 
 def resolve(name: str, namespace: str, metadata: Mapping[str, str], workloads: Mapping[str, Served]) -> Target:
@@ -111,7 +120,7 @@ def resolve(name: str, namespace: str, metadata: Mapping[str, str], workloads: M
         names = ", ".join(f"{w} ({s.namespace or 'any namespace'})" for w, s in sorted(workloads.items()))
         raise UnknownNameError(f"{where}: no autoscaled workload {meta.workload!r} in namespace "
                                f"{scope or '(none given)'!r} (the policy autoscales: {names or 'nothing'})")
-    return Target(workload=meta.workload, namespace=scope, scaled_object=where)
+    return Target(workload=meta.workload, namespace=scope, scaled_object=where, metric=meta.metric)
 
 
 def _problem(error: ErrorDetails) -> str:
@@ -122,17 +131,17 @@ def _problem(error: ErrorDetails) -> str:
 
 
 def check_metric(target: Target, metric_name: str) -> None:
-    """Raise :class:`~extender.core.errors.UnknownNameError` unless ``metric_name`` is the one we serve."""
-    if metric_name != METRIC_NAME:
-        raise UnknownNameError(f"{target.scaled_object}: no metric {metric_name!r} (served: {METRIC_NAME})")
+    """Raise :class:`~extender.core.errors.UnknownNameError` unless ``metric_name`` is the target's."""
+    if metric_name != target.metric:
+        raise UnknownNameError(f"{target.scaled_object}: no metric {metric_name!r} (served: {target.metric})")
 
 
 @dataclass(frozen=True)
 class Reading:
-    """What one ScaledObject is told: ``desired`` replicas, whether the target is ``active``, and the
-    decision time (``None``: not decided yet)."""
+    """What one ScaledObject is told: ``replicas`` (desired, or standby placeholders), whether the
+    target is ``active``, and the decision time (``None``: not decided yet)."""
 
-    desired: int
+    replicas: int
     active: bool
     decided_at: float | None
 
@@ -140,8 +149,11 @@ class Reading:
 def read(target: Target, workloads: Mapping[str, Served], published: Mapping[str, Published]) -> Reading:
     """The reading of ``target`` from every workload's published values (module docstring for the rules)."""
     value = published.get(target.workload)
+    decided_at = value.t if value is not None else None
+    if target.metric == STANDBY_METRIC:
+        standby = max(0, value.standby) if value is not None else 0
+        return Reading(replicas=standby, active=standby > 0, decided_at=decided_at)
     desired = max(0, value.desired) if value is not None else 0
     served = workloads.get(target.workload)
     floor = served.min_replicas if served is not None else 0
-    return Reading(desired=desired, active=max(desired, floor) > 0,
-                   decided_at=value.t if value is not None else None)
+    return Reading(replicas=desired, active=max(desired, floor) > 0, decided_at=decided_at)

@@ -4,9 +4,10 @@ Four calls (docs/kubernetes-interfaces.md section 7), each answered from Redis t
 :class:`~extender.state.decisions.DecisionStore` with the rules of :mod:`extender.keda.reading`:
 
 ==================  ==================================================================================
-``GetMetricSpec``   one metric, ``extender-desired-replicas``, target 1; from the policy alone
-``GetMetrics``      its value: the desired replicas published for the workload (0: not decided yet)
-``IsActive``        ``max(desired, minReplicas) > 0``
+``GetMetricSpec``   one metric, ``extender-desired-replicas`` (or the trigger's ``metric``), target 1
+``GetMetrics``      its value: the desired replicas (or standby placeholders) published for the
+                    workload (0: not decided yet)
+``IsActive``        ``max(desired, minReplicas) > 0``; for standby placeholders, ``standby > 0``
 ``StreamIsActive``  the same, sent at once, then whenever it changes (trigger type ``external-push``)
 ==================  ==================================================================================
 
@@ -41,7 +42,6 @@ from extender.keda import externalscaler_pb2 as pb
 from extender.keda import externalscaler_pb2_grpc as pb_grpc
 from extender.keda.metrics import KedaMetrics
 from extender.keda.reading import (
-    METRIC_NAME,
     TARGET_SIZE,
     Served,
     Target,
@@ -186,8 +186,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     async def GetMetricSpec(self, request: pb.ScaledObjectRef,  # noqa: N802 (the proto's name)
                             context: Context[object, object]) -> pb.GetMetricSpecResponse:
         with self.metrics.call("GetMetricSpec", context):
-            await self._target(request, context)
-            spec = pb.MetricSpec(metricName=METRIC_NAME, targetSize=TARGET_SIZE, targetSizeFloat=float(TARGET_SIZE))
+            target = await self._target(request, context)
+            spec = pb.MetricSpec(metricName=target.metric, targetSize=TARGET_SIZE, targetSizeFloat=float(TARGET_SIZE))
             return pb.GetMetricSpecResponse(metricSpecs=[spec])
 
     async def GetMetrics(self, request: pb.GetMetricsRequest,  # noqa: N802
@@ -204,8 +204,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             self._note(str(exc))
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
         reading = read(target, self.board.workloads, await self._published(context))
-        value = pb.MetricValue(metricName=METRIC_NAME, metricValue=reading.desired,
-                               metricValueFloat=float(reading.desired))
+        value = pb.MetricValue(metricName=target.metric, metricValue=reading.replicas,
+                               metricValueFloat=float(reading.replicas))
         return pb.GetMetricsResponse(metricValues=[value])
 
     async def IsActive(self, request: pb.ScaledObjectRef,  # noqa: N802
