@@ -185,18 +185,22 @@ CALLS = [Call(*row) for row in [
     ("unknown-metric", {"qwen3": (7, FRESH)}, "GetMetrics", "default", {"workload": "qwen3"},
      f"s0-{METRIC_NAME}",
      (grpc.StatusCode.NOT_FOUND, f"no metric 's0-{METRIC_NAME}' (served: {METRIC_NAME})")),
-    # a ScaledObject on the placeholder Deployment (docs/scaler.md 5.1): the standby count, active above 0
-    ("standby-value", {"qwen3": (7, FRESH)}, "GetMetrics", "default", STANDBY, STANDBY_METRIC, 2, 2),
-    ("standby-spec", {}, "GetMetricSpec", "default", STANDBY, "", "spec"),
-    ("standby-active", {"qwen3": (7, FRESH)}, "IsActive", "default", STANDBY, "", True, 2),
-    ("no-standby-is-idle-whatever-the-minimum", {"qwen3": (7, FRESH)}, "IsActive", "default", STANDBY, "", False),
-    ("standby-undecided-reads-zero", {}, "GetMetrics", "default", STANDBY, STANDBY_METRIC, 0),
-    ("standby-asked-for-desired", {"qwen3": (7, FRESH)}, "GetMetrics", "default", STANDBY, METRIC_NAME,
-     (grpc.StatusCode.NOT_FOUND, f"no metric '{METRIC_NAME}' (served: {STANDBY_METRIC})")),
-    ("unknown-metric-key", {}, "GetMetricSpec", "default", {"workload": "qwen3", "metric": "replicas"}, "",
-     (grpc.StatusCode.INVALID_ARGUMENT, "'metric': Input should be 'extender-desired-replicas' or "
-                                        "'extender-standby-replicas'")),
 ]]
+
+# a ScaledObject on the placeholder Deployment (docs/scaler.md 5.1): the standby count, active above 0
+CALLS += [
+    Call("standby-value", {"qwen3": (7, FRESH)}, "GetMetrics", "default", STANDBY, STANDBY_METRIC, 2, standby=2),
+    Call("standby-spec", {}, "GetMetricSpec", "default", STANDBY, "", "spec"),
+    Call("standby-active", {"qwen3": (7, FRESH)}, "IsActive", "default", STANDBY, "", True, standby=2),
+    Call("no-standby-is-idle-whatever-the-minimum", {"qwen3": (7, FRESH)}, "IsActive", "default", STANDBY, "",
+         False),
+    Call("standby-undecided-reads-zero", {}, "GetMetrics", "default", STANDBY, STANDBY_METRIC, 0),
+    Call("standby-asked-for-desired", {"qwen3": (7, FRESH)}, "GetMetrics", "default", STANDBY, METRIC_NAME,
+         (grpc.StatusCode.NOT_FOUND, f"no metric '{METRIC_NAME}' (served: {STANDBY_METRIC})")),
+    Call("unknown-metric-key", {}, "GetMetricSpec", "default", {"workload": "qwen3", "metric": "replicas"}, "",
+         (grpc.StatusCode.INVALID_ARGUMENT, "'metric': Input should be 'extender-desired-replicas' or "
+                                            "'extender-standby-replicas'")),
+]
 
 
 @pytest.mark.integration
