@@ -157,6 +157,43 @@ def test_autoscaled_nodes_arrive_cold_and_empty_ones_are_removed(tmp_path: Path)
     assert np.all(result.fleet_gpus <= 6)
 
 
+def test_standby_placeholders_hold_free_gpus_keep_their_node_and_launch_only_without_room(tmp_path: Path) -> None:
+    """The overprovisioning pattern as ``provisionAhead`` models it (docs/scaler.md section 5.1)."""
+    (tmp_path / "policy.yaml").write_text(POLICY_TEXT)
+    (tmp_path / "s.yaml").write_text(POOLED)
+    run = Run(prepare(load_scenario(tmp_path / "s.yaml")), STRATEGIES["predictive"])
+    run._initial()
+    c, s = run.cluster, run.w[0]
+    (empty,) = np.flatnonzero(c.present & (c.gpus_used == 0))  # two nodes, one initial replica
+    free = c.gpus_free().copy()
+    after = run.auto.consolidate_after + run.dt
+
+    # one placeholder, and an empty node has room: it sits there, launches nothing, and the node stays
+    s.standby = 1
+    run._autoscale(0.0)
+    run._autoscale(after)
+    assert c.present[empty] and (run.launched, run.removed) == (0, 0)
+    assert np.array_equal(c.gpus_free(), free)  # its GPU is still free for a replica (it would be preempted)
+
+    # no placeholder: the empty node goes once it has been empty for consolidateAfter
+    s.standby = 0
+    run._autoscale(after + run.dt)
+    run._autoscale(2 * after + run.dt)
+    assert not c.present[empty] and run.removed == 1
+
+    # three placeholders of one GPU and no free GPU left: each launches a node (one GPU per g5.xlarge)
+    s.standby = 3
+    run._autoscale(3 * after)
+    assert run.launched == 3 and len(run.launching) == 3
+
+    # the default strategy keeps none, whatever the count
+    default = Run(prepare(load_scenario(tmp_path / "s.yaml")), STRATEGIES["default"])
+    default._initial()
+    default.w[0].standby = 3
+    default._autoscale(0.0)
+    assert default.launched == 0
+
+
 def test_a_rollout_replaces_every_replica_and_they_start_cold(tmp_path: Path) -> None:
     text = (POOLED.replace("trend: 10", "trend: 0")
             + "rollouts:\n  - {workload: llama3-8b, at: 1h, weightsVersion: v2, maxSurge: 1}\n")
