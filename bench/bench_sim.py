@@ -54,7 +54,7 @@ from extender.sim import cluster as sim_cluster  # noqa: E402
 from extender.sim import simulation as sim_loop  # noqa: E402
 from extender.sim.queueing import FifoQueue  # noqa: E402
 from extender.sim.scenario import LoadedScenario, SyntheticSpec, load_scenario  # noqa: E402
-from extender.sim.simulation import Prepared, prepare, simulate  # noqa: E402
+from extender.sim.simulation import ForecastMemo, Prepared, prepare, simulate  # noqa: E402
 from extender.sim.synthetic import rate_trace  # noqa: E402
 
 STRATEGIES = ("default", "cache-aware", "predictive", "oracle", "predictive-no-warm", "warm-only")
@@ -113,9 +113,10 @@ def measure(name: str, loaded: LoadedScenario, trace: str | None = None) -> dict
     row: dict[str, Any] = {"name": name, "ticks": prepared.n_ticks, "nodes": len(prepared.nodes),
                            "simulated_s": sim_s, "load_s": load_s, "baseline_s": base_s, "baseline_cpu_s": base_cpu,
                            "baseline_speed": sim_s / base_s, "strategies": {}}
+    shared: ForecastMemo = {}  # what one run of every strategy shares (simulate() does the same)
     for s in STRATEGIES:
         t, c = time.perf_counter(), time.process_time()
-        simulate(prepared, [s])
+        simulate(prepared, [s], forecasts=shared)
         wall, cpu = time.perf_counter() - t, time.process_time() - c
         row["strategies"][s] = {"wall_s": wall, "cpu_s": cpu, "speed": sim_s / wall, "vs_baseline": wall / base_s,
                                 "cpu_vs_baseline": cpu / base_cpu}
@@ -151,11 +152,12 @@ def parts(prepared: Prepared) -> dict[str, dict[str, float]]:
         saved.append((cls, name, getattr(cls, name)))
         setattr(cls, name, timed(label, getattr(cls, name)))
     out: dict[str, dict[str, float]] = {}
+    shared: ForecastMemo = {}
     try:
         for s in STRATEGIES:
             spent.clear()
             t = time.process_time()
-            simulate(prepared, [s])
+            simulate(prepared, [s], forecasts=shared)
             cpu = time.process_time() - t
             own = {"forecast": spent["forecast"], "decide (other)": spent["decide"] - spent["forecast"],
                    "plan": spent["warm"] - spent["snapshot"], "snapshot": spent["snapshot"],

@@ -108,6 +108,11 @@ NEAR_EVERY_TICKS = 4
 NEAR_SLACK_S = 30.0
 
 ProgressFn = Callable[[int], None]
+#: Forecasts shared by the runs of one preparation (:func:`simulate`), by (workload, tick, horizon,
+#: forecaster, parameters), each with the newest sample it read. The demand a strategy observes is
+#: the trace's whatever the strategy does, so two strategies that forecast the same workload at the
+#: same tick and horizon get the same forecast: the second takes the first's.
+ForecastMemo = dict[tuple[int, int, float, str, ForecastParams], tuple[float, Forecast]]
 #: The standard normal's 90th percentile: a log-normal with median m and p90 q has sigma ln(q/m)/Z90.
 Z90 = 1.2815515655446004
 
@@ -347,8 +352,9 @@ class _WorkloadState:
 class Run:
     """The state of one strategy's run over a prepared scenario (see the module docstring)."""
 
-    def __init__(self, prepared: Prepared, strategy: Strategy) -> None:
+    def __init__(self, prepared: Prepared, strategy: Strategy, *, forecasts: ForecastMemo | None = None) -> None:
         self.p = prepared
+        self.forecasts = forecasts
         self.strategy = strategy
         self.policy = prepared.policy
         self.dt = prepared.tick_s
@@ -543,10 +549,20 @@ class Run:
     def _forecast(self, s: _WorkloadState, k: int, ahead_s: float) -> Forecast:
         if self.strategy.scaling == "oracle":
             return self._truth(s, k, ahead_s)
+        key = (s.setup.index, k, ahead_s, self.policy.scaling.forecaster, self.params)
+        newest = float(s.hist_v[k])
+        shared = self.forecasts.get(key) if self.forecasts is not None else None
+        if shared is not None:
+            # the observed demand is the trace's in every run (ForecastMemo)
+            assert shared[0] == newest, "runs of one preparation observed different demand"
+            return shared[1]
         now = k * self.dt
         lo = int(np.searchsorted(s.hist_t[1:k + 1], now - self.history_s, side="left")) + 1
-        return forecast(self.policy.scaling.forecaster, s.hist_t[lo:k + 1], s.hist_v[lo:k + 1], ahead_s,
+        made = forecast(self.policy.scaling.forecaster, s.hist_t[lo:k + 1], s.hist_v[lo:k + 1], ahead_s,
                         self.params, now_s=now)
+        if self.forecasts is not None:
+            self.forecasts[key] = (newest, made)
+        return made
 
     def _decide(self, s: _WorkloadState, k: int, demand: float, queue: float) -> tuple[int, Expectation | None]:
         """Replicas for this tick, and the warmer's expectation (predictive scaling only)."""
@@ -897,12 +913,18 @@ class Run:
                          self.fleet_gpu_s if self.autoscaled else None, self.fleet_gpus, self.launched, self.removed)
 
 
-def simulate(prepared: Prepared, strategies: Sequence[str], progress: Callable[[str, int], None] | None = None
-             ) -> list[RunResult]:
-    """Run each named strategy on the prepared scenario, in the order given."""
+def simulate(prepared: Prepared, strategies: Sequence[str], progress: Callable[[str, int], None] | None = None,
+             *, forecasts: ForecastMemo | None = None) -> list[RunResult]:
+    """Run each named strategy on the prepared scenario, in the order given.
+
+    When two or more of them forecast, they share one :data:`ForecastMemo` (``forecasts``, when
+    given, is used instead: a caller timing one strategy per call passes the same one to each).
+    """
+    runs = [STRATEGIES[name] for name in strategies]
+    if forecasts is None and sum(s.forecasts for s in runs) >= 2:
+        forecasts = {}
     results: list[RunResult] = []
-    for name in strategies:
-        strategy = STRATEGIES[name]
-        cb: ProgressFn | None = (lambda done, _n=name: progress(_n, done)) if progress is not None else None
-        results.append(Run(prepared, strategy).run(cb))
+    for strategy in runs:
+        cb: ProgressFn | None = (lambda done, _n=strategy.name: progress(_n, done)) if progress is not None else None
+        results.append(Run(prepared, strategy, forecasts=forecasts).run(cb))
     return results

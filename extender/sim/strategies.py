@@ -48,6 +48,12 @@ class Strategy:
     #: Run only when named (a scenario's ``strategies`` or ``--strategies``).
     extra: bool = False
 
+    @property
+    def forecasts(self) -> bool:
+        """Whether its runs call the forecaster: the predictive scaler, or the warmer's look-ahead
+        (the oracle's forecast is the true demand)."""
+        return self.scaling == "predictive" or (self.warming and self.scaling == "hpa")
+
 
 STRATEGIES = MappingProxyType({s.name: s for s in (
     Strategy("default", "kube-scheduler", "hpa", False,
