@@ -344,10 +344,11 @@ def test_the_standby_example_holds_room_for_one_replica_each_and_is_no_replica()
     assert held["resources"]["limits"] == real["resources"]["limits"]
     for key in ("nodeSelector", "affinity", "tolerations"):
         assert placeholder["spec"].get(key) == workload["spec"].get(key), key
-    # below every real pod, and never preempting anything itself
+    # below every real pod, never preempting anything itself, and not below cluster-autoscaler's
+    # expendable cutoff (-10 by default): under it, placeholders would neither launch nor keep nodes
     priority = example("standby.yaml", "PriorityClass")
     assert placeholder["spec"]["priorityClassName"] == priority["metadata"]["name"]
-    assert priority["value"] < 0 and priority["preemptionPolicy"] == "Never"
+    assert -10 <= priority["value"] < 0 and priority["preemptionPolicy"] == "Never"
     # the HPA follows the scaler's standby count for that workload, up to the workload's bound
     hpa = example("standby.yaml", "HorizontalPodAutoscaler")
     (metric,) = hpa["spec"]["metrics"]
