@@ -391,6 +391,8 @@ def test_history_window_and_decisions_survive_a_restart(redis_server: RedisServe
     assert "scale-down to 1 held" in out or "scale-down limited to 10" in out
     assert "signal: scripted, 1 of 1 answered, complete" in out
     assert "published: extender-desired-replicas 10" in out
+    # flat demand: the look-ahead needs nothing beyond the 10 running, so no placeholder
+    assert out.rstrip().endswith(", extender-standby-replicas 0")
 
     assert cli.main(["scale", "explain", "qwen3", "--last", "3", "--redis-url", url]) == 0
     table = capsys.readouterr().out.splitlines()
