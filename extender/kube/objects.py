@@ -217,9 +217,8 @@ def pod_facts(raw: Mapping[str, Any], policy: Policy, gpu_resource: str = DEFAUL
     pod: Pod = _parse(Pod, raw)
     if not pod.spec.node_name or pod.status.phase in ("Succeeded", "Failed"):
         return None
-    standby = STANDBY_LABEL in pod.metadata.labels
-    regular = 0 if standby else sum(_container_gpus(c, gpu_resource) for c in pod.spec.containers)
-    init = 0 if standby else max((_container_gpus(c, gpu_resource) for c in pod.spec.init_containers), default=0)
+    regular = sum(_container_gpus(c, gpu_resource) for c in pod.spec.containers)
+    init = max((_container_gpus(c, gpu_resource) for c in pod.spec.init_containers), default=0)
     profile = policy.profile_for_pod(dict(pod.metadata.labels), dict(pod.metadata.annotations))
     state: PodState
     if pod.metadata.deletion_timestamp:
@@ -234,7 +233,7 @@ def pod_facts(raw: Mapping[str, Any], policy: Policy, gpu_resource: str = DEFAUL
     return PodFacts(
         key=f"{pod.metadata.namespace}/{pod.metadata.name}",
         node=pod.spec.node_name,
-        gpus=max(regular, init),
+        gpus=0 if STANDBY_LABEL in pod.metadata.labels else max(regular, init),
         workload=profile.name if profile is not None else None,
         state=state,
         uid=pod.metadata.uid,
