@@ -32,6 +32,7 @@ from extender.core.errors import KubeError
 from extender.core.inventory import NodeState
 from extender.core.policy import Policy
 from extender.core.scaler import Decision
+from extender.core.warming import Expectation
 from extender.files import PolicyFile, policy_version
 from extender.scaler.loop import LoopThread, ScaleLoop, TickReport
 from extender.scaler.observation import Observation
@@ -223,6 +224,15 @@ def test_the_horizon_comes_from_the_node_the_next_replica_lands_on(
     assert (h.node, h.cache) == (node, cache)
     assert h.startup_s == pytest.approx(expected, abs=0.1)
     assert h.seconds == pytest.approx(expected + 30, abs=0.1)
+
+
+def test_without_any_history_the_warmer_is_told_the_decisions_own_replicas(redis_server: RedisServer) -> None:
+    rig = make_rig(redis_server.url, lambda t: None)  # nothing observed yet, nothing stored: no forecast
+    report = rig.tick(T0)
+    (result,) = [r for r in report.results if r.workload == "qwen3"]
+    assert result.decision is not None and result.decision.inputs.forecast is None
+    assert result.expectation == Expectation.from_decision(result.decision)
+    assert result.standby == 0
 
 
 @pytest.mark.parametrize(("extra", "ahead_s"), [
