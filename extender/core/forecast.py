@@ -187,9 +187,8 @@ MAX_POINTS = 100_000
 #: Observations the training part needs before constants are fitted: fewer, and one burst decides
 #: alpha; the fixed constants are the safer guess.
 MIN_FIT_POINTS = 20
-#: Relative errors are taken over ``max(forecast, SCALE_FLOOR x mean demand)``: near zero demand a
-#: relative error means nothing (one request over a forecast of 0.01 is +10 000%).
-SCALE_FLOOR = 0.1
+#: Relative errors are taken over ``max(forecast, SCALE_FLOOR x mean demand)`` (:func:`smoothing.relative_floor`).
+SCALE_FLOOR = smoothing.SCALE_FLOOR
 #: k-step errors needed for an empirical quantile or a model choice: at the 95th percentile of 20
 #: errors the quantile is already the largest one.
 MIN_ERRORS = 20
@@ -861,7 +860,7 @@ def _finish(ctx: Context, name: str, r: Run, first: int, note: str, *, offset: F
     reach = trend_reach(ctx.series)
     raw = smoothing.point_at(r, h, reach) + ahead
     y = r.y if offset is None else r.y + offset
-    floor = max(SCALE_FLOOR * float(np.mean(y[~np.isnan(y)])), 1e-12)
+    floor = smoothing.relative_floor(y)
     if held is None:
         errs = smoothing.relative_errors_at(r, k, first, floor, offset)
     else:
@@ -905,18 +904,18 @@ def _model(name: str, ctx: Context, *, note: str = "") -> Forecast:
 AUTO_CANDIDATES = ("last", "ewma", "holt", "holt-winters", "seasonal-holt")
 #: The candidates with a daily season: offered only when the fit data shows one (:func:`has_season`).
 SEASONAL = frozenset({"holt-winters", "seasonal-holt"})
-#: How many standard errors a candidate's mean held-out error must be below the current pick's to
-#: replace it (:func:`clearly_better`): about a one-sided 97.5% test.
-AUTO_Z = 2.0
+#: How many standard errors a candidate's mean held-out squared error must be below the last value's
+#: for it to be chosen at all (:func:`clearly_better`): a one-sided Diebold-Mariano test at 5%.
+AUTO_Z = 1.645
 
 
 @dataclass(frozen=True)
 class Choice:
-    """``auto``'s pick at one horizon: the model, every candidate's score (:func:`choose`) and the
-    number of held-out origins of the last value."""
+    """``auto``'s pick at one horizon: the model, every candidate's score and Diebold-Mariano statistic
+    against the last value (:func:`choose`), and the number of held-out origins of the last value."""
 
     name: str
-    scores: tuple[tuple[str, float], ...]
+    scores: tuple[tuple[str, float, float], ...]
     errors: int
 
 
@@ -945,14 +944,19 @@ def choose(w: Window, ctx: Context, k: int) -> Choice | None:
 
     Every candidate that can be fitted (Holt-Winters and the seasonal Holt only when the fit data
     has a daily shape, :func:`has_season`) gives its squared k-step errors on its held-out origins,
-    and is scored against the last value on the origins they share (all of them, or the latest
-    ones for a Holt-Winters that trained longer)::
+    and is compared with the last value on the origins they share (all of them, or the latest ones
+    for a Holt-Winters that trained longer)::
 
-        score = mean(e^2) / mean(e_last^2)          1 for the last value itself
+        score = mean(e^2) / mean(e_last^2)                1 for the last value itself
+        z     = dm_statistic(e^2, e_last^2, k)             0 for the last value itself
 
-    The last value is the default; another candidate is eligible only when its squared errors are
-    *clearly* lower than the last value's (:func:`clearly_better`), and the eligible one with the
-    lowest score wins (the simpler one on a tie).
+    The last value is the default; another candidate is eligible only when it *clearly* beats the
+    last value (``z > AUTO_Z``, :func:`clearly_better`), and the eligible one with the largest ``z``
+    wins (the simpler one on a tie): the model whose advantage is the most certain, rather than the
+    one whose held-out error happens to be lowest. The two differ when a candidate's lower mean rests
+    on a few large errors: on the benchmark's 57-minute Azure sample (24 held-out errors), EWMA's mean
+    squared error was 0.68 of the last value's at z 1.9 and Holt's 0.91 at z above 2; the next
+    half hour was 1.04 of the last value's absolute error with EWMA and 0.94 with Holt.
     """
     losses: dict[str, F64] = {}
     for name in AUTO_CANDIDATES:
@@ -968,42 +972,58 @@ def choose(w: Window, ctx: Context, k: int) -> Choice | None:
         elif name == "last":  # the baseline has the most held-out errors of all: nothing to compare
             return None
     base = losses["last"]
-    scores: dict[str, float] = {}
-    eligible = []
+    rows = []
     for name, v in losses.items():
         shared = base[-v.size:]  # Holt-Winters may hold out fewer origins than the others
-        scores[name] = float(np.mean(v)) / max(float(np.mean(shared)), 1e-300)
-        if name == "last" or clearly_better(v, shared, k):
-            eligible.append(name)
-    pick = min(eligible, key=lambda name: scores[name])  # min keeps the first (simplest) of equals
-    return Choice(pick, tuple(scores.items()), base.size)
+        score = float(np.mean(v)) / max(float(np.mean(shared)), 1e-300)
+        rows.append((name, score, 0.0 if name == "last" else dm_statistic(v, shared, k)))
+    return Choice(pick(rows), tuple(rows), base.size)
 
 
-def clearly_better(new: F64, old: F64, k: int) -> bool:
-    """Whether losses ``new`` (squared errors) beat ``old`` (same origins) by more than chance: a
-    one-sided Diebold-Mariano test (Diebold and Mariano, *Comparing Predictive Accuracy*, 1995) with
-    the Newey-West long-run variance::
+def pick(rows: list[tuple[str, float, float]]) -> str:
+    """From rows ``(name, score, z)`` (the last value's first): the last value, or the candidate with
+    the largest ``z`` among those above :data:`AUTO_Z` (the earliest, simplest one on a tie)."""
+    eligible = [r for r in rows if r[0] == "last" or r[2] > AUTO_Z]
+    return max(eligible, key=lambda r: r[2])[0]
+
+
+def dm_statistic(new: F64, old: F64, k: int) -> float:
+    """How many standard errors losses ``new`` (squared errors) are below ``old`` (same origins): the
+    Diebold-Mariano statistic (Diebold and Mariano, *Comparing Predictive Accuracy*, 1995) with the
+    Newey-West long-run variance::
 
         d_i = old_i - new_i,   c_i = d_i - mean(d)
         g_j = sum_i c_i c_{i-j} / N
         V   = g_0 + 2 sum_{j=1}^{k-1} (1 - j / k) g_j          Bartlett weights: V >= 0
-        mean(d) > AUTO_Z sqrt(V / N)
+        z   = mean(d) / sqrt(V / N)                           (V = 0: +inf, 0 or -inf by mean(d)'s sign)
 
     Errors of origins less than k apart share most of their path, so their loss differences are
     correlated up to lag k - 1; V counts that correlation as measured instead of assuming the worst
-    (the earlier rule divided N by k, as if every k consecutive errors were one). On most series the
-    smoothers' held-out errors differ by a few percent, driven by a burst or two inside the held-out
-    stretch; choosing on that would add the choice's own noise to every forecast (a smoother picked
-    in a calm stretch lags the next burst by its whole time constant). Squared rather than absolute
-    errors for the same reason: a smoother that lags a burst pays for it here, as the scaler does
-    in queueing.
+    (an earlier rule divided N by k, as if every k consecutive errors were one).
     """
     d = old - new
-    c = d - float(np.mean(d))
+    mean = float(np.mean(d))
+    c = d - mean
     lrv = float(np.mean(c * c))
     for j in range(1, min(k - 1, d.size - 1) + 1):  # Bartlett weights: the estimate stays >= 0
         lrv += 2.0 * (1.0 - j / k) * float(np.sum(c[j:] * c[:-j])) / d.size
-    return float(np.mean(d)) > AUTO_Z * math.sqrt(max(lrv, 0.0) / d.size)
+    se = math.sqrt(max(lrv, 0.0) / d.size)
+    if se == 0.0:
+        return math.copysign(math.inf, mean) if mean else 0.0
+    return mean / se
+
+
+def clearly_better(new: F64, old: F64, k: int) -> bool:
+    """Whether losses ``new`` beat ``old`` by more than chance: a one-sided Diebold-Mariano test,
+    ``dm_statistic(new, old, k) > AUTO_Z``.
+
+    On most series the smoothers' held-out errors differ by a few percent, driven by a burst or two
+    inside the held-out stretch; choosing on that would add the choice's own noise to every
+    forecast (a smoother picked in a calm stretch lags the next burst by its whole time constant).
+    Squared rather than absolute errors for the same reason: a model that lags a burst pays for it
+    here, as the scaler does in queueing.
+    """
+    return dm_statistic(new, old, k) > AUTO_Z
 
 
 def _auto(ctx: Context) -> Forecast:
@@ -1017,9 +1037,9 @@ def _auto(ctx: Context) -> Forecast:
         held = 0 if w is None else len(w.fit) - w.split
         return _model("last", ctx, note=f"auto: too little history before the refit boundary to compare models "
                                         f"({held} held-out steps at a horizon of {k}): the last value")
-    table = ", ".join(f"{n} {v:.3f}" for n, v in got.scores)
+    table = ", ".join(f"{n} {v:.3f} (z {z:.1f})" for n, v, z in got.scores)
     note = (f"auto chose {got.name} by squared error at {k} step(s) over {got.errors} held-out origins "
-            f"(mean squared error over the last value's: {table})")
+            f"(mean squared error over the last value's, and by how many standard errors it is lower: {table})")
     assert w is not None
     return _fitted_forecast(got.name, ctx, w, note)
 

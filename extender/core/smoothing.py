@@ -14,6 +14,24 @@ EWMA is the level alone (``b = 0``, no season); the last value is EWMA with ``al
 the trend; Holt-Winters the season. ``phi = 1`` is the undamped trend. At a gap (NaN) the state is
 predicted and not updated: ``l <- l + phi b``, ``b <- phi b``, the season stays.
 
+Level shifts. With a shift threshold ``c > 0`` (``Constants.shift``), a step whose error is large
+against the forecast is taken as a new level rather than noise::
+
+    |e| > c max(|f_t|, u)   =>   l <- l + phi b + e,  b <- phi b,  season unchanged
+                                 (the step runs with alpha = 1, beta = gamma = 0: f_{t+1} starts from y_t)
+
+``u`` (``Constants.floor``) keeps the test meaningful near zero demand. Demand moves in steps a
+smoother cannot follow: a tenant's batch job starts, a burst ends. A smoother that treats the
+step as noise lags it by its whole time constant; the last value follows it at once but passes
+every bit of noise on. With the threshold, a small alpha smooths the noise and a step is followed
+in one sample. This is the additive smoother with level-shift detection of the robust
+exponential smoothing literature in its simplest form (a threshold on the standardised one-step
+error; Gelper, Fried and Croux, *Robust forecasting with exponential and Holt-Winters smoothing*,
+2010, clean the large errors away, the opposite choice, right for outliers that do not persist).
+On the benchmark's bursty scenario series (bench/bench_forecast.py) EWMA with the threshold
+fitted made 0.91-0.94 of the last value's error where plain EWMA made 0.93-1.07. ``c = 0``: no
+shift is ever taken, the plain recursion above.
+
 k-step forecast from the state after step t (the *origin*)::
 
     f_{t,k} = l_t + D_k b_t + s(t, t+k)      D_k = phi + phi^2 + ... + phi^k = phi (1 - phi^k) / (1 - phi)
@@ -45,6 +63,13 @@ numerical optimiser: the bounds hold by construction, the answer does not depend
 point or a tolerance, and ties go to the earliest grid point (smaller constants, less damping), so
 the same history always gives the same constants.
 
+The shift threshold is fitted in a second pass over the same loss: alpha again, together with
+``c`` in :data:`SHIFTS` times the series' typical relative step (:func:`typical_step`, the median
+of ``|y_t - y_{t-1}| / max(|y_{t-1}|, u)``), beta, gamma and phi kept from the first pass. The
+first pass's constants (no shifts) are kept unless a threshold fits strictly better, so the
+two-pass fit is never worse than the first pass alone; a constant series (typical step 0) never
+gets a threshold.
+
 A daily *profile* (:class:`Profile`, :func:`fit_profile`) is the smooth alternative to the season
 slots: a few harmonics of the day fitted by least squares, which the seasonal Holt of
 ``extender.core.forecast`` takes out of the series before smoothing what is left. A slot per grid
@@ -72,6 +97,12 @@ ALPHAS = (0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 BETAS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.4)
 PHIS = (1.0, 0.98, 0.95, 0.9, 0.8)
 GAMMAS = (0.0, 0.05, 0.1, 0.2, 0.4)
+#: Shift thresholds, as multiples of the series' typical relative one-step change (:func:`typical_step`):
+#: from 1.5 (a step a little over the usual noise is a shift) to 8 (only a burst is).
+SHIFTS = (1.5, 2.0, 3.0, 4.0, 6.0, 8.0)
+#: The floor ``u`` of relative errors, as a share of the mean demand: near zero demand a relative
+#: error means nothing (one request over a forecast of 0.01 is +10 000%).
+SCALE_FLOOR = 0.1
 #: Holt-Winters runs a season of m slots per grid point (m = 5 760 at 15 s), so it gets a coarser grid.
 ALPHAS_SEASONAL = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 1.0)
 BETAS_SEASONAL = (0.0, 0.05, 0.2)
@@ -98,10 +129,17 @@ class Constants:
     beta: float = 0.0
     gamma: float = 0.0
     phi: float = 1.0
+    #: The level-shift threshold c (0: none) and the floor u it is taken over (module docstring).
+    shift: float = 0.0
+    floor: float = 0.0
     fitted: bool = False
 
     def as_dict(self) -> dict[str, float]:
-        return {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma, "phi": self.phi}
+        return {"alpha": self.alpha, "beta": self.beta, "gamma": self.gamma, "phi": self.phi, "shift": self.shift}
+
+    def limit(self) -> float:
+        """The threshold the recursion compares ``|e| / max(|f|, floor)`` with: ``inf`` without shifts."""
+        return self.shift if self.shift > 0 else math.inf
 
 
 @dataclass(frozen=True)
@@ -212,30 +250,30 @@ def run(y: F64, shape: Shape, c: Constants, begin: Start | None = None) -> Run:
     season = s0.season.tolist()
     level, trend = s0.level, s0.trend
     a, ab, g, phi = c.alpha, c.alpha * c.beta, c.gamma, c.phi
+    shifts, lim, floor = c.shift > 0, c.limit(), c.floor
     if s0.t0 >= 0:
         levels[s0.t0], trends[s0.t0] = level, trend
     values = np.asarray(y, dtype=np.float64).tolist()
     for t in range(s0.t0 + 1, n):
         v = values[t]
         pb = phi * trend
-        if m:
-            i = t % m
-            if v == v:  # noqa: PLR0124 -- observed: NaN is the only float unequal to itself
-                e = v - (level + pb + season[i])
-                level += pb + a * e
-                trend = pb + ab * e
-                season[i] += g * e
-            else:
-                level += pb
-                trend = pb
-            slots[t] = season[i]
-        elif v == v:  # noqa: PLR0124
-            e = v - (level + pb)
-            level += pb + a * e
-            trend = pb + ab * e
-        else:
+        i = t % m if m else 0
+        if v != v:  # noqa: PLR0124 -- a gap: NaN is the only float unequal to itself
             level += pb
             trend = pb
+        else:
+            f = level + pb + season[i] if m else level + pb
+            e = v - f
+            if shifts and abs(e) > lim * max(abs(f), floor):
+                level += pb + e
+                trend = pb
+            else:
+                level += pb + a * e
+                trend = pb + ab * e
+                if m:
+                    season[i] += g * e
+        if m:
+            slots[t] = season[i]
         levels[t], trends[t] = level, trend
     return Run(y, shape, c, s0.t0, np.array(levels, dtype=np.float64), np.array(trends, dtype=np.float64),
                np.array(slots, dtype=np.float64), s0.season, np.array(season, dtype=np.float64))
@@ -350,7 +388,8 @@ def fit_profile(t: F64, y: F64, period_s: float, harmonics: int) -> Profile:
 
 
 def candidates(shape: Shape) -> F64:
-    """The grid of constants for ``shape``: rows ``(alpha, beta, gamma, phi)`` in a fixed order."""
+    """The first pass's grid of constants for ``shape``: rows ``(alpha, beta, gamma, phi, shift)`` in
+    a fixed order, ``shift`` 0 (no level shifts) throughout."""
     alphas: tuple[float, ...]
     betas: tuple[float, ...]
     phis: tuple[float, ...]
@@ -360,18 +399,47 @@ def candidates(shape: Shape) -> F64:
         alphas, betas, phis = ALPHAS, BETAS, PHIS
     if not shape.trend:
         betas, phis = (0.0,), (1.0,)
-    rows = [(a, b, g, p) for a in alphas for b in betas for p in phis
+    rows = [(a, b, g, p, 0.0) for a in alphas for b in betas for p in phis
             for g in (GAMMAS if shape.seasonal else (0.0,)) if g <= 1.0 - a + 1e-12]
     return np.array(rows, dtype=np.float64)
 
 
-def sae(y: F64, shape: Shape, grid: F64, begin: Start) -> F64:
-    """One-step sum of absolute errors of every row of ``grid`` over ``y`` (same recursion as :func:`run`).
+def shift_candidates(shape: Shape, first: Constants, scale: float) -> F64:
+    """The second pass's grid: every alpha of the first with every threshold ``c scale``, ``c`` in
+    :data:`SHIFTS`, and ``first``'s beta, gamma and phi (rows as in :func:`candidates`)."""
+    alphas = ALPHAS_SEASONAL if shape.seasonal else ALPHAS
+    rows = [(a, first.beta, first.gamma, first.phi, c * scale) for c in SHIFTS for a in alphas
+            if first.gamma <= 1.0 - a + 1e-12]
+    return np.array(rows, dtype=np.float64).reshape(-1, 5)
+
+
+def relative_floor(y: F64) -> float:
+    """``u = SCALE_FLOOR x mean(y)`` over the observed values (at least 1e-12): the size under which an
+    error is taken over ``u`` rather than over the forecast it missed."""
+    seen = y[~np.isnan(y)]
+    return max(SCALE_FLOOR * float(np.mean(seen)), 1e-12) if seen.size else 1e-12
+
+
+def typical_step(y: F64, floor: float) -> float:
+    """The median relative one-step change ``|y_t - y_{t-1}| / max(|y_{t-1}|, floor)`` over neighbours
+    both observed (0 without any): the noise a shift threshold is measured in."""
+    prev, now = y[:-1], y[1:]
+    ok = ~(np.isnan(prev) | np.isnan(now))
+    if not ok.any():
+        return 0.0
+    return float(np.median(np.abs(now[ok] - prev[ok]) / np.maximum(np.abs(prev[ok]), floor)))
+
+
+def sae(y: F64, shape: Shape, grid: F64, begin: Start, floor: float = 0.0) -> F64:
+    """One-step sum of absolute errors of every row of ``grid`` (as :func:`candidates`) over ``y``,
+    the level-shift test taken over ``floor`` (same recursion as :func:`run`).
 
     Rows whose recursion overflows score ``inf``.
     """
     p = len(grid)
     alpha, beta, gamma, phi = grid[:, 0], grid[:, 1], grid[:, 2], grid[:, 3]
+    limit = np.where(grid[:, 4] > 0, grid[:, 4], np.inf)
+    shifts = bool(np.isfinite(limit).any())
     ab = alpha * beta
     level = np.full(p, begin.level)
     trend = np.full(p, begin.trend)
@@ -386,39 +454,51 @@ def sae(y: F64, shape: Shape, grid: F64, begin: Start) -> F64:
                 level = level + pb
                 trend = pb
                 continue
+            i = t % m if m else 0
+            f = level + pb + season[i] if m else level + pb
+            e = v - f
+            a, b, g = alpha, ab, gamma
+            if shifts:
+                jump = np.abs(e) > limit * np.maximum(np.abs(f), floor)
+                a, b, g = np.where(jump, 1.0, alpha), np.where(jump, 0.0, ab), np.where(jump, 0.0, gamma)
             if m:
-                i = t % m
-                si = season[i]
-                e = v - (level + pb + si)
-                season[i] = si + gamma * e
-            else:
-                e = v - (level + pb)
+                season[i] = season[i] + g * e
             total += np.abs(e)
-            level = level + pb + alpha * e
-            trend = pb + ab * e
+            level = level + pb + a * e
+            trend = pb + b * e
     return np.asarray(np.where(np.isfinite(total), total, np.inf), dtype=np.float64)
 
 
 def fit(y: F64, shape: Shape, prefer: Constants | None = None) -> Constants:
-    """The grid point of :func:`candidates` with the least one-step absolute error over ``y``.
+    """The constants with the least one-step absolute error over ``y``, in two passes.
 
-    Ties go to ``prefer`` (the configured constants) when it is a grid point, else to the earliest
-    row. Ties are not rare: on a flat stretch every constant fits exactly, and the slowest row would
-    then leave a trend that starts after the refit unlearned until the next one.
+    First the grid of :func:`candidates` (no level shifts). Ties go to ``prefer`` (the configured
+    constants) when it is a grid point, else to the earliest row. Ties are not rare: on a flat
+    stretch every constant fits exactly, and the slowest row would then leave a trend that starts
+    after the refit unlearned until the next one. Then :func:`shift_candidates` around the winner:
+    a threshold is kept only when it fits strictly better (the earliest such row on a tie).
     The caller makes sure ``y`` has enough observations to start ``shape`` (and to mean something).
     """
     grid = candidates(shape)
-    scores = sae(y, shape, grid, start(y, shape))
+    begin = start(y, shape)
+    scores = sae(y, shape, grid, begin)
     best = int(np.argmin(scores))  # first minimum: the earlier (smaller, undamped) row
     if prefer is not None:
         want = np.array([prefer.alpha, prefer.beta if shape.trend else 0.0,
-                         prefer.gamma if shape.seasonal else 0.0, prefer.phi if shape.trend else 1.0])
+                         prefer.gamma if shape.seasonal else 0.0, prefer.phi if shape.trend else 1.0, 0.0])
         rows = np.flatnonzero(np.all(np.abs(grid - want) < 1e-12, axis=1))
         if rows.size and scores[rows[0]] <= scores[best]:
             best = int(rows[0])
-    a, b, g, p = (float(x) for x in grid[best])
-    if not shape.trend:
-        b, p = 0.0, 1.0
-    if not shape.seasonal:
-        g = 0.0
-    return Constants(alpha=a, beta=b, gamma=g, phi=p, fitted=True)
+    a, b, g, p, _ = (float(x) for x in grid[best])
+    first = Constants(alpha=a, beta=b, gamma=g, phi=p, fitted=True)
+    floor = relative_floor(y)
+    scale = typical_step(y, floor)
+    if scale <= 0:
+        return first
+    second = shift_candidates(shape, first, scale)
+    again = sae(y, shape, second, begin, floor)
+    j = int(np.argmin(again))
+    if not again[j] < scores[best]:
+        return first
+    return Constants(alpha=float(second[j, 0]), beta=b, gamma=g, phi=p, shift=float(second[j, 4]), floor=floor,
+                     fitted=True)
