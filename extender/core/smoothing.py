@@ -446,26 +446,43 @@ def sae(y: F64, shape: Shape, grid: F64, begin: Start, floor: float = 0.0) -> F6
     season = np.repeat(begin.season[:, None], p, axis=1) if shape.seasonal else np.zeros((0, p))
     total = np.zeros(p)
     m = shape.m
+    trended = shape.trend  # without a trend, b stays 0 and phi b adds exactly 0: skip it
+    si: F64 | float = 0.0
     with np.errstate(over="ignore", invalid="ignore"):
         for t in range(begin.t0 + 1, len(y)):
             v = float(y[t])
-            pb = phi * trend
+            if trended:
+                pb = phi * trend
+                base = level + pb
+            else:
+                base = level
             if math.isnan(v):
-                level = level + pb
-                trend = pb
+                level = base
+                if trended:
+                    trend = pb
                 continue
-            i = t % m if m else 0
-            f = level + pb + season[i] if m else level + pb
-            e = v - f
-            a, b, g = alpha, ab, gamma
-            if shifts:
-                jump = np.abs(e) > limit * np.maximum(np.abs(f), floor)
-                a, b, g = np.where(jump, 1.0, alpha), np.where(jump, 0.0, ab), np.where(jump, 0.0, gamma)
             if m:
-                season[i] = season[i] + g * e
-            total += np.abs(e)
-            level = level + pb + a * e
-            trend = pb + b * e
+                i = t % m
+                si = season[i]
+                f = base + si
+            else:
+                f = base
+            e = v - f
+            ae = np.abs(e)
+            total += ae
+            if shifts:
+                jump = ae > limit * np.maximum(np.abs(f), floor)
+                level = base + np.where(jump, e, alpha * e)
+                if trended:
+                    trend = pb + np.where(jump, 0.0, ab * e)
+                if m:
+                    season[i] = si + np.where(jump, 0.0, gamma * e)
+            else:
+                level = base + alpha * e
+                if trended:
+                    trend = pb + ab * e
+                if m:
+                    season[i] = si + gamma * e
     return np.asarray(np.where(np.isfinite(total), total, np.inf), dtype=np.float64)
 
 
