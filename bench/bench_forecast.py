@@ -254,6 +254,42 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def bars(results: list[dict[str, Any]], level: float, band: float = 0.03) -> dict[str, Any]:
+    """Issue 17's bars, cell by cell (a series at one horizon): ``auto``'s error at most the last
+    value's and at most the ETS reference's (strictly: any excess fails), its coverage within
+    ``band`` of ``level``. Each bar lists its failing cells with the exact figure."""
+    out: dict[str, Any] = {}
+    def ratio(ref: str) -> Any:
+        return lambda r, k: r["auto"]["error"][k] / r[ref]["error"][k] if ref in r else None
+
+    checks = {
+        "error no worse than the last value's": ratio("last value"),
+        "error no worse than the ETS reference's": ratio("ets (statsmodels)"),
+        f"coverage within {100 * band:g} points of {100 * level:g}%": lambda r, k: r["auto"]["coverage"][k],
+    }
+    for bar, value in checks.items():
+        cells, failed = 0, []
+        for res in results:
+            for k in HORIZONS:
+                v = value(res["rows"], k)
+                if v is None:
+                    continue
+                cells += 1
+                ok = abs(v - level) <= band + 1e-12 if bar.startswith("coverage") else v <= 1.0
+                if not ok:
+                    failed.append({"series": res["series"], "h": k, "value": v})
+        out[bar] = {"cells": cells, "held": cells - len(failed), "failed": failed}
+    return out
+
+
+def bars_report(b: dict[str, Any]) -> str:
+    lines = ["### Issue 17's bars (`auto`, every series and horizon)", ""]
+    for bar, r in b.items():
+        miss = ", ".join(f"{f['series']} h={f['h']} {f['value']:.4f}" for f in r["failed"])
+        lines.append(f"- {bar}: {r['held']} of {r['cells']}" + (f" (outside: {miss})" if miss else ""))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", action="append", default=[], type=Path, help="a rate or request CSV (repeatable)")
@@ -286,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
               f"mean {r['mean_rate']:.3g} req/s ({r['seconds']:.1f} s)")
         print(f"source: {s.source}; auto chose: " + "; ".join(f"h={k} {c}" for k, c in r['auto_chose'].items()))
         print(table(r))
-    out: dict[str, Any] = {"series": results}
+    out: dict[str, Any] = {"series": results, "bars": bars(results, args.level)}
+    print("\n" + bars_report(out["bars"]))
     if args.tick_cost:
         cost = tick_cost()
         out["tick_cost"] = cost
