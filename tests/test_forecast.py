@@ -895,6 +895,10 @@ CLEARLY: list[tuple[str, np.ndarray, np.ndarray, int, bool]] = [
     ("shared-path-read-as-independent", np.full(100, 5.0) - _SHARED, np.full(100, 5.0), 1, True),
     # ... but about 1.4 once the correlation up to lag 9 is counted (k = 10): not clear
     ("shared-path-ten-steps", np.full(100, 5.0) - _SHARED, np.full(100, 5.0), 10, False),
+    # the margin: a gain of 0.5% every time is as steady as can be, and still under 1% ...
+    ("steady-gain-under-the-margin", 0.995 * (5.0 + _D), 5.0 + _D, 1, False),
+    # ... 2% every time is over it
+    ("steady-gain-over-the-margin", 0.98 * (5.0 + _D), 5.0 + _D, 1, True),
 ]
 
 
@@ -911,8 +915,8 @@ def ref_diebold_mariano(d: list[float], k: int) -> float:
 
 @pytest.mark.parametrize(("new", "old", "k", "expected"), [r[1:] for r in CLEARLY], ids=[r[0] for r in CLEARLY])
 def test_clearly_better(new: np.ndarray, old: np.ndarray, k: int, expected: bool) -> None:
-    from extender.core.forecast import AUTO_Z, clearly_better
-    assert (ref_diebold_mariano(list(old - new), k) > AUTO_Z) is expected
+    from extender.core.forecast import AUTO_MARGIN, AUTO_Z, clearly_better
+    assert (ref_diebold_mariano(list((1 - AUTO_MARGIN) * old - new), k) > AUTO_Z) is expected
     assert clearly_better(new, old, k) is expected
 
 
