@@ -959,7 +959,7 @@ def choose(w: Window, ctx: Context, k: int) -> Choice | None:
     for a Holt-Winters that trained longer)::
 
         score = mean(e^2) / mean(e_last^2)                1 for the last value itself
-        z     = dm_statistic(e^2, (1 - AUTO_MARGIN) e_last^2, k)      0 for the last value itself
+        z     = gain_statistic(e^2, e_last^2, k)           0 for the last value itself
 
     The last value is the default; another candidate is eligible only when it *clearly* beats the
     last value (``z > AUTO_Z``, :func:`clearly_better`), and the eligible one with the largest ``z``
@@ -987,7 +987,7 @@ def choose(w: Window, ctx: Context, k: int) -> Choice | None:
     for name, v in losses.items():
         shared = base[-v.size:]  # Holt-Winters may hold out fewer origins than the others
         score = float(np.mean(v)) / max(float(np.mean(shared)), 1e-300)
-        rows.append((name, score, 0.0 if name == "last" else dm_statistic(v, (1.0 - AUTO_MARGIN) * shared, k)))
+        rows.append((name, score, 0.0 if name == "last" else gain_statistic(v, shared, k)))
     return Choice(pick(rows), tuple(rows), base.size)
 
 
@@ -1024,10 +1024,16 @@ def dm_statistic(new: F64, old: F64, k: int) -> float:
     return mean / se
 
 
+def gain_statistic(new: F64, old: F64, k: int) -> float:
+    """How many standard errors losses ``new`` are below ``(1 - AUTO_MARGIN) old``:
+    ``dm_statistic(new, (1 - AUTO_MARGIN) old, k)``, the test of :func:`clearly_better`."""
+    return dm_statistic(new, (1.0 - AUTO_MARGIN) * old, k)
+
+
 def clearly_better(new: F64, old: F64, k: int) -> bool:
     """Whether losses ``new`` beat ``old`` by more than :data:`AUTO_MARGIN` and by more than chance:
     a one-sided Diebold-Mariano test against ``(1 - AUTO_MARGIN) old`` (a superiority margin),
-    ``dm_statistic(new, (1 - AUTO_MARGIN) old, k) > AUTO_Z``.
+    ``gain_statistic(new, old, k) > AUTO_Z``.
 
     On most series the smoothers' held-out errors differ by a few percent, driven by a burst or two
     inside the held-out stretch; choosing on that would add the choice's own noise to every
@@ -1042,7 +1048,7 @@ def clearly_better(new: F64, old: F64, k: int) -> bool:
     gave up the gain on ``mixtral-61g`` at one step (1.008 of the ETS reference), 0 the spiky
     series (BENCHMARKS.md).
     """
-    return dm_statistic(new, (1.0 - AUTO_MARGIN) * old, k) > AUTO_Z
+    return gain_statistic(new, old, k) > AUTO_Z
 
 
 def _auto(ctx: Context) -> Forecast:
