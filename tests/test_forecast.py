@@ -716,6 +716,38 @@ def test_constants_change_only_at_the_refit_boundary() -> None:
     assert forecast("holt", t[:12 * 60 + 50], y2[:12 * 60 + 50], 300.0, p).constants == inside[0]
 
 
+PHASES: list[tuple[str, str, float, float]] = [
+    # (id, workload, refit period, its phase): CRC-32's published check value, 0xCBF43926 for "123456789"
+    ("crc32-check-value", "123456789", 2.0**32, float(0xCBF43926)),
+    ("spread-over-an-hour", "123456789", 3600.0, 0xCBF43926 / 2.0**32 * 3600.0),
+    ("empty-name", "", 3600.0, 0.0),
+]
+
+
+@pytest.mark.parametrize(("workload", "refit", "phase"), [r[1:] for r in PHASES], ids=[r[0] for r in PHASES])
+def test_refit_phase(workload: str, refit: float, phase: float) -> None:
+    from extender.core.forecast import refit_phase
+    assert refit_phase(workload, refit) == pytest.approx(phase, rel=1e-12)
+    assert 0.0 <= refit_phase(workload, refit) < refit
+
+
+def test_workloads_refit_at_their_own_phase() -> None:
+    t, y = hourly_history(24 * 60, seed=2)  # a day at 1 min, from t = 0
+    base = ForecastParams(refit_s=3600.0)
+    names = [f"model-{i}" for i in range(12)]
+    phases = {base.for_workload(n).refit_phase_s for n in names}
+    assert len(phases) == len(names)  # twelve workloads, twelve different moments in the hour
+    p = base.model_copy(update={"refit_phase_s": 900.0})
+    # with a phase of 15 min, the boundary is at 12:15: the constants differ on either side of it ...
+    before = forecast("holt", t[:12 * 60 + 14], y[:12 * 60 + 14], 300.0, p).constants
+    after = forecast("holt", t[:12 * 60 + 16], y[:12 * 60 + 16], 300.0, p).constants
+    assert forecast("holt", t[:12 * 60 + 14], y[:12 * 60 + 14], 300.0, base).constants != before
+    # ... and stay from 12:15 to 13:14, where the unphased boundary (13:00) changes nothing
+    later = [forecast("holt", t[:i], y[:i], 300.0, p).constants for i in range(12 * 60 + 16, 13 * 60 + 15, 9)]
+    assert all(c == after for c in later)
+    assert before != after
+
+
 finite_values = st.floats(0.5, 1e4)
 
 

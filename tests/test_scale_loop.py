@@ -29,6 +29,7 @@ import pytest
 from extender import cli
 from extender.core.caches import weights_key
 from extender.core.errors import KubeError
+from extender.core.forecast import refit_phase
 from extender.core.inventory import NodeState
 from extender.core.policy import Policy
 from extender.core.scaler import Decision
@@ -461,6 +462,17 @@ def test_an_edited_policy_file_is_taken_from_the_next_tick(redis_server: RedisSe
     autoscaling = policy.profile("qwen3").autoscaling
     assert autoscaling is not None and autoscaling.min_replicas == 3
     assert watcher.version == policy_version(path.read_text())
+
+
+def test_each_workload_refits_at_its_own_phase_of_the_period(redis_server: RedisServer) -> None:
+    # the refits of many workloads spread over the hour instead of landing in one tick; the phase is
+    # a function of the name and the policy, so a restarted or newly elected scaler keeps it
+    rig = make_rig(redis_server.url, lambda t: 1.0, scaling_extra="  refit: 30m\n")
+    params = rig.loop.params["qwen3"]
+    assert params.refit_s == 1800.0
+    assert params.refit_phase_s == refit_phase("qwen3", 1800.0) > 0.0
+    again = make_rig(redis_server.url, lambda t: 1.0, holder="b", scaling_extra="  refit: 30m\n")
+    assert again.loop.params["qwen3"] == params
 
 
 def test_a_bare_heartbeat_reaches_the_loop_s_inventory(redis_server: RedisServer) -> None:

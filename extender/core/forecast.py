@@ -54,18 +54,21 @@ per grid step is one sample a day each (5 760 slots at 15 s): its season is as n
 Four harmonics come from every sample of the training part; on the benchmark's daily series (8%
 noise) the seasonal Holt's error is 7.0% where Holt-Winters' is 8.4%.
 
-Refit schedule and fit window. ``B = floor(t_end / refit_s) * refit_s`` (epoch seconds, so every
-replica agrees on it; a young history halves ``refit_s`` until there is something to fit,
-:func:`window`). The fit data D are the samples in ``(B - fit_window_s, B]``, resampled on a grid
-anchored at the last of them, so that D does not move while later samples arrive (a grid
-anchored at the newest sample would, whenever the step is coarser than the sampling). The
-forecast runs the fitted constants over ``Y``, the forecast grid from ``B - fit_window_s`` on;
-older history is not read at all. D is split: the first ``1 - holdout`` of it (the *training*
-part, 60% by default) fixes the constants (smoothing.fit: the least one-step absolute error over a
-bounded grid); the rest is held out. Constants change only when B moves (once per ``refit_s``),
-never on every tick. The held-out 40% (26 h of the default 66 h) is what the model choice and the
-upper quantile are measured on: with a fifth held out (13 h), a burst or two inside it decided both
-(the benchmark's spiky series was covered 90.6% at a 95% quantile).
+Refit schedule and fit window. ``B = floor((t_end - p) / refit_s) * refit_s + p`` (epoch seconds, so
+every replica agrees on it; a young history halves ``refit_s`` until there is something to fit,
+:func:`window`). ``p`` is the workload's refit phase (``params.refit_phase_s``, :func:`refit_phase`:
+a hash of the workload's name spread over the period), so the workloads of one scaler refit at
+different ticks of the hour rather than all in the tick after it (a refit of ``auto`` is about 0.7 s
+of CPU on 67 h at 15 s; BENCHMARKS.md). The fit data D are the samples in ``(B - fit_window_s, B]``,
+resampled on a grid anchored at the last of them, so that D does not move while later samples arrive
+(a grid anchored at the newest sample would, whenever the step is coarser than the sampling). The
+forecast runs the fitted constants over ``Y``, the forecast grid from ``B - fit_window_s`` on; older
+history is not read at all. D is split: the first ``1 - holdout`` of it (the *training* part, 60% by
+default) fixes the constants (smoothing.fit: the least one-step absolute error over a bounded grid);
+the rest is held out. Constants change only when B moves (once per ``refit_s``), never on every
+tick. The held-out 40% (26 h of the default 66 h) is what the model choice and the upper quantile
+are measured on: with a fifth held out (13 h), a burst or two inside it decided both (the
+benchmark's spiky series was covered 90.6% at a 95% quantile).
 
 Select, then refit (:func:`_refitted`). Once the held-out part has been used (the choice made, the
 k-step errors measured with the training-part constants), the constants the forecast runs with are
@@ -169,6 +172,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -220,7 +224,8 @@ class ForecastParams(BaseModel):
     fit reads; ``holdout``: the share of it held out to choose a model and calibrate the quantile.
     ``level``: the upper quantile (AHPA's template uses 95). ``step_s``: grid step in seconds
     (``None``: the median sample spacing). ``season_s``: season length in seconds (a day).
-    ``min_seasons``: full seasons required before Holt-Winters is used.
+    ``min_seasons``: full seasons required before Holt-Winters is used. ``refit_phase_s``: the
+    refit boundaries' offset from the epoch's multiples of ``refit_s`` (:func:`refit_phase`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -240,6 +245,7 @@ class ForecastParams(BaseModel):
     step_s: float | None = Field(default=None, gt=0)
     season_s: float = Field(default=86_400.0, gt=0)
     min_seasons: int = Field(default=2, ge=2)
+    refit_phase_s: float = Field(default=0.0, ge=0)
 
     @classmethod
     def from_scaling(cls, scaling: Scaling) -> ForecastParams:
@@ -250,6 +256,22 @@ class ForecastParams(BaseModel):
 
     def fixed(self) -> Constants:
         return Constants(alpha=self.alpha, beta=self.beta, gamma=self.gamma, phi=self.phi)
+
+    def for_workload(self, name: str) -> ForecastParams:
+        """These parameters with ``name``'s refit phase (:func:`refit_phase`)."""
+        return self.model_copy(update={"refit_phase_s": refit_phase(name, self.refit_s)})
+
+
+def refit_phase(workload: str, refit_s: float) -> float:
+    """Where in the refit period ``workload``'s boundaries fall::
+
+        p = crc32(workload) / 2^32 x refit_s          in [0, refit_s)
+
+    A function of the name alone (CRC-32, not Python's per-process ``hash``), so every replica and
+    every restart refits a workload at the same moments, and the workloads of one scaler spread
+    their refits over the period instead of all refitting in the same tick.
+    """
+    return zlib.crc32(workload.encode()) / 2.0**32 * refit_s
 
 
 class Forecast(BaseModel):
@@ -436,15 +458,15 @@ def window(t: F64, v: F64, series: Series, params: ForecastParams) -> Window | N
 
     A young history (less than one refit period behind the boundary) would go unfitted for up to
     ``refit_s``; so the period is halved until the training part holds :data:`MIN_FIT_POINTS`
-    observations, down to two grid steps. The boundaries of every halved period are epoch multiples
-    too, so the choice is still a function of the history alone.
+    observations, down to two grid steps. The boundaries of every halved period are the phase plus
+    epoch multiples too, so the choice is still a function of the history (and the name) alone.
     """
     s, t_end = series.step_s, series.t_end
     if not params.fit or s <= 0 or t_end is None:
         return None
-    period = params.refit_s
+    period, phase = params.refit_s, params.refit_phase_s
     while period >= 2 * s:
-        boundary = math.floor(t_end / period) * period
+        boundary = math.floor((t_end - phase) / period) * period + phase
         start = boundary - params.fit_window_s
         inside = (t <= boundary) & (t > start)
         d = _fit_data(t[inside], v[inside], s)
@@ -552,16 +574,21 @@ def _fit_key(w: Window, params: ForecastParams) -> tuple[object, ...]:
     return (_digest(w.fit), len(w.fit), w.split, w.fit_end, _params_key(params))
 
 
-#: ``params.model_dump_json(exclude={"level"})`` of the last parameters seen, by identity (they are frozen).
-_PARAMS_KEY: list[tuple[ForecastParams, str]] = []
+#: ``id(params) -> (params, params.model_dump_json(exclude={"level"}))`` for the last
+#: :data:`PARAMS_KEYS` parameter objects seen (they are frozen; holding one keeps its id from being
+#: reused). A scaler holds one per workload (:meth:`ForecastParams.for_workload`).
+_PARAMS_KEY: dict[int, tuple[ForecastParams, str]] = {}
+PARAMS_KEYS = 512
 
 
 def _params_key(params: ForecastParams) -> str:
-    for p, key in _PARAMS_KEY:
-        if p is params:
-            return key
+    got = _PARAMS_KEY.get(id(params))
+    if got is not None and got[0] is params:
+        return got[1]
     key = params.model_dump_json(exclude={"level"})
-    _PARAMS_KEY[:] = [(params, key), *_PARAMS_KEY][:8]
+    _PARAMS_KEY[id(params)] = (params, key)
+    if len(_PARAMS_KEY) > PARAMS_KEYS:
+        _PARAMS_KEY.pop(next(iter(_PARAMS_KEY)))
     return key
 
 

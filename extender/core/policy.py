@@ -637,7 +637,8 @@ class Scaling(Schema):
     #: Fit the smoothing constants to each workload's history, once per ``refit``, from the last
     #: ``fitWindow`` of it; see extender.core.forecast.ForecastParams.
     fit: bool = True
-    #: How often the constants are fitted again (fit).
+    #: How often the constants are fitted again (fit); each workload at its own moment of the
+    #: period, from a hash of its name, so that the refits do not all land in one tick.
     refit: Annotated[Duration, Field(gt=0)] = 3600.0
     #: How much recent history a fit uses (fit).
     fit_window: Annotated[Duration, Field(gt=0)] = 66 * 3600.0

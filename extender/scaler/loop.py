@@ -163,8 +163,10 @@ class ScaleLoop:
         scaling = self.policy.scaling
         self.tick_s = self._fixed_tick if self._fixed_tick is not None else scaling.tick
         self.hpa_sync_s = self._fixed_hpa_sync if self._fixed_hpa_sync is not None else scaling.hpa_sync_delay
-        self.params = ForecastParams.from_scaling(scaling)
         self.profiles = scaled_profiles(self.policy)
+        # one set per workload: each refits at its own phase of the period (forecast.refit_phase)
+        base = ForecastParams.from_scaling(scaling)
+        self.params = {p.name: base.for_workload(p.name) for p in self.profiles}
         #: The policy placements and horizons are estimated with (:meth:`_calibrate`).
         self.estimator_policy = self.policy
         self.sources = {p.name: self._preset_sources.get(p.name) or build_source(p, self.fetch) for p in self.profiles}
@@ -330,9 +332,9 @@ class ScaleLoop:
                     node_class=placement.node_class, cache=placement.cache)
         samples = self.history.read(name, now=now)
         new = [Sample(now, observation.rate, observation.queue)] if observation.rate is not None else []
-        fc = self._forecast(samples + new, h.seconds, now)
+        fc = self._forecast(name, samples + new, h.seconds, now)
         far = horizon(look_ahead_s(estimator, estimator.profile(name)), self.tick_s, self.hpa_sync_s)
-        ahead = self._forecast(samples + new, far.seconds, now)
+        ahead = self._forecast(name, samples + new, far.seconds, now)
         recent = tuple(Recommendation(at_s=a, replicas=n) for a, n in self.decisions.recommendations(name))
         scaling = self.policy.scaling
         inputs = DecisionInputs.for_policy(
@@ -383,11 +385,11 @@ class ScaleLoop:
                             "horizon_s": decision.inputs.horizon.seconds, "token": token})
         return WorkloadResult(name, decision, observation, replicas, placement, expectation, standby)
 
-    def _forecast(self, samples: Sequence[Sample], horizon_s: float, now: float) -> Forecast | None:
+    def _forecast(self, name: str, samples: Sequence[Sample], horizon_s: float, now: float) -> Forecast | None:
         if not samples:
             return None
         return forecast(self.policy.scaling.forecaster, [s.t for s in samples], [s.rate for s in samples],
-                        horizon_s, self.params, now_s=now)
+                        horizon_s, self.params[name], now_s=now)
 
 
 def _failed(workload: str, exc: Exception) -> WorkloadResult:

@@ -328,6 +328,8 @@ class _WorkloadState:
     queue: FifoQueue
     hpa: hpa_model.Hpa
     scale: Scale
+    #: The forecaster's parameters, with the workload's own refit phase (as the production scaler's).
+    params: ForecastParams
     pods: dict[int, Pod] = field(default_factory=dict)
     #: The pods of ``pods`` not placed yet (in creation order).
     waiting: dict[int, Pod] = field(default_factory=dict)
@@ -379,7 +381,8 @@ class Run:
             true_rate = q.per_tick() / self.dt if strategy.scaling == "oracle" else None
             self.w.append(_WorkloadState(
                 setup=s, queue=q, hpa=hpa_model.Hpa(s.min_replicas, s.max_replicas),
-                scale=scale_for(self.policy, s.profile), hist_t=np.zeros(n), hist_v=np.zeros(n),
+                scale=scale_for(self.policy, s.profile), params=self.params.for_workload(s.profile.name),
+                hist_t=np.zeros(n), hist_v=np.zeros(n),
                 true_rate=true_rate if true_rate is not None else np.zeros(0), timeline=Timeline.empty(n)))
         self.next_id = 0
         self.starting: list[tuple[float, int, Pod]] = []  # heap by ready time
@@ -549,7 +552,7 @@ class Run:
     def _forecast(self, s: _WorkloadState, k: int, ahead_s: float) -> Forecast:
         if self.strategy.scaling == "oracle":
             return self._truth(s, k, ahead_s)
-        key = (s.setup.index, k, ahead_s, self.policy.scaling.forecaster, self.params)
+        key = (s.setup.index, k, ahead_s, self.policy.scaling.forecaster, s.params)
         newest = float(s.hist_v[k])
         shared = self.forecasts.get(key) if self.forecasts is not None else None
         if shared is not None:
@@ -559,7 +562,7 @@ class Run:
         now = k * self.dt
         lo = int(np.searchsorted(s.hist_t[1:k + 1], now - self.history_s, side="left")) + 1
         made = forecast(self.policy.scaling.forecaster, s.hist_t[lo:k + 1], s.hist_v[lo:k + 1], ahead_s,
-                        self.params, now_s=now)
+                        s.params, now_s=now)
         if self.forecasts is not None:
             self.forecasts[key] = (newest, made)
         return made
