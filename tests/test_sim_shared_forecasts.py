@@ -79,3 +79,18 @@ def test_a_single_forecasting_run_keeps_no_memo(tmp_path: Path, monkeypatch: pyt
     seen.clear()
     simulate(p, ["predictive", "warm-only"])
     assert seen[0] is not None and seen[0] is seen[1]
+
+
+def test_each_workload_forecasts_with_its_own_refit_phase(tmp_path: Path) -> None:
+    # as the production scaler does (ScaleLoop.params): the refits of the workloads spread over the period
+    from extender.core.forecast import refit_phase
+    p = prepared(tmp_path, POOLED)
+    memo: ForecastMemo = {}
+    run = Run(p, STRATEGIES["predictive"], forecasts=memo)
+    refit = run.params.refit_s  # the policy's
+    for s in run.w:
+        assert s.params.refit_phase_s == refit_phase(s.setup.profile.name, refit)
+        assert s.params != run.params  # not the policy's own parameters, phase 0
+    run.run()
+    used = {key[4] for key in memo}  # the parameters each forecast was made with
+    assert used == {s.params for s in run.w}
