@@ -78,6 +78,13 @@ def next_replica(policy: Policy, profile: Profile, snapshot: InventorySnapshot |
                 node_class=snapshot.classes[int(snapshot.class_index[row])].name,
                 cache=_cache_words(state, best, profile),
             )
+    return on_new_node(policy, profile)
+
+
+def on_new_node(policy: Policy, profile: Profile) -> Placement:
+    """The next replica when no node has room for it: a cold start on the slowest class the profile
+    may run on, plus ``scaling.provisionDelay`` for the node (module docstring)."""
+    classes = policy.classes_for(profile)
     cold = cold_by_class(profile, classes)
     worst = int(np.argmax(cold.total_s))
     delay = float(policy.scaling.provision_delay)
@@ -86,5 +93,5 @@ def next_replica(policy: Policy, profile: Profile, snapshot: InventorySnapshot |
         startup_s=float(cold.total_s[worst]) + delay,
         node=None,
         node_class=classes[worst].name,
-        cache=f"cold: no fresh node with {gpus} free GPU(s), assuming the slowest class{new_node}",
+        cache=f"cold: no fresh node with {profile.parallelism.gpus} free GPU(s), assuming the slowest class{new_node}",
     )

@@ -101,8 +101,9 @@ from extender.core.caches import (
     with_entries,
 )
 from extender.core.errors import InvalidValueError
-from extender.core.estimate import CacheState, ClassTable, CompileCache, cold_by_class, estimate
+from extender.core.estimate import CacheState, ClassTable, CompileCache, estimate
 from extender.core.inventory import InventorySnapshot, NodeState
+from extender.core.placement import on_new_node
 from extender.core.policy import NodeClass, Policy, Profile
 from extender.core.scaler import Decision
 
@@ -162,8 +163,9 @@ def standby_replicas(ahead: Expectation, *, desired: int, current: int) -> int:
 def look_ahead_s(policy: Policy, profile: Profile) -> float:
     """How far ahead the warmer looks: a fully cold start on the slowest class the profile may run
     on, plus ``scaling.provisionDelay`` (a new node). A replica the scaler will order within that
-    time can still be helped by caches staged now; one ordered later can wait for the next plan."""
-    return float(cold_by_class(profile, policy.classes_for(profile)).total_s.max()) + policy.scaling.provision_delay
+    time can still be helped by caches staged now; one ordered later can wait for the next plan.
+    The same figure as the scaler's horizon when no node has room (:func:`on_new_node`)."""
+    return on_new_node(policy, profile).startup_s
 
 
 def look_ahead(workload: str, upper: float, *, capacity: float, target_utilization: float, desired: int,

@@ -514,6 +514,12 @@ class Run:
 
     # ---- scaling -------------------------------------------------------------------------
 
+    def _on_new_node_s(self, s: _WorkloadState) -> float:
+        """``extender.core.placement.on_new_node``'s startup, from the memoised scale: the cold start on
+        the slowest class (the scale's reference) plus the policy's provisioning delay. Also the
+        warmer's look-ahead (``extender.core.warming.look_ahead_s``)."""
+        return float(s.scale.reference_s) + self.provision_s
+
     def _startup_next(self, w: int, now: float) -> float:
         """The estimator's startup of the next replica, as the production scaler takes it.
 
@@ -530,7 +536,7 @@ class Run:
         c = self.cluster
         rows = np.flatnonzero(c.feasible(w)).astype(np.intp)
         if len(rows) == 0:
-            value = float(s.scale.reference_s) + self.provision_s
+            value = self._on_new_node_s(s)
         else:
             b = self.belief
             est = estimate(b.profile(w), c.classes, c.class_index[rows], c.state(w, now, rows), b.table(w))
@@ -599,7 +605,7 @@ class Run:
         at the replicas that would have to start cold to be ready then."""
         setup = s.setup
         scaling = self.policy.scaling
-        far = horizon(s.scale.reference_s + self.provision_s, self.dt, scaling.hpa_sync_delay)
+        far = horizon(self._on_new_node_s(s), self.dt, scaling.hpa_sync_delay)
         if s.far is None or k - s.far_at >= FAR_EVERY_TICKS:
             s.far, s.far_at = self._forecast(s, k, far.seconds), k
         return look_ahead(setup.profile.name, s.far.upper, capacity=setup.capacity,
