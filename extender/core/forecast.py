@@ -102,7 +102,7 @@ and each forecast uses only data before its origin. The last value is the defaul
 eligible only when its *squared* errors are lower than 99% of the last value's
 (:data:`AUTO_MARGIN`) by more than :data:`AUTO_Z` (1.645: a one-sided test at 5%) standard errors
 of the mean paired difference, the standard error counting the correlation of overlapping k-step
-errors (a Diebold-Mariano test, :func:`clearly_better`), and the eligible one lowest by the most
+errors (a Diebold-Mariano test, :func:`gain_statistic`), and the eligible one lowest by the most
 standard errors wins (:func:`choose`, :func:`pick`): the most certain gain, not the lowest held-out
 error. Squared: a model that lags a burst pays for it in the choice, as the scaler pays for it in
 queueing. (Before the level-shift thresholds, smoothers chosen by absolute error lost 1.05x to the
@@ -125,7 +125,7 @@ forecast they missed::
 
     r_{t,k} = (y[t+k] - f_{t,k}) / max(f_{t,k}, u)      every origin t after the training part (or
                                                        after the initial state with fixed constants)
-                                                       whose target is observed; u = 0.1 x mean(y)
+                                                       whose target is observed; u = smoothing.relative_floor(y)
     q       = r_(ceil((N+1) level))                    the ceil((N+1) level)-th smallest; r_(N), the
                                                        largest, when that rank exceeds N
     upper   = point_raw + max(q, 0) max(point_raw, u)
@@ -199,8 +199,6 @@ MAX_POINTS = 100_000
 #: Observations the training part needs before constants are fitted: fewer, and one burst decides
 #: alpha; the fixed constants are the safer guess.
 MIN_FIT_POINTS = 20
-#: Relative errors are taken over ``max(forecast, SCALE_FLOOR x mean demand)`` (:func:`smoothing.relative_floor`).
-SCALE_FLOOR = smoothing.SCALE_FLOOR
 #: k-step errors needed for an empirical quantile or a model choice: at the 95th percentile of 20
 #: errors the quantile is already the largest one.
 MIN_ERRORS = 20
@@ -940,10 +938,10 @@ AUTO_CANDIDATES = ("last", "ewma", "holt", "holt-winters", "seasonal-holt")
 #: The candidates with a daily season: offered only when the fit data shows one (:func:`has_season`).
 SEASONAL = frozenset({"holt-winters", "seasonal-holt"})
 #: How many standard errors a candidate's mean held-out squared error must be below the last value's
-#: for it to be chosen at all (:func:`clearly_better`): a one-sided Diebold-Mariano test at 5%.
+#: for it to be chosen at all (:func:`gain_statistic`): a one-sided Diebold-Mariano test at 5%.
 AUTO_Z = 1.645
 #: ... and lower than the last value's by more than this share: a gain of under 1% of the squared
-#: error is not worth a switch, however consistent (:func:`clearly_better`).
+#: error is not worth a switch, however consistent (:func:`gain_statistic`).
 AUTO_MARGIN = 0.01
 
 
@@ -989,7 +987,7 @@ def choose(w: Window, ctx: Context, k: int) -> Choice | None:
         z     = gain_statistic(e^2, e_last^2, k)           0 for the last value itself
 
     The last value is the default; another candidate is eligible only when it *clearly* beats the
-    last value (``z > AUTO_Z``, :func:`clearly_better`), and the eligible one with the largest ``z``
+    last value (``z > AUTO_Z``), and the eligible one with the largest ``z``
     wins (the simpler one on a tie): the model whose advantage is the most certain, rather than the
     one whose held-out error happens to be lowest. The two differ when a candidate's lower mean rests
     on a few large errors: on the benchmark's 57-minute Azure sample (24 held-out errors), EWMA's mean
@@ -1052,15 +1050,10 @@ def dm_statistic(new: F64, old: F64, k: int) -> float:
 
 
 def gain_statistic(new: F64, old: F64, k: int) -> float:
-    """How many standard errors losses ``new`` are below ``(1 - AUTO_MARGIN) old``:
-    ``dm_statistic(new, (1 - AUTO_MARGIN) old, k)``, the test of :func:`clearly_better`."""
-    return dm_statistic(new, (1.0 - AUTO_MARGIN) * old, k)
-
-
-def clearly_better(new: F64, old: F64, k: int) -> bool:
-    """Whether losses ``new`` beat ``old`` by more than :data:`AUTO_MARGIN` and by more than chance:
-    a one-sided Diebold-Mariano test against ``(1 - AUTO_MARGIN) old`` (a superiority margin),
-    ``gain_statistic(new, old, k) > AUTO_Z``.
+    """How many standard errors losses ``new`` (a candidate's squared errors) are below
+    ``(1 - AUTO_MARGIN) old`` (the last value's): ``dm_statistic(new, (1 - AUTO_MARGIN) old, k)``.
+    Above :data:`AUTO_Z`, the candidate is *clearly* better (:func:`pick`): a one-sided
+    Diebold-Mariano test with a superiority margin.
 
     On most series the smoothers' held-out errors differ by a few percent, driven by a burst or two
     inside the held-out stretch; choosing on that would add the choice's own noise to every
@@ -1075,7 +1068,7 @@ def clearly_better(new: F64, old: F64, k: int) -> bool:
     gave up the gain on ``mixtral-61g`` at one step (1.008 of the ETS reference), 0 the spiky
     series (BENCHMARKS.md).
     """
-    return gain_statistic(new, old, k) > AUTO_Z
+    return dm_statistic(new, (1.0 - AUTO_MARGIN) * old, k)
 
 
 def _auto(ctx: Context) -> Forecast:
