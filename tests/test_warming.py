@@ -383,6 +383,11 @@ def test_expectation_from_a_decision() -> None:
                               horizon=horizon(151.0, 15.0, 15.0), ready=2, max_replicas=20))
     e = Expectation.from_decision(d)
     assert (e.workload, e.replicas, e.within_s) == ("llm", 3, 181.0)  # need 5, have 2; 151 + 15 + 15
+    # starting replicas count as had: need ceil(30 / 10) = 3, current 1 ready + 1 starting
+    d = decide(DecisionInputs(workload="llm", now_s=NOW, demand=30.0, capacity=10.0, ready=1, starting=1,
+                              max_replicas=10, horizon=horizon(120.0, 15.0, 15.0)))
+    assert d.desired == 3
+    assert Expectation.from_decision(d) == Expectation(workload="llm", replicas=1, within_s=150.0)
 
 
 @pytest.mark.parametrize(("upper", "utilization", "desired", "current", "replicas"), [
