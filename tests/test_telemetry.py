@@ -22,8 +22,9 @@ from extender.agent.metrics import AgentMetrics
 from extender.core.errors import ExtenderError, StateError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import parse_policy
+from extender.core.scaler import DecisionInputs, decide, horizon
 from extender.kube.metrics import SyncMetrics
-from extender.scaler.loop import TickReport
+from extender.scaler.loop import TickReport, WorkloadResult
 from extender.scaler.metrics import ScalerMetrics, symmetric_error
 from extender.state import InventoryStore, connect
 from extender.state.sources import SourceStore
@@ -95,6 +96,17 @@ def test_a_standby_says_so_and_keeps_the_workload_series() -> None:
     assert gauge(registry, "extender_scaler_ticks_total", role="standby", result="error") == 1.0
     assert gauge(registry, "extender_scaler_last_tick_timestamp_seconds") == T0 + TICK
     assert gauge(registry, "extender_scaler_desired_replicas", workload="llama") == 0.0
+
+
+def test_the_published_placeholders_are_a_gauge() -> None:
+    registry = CollectorRegistry()
+    metrics = ScalerMetrics(registry, make_policy())
+    decision = decide(DecisionInputs(workload="qwen3", now_s=T0, demand=30.0, capacity=10.0, ready=1,
+                                     max_replicas=10, horizon=horizon(120.0, 15.0, 15.0)))
+    metrics.observe(TickReport(T0, True, 1, "a", results=(WorkloadResult("qwen3", decision, standby=4),)))
+    assert gauge(registry, "extender_scaler_standby_replicas", workload="qwen3") == 4.0
+    metrics.observe(TickReport(T0 + TICK, True, 1, "a", results=(WorkloadResult("qwen3", decision),)))
+    assert gauge(registry, "extender_scaler_standby_replicas", workload="qwen3") == 0.0
 
 
 # ---- the agent -----------------------------------------------------------------------------------
