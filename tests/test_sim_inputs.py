@@ -5,6 +5,8 @@ and the FIFO queue against a slow per-request reference.
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import NamedTuple
 
@@ -46,6 +48,23 @@ def test_azure_format_loads_as_is_and_is_credited() -> None:
     # first two rows: 18:17:03.9799600 and 18:17:04.0319600 -> 0.052 s apart (7 fractional digits kept)
     assert t.times[1] == pytest.approx(0.052)
     assert t.credit == AZURE_CREDIT
+
+
+def test_bundled_rates_are_the_whole_trace_binned_as_the_script_bins_it(tmp_path: Path) -> None:
+    """``azure-code-rates.csv`` (the whole trace, made with scripts/trace_rates.py) starts with the
+    slice's requests: the script run on the slice gives the same rows for every second the slice
+    covers whole, and no more than the bundled row for the second it ends in."""
+    out = tmp_path / "slice-rates.csv"
+    subprocess.run([sys.executable, str(ROOT / "scripts/trace_rates.py"),
+                    str(ROOT / "scenarios/traces/azure-code-slice.csv"), str(out)], check=True, capture_output=True)
+    part = read_trace(out, TraceSpec(path="x"))
+    whole = read_trace(ROOT / "scenarios/traces/azure-code-rates.csv", TraceSpec(path="x"))
+    assert isinstance(part, RateTrace) and isinstance(whole, RateTrace)
+    assert part.rates.sum() == 700  # every request of the slice, in 1 s bins
+    assert whole.rates.sum() == 8819 and whole.end == len(whole.rates) == 3436  # 57 minutes
+    assert np.array_equal(part.starts, whole.starts[:len(part.starts)])
+    assert np.array_equal(part.rates[:-1], whole.rates[:len(part.rates) - 1])
+    assert 0 < part.rates[-1] <= whole.rates[len(part.rates) - 1]
 
 
 def test_seconds_and_iso_timestamps_give_the_same_trace(tmp_path: Path) -> None:
