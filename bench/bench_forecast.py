@@ -17,11 +17,13 @@ maximum likelihood at every origin on the same history, the reference issue 17 u
 is not a dependency of the project; install it in the venv to get the column.
 
 Series: the two synthetic workloads of ``scenarios/mixed-fleet.yaml`` (its own generator and seed,
-Poisson arrivals, binned to the step); the bundled request trace
-``scenarios/traces/azure-code-slice.csv`` (3.5 minutes: binned at 5 s); three synthetic series of
-14 days at 600 s with known structure, generated with a fixed seed (a daily season, a random walk,
-a spiky single tenant); and every trace given on the command line (rate or request CSV, any format
-``extender simulate`` reads), binned at ``--trace-step``.
+Poisson arrivals, binned to the step); the bundled Azure code trace, as its 3.5-minute request
+slice ``scenarios/traces/azure-code-slice.csv`` binned at 5 s and as the whole 57 minutes
+(``scenarios/traces/azure-code-rates.csv``, requests per second) binned at 15 s (the scaler's
+sampling step) and at 30 s; three synthetic series of 14 days at 600 s with known structure,
+generated with a fixed seed (a daily season, a random walk, a spiky single tenant); and every trace
+given on the command line (rate or request CSV, any format ``extender simulate`` reads), binned at
+``--trace-step``.
 
 Run (from the repository root)::
 
@@ -50,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 from extender.core.forecast import FORECASTERS, ForecastParams, forecast  # noqa: E402
 from extender.sim.scenario import TraceSpec, load_scenario  # noqa: E402
 from extender.sim.synthetic import synthetic_arrivals  # noqa: E402
-from extender.sim.traces import arrivals_from, read_trace  # noqa: E402
+from extender.sim.traces import AZURE_CREDIT, arrivals_from, read_trace  # noqa: E402
 
 F64 = NDArray[np.float64]
 DAY = 86_400.0
@@ -92,11 +94,15 @@ def scenario_series(path: Path, step: float) -> list[Series]:
     return out
 
 
-def trace_series(path: Path, step: float, label: str | None = None) -> Series:
+def trace_series(path: Path, step: float, label: str | None = None, credit: str = "") -> Series:
+    """A trace binned at ``step``; ``credit`` for a file whose format does not carry it (a rate CSV
+    derived from the Azure trace)."""
     trace = read_trace(path, TraceSpec(path=str(path)))
     a = arrivals_from(trace, bin_s=min(step, 1.0))
     span = max(a.span_s, float(a.times[-1]) + a.bin_s) if len(a) else step
-    return Series(label or path.name, binned(a.times, a.weights, step, span), step, f"`{label or path}`")
+    credit = credit or a.credit
+    return Series(label or path.name, binned(a.times, a.weights, step, span), step,
+                  f"`{label or path}`" + (f" ({credit})" if credit else ""))
 
 
 def synthetic_series(seed: int = 17) -> list[Series]:
@@ -305,9 +311,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tick-cost", action="store_true", help="also time one forecast call at the scaler's scale "
                     "(15 s samples, 67 h of history), per forecaster")
     args = ap.parse_args(argv)
-    slice_csv = "scenarios/traces/azure-code-slice.csv"
+    slice_csv, hour_csv = "scenarios/traces/azure-code-slice.csv", "scenarios/traces/azure-code-rates.csv"
     series = [*scenario_series(ROOT / "scenarios/mixed-fleet.yaml", 300.0),
-              trace_series(ROOT / slice_csv, 5.0, slice_csv), *synthetic_series()]
+              trace_series(ROOT / slice_csv, 5.0, slice_csv),
+              *(trace_series(ROOT / hour_csv, step, f"{hour_csv} at {step:g} s", AZURE_CREDIT)
+                for step in (15.0, 30.0)),
+              *synthetic_series()]
     series += [trace_series(p, args.trace_step) for p in args.trace]
     if args.only:
         series = [s for s in series if any(w in s.name for w in args.only.split(","))]
