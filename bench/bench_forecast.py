@@ -95,14 +95,13 @@ def scenario_series(path: Path, step: float) -> list[Series]:
 
 
 def trace_series(path: Path, step: float, label: str | None = None, credit: str = "") -> Series:
-    """A trace binned at ``step``; ``credit`` for a file whose format does not carry it (a rate CSV
-    derived from the Azure trace)."""
-    trace = read_trace(path, TraceSpec(path=str(path)))
+    """A trace binned at ``step``; ``credit`` as the trace option of that name (a rate CSV derived
+    from the Azure trace needs it; the Azure request format is credited without it)."""
+    trace = read_trace(path, TraceSpec(path=str(path), credit=credit))
     a = arrivals_from(trace, bin_s=min(step, 1.0))
     span = max(a.span_s, float(a.times[-1]) + a.bin_s) if len(a) else step
-    credit = credit or a.credit
     return Series(label or path.name, binned(a.times, a.weights, step, span), step,
-                  f"`{label or path}`" + (f" ({credit})" if credit else ""))
+                  f"`{label or path}`" + (f" ({a.credit})" if a.credit else ""))
 
 
 def synthetic_series(seed: int = 17) -> list[Series]:
