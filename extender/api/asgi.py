@@ -60,8 +60,7 @@ class LingeringASGIWorker(ASGIWorker):  # type: ignore[misc]
         if _draining.is_set():
             return
         _draining.set()  # replies now say Connection: close (whole_requests)
-        for server in self.servers:
-            server.close()  # no new connections here; the other workers accept them
+        stop_accepting(self.loop, self.servers)  # the other workers accept new connections
         self.loop.call_later(STOP_LINGER_S, self._stop_when_idle, time.monotonic() + MAX_DRAIN_S - STOP_LINGER_S)
 
     def _stop_when_idle(self, deadline: float) -> None:
@@ -69,6 +68,28 @@ class LingeringASGIWorker(ASGIWorker):  # type: ignore[misc]
             self.loop.call_later(0.05, self._stop_when_idle, deadline)
             return
         super().handle_exit_signal()
+
+
+def stop_accepting(loop: asyncio.AbstractEventLoop, servers: list[asyncio.Server]) -> None:
+    """Stop accepting connections on ``servers`` now, and close them once the connections already
+    accepted have their transports.
+
+    ``Server.close()`` alone loses a connection: asyncio accepts a socket in one loop iteration and
+    makes its transport in a task that runs in a later one, and a transport cannot attach to a
+    closed server (the task fails on an assertion, and the socket is dropped with the client's
+    request unread: the client reads a reset). CPython issue gh-109564, open. Removing the
+    listening sockets' readers stops new accepts at once; the servers are closed by a callback
+    queued behind the tasks already created.
+    """
+    for server in servers:
+        for sock in server.sockets:
+            loop.remove_reader(sock.fileno())
+    loop.call_soon(_close_all, servers)
+
+
+def _close_all(servers: list[asyncio.Server]) -> None:
+    for server in servers:
+        server.close()
 
 
 #: Scope keys our worker adds (ASGI servers may add namespaced keys): the peer certificate, and the
