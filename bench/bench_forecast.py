@@ -259,12 +259,17 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def within(coverage: float, level: float, band: float) -> bool:
+    """The coverage bar: ``|coverage - level| <= band`` (1e-12 of slack: 98 of 100 is 3 points off)."""
+    return abs(coverage - level) <= band + 1e-12
+
+
 def calibrated_pass(n: int, level: float, band: float) -> float:
     """The chance that an exactly calibrated quantile's coverage over ``n`` independent origins lands
     within ``band`` of ``level``: ``sum C(n, h) L^h (1 - L)^(n - h)`` over the hit counts h with
     ``|h / n - L| <= band``. What a coverage cell can tell: 0.38 at 20 origins, 0.94 at 150."""
     return sum(math.comb(n, h) * level**h * (1 - level) ** (n - h)
-               for h in range(n + 1) if abs(h / n - level) <= band + 1e-12)
+               for h in range(n + 1) if within(h / n, level, band))
 
 
 def bars(results: list[dict[str, Any]], level: float, band: float = 0.03) -> dict[str, Any]:
@@ -290,7 +295,7 @@ def bars(results: list[dict[str, Any]], level: float, band: float = 0.03) -> dic
                     continue
                 cells += 1
                 coverage = bar.startswith("coverage")
-                ok = abs(v - level) <= band + 1e-12 if coverage else v <= 1.0
+                ok = within(v, level, band) if coverage else v <= 1.0
                 if not ok:
                     failed.append({"series": res["series"], "h": k, "value": v})
                     if coverage:

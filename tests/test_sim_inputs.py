@@ -67,6 +67,20 @@ def test_bundled_rates_are_the_whole_trace_binned_as_the_script_bins_it(tmp_path
     assert 0 < part.rates[-1] <= whole.rates[len(part.rates) - 1]
 
 
+def test_trace_rates_at_a_coarser_step_are_the_one_second_rows_summed(tmp_path: Path) -> None:
+    """``--step 5`` gives each 5 s the mean of its five 1 s rows: the same requests, binned coarser."""
+    script, slice_csv = str(ROOT / "scripts/trace_rates.py"), str(ROOT / "scenarios/traces/azure-code-slice.csv")
+    fine, coarse = tmp_path / "1s.csv", tmp_path / "5s.csv"
+    subprocess.run([sys.executable, script, slice_csv, str(fine)], check=True, capture_output=True)
+    subprocess.run([sys.executable, script, slice_csv, str(coarse), "--step", "5"], check=True, capture_output=True)
+    one, five = (read_trace(f, TraceSpec(path="x")) for f in (fine, coarse))
+    assert isinstance(one, RateTrace) and isinstance(five, RateTrace)
+    padded = np.pad(one.rates, (0, -len(one.rates) % 5))
+    assert five.starts.tolist() == [5.0 * k for k in range(len(five.rates))]
+    assert np.allclose(five.rates, padded.reshape(-1, 5).mean(axis=1))
+    assert five.rates.sum() * 5 == pytest.approx(700)
+
+
 def test_seconds_and_iso_timestamps_give_the_same_trace(tmp_path: Path) -> None:
     iso = trace(tmp_path, "time,x\n2024-01-01T00:00:10Z,a\n2024-01-01T00:00:12.5Z,b\n2024-01-01 00:01:10,c\n")
     secs = trace(tmp_path, "ts\n1000\n1002.5\n1060\n")

@@ -1,0 +1,47 @@
+"""bench/bench_forecast.py's chance that a calibrated quantile passes a coverage cell, against the
+passing hit counts worked out by hand."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import NamedTuple
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_forecast.py"
+
+
+@functools.cache
+def bench() -> ModuleType:
+    """The bench script as a module (it is not a package; its dataclasses need it in sys.modules)."""
+    spec = importlib.util.spec_from_file_location("bench_forecast", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+class Case(NamedTuple):
+    id: str
+    n: int
+    passing: range  # hit counts h with |h / n - 0.95| <= 0.03
+
+
+CASES = [
+    Case("20 origins: only 19 of 20", 20, range(19, 20)),
+    Case("44 origins: 41 to 43", 44, range(41, 44)),
+    Case("90 origins: 83 to 88 (90 of 90 is outside)", 90, range(83, 89)),
+    Case("100 origins: 92 to 98, both edges inside", 100, range(92, 99)),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_calibrated_pass_sums_the_binomial_over_the_passing_counts(case: Case) -> None:
+    want = sum(math.comb(case.n, h) * 0.95**h * 0.05 ** (case.n - h) for h in case.passing)
+    assert bench().calibrated_pass(case.n, 0.95, 0.03) == pytest.approx(want, rel=1e-12)
