@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from pathlib import Path
 from typing import Any, NamedTuple, get_args
 
 import numpy as np
@@ -376,7 +377,9 @@ def test_holt_learns_a_trend_that_starts_later() -> None:
     f = forecast("holt", k * 15.0, y, 20 * 15.0)
     truth = y[-1] + 2.0 * 20
     assert f.point == pytest.approx(truth, rel=1e-3)
-    assert forecast("ewma", k * 15.0, y, 20 * 15.0).point < truth - 30  # EWMA lags a trend
+    ewma = forecast("ewma", k * 15.0, y, 20 * 15.0)
+    assert ewma.point - ewma.median_shift < truth - 30  # EWMA lags a trend ...
+    assert ewma.median_shift > 0  # ... and its errors, all positive, say by how much
 
 
 def test_holt_trend_under_noise() -> None:
@@ -1149,3 +1152,55 @@ def test_dm_statistic_is_the_reference_one(new: np.ndarray, old: np.ndarray, k: 
         assert got == pytest.approx(want, rel=1e-9)
     else:  # no spread at all: the sign of the mean says which way (0 when the losses are equal)
         assert got == (want if float(np.mean(old - new)) else 0.0)
+
+
+# ---- the point of a fitted model is the median of its forecast distribution ---------------------------
+
+AZURE_RATES = Path(__file__).resolve().parent.parent / "scenarios" / "traces" / "azure-code-rates.csv"
+
+
+def _azure_15s() -> tuple[np.ndarray, np.ndarray]:
+    # the bundled Azure code trace (requests per second, one row a second) as 15 s means: on/off,
+    # 48% of the bins empty, and a calmer second half than first
+    rates = np.loadtxt(AZURE_RATES, delimiter=",", skiprows=1)[:, 1]
+    n = len(rates) // 15
+    return np.arange(n) * 15.0, rates[:n * 15].reshape(n, 15).mean(axis=1)
+
+
+class Shifted(NamedTuple):
+    id: str
+    series: Any
+    name: str
+    k: int
+
+
+SHIFTED = [
+    # a smoother's level sits between the sessions, where outcomes seldom fall
+    Shifted("azure-15s ewma h=1", _azure_15s, "ewma", 1),
+    Shifted("azure-15s ewma h=3", _azure_15s, "ewma", 3),
+    Shifted("azure-15s holt h=2", _azure_15s, "holt", 2),
+]
+
+
+@pytest.mark.parametrize("row", SHIFTED, ids=[r.id for r in SHIFTED])
+def test_the_median_point_has_less_absolute_error_than_the_raw_point(row: Shifted) -> None:
+    t, y = row.series()
+    n, k = len(y), row.k
+    params = ForecastParams(step_s=15.0)
+    point, raw, shifts = [], [], []
+    for o in range(n - n // 3, n - k):
+        f = forecast(row.name, t[:o + 1], y[:o + 1], k * 15.0, params)
+        assert f.fitted and f.errors_steps == k
+        point.append(abs(y[o + k] - f.point))
+        raw.append(abs(y[o + k] - max(f.point - f.median_shift, 0.0)))
+        shifts.append(f.median_shift)
+    assert any(s != 0.0 for s in shifts)
+    assert float(np.mean(point)) < float(np.mean(raw))
+
+
+def test_the_last_value_is_never_shifted() -> None:
+    t, y = _azure_15s()
+    params = ForecastParams(step_s=15.0)
+    assert forecast("ewma", t, y, 15.0, params).median_shift != 0.0  # a series whose smoothers shift
+    f = forecast("last", t, y, 15.0, params)
+    assert f.median_shift == 0.0 and f.point == y[-1]

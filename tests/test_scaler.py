@@ -179,6 +179,17 @@ def test_decision_records_its_inputs_and_steps() -> None:
     assert Decision.model_validate_json(d.model_dump_json()) == d
 
 
+@pytest.mark.parametrize(("shift", "says"), [(0.0, None), (-1.5, "point 48.5 (median, shifted -1.5), p95 62")],
+                         ids=["raw point", "median point"])
+def test_explain_says_when_the_point_is_a_median(shift: float, says: str | None) -> None:
+    f = fc(50.0 + shift, 62.0).model_copy(update={"median_shift": shift})
+    text = decide(inputs(demand=30.0, forecast=f)).explain()
+    if says is None:
+        assert "median" not in text and "point 50, p95 62" in text
+    else:
+        assert says in text
+
+
 def test_explain_says_why_a_scale_down_waits() -> None:
     d = decide(inputs(ready=5, recent=covered(5, (100.0, 4))))
     assert "scale-down limited to 4: the largest recommendation of the last 300s" in d.explain()

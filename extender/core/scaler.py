@@ -216,7 +216,8 @@ class Decision(_Model):
         if i.forecast is not None:
             f = i.forecast
             fell = f" ({f.note})" if f.note else ""
-            lines.append(f"  forecast: {f.method}{fell}: point {f.point:g}, p{100 * f.level:g} {f.upper:g} "
+            median = f" (median, shifted {f.median_shift:+g})" if f.median_shift else ""
+            lines.append(f"  forecast: {f.method}{fell}: point {f.point:g}{median}, p{100 * f.level:g} {f.upper:g} "
                          f"{i.unit} at +{f.lead_s:g}s")
             if f.constants:
                 consts = ", ".join(f"{k} {v:g}" for k, v in f.constants.items())
