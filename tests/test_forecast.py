@@ -1204,3 +1204,47 @@ def test_the_last_value_is_never_shifted() -> None:
     assert forecast("ewma", t, y, 15.0, params).median_shift != 0.0  # a series whose smoothers shift
     f = forecast("last", t, y, 15.0, params)
     assert f.median_shift == 0.0 and f.point == y[-1]
+
+
+# ---- a refit retunes the chosen model; it does not replace it -----------------------------------------
+
+
+def _daily_600s() -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(17)
+    t = 1_700_000_000.0 - 1_700_000_000.0 % DAY + np.arange(5 * 144) * 600.0
+    return t, _daily(rng, len(t), t)
+
+
+class Reach(NamedTuple):
+    id: str
+    series: Any
+    name: str
+    #: which constants must run: "validated" (the refit moved alpha more than REFIT_REACH) or "refit"
+    runs: str
+
+
+REACHES = [
+    # on/off: EWMA validated at alpha 0.6, refitted on all of D to 0.02 (30 times slower)
+    Reach("azure-15s ewma", _azure_15s, "ewma", "validated"),
+    # Holt there: 0.6 -> 0.4, a retune
+    Reach("azure-15s holt", _azure_15s, "holt", "refit"),
+    Reach("noisy-daily holt", _daily_600s, "holt", "refit"),  # 0.3 -> 0.4
+]
+
+
+@pytest.mark.parametrize("row", REACHES, ids=[r.id for r in REACHES])
+def test_a_refit_beyond_reach_runs_the_validated_constants(row: Reach) -> None:
+    from extender.core import forecast as fc
+    t, y = row.series()
+    p = ForecastParams(step_s=float(t[1] - t[0]))
+    _, w = fc._prepared(t, y, p)
+    assert w is not None
+    shape = fc._shape(row.name, 0)
+    validated = fc._fitted(row.name, shape, w, p).run.constants
+    refit = smoothing.fit(w.fit, shape, fc._fixed(row.name, p))
+    ratio = refit.alpha / validated.alpha
+    beyond = not 1 / fc.REFIT_REACH <= ratio <= fc.REFIT_REACH
+    assert ("validated" if beyond else "refit") == row.runs, ratio
+    assert refit != validated  # the row tells the two apart
+    f = forecast(row.name, t, y, p.step_s, p)
+    assert f.constants == (validated if beyond else refit).as_dict()
