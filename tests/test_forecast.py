@@ -1236,7 +1236,8 @@ REACHES = [
 def test_a_refit_beyond_reach_runs_the_validated_constants(row: Reach) -> None:
     from extender.core import forecast as fc
     t, y = row.series()
-    p = ForecastParams(step_s=float(t[1] - t[0]))
+    step = float(t[1] - t[0])
+    p = ForecastParams(step_s=step)
     _, w = fc._prepared(t, y, p)
     assert w is not None
     shape = fc._shape(row.name, 0)
@@ -1246,5 +1247,5 @@ def test_a_refit_beyond_reach_runs_the_validated_constants(row: Reach) -> None:
     beyond = not 1 / fc.REFIT_REACH <= ratio <= fc.REFIT_REACH
     assert ("validated" if beyond else "refit") == row.runs, ratio
     assert refit != validated  # the row tells the two apart
-    f = forecast(row.name, t, y, p.step_s, p)
+    f = forecast(row.name, t, y, step, p)
     assert f.constants == (validated if beyond else refit).as_dict()
