@@ -1249,3 +1249,4 @@ def test_a_refit_beyond_reach_runs_the_validated_constants(row: Reach) -> None:
     assert refit != validated  # the row tells the two apart
     f = forecast(row.name, t, y, step, p)
     assert f.constants == (validated if beyond else refit).as_dict()
+    assert ("the validated constants run" in f.note) == beyond

@@ -745,7 +745,16 @@ def _fitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Fitte
 REFIT_REACH = 10.0
 
 
-def _refitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Run:
+@dataclass(frozen=True)
+class Refit:
+    """What :func:`_refitted` runs over D, and ``note``: why these are the validated constants, when
+    the refit went beyond :data:`REFIT_REACH` (empty otherwise)."""
+
+    run: Run
+    note: str = ""
+
+
+def _refitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Refit:
     """``name``'s constants fitted on the whole of D, training and held-out parts, and run over D
     (cached by D's content); the validated constants (:func:`_fitted`) when the refit's alpha is
     beyond :data:`REFIT_REACH` of theirs.
@@ -753,19 +762,21 @@ def _refitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Run
     The held-out part has done its work once a model is chosen and its errors are measured; the
     constants the forecast runs with then learn from all of D, the newest 26 h included.
     """
-    def make() -> Run:
+    def make() -> Refit:
+        validated = _fitted(name, shape, w, params).run
         if name == "last":
-            return _fitted(name, shape, w, params).run
+            return Refit(validated)
         y = w.fit
         if name == "seasonal-holt":
             y = y - _profile_on(w.fit_times(), w, params)
         c = smoothing.fit(y, shape, _fixed(name, params))
-        validated = _fitted(name, shape, w, params).run
-        if not 1.0 / REFIT_REACH <= c.alpha / validated.constants.alpha <= REFIT_REACH:
-            return validated
-        return smoothing.run(y, shape, c)
+        a = validated.constants.alpha
+        if not 1.0 / REFIT_REACH <= c.alpha / a <= REFIT_REACH:
+            return Refit(validated, f"the refit on the whole fit window took alpha from {a:g} to {c.alpha:g}, "
+                                    f"beyond {REFIT_REACH:g} times either way: the validated constants run")
+        return Refit(smoothing.run(y, shape, c))
     got = _cached(("refit", name, shape, *_fit_key(w, params)), make)
-    assert isinstance(got, Run)
+    assert isinstance(got, Refit)
     return got
 
 
@@ -895,9 +906,9 @@ def _fitted_forecast(name: str, ctx: Context, w: Window, note: str) -> Forecast:
         off = _profile_on(w.y_times(), w, ctx.params)
         ahead = float(prof.at(np.array([w.y_end + ctx.lead_s]))[0])
         y = w.y - off
-    r = _run_on(y, refit)
-    held = HeldOut(r if refit.constants == fitted.run.constants else _run_on(y, fitted.run), first, off)
-    return _finish(ctx, name, r, first, note, offset=off, ahead=ahead, held=held)
+    r = _run_on(y, refit.run)
+    held = HeldOut(r if refit.run.constants == fitted.run.constants else _run_on(y, fitted.run), first, off)
+    return _finish(ctx, name, r, first, _join(note, refit.note), offset=off, ahead=ahead, held=held)
 
 
 @dataclass(frozen=True)
@@ -1150,7 +1161,7 @@ def _auto(ctx: Context) -> Forecast:
 
 
 def _join(a: str, b: str) -> str:
-    return f"{a}; {b}" if a else b
+    return "; ".join(x for x in (a, b) if x)
 
 
 # ---------------------------------------------------------------------------------------------
