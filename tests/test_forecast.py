@@ -25,6 +25,8 @@ from extender.core.forecast import (
     spread_factor,
 )
 from extender.core.policy import Scaling
+from extender.sim.scenario import TraceSpec
+from extender.sim.traces import RateTrace, read_trace
 
 NAN = math.nan
 NAMES = sorted(FORECASTERS)
@@ -1162,7 +1164,9 @@ AZURE_RATES = Path(__file__).resolve().parent.parent / "scenarios" / "traces" / 
 def _azure_15s() -> tuple[np.ndarray, np.ndarray]:
     # the bundled Azure code trace (requests per second, one row a second) as 15 s means: on/off,
     # 48% of the bins empty, and a calmer second half than first
-    rates = np.loadtxt(AZURE_RATES, delimiter=",", skiprows=1)[:, 1]
+    trace = read_trace(AZURE_RATES, TraceSpec(path=str(AZURE_RATES)))
+    assert isinstance(trace, RateTrace)
+    rates = trace.rates
     n = len(rates) // 15
     return np.arange(n) * 15.0, rates[:n * 15].reshape(n, 15).mean(axis=1)
 
