@@ -45,3 +45,10 @@ CASES = [
 def test_calibrated_pass_sums_the_binomial_over_the_passing_counts(case: Case) -> None:
     want = sum(math.comb(case.n, h) * 0.95**h * 0.05 ** (case.n - h) for h in case.passing)
     assert bench().calibrated_pass(case.n, 0.95, 0.03) == pytest.approx(want, rel=1e-12)
+
+
+def test_the_bundled_rates_carry_their_credit_into_the_bench() -> None:
+    from extender.sim.traces import AZURE_CREDIT
+    rates = Path(__file__).resolve().parent.parent / "scenarios" / "traces" / "azure-code-rates.csv"
+    assert AZURE_CREDIT in bench().trace_series(rates, 15.0, "x", AZURE_CREDIT).source
+    assert "(" not in bench().trace_series(rates, 15.0, "x").source  # a rate file credits nothing by itself

@@ -81,6 +81,31 @@ def test_trace_rates_at_a_coarser_step_are_the_one_second_rows_summed(tmp_path: 
     assert five.rates.sum() * 5 == pytest.approx(700)
 
 
+class Credited(NamedTuple):
+    id: str
+    suffix: str  # what follows the file in --trace
+    shown: str | None  # the "demand data:" line of the report, None: no such line
+
+
+CREDITED = [
+    # docs/simulator.md's command for the bundled rates file
+    Credited("rates with a credit", ",credit=Azure Public Dataset (Microsoft) CC-BY 4.0",
+             "demand data: Azure Public Dataset (Microsoft) CC-BY 4.0"),
+    # a rate file carries no credit of its own (scenarios/traces/README.md)
+    Credited("rates without one", "", None),
+]
+
+
+@pytest.mark.parametrize("case", CREDITED, ids=[c.id for c in CREDITED])
+def test_a_trace_credit_given_on_the_command_line_is_shown(case: Credited,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from extender import cli
+    rates, scenario = ROOT / "scenarios/traces/azure-code-rates.csv", ROOT / "scenarios/azure-code-sample.yaml"
+    assert cli.main(["simulate", str(scenario), "--trace", f"{rates}{case.suffix}"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("demand data:")]
+    assert lines == ([] if case.shown is None else [case.shown])
+
+
 def test_seconds_and_iso_timestamps_give_the_same_trace(tmp_path: Path) -> None:
     iso = trace(tmp_path, "time,x\n2024-01-01T00:00:10Z,a\n2024-01-01T00:00:12.5Z,b\n2024-01-01 00:01:10,c\n")
     secs = trace(tmp_path, "ts\n1000\n1002.5\n1060\n")
