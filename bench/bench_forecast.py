@@ -9,7 +9,11 @@ series' own). Reported per horizon:
 
 * **error**: mean absolute error as a share of the mean rate over the test span (``MAE / mean``);
 * **ratio**: that error over the last value's, computed in the same run (below 1: better than naive);
-* **coverage**: the share of outcomes at or below the upper quantile (asked: 95%).
+* **coverage**: the share of outcomes at or below the upper quantile (asked: 95%);
+* **score**: the upper quantile's mean quantile (pinball) loss as a share of the mean rate
+  (:func:`quantile_score`). Coverage alone rewards an upper that is needlessly high (one at
+  infinity covers 100%); the score charges for both misses and width, and an exactly calibrated,
+  sharpest upper minimises it, so it is the figure to compare two ways of setting the upper by.
 
 Baselines: **last value** ``y[t]``; **seasonal naive** ``y[t+k-m]`` (m = a day of steps; shown only
 when the series is longer than a day); **ets** (optional): ``statsmodels`` ETS(A,Ad,N) fitted by
@@ -144,6 +148,20 @@ def ets_forecast(y: F64, k: int) -> F64 | None:
         return None
 
 
+def quantile_score(actual: float, upper: float, level: float) -> float:
+    """The quantile (pinball) loss of ``upper`` as the ``level`` quantile of ``actual``::
+
+        S = level (y - U)          when y > U (a miss, charged at level per unit short)
+        S = (1 - level) (U - y)    otherwise (width, charged at 1 - level per unit spare)
+
+    Its expectation is minimised by the true ``level`` quantile, so a lower mean score is a better
+    upper on both counts at once (Gneiting and Raftery, *Strictly Proper Scoring Rules, Prediction,
+    and Estimation*, JASA 2007).
+    """
+    d = actual - upper
+    return level * d if d > 0 else (level - 1) * d
+
+
 def evaluate(s: Series, *, every_s: float, test_s: float, history_s: float, level: float,
              with_ets: bool) -> dict[str, Any]:
     y, step = s.y, s.step
@@ -158,12 +176,14 @@ def evaluate(s: Series, *, every_s: float, test_s: float, history_s: float, leve
     params = ForecastParams(step_s=step, level=level)
     err: dict[str, dict[int, list[float]]] = {}
     hit: dict[str, dict[int, list[bool]]] = {}
+    score: dict[str, dict[int, list[float]]] = {}
     chosen: dict[int, dict[str, int]] = {}
 
     def add(name: str, k: int, f: float, upper: float | None, actual: float) -> None:
         err.setdefault(name, {}).setdefault(k, []).append(abs(actual - f))
         if upper is not None:
             hit.setdefault(name, {}).setdefault(k, []).append(actual <= upper)
+            score.setdefault(name, {}).setdefault(k, []).append(quantile_score(actual, upper, level))
 
     t0 = time.perf_counter()
     for o in origins:
@@ -192,6 +212,7 @@ def evaluate(s: Series, *, every_s: float, test_s: float, history_s: float, leve
         rows[name] = {"error": {k: float(np.mean(v)) / mean for k, v in by_k.items()}}
         if name in hit:
             rows[name]["coverage"] = {k: float(np.mean(v)) for k, v in hit[name].items()}
+            rows[name]["score"] = {k: float(np.mean(v)) / mean for k, v in score[name].items()}
     for row in rows.values():
         row["ratio"] = {k: row["error"][k] / rows["last value"]["error"][k] for k in row["error"]}
     return {"series": s.name, "source": s.source, "step_s": step, "points": n, "origins": len(origins),
@@ -248,14 +269,15 @@ def pct(x: float) -> str:
 
 def table(result: dict[str, Any]) -> str:
     rows = result["rows"]
-    head = "| forecaster | " + " | ".join(f"error h={k}" for k in HORIZONS) + " | " + \
-        " | ".join(f"vs last h={k}" for k in HORIZONS) + " | " + " | ".join(f"p95 cover h={k}" for k in HORIZONS) + " |"
-    lines = [head, "|---|" + "---:|" * (3 * len(HORIZONS))]
+    groups = ("error", "vs last", "p95 cover", "p95 score")
+    head = "| forecaster | " + " | ".join(f"{g} h={k}" for g in groups for k in HORIZONS) + " |"
+    lines = [head, "|---|" + "---:|" * (len(groups) * len(HORIZONS))]
     for name, row in rows.items():
-        cov = row.get("coverage", {})
+        cov, score = row.get("coverage", {}), row.get("score", {})
         lines.append(f"| {name} | " + " | ".join(pct(row["error"][k]) for k in HORIZONS) + " | "
                      + " | ".join(f"{row['ratio'][k]:.2f}" for k in HORIZONS) + " | "
-                     + " | ".join(pct(cov[k]) if k in cov else "-" for k in HORIZONS) + " |")
+                     + " | ".join(pct(cov[k]) if k in cov else "-" for k in HORIZONS) + " | "
+                     + " | ".join(pct(score[k]) if k in score else "-" for k in HORIZONS) + " |")
     return "\n".join(lines)
 
 

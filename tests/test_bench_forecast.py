@@ -52,3 +52,36 @@ def test_the_bundled_rates_carry_their_credit_into_the_bench() -> None:
     rates = Path(__file__).resolve().parent.parent / "scenarios" / "traces" / "azure-code-rates.csv"
     assert AZURE_CREDIT in bench().trace_series(rates, 15.0, "x", AZURE_CREDIT).source
     assert "(" not in bench().trace_series(rates, 15.0, "x").source  # a rate file credits nothing by itself
+
+
+class Score(NamedTuple):
+    id: str
+    actual: float
+    upper: float
+    score: float
+
+
+#: The quantile (pinball) loss at 95%, worked by hand.
+SCORES = [
+    Score("a miss is charged 0.95 a unit", 12.0, 10.0, 1.9),
+    Score("spare width is charged 0.05 a unit", 6.0, 10.0, 0.2),
+    Score("on the upper exactly: nothing", 10.0, 10.0, 0.0),
+    Score("an upper at zero missing nothing", 0.0, 0.0, 0.0),
+]
+
+
+@pytest.mark.parametrize("row", SCORES, ids=[r.id for r in SCORES])
+def test_quantile_score(row: Score) -> None:
+    assert bench().quantile_score(row.actual, row.upper, 0.95) == pytest.approx(row.score, rel=1e-12)
+
+
+def test_the_quantile_score_is_lowest_at_the_empirical_quantile() -> None:
+    # the property it is there for: over a sample, the constant upper with the lowest mean score is
+    # the sample's 95% quantile, so a lower score is a better quantile, not just a wider one
+    import numpy as np
+    rng = np.random.default_rng(3)
+    sample = rng.lognormal(1.0, 0.8, 400)
+    uppers = np.sort(sample)
+    mean_score = [float(np.mean([bench().quantile_score(a, u, 0.95) for a in sample])) for u in uppers]
+    best = uppers[int(np.argmin(mean_score))]
+    assert np.mean(sample <= best) == pytest.approx(0.95, abs=1 / len(sample))
