@@ -204,8 +204,8 @@ def ref_forecast(name: str, ts: list[float], ys: list[float], horizon: float, p:
     k = max(1, math.ceil(h - 1e-9))
     errs = ref_errors(kind, y, k, c, m)
     if len(errs) >= max(20, 3 * k):  # enough errors, over three horizons at least
-        seen = [v for v in y if not math.isnan(v)]
-        floor = max(0.1 * sum(seen) / len(seen), 1e-12)
+        busy = [v for v in y if v > 0]  # the floor: half the mean of the demand above zero
+        floor = max(0.5 * sum(busy) / len(busy), 1e-12) if busy else 1e-12
         rel = [e / max(f, floor) for e, f in zip(errs, ref_forecasts(kind, y, k, c, m), strict=True)]
         spread = max(ref_quantile(rel, p.level), 0.0) * max(raw, floor)
     else:
@@ -1161,14 +1161,18 @@ def test_dm_statistic_is_the_reference_one(new: np.ndarray, old: np.ndarray, k: 
 AZURE_RATES = Path(__file__).resolve().parent.parent / "scenarios" / "traces" / "azure-code-rates.csv"
 
 
-def _azure_15s() -> tuple[np.ndarray, np.ndarray]:
-    # the bundled Azure code trace (requests per second, one row a second) as 15 s means: on/off,
-    # 48% of the bins empty, and a calmer second half than first
+def _azure(step: int) -> tuple[np.ndarray, np.ndarray]:
+    """The bundled Azure code trace (requests per second, one row a second) as ``step`` s means."""
     trace = read_trace(AZURE_RATES, TraceSpec(path=str(AZURE_RATES)))
     assert isinstance(trace, RateTrace)
     rates = trace.rates
-    n = len(rates) // 15
-    return np.arange(n) * 15.0, rates[:n * 15].reshape(n, 15).mean(axis=1)
+    n = len(rates) // step
+    return np.arange(n) * float(step), rates[:n * step].reshape(n, step).mean(axis=1)
+
+
+def _azure_15s() -> tuple[np.ndarray, np.ndarray]:
+    # on/off at 15 s: 48% of the bins empty, and a calmer second half than first
+    return _azure(15)
 
 
 class Shifted(NamedTuple):
@@ -1213,6 +1217,32 @@ def test_the_last_value_is_never_shifted() -> None:
     assert forecast("ewma", t, y, 15.0, params).median_shift != 0.0  # a series whose smoothers shift
     f = forecast("last", t, y, 15.0, params)
     assert f.median_shift == 0.0 and f.point == y[-1]
+
+
+class Idle(NamedTuple):
+    id: str
+    step: int
+    k: int
+
+
+IDLE = [Idle("azure-5s h=1", 5, 1), Idle("azure-5s h=3", 5, 3), Idle("azure-15s h=3", 15, 3),
+        Idle("azure-30s h=1", 30, 1)]
+
+
+@pytest.mark.parametrize("row", IDLE, ids=[r.id for r in IDLE])
+def test_idle_spells_do_not_blow_up_the_upper(row: Idle) -> None:
+    # on/off demand: errors off the near-zero forecasts of a quiet spell are taken over the floor,
+    # and the upper scales them by the forecast. With a floor of a tenth of the mean of every bin
+    # (idle ones too) the upper asked for 5-14 times the busiest bin seen so far; with half the mean
+    # of the busy bins, at most 2.4 times, and it still covers
+    t, y = _azure(row.step)
+    n, k = len(y), row.k
+    params = ForecastParams(step_s=float(row.step))
+    origins = range(n - n // 3, n - k)
+    got = [forecast("auto", t[:o + 1], y[:o + 1], k * row.step, params) for o in origins]
+    assert all(f.residuals >= 20 for f in got)  # the upper is the relative quantile throughout
+    assert max(f.upper / float(np.max(y[:o + 1])) for o, f in zip(origins, got, strict=True)) <= 3.0
+    assert float(np.mean([y[o + k] <= f.upper for o, f in zip(origins, got, strict=True)])) >= 0.92
 
 
 # ---- a refit retunes the chosen model; it does not replace it -----------------------------------------

@@ -4,6 +4,7 @@ numpy-scalar loop it replaced, kept here as the reference."""
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -187,3 +188,28 @@ def test_the_fit_takes_a_threshold_where_the_series_has_shifts(y: np.ndarray, ta
         assert loss(c) < 0.9 * min(loss(Constants(alpha=a)) for a in smoothing.ALPHAS)
     else:
         assert c == smoothing.Constants(alpha=plain.alpha, fitted=True)
+
+
+class Floor(NamedTuple):
+    id: str
+    y: list[float]
+    floor: float
+
+
+#: The relative floor: half the mean of the demand above zero (smoothing.relative_floor).
+FLOORS = [
+    Floor("steady-demand-half-its-mean", [4.0, 6.0, 8.0], 3.0),
+    # idle time does not shrink it: the same sessions with zeros between them give the same floor
+    Floor("on-off-ignores-the-idle-bins", [0.0, 4.0, 0.0, 0.0, 6.0, 8.0, 0.0], 3.0),
+    Floor("gaps-drop-out", [math.nan, 4.0, 6.0, math.nan, 8.0], 3.0),
+    Floor("no-demand-at-all-a-tiny-positive-floor", [0.0, 0.0, math.nan], 1e-12),
+    Floor("empty", [], 1e-12),
+    # a series below zero (demand less its daily profile, fitted by the seasonal Holt) counts its
+    # values above zero only
+    Floor("a-deseasonalised-series-counts-what-is-above-zero", [-3.0, 1.0, -1.0, 3.0], 1.0),
+]
+
+
+@pytest.mark.parametrize("row", FLOORS, ids=[r.id for r in FLOORS])
+def test_relative_floor(row: Floor) -> None:
+    assert smoothing.relative_floor(np.array(row.y, dtype=float)) == pytest.approx(row.floor, rel=1e-12)

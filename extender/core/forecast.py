@@ -138,8 +138,8 @@ forecast they missed::
 
     r_{t,k} = (y[t+k] - f_{t,k}) / max(f_{t,k}, u)      every origin t after the training part (or
                                                        after the initial state with fixed constants)
-                                                       whose target is observed; u = 0.1 x mean(y)
-                                                       (smoothing.relative_floor)
+                                                       whose target is observed; u = 0.5 x the
+                                                       mean of y above zero (smoothing.relative_floor)
     q       = r_(ceil((N+1) level))                    the ceil((N+1) level)-th smallest; r_(N), the
                                                        largest, when that rank exceeds N
     upper   = point_raw + max(q, 0) max(point_raw, u)
