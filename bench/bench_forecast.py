@@ -15,7 +15,8 @@ series' own). Reported per horizon:
   infinity covers 100%); the score charges for both misses and width, and an exactly calibrated,
   sharpest upper minimises it, so it is the figure to compare two ways of setting the upper by.
 
-Baselines: **last value** ``y[t]``; **seasonal naive** ``y[t+k-m]`` (m = a day of steps; shown only
+Baselines: **last value** ``y[t]``, with an upper of its own for the score (:func:`naive_upper`:
+the current rate plus the worst recent swings); **seasonal naive** ``y[t+k-m]`` (m = a day of steps; shown only
 when the series is longer than a day); **ets** (optional): ``statsmodels`` ETS(A,Ad,N) fitted by
 maximum likelihood at every origin on the same history, the reference issue 17 used. statsmodels
 is not a dependency of the project; install it in the venv to get the column.
@@ -53,7 +54,7 @@ from numpy.typing import NDArray
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from extender.core.forecast import FORECASTERS, ForecastParams, forecast  # noqa: E402
+from extender.core.forecast import FORECASTERS, ForecastParams, forecast, residual_quantile  # noqa: E402
 from extender.sim.scenario import TraceSpec, load_scenario  # noqa: E402
 from extender.sim.synthetic import synthetic_arrivals  # noqa: E402
 from extender.sim.traces import AZURE_CREDIT, arrivals_from, read_trace  # noqa: E402
@@ -148,6 +149,16 @@ def ets_forecast(y: F64, k: int) -> F64 | None:
         return None
 
 
+def naive_upper(y: F64, k: int, level: float) -> float:
+    """The last value's own upper, the reference for the quantile score: ``y[t] + q``, q the
+    split-conformal ``level`` quantile (:func:`residual_quantile`) of every observed k-step change
+    ``y[j+k] - y[j]`` in the history. Absolute, with no model and no floor: what a user gets by
+    adding the worst recent swings to the current rate."""
+    changes = y[k:] - y[:-k]
+    changes = changes[~np.isnan(changes)]
+    return float(y[-1]) + max(residual_quantile(changes, level), 0.0)
+
+
 def quantile_score(actual: float, upper: float, level: float) -> float:
     """The quantile (pinball) loss of ``upper`` as the ``level`` quantile of ``actual``::
 
@@ -197,7 +208,7 @@ def evaluate(s: Series, *, every_s: float, test_s: float, history_s: float, leve
                     picks = chosen.setdefault(k, {})
                     picks[f.method] = picks.get(f.method, 0) + 1
         for k in HORIZONS:
-            add("last value", k, y[o], None, y[o + k])
+            add("last value", k, y[o], naive_upper(yh, k, level), y[o + k])
             if o + k - m >= 0 and n > 2 * m:
                 add("seasonal naive", k, y[o + k - m], None, y[o + k])
         if with_ets:

@@ -85,3 +85,31 @@ def test_the_quantile_score_is_lowest_at_the_empirical_quantile() -> None:
     mean_score = [float(np.mean([bench().quantile_score(a, u, 0.95) for a in sample])) for u in uppers]
     best = uppers[int(np.argmin(mean_score))]
     assert np.mean(sample <= best) == pytest.approx(0.95, abs=1 / len(sample))
+
+
+class Naive(NamedTuple):
+    id: str
+    y: list[float]
+    k: int
+    upper: float
+
+
+#: The last value's own upper: y[t] plus the split-conformal 95% quantile of the history's k-step
+#: changes (of N changes, the ceil(0.95 (N + 1))-th smallest; the largest below 19 of them).
+NAIVE = [
+    Naive("a flat series: the last value itself", [5.0] * 30, 1, 5.0),
+    # 39 one-step changes, 20 of +1 and 19 of -1: the 38th smallest of 39 is +1
+    Naive("changes up and down", [10.0 + (i % 2) for i in range(40)], 1, 11.0 + 1.0),
+    # three two-step changes (+2, +7, +1): fewer than 19, so the largest
+    Naive("few changes: the largest", [1.0, 2.0, 3.0, 9.0, 4.0], 2, 4.0 + 7.0),
+    # the quantile is never negative: a falling series keeps the last value as its upper
+    Naive("only falls: no lower than the last value", [9.0, 8.0, 7.0, 6.0], 1, 6.0),
+    # a gap takes out the changes it touches, nothing else
+    Naive("a gap drops its changes", [1.0, float("nan"), 30.0, 2.0, 3.0], 1, 3.0 + 1.0),
+]
+
+
+@pytest.mark.parametrize("row", NAIVE, ids=[r.id for r in NAIVE])
+def test_naive_upper(row: Naive) -> None:
+    import numpy as np
+    assert bench().naive_upper(np.array(row.y), row.k, 0.95) == pytest.approx(row.upper, rel=1e-12)
