@@ -1,5 +1,6 @@
-"""bench/bench_forecast.py's chance that a calibrated quantile passes a coverage cell, against the
-passing hit counts worked out by hand."""
+"""bench/bench_forecast.py's own arithmetic, against figures worked out by hand: the chance that a
+calibrated quantile passes a coverage cell, the quantile score and the naive upper it is compared
+with."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_forecast.py"
@@ -78,7 +80,6 @@ def test_quantile_score(row: Score) -> None:
 def test_the_quantile_score_is_lowest_at_the_empirical_quantile() -> None:
     # the property it is there for: over a sample, the constant upper with the lowest mean score is
     # the sample's 95% quantile, so a lower score is a better quantile, not just a wider one
-    import numpy as np
     rng = np.random.default_rng(3)
     sample = rng.lognormal(1.0, 0.8, 400)
     uppers = np.sort(sample)
@@ -111,5 +112,4 @@ NAIVE = [
 
 @pytest.mark.parametrize("row", NAIVE, ids=[r.id for r in NAIVE])
 def test_naive_upper(row: Naive) -> None:
-    import numpy as np
     assert bench().naive_upper(np.array(row.y), row.k, 0.95) == pytest.approx(row.upper, rel=1e-12)
