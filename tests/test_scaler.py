@@ -190,6 +190,16 @@ def test_explain_says_when_the_point_is_a_median(shift: float, says: str | None)
         assert says in text
 
 
+@pytest.mark.parametrize(("residuals", "steps", "upper", "says"), [
+    (312, 9, 62.0, "p95 62 requests/s at +210s (from 312 errors at 9 step(s))"),
+    (0, 0, 50.0, "p95 50 requests/s at +210s (no errors yet: the point)"),
+], ids=["k-step errors", "none yet"])
+def test_explain_says_what_the_upper_rests_on(residuals: int, steps: int, upper: float, says: str) -> None:
+    # a p95 from twenty errors is a different claim from one out of three hundred
+    f = fc(50.0, upper).model_copy(update={"residuals": residuals, "errors_steps": steps})
+    assert says in decide(inputs(demand=30.0, forecast=f)).explain()
+
+
 def test_explain_says_why_a_scale_down_waits() -> None:
     d = decide(inputs(ready=5, recent=covered(5, (100.0, 4))))
     assert "scale-down limited to 4: the largest recommendation of the last 300s" in d.explain()

@@ -217,8 +217,10 @@ class Decision(_Model):
             f = i.forecast
             fell = f" ({f.note})" if f.note else ""
             median = f" (median, shifted {f.median_shift:+g})" if f.median_shift else ""
+            basis = (f"from {f.residuals} errors at {f.errors_steps} step(s)" if f.residuals
+                     else "no errors yet: the point")
             lines.append(f"  forecast: {f.method}{fell}: point {f.point:g}{median}, p{100 * f.level:g} {f.upper:g} "
-                         f"{i.unit} at +{f.lead_s:g}s")
+                         f"{i.unit} at +{f.lead_s:g}s ({basis})")
             if f.constants:
                 consts = ", ".join(f"{k} {v:g}" for k, v in f.constants.items())
                 lines.append(f"  constants ({'fitted' if f.fitted else 'fixed'}): {consts}")
