@@ -1219,6 +1219,16 @@ def test_the_last_value_is_never_shifted() -> None:
     assert f.median_shift == 0.0 and f.point == y[-1]
 
 
+@pytest.mark.parametrize(("name", "note"), [
+    ("holt", "one observation: flat forecast"),
+    ("holt-winters", "fell back to holt: 1 of 11520 steps (2 seasons of 5760) of history; "
+                     "one observation: flat forecast"),
+], ids=["holt", "after a fallback note"])
+def test_one_observation_says_the_forecast_is_flat(name: str, note: str) -> None:
+    f = forecast(name, [1000.0], [7.0], 60.0, ForecastParams(step_s=15.0))
+    assert (f.method, f.note, f.point, f.upper, f.residuals) == ("holt", note, 7.0, 7.0, 0)
+
+
 class Idle(NamedTuple):
     id: str
     step: int

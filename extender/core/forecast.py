@@ -978,7 +978,7 @@ def _finish(ctx: Context, name: str, r: Run, first: int, note: str, *, offset: F
         spread, n_err, steps = max(residual_quantile(res, ctx.params.level), 0.0) * c_h, res.size, 1 if res.size else 0
     method = _METHOD[name]
     if ctx.series.observations == 1 and method == "holt":
-        note = (note + "; " if note else "") + "one observation: flat forecast"
+        note = _join(note, "one observation: flat forecast")
     s = ctx.series
     return Forecast(
         point=max(raw + shift, 0.0), upper=max(raw + spread, 0.0), level=ctx.params.level, horizon_s=ctx.horizon_s,
