@@ -19,6 +19,7 @@ from extender.core.forecast import (
     FORECASTERS,
     Forecast,
     ForecastParams,
+    Row,
     forecast,
     forecaster,
     resample,
@@ -295,6 +296,29 @@ def test_holt_winters_hand_state() -> None:
     assert r.season.tolist() == [-0.25, 0.375]
     # one-step errors from origin 0 on (the residual of y[0] against the initial state is not one)
     assert smoothing.errors_at(r, 1).tolist() == [0, 0, 0, 1, -0.75]
+
+
+ALONG: list[tuple[str, list[float], int, int, list[list[float]]]] = [
+    # (id, y, k, first, the errors of the last value at horizons 1..k, one row per origin), by hand
+    ("two-steps", [1, 2, 4, 7], 2, 0, [[1, 3], [2, 5]]),
+    ("one-step-is-errors-at", [1, 2, 4, 7], 1, 0, [[1], [2], [3]]),
+    ("from-an-origin-on", [1, 2, 4, 7], 2, 1, [[2, 5]]),
+    # a missing target leaves its cell NaN; the origin at the gap carries the level before it
+    ("a-gap", [1, 2, math.nan, 7], 2, 0, [[1, math.nan], [math.nan, 5]]),
+    ("horizon-past-the-data", [1, 2, 4], 3, 0, []),
+]
+
+
+@pytest.mark.parametrize(("y", "k", "first", "expected"), [r[1:] for r in ALONG], ids=[r[0] for r in ALONG])
+def test_errors_along_the_path(y: list[float], k: int, first: int, expected: list[list[float]]) -> None:
+    r = smoothing.run(np.array(y), smoothing.Shape(trend=False, m=0), smoothing.Constants(alpha=1.0))
+    got = smoothing.errors_along(r, k, first)
+    assert got.shape == (len(expected), k)
+    np.testing.assert_array_equal(got, np.array(expected).reshape(-1, k))
+    for j in range(1, k + 1):  # each column is errors_at j over the same origins
+        column = got[:, j - 1]
+        seen = column[~np.isnan(column)]
+        assert seen.tolist() == smoothing.errors_at(r, j, first)[:seen.size].tolist()
 
 
 def test_empty_history_says_so() -> None:
@@ -962,7 +986,10 @@ def test_auto_says_what_it_chose_and_why() -> None:
     f = forecast("auto", t, y, 3 * 3600.0)
     for name in ("last", "ewma", "holt", "holt-winters"):
         assert f"{name} " in f.note  # every candidate's held-out error is listed
+    assert "over 1-12)" in f.note  # with its statistic over the path as well as at the horizon
     assert f.fitted and f.errors_steps == 12
+    one = forecast("auto", t, y, 900.0)
+    assert one.errors_steps == 1 and "over 1-" not in one.note  # one step: the two statistics are one
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1127,20 +1154,34 @@ def test_one_hour_of_a_ramp_holds_no_trend_for_two_hours() -> None:
     assert far.point == pytest.approx(line[-1] + slope * 120)  # a day of history: the whole lead
 
 
-PICKS: list[tuple[str, list[tuple[str, float, float]], str]] = [
-    # (id, rows (name, score, z), the pick)
-    ("nothing-clear-keeps-the-last-value", [("last", 1.0, 0.0), ("ewma", 0.7, 1.6), ("holt", 0.9, 1.2)], "last"),
+def _rows(*rows: tuple[str, float, float, float]) -> list[Row]:
+    return [Row("last", 1.0, 0.0, 0.0), *(Row(*r) for r in rows)]
+
+
+PICKS: list[tuple[str, list[Row], str]] = [
+    # (id, rows (name, score, z at k, z over the path 1..k), the pick)
+    ("nothing-clear-keeps-the-last-value", _rows(("ewma", 0.7, 1.6, 1.6), ("holt", 0.9, 1.2, 1.2)), "last"),
     # the lowest score is not the most certain gain: the larger z wins (the 57-minute Azure sample)
-    ("largest-z-not-lowest-score", [("last", 1.0, 0.0), ("ewma", 0.68, 1.9), ("holt", 0.91, 2.3)], "holt"),
-    ("one-clear-candidate", [("last", 1.0, 0.0), ("ewma", 0.95, 1.7), ("holt", 0.8, 1.0)], "ewma"),
-    ("tie-goes-to-the-simpler", [("last", 1.0, 0.0), ("ewma", 0.8, 3.0), ("holt", 0.7, 3.0)], "ewma"),
-    ("just-at-the-bar-is-not-over-it", [("last", 1.0, 0.0), ("ewma", 0.8, 1.645)], "last"),
-    ("an-infinite-z-wins", [("last", 1.0, 0.0), ("ewma", 0.5, 2.0), ("holt", 0.9, math.inf)], "holt"),
+    ("largest-z-not-lowest-score", _rows(("ewma", 0.68, 1.9, 1.9), ("holt", 0.91, 2.3, 2.3)), "holt"),
+    ("one-clear-candidate", _rows(("ewma", 0.95, 1.7, 1.7), ("holt", 0.8, 1.0, 1.0)), "ewma"),
+    ("tie-goes-to-the-simpler", _rows(("ewma", 0.8, 3.0, 3.0), ("holt", 0.7, 3.0, 3.0)), "ewma"),
+    ("just-at-the-bar-is-not-over-it", _rows(("ewma", 0.8, 1.645, 1.645)), "last"),
+    ("an-infinite-z-wins", _rows(("ewma", 0.5, 2.0, 2.0), ("holt", 0.9, math.inf, math.inf)), "holt"),
+    # the path is the evidence: under the bar at k alone (the Azure trace at 15 s, three steps: z 1.58),
+    # over it along one to three steps
+    ("the-path-clears-the-bar", _rows(("ewma", 0.8, 1.58, 2.4)), "ewma"),
+    # over the bar along the path but behind the last value at the horizon used: not run there
+    ("ahead-on-the-path-behind-at-k", _rows(("ewma", 1.02, -0.3, 2.5)), "last"),
+    ("ahead-on-the-path-level-at-k", _rows(("ewma", 0.99, 0.0, 2.5)), "last"),
+    # a gain at k that the shorter horizons do not bear out is not evidence enough
+    ("clear-at-k-not-on-the-path", _rows(("ewma", 0.8, 2.0, 1.2)), "last"),
+    # among the eligible, the largest z at k wins, not the largest over the path
+    ("eligible-ranked-at-k", _rows(("ewma", 0.8, 1.0, 3.0), ("holt", 0.85, 1.4, 2.0)), "holt"),
 ]
 
 
 @pytest.mark.parametrize(("rows", "expected"), [r[1:] for r in PICKS], ids=[r[0] for r in PICKS])
-def test_auto_picks_the_clearest_gain(rows: list[tuple[str, float, float]], expected: str) -> None:
+def test_auto_picks_the_clearest_gain(rows: list[Row], expected: str) -> None:
     from extender.core.forecast import pick
     assert pick(rows) == expected
 
@@ -1253,6 +1294,21 @@ def test_idle_spells_do_not_blow_up_the_upper(row: Idle) -> None:
     assert all(f.residuals >= 20 for f in got)  # the upper is the relative quantile throughout
     assert max(f.upper / float(np.max(y[:o + 1])) for o, f in zip(origins, got, strict=True)) <= 3.0
     assert float(np.mean([y[o + k] <= f.upper for o, f in zip(origins, got, strict=True)])) >= 0.92
+
+
+def test_the_path_to_the_horizon_is_evidence_too() -> None:
+    # the bundled Azure trace at 15 s, three steps ahead: EWMA's held-out gain at three steps alone is z
+    # 1.58, under the bar, so auto kept the last value there (1.00 of its error, where statsmodels' ETS
+    # was 0.95). Along the path of one to three steps the same origins hold three times the evidence
+    t, y = _azure(15)
+    n, k = len(y), 3
+    params = ForecastParams(step_s=15.0)
+    origins = range(n - n // 3, n - k)
+    got = [forecast("auto", t[:o + 1], y[:o + 1], k * 15.0, params) for o in origins]
+    assert all("auto chose ewma" in f.note and "over 1-3)" in f.note for f in got)
+    auto = np.mean([abs(y[o + k] - f.point) for o, f in zip(origins, got, strict=True)])
+    last = np.mean([abs(y[o + k] - y[o]) for o in origins])
+    assert auto / last < 0.95
 
 
 # ---- a refit retunes the chosen model; it does not replace it -----------------------------------------

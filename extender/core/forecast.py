@@ -112,16 +112,18 @@ all, :func:`has_season`) is fitted on the training part and run on through the h
 giving its k-step errors over the held-out origins, ``k = max(1, ceil(h))`` the horizon actually
 needed. These forecasts are out of sample twice over: the constants never saw the held-out data,
 and each forecast uses only data before its origin. The last value is the default; a candidate is
-eligible only when its *squared* errors are lower than 99% of the last value's
-(:data:`AUTO_MARGIN`) by more than :data:`AUTO_Z` (1.645: a one-sided test at 5%) standard errors
-of the mean paired difference, the standard error counting the correlation of overlapping k-step
-errors (a Diebold-Mariano test, :func:`gain_statistic`), and the eligible one lowest by the most
-standard errors wins (:func:`choose`, :func:`pick`): the most certain gain, not the lowest held-out
-error. Squared: a model that lags a burst pays for it in the choice, as the scaler pays for it in
-queueing. (Before the level-shift thresholds, smoothers chosen by absolute error lost 1.05x to the
-last value on the benchmark's bursty series; with them, a choice by absolute error gains more
-there, 0.81-0.89 of the last value's error against 0.92-0.96, but it took EWMA on the 57-minute
-Azure sample, 1.04 of the last value's error at one step. BENCHMARKS.md has the variants.)
+eligible only when its *squared* errors along the path to k (their mean over horizons 1..k, each
+scaled by the last value's there) are lower than 99% of the last value's (:data:`AUTO_MARGIN`)
+by more than :data:`AUTO_Z` (1.645: a one-sided test at 5%) standard errors of the mean paired
+difference, the standard error counting the correlation of overlapping k-step errors (a
+Diebold-Mariano test, :func:`gain_statistic`), and it is ahead by the margin at k itself; the
+eligible one lowest at k by the most standard errors wins (:func:`choose`, :func:`pick`): the most
+certain gain, not the lowest held-out error. Squared: a model that lags a burst pays for it in the
+choice, as the scaler pays for it in queueing. (Before the level-shift thresholds, smoothers chosen
+by absolute error lost 1.05x to the last value on the benchmark's bursty series; with them, a
+choice by absolute error gains more there, 0.81-0.89 of the last value's error against 0.92-0.96,
+but it took EWMA on the 57-minute Azure sample, 1.04 of the last value's error at one step.
+BENCHMARKS.md has the variants.)
 Without enough held-out errors (:func:`enough_errors`: at least :data:`MIN_ERRORS`, and
 :data:`MIN_WINDOWS` horizons' worth), ``auto`` has no evidence and runs the last value, the
 baseline every model has to beat; the note says so.
@@ -198,10 +200,10 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
@@ -1015,13 +1017,31 @@ AUTO_Z = 1.645
 AUTO_MARGIN = 0.01
 
 
-@dataclass(frozen=True)
-class Choice:
-    """``auto``'s pick at one horizon: the model, every candidate's score and Diebold-Mariano statistic
-    against the last value (:func:`choose`), and the number of held-out origins of the last value."""
+def _means(a: F64) -> F64:
+    """The mean of each row of ``a`` over its observed (not NaN) entries; NaN for a row with none."""
+    seen = ~np.isnan(a)
+    count = seen.sum(axis=1)
+    total = np.where(seen, a, 0.0).sum(axis=1)
+    return np.asarray(np.where(count > 0, total / np.maximum(count, 1), np.nan), dtype=np.float64)
+
+
+class Row(NamedTuple):
+    """One candidate in :func:`choose`: its score at the horizon used, and its gain statistics
+    against the last value there (``z``) and over the path to it (``z_path``)."""
 
     name: str
-    scores: tuple[tuple[str, float, float], ...]
+    score: float
+    z: float
+    z_path: float
+
+
+@dataclass(frozen=True)
+class Choice:
+    """``auto``'s pick at one horizon: the model, every candidate's score and Diebold-Mariano statistics
+    against the last value (:func:`choose`), and the number of held-out k-step origins of the last value."""
+
+    name: str
+    scores: tuple[Row, ...]
     errors: int
 
 
@@ -1049,22 +1069,30 @@ def choose(w: Window, ctx: Context, k: int) -> Choice | None:
     """The model ``auto`` runs at horizon k (``None``: too few held-out errors to tell).
 
     Every candidate that can be fitted (Holt-Winters and the seasonal Holt only when the fit data
-    has a daily shape, :func:`has_season`) gives its squared k-step errors on its held-out origins,
-    and is compared with the last value on the origins they share (all of them, or the latest ones
-    for a Holt-Winters that trained longer)::
+    has a daily shape, :func:`has_season`) gives its squared errors at every horizon up to k on its
+    held-out origins, and is compared with the last value on the origins they share (all of them,
+    or the latest ones for a Holt-Winters that trained longer)::
 
-        score = mean(e^2) / mean(e_last^2)                1 for the last value itself
-        z     = gain_statistic(e^2, e_last^2, k)           0 for the last value itself
+        score  = mean(e_k^2) / mean(e_last,k^2)                 1 for the last value itself
+        z_k    = gain_statistic(e_k^2, e_last,k^2, k)            at the horizon used
+        p_t    = mean_j e_{t,j}^2 / mean(e_last,j^2)             j = 1..k: the path to the horizon
+        z_path = gain_statistic(p, p_last, k)                    0 for the last value itself
 
-    The last value is the default; another candidate is eligible only when it *clearly* beats the
-    last value (``z > AUTO_Z``), and the eligible one with the largest ``z``
-    wins (the simpler one on a tie): the model whose advantage is the most certain, rather than the
-    one whose held-out error happens to be lowest. The two differ when a candidate's lower mean rests
-    on a few large errors: on the benchmark's 57-minute Azure sample (24 held-out errors), EWMA's mean
-    squared error was 0.68 of the last value's at z 1.9 and Holt's 0.91 at z above 2; the next
+    Whether to leave the last value at all is a question of evidence, and the path holds k times
+    as much of it as the horizon alone: ``z_path`` is the Diebold-Mariano test on the average loss
+    over horizons 1..k (Quaedvlieg, *Multi-Horizon Forecast Comparison*, JBES 2021), each horizon
+    scaled by the last value's mean loss there so that the longest one, whose errors are the
+    largest, does not drown the others. Which model to run is a question of the horizon used. A
+    candidate is eligible when ``z_path > AUTO_Z`` and ``z_k > 0`` (it is ahead at k too, by the
+    margin), and the eligible one with the largest ``z_k`` wins (:func:`pick`). At k = 1 the two
+    statistics are one.
+
+    The largest statistic rather than the lowest score, because the two differ when a candidate's
+    lower mean rests on a few large errors. On the benchmark's 57-minute Azure sample (24 held-out errors), EWMA's
+    mean squared error was 0.68 of the last value's at z 1.9 and Holt's 0.91 at z above 2; the next
     half hour was 1.04 of the last value's absolute error with EWMA and 0.94 with Holt.
     """
-    losses: dict[str, F64] = {}
+    paths: dict[str, F64] = {}
     for name in AUTO_CANDIDATES:
         shape = _shape(name, ctx.m)
         if not _can_fit(w, name, shape, ctx.params):
@@ -1072,25 +1100,36 @@ def choose(w: Window, ctx: Context, k: int) -> Choice | None:
         if name in SEASONAL and not has_season(w.fit, ctx.m):
             continue
         f = _fitted(name, shape, w, ctx.params)
-        e = smoothing.errors_at(f.run, k, f.first)
-        if enough_errors(e.size, k):
-            losses[name] = e * e
+        e = smoothing.errors_along(f.run, k, f.first)
+        if enough_errors(int(np.count_nonzero(~np.isnan(e[:, -1]))), k):
+            paths[name] = e * e
         elif name == "last":  # the baseline has the most held-out errors of all: nothing to compare
             return None
-    base = losses["last"]
+    base = paths["last"]
+    scale = _means(base.T)  # the last value's mean squared error at each horizon
+    scale = np.where(scale > 0.0, scale, 1.0)  # NaN (no target at j) or 0 (a perfect last value)
     rows = []
-    for name, v in losses.items():
-        shared = base[-v.size:]  # Holt-Winters may hold out fewer origins than the others
-        score = float(np.mean(v)) / max(float(np.mean(shared)), 1e-300)
-        rows.append((name, score, 0.0 if name == "last" else gain_statistic(v, shared, k)))
-    return Choice(pick(rows), tuple(rows), base.size)
+    for name, v in paths.items():
+        shared = base[-len(v):]  # Holt-Winters may hold out fewer origins than the others
+        at_k = ~np.isnan(v[:, -1])
+        new, old = v[at_k, -1], shared[at_k, -1]
+        score = float(np.mean(new)) / max(float(np.mean(old)), 1e-300)
+        if name == "last":
+            rows.append(Row(name, score, 0.0, 0.0))
+            continue
+        path_new, path_old = _means(v / scale), _means(shared / scale)
+        seen = ~np.isnan(path_new)
+        z_path = gain_statistic(path_new[seen], path_old[seen], k)
+        rows.append(Row(name, score, gain_statistic(new, old, k), z_path))
+    return Choice(pick(rows), tuple(rows), int(np.count_nonzero(~np.isnan(base[:, -1]))))
 
 
-def pick(rows: list[tuple[str, float, float]]) -> str:
-    """From rows ``(name, score, z)`` (the last value's first): the last value, or the candidate with
-    the largest ``z`` among those above :data:`AUTO_Z` (the earliest, simplest one on a tie)."""
-    eligible = [r for r in rows if r[0] == "last" or r[2] > AUTO_Z]
-    return max(eligible, key=lambda r: r[2])[0]
+def pick(rows: Sequence[Row]) -> str:
+    """From :class:`Row` s (the last value's first): the candidate with the largest ``z`` among those
+    with ``z_path`` above :data:`AUTO_Z` and ``z`` above 0 (the earliest, simplest one on a tie), or
+    the last value when there is none."""
+    eligible = [r for r in rows if r.name == "last" or (r.z_path > AUTO_Z and r.z > 0.0)]
+    return max(eligible, key=lambda r: r.z).name
 
 
 def dm_statistic(new: F64, old: F64, k: int) -> float:
@@ -1152,7 +1191,8 @@ def _auto(ctx: Context) -> Forecast:
         held = 0 if w is None else len(w.fit) - w.split
         return _model("last", ctx, note=f"auto: too little history before the refit boundary to compare models "
                                         f"({held} held-out steps at a horizon of {k}): the last value")
-    table = ", ".join(f"{n} {v:.3f} (z {z:.1f})" for n, v, z in got.scores)
+    table = ", ".join(f"{r.name} {r.score:.3f} (z {r.z:.1f}" + (f", {r.z_path:.1f} over 1-{k})" if k > 1 else ")")
+                      for r in got.scores)
     note = (f"auto chose {got.name} by squared error at {k} step(s) over {got.errors} held-out origins "
             f"(mean squared error over the last value's, and by how many standard errors it is below "
             f"{100 * (1 - AUTO_MARGIN):g}% of it: {table})")

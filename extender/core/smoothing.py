@@ -307,6 +307,18 @@ def errors_at(r: Run, k: int, first: int = 0) -> F64:
     return np.asarray(target[seen] - forecasts_at(r, k, origins[seen]), dtype=np.float64)
 
 
+def errors_along(r: Run, k: int, first: int = 0) -> F64:
+    """The errors at every horizon up to k of every origin ``t >= max(first, t0)`` with ``t + k`` inside
+    y: an (origins, k) matrix whose column j - 1 is ``y[t+j] - f_{t,j}``, NaN where ``y[t+j]`` is
+    missing. Its last column, without the NaN, is :func:`errors_at` at k."""
+    lo = max(first, r.t0, 0)
+    hi = len(r.y) - k
+    if hi <= lo:
+        return np.empty((0, k))
+    origins = np.arange(lo, hi)
+    return np.column_stack([r.y[origins + j] - forecasts_at(r, j, origins) for j in range(1, k + 1)])
+
+
 def relative_errors_at(r: Run, k: int, first: int, floor: float, offset: F64 | None = None) -> F64:
     """The k-step errors of :func:`errors_at` over their forecasts: ``e_{t,k} / max(f_{t,k}, floor)``.
 
