@@ -981,6 +981,23 @@ def test_clearly_better(new: np.ndarray, old: np.ndarray, k: int, expected: bool
     assert (gain_statistic(new, old, k) > AUTO_Z) is expected
 
 
+#: a squared error: zero, or far enough from underflow that a power of two divides it exactly
+LOSS = st.one_of(st.just(0.0), st.floats(1e-100, 1e4))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(LOSS, LOSS), min_size=2, max_size=60), st.integers(1, 4), st.integers(-20, 20))
+def test_the_gain_statistic_does_not_depend_on_the_units(pairs: list[tuple[float, float]], k: int,
+                                                          exponent: int) -> None:
+    # the path's losses are each horizon's divided by the last value's mean there; at one step that
+    # is one constant for both sides, so the path's statistic is the horizon's (choose: "at k = 1 the
+    # two statistics are one"). A power of two divides exactly, so the statistic must not move at all
+    from extender.core.forecast import gain_statistic
+    new, old = (np.array(x, dtype=np.float64) for x in zip(*pairs, strict=True))
+    scale = 2.0 ** exponent
+    assert gain_statistic(new / scale, old / scale, k) == gain_statistic(new, old, k)
+
+
 def test_auto_says_what_it_chose_and_why() -> None:
     t, y = noisy_daily(3, 900.0, seed=1)
     f = forecast("auto", t, y, 3 * 3600.0)
