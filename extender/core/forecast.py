@@ -1108,7 +1108,7 @@ def choose(w: Window, ctx: Context, k: int) -> Choice | None:
     base = paths["last"]
     scale = _means(base.T)  # the last value's mean squared error at each horizon
     scale = np.where(scale > 0.0, scale, 1.0)  # NaN (no target at j) or 0 (a perfect last value)
-    rows = []
+    rows, held = [], 0
     for name, v in paths.items():
         shared = base[-len(v):]  # Holt-Winters may hold out fewer origins than the others
         at_k = ~np.isnan(v[:, -1])
@@ -1116,12 +1116,13 @@ def choose(w: Window, ctx: Context, k: int) -> Choice | None:
         score = float(np.mean(new)) / max(float(np.mean(old)), 1e-300)
         if name == "last":
             rows.append(Row(name, score, 0.0, 0.0))
+            held = new.size  # the candidates come after it (AUTO_CANDIDATES)
             continue
         path_new, path_old = _means(v / scale), _means(shared / scale)
         seen = ~np.isnan(path_new)
         z_path = gain_statistic(path_new[seen], path_old[seen], k)
         rows.append(Row(name, score, gain_statistic(new, old, k), z_path))
-    return Choice(pick(rows), tuple(rows), int(np.count_nonzero(~np.isnan(base[:, -1]))))
+    return Choice(pick(rows), tuple(rows), held)
 
 
 def pick(rows: Sequence[Row]) -> str:

@@ -295,13 +295,14 @@ def forecasts_at(r: Run, k: int, origins: NDArray[np.intp]) -> F64:
     return np.asarray(f, dtype=np.float64)
 
 
+def _origins(r: Run, k: int, first: int) -> NDArray[np.intp]:
+    """The origins ``t >= max(first, t0)`` whose k-step target ``t + k`` lies inside y (maybe none)."""
+    return np.arange(max(first, r.t0, 0), len(r.y) - k)
+
+
 def errors_at(r: Run, k: int, first: int = 0) -> F64:
     """The k-step errors ``y[t+k] - f_{t,k}`` of every origin ``t >= max(first, t0)`` whose target is observed."""
-    lo = max(first, r.t0, 0)
-    hi = len(r.y) - k  # origins t < hi have a target inside y
-    if hi <= lo:
-        return np.empty(0)
-    origins = np.arange(lo, hi)
+    origins = _origins(r, k, first)
     target = r.y[origins + k]
     seen = ~np.isnan(target)
     return np.asarray(target[seen] - forecasts_at(r, k, origins[seen]), dtype=np.float64)
@@ -311,11 +312,7 @@ def errors_along(r: Run, k: int, first: int = 0) -> F64:
     """The errors at every horizon up to k of every origin ``t >= max(first, t0)`` with ``t + k`` inside
     y: an (origins, k) matrix whose column j - 1 is ``y[t+j] - f_{t,j}``, NaN where ``y[t+j]`` is
     missing. Its last column, without the NaN, is :func:`errors_at` at k."""
-    lo = max(first, r.t0, 0)
-    hi = len(r.y) - k
-    if hi <= lo:
-        return np.empty((0, k))
-    origins = np.arange(lo, hi)
+    origins = _origins(r, k, first)
     return np.column_stack([r.y[origins + j] - forecasts_at(r, j, origins) for j in range(1, k + 1)])
 
 
@@ -326,11 +323,7 @@ def relative_errors_at(r: Run, k: int, first: int, floor: float, offset: F64 | N
     profile taken out); the forecast of ``y`` is then ``f_{t,k} + offset[t+k]``, and that is what
     the error is relative to (the error itself is the same either way).
     """
-    lo = max(first, r.t0, 0)
-    hi = len(r.y) - k
-    if hi <= lo:
-        return np.empty(0)
-    origins = np.arange(lo, hi)
+    origins = _origins(r, k, first)
     target = r.y[origins + k]
     seen = ~np.isnan(target)
     f = forecasts_at(r, k, origins[seen])
