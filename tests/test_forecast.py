@@ -814,6 +814,7 @@ def test_the_same_history_gives_the_same_forecast(name: str, seed: int, n: int, 
     forecast_module_cache_clear()  # another replica after a failover: nothing cached
     again = forecast(name, t[order], y[order], horizon)
     assert again == first
+    assert 0.0 <= first.point <= first.upper  # fitted, so the point is the shifted median
 
 
 def forecast_module_cache_clear() -> None:
