@@ -100,7 +100,7 @@ def test_every_alert_has_a_firing_and_a_quiet_case(alert: str) -> None:
 
 def test_the_alerts_an_on_call_needs_are_there() -> None:
     wanted = {"ExtenderFailingOpen", "ExtenderInventoryStale", "ExtenderNoScalerLeader", "ExtenderForecastErrorHigh",
-              "ExtenderWarmJobsFailing", "ExtenderNvmeReserveBreached"}
+              "ExtenderForecastUpperUndercovers", "ExtenderWarmJobsFailing", "ExtenderNvmeReserveBreached"}
     assert wanted <= set(ALERT_NAMES)
 
 

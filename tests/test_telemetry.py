@@ -57,6 +57,14 @@ def gauge(registry: CollectorRegistry, name: str, **labels: str) -> float | None
     return registry.get_sample_value(name, labels)
 
 
+def upper_checks(registry: CollectorRegistry, workload: str) -> tuple[float, float]:
+    """(covered, exceeded) of ``extender_scaler_forecast_upper_checks_total``."""
+    covered, exceeded = (gauge(registry, "extender_scaler_forecast_upper_checks_total", workload=workload, outcome=o)
+                         for o in ("covered", "exceeded"))
+    assert covered is not None and exceeded is not None  # both series exist from the start
+    return covered, exceeded
+
+
 @pytest.mark.integration
 def test_the_forecast_is_scored_one_horizon_after_it_was_made(redis_server: RedisServer) -> None:
     """Steady demand: the error is 0. A step from 8 to 16: the forecasts made before it are off by 2/3."""
@@ -70,16 +78,25 @@ def test_the_forecast_is_scored_one_horizon_after_it_was_made(redis_server: Redi
     metrics = ScalerMetrics(registry, rig.policy)
     horizon = 0.0
     errors: dict[float, float | None] = {}
+    checks: dict[float, tuple[float, float]] = {}
     for k in range(210):
         report = rig.tick(T0 + k * TICK)
         metrics.observe(report)
         errors[report.now] = gauge(registry, "extender_scaler_forecast_error_ratio", workload="qwen3")
+        checks[report.now] = upper_checks(registry, "qwen3")
         horizon = gauge(registry, "extender_scaler_horizon_seconds", workload="qwen3") or horizon
     assert horizon > TICK
     first_scored = T0 + horizon
     assert all(errors[t] == 0.0 for t in errors if t < first_scored)  # nothing due yet: the series at 0
     assert errors[step_at - TICK] == pytest.approx(0.0, abs=0.02)  # a steady demand was forecast right
     assert errors[step_at] == pytest.approx(symmetric_error(8.0, 16.0), abs=0.02)
+    # the upper of a steady 8 covers 8 and not the 16 after the step: one check per forecast that came due
+    due = sum(1 for t in errors if t + horizon <= step_at - TICK)
+    assert checks[step_at - TICK] == (due, 0.0)
+    covered, exceeded = checks[step_at]
+    assert covered == due and exceeded >= 1
+    assert sum(checks[T0 + 209 * TICK]) == sum(1 for t in errors if t + horizon <= T0 + 209 * TICK)
+    assert gauge(registry, "extender_scaler_forecast_quantile", workload="qwen3") == 0.95
     assert gauge(registry, "extender_scaler_observed_demand", workload="qwen3") == 16.0
     assert gauge(registry, "extender_scaler_leader") == 1.0
     assert gauge(registry, "extender_scaler_ticks_total", role="leader", result="ok") == 210.0

@@ -14,6 +14,13 @@ at or after the due time with an observation ``o`` sets
     error = |f - o| / ((|f| + |o|) / 2)        (0 when both are 0; 2 at most)
 
 the symmetric absolute percentage error, bounded where a relative error divides by a zero demand.
+The same tick checks the upper quantile ``u`` that forecast provisioned for: ``covered`` when
+``o <= u``, ``exceeded`` otherwise, one count per forecast that came due. Over a window,
+
+    coverage = covered / (covered + exceeded)
+
+is what the asked level (``scaling.quantile``, the gauge ``extender_scaler_forecast_quantile``)
+promises on this workload's own traffic.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from extender.core.policy import Policy
 from extender.scaler.loop import TickReport, scaled_profiles
 
 ACTIONS = ("scale-up", "scale-down", "hold")
+OUTCOMES = ("covered", "exceeded")
 DRIVERS = ("reactive", "forecast", "unobserved")
 FRESHNESS = ("fresh", "stale")
 #: A tick reads every workload's signal and the inventory: tens of milliseconds to seconds.
@@ -43,7 +51,8 @@ def symmetric_error(forecast: float, observed: float) -> float:
 @dataclass(frozen=True)
 class _Pending:
     due: float
-    forecast: float
+    point: float
+    upper: float
 
 
 class ScalerMetrics:
@@ -84,6 +93,13 @@ class ScalerMetrics:
         self.forecast_error = Gauge("extender_scaler_forecast_error_ratio",
                                     "Symmetric absolute error of the forecast made one horizon ago against the "
                                     "demand observed now (0..2).", ["workload"], registry=r)
+        self.upper_checks = Counter("extender_scaler_forecast_upper_checks_total",
+                                    "Forecasts checked one horizon after they were made, by whether the demand "
+                                    "observed then was at or below their upper quantile (covered) or above it "
+                                    "(exceeded).", ["workload", "outcome"], registry=r)
+        self.quantile = Gauge("extender_scaler_forecast_quantile",
+                              "The quantile the forecast's upper is asked to cover (scaling.quantile).",
+                              ["workload"], registry=r)
         self.workload_errors = Counter("extender_scaler_workload_errors_total",
                                        "Ticks in which a workload got no decision (signal, store or other error).",
                                        ["workload"], registry=r)
@@ -103,8 +119,11 @@ class ScalerMetrics:
         """Create every series of the workloads ``policy`` autoscales (those of dropped ones stay)."""
         for profile in scaled_profiles(policy):
             w = profile.name
-            for g in (self.forecast, self.observed, self.desired, self.standby, self.horizon, self.forecast_error):
+            for g in (self.forecast, self.observed, self.desired, self.standby, self.horizon, self.forecast_error,
+                      self.quantile):
                 g.labels(w)
+            for outcome in OUTCOMES:
+                self.upper_checks.labels(w, outcome)
             self.workload_errors.labels(w)
             for state in ("ready", "starting"):
                 self.replicas.labels(w, state)
@@ -142,15 +161,18 @@ class ScalerMetrics:
             if inputs.demand is not None:
                 self.observed.labels(w).set(inputs.demand)
                 self._score(w, report.now, inputs.demand)
-            if inputs.forecast is not None and math.isfinite(inputs.forecast.upper):
-                self.forecast.labels(w).set(inputs.forecast.upper)
+            f = inputs.forecast
+            if f is not None and math.isfinite(f.upper):
+                self.forecast.labels(w).set(f.upper)
+                self.quantile.labels(w).set(f.level)
                 pending = self._pending.setdefault(w, deque())
-                pending.append(_Pending(report.now + inputs.horizon.seconds, inputs.forecast.point))
+                pending.append(_Pending(report.now + inputs.horizon.seconds, f.point, f.upper))
 
     def _score(self, workload: str, now: float, observed: float) -> None:
         pending = self._pending.get(workload)
         due: _Pending | None = None
         while pending and pending[0].due <= now:
             due = pending.popleft()
-        if due is not None and math.isfinite(due.forecast):
-            self.forecast_error.labels(workload).set(symmetric_error(due.forecast, observed))
+            self.upper_checks.labels(workload, "exceeded" if observed > due.upper else "covered").inc()
+        if due is not None and math.isfinite(due.point):
+            self.forecast_error.labels(workload).set(symmetric_error(due.point, observed))
