@@ -12,14 +12,16 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
 from extender.agent.loop import Agent, AgentSettings
 from extender.agent.metrics import AgentMetrics
 from extender.core.errors import ExtenderError, StateError
+from extender.core.forecast import Forecast
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import parse_policy
 from extender.core.scaler import DecisionInputs, decide, horizon
@@ -101,6 +103,48 @@ def test_the_forecast_is_scored_one_horizon_after_it_was_made(redis_server: Redi
     assert gauge(registry, "extender_scaler_leader") == 1.0
     assert gauge(registry, "extender_scaler_ticks_total", role="leader", result="ok") == 210.0
     assert gauge(registry, "extender_scaler_tick_duration_seconds_count") == 210.0
+
+
+class Check(NamedTuple):
+    id: str
+    step_s: float  # the forecast's grid step
+    demand: list[float]  # observed at the ticks from the due time - 45 s on
+    covered: float
+    exceeded: float
+
+
+# one forecast, upper 20, due at T0 + 150 (horizon 120 + 15 + 15); the ticks around the due time
+CHECKS = [
+    Check("a tick's grid: the tick at the due time", 15.0, [99, 99, 99, 18, 99, 99], 1, 0),
+    Check("... above the upper", 15.0, [0, 0, 0, 21, 0, 0], 0, 1),
+    Check("a minute's grid: the mean of four ticks, the due tick above", 60.0, [99, 10, 10, 30, 10, 99], 1, 0),
+    Check("... the mean above, the due tick under", 60.0, [0, 30, 30, 10, 30, 0], 0, 1),
+]
+
+
+@pytest.mark.parametrize("row", CHECKS, ids=[r.id for r in CHECKS])
+def test_the_upper_is_checked_against_the_mean_over_its_grid_step(row: Check) -> None:
+    # a forecast on a grid of s seconds is of the mean demand over the step around its time, not of
+    # one tick of it: a minute's grid is checked against the mean of the ticks in [due - 30, due + 30)
+    registry = CollectorRegistry()
+    metrics = ScalerMetrics(registry, make_policy())
+    h = horizon(120.0, TICK, 15.0)
+    made = Forecast(point=15.0, upper=20.0, level=0.95, horizon_s=h.seconds, lead_s=h.seconds, requested="holt",
+                    method="holt", observations=100, residuals=99, step_s=row.step_s, spread=5.0, t_end=T0)
+
+    def tick(now: float, demand: float, forecast: Forecast | None = None) -> None:
+        d = decide(DecisionInputs(workload="qwen3", now_s=now, demand=demand, capacity=10.0, ready=1,
+                                  max_replicas=10, horizon=h, forecast=forecast))
+        metrics.observe(TickReport(now, True, 1, "a", results=(WorkloadResult("qwen3", d),)))
+
+    tick(T0, 15.0, made)
+    due = T0 + h.seconds
+    times = [due - 45.0 + TICK * i for i in range(len(row.demand))]
+    for t in np.arange(T0 + TICK, times[0], TICK):
+        tick(float(t), 0.0)
+    for t, demand in zip(times, row.demand, strict=True):
+        tick(t, demand)
+    assert upper_checks(registry, "qwen3") == (row.covered, row.exceeded)
 
 
 def test_a_standby_says_so_and_keeps_the_workload_series() -> None:

@@ -8,8 +8,10 @@ ticks only: a standby keeps the values of its last lead, so queries join them wi
 
 Forecast error of the last horizon, per workload: each leader tick remembers its point forecast ``f``
 (demand expected ``h`` seconds ahead, ``h`` the horizon; the gauge of the forecast shows the upper
-quantile the decision provisions for) with its due time ``t + h``; the first tick
-at or after the due time with an observation ``o`` sets
+quantile the decision provisions for) with its due time ``d = t + h``. A forecast is of the mean
+demand over one step ``s`` of its grid (``scaling.step``; unset, the scaler's own sampling), so it
+is checked against ``o``, the mean of the observations in ``[d - s/2, d + s/2)``, at the first tick
+whose next one would fall past that window (the tick itself when none is in it), which sets
 
     error = |f - o| / ((|f| + |o|) / 2)        (0 when both are 0; 2 at most)
 
@@ -53,6 +55,7 @@ class _Pending:
     due: float
     point: float
     upper: float
+    half: float  # half the forecast's grid step: it is of the mean demand over [due - half, due + half)
 
 
 class ScalerMetrics:
@@ -107,6 +110,8 @@ class ScalerMetrics:
                                      "Nodes in the inventory the leader read, by freshness (stale: the report "
                                      "outlived its TTL).", ["freshness"], registry=r)
         self._pending: dict[str, deque[_Pending]] = {}
+        #: Per workload, (tick, demand) observed since the earliest window a pending forecast reads.
+        self._seen: dict[str, deque[tuple[float, float]]] = {}
         for freshness in FRESHNESS:
             self.inventory_nodes.labels(freshness)
         for result in ("ok", "error"):
@@ -166,13 +171,22 @@ class ScalerMetrics:
                 self.forecast.labels(w).set(f.upper)
                 self.quantile.labels(w).set(f.level)
                 pending = self._pending.setdefault(w, deque())
-                pending.append(_Pending(report.now + inputs.horizon.seconds, f.point, f.upper))
+                pending.append(_Pending(report.now + inputs.horizon.seconds, f.point, f.upper, f.step_s / 2))
 
     def _score(self, workload: str, now: float, observed: float) -> None:
+        seen = self._seen.setdefault(workload, deque())
+        seen.append((now, observed))
+        spacing = now - seen[-2][0] if len(seen) > 1 else 0.0
         pending = self._pending.get(workload)
-        due: _Pending | None = None
-        while pending and pending[0].due <= now:
+        scored: tuple[_Pending, float] | None = None
+        while pending and now + spacing >= pending[0].due + pending[0].half:
             due = pending.popleft()
-            self.upper_checks.labels(workload, "exceeded" if observed > due.upper else "covered").inc()
-        if due is not None and math.isfinite(due.point):
-            self.forecast_error.labels(workload).set(symmetric_error(due.point, observed))
+            window = [o for t, o in seen if due.due - due.half <= t < due.due + due.half]
+            o = sum(window) / len(window) if window else observed
+            self.upper_checks.labels(workload, "exceeded" if o > due.upper else "covered").inc()
+            scored = due, o
+        if scored is not None and math.isfinite(scored[0].point):
+            self.forecast_error.labels(workload).set(symmetric_error(scored[0].point, scored[1]))
+        start = pending[0].due - pending[0].half if pending else now
+        while len(seen) > 1 and seen[0][0] < start:
+            seen.popleft()

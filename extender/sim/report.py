@@ -24,9 +24,15 @@ Per strategy, over every workload's requests and pods (formulas; w_j is a packet
     requests       = requests that arrived during the run (the weight SLO attainment is a share of)
     pods_started   = pods placed during the run (what the startup figures are over)
     pods_ready     = of those, the pods that became Ready (what the ready figures are over)
+    upper_coverage = of the scaler's forecasts whose grid step around their time (lead end +- step/2)
+                     ended inside the run, the share whose upper quantile the mean demand observed
+                     over that step stayed at or under; NaN without forecasts (the stock HPA, the
+                     oracle). Each forecast counts once, though decisions may reuse it for a few ticks
+    upper_checks   = how many forecasts that share is over
 
 The same figures are computed per workload, over that workload's requests and pods only, so the
-totals combine from them: ``requests``, ``pods_started`` and ``cold_starts`` are sums;
+totals combine from them: ``requests``, ``pods_started``, ``cold_starts`` and ``upper_checks`` are
+sums (``upper_coverage`` the mean weighted by ``upper_checks``);
 ``gpu_hours`` and ``idle_gpu_hours`` are sums plus the total's ``unheld_gpu_hours``;
 ``slo_attainment`` is the request-weighted mean of the workloads'; ``mean_startup_s`` the mean
 weighted by ``pods_started``, ``mean_ready_s`` by ``pods_ready``; a percentile of the total lies between the
@@ -54,7 +60,7 @@ F64 = NDArray[np.float64]
 #: The figures of ``--json``, per strategy, in this order (issue 7).
 FIGURES = ("slo_attainment", "p50_delay_s", "p95_delay_s", "p99_delay_s", "cold_starts", "mean_startup_s",
            "p95_startup_s", "mean_ready_s", "p95_ready_s", "gpu_hours", "idle_gpu_hours", "unheld_gpu_hours",
-           "requests", "pods_started", "pods_ready")
+           "requests", "pods_started", "pods_ready", "upper_coverage", "upper_checks")
 #: The key of the per-workload section of each strategy in ``--json``.
 WORKLOADS_KEY = "workloads"
 
@@ -78,6 +84,8 @@ class Summary:
     requests: float
     pods_started: int
     pods_ready: int
+    upper_coverage: float
+    upper_checks: int
 
 
 def weighted_quantile(values: F64, weights: F64, q: float) -> float:
@@ -110,6 +118,7 @@ def summarise(workloads: Sequence[WorkloadResult], slo_s: float, fleet_gpu_s: fl
     held_s = sum(w.gpu_seconds for w in workloads)
     gpu_s = held_s if fleet_gpu_s is None else fleet_gpu_s
     busy_s = sum(w.busy_gpu_seconds for w in workloads)
+    checks = sum(w.upper_checked for w in workloads)
     return Summary(
         slo_attainment=met / arrived if arrived > 0 else math.nan,
         p50_delay_s=weighted_quantile(d, w, 0.50),
@@ -126,6 +135,8 @@ def summarise(workloads: Sequence[WorkloadResult], slo_s: float, fleet_gpu_s: fl
         requests=arrived,
         pods_started=len(startups),
         pods_ready=len(ready),
+        upper_coverage=sum(w.upper_covered for w in workloads) / checks if checks else math.nan,
+        upper_checks=checks,
     )
 
 
@@ -207,6 +218,12 @@ def gap_line(report: Report) -> str:
             f"default and oracle")
 
 
+def coverage_line(name: str, s: Summary) -> str:
+    """How often the demand stayed under the forecasts' upper quantile in strategy ``name``'s run."""
+    return (f"`{name}`: the forecast's upper quantile covered {100 * s.upper_coverage:.1f} % of the mean demand "
+            f"over the grid step at the end of its lead ({s.upper_checks:,} forecasts).")
+
+
 def table(report: Report) -> str:
     """The terminal table: one row per strategy (the first column as wide as the longest name), then the gap closed."""
     width = max([12, *map(len, report.summaries)])
@@ -234,6 +251,8 @@ def markdown(report: Report, images: Sequence[tuple[str, str]], strategies: dict
     lines = [f"# {report.title}", "",
              f"{report.duration_s / 3600:.1f} h simulated; a request meets the SLO when it waits at most "
              f"{report.slo_s:g} s for a replica.", "", *_md_table(report.summaries), "", gap_line(report) + ".", ""]
+    lines += [coverage_line(name, s) for name, s in report.summaries.items() if s.upper_checks]
+    lines += [""] if any(s.upper_checks for s in report.summaries.values()) else []
     lines += ["Strategies:", ""] + [f"* `{k}`: {v}" for k, v in strategies.items() if k in report.summaries] + [""]
     workloads = sorted({w for per in report.per_workload.values() for w in per})
     for w in workloads:

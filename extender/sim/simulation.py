@@ -297,6 +297,10 @@ class WorkloadResult:
     #: Pod created -> Ready in seconds (pending for a node included), of every pod placed during the
     #: run that became Ready before its end and was not deleted first.
     ready_waits: F64 = field(default_factory=lambda: np.zeros(0))
+    #: The scaler's forecasts whose grid step around their time ended inside the run (predictive
+    #: scaling), and of those, the ones whose upper quantile the mean demand over it stayed at or under.
+    upper_checked: int = 0
+    upper_covered: int = 0
 
 
 @dataclass
@@ -346,6 +350,8 @@ class _WorkloadState:
     surge: int = 1
     near: Forecast | None = None  # the scaler's forecast at its horizon, and the tick it was made
     near_at: int = 0
+    #: Per forecast of the scaler: the time its lead ends at, and its upper quantile.
+    uppers: list[tuple[float, float]] = field(default_factory=list)
     far_at: int = 0
     standby: int = 0  # placeholder replicas (extender.core.warming.standby_replicas) this tick
     next_startup: tuple[int, float] | None = None  # (cluster version, seconds) while no pull is running
@@ -589,6 +595,8 @@ class Run:
                 or abs(near.horizon_s - h.seconds) > NEAR_SLACK_S):
             near = s.near = self._forecast(s, k, h.seconds)
             s.near_at = k
+            if self.strategy.scaling != "oracle":
+                s.uppers.append((now + h.seconds, near.upper))
         fc = near
         ready = s.ready
         # decide()'s recommendation and desired replicas, without its reasons (every tick)
@@ -896,6 +904,20 @@ class Run:
             progress(n)
         return self._result()
 
+    def _upper_checks(self, s: _WorkloadState) -> list[bool]:
+        """Per forecast of the scaler whose grid step around its time ended inside the run: whether
+        the mean demand observed over that step stayed at or under its upper quantile (a forecast on
+        a grid of ``step`` seconds is of the mean over ``[time - step/2, time + step/2)``, as
+        :func:`extender.core.forecast.resample` bins the history it reads)."""
+        n, dt = self.p.n_ticks, self.dt
+        half = (s.params.step_s or dt) / 2
+        out = []
+        for at, upper in s.uppers:
+            first, end = math.ceil((at - half) / dt - 1e-9), math.ceil((at + half) / dt - 1e-9)
+            if end <= n:
+                out.append(float(np.mean(s.hist_v[max(first, 1):max(end, first + 1)])) <= upper)
+        return out
+
     def _result(self) -> RunResult:
         n = self.p.n_ticks
         out: list[WorkloadResult] = []
@@ -908,6 +930,7 @@ class Run:
             served = q.served(n)
             end = n * self.dt
             waits = [p.ready_s - p.created_s for p in pods if p.ready_s <= end and p.ready_s <= p.deleted_s]
+            checked = self._upper_checks(s)
             out.append(WorkloadResult(
                 name=s.setup.profile.name, capacity=s.setup.capacity, gpus_per_replica=gpus,
                 timeline=s.timeline, delays=q.delays(), arrived=q.arrived(n) + 0.0, served=served,
@@ -917,6 +940,7 @@ class Run:
                 placed_s=np.array([p.placed_s for p in pods], dtype=np.float64),
                 believed_s=np.array([self.believed.get(p.id, math.nan) for p in pods], dtype=np.float64),
                 ready_waits=np.array(waits, dtype=np.float64),
+                upper_checked=len(checked), upper_covered=int(sum(checked)),
             ))
         return RunResult(self.strategy, self.dt, n, out, self.warm_actions,
                          self.fleet_gpu_s if self.autoscaled else None, self.fleet_gpus, self.launched, self.removed)
