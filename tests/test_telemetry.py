@@ -99,6 +99,8 @@ def test_the_forecast_is_scored_one_horizon_after_it_was_made(redis_server: Redi
     assert covered == due and exceeded >= 1
     assert sum(checks[T0 + 209 * TICK]) == sum(1 for t in errors if t + horizon <= T0 + 209 * TICK)
     assert gauge(registry, "extender_scaler_forecast_quantile", workload="qwen3") == 0.95
+    # the observations kept for those windows reach back no further than the oldest pending one
+    assert len(metrics._seen["qwen3"]) <= horizon / TICK + 2
     assert gauge(registry, "extender_scaler_observed_demand", workload="qwen3") == 16.0
     assert gauge(registry, "extender_scaler_leader") == 1.0
     assert gauge(registry, "extender_scaler_ticks_total", role="leader", result="ok") == 210.0

@@ -251,8 +251,8 @@ def markdown(report: Report, images: Sequence[tuple[str, str]], strategies: dict
     lines = [f"# {report.title}", "",
              f"{report.duration_s / 3600:.1f} h simulated; a request meets the SLO when it waits at most "
              f"{report.slo_s:g} s for a replica.", "", *_md_table(report.summaries), "", gap_line(report) + ".", ""]
-    lines += [coverage_line(name, s) for name, s in report.summaries.items() if s.upper_checks]
-    lines += [""] if any(s.upper_checks for s in report.summaries.values()) else []
+    covered = [coverage_line(name, s) for name, s in report.summaries.items() if s.upper_checks]
+    lines += [*covered, ""] if covered else []
     lines += ["Strategies:", ""] + [f"* `{k}`: {v}" for k, v in strategies.items() if k in report.summaries] + [""]
     workloads = sorted({w for per in report.per_workload.values() for w in per})
     for w in workloads:
