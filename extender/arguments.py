@@ -61,6 +61,11 @@ def duration(text: str) -> float:
     return value
 
 
+def duration_or_zero(text: str) -> float:
+    """A duration >= 0 in seconds, as :func:`duration`; ``0`` turns off what it sets."""
+    return 0.0 if text.strip() in ("0", "0s") else duration(text)
+
+
 def size(text: str) -> int:
     """A size >= 1 byte, in the policy's units: ``64MiB``, ``3.9GB``, ``512KiB``; ``4096`` is bytes."""
     try:

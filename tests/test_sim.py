@@ -289,6 +289,7 @@ def test_cli_prints_the_table_and_writes_the_report(tmp_path: Path, capsys: pyte
     for strategy, n in checks.items():  # the upper's coverage is said for the strategies that forecast
         assert (f"`{strategy}`: the forecast's upper quantile covered" in report) == (n > 0), strategy
     assert any(checks.values())
+    assert "forecasts, asked 95 %)." in report  # read against the policy's level (the default quantile)
     assert (out / "startup.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -23,6 +23,7 @@ per strategy (also written to ``estimate-error.md`` with ``--out``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import math
 import re
@@ -31,7 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
+from extender.arguments import duration_or_zero
 from extender.core.errors import InvalidValueError, UnknownNameError
+from extender.core.units import format_duration
 from extender.process import current_logging
 from extender.process import report as tell
 from extender.sim.progress import Progress
@@ -69,6 +72,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--strategies", metavar="A,B,...",
                    help=f"comma-separated subset of {','.join(STRATEGIES)} (default: the scenario's)")
     p.add_argument("--seed", type=int, metavar="N", help="override the scenario's seed")
+    p.add_argument("--history", type=duration_or_zero, metavar="DURATION",
+                   help="override the scenario's history: demand the scaler has seen before t = 0 (1d: a "
+                        "scaler that has run for a day; 0: one installed at t = 0)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     p.add_argument("--out", metavar="DIR", help="also write report.md, summary.json and PNG plots here")
     p.set_defaults(handler=run)
@@ -232,6 +238,8 @@ def run(args: argparse.Namespace) -> int:
 
         plots.require()  # before minutes of simulation, not after
     loaded = load_scenario(args.scenario)
+    if args.history is not None:
+        loaded = dataclasses.replace(loaded, scenario=loaded.scenario.model_copy(update={"history": args.history}))
     names = strategy_list(args.strategies, loaded.scenario.strategies)
     traces = trace_specs(args, loaded.scenario)
     prepared = prepare(loaded, traces=traces, seed=args.seed)
@@ -245,8 +253,12 @@ def run(args: argparse.Namespace) -> int:
     sc = loaded.scenario
     title = sc.metadata.name or Path(args.scenario).stem
     notes = [f"demand of {name} replaced by {spec.path}" for name, spec in traces.items()]
+    if prepared.history_s:
+        notes.append(f"the scaler's forecasts started from {format_duration(prepared.history_s)} of demand seen "
+                     "before t = 0 (the scenario's history)")
     credits = [w.arrivals.credit for w in prepared.workloads if w.arrivals.credit]
-    report = build(title, sc.slo.queue_delay, prepared.duration_s, runs, credits=credits, notes=notes)
+    report = build(title, sc.slo.queue_delay, prepared.duration_s, runs, credits=credits, notes=notes,
+                   quantile=prepared.policy.scaling.quantile)
     errors = error_section(runs, prepared.duration_s) if sc.truth is not None else ""
     if args.out:
         write_outputs(Path(args.out), report, runs, fleet_gpus(prepared))

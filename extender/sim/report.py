@@ -163,15 +163,18 @@ class Report:
     gap: float | None
     credits: tuple[str, ...]
     notes: tuple[str, ...]
+    #: The level of the scaler's upper quantile (the policy's ``scaling.quantile``): what
+    #: ``upper_coverage`` is to be read against.
+    quantile: float | None = None
 
 
 def build(title: str, slo_s: float, duration_s: float, runs: Sequence[RunResult], *, credits: Sequence[str] = (),
-          notes: Sequence[str] = ()) -> Report:
+          notes: Sequence[str] = (), quantile: float | None = None) -> Report:
     """Summaries of each run, overall and per workload."""
     summaries = {r.strategy.name: summarise(r.workloads, slo_s, r.fleet_gpu_seconds) for r in runs}
     per_workload = {r.strategy.name: {w.name: summarise([w], slo_s) for w in r.workloads} for r in runs}
     return Report(title, slo_s, duration_s, summaries, per_workload, gap_closed(summaries),
-                  tuple(dict.fromkeys(credits)), tuple(notes))
+                  tuple(dict.fromkeys(credits)), tuple(notes), quantile)
 
 
 def _round(name: str, value: float | int) -> float | int | None:
@@ -218,10 +221,12 @@ def gap_line(report: Report) -> str:
             f"default and oracle")
 
 
-def coverage_line(name: str, s: Summary) -> str:
-    """How often the demand stayed under the forecasts' upper quantile in strategy ``name``'s run."""
+def coverage_line(name: str, s: Summary, quantile: float | None) -> str:
+    """How often the demand stayed under the forecasts' upper quantile in strategy ``name``'s run,
+    and the level asked (``quantile``, when known)."""
+    asked = "" if quantile is None else f", asked {100 * quantile:g} %"
     return (f"`{name}`: the forecast's upper quantile covered {100 * s.upper_coverage:.1f} % of the mean demand "
-            f"over the grid step at the end of its lead ({s.upper_checks:,} forecasts).")
+            f"over the grid step at the end of its lead ({s.upper_checks:,} forecasts{asked}).")
 
 
 def table(report: Report) -> str:
@@ -251,7 +256,7 @@ def markdown(report: Report, images: Sequence[tuple[str, str]], strategies: dict
     lines = [f"# {report.title}", "",
              f"{report.duration_s / 3600:.1f} h simulated; a request meets the SLO when it waits at most "
              f"{report.slo_s:g} s for a replica.", "", *_md_table(report.summaries), "", gap_line(report) + ".", ""]
-    covered = [coverage_line(name, s) for name, s in report.summaries.items() if s.upper_checks]
+    covered = [coverage_line(name, s, report.quantile) for name, s in report.summaries.items() if s.upper_checks]
     lines += [*covered, ""] if covered else []
     lines += ["Strategies:", ""] + [f"* `{k}`: {v}" for k, v in strategies.items() if k in report.summaries] + [""]
     workloads = sorted({w for per in report.per_workload.values() for w in per})

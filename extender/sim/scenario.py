@@ -304,6 +304,11 @@ class Scenario(Schema):
     tick: PositiveDuration = 15.0
     #: Simulated time; default: the longest demand.
     duration: PositiveDuration | None = None
+    #: Demand the scaler has already seen at t = 0 (whole ticks; 0: a scaler installed at t = 0).
+    #: Only its forecasts read it; nothing in it is simulated. A synthetic demand is drawn on
+    #: before t = 0 (its own random draws: the simulated demand stays the same); a trace gives its
+    #: first ``history`` seconds, and the simulation replays the rest.
+    history: Annotated[Duration, Field(ge=0)] = 0.0
     slo: Slo
     cluster: Cluster
     workloads: tuple[Workload, ...] = Field(min_length=1)

@@ -45,20 +45,23 @@ import numpy as np
 from numpy.typing import NDArray
 
 from extender.core.caches import warm_entries
+from extender.core.errors import Problem
 from extender.core.estimate import CacheState, estimate
 from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
 from extender.core.scaler import DecisionInputs, Recommendation, horizon, prune, recommend
 from extender.core.scoring import NodeInputs, Scale, WarmSlots, evaluate, larger_warm, scale_for
 from extender.core.sharing import Claim, claim, share
+from extender.core.units import format_duration
 from extender.core.warming import Action, Expectation, look_ahead, plan, standby_replicas
 from extender.sim import hpa as hpa_model
 from extender.sim.cluster import Cluster, NodeSpec, Pod
+from extender.sim.errors import ScenarioError
 from extender.sim.kubescheduler import EXTENDER_SCALE, in_tree_scores, select_host
 from extender.sim.queueing import Delays, FifoQueue
 from extender.sim.scenario import LoadedScenario, NodeGroup, Rollout, Scenario, TraceSpec, Workload
 from extender.sim.strategies import STRATEGIES, Strategy
-from extender.sim.synthetic import synthetic_arrivals
+from extender.sim.synthetic import synthetic_arrivals, synthetic_history
 from extender.sim.traces import Arrivals, RequestTrace, arrivals_from, read_trace
 from extender.sim.truth import Belief, in_world, world_policy
 
@@ -133,6 +136,9 @@ class WorkloadSetup:
     max_replicas: int
     initial_replicas: int
     arrivals: Arrivals
+    #: The demand observed at the ticks before t = 0 (requests/s, oldest first; the scenario's
+    #: ``history``): tick ``j`` of ``-len(history) + 1 .. 0`` saw the requests of ``[(j - 1) dt, j dt)``.
+    history: F64 = field(default_factory=lambda: np.zeros(0))
 
     @functools.cached_property
     def bounds(self) -> ReplicaBounds:
@@ -160,6 +166,11 @@ class Prepared:
         """Simulated seconds."""
         return self.n_ticks * self.tick_s
 
+    @property
+    def history_s(self) -> float:
+        """Seconds of demand the scaler had seen before t = 0 (whole ticks)."""
+        return len(self.workloads[0].history) * self.tick_s
+
 
 def _seed(*parts: int | str) -> list[int]:
     """A stable seed sequence from ints and names (crc32, not Python's salted hash)."""
@@ -168,10 +179,11 @@ def _seed(*parts: int | str) -> list[int]:
 
 def load_demand(loaded: LoadedScenario, workload: Workload, *, seed: int, bin_s: float,
                 trace_path: str | None = None, duration_s: float | None = None,
-                override: TraceSpec | None = None) -> Arrivals:
-    """A workload's arrivals: its trace (or ``trace_path``, or the whole ``override`` spec, instead) or its
-    synthetic demand. ``trace_path`` and ``override`` paths are taken as given (relative to the working
-    directory), the scenario's relative to the scenario file."""
+                override: TraceSpec | None = None, history_s: float = 0.0) -> tuple[Arrivals, Arrivals]:
+    """A workload's arrivals before t = 0 (``history_s`` seconds of them, on a clock from
+    ``-history_s``) and from t = 0 on: its trace (or ``trace_path``, or the whole ``override`` spec,
+    instead) or its synthetic demand. ``trace_path`` and ``override`` paths are taken as given
+    (relative to the working directory), the scenario's relative to the scenario file."""
     rng = np.random.default_rng(_seed(seed, "demand", workload.name))
     spec = workload.demand
     if override is None and trace_path is not None:
@@ -183,9 +195,22 @@ def load_demand(loaded: LoadedScenario, workload: Workload, *, seed: int, bin_s:
         path = loaded.resolve(tspec.path) if override is None else Path(tspec.path)
         raw = read_trace(path, tspec)
         trace = raw.scaled(tspec, rng) if isinstance(raw, RequestTrace) else raw.scaled(tspec)
-        return arrivals_from(trace, bin_s=bin_s, duration_s=duration_s, description=f"trace {tspec.path}")
-    assert spec.synthetic is not None
-    return synthetic_arrivals(spec.synthetic, rng, bin_s=bin_s, duration_s=duration_s)
+        end = None if duration_s is None else duration_s + history_s
+        whole = arrivals_from(trace, bin_s=bin_s, duration_s=end, description=f"trace {tspec.path}")
+        if history_s and whole.span_s <= history_s:
+            raise ScenarioError([Problem(loaded.source, None, "history",
+                                         f"workload {workload.name!r}: its trace {tspec.path!r} lasts "
+                                         f"{format_duration(whole.span_s)}, no longer than the history "
+                                         f"({format_duration(history_s)}) it would give")])
+        return whole.split(history_s)
+    synthetic = spec.synthetic
+    assert synthetic is not None
+    main = synthetic_arrivals(synthetic, rng, bin_s=bin_s, duration_s=duration_s)
+    if not history_s:
+        return main.split(0.0)[0], main
+    prior = synthetic_history(synthetic, np.random.default_rng(_seed(seed, "history", workload.name)),
+                              bin_s=bin_s, span_s=history_s)
+    return prior, main
 
 
 def node_specs(policy: Policy, groups: Sequence[NodeGroup]) -> tuple[NodeSpec, ...]:
@@ -224,9 +249,11 @@ def prepare(loaded: LoadedScenario, *, trace: str | None = None, seed: int | Non
     dt = float(sc.tick)
     bin_s = dt / BINS_PER_TICK
     overrides = traces or {}
-    demands = [load_demand(loaded, w, seed=s, bin_s=bin_s, trace_path=trace if i == 0 else None,
-                           duration_s=sc.duration, override=overrides.get(w.name))
-               for i, w in enumerate(sc.workloads)]
+    history = math.ceil(sc.history / dt - 1e-9)  # ticks
+    loads = [load_demand(loaded, w, seed=s, bin_s=bin_s, trace_path=trace if i == 0 else None,
+                         duration_s=sc.duration, override=overrides.get(w.name), history_s=history * dt)
+             for i, w in enumerate(sc.workloads)]
+    demands = [main for _, main in loads]
     if sc.duration is not None:
         n_ticks = max(1, math.ceil(sc.duration / dt - 1e-9))
     else:
@@ -235,7 +262,7 @@ def prepare(loaded: LoadedScenario, *, trace: str | None = None, seed: int | Non
                       for d in demands)
     end = n_ticks * dt
     setups: list[WorkloadSetup] = []
-    for i, (w, full) in enumerate(zip(sc.workloads, demands, strict=True)):
+    for i, (w, (prior, full)) in enumerate(zip(sc.workloads, loads, strict=True)):
         keep = full.times < end
         d = Arrivals(full.times[keep], full.weights[keep], full.fluid, full.bin_s, full.span_s, full.description,
                      full.credit)
@@ -246,7 +273,9 @@ def prepare(loaded: LoadedScenario, *, trace: str | None = None, seed: int | Non
             first = float(d.weights[d.times < 60.0].sum()) / min(60.0, end)
             initial = max(w.min_replicas, math.ceil(first / cap - 1e-9))
         initial = min(max(initial, 0), w.max_replicas)
-        setups.append(WorkloadSetup(i, p, float(cap), w.min_replicas, w.max_replicas, initial, d))
+        edges = np.arange(history + 1) * dt
+        seen = np.histogram(prior.times, bins=edges, weights=prior.weights)[0] / dt if history else np.zeros(0)
+        setups.append(WorkloadSetup(i, p, float(cap), w.min_replicas, w.max_replicas, initial, d, seen))
     return Prepared(sc, policy, loaded.source, dt, n_ticks, tuple(setups), node_specs(policy, sc.cluster.nodes), s,
                     world_policy(policy, sc.truth))
 
@@ -339,6 +368,8 @@ class _WorkloadState:
     waiting: dict[int, Pod] = field(default_factory=dict)
     ready: int = 0
     recent: tuple[Recommendation, ...] = ()
+    #: The demand the scaler observed, per tick from ``-len(setup.history)`` (index 0, never set)
+    #: to the end: tick k is at index ``k + len(setup.history)``.
     hist_t: F64 = field(default_factory=lambda: np.zeros(0))
     hist_v: F64 = field(default_factory=lambda: np.zeros(0))
     true_rate: F64 = field(default_factory=lambda: np.zeros(0))
@@ -388,7 +419,8 @@ class Run:
             self.w.append(_WorkloadState(
                 setup=s, queue=q, hpa=hpa_model.Hpa(s.min_replicas, s.max_replicas),
                 scale=scale_for(self.policy, s.profile), params=self.params.for_workload(s.profile.name),
-                hist_t=np.zeros(n), hist_v=np.zeros(n),
+                hist_t=np.arange(-len(s.history), n, dtype=np.float64) * self.dt,
+                hist_v=np.concatenate(([0.0], s.history, np.zeros(n - 1))),
                 true_rate=true_rate if true_rate is not None else np.zeros(0), timeline=Timeline.empty(n)))
         self.next_id = 0
         self.starting: list[tuple[float, int, Pod]] = []  # heap by ready time
@@ -565,15 +597,16 @@ class Run:
         if self.strategy.scaling == "oracle":
             return self._truth(s, k, ahead_s)
         key = (s.setup.index, k, ahead_s, self.policy.scaling.forecaster, s.params)
-        newest = float(s.hist_v[k])
+        i = k + len(s.setup.history)
+        newest = float(s.hist_v[i])
         shared = self.forecasts.get(key) if self.forecasts is not None else None
         if shared is not None:
             # the observed demand is the trace's in every run (ForecastMemo)
             assert shared[0] == newest, "runs of one preparation observed different demand"
             return shared[1]
         now = k * self.dt
-        lo = int(np.searchsorted(s.hist_t[1:k + 1], now - self.history_s, side="left")) + 1
-        made = forecast(self.policy.scaling.forecaster, s.hist_t[lo:k + 1], s.hist_v[lo:k + 1], ahead_s,
+        lo = int(np.searchsorted(s.hist_t[1:i + 1], now - self.history_s, side="left")) + 1
+        made = forecast(self.policy.scaling.forecaster, s.hist_t[lo:i + 1], s.hist_v[lo:i + 1], ahead_s,
                         s.params, now_s=now)
         if self.forecasts is not None:
             self.forecasts[key] = (newest, made)
@@ -858,7 +891,7 @@ class Run:
                 if k == 0:
                     continue  # nothing observed yet: the initial replicas hold
                 demand = q.arrived_in(k - 1) / dt
-                s.hist_t[k], s.hist_v[k] = now, demand
+                s.hist_v[k + len(s.setup.history)] = demand
                 desired, expectation = self._decide(s, k, demand, queued)
                 scaling = self.policy.scaling
                 reactive = (demand + queued / scaling.queue_drain) / (s.setup.capacity * scaling.target_utilization)
@@ -909,12 +942,12 @@ class Run:
         the mean demand observed over that step stayed at or under its upper quantile (a forecast on
         a grid of ``step`` seconds is of the mean over ``[time - step/2, time + step/2)``, as
         :func:`extender.core.forecast.resample` bins the history it reads)."""
-        n, dt = self.p.n_ticks, self.dt
+        n, dt, o = self.p.n_ticks, self.dt, len(s.setup.history)
         half = (s.params.step_s or dt) / 2
         out = []
         for at, upper in s.uppers:
-            first, end = math.ceil((at - half) / dt - 1e-9), math.ceil((at + half) / dt - 1e-9)
-            if end <= n:
+            first, end = math.ceil((at - half) / dt - 1e-9) + o, math.ceil((at + half) / dt - 1e-9) + o
+            if end <= n + o:
                 out.append(float(np.mean(s.hist_v[max(first, 1):max(end, first + 1)])) <= upper)
         return out
 

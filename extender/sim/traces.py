@@ -48,7 +48,7 @@ import math
 import re
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import BinaryIO, Literal
 
@@ -158,6 +158,15 @@ class Arrivals:
 
     def __len__(self) -> int:
         return len(self.times)
+
+    def split(self, at: float) -> tuple[Arrivals, Arrivals]:
+        """The packets before ``at``, and those from ``at`` on on a clock moved back by ``at`` (a
+        fluid packet is not cut: ``at`` is a multiple of ``bin_s`` where it is used)."""
+        cut = int(np.searchsorted(self.times, at, side="left"))
+        before = replace(self, times=self.times[:cut], weights=self.weights[:cut], span_s=min(at, self.span_s))
+        after = replace(self, times=self.times[cut:] - at, weights=self.weights[cut:],
+                        span_s=max(0.0, self.span_s - at))
+        return before, after
 
 
 def arrivals_from(trace: Trace, *, bin_s: float, description: str = "", duration_s: float | None = None) -> Arrivals:
