@@ -148,6 +148,18 @@ def test_the_scalers_first_forecast_reads_the_history(tmp_path: Path) -> None:
     assert made.observations == len(seen) == 1440  # the policy's grid is the tick: every sample of 6 h
 
 
+def test_an_upper_is_checked_against_the_demand_at_its_time_also_before_t0(tmp_path: Path) -> None:
+    write_tiny(tmp_path)
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SYNTHETIC + "history: 1h\n")
+    run = Run(prepare(load_scenario(scenario)), STRATEGIES["predictive"])
+    w = run.w[0]
+    seen = w.setup.history  # the tiny policy forecasts on the tick's grid: each check is one tick
+    assert seen[-1] > 0 and seen[-2] > 0
+    w.uppers = [(0.0, seen[-1]), (0.0, seen[-1] * 0.999), (-15.0, seen[-2]), (-15.0, seen[-2] * 0.999)]
+    assert run._upper_checks(w) == [True, False, True, False]
+
+
 class Flag(NamedTuple):
     name: str
     text: str

@@ -273,8 +273,7 @@ def prepare(loaded: LoadedScenario, *, trace: str | None = None, seed: int | Non
             first = float(d.weights[d.times < 60.0].sum()) / min(60.0, end)
             initial = max(w.min_replicas, math.ceil(first / cap - 1e-9))
         initial = min(max(initial, 0), w.max_replicas)
-        edges = np.arange(history + 1) * dt
-        seen = np.histogram(prior.times, bins=edges, weights=prior.weights)[0] / dt if history else np.zeros(0)
+        seen = np.histogram(prior.times, bins=np.arange(history + 1) * dt, weights=prior.weights)[0] / dt
         setups.append(WorkloadSetup(i, p, float(cap), w.min_replicas, w.max_replicas, initial, d, seen))
     return Prepared(sc, policy, loaded.source, dt, n_ticks, tuple(setups), node_specs(policy, sc.cluster.nodes), s,
                     world_policy(policy, sc.truth))
@@ -410,7 +409,7 @@ class Run:
         self.weight = prepared.scenario.scheduler.extender_weight
         scaling = self.policy.scaling
         self.params = ForecastParams.from_scaling(scaling)
-        self.history_s = history_span(scaling, self.dt)
+        self.read_span_s = history_span(scaling, self.dt)  # what each forecast reads of the history
         n = prepared.n_ticks
         self.w: list[_WorkloadState] = []
         for s in prepared.workloads:
@@ -605,7 +604,7 @@ class Run:
             assert shared[0] == newest, "runs of one preparation observed different demand"
             return shared[1]
         now = k * self.dt
-        lo = int(np.searchsorted(s.hist_t[1:i + 1], now - self.history_s, side="left")) + 1
+        lo = int(np.searchsorted(s.hist_t[1:i + 1], now - self.read_span_s, side="left")) + 1
         made = forecast(self.policy.scaling.forecaster, s.hist_t[lo:i + 1], s.hist_v[lo:i + 1], ahead_s,
                         s.params, now_s=now)
         if self.forecasts is not None:
