@@ -22,13 +22,14 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import numpy as np
 import pytest
 
 from extender import cli
 from extender.core.caches import weights_key
-from extender.core.errors import KubeError
+from extender.core.errors import KubeError, SignalError
 from extender.core.forecast import refit_phase
 from extender.core.inventory import NodeState
 from extender.core.policy import Policy
@@ -40,7 +41,7 @@ from extender.scaler.observation import Observation
 from extender.scaler.pods import Pod
 from extender.state import InventoryStore, connect
 from extender.state.decisions import DecisionStore
-from extender.state.history import HistoryStore
+from extender.state.history import HistoryStore, Sample
 from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
 from tests.scaler_policy import make_policy, policy_text
@@ -485,3 +486,107 @@ def test_a_bare_heartbeat_reaches_the_loop_s_inventory(redis_server: RedisServer
     InventoryStore(rig.client).beat_many({"gpu-a": T0 + 100})
     later = rig.tick(T0 + 120)
     assert (later.fresh_nodes, later.stale_nodes) == (1, 0)
+
+
+# ---- a short history filled from the source's past ------------------------------------------------
+
+
+@dataclass
+class WithPast(Scripted):
+    """A scripted source that also answers for the past (as the ``prometheus`` source's range queries)."""
+
+    backfill: bool = True
+    known_from: float = -math.inf  # no demand known before this
+    fail: bool = False
+    asked: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def past(self, start: float, end: float, step: float) -> list[Sample]:
+        self.asked.append((start, end, step))
+        if self.fail:
+            raise SignalError("query_range: HTTP 503")
+        times = [start + k * step for k in range(math.floor((end - start) / step + 1e-9) + 1)]
+        return [Sample(t, rate, 0.0) for t in times if t >= self.known_from and (rate := self.demand(t)) is not None]
+
+
+DAY = 86_400.0
+#: The store keeps three days; filled at the 15 s tick, one step short of the first stored sample.
+FULL = round(3 * DAY / TICK) - 1
+
+
+def rig_with_past(redis_url: str, source: WithPast) -> Rig:
+    rig = make_rig(redis_url, source.demand)
+    rig.loop.sources["qwen3"] = source
+    return rig
+
+
+def cycle(t: float) -> float:
+    return 20.0 + 10.0 * math.cos(2 * math.pi * (t - T0) / DAY)
+
+
+def test_a_new_scaler_forecasts_from_the_sources_past_at_once(redis_server: RedisServer) -> None:
+    source = WithPast(cycle)
+    rig = rig_with_past(redis_server.url, source)
+    (result,) = [r for r in rig.tick(T0).results if r.workload == "qwen3"]
+    assert source.asked == [(T0 - 3 * DAY + TICK, T0 - TICK, TICK)]
+    assert result.backfilled == FULL
+    assert result.decision is not None and result.decision.inputs.forecast is not None
+    assert result.decision.inputs.forecast.observations > 10_000  # three days, not the one tick of a new history
+    history = rig.loop.history.read("qwen3", now=T0)
+    assert len(history) == FULL + 1
+    assert history[0].rate == pytest.approx(cycle(T0 - 3 * DAY + TICK))
+    # stored, so the next ticks ask nothing
+    rig.tick(T0 + TICK)
+    rig.tick(T0 + 700.0)
+    assert len(source.asked) == 1
+
+
+class PastCase(NamedTuple):
+    name: str
+    source: WithPast
+    stored_s: float  # history already in the store before the first tick (at the tick's cadence)
+    asked: list[int]  # the ticks (of 15 s, from T0, every tick up to 41) at which the past is asked for
+    filled: int  # samples in the store after tick 0, the first tick's own included
+
+
+PAST_CASES = [
+    PastCase("a full history is not filled", WithPast(cycle), 3 * DAY, [], FULL + 2),
+    PastCase("a restart's gap of minutes is not filled", WithPast(cycle), 3 * DAY - 200.0, [], FULL - 12),
+    PastCase("a day stored: the two days before it are filled", WithPast(cycle), DAY, [0], FULL + 1),
+    PastCase("backfill off", WithPast(cycle, backfill=False), 0.0, [], 1),
+    PastCase("a source that knows an hour fills an hour, and is not asked again",
+             WithPast(cycle, known_from=T0 - 3600.0), 0.0, [0], 241),
+    PastCase("a failed query is tried again ten minutes later", WithPast(cycle, fail=True), 0.0, [0, 40], 1),
+]
+
+
+@pytest.mark.parametrize("case", PAST_CASES, ids=[c.name for c in PAST_CASES])
+def test_when_the_history_is_filled_from_the_past(redis_server: RedisServer, case: PastCase) -> None:
+    rig = rig_with_past(redis_server.url, case.source)
+    if case.stored_s:
+        first = T0 - math.floor(case.stored_s / TICK) * TICK
+        stored = [Sample(float(t), cycle(float(t)), 0.0) for t in np.arange(first, T0, TICK)]
+        rig.loop.lock.commit(rig.loop.lock.acquire().token, rig.loop.history.stage_append("qwen3", stored, now=T0),
+                             action="a stored history")
+    asked = []
+    for k in range(42):
+        before = len(case.source.asked)
+        rig.tick(T0 + k * TICK)
+        if len(case.source.asked) > before:
+            asked.append(k)
+        if k == 0:
+            assert len(rig.loop.history.read("qwen3", now=T0)) == case.filled
+    assert asked == case.asked
+
+
+def test_one_workload_is_filled_per_tick(redis_server: RedisServer) -> None:
+    qwen, llama = WithPast(cycle), WithPast(cycle)
+    rig = rig_with_past(redis_server.url, qwen)
+    rig.loop.sources["llama"] = llama
+    asked = []
+    for k in range(3):
+        rig.tick(T0 + k * TICK)
+        asked.append((len(qwen.asked), len(llama.asked)))
+    assert asked == [(1, 0), (1, 1), (1, 1)]  # in the policy's order, one a tick
+    # asked at the second tick, for the span before its first sample (T0), then the three ticks' own
+    assert llama.asked == [(T0 - 3 * DAY + 2 * TICK, T0 - TICK, TICK)]
+    assert len(rig.loop.history.read("llama", now=T0 + 2 * TICK)) == FULL - 1 + 3

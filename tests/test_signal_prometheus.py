@@ -27,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from extender.core.errors import SignalError
 from extender.kube.client import KubeClient
+from extender.scaler import prometheus
 from extender.scaler.pods import label_selector, workload_pods
 from extender.scaler.prometheus import PrometheusSource
 from extender.scaler.scrape import ScrapeSource
@@ -67,15 +69,21 @@ def _answers(url: str) -> bool:
 
 @contextlib.contextmanager
 def running_prometheus(targets: list[str], *, web_config: str | None = None, scheme: str = "http",
-                       ready: Callable[[str], bool] = _answers) -> Iterator[Prometheus]:
+                       ready: Callable[[str], bool] = _answers, openmetrics: str | None = None) -> Iterator[Prometheus]:
     """Prometheus scraping ``targets`` every second; stopped and its data directory removed afterwards.
 
     ``web_config``: the text of its ``--web.config.file`` (TLS, basic auth users), served at
     ``scheme``; ``ready(url)`` tells when it answers (the default asks ``/-/ready`` without credentials).
+    ``openmetrics``: samples of the past, written into its data directory as blocks by ``promtool tsdb
+    create-blocks-from openmetrics`` before it starts (Prometheus's own backfill).
     """
     binary = prometheus_binary()
     work = Path(tempfile.mkdtemp(prefix="extender-prometheus-"))
     try:
+        if openmetrics is not None:
+            (work / "past.om").write_text(openmetrics)
+            subprocess.run([prometheus_tool("promtool"), "tsdb", "create-blocks-from", "openmetrics",
+                            str(work / "past.om"), str(work / "data")], check=True, capture_output=True)
         config = work / "prometheus.yml"
         static = "\n".join(f"      - targets: ['{t}']\n        labels: {{namespace: default, pod: pod-{i}}}"
                            for i, t in enumerate(targets))
@@ -214,3 +222,43 @@ def test_scrape_source_agrees_through_the_api_double(pods_and_prometheus: tuple[
     assert rates[1] == pytest.approx(TOTAL, rel=0.05)
     promql = PrometheusSource(url=prom.url, query="sum(rate(vllm:request_success_total[5s]))", queue_query=None)
     assert wait_for_value(promql, promql.query) == pytest.approx(rates[1], rel=0.05)
+
+
+def past_demand(start: int, end: int) -> str:
+    """OpenMetrics for ``[start, end)`` every 15 s: two pods' request counters, 1 request/s each for
+    the first half and 2.5 after (2 and 5 in all), and a queue of 1.5 on each."""
+    half = (start + end) // 2
+    lines = ["# TYPE demo_requests counter", "# TYPE demo_waiting gauge"]
+    served = 0.0
+    for t in range(start, end, 15):
+        lines += [f'demo_requests_total{{pod="{p}"}} {served} {t}' for p in ("a", "b")]
+        lines += [f'demo_waiting{{pod="{p}"}} 1.5 {t}' for p in ("a", "b")]
+        served += 15 * (1.0 if t < half else 2.5)
+    return "\n".join([*lines[:2], *sorted(lines[2:], key=lambda line: line.split()[0].split("{")[0]), "# EOF"]) + "\n"
+
+
+def test_the_past_is_read_with_range_queries_in_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
+    end = int(time.time()) // 15 * 15 - 60
+    start = end - 4 * 3600
+    with running_prometheus([], openmetrics=past_demand(start, end)) as prom:
+        # by pod: a matrix of two series, summed at each time as a vector is
+        source = PrometheusSource(url=prom.url, query="sum by (pod) (rate(demo_requests_total[1m]))",
+                                  queue_query="sum(demo_waiting)")
+        first, last = start + 300, end - 300
+        whole = source.past(first, last, 15.0)
+        monkeypatch.setattr(prometheus, "RANGE_POINTS", 100)  # 921 points: ten range queries each
+        assert source.past(first, last, 15.0) == whole
+    assert [s.t for s in whole] == [first + 15.0 * k for k in range((last - first) // 15 + 1)]
+    half = (start + end) // 2
+    assert all(s.rate == pytest.approx(2.0) for s in whole if s.t < half)
+    assert all(s.rate == pytest.approx(5.0) for s in whole if s.t >= half + 60)  # the 1m window past the change
+    assert {s.queue for s in whole} == {3.0}
+
+
+def test_a_failed_range_query_says_why() -> None:
+    with running_prometheus([]) as prom:
+        broken = PrometheusSource(url=prom.url, query="sum(rate(", queue_query=None)
+        with pytest.raises(SignalError, match="HTTP 400"):
+            broken.past(time.time() - 600, time.time(), 15.0)
+        nothing = PrometheusSource(url=prom.url, query="sum(rate(no_such_metric_total[1m]))", queue_query=None)
+        assert nothing.past(time.time() - 600, time.time(), 15.0) == []

@@ -172,6 +172,17 @@ def test_the_published_placeholders_are_a_gauge() -> None:
     assert gauge(registry, "extender_scaler_standby_replicas", workload="qwen3") == 0.0
 
 
+def test_samples_filled_from_the_past_are_counted() -> None:
+    registry = CollectorRegistry()
+    metrics = ScalerMetrics(registry, make_policy())
+    decision = decide(DecisionInputs(workload="qwen3", now_s=T0, demand=30.0, capacity=10.0, ready=1,
+                                     max_replicas=10, horizon=horizon(120.0, 15.0, 15.0)))
+    assert gauge(registry, "extender_scaler_history_backfilled_samples_total", workload="qwen3") == 0.0
+    metrics.observe(TickReport(T0, True, 1, "a", results=(WorkloadResult("qwen3", decision, backfilled=17_279),)))
+    metrics.observe(TickReport(T0 + TICK, True, 1, "a", results=(WorkloadResult("qwen3", decision),)))
+    assert gauge(registry, "extender_scaler_history_backfilled_samples_total", workload="qwen3") == 17_279.0
+
+
 # ---- the agent -----------------------------------------------------------------------------------
 
 

@@ -421,6 +421,10 @@ class PrometheusSignal(Schema):
     basic_auth: BasicAuth | None = None
     tls: ClientTls | None = None
     headers: dict[str, str] = Field(default={}, description="extra request headers, e.g. X-Scope-OrgID: tenant-a")
+    backfill: bool = Field(default=True, description="when the workload's stored history is shorter than the "
+                                                    "store keeps, fill the older part from the queries' past "
+                                                    "(range queries), so a new or restarted scaler forecasts "
+                                                    "from days of demand at once")
 
     @model_validator(mode="before")
     @classmethod

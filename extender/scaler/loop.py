@@ -33,6 +33,14 @@ horizon are estimated with the fitted phase times, and the listeners of ``on_est
 
 A newly elected leader has no previous counter values for the ``scrape`` source, so its first tick
 observes nothing and holds; the forecast still comes from the shared history.
+
+A history that starts later than the store keeps (a new scaler, a new workload, a lost store) is
+filled from the source's past when the source has one (:class:`PastSource`: the ``prometheus``
+source's range queries, unless its ``backfill`` is off): the span before the first stored sample,
+one point per tick, written in the same fenced commit as the tick's own sample. One workload per
+tick (the queries must not hold a tick past its lease), at most one try per workload every
+:data:`BACKFILL_RETRY_S`, none once a fill returned all the source knows; a failed try is logged
+and the decision goes on without it (docs/scaler.md).
 """
 
 from __future__ import annotations
@@ -46,16 +54,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from extender.core.errors import ExtenderError, FencedOutError
+from extender.core.errors import ExtenderError, FencedOutError, SignalError
 from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.placement import Placement, next_replica
 from extender.core.policy import Policy, Profile
 from extender.core.scaler import Decision, DecisionInputs, Recommendation, decide, horizon, prune
 from extender.core.sharing import apply_share, claim, fleet_capacity, share
+from extender.core.units import format_duration
 from extender.core.warming import Expectation, look_ahead_s, standby_replicas
 from extender.files import PolicyFile
-from extender.scaler.observation import Fetcher, Observation, SignalSource, http_get
+from extender.scaler.observation import Fetcher, Observation, PastSource, SignalSource, http_get
 from extender.scaler.pods import PodLister, Replicas, count_replicas, label_selector, workload_pods
 from extender.scaler.signals import build_source
 from extender.state.decisions import DecisionStore, Published
@@ -64,6 +73,12 @@ from extender.state.lock import LeaderLock
 from extender.state.observations import CalibratedPolicy
 
 log = logging.getLogger(__name__)
+
+#: A history that starts fewer than this many ticks after the oldest time the store keeps is not
+#: filled from the source's past (a restart's gap is the store's, not worth a range query).
+BACKFILL_MIN_STEPS = 20
+#: After a backfill (or a failed one), the same workload is not tried again for this long.
+BACKFILL_RETRY_S = 600.0
 
 
 class InventoryReader(Protocol):
@@ -88,6 +103,8 @@ class WorkloadResult:
     expectation: Expectation | None = None
     #: Placeholder replicas published (extender.core.warming.standby_replicas).
     standby: int = 0
+    #: Samples this tick added to the history from the source's past (a backfill).
+    backfilled: int = 0
     error: str = ""
 
 
@@ -152,6 +169,12 @@ class ScaleLoop:
     _read_at: tuple[int, int] | None = field(default=None, init=False, repr=False)
     _told: Policy | None = field(default=None, init=False, repr=False)
     _lease_token: int | None = field(default=None, init=False, repr=False)
+    #: Per workload: no backfill before this time (one try per BACKFILL_RETRY_S), and the oldest
+    #: time the last one filled to (the source knows nothing older: no asking again).
+    _backfill_at: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _filled_to: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    #: The tick that asked a source's past (one workload per tick: a slow source cannot hold a tick long).
+    _backfilled_in: float | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         # what the caller fixed stays fixed across policy reloads; the rest follows the policy
@@ -331,10 +354,12 @@ class ScaleLoop:
         h = horizon(placement.startup_s, self.tick_s, self.hpa_sync_s, node=placement.node,
                     node_class=placement.node_class, cache=placement.cache)
         samples = self.history.read(name, now=now)
+        past = self._backfill(name, samples, now)
         new = [Sample(now, observation.rate, observation.queue)] if observation.rate is not None else []
-        fc = self._forecast(name, samples + new, h.seconds, now)
+        seen = past + samples + new
+        fc = self._forecast(name, seen, h.seconds, now)
         far = horizon(look_ahead_s(estimator, estimator.profile(name)), self.tick_s, self.hpa_sync_s)
-        ahead = self._forecast(name, samples + new, far.seconds, now)
+        ahead = self._forecast(name, seen, far.seconds, now)
         recent = tuple(Recommendation(at_s=a, replicas=n) for a, n in self.decisions.recommendations(name))
         scaling = self.policy.scaling
         inputs = DecisionInputs.for_policy(
@@ -348,7 +373,8 @@ class ScaleLoop:
             note = (f"observation incomplete ({observation.note or 'not every ready pod answered'}): "
                     f"{observation.rate:g} {capacity.unit} is a lower bound, so no scale-down this tick")
             decision = held.model_copy(update={"reasons": (*held.reasons, note)})
-        return _Draft(profile, decision, observation, replicas, placement, tuple(new), recent, len(pods), ahead)
+        return _Draft(profile, decision, observation, replicas, placement, (*past, *new), recent, len(pods), ahead,
+                      len(past))
 
     def commit(self, d: _Draft, token: int, now: float) -> WorkloadResult:
         """Write one workload's decision, fenced by ``token``: all or nothing."""
@@ -383,7 +409,35 @@ class ScaleLoop:
                      extra={"workload": name, "decision": decision.action, "desired": decision.desired,
                             "current": decision.current, "driver": decision.driver,
                             "horizon_s": decision.inputs.horizon.seconds, "token": token})
-        return WorkloadResult(name, decision, observation, replicas, placement, expectation, standby)
+        return WorkloadResult(name, decision, observation, replicas, placement, expectation, standby,
+                              backfilled=d.backfilled)
+
+    def _backfill(self, name: str, samples: Sequence[Sample], now: float) -> list[Sample]:
+        """The source's past before the stored history, when the history starts later than the store
+        keeps (module docstring); ``[]`` when there is nothing to fill or it was tried recently."""
+        source = self.sources[name]
+        assert self.tick_s is not None
+        step = self.tick_s
+        end = samples[0].t if samples else now
+        span = end - (now - self.history.max_age_s)
+        if (not isinstance(source, PastSource) or not source.backfill or span < BACKFILL_MIN_STEPS * step
+                or now < self._backfill_at.get(name, -math.inf) or end <= self._filled_to.get(name, -math.inf)
+                or self._backfilled_in == now):
+            return []
+        self._backfill_at[name], self._backfilled_in = now + BACKFILL_RETRY_S, now
+        points = math.floor(span / step - 1e-9)  # on the stored samples' cadence, ending one step before them
+        try:
+            past = source.past(end - points * step, end - step, step)
+        except SignalError as exc:
+            log.warning("scaler: %s: could not fill the history from %s: %s (trying again in %s)", name,
+                        source.name, exc, format_duration(BACKFILL_RETRY_S),
+                        extra={"workload": name, "error": str(exc)})
+            return []
+        self._filled_to[name] = past[0].t if past else end
+        log.info("scaler: %s: filled the history with %d samples from %s, %s of demand", name, len(past),
+                 source.name, format_duration(end - past[0].t) if past else "no time",
+                 extra={"workload": name, "samples": len(past)})
+        return past
 
     def _forecast(self, name: str, samples: Sequence[Sample], horizon_s: float, now: float) -> Forecast | None:
         if not samples:
@@ -417,6 +471,8 @@ class _Draft:
     pods: int
     #: The forecast one cold start (and a node's provisioning) ahead, for the warmer.
     ahead: Forecast | None = None
+    #: How many of ``new`` came from the source's past (:meth:`ScaleLoop._backfill`).
+    backfilled: int = 0
 
 
 def fresh_nodes(snapshot: InventorySnapshot, now: float) -> list[tuple[str, int]]:

@@ -103,6 +103,10 @@ class ScalerMetrics:
         self.quantile = Gauge("extender_scaler_forecast_quantile",
                               "The quantile the forecast's upper is asked to cover (scaling.quantile).",
                               ["workload"], registry=r)
+        self.backfilled = Counter("extender_scaler_history_backfilled_samples_total",
+                                  "Demand history samples filled from the signal source's past (Prometheus range "
+                                  "queries) because the stored history began later than the store keeps.",
+                                  ["workload"], registry=r)
         self.workload_errors = Counter("extender_scaler_workload_errors_total",
                                        "Ticks in which a workload got no decision (signal, store or other error).",
                                        ["workload"], registry=r)
@@ -130,6 +134,7 @@ class ScalerMetrics:
             for outcome in OUTCOMES:
                 self.upper_checks.labels(w, outcome)
             self.workload_errors.labels(w)
+            self.backfilled.labels(w)
             for state in ("ready", "starting"):
                 self.replicas.labels(w, state)
             for driver in DRIVERS:
@@ -155,6 +160,7 @@ class ScalerMetrics:
                 self.workload_errors.labels(w).inc()
                 continue
             inputs = decision.inputs
+            self.backfilled.labels(w).inc(result.backfilled)
             self.desired.labels(w).set(decision.desired)
             self.standby.labels(w).set(result.standby)
             self.horizon.labels(w).set(inputs.horizon.seconds)

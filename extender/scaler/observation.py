@@ -15,10 +15,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from extender.core.errors import SignalError
 from extender.scaler.pods import Pod
+from extender.state.history import Sample
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,19 @@ class SignalSource(Protocol):
 
     def observe(self, pods: Sequence[Pod], now: float) -> Observation:
         """The demand at ``now`` (unix seconds), given the workload's current pods."""
+        ...
+
+
+@runtime_checkable
+class PastSource(Protocol):
+    """A source that can also say what the demand was (the ``prometheus`` source: range queries)."""
+
+    #: Whether the policy lets the scaler fill a short history from :meth:`past`.
+    backfill: bool
+
+    def past(self, start: float, end: float, step: float) -> list[Sample]:
+        """The demand at ``start, start + step, ...`` up to ``end`` (unix seconds), where it is known;
+        raises :class:`SignalError` when the source cannot answer."""
         ...
 
 

@@ -17,6 +17,15 @@ Reading the result: a vector is summed over its series, a scalar taken as is. An
 no observation (the series do not exist, which is not the same as zero load: ``sum(rate(...))``
 over existing series is 0, not empty). A query error, a timeout or a non-finite value is no
 observation either. A failed queue query leaves the queue at zero and says so in the note.
+
+**The past** (``backfill``, on by default): the same two queries as range queries,
+``GET <url>/api/v1/query_range?query=...&start=...&end=...&step=...``, evaluated at every ``step``
+from ``start`` to ``end``, which is what the instant query would have said at each of those times.
+A matrix is summed over its series at each time, as a vector is. Prometheus refuses more than
+11,000 points per series in one query, so a long range is asked for in pieces of at most
+:data:`RANGE_POINTS`. A time with no rate is left out (a gap, as a missed tick is); a time with no
+queue value has a queue of zero. The scaler fills a short history with it
+(:mod:`extender.scaler.loop`).
 """
 
 from __future__ import annotations
@@ -36,6 +45,12 @@ from extender.core.policy import Policy, Profile, PrometheusSignal
 from extender.scaler.exposition import engine
 from extender.scaler.observation import Fetcher, Observation, http_get
 from extender.scaler.pods import Pod
+from extender.state.history import Sample
+
+#: Points per series asked for in one range query (Prometheus refuses more than 11,000).
+RANGE_POINTS = 10_000
+#: Time limit of one range query at least (a day of 15 s points is more work than an instant query).
+RANGE_TIMEOUT_S = 30.0
 
 
 def promql_duration(seconds: float) -> str:
@@ -75,11 +90,8 @@ def default_queries(profile: Profile) -> tuple[str, str]:
     return rate, queue
 
 
-def parse_result(body: str) -> float | None:
-    """The value of a ``/api/v1/query`` reply (vector summed, scalar as is); ``None`` if empty or non-finite.
-
-    Raises :class:`SignalError` for an error reply or a body that is not one.
-    """
+def _data(body: str) -> tuple[Any, Any]:
+    """``(resultType, result)`` of a successful API reply; :class:`SignalError` otherwise."""
     try:
         doc: Any = json.loads(body)
     except ValueError as exc:
@@ -88,7 +100,15 @@ def parse_result(body: str) -> float | None:
         error = doc.get("error") if isinstance(doc, dict) else None
         raise SignalError(f"query failed: {error or 'no success status'}")
     data = doc.get("data") or {}
-    kind, result = data.get("resultType"), data.get("result")
+    return data.get("resultType"), data.get("result")
+
+
+def parse_result(body: str) -> float | None:
+    """The value of a ``/api/v1/query`` reply (vector summed, scalar as is); ``None`` if empty or non-finite.
+
+    Raises :class:`SignalError` for an error reply or a body that is not one.
+    """
+    kind, result = _data(body)
     try:
         if kind == "vector":
             if not result:
@@ -101,6 +121,22 @@ def parse_result(body: str) -> float | None:
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise SignalError(f"unreadable query result: {exc}") from exc
     return total if math.isfinite(total) else None
+
+
+def parse_range(body: str) -> dict[float, float]:
+    """The values of a ``/api/v1/query_range`` reply by time, summed over the series (a time where
+    the sum is not finite is left out). Raises :class:`SignalError` as :func:`parse_result` does."""
+    kind, result = _data(body)
+    if kind != "matrix" or not isinstance(result, list):
+        raise SignalError(f"range query returned a {kind}; need a range vector")
+    out: dict[float, float] = {}
+    try:
+        for series in result:
+            for t, v in series["values"]:
+                out[float(t)] = out.get(float(t), 0.0) + float(v)
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
+        raise SignalError(f"unreadable range query result: {exc}") from exc
+    return {t: v for t, v in sorted(out.items()) if math.isfinite(v)}
 
 
 #: Largest secret file read (a token or a password; a service-account JWT is about 1 KB).
@@ -236,7 +272,8 @@ class PrometheusSource:
     name = "prometheus"
 
     def __init__(self, *, url: str, query: str, queue_query: str | None, timeout_s: float = 5.0,
-                 fetch: Fetcher = http_get, credentials: Credentials | None = None) -> None:
+                 fetch: Fetcher = http_get, credentials: Credentials | None = None, backfill: bool = True) -> None:
+        self.backfill = backfill
         self.url = url.rstrip("/")
         self.query = query
         self.queue_query = queue_query
@@ -252,22 +289,41 @@ class PrometheusSource:
         prom = profile.autoscaling.signal.prometheus
         rate, queue = default_queries(profile)
         return cls(url=prom.url, query=prom.query or rate, queue_query=prom.queue_query or queue,
-                   timeout_s=prom.timeout, fetch=fetch, credentials=Credentials(prom))
+                   timeout_s=prom.timeout, fetch=fetch, credentials=Credentials(prom), backfill=prom.backfill)
 
     def run(self, query: str) -> float | None:
         """Evaluate one instant query now; raises :class:`SignalError` on failure."""
-        url = f"{self.url}/api/v1/query?{urlencode({'query': query})}"
+        return parse_result(self._get("query", {"query": query}, timeout_s=self.timeout_s))
+
+    def run_range(self, query: str, start: float, end: float, step: float) -> dict[float, float]:
+        """Evaluate one range query in pieces of at most :data:`RANGE_POINTS` (module docstring)."""
+        out: dict[float, float] = {}
+        n = math.floor((end - start) / step + 1e-9) + 1  # points from start to end
+        for first in range(0, max(n, 0), RANGE_POINTS):
+            last = min(first + RANGE_POINTS, n) - 1
+            out.update(parse_range(self._get("query_range", {
+                "query": query, "start": repr(start + first * step), "end": repr(start + last * step),
+                "step": repr(step)}, timeout_s=max(self.timeout_s, RANGE_TIMEOUT_S))))
+        return out
+
+    def _get(self, endpoint: str, params: dict[str, str], *, timeout_s: float) -> str:
+        url = f"{self.url}/api/v1/{endpoint}?{urlencode(params)}"
         if self.credentials is None:
-            return parse_result(self._fetch(url, self.timeout_s))
+            return self._fetch(url, timeout_s)
         try:
-            body = self._fetch(url, self.timeout_s, headers=self.credentials.headers(),
+            return self._fetch(url, timeout_s, headers=self.credentials.headers(),
                                context=self.credentials.context())
         except SignalError as exc:
             if " HTTP 401 " in f"{exc} " or " HTTP 403 " in f"{exc} ":
                 raise SignalError(f"{exc} (check the profile's prometheus bearerTokenFile, basicAuth, tls and "
                                   "headers)") from exc
             raise
-        return parse_result(body)
+
+    def past(self, start: float, end: float, step: float) -> list[Sample]:
+        """The rate and queue queries at every ``step`` from ``start`` to ``end`` (module docstring)."""
+        rates = self.run_range(self.query, start, end, step)
+        queues = self.run_range(self.queue_query, start, end, step) if self.queue_query and rates else {}
+        return [Sample(t, max(0.0, rate), max(0.0, queues.get(t, 0.0))) for t, rate in rates.items()]
 
     def observe(self, pods: Sequence[Pod], now: float) -> Observation:
         """The rate query's value and the queue query's (``pods`` are not needed: Prometheus found them)."""
