@@ -500,7 +500,8 @@ class WithPast(Scripted):
     fail: bool = False
     asked: list[tuple[float, float, float]] = field(default_factory=list)
 
-    def past(self, start: float, end: float, step: float) -> list[Sample]:
+    def past(self, start: float, end: float, step: float, *, budget_s: float) -> list[Sample]:
+        assert budget_s == TICK  # a fill may take one tick's time
         self.asked.append((start, end, step))
         if self.fail:
             raise SignalError("query_range: HTTP 503")

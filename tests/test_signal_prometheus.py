@@ -262,3 +262,5 @@ def test_a_failed_range_query_says_why() -> None:
             broken.past(time.time() - 600, time.time(), 15.0)
         nothing = PrometheusSource(url=prom.url, query="sum(rate(no_such_metric_total[1m]))", queue_query=None)
         assert nothing.past(time.time() - 600, time.time(), 15.0) == []
+        with pytest.raises(SignalError, match="ran out of their time"):  # the loop gives a fill one tick
+            nothing.past(time.time() - 600, time.time(), 15.0, budget_s=0.0)

@@ -38,7 +38,8 @@ A history that starts later than the store keeps (a new scaler, a new workload, 
 filled from the source's past when the source has one (:class:`PastSource`: the ``prometheus``
 source's range queries, unless its ``backfill`` is off): the span before the first stored sample,
 one point per tick, written in the same fenced commit as the tick's own sample. One workload per
-tick (the queries must not hold a tick past its lease), at most one try per workload every
+tick, within one tick's time (the queries must not hold a tick past its lease of three ticks), at
+most one try per workload every
 :data:`BACKFILL_RETRY_S`, none once a fill returned all the source knows; a failed try is logged
 and the decision goes on without it (docs/scaler.md).
 """
@@ -427,7 +428,7 @@ class ScaleLoop:
         self._backfill_at[name], self._backfilled_in = now + BACKFILL_RETRY_S, now
         points = math.floor(span / step - 1e-9)  # on the stored samples' cadence, ending one step before them
         try:
-            past = source.past(end - points * step, end - step, step)
+            past = source.past(end - points * step, end - step, step, budget_s=step)
         except SignalError as exc:
             log.warning("scaler: %s: could not fill the history from %s: %s (trying again in %s)", name,
                         source.name, exc, format_duration(BACKFILL_RETRY_S),

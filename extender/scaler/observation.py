@@ -51,9 +51,9 @@ class PastSource(Protocol):
     #: Whether the policy lets the scaler fill a short history from :meth:`past`.
     backfill: bool
 
-    def past(self, start: float, end: float, step: float) -> list[Sample]:
+    def past(self, start: float, end: float, step: float, *, budget_s: float) -> list[Sample]:
         """The demand at ``start, start + step, ...`` up to ``end`` (unix seconds), where it is known;
-        raises :class:`SignalError` when the source cannot answer."""
+        raises :class:`SignalError` when the source cannot answer within ``budget_s`` seconds."""
         ...
 
 

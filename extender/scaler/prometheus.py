@@ -36,6 +36,7 @@ import math
 import os
 import ssl
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlencode
@@ -49,7 +50,8 @@ from extender.state.history import Sample
 
 #: Points per series asked for in one range query (Prometheus refuses more than 11,000).
 RANGE_POINTS = 10_000
-#: Time limit of one range query at least (a day of 15 s points is more work than an instant query).
+#: Time limit of one range query at least (a day of 15 s points is more work than an instant query),
+#: and of all the range queries of one fill by default.
 RANGE_TIMEOUT_S = 30.0
 
 
@@ -295,15 +297,19 @@ class PrometheusSource:
         """Evaluate one instant query now; raises :class:`SignalError` on failure."""
         return parse_result(self._get("query", {"query": query}, timeout_s=self.timeout_s))
 
-    def run_range(self, query: str, start: float, end: float, step: float) -> dict[float, float]:
-        """Evaluate one range query in pieces of at most :data:`RANGE_POINTS` (module docstring)."""
+    def run_range(self, query: str, start: float, end: float, step: float, *, until: float) -> dict[float, float]:
+        """Evaluate one range query in pieces of at most :data:`RANGE_POINTS` (module docstring), all
+        of them before ``until`` (``time.monotonic()``); raises :class:`SignalError` on failure."""
         out: dict[float, float] = {}
         n = math.floor((end - start) / step + 1e-9) + 1  # points from start to end
         for first in range(0, max(n, 0), RANGE_POINTS):
+            left = until - time.monotonic()
+            if left <= 0:
+                raise SignalError("the range queries ran out of their time")
             last = min(first + RANGE_POINTS, n) - 1
             out.update(parse_range(self._get("query_range", {
                 "query": query, "start": repr(start + first * step), "end": repr(start + last * step),
-                "step": repr(step)}, timeout_s=max(self.timeout_s, RANGE_TIMEOUT_S))))
+                "step": repr(step)}, timeout_s=min(left, max(self.timeout_s, RANGE_TIMEOUT_S)))))
         return out
 
     def _get(self, endpoint: str, params: dict[str, str], *, timeout_s: float) -> str:
@@ -319,10 +325,12 @@ class PrometheusSource:
                                   "headers)") from exc
             raise
 
-    def past(self, start: float, end: float, step: float) -> list[Sample]:
-        """The rate and queue queries at every ``step`` from ``start`` to ``end`` (module docstring)."""
-        rates = self.run_range(self.query, start, end, step)
-        queues = self.run_range(self.queue_query, start, end, step) if self.queue_query and rates else {}
+    def past(self, start: float, end: float, step: float, *, budget_s: float = RANGE_TIMEOUT_S) -> list[Sample]:
+        """The rate and queue queries at every ``step`` from ``start`` to ``end`` (module docstring),
+        every query within ``budget_s`` in all."""
+        until = time.monotonic() + budget_s
+        rates = self.run_range(self.query, start, end, step, until=until)
+        queues = self.run_range(self.queue_query, start, end, step, until=until) if self.queue_query and rates else {}
         return [Sample(t, max(0.0, rate), max(0.0, queues.get(t, 0.0))) for t, rate in rates.items()]
 
     def observe(self, pods: Sequence[Pod], now: float) -> Observation:
