@@ -6,7 +6,7 @@ cache root. Table-driven; the store tests use a real Redis."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from extender import cli
-from extender.arguments import DEFAULT_PREFIX, deprecated_flags, duration, size, subparsers_of
+from extender.arguments import DEFAULT_PREFIX, deprecated_flags, duration, duration_or_zero, size, subparsers_of
 from tests.conftest import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -138,13 +138,27 @@ DURATIONS = [
 ]
 
 
-@pytest.mark.parametrize("case", DURATIONS, ids=[c.id for c in DURATIONS])
-def test_duration_arguments(case: Unit) -> None:
+#: ``--history``: a duration, or 0 to turn it off (``duration``'s rows hold for the rest).
+DURATIONS_OR_ZERO = [
+    Unit("zero turns it off", "0", 0.0),
+    Unit("zero seconds", "0s", 0.0),
+    Unit("a day", "1d", 86_400.0),
+    Unit("a plain number is seconds", "90", 90.0),
+    Unit("negative", "-1h", None),
+    Unit("not a duration", "a fortnight", None),
+]
+
+
+@pytest.mark.parametrize(("parse", "case"), [(duration, c) for c in DURATIONS]
+                         + [(duration_or_zero, c) for c in DURATIONS_OR_ZERO],
+                         ids=[f"duration: {c.id}" for c in DURATIONS]
+                         + [f"duration_or_zero: {c.id}" for c in DURATIONS_OR_ZERO])
+def test_duration_arguments(parse: Callable[[str], float], case: Unit) -> None:
     if case.expected is None:
         with pytest.raises(argparse.ArgumentTypeError):
-            duration(case.text)
+            parse(case.text)
     else:
-        assert duration(case.text) == case.expected
+        assert parse(case.text) == case.expected
 
 
 SIZES = [

@@ -3,15 +3,12 @@ simulated demand does not change for it (synthetic), and a trace gives its first
 
 from __future__ import annotations
 
-import argparse
-import math
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import pytest
 
-from extender.arguments import duration_or_zero
 from extender.core.forecast import forecast
 from extender.sim.errors import ScenarioError
 from extender.sim.scenario import SyntheticSpec, load_scenario
@@ -49,24 +46,12 @@ def test_the_history_is_the_same_formula_before_t0(row: Formula) -> None:
     assert before.rates[row.hour] == pytest.approx(row.expected)
 
 
-SYNTHETIC = """\
-apiVersion: extender.io/v1alpha1
-kind: Scenario
-policy: policy.yaml
-slo: {queueDelay: 10s}
-cluster:
-  nodes:
-    - nodeClass: box
-      count: 2
-workloads:
-  - name: svc
-    minReplicas: 1
-    maxReplicas: 2
+#: The tiny scenario with a synthetic demand (noise, bursts, Poisson arrivals) and the predictive strategy.
+SYNTHETIC = TINY_SCENARIO.replace("    demand: {trace: {path: step.csv}}\n", """\
     demand:
       synthetic: {duration: 2h, step: 5m, base: 0.5, daily: {amplitude: 0.5, peak: 14h}, noise: 0.2,
                   bursts: {perDay: 24, amplitude: 1, duration: 10m}}
-strategies: [predictive]
-"""
+""").replace("strategies: [default]", "strategies: [predictive]")
 
 
 class Span(NamedTuple):
@@ -158,28 +143,3 @@ def test_an_upper_is_checked_against_the_demand_at_its_time_also_before_t0(tmp_p
     assert seen[-1] > 0 and seen[-2] > 0
     w.uppers = [(0.0, seen[-1]), (0.0, seen[-1] * 0.999), (-15.0, seen[-2]), (-15.0, seen[-2] * 0.999)]
     assert run._upper_checks(w) == [True, False, True, False]
-
-
-class Flag(NamedTuple):
-    name: str
-    text: str
-    seconds: float | None  # None: refused
-
-
-FLAGS = [
-    Flag("zero turns it off", "0", 0.0),
-    Flag("zero seconds", "0s", 0.0),
-    Flag("a day", "1d", DAY),
-    Flag("bare seconds", "90", 90.0),
-    Flag("negative", "-1h", None),
-    Flag("not a duration", "a fortnight", None),
-]
-
-
-@pytest.mark.parametrize("row", FLAGS, ids=[r.name for r in FLAGS])
-def test_the_history_flag(row: Flag) -> None:
-    if row.seconds is None:
-        with pytest.raises(argparse.ArgumentTypeError):
-            duration_or_zero(row.text)
-    else:
-        assert math.isclose(duration_or_zero(row.text), row.seconds)
