@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ from extender.state.history import HistoryStore, Sample
 from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
 from tests.scaler_policy import make_policy, policy_text
+from tests.test_signal_prometheus import past_demand, running_prometheus
 from tests.vllm_endpoint import pod
 
 pytestmark = pytest.mark.integration
@@ -591,3 +593,29 @@ def test_one_workload_is_filled_per_tick(redis_server: RedisServer) -> None:
     # asked at the second tick, for the span before its first sample (T0), then the three ticks' own
     assert llama.asked == [(T0 - 3 * DAY + 2 * TICK, T0 - TICK, TICK)]
     assert len(rig.loop.history.read("llama", now=T0 + 2 * TICK)) == FULL - 1 + 3
+
+
+def test_a_new_scaler_fills_its_history_from_a_real_prometheus(redis_server: RedisServer) -> None:
+    # policy -> prometheus source -> loop -> Redis, nothing scripted but the cluster: Prometheus's
+    # past is four hours of two pods' counters (2 requests/s, then 5; a queue of 3)
+    end = int(time.time()) // 15 * 15 - 60
+    with running_prometheus([], openmetrics=past_demand(end - 4 * 3600, end)) as prom:
+        policy = make_policy(signal={"source": "prometheus", "prometheus": {
+            "url": prom.url, "query": "sum(rate(demo_requests_total[1m]))", "queueQuery": "sum(demo_waiting)"}})
+        client = connect(redis_server.url, "/nonexistent")
+        now = float(end + 60)
+        cluster = Cluster(120.0, now=now)
+        loop = ScaleLoop(policy=policy, lock=LeaderLock(client, "a", ttl_s=45.0, clock=lambda: int(now * 1000)),
+                         history=HistoryStore(client), decisions=DecisionStore(client), pods=cluster)
+        (result,) = [r for r in loop.tick(now).results if r.workload == "qwen3"]
+    assert result.error == "" and result.decision is not None
+    history = loop.history.read("qwen3", now=now)
+    # every 15 s of the four hours, give or take the edges of rate()'s 1m window (no sample of the
+    # tick's own: the counters stopped a minute before it, so its instant query is empty)
+    filled = [s for s in history if s.t < now]
+    assert result.backfilled == len(filled) == len(history)
+    assert 4 * 3600 // 15 - 8 <= len(filled) <= 4 * 3600 // 15 + 8
+    assert {round(s.rate, 6) for s in filled if end - 4 * 3600 + 60 <= s.t < end - 2 * 3600} == {2.0}
+    assert {round(s.rate, 6) for s in filled if end - 2 * 3600 + 60 <= s.t < end} == {5.0}
+    assert {s.queue for s in filled} == {3.0}
+    assert result.decision.inputs.forecast is not None and result.decision.inputs.forecast.observations > 900
