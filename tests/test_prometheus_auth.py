@@ -18,6 +18,7 @@ from __future__ import annotations
 import http.server
 import os
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -161,8 +162,11 @@ def secured_section(s: Secured, **changes: Any) -> dict[str, Any]:
 
 @pytest.mark.integration
 def test_basic_auth_tls_and_a_client_certificate_get_through(secured: Secured) -> None:
-    obs = source(secured_section(secured)).observe([], 0.0)
+    src = source(secured_section(secured))
+    obs = src.observe([], 0.0)
     assert (obs.rate, obs.complete, obs.note) == (3.5, True, "")
+    now = float(int(time.time()))  # and a history fill's range queries, the same way
+    assert {s.rate for s in src.past(now - 600, now, 15.0)} == {3.5}
 
 
 @dataclass(frozen=True)
@@ -296,6 +300,11 @@ def test_bearer_token_and_tenant_through_a_gateway(plain: Prometheus, tmp_path: 
         src = source(section)
         obs = src.observe([], 0.0)
         assert (obs.rate, obs.complete) == (3.5, True)
+        assert gate.seen[-1]["authorization"] == "Bearer first-token"
+        assert gate.seen[-1]["x-scope-orgid"] == "tenant-a"
+        # a history fill's range queries carry the same credentials
+        now = float(int(time.time()))
+        assert {s.rate for s in src.past(now - 600, now, 15.0)} == {3.5}
         assert gate.seen[-1]["authorization"] == "Bearer first-token"
         assert gate.seen[-1]["x-scope-orgid"] == "tenant-a"
         # the gateway rotates the token; the source keeps the old one until the file changes
