@@ -107,6 +107,8 @@ def test_the_policy_takes_every_field() -> None:
                   "headers": {"X-Scope-OrgID": "tenant-a"}})
     assert src.credentials is not None and src.credentials.static_headers == {"X-Scope-OrgID": "tenant-a"}
     assert src.credentials.uses_tls
+    assert src.backfill  # a short history is filled by default (docs/scaler.md)
+    assert not source({"url": "https://prom.example:9090", "backfill": False}).backfill
 
 
 # ---- a real Prometheus with TLS, client certificates and basic auth ---------------------------------

@@ -563,7 +563,8 @@ PAST_CASES = [
 
 
 @pytest.mark.parametrize("case", PAST_CASES, ids=[c.name for c in PAST_CASES])
-def test_when_the_history_is_filled_from_the_past(redis_server: RedisServer, case: PastCase) -> None:
+def test_when_the_history_is_filled_from_the_past(redis_server: RedisServer, case: PastCase,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
     rig = rig_with_past(redis_server.url, case.source)
     if case.stored_s:
         first = T0 - math.floor(case.stored_s / TICK) * TICK
@@ -579,6 +580,8 @@ def test_when_the_history_is_filled_from_the_past(redis_server: RedisServer, cas
         if k == 0:
             assert len(rig.loop.history.read("qwen3", now=T0)) == case.filled
     assert asked == case.asked
+    failed = "qwen3: could not fill the history from scripted: query_range: HTTP 503 (trying again in 10m)"
+    assert (caplog.text.count(failed) == len(case.asked)) if case.source.fail else failed not in caplog.text
 
 
 def test_one_workload_is_filled_per_tick(redis_server: RedisServer) -> None:

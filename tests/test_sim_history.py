@@ -15,7 +15,7 @@ from extender.sim.scenario import SyntheticSpec, load_scenario
 from extender.sim.simulation import Run, prepare
 from extender.sim.strategies import STRATEGIES
 from extender.sim.synthetic import rate_trace
-from tests.test_sim import TINY_SCENARIO, write_tiny
+from tests.test_sim import TINY_SCENARIO, cli, write_tiny
 
 DAY = 86_400.0
 
@@ -143,3 +143,19 @@ def test_an_upper_is_checked_against_the_demand_at_its_time_also_before_t0(tmp_p
     assert seen[-1] > 0 and seen[-2] > 0
     w.uppers = [(0.0, seen[-1]), (0.0, seen[-1] * 0.999), (-15.0, seen[-2]), (-15.0, seen[-2] * 0.999)]
     assert run._upper_checks(w) == [True, False, True, False]
+
+
+@pytest.mark.parametrize(("scenario_history", "flag", "note"), [
+    ("", "1m", "1m"),  # the flag gives one
+    ("history: 1m\n", "0", None),  # the flag takes the scenario's away
+    ("history: 1m\n", None, "1m"),  # the scenario's own
+])
+def test_the_history_flag_overrides_the_scenario_and_the_report_says_so(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], scenario_history: str, flag: str | None,
+        note: str | None) -> None:
+    scenario = write_tiny(tmp_path)
+    scenario.write_text(TINY_SCENARIO + scenario_history)
+    assert cli(str(scenario), *(("--history", flag) if flag is not None else ())) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if "before t = 0" in line]
+    assert notes == ([] if note is None else [
+        f"note: the scaler's forecasts started from {note} of demand seen before t = 0 (the scenario's history)"])
