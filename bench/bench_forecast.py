@@ -9,6 +9,8 @@ series' own). Reported per horizon:
 
 * **error**: mean absolute error as a share of the mean rate over the test span (``MAE / mean``);
 * **ratio**: that error over the last value's, computed in the same run (below 1: better than naive);
+  where it is above 1 (or above the ETS reference's), the bars say whether the difference can be
+  told from noise: :func:`paired_z`, a Diebold-Mariano test on the paired absolute errors;
 * **coverage**: the share of outcomes at or below the upper quantile (asked: 95%);
 * **score**: the upper quantile's mean quantile (pinball) loss as a share of the mean rate
   (:func:`quantile_score`). Coverage alone rewards an upper that is needlessly high (one at
@@ -26,7 +28,9 @@ Poisson arrivals, binned to the step); the bundled Azure code trace, as its 3.5-
 slice ``scenarios/traces/azure-code-slice.csv`` binned at 5 s and as the whole 57 minutes
 (``scenarios/traces/azure-code-rates.csv``, requests per second) binned at 15 s (the scaler's
 sampling step) and at 30 s; three synthetic series of 14 days at 600 s with known structure,
-generated with a fixed seed (a daily season, a random walk, a spiky single tenant); and every trace
+generated with a fixed seed (a daily season, a random walk, a spiky single tenant); three production
+rates from the Numenta Anomaly Benchmark binned at 600 s (``scenarios/traces/nab-*.csv``: an AWS
+load balancer's requests over 14 days, tweets about two companies over 19.5 days); and every trace
 given on the command line (rate or request CSV, any format ``extender simulate`` reads), binned at
 ``--trace-step``.
 
@@ -54,7 +58,7 @@ from numpy.typing import NDArray
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from extender.core.forecast import FORECASTERS, ForecastParams, forecast, residual_quantile  # noqa: E402
+from extender.core.forecast import AUTO_Z, FORECASTERS, ForecastParams, dm_statistic, forecast, residual_quantile  # noqa: E402
 from extender.sim.scenario import TraceSpec, load_scenario  # noqa: E402
 from extender.sim.synthetic import synthetic_arrivals  # noqa: E402
 from extender.sim.traces import AZURE_CREDIT, arrivals_from, read_trace  # noqa: E402
@@ -63,6 +67,11 @@ F64 = NDArray[np.float64]
 DAY = 86_400.0
 HORIZONS = (1, 2, 3)
 NAMES = ("auto", *sorted(n for n in FORECASTERS if n != "auto"))
+#: Production rates from the Numenta Anomaly Benchmark (scenarios/traces/README.md), binned at 600 s.
+NAB_TRACES = ("scenarios/traces/nab-elb-requests.csv", "scenarios/traces/nab-twitter-aapl.csv",
+              "scenarios/traces/nab-twitter-goog.csv")
+NAB_CREDIT = "Numenta Anomaly Benchmark (NAB), MIT"
+
 
 
 @dataclass(frozen=True)
@@ -185,13 +194,13 @@ def evaluate(s: Series, *, every_s: float, test_s: float, history_s: float, leve
     kmax = max(HORIZONS)
     origins = list(range(n - test_n - 1, n - kmax, every))
     params = ForecastParams(step_s=step, level=level)
-    err: dict[str, dict[int, list[float]]] = {}
+    err: dict[str, dict[int, dict[int, float]]] = {}  # name -> k -> origin -> absolute error
     hit: dict[str, dict[int, list[bool]]] = {}
     score: dict[str, dict[int, list[float]]] = {}
     chosen: dict[int, dict[str, int]] = {}
 
-    def add(name: str, k: int, f: float, upper: float | None, actual: float) -> None:
-        err.setdefault(name, {}).setdefault(k, []).append(abs(actual - f))
+    def add(name: str, k: int, o: int, f: float, actual: float, *, upper: float | None = None) -> None:
+        err.setdefault(name, {}).setdefault(k, {})[o] = abs(actual - f)
         if upper is not None:
             hit.setdefault(name, {}).setdefault(k, []).append(actual <= upper)
             score.setdefault(name, {}).setdefault(k, []).append(quantile_score(actual, upper, level))
@@ -203,31 +212,33 @@ def evaluate(s: Series, *, every_s: float, test_s: float, history_s: float, leve
         for name in NAMES:
             for k in HORIZONS:
                 f = forecast(name, th, yh, k * step, params)
-                add(name, k, f.point, f.upper, y[o + k])
+                add(name, k, o, f.point, y[o + k], upper=f.upper)
                 if name == "auto":
                     picks = chosen.setdefault(k, {})
                     picks[f.method] = picks.get(f.method, 0) + 1
         for k in HORIZONS:
-            add("last value", k, y[o], naive_upper(yh, k, level), y[o + k])
+            add("last value", k, o, y[o], y[o + k], upper=naive_upper(yh, k, level))
             if o + k - m >= 0 and n > 2 * m:
-                add("seasonal naive", k, y[o + k - m], None, y[o + k])
+                add("seasonal naive", k, o, y[o + k - m], y[o + k])
         if with_ets:
             ets = ets_forecast(yh, kmax)
             if ets is not None:
                 for k in HORIZONS:
-                    add("ets (statsmodels)", k, float(ets[k - 1]), None, y[o + k])
+                    add("ets (statsmodels)", k, o, float(ets[k - 1]), y[o + k])
     elapsed = time.perf_counter() - t0
     mean = float(np.mean(y[origins[0]:])) if origins else float("nan")
     rows: dict[str, dict[str, dict[int, float]]] = {}
     for name, by_k in err.items():
-        rows[name] = {"error": {k: float(np.mean(v)) / mean for k, v in by_k.items()}}
+        rows[name] = {"error": {k: float(np.mean(list(v.values()))) / mean for k, v in by_k.items()}}
         if name in hit:
             rows[name]["coverage"] = {k: float(np.mean(v)) for k, v in hit[name].items()}
             rows[name]["score"] = {k: float(np.mean(v)) / mean for k, v in score[name].items()}
     for row in rows.values():
         row["ratio"] = {k: row["error"][k] / rows["last value"]["error"][k] for k in row["error"]}
+    z = {ref: {k: paired_z(err["auto"][k], err[ref][k], k, every) for k in HORIZONS} for ref in err
+         if ref in REFERENCES}
     return {"series": s.name, "source": s.source, "step_s": step, "points": n, "origins": len(origins),
-            "mean_rate": mean, "rows": rows, "auto_chose": chosen, "seconds": elapsed}
+            "mean_rate": mean, "rows": rows, "z": z, "auto_chose": chosen, "seconds": elapsed}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,6 +303,27 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: What ``auto``'s error is compared with, cell by cell (:func:`paired_z`).
+REFERENCES = ("last value", "ets (statsmodels)")
+
+
+def paired_z(auto: dict[int, float], ref: dict[int, float], k: int, every: int) -> float:
+    """How many standard errors ``auto``'s mean absolute error is below ``ref``'s on the origins both
+    forecast (origin -> absolute error): the Diebold-Mariano statistic
+    (:func:`extender.core.forecast.dm_statistic`) on the paired errors. Negative: ``auto`` is
+    behind; above ``-AUTO_Z`` (-1.645) it is not behind at 5% (a one-sided test).
+
+    Origins ``every`` grid steps apart share the path of k-step errors when they are less than k
+    steps apart, so the long-run variance counts lags below ``ceil(k / every)`` origins.
+    """
+    shared = sorted(auto.keys() & ref.keys())
+    if len(shared) < 2:
+        return math.nan
+    a = np.array([auto[o] for o in shared])
+    r = np.array([ref[o] for o in shared])
+    return dm_statistic(a, r, math.ceil(k / every))
+
+
 def within(coverage: float, level: float, band: float) -> bool:
     """The coverage bar: ``|coverage - level| <= band`` (1e-12 of slack: 98 of 100 is 3 points off)."""
     return abs(coverage - level) <= band + 1e-12
@@ -308,15 +340,17 @@ def calibrated_pass(n: int, level: float, band: float) -> float:
 def bars(results: list[dict[str, Any]], level: float, band: float = 0.03) -> dict[str, Any]:
     """Issue 17's bars, cell by cell (a series at one horizon): ``auto``'s error at most the last
     value's and at most the ETS reference's (strictly: any excess fails), its coverage within
-    ``band`` of ``level``. Each bar lists its failing cells with the exact figure; a coverage cell
-    also with its origins and :func:`calibrated_pass` of them."""
+    ``band`` of ``level``. Each bar lists its failing cells with the exact figure; an error cell
+    also with :func:`paired_z` against the reference, a coverage cell with its origins and
+    :func:`calibrated_pass` of them."""
     out: dict[str, Any] = {}
     def ratio(ref: str) -> Any:
         return lambda r, k: r["auto"]["error"][k] / r[ref]["error"][k] if ref in r else None
 
+    refs = dict(zip(("error no worse than the last value's", "error no worse than the ETS reference's"),
+                    REFERENCES, strict=True))
     checks = {
-        "error no worse than the last value's": ratio("last value"),
-        "error no worse than the ETS reference's": ratio("ets (statsmodels)"),
+        **{bar: ratio(ref) for bar, ref in refs.items()},
         f"coverage within {100 * band:g} points of {100 * level:g}%": lambda r, k: r["auto"]["coverage"][k],
     }
     for bar, value in checks.items():
@@ -334,6 +368,8 @@ def bars(results: list[dict[str, Any]], level: float, band: float = 0.03) -> dic
                     if coverage:
                         n = res["origins"]
                         failed[-1] |= {"origins": n, "calibrated_pass": calibrated_pass(n, level, band)}
+                    elif k in res.get("z", {}).get(refs[bar], {}):
+                        failed[-1]["z"] = res["z"][refs[bar]][k]
         out[bar] = {"cells": cells, "held": cells - len(failed), "failed": failed}
     return out
 
@@ -343,9 +379,13 @@ def bars_report(b: dict[str, Any]) -> str:
     for bar, r in b.items():
         lines.append(f"- {bar}: {r['held']} of {r['cells']}" + (", outside:" if r["failed"] else ""))
         for f in r["failed"]:
-            odds = (f" ({f['origins']} origins: a calibrated quantile passes with probability "
-                    f"{f['calibrated_pass']:.2f})" if "origins" in f else "")
-            lines.append(f"  - {f['series']} h={f['h']}: {f['value']:.4f}{odds}")
+            why = ""
+            if "origins" in f:
+                why = (f" ({f['origins']} origins: a calibrated quantile passes with probability "
+                       f"{f['calibrated_pass']:.2f})")
+            elif "z" in f:
+                why = f" (paired z {f['z']:+.2f}: {'behind' if f['z'] < -AUTO_Z else 'not told apart'} at 5%)"
+            lines.append(f"  - {f['series']} h={f['h']}: {f['value']:.4f}{why}")
     return "\n".join(lines)
 
 
@@ -369,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
               trace_series(ROOT / slice_csv, 5.0, slice_csv),
               *(trace_series(ROOT / hour_csv, step, f"{hour_csv} at {step:g} s", AZURE_CREDIT)
                 for step in (15.0, 30.0)),
-              *synthetic_series()]
+              *synthetic_series(),
+              *(trace_series(ROOT / nab, 600.0, nab, NAB_CREDIT) for nab in NAB_TRACES)]
     series += [trace_series(p, args.trace_step) for p in args.trace]
     if args.only:
         series = [s for s in series if any(w in s.name for w in args.only.split(","))]

@@ -113,3 +113,87 @@ NAIVE = [
 @pytest.mark.parametrize("row", NAIVE, ids=[r.id for r in NAIVE])
 def test_naive_upper(row: Naive) -> None:
     assert bench().naive_upper(np.array(row.y), row.k, 0.95) == pytest.approx(row.upper, rel=1e-12)
+
+
+class Paired(NamedTuple):
+    id: str
+    auto: dict[int, float]
+    ref: dict[int, float]
+    k: int
+    every: int
+    #: what the statistic must equal: dm_statistic on these (auto, reference, lag) arrays
+    same_as: tuple[list[float], list[float], int] | None
+
+
+PAIRED = [
+    Paired("equal errors: zero", {0: 1.0, 1: 2.0, 2: 3.0}, {0: 1.0, 1: 2.0, 2: 3.0}, 1, 1,
+           ([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], 1)),
+    Paired("only the origins both forecast", {0: 1.0, 1: 5.0, 2: 2.0, 3: 1.0}, {0: 2.0, 2: 4.0, 3: 1.5}, 1, 1,
+           ([1.0, 2.0, 1.0], [2.0, 4.0, 1.5], 1)),
+    Paired("origins one step apart share k - 1 lags", {0: 1.0, 1: 3.0, 2: 2.0, 3: 4.0},
+           {0: 2.0, 1: 2.5, 2: 3.0, 3: 6.0}, 3, 1, ([1.0, 3.0, 2.0, 4.0], [2.0, 2.5, 3.0, 6.0], 3)),
+    Paired("origins two steps apart share fewer", {0: 1.0, 2: 3.0, 4: 2.0, 6: 4.0},
+           {0: 2.0, 2: 2.5, 4: 3.0, 6: 6.0}, 3, 2, ([1.0, 3.0, 2.0, 4.0], [2.0, 2.5, 3.0, 6.0], 2)),
+    Paired("fewer than two shared origins: no statistic", {0: 1.0, 1: 2.0}, {1: 3.0}, 1, 1, None),
+]
+
+
+@pytest.mark.parametrize("row", PAIRED, ids=[r.id for r in PAIRED])
+def test_paired_z_is_the_diebold_mariano_statistic_on_the_shared_origins(row: Paired) -> None:
+    from extender.core.forecast import dm_statistic
+    got = bench().paired_z(row.auto, row.ref, row.k, row.every)
+    if row.same_as is None:
+        assert math.isnan(got)
+        return
+    a, r, lag = row.same_as
+    assert got == pytest.approx(dm_statistic(np.array(a), np.array(r), lag), rel=1e-12, abs=1e-12)
+
+
+def test_paired_z_is_negative_when_auto_is_behind() -> None:
+    rng = np.random.default_rng(5)
+    ref = {o: float(e) for o, e in enumerate(rng.exponential(1.0, 200))}
+    auto = {o: e * 1.5 for o, e in ref.items()}
+    assert bench().paired_z(auto, ref, 1, 1) < -bench().AUTO_Z
+    assert bench().paired_z(ref, auto, 1, 1) > bench().AUTO_Z
+
+
+def test_an_error_cell_outside_says_whether_the_loss_is_told_apart_from_noise() -> None:
+    def result(name: str, auto: float, z: float) -> dict[str, object]:
+        errors = {k: auto for k in (1, 2, 3)}
+        return {"series": name, "origins": 100, "z": {"last value": {k: z for k in (1, 2, 3)}},
+                "rows": {"auto": {"error": errors, "coverage": {k: 0.95 for k in (1, 2, 3)}},
+                         "last value": {"error": {k: 1.0 for k in (1, 2, 3)}}}}
+    b = bench().bars([result("noise", 1.01, -0.4), result("loss", 1.2, -3.0), result("gain", 0.9, 2.0)], 0.95)
+    failed = b["error no worse than the last value's"]["failed"]
+    assert [(f["series"], f["z"]) for f in failed] == [("noise", -0.4)] * 3 + [("loss", -3.0)] * 3
+    report = bench().bars_report(b)
+    assert "noise h=1: 1.0100 (paired z -0.40: not told apart at 5%)" in report
+    assert "loss h=3: 1.2000 (paired z -3.00: behind at 5%)" in report
+
+
+class Nab(NamedTuple):
+    id: str
+    path: str
+    rows: int  # as scenarios/traces/README.md says
+    upstream: str
+
+
+NABS = [
+    Nab("the load balancer's 14 days", "scenarios/traces/nab-elb-requests.csv", 4032,
+        "realAWSCloudwatch/elb_request_count_8c0756.csv"),
+    Nab("Apple's last 19.5 days", "scenarios/traces/nab-twitter-aapl.csv", 5611, "realTweets/Twitter_volume_AAPL.csv"),
+    Nab("Google's last 19.5 days", "scenarios/traces/nab-twitter-goog.csv", 5707, "realTweets/Twitter_volume_GOOG.csv"),
+]
+
+
+@pytest.mark.parametrize("row", NABS, ids=[r.id for r in NABS])
+def test_the_bundled_nab_rates_are_read_whole_with_their_source_and_credit(row: Nab) -> None:
+    from extender.sim.scenario import TraceSpec
+    from extender.sim.traces import RateTrace, read_trace
+    root = Path(__file__).resolve().parent.parent
+    assert row.path in bench().NAB_TRACES
+    lines = (root / row.path).read_text().splitlines()
+    assert lines[0] == "timestamp,rate" and lines[1].startswith("#") and row.upstream in lines[1]
+    trace = read_trace(root / row.path, TraceSpec(path=row.path))
+    assert isinstance(trace, RateTrace) and len(trace.rates) == row.rows == len(lines) - 2
+    assert bench().NAB_CREDIT in bench().trace_series(root / row.path, 600.0, row.path, bench().NAB_CREDIT).source
