@@ -58,7 +58,14 @@ from numpy.typing import NDArray
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from extender.core.forecast import AUTO_Z, FORECASTERS, ForecastParams, dm_statistic, forecast, residual_quantile  # noqa: E402
+from extender.core.forecast import (  # noqa: E402
+    AUTO_Z,
+    FORECASTERS,
+    ForecastParams,
+    dm_statistic,
+    forecast,
+    residual_quantile,
+)
 from extender.sim.scenario import TraceSpec, load_scenario  # noqa: E402
 from extender.sim.synthetic import synthetic_arrivals  # noqa: E402
 from extender.sim.traces import AZURE_CREDIT, arrivals_from, read_trace  # noqa: E402
@@ -71,7 +78,6 @@ NAMES = ("auto", *sorted(n for n in FORECASTERS if n != "auto"))
 NAB_TRACES = ("scenarios/traces/nab-elb-requests.csv", "scenarios/traces/nab-twitter-aapl.csv",
               "scenarios/traces/nab-twitter-goog.csv")
 NAB_CREDIT = "Numenta Anomaly Benchmark (NAB), MIT"
-
 
 
 @dataclass(frozen=True)
