@@ -37,7 +37,7 @@ from extender.core.policy import Policy
 from extender.core.scaler import Decision
 from extender.core.warming import Expectation
 from extender.files import PolicyFile, policy_version
-from extender.scaler.loop import LoopThread, ScaleLoop, TickReport
+from extender.scaler.loop import LoopThread, ScaleLoop, TickReport, unfilled_span
 from extender.scaler.observation import Observation
 from extender.scaler.pods import Pod
 from extender.state import InventoryStore, connect
@@ -537,9 +537,9 @@ def test_a_new_scaler_forecasts_from_the_sources_past_at_once(redis_server: Redi
     history = rig.loop.history.read("qwen3", now=T0)
     assert len(history) == FULL + 1
     assert history[0].rate == pytest.approx(cycle(T0 - 3 * DAY + TICK))
-    # stored, so the next ticks ask nothing
-    rig.tick(T0 + TICK)
-    rig.tick(T0 + 700.0)
+    # stored, so the next ticks ask nothing, past the ten minutes between tries too
+    for k in range(1, 45):
+        rig.tick(T0 + k * TICK)
     assert len(source.asked) == 1
 
 
@@ -582,6 +582,70 @@ def test_when_the_history_is_filled_from_the_past(redis_server: RedisServer, cas
     assert asked == case.asked
     failed = "qwen3: could not fill the history from scripted: query_range: HTTP 503 (trying again in 10m)"
     assert (caplog.text.count(failed) == len(case.asked)) if case.source.fail else failed not in caplog.text
+
+
+class Span(NamedTuple):
+    name: str
+    times: list[float]  # stored samples, seconds after the store's horizon (0)
+    now: float
+    answered: set[float]
+    want: tuple[float, float] | None  # the first and last point asked for
+
+
+#: The store keeps from 0 on; ticks of 15 s; a span needs 20 ticks (300 s) without a sample.
+SPANS = [
+    Span("an empty history: all the store keeps", [], 3000.0, set(), (15.0, 2985.0)),
+    Span("an unbroken history: nothing", [float(t) for t in range(0, 3000, 15)], 3000.0, set(), None),
+    Span("a hole of an hour: the points between, on the cadence",
+         [*np.arange(0.0, 1000.0, 15.0), *np.arange(4600.0, 6000.0, 15.0)], 6000.0, set(), (1000.0, 4585.0)),
+    Span("samples 19 ticks apart: not worth a query", [0.0, 15.0, 300.0, 315.0], 330.0, set(), None),
+    Span("samples 20 ticks apart: the 19 points between", [0.0, 15.0, 315.0, 330.0], 345.0, set(), (30.0, 300.0)),
+    Span("two holes: the newer first", [0.0, 600.0, 1200.0], 1215.0, set(), (615.0, 1185.0)),
+    Span("the newer one answered: the older", [0.0, 600.0, 1200.0], 1215.0, {1200.0}, (15.0, 585.0)),
+    Span("a scaler down for an hour: up to now", [*np.arange(0.0, 600.0, 15.0)], 4200.0, set(), (600.0, 4185.0)),
+    Span("the span before the first sample", [*np.arange(900.0, 1200.0, 15.0)], 1200.0, set(), (15.0, 885.0)),
+    Span("... answered", [*np.arange(900.0, 1200.0, 15.0)], 1200.0, {900.0}, None),
+    Span("jitter: the points keep the newer sample's cadence, none on the older", [0.0, 15.0, 317.0, 1017.0],
+         1032.0, set(), (327.0, 1002.0)),
+]
+
+
+@pytest.mark.parametrize("row", SPANS, ids=[r.name for r in SPANS])
+def test_the_span_a_fill_asks_for(row: Span) -> None:
+    samples = [Sample(float(t), 1.0) for t in row.times]
+    assert unfilled_span(samples, 0.0, row.now, TICK, row.answered) == row.want
+
+
+def hole(start: float, end: float) -> Callable[[float], float | None]:
+    """The cycle, but nothing known of ``[start, end)``."""
+    return lambda t: None if start <= t < end else cycle(t)
+
+
+@pytest.mark.parametrize(("known", "filled", "asked"), [
+    pytest.param(cycle, 240, [0], id="a hole of an hour the source knows is filled at the first tick"),
+    pytest.param(hole(T0 - 2 * DAY, T0 - 2 * DAY + 3600.0), 0, [0],
+                 id="a hole the source does not know either is asked once"),
+])
+def test_a_hole_in_the_history_is_filled(redis_server: RedisServer, known: Callable[[float], float | None],
+                                         filled: int, asked: list[int]) -> None:
+    source = WithPast(known)
+    rig = rig_with_past(redis_server.url, source)
+    times = np.arange(T0 - 3 * DAY + TICK, T0, TICK)
+    gone = (times >= T0 - 2 * DAY) & (times < T0 - 2 * DAY + 3600.0)  # an hour the scalers were down
+    stored = [Sample(float(t), cycle(float(t)), 0.0) for t in times[~gone]]
+    rig.loop.lock.commit(rig.loop.lock.acquire().token, rig.loop.history.stage_append("qwen3", stored, now=T0),
+                         action="a stored history")
+    ticks = []
+    for k in range(42):
+        before = len(source.asked)
+        (result,) = [r for r in rig.tick(T0 + k * TICK).results if r.workload == "qwen3"]
+        if len(source.asked) > before:
+            ticks.append(k)
+        if k == 0:
+            assert result.backfilled == filled
+            assert source.asked == [(T0 - 2 * DAY, T0 - 2 * DAY + 3600.0 - TICK, TICK)]
+            assert len(rig.loop.history.read("qwen3", now=T0)) == len(stored) + filled + 1
+    assert ticks == asked
 
 
 def test_one_workload_is_filled_per_tick(redis_server: RedisServer) -> None:

@@ -422,7 +422,7 @@ class PrometheusSignal(Schema):
     tls: ClientTls | None = None
     headers: dict[str, str] = Field(default={}, description="extra request headers, e.g. X-Scope-OrgID: tenant-a")
     backfill: bool = Field(default=True, description="when the workload's stored history is shorter than the "
-                                                    "store keeps, fill the older part from the queries' past "
+                                                    "store keeps or has holes, fill them from the queries' past "
                                                     "(range queries), so a new or restarted scaler forecasts "
                                                     "from days of demand at once")
 

@@ -34,14 +34,16 @@ horizon are estimated with the fitted phase times, and the listeners of ``on_est
 A newly elected leader has no previous counter values for the ``scrape`` source, so its first tick
 observes nothing and holds; the forecast still comes from the shared history.
 
-A history that starts later than the store keeps (a new scaler, a new workload, a lost store) is
-filled from the source's past when the source has one (:class:`PastSource`: the ``prometheus``
-source's range queries, unless its ``backfill`` is off): the span before the first stored sample,
-one point per tick, written in the same fenced commit as the tick's own sample. One workload per
-tick, within one tick's time (the queries must not hold a tick past its lease of three ticks), at
-most one try per workload every
-:data:`BACKFILL_RETRY_S`, none once a fill returned all the source knows; a failed try is logged
-and the decision goes on without it (docs/scaler.md).
+A history that starts later than the store keeps (a new scaler, a new workload, a lost store), or
+has a hole in it (the scalers, or Redis, down for a while), is filled from the source's past when
+the source has one (:class:`PastSource`: the ``prometheus`` source's range queries, unless its
+``backfill`` is off): one span of at least :data:`BACKFILL_MIN_STEPS` ticks without a sample, the
+newest first (the span before the first stored sample counts as one), one point per tick on the
+stored samples' cadence, written in the same fenced commit as the tick's own sample. One workload
+per tick, within one tick's time (the queries must not hold a tick past its lease of three ticks),
+at most one try per workload every :data:`BACKFILL_RETRY_S`, and a span is not asked again once a
+fill returned all the source knows of it; a failed try is logged and the decision goes on without
+it (docs/scaler.md).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import numpy as np
 
 from extender.core.errors import ExtenderError, FencedOutError, SignalError
 from extender.core.forecast import Forecast, ForecastParams, forecast
@@ -75,8 +79,8 @@ from extender.state.observations import CalibratedPolicy
 
 log = logging.getLogger(__name__)
 
-#: A history that starts fewer than this many ticks after the oldest time the store keeps is not
-#: filled from the source's past (a restart's gap is the store's, not worth a range query).
+#: A span without samples shorter than this many ticks is not filled from the source's past (a
+#: restart's or a failover's gap of a few ticks is not worth a range query).
 BACKFILL_MIN_STEPS = 20
 #: After a backfill (or a failed one), the same workload is not tried again for this long.
 BACKFILL_RETRY_S = 600.0
@@ -170,10 +174,10 @@ class ScaleLoop:
     _read_at: tuple[int, int] | None = field(default=None, init=False, repr=False)
     _told: Policy | None = field(default=None, init=False, repr=False)
     _lease_token: int | None = field(default=None, init=False, repr=False)
-    #: Per workload: no backfill before this time (one try per BACKFILL_RETRY_S), and the oldest
-    #: time the last one filled to (the source knows nothing older: no asking again).
+    #: Per workload: no backfill before this time (one try per BACKFILL_RETRY_S), and the ends of the
+    #: spans a fill has answered (the source knows nothing more of them: no asking again).
     _backfill_at: dict[str, float] = field(default_factory=dict, init=False, repr=False)
-    _filled_to: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _answered: dict[str, set[float]] = field(default_factory=dict, init=False, repr=False)
     #: The tick that asked a source's past (one workload per tick: a slow source cannot hold a tick long).
     _backfilled_in: float | None = field(default=None, init=False, repr=False)
 
@@ -357,7 +361,7 @@ class ScaleLoop:
         samples = self.history.read(name, now=now)
         past = self._backfill(name, samples, now)
         new = [Sample(now, observation.rate, observation.queue)] if observation.rate is not None else []
-        seen = past + samples + new
+        seen = (sorted([*past, *samples], key=lambda s: s.t) if past else samples) + new
         fc = self._forecast(name, seen, h.seconds, now)
         far = horizon(look_ahead_s(estimator, estimator.profile(name)), self.tick_s, self.hpa_sync_s)
         ahead = self._forecast(name, seen, far.seconds, now)
@@ -414,29 +418,32 @@ class ScaleLoop:
                               backfilled=d.backfilled)
 
     def _backfill(self, name: str, samples: Sequence[Sample], now: float) -> list[Sample]:
-        """The source's past before the stored history, when the history starts later than the store
-        keeps (module docstring); ``[]`` when there is nothing to fill or it was tried recently."""
+        """The source's past in one span of the stored history without samples (module docstring);
+        ``[]`` when there is nothing to fill or it was tried recently."""
         source = self.sources[name]
         assert self.tick_s is not None
         step = self.tick_s
-        end = samples[0].t if samples else now
-        span = end - (now - self.history.max_age_s)
-        if (not isinstance(source, PastSource) or not source.backfill or span < BACKFILL_MIN_STEPS * step
-                or now < self._backfill_at.get(name, -math.inf) or end <= self._filled_to.get(name, -math.inf)
-                or self._backfilled_in == now):
+        if (not isinstance(source, PastSource) or not source.backfill or self._backfilled_in == now
+                or now < self._backfill_at.get(name, -math.inf)):
             return []
+        horizon = now - self.history.max_age_s
+        answered = self._answered.setdefault(name, set())
+        answered.intersection_update(t for t in answered if t > horizon)
+        span = unfilled_span(samples, horizon, now, step, answered)
+        if span is None:
+            return []
+        first, last = span
         self._backfill_at[name], self._backfilled_in = now + BACKFILL_RETRY_S, now
-        points = math.floor(span / step - 1e-9)  # on the stored samples' cadence, ending one step before them
         try:
-            past = source.past(end - points * step, end - step, step, budget_s=step)
+            past = source.past(first, last, step, budget_s=step)
         except SignalError as exc:
             log.warning("scaler: %s: could not fill the history from %s: %s (trying again in %s)", name,
                         source.name, exc, format_duration(BACKFILL_RETRY_S),
                         extra={"workload": name, "error": str(exc)})
             return []
-        self._filled_to[name] = past[0].t if past else end
+        answered.add(past[0].t if past else last + step)  # the span's end, once the fill is stored
         log.info("scaler: %s: filled the history with %d samples from %s, %s of demand", name, len(past),
-                 source.name, format_duration(end - past[0].t) if past else "no time",
+                 source.name, format_duration(last + step - past[0].t) if past else "no time",
                  extra={"workload": name, "samples": len(past)})
         return past
 
@@ -474,6 +481,33 @@ class _Draft:
     ahead: Forecast | None = None
     #: How many of ``new`` came from the source's past (:meth:`ScaleLoop._backfill`).
     backfilled: int = 0
+
+
+def unfilled_span(samples: Sequence[Sample], horizon: float, now: float, step: float,
+                  answered: set[float]) -> tuple[float, float] | None:
+    """The newest span of at least :data:`BACKFILL_MIN_STEPS` steps without a stored sample, as the
+    (first, last) times of the points to ask for, or ``None``. ``samples`` are in time order and
+    the store keeps from ``horizon`` on; the tick's own sample comes at ``now``. A span ends at a
+    stored sample or at ``now``; one whose end is in ``answered`` was filled with all the source
+    knows of it::
+
+        before the first end e:      points e - j step, j = 1 .. floor((e - horizon) / step)
+        between ends a and b:        points b - j step, j = 1 .. round((b - a) / step) - 1
+
+    so the points keep the stored samples' cadence, and none falls on a stored sample.
+    """
+    need = BACKFILL_MIN_STEPS * step
+    ends = np.fromiter((s.t for s in samples), dtype=np.float64, count=len(samples))
+    ends = np.append(ends, now)
+    holes = np.flatnonzero(np.diff(ends) >= need) + 1  # i: a hole between ends[i - 1] and ends[i]
+    for i in holes[::-1]:
+        a, b = float(ends[i - 1]), float(ends[i])
+        if b not in answered:
+            return b - (round((b - a) / step) - 1) * step, b - step
+    first = float(ends[0])
+    if first - horizon >= need and first not in answered:
+        return first - math.floor((first - horizon) / step - 1e-9) * step, first - step
+    return None
 
 
 def fresh_nodes(snapshot: InventorySnapshot, now: float) -> list[tuple[str, int]]:

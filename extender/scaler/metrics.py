@@ -105,7 +105,8 @@ class ScalerMetrics:
                               ["workload"], registry=r)
         self.backfilled = Counter("extender_scaler_history_backfilled_samples_total",
                                   "Demand history samples filled from the signal source's past (Prometheus range "
-                                  "queries) because the stored history began later than the store keeps.",
+                                  "queries) because the stored history began later than the store keeps, or had "
+                                  "a hole.",
                                   ["workload"], registry=r)
         self.workload_errors = Counter("extender_scaler_workload_errors_total",
                                        "Ticks in which a workload got no decision (signal, store or other error).",
