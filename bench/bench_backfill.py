@@ -6,7 +6,9 @@ create-blocks-from openmetrics`` before it starts. Each round times
 
 * one tick's observation: the ``prometheus`` source's two instant queries (``observe``);
 * one workload's fill: the same two queries as range queries over the days, one point per 15 s,
-  in pieces of at most 10,000 points (``past``), which is what the scaler's first tick asks.
+  in pieces of at most 10,000 points (``past``), which is what the scaler's first tick asks;
+* the look for a span to fill in a whole history without a hole (``unfilled_span``), which every
+  tick pays for every workload whose source has a past, whether or not anything is filled.
 
 The ratio fill/observation is the figure; absolute times depend on the machine's load.
 
@@ -88,25 +90,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--days", type=float, default=3.0, help="history to fill (default: the store's 3 days)")
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args(argv)
+    from extender.scaler.loop import unfilled_span
     from extender.scaler.prometheus import PrometheusSource
 
     with prometheus_with_past(args.days) as url:
         rate = "sum(rate(bench_requests_total[1m]))"
         source = PrometheusSource(url=url, query=rate, queue_query=f"{rate} * 0")
-        observe, fill, samples = [], [], 0
+        observe, fill, look, samples = [], [], [], 0
         for _ in range(args.rounds):
             now = time.time()
             t0 = time.perf_counter()
             source.observe([], now)
             observe.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            samples = len(source.past(now - args.days * 86_400 + STEP, now - STEP, STEP))
+            past = source.past(now - args.days * 86_400 + STEP, now - STEP, STEP)
             fill.append(time.perf_counter() - t0)
-    o, f = statistics.median(observe), statistics.median(fill)
+            samples = len(past)
+            t0 = time.perf_counter()
+            span = unfilled_span(past, now - args.days * 86_400, now, STEP, set())
+            look.append(time.perf_counter() - t0)
+            assert span is None, span  # the history just filled has no hole
+    o, f, g = statistics.median(observe), statistics.median(fill), statistics.median(look)
     print(f"prometheus, {args.days:g} days at {STEP} s: {samples} samples filled")
     print(f"  one tick's observation (2 instant queries): median {o * 1000:.1f} ms")
     print(f"  one workload's fill (2 range queries):       median {f * 1000:.1f} ms")
-    print(f"  fill / observation: {f / o:.1f}x  ({args.rounds} rounds)")
+    print(f"  one tick's look for a hole in them:          median {g * 1000:.2f} ms")
+    print(f"  fill / observation: {f / o:.1f}x, look / observation: {g / o:.2f}x  ({args.rounds} rounds)")
     return 0
 
 
