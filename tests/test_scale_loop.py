@@ -605,6 +605,8 @@ SPANS = [
     Span("a scaler down for an hour: up to now", [*np.arange(0.0, 600.0, 15.0)], 4200.0, set(), (600.0, 4185.0)),
     Span("the span before the first sample", [*np.arange(900.0, 1200.0, 15.0)], 1200.0, set(), (15.0, 885.0)),
     Span("... answered", [*np.arange(900.0, 1200.0, 15.0)], 1200.0, {900.0}, None),
+    Span("... answered, then the history shrank (a lost store): asked again", [*np.arange(1050.0, 1200.0, 15.0)],
+         1200.0, {900.0}, (15.0, 1035.0)),
     Span("jitter: the points keep the newer sample's cadence, none on the older", [0.0, 15.0, 317.0, 1017.0],
          1032.0, set(), (327.0, 1002.0)),
 ]
@@ -627,7 +629,8 @@ def hole(start: float, end: float) -> Callable[[float], float | None]:
                  id="a hole the source does not know either is asked once"),
 ])
 def test_a_hole_in_the_history_is_filled(redis_server: RedisServer, known: Callable[[float], float | None],
-                                         filled: int, asked: list[int]) -> None:
+                                         filled: int, asked: list[int], caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="extender.scaler.loop")
     source = WithPast(known)
     rig = rig_with_past(redis_server.url, source)
     times = np.arange(T0 - 3 * DAY + TICK, T0, TICK)
@@ -646,6 +649,9 @@ def test_a_hole_in_the_history_is_filled(redis_server: RedisServer, known: Calla
             assert source.asked == [(T0 - 2 * DAY, T0 - 2 * DAY + 3600.0 - TICK, TICK)]
             assert len(rig.loop.history.read("qwen3", now=T0)) == len(stored) + filled + 1
     assert ticks == asked
+    said = (f"qwen3: filled the history with {filled} samples from scripted, "
+            + ("1h of demand" if filled else "no time of demand"))
+    assert caplog.text.count(said) == 1
 
 
 def test_one_workload_is_filled_per_tick(redis_server: RedisServer) -> None:
