@@ -75,8 +75,9 @@ DAY = 86_400.0
 HORIZONS = (1, 2, 3)
 NAMES = ("auto", *sorted(n for n in FORECASTERS if n != "auto"))
 #: Production rates from the Numenta Anomaly Benchmark (scenarios/traces/README.md), binned at 600 s.
-NAB_TRACES = ("scenarios/traces/nab-elb-requests.csv", "scenarios/traces/nab-twitter-aapl.csv",
-              "scenarios/traces/nab-twitter-goog.csv")
+NAB_TRACES = ("scenarios/traces/nab-elb-requests.csv",
+              *(f"scenarios/traces/nab-twitter-{s}.csv" for s in ("aapl", "goog", "amzn", "crm", "cvs", "fb", "ibm",
+                                                                   "ko", "pfe", "ups")))
 NAB_CREDIT = "Numenta Anomaly Benchmark (NAB), MIT"
 
 

@@ -183,6 +183,8 @@ NABS = [
         "realAWSCloudwatch/elb_request_count_8c0756.csv"),
     Nab("Apple's last 19.5 days", "scenarios/traces/nab-twitter-aapl.csv", 5611, "realTweets/Twitter_volume_AAPL.csv"),
     Nab("Google's last 19.5 days", "scenarios/traces/nab-twitter-goog.csv", 5707, "realTweets/Twitter_volume_GOOG.csv"),
+    *(Nab(f"{s}'s last 5600 rows", f"scenarios/traces/nab-twitter-{s.lower()}.csv", 5600,
+          f"realTweets/Twitter_volume_{s}.csv") for s in ("AMZN", "CRM", "CVS", "FB", "IBM", "KO", "PFE", "UPS")),
 ]
 
 
