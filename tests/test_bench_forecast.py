@@ -199,3 +199,33 @@ def test_the_bundled_nab_rates_are_read_whole_with_their_source_and_credit(row: 
     trace = read_trace(root / row.path, TraceSpec(path=row.path))
     assert isinstance(trace, RateTrace) and len(trace.rates) == row.rows == len(lines) - 2
     assert bench().NAB_CREDIT in bench().trace_series(root / row.path, 600.0, row.path, bench().NAB_CREDIT).source
+
+
+def test_phases_average_auto_over_its_refit_phases() -> None:
+    # three days at 600 s of a noisy daily cycle: auto's error with --phases 2 is the mean of its
+    # absolute errors at the refit phases 0 and 1800 s, origin by origin, worked out here directly
+    from extender.core.forecast import ForecastParams, forecast
+    b = bench()
+    rng = np.random.default_rng(7)
+    step, n = 600.0, 3 * 144
+    y = 50 + 20 * np.sin(2 * np.pi * np.arange(n) / 144) + rng.normal(0, 4, n)
+    series = b.Series("noisy-day", y, step, "test")
+    got = b.evaluate(series, every_s=3 * 3600.0, test_s=86_400.0, history_s=7 * 86_400.0, level=0.95,
+                     with_ets=False, phases=2)
+    t = np.arange(n) * step
+    origins = range(n - 144 - 1, n - 3, 18)
+    want = np.mean([np.mean([abs(y[o + 2] - forecast("auto", t[:o + 1], y[:o + 1], 2 * step,
+                                                           ForecastParams(step_s=step, refit_phase_s=ph)).point)
+                             for ph in (0.0, 1800.0)]) for o in origins]) / np.mean(y[n - 145:])
+    assert got["phases"] == 2 and got["origins"] == len(origins)
+    assert got["rows"]["auto"]["error"][2] == pytest.approx(want, rel=1e-12)
+    assert sum(got["auto_chose"][2].values()) == 2 * len(origins)  # every phase's choice is counted
+    one = b.evaluate(series, every_s=3 * 3600.0, test_s=86_400.0, history_s=7 * 86_400.0, level=0.95,
+                     with_ets=False)
+    assert one["rows"]["auto"]["error"][2] != pytest.approx(want, rel=1e-9)  # the phase moves it: not a no-op
+
+
+def test_phases_below_one_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench().main(["--phases", "0", "--only", "nothing"])
+    assert exit_.value.code == 2 and "--phases must be at least 1, got 0" in capsys.readouterr().err
