@@ -216,12 +216,11 @@ def evaluate(s: Series, *, every_s: float, test_s: float, history_s: float, leve
     score: dict[str, dict[int, list[float]]] = {}
     chosen: dict[int, dict[str, int]] = {}
 
-    def add(name: str, k: int, o: int, f: float | list[float], actual: float, *,
-            upper: float | list[float] | None = None) -> None:
-        """Record a forecast (or one per refit phase: the mean absolute error, every upper)."""
-        points = f if isinstance(f, list) else [f]
+    def add(name: str, k: int, o: int, points: list[float], actual: float, *,
+            uppers: list[float] | None = None) -> None:
+        """Record one origin's forecasts (one per refit phase): their mean absolute error, every upper."""
         err.setdefault(name, {}).setdefault(k, {})[o] = float(np.mean([abs(actual - p) for p in points]))
-        for u in [] if upper is None else upper if isinstance(upper, list) else [upper]:
+        for u in uppers or []:
             hit.setdefault(name, {}).setdefault(k, []).append(actual <= u)
             score.setdefault(name, {}).setdefault(k, []).append(quantile_score(actual, u, level))
 
@@ -232,20 +231,20 @@ def evaluate(s: Series, *, every_s: float, test_s: float, history_s: float, leve
         for name in NAMES:
             for k in HORIZONS:
                 runs = [forecast(name, th, yh, k * step, p) for p in (at_phase if name == "auto" else at_phase[:1])]
-                add(name, k, o, [f.point for f in runs], y[o + k], upper=[f.upper for f in runs])
+                add(name, k, o, [f.point for f in runs], y[o + k], uppers=[f.upper for f in runs])
                 if name == "auto":
                     picks = chosen.setdefault(k, {})
                     for f in runs:
                         picks[f.method] = picks.get(f.method, 0) + 1
         for k in HORIZONS:
-            add("last value", k, o, y[o], y[o + k], upper=naive_upper(yh, k, level))
+            add("last value", k, o, [y[o]], y[o + k], uppers=[naive_upper(yh, k, level)])
             if o + k - m >= 0 and n > 2 * m:
-                add("seasonal naive", k, o, y[o + k - m], y[o + k])
+                add("seasonal naive", k, o, [y[o + k - m]], y[o + k])
         if with_ets:
             ets = ets_forecast(yh, kmax)
             if ets is not None:
                 for k in HORIZONS:
-                    add("ets (statsmodels)", k, o, float(ets[k - 1]), y[o + k])
+                    add("ets (statsmodels)", k, o, [float(ets[k - 1])], y[o + k])
     elapsed = time.perf_counter() - t0
     mean = float(np.mean(y[origins[0]:])) if origins else float("nan")
     rows: dict[str, dict[str, dict[int, float]]] = {}
