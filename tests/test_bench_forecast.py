@@ -49,6 +49,42 @@ def test_calibrated_pass_sums_the_binomial_over_the_passing_counts(case: Case) -
     assert bench().calibrated_pass(case.n, 0.95, 0.03) == pytest.approx(want, rel=1e-12)
 
 
+class Calibration(NamedTuple):
+    id: str
+    n: int
+    hits: int
+    p: float  # worked out below each row; the same to 4 places as scipy 1.17.1's binomtest(hits, n, 0.95)
+
+
+def chance(n: int, h: int) -> float:
+    return math.comb(n, h) * 0.95**h * 0.05 ** (n - h)
+
+
+CALIBRATIONS = [
+    # 19 is the likeliest count of 20: every count is as or less likely, p = 1
+    Calibration("19 of 20: the mode", 20, 19, 1.0),
+    # P(18) = 0.189 is below P(19) = 0.377 and P(20) = 0.358: p = 1 - 0.377 - 0.358
+    Calibration("18 of 20: the slice's cell", 20, 18, 1 - chance(20, 19) - chance(20, 20)),
+    # P(44) = 0.95^44 = 0.105; P(40..43) are larger, P(39) = 0.046 and below smaller: p = P(44) + P(X <= 39)
+    Calibration("44 of 44: over-covered", 44, 44, chance(44, 44) + sum(chance(44, h) for h in range(40))),
+    # P(90) = 0.0099; of the low counts, those up to 80 are as unlikely: p = P(90) + P(X <= 80)
+    Calibration("90 of 90: told apart", 90, 90, chance(90, 90) + sum(chance(90, h) for h in range(81))),
+    Calibration("0 of 5: as far off as it gets", 5, 0, 0.05**5),
+]
+
+
+@pytest.mark.parametrize("row", CALIBRATIONS, ids=[r.id for r in CALIBRATIONS])
+def test_calibration_p_is_the_exact_two_sided_binomial_test(row: Calibration) -> None:
+    assert bench().calibration_p(row.n, row.hits, 0.95) == pytest.approx(row.p, rel=1e-9)
+
+
+@pytest.mark.parametrize("row", CALIBRATIONS[1:4], ids=[r.id for r in CALIBRATIONS[1:4]])
+def test_calibration_p_matches_the_published_figure(row: Calibration) -> None:
+    # scipy.stats.binomtest(hits, n, 0.95).pvalue, scipy 1.17.1 (not a dependency; run once by hand)
+    scipy = {(20, 18): 0.2642, (44, 44): 0.1721, (90, 90): 0.0244}
+    assert bench().calibration_p(row.n, row.hits, 0.95) == pytest.approx(scipy[row.n, row.hits], abs=5e-5)
+
+
 def test_the_bundled_rates_carry_their_credit_into_the_bench() -> None:
     from extender.sim.traces import AZURE_CREDIT
     rates = Path(__file__).resolve().parent.parent / "scenarios" / "traces" / "azure-code-rates.csv"
@@ -166,7 +202,9 @@ def test_an_error_cell_outside_says_whether_the_loss_is_told_apart_from_noise() 
     b = bench().bars([result("noise", 1.01, -0.4), result("loss", 1.2, -3.0), result("gain", 0.9, 2.0)], 0.95)
     failed = b["error no worse than the last value's"]["failed"]
     assert [(f["series"], f["z"]) for f in failed] == [("noise", -0.4)] * 3 + [("loss", -3.0)] * 3
+    assert b["error no worse than the last value's"]["told"] == 3
     report = bench().bars_report(b)
+    assert "3 of 6 told from noise at 5%" in report
     assert "noise h=1: 1.0100 (paired z -0.40: not told apart at 5%)" in report
     assert "loss h=3: 1.2000 (paired z -3.00: behind at 5%)" in report
 
@@ -229,3 +267,23 @@ def test_phases_below_one_is_refused(capsys: pytest.CaptureFixture[str]) -> None
     with pytest.raises(SystemExit) as exit_:
         bench().main(["--phases", "0", "--only", "nothing"])
     assert exit_.value.code == 2 and "--phases must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_a_coverage_cell_outside_says_whether_the_quantile_is_told_miscalibrated() -> None:
+    def result(name: str, coverage: float, origins: int, phases: int = 1) -> dict[str, object]:
+        ones = {k: 1.0 for k in (1, 2, 3)}
+        return {"series": name, "origins": origins, "phases": phases, "z": {},
+                "rows": {"auto": {"error": ones, "coverage": {k: coverage for k in (1, 2, 3)}},
+                         "last value": {"error": ones}}}
+    # 18 of 20 (p 0.26); 90 of 90 (p 0.02); 83.3% over six phases of 20 origins: 17 of 20 (p 0.08),
+    # not 100 of 120 uppers (p 0.00: the phases of one origin face one outcome)
+    b = bench().bars([result("short", 0.9, 20), result("wide", 1.0, 90), result("phased", 5 / 6, 20, 6)], 0.95)
+    bar = b["coverage within 3 points of 95%"]
+    told = [(f["series"], f["told"]) for f in bar["failed"][::3]]
+    assert told == [("short", False), ("wide", True), ("phased", False)]
+    assert bar["failed"][6]["p"] == pytest.approx(bench().calibration_p(20, 17, 0.95))
+    assert bar["told"] == 3
+    report = bench().bars_report(b)
+    assert "short h=1: 0.9000 (20 origins: a calibrated quantile passes with probability 0.38; " \
+           "binomial p 0.26: not told apart at 5%)" in report
+    assert "wide h=2: 1.0000 (90 origins" in report and "binomial p 0.02: miscalibrated at 5%" in report
