@@ -263,6 +263,41 @@ def test_phases_average_auto_over_its_refit_phases() -> None:
     assert one["rows"]["auto"]["error"][2] != pytest.approx(want, rel=1e-9)  # the phase moves it: not a no-op
 
 
+def test_combine_scores_the_mean_forecast_over_the_phases() -> None:
+    # three days of the same cycle (another draw): with --combine, auto's point at an origin is the
+    # mean of its points at the phases 0 and 1800 s, and its upper the mean of their uppers
+    from extender.core.forecast import ForecastParams, forecast
+    b = bench()
+    rng = np.random.default_rng(2)
+    step, n = 600.0, 3 * 144
+    y = 50 + 20 * np.sin(2 * np.pi * np.arange(n) / 144) + rng.normal(0, 4, n)
+    series = b.Series("noisy-day", y, step, "test")
+    kw = {"every_s": 3 * 3600.0, "test_s": 86_400.0, "history_s": 7 * 86_400.0, "level": 0.95, "with_ets": False}
+    got = b.evaluate(series, phases=2, combine=True, **kw)
+    t = np.arange(n) * step
+    origins = range(n - 144 - 1, n - 3, 18)
+    made = [[forecast("auto", t[:o + 1], y[:o + 1], step, ForecastParams(step_s=step, refit_phase_s=ph))
+             for ph in (0.0, 1800.0)] for o in origins]
+    points = [np.mean([f.point for f in fs]) for fs in made]
+    uppers = [np.mean([f.upper for f in fs]) for fs in made]
+    mean = np.mean(y[n - 145:])
+    want = np.mean([abs(y[o + 1] - p) for o, p in zip(origins, points, strict=True)]) / mean
+    assert got["combine"] and got["rows"]["auto"]["error"][1] == pytest.approx(want, rel=1e-12)
+    covered = np.mean([y[o + 1] <= u for o, u in zip(origins, uppers, strict=True)])
+    assert got["rows"]["auto"]["coverage"][1] == pytest.approx(covered)
+    apart = b.evaluate(series, phases=2, **kw)  # Jensen: never above the mean of the phases' errors
+    for k in (1, 2, 3):
+        assert got["rows"]["auto"]["error"][k] <= apart["rows"]["auto"]["error"][k] + 1e-12
+    # one step ahead the two phases chose apart at some origins, on either side of the outcome
+    assert got["rows"]["auto"]["error"][1] < apart["rows"]["auto"]["error"][1] - 1e-4
+
+
+def test_combine_without_phases_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        bench().main(["--combine", "--only", "nothing"])
+    assert exit_.value.code == 2 and "--combine needs --phases 2 or more" in capsys.readouterr().err
+
+
 def test_phases_below_one_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
         bench().main(["--phases", "0", "--only", "nothing"])
