@@ -70,14 +70,8 @@ from numpy.typing import NDArray
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from extender.core.forecast import (  # noqa: E402
-    AUTO_Z,
-    FORECASTERS,
-    ForecastParams,
-    dm_statistic,
-    forecast,
-    residual_quantile,
-)
+from extender.core.choice import AUTO_Z, dm_statistic  # noqa: E402
+from extender.core.forecast import FORECASTERS, ForecastParams, forecast, residual_quantile  # noqa: E402
 from extender.sim.scenario import TraceSpec, load_scenario  # noqa: E402
 from extender.sim.synthetic import synthetic_arrivals  # noqa: E402
 from extender.sim.traces import AZURE_CREDIT, arrivals_from, read_trace  # noqa: E402
@@ -337,7 +331,7 @@ REFERENCES = ("last value", "ets (statsmodels)")
 def paired_z(auto: dict[int, float], ref: dict[int, float], k: int, every: int) -> float:
     """How many standard errors ``auto``'s mean absolute error is below ``ref``'s on the origins both
     forecast (origin -> absolute error): the Diebold-Mariano statistic
-    (:func:`extender.core.forecast.dm_statistic`) on the paired errors. Negative: ``auto`` is
+    (:func:`extender.core.choice.dm_statistic`) on the paired errors. Negative: ``auto`` is
     behind; above ``-AUTO_Z`` (-1.645) it is not behind at 5% (a one-sided test).
 
     Origins ``every`` grid steps apart share the path of k-step errors when they are less than k

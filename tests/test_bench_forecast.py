@@ -176,7 +176,7 @@ PAIRED = [
 
 @pytest.mark.parametrize("row", PAIRED, ids=[r.id for r in PAIRED])
 def test_paired_z_is_the_diebold_mariano_statistic_on_the_shared_origins(row: Paired) -> None:
-    from extender.core.forecast import dm_statistic
+    from extender.core.choice import dm_statistic
     got = bench().paired_z(row.auto, row.ref, row.k, row.every)
     if row.same_as is None:
         assert math.isnan(got)

@@ -117,12 +117,13 @@ scaled by the last value's there) are lower than 99% of the last value's (:data:
 by more than :data:`AUTO_Z` (1.645: a one-sided test at 5%) standard errors of the mean paired
 difference, the standard error counting the correlation of overlapping k-step errors (a
 Diebold-Mariano test, :func:`gain_statistic`), and it is ahead by the margin at k itself; the
-eligible one lowest at k by the most standard errors wins (:func:`choose`, :func:`pick`): the most
-certain gain, not the lowest held-out error. Squared: a model that lags a burst pays for it in the
-choice, as the scaler pays for it in queueing. When no candidate is eligible, the EWMA runs if its
-squared error at k is below 99% of the last value's at all, else the last value
-(:data:`AUTO_FALLBACK`): the EWMA nests the last value (alpha 1, no level shift), so that choice is
-one constant, fitted, where the test guards the step to a model with more structure. With the test
+eligible one lowest at k by the most standard errors wins (:func:`choose`; the rule and its test
+in :mod:`extender.core.choice`): the most certain gain, not the lowest held-out error. Squared: a
+model that lags a burst pays for it in the choice, as the scaler pays for it in queueing. When no
+candidate is eligible, the EWMA runs if its squared error at k is below 99% of the last value's at
+all, else the last value (:data:`AUTO_FALLBACK`): the EWMA nests the last value (alpha 1, no level
+shift), so that choice is one constant, fitted, where the test guards the step to a model with more
+structure. With the test
 for the EWMA too, ``auto`` kept the last value at 354 of 574 origins on a public series of tweet
 counts (NAB's Amazon series, held out from every rule here) where the EWMA alone is level with a
 fitted ETS, and was up to 1.08 times ETS's error there (BENCHMARKS.md). (Before the level-shift
@@ -206,16 +207,17 @@ from __future__ import annotations
 import hashlib
 import math
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Literal, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from extender.core import smoothing
+from extender.core.choice import AUTO_FALLBACK, AUTO_MARGIN, Row, clears, gain_statistic, pick
 from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.core.smoothing import Constants, Run, Shape
 
@@ -1015,34 +1017,12 @@ def _model(name: str, ctx: Context, *, note: str = "") -> Forecast:
 AUTO_CANDIDATES = ("last", "ewma", "holt", "holt-winters", "seasonal-holt")
 #: The candidates with a daily season: offered only when the fit data shows one (:func:`has_season`).
 SEASONAL = frozenset({"holt-winters", "seasonal-holt"})
-#: How many standard errors a candidate's mean held-out squared error must be below the last value's
-#: for it to be chosen at all (:func:`gain_statistic`): a one-sided Diebold-Mariano test at 5%.
-AUTO_Z = 1.645
-#: ... and lower than the last value's by more than this share: a gain of under 1% of the squared
-#: error is not worth a switch, however consistent (:func:`gain_statistic`).
-AUTO_MARGIN = 0.01
-#: What ``auto`` runs when no candidate is clearly ahead, provided it is ahead by the margin at all
-#: (:func:`pick`): the EWMA nests the last value (alpha 1, no shift), so choosing between the two is
-#: choosing one constant, not a structure that a calm held-out stretch can flatter.
-AUTO_FALLBACK = "ewma"
-
-
 def _means(a: F64) -> F64:
     """The mean of each row of ``a`` over its observed (not NaN) entries; NaN for a row with none."""
     seen = ~np.isnan(a)
     count = seen.sum(axis=1)
     total = np.where(seen, a, 0.0).sum(axis=1)
     return np.asarray(np.where(count > 0, total / np.maximum(count, 1), np.nan), dtype=np.float64)
-
-
-class Row(NamedTuple):
-    """One candidate in :func:`choose`: its score at the horizon used, and its gain statistics
-    against the last value there (``z``) and over the path to it (``z_path``)."""
-
-    name: str
-    score: float
-    z: float
-    z_path: float
 
 
 @dataclass(frozen=True)
@@ -1134,71 +1114,6 @@ def choose(w: Window, ctx: Context, k: int) -> Choice | None:
         z_path = gain_statistic(path_new[seen], path_old[seen], k)
         rows.append(Row(name, score, gain_statistic(new, old, k), z_path))
     return Choice(pick(rows), tuple(rows), held)
-
-
-def clears(row: Row) -> bool:
-    """Whether a candidate is clearly ahead of the last value: ``z_path`` above :data:`AUTO_Z` and ``z``
-    above 0 (:func:`choose`)."""
-    return row.name != "last" and row.z_path > AUTO_Z and row.z > 0.0
-
-
-def pick(rows: Sequence[Row]) -> str:
-    """From :class:`Row` s (the last value's first): the candidate with the largest ``z`` among those
-    with ``z_path`` above :data:`AUTO_Z` and ``z`` above 0 (the earliest, simplest one on a tie). When
-    there is none, :data:`AUTO_FALLBACK` if it is ahead of the last value by the margin at k (its
-    ``z`` above 0: ``score`` below ``1 - AUTO_MARGIN``), else the last value."""
-    eligible = [r for r in rows if clears(r)]
-    if eligible:
-        return max(eligible, key=lambda r: r.z).name
-    return next((r.name for r in rows if r.name == AUTO_FALLBACK and r.z > 0.0), "last")
-
-
-def dm_statistic(new: F64, old: F64, k: int) -> float:
-    """How many standard errors losses ``new`` (squared errors) are below ``old`` (same origins): the
-    Diebold-Mariano statistic (Diebold and Mariano, *Comparing Predictive Accuracy*, 1995) with the
-    Newey-West long-run variance::
-
-        d_i = old_i - new_i,   c_i = d_i - mean(d)
-        g_j = sum_i c_i c_{i-j} / N
-        V   = g_0 + 2 sum_{j=1}^{k-1} (1 - j / k) g_j          Bartlett weights: V >= 0
-        z   = mean(d) / sqrt(V / N)                           (V = 0: +inf, 0 or -inf by mean(d)'s sign)
-
-    Errors of origins less than k apart share most of their path, so their loss differences are
-    correlated up to lag k - 1; V counts that correlation as measured instead of assuming the worst
-    (an earlier rule divided N by k, as if every k consecutive errors were one).
-    """
-    d = old - new
-    mean = float(np.mean(d))
-    c = d - mean
-    lrv = float(np.mean(c * c))
-    for j in range(1, min(k - 1, d.size - 1) + 1):  # Bartlett weights: the estimate stays >= 0
-        lrv += 2.0 * (1.0 - j / k) * float(np.sum(c[j:] * c[:-j])) / d.size
-    se = math.sqrt(max(lrv, 0.0) / d.size)
-    if se == 0.0:
-        return math.copysign(math.inf, mean) if mean else 0.0
-    return mean / se
-
-
-def gain_statistic(new: F64, old: F64, k: int) -> float:
-    """How many standard errors losses ``new`` (a candidate's squared errors) are below
-    ``(1 - AUTO_MARGIN) old`` (the last value's): ``dm_statistic(new, (1 - AUTO_MARGIN) old, k)``.
-    Above :data:`AUTO_Z`, the candidate is *clearly* better (:func:`pick`): a one-sided
-    Diebold-Mariano test with a superiority margin.
-
-    On most series the smoothers' held-out errors differ by a few percent, driven by a burst or two
-    inside the held-out stretch; choosing on that would add the choice's own noise to every
-    forecast (a smoother picked in a calm stretch lags the next burst by its whole time constant).
-    Squared rather than absolute errors for the same reason: a model that lags a burst pays for it
-    here, as the scaler does in queueing.
-
-    The margin: with level-shift thresholds, some candidates are near copies of the last value
-    (alpha 0.8-0.9, a threshold that catches every large move). Their loss differences are tiny
-    and steady, so a plain test finds a 0.1% gain "clear"; on the benchmark's spiky series such
-    switches then lost 0.01-0.04% to the last value. The 1% was set on the benchmark's series: 2%
-    gave up the gain on ``mixtral-61g`` at one step (1.008 of the ETS reference), 0 the spiky
-    series (BENCHMARKS.md).
-    """
-    return dm_statistic(new, (1.0 - AUTO_MARGIN) * old, k)
 
 
 def _auto(ctx: Context) -> Forecast:
