@@ -8,9 +8,10 @@ import functools
 import importlib.util
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pytest
@@ -239,53 +240,64 @@ def test_the_bundled_nab_rates_are_read_whole_with_their_source_and_credit(row: 
     assert bench().NAB_CREDIT in bench().trace_series(root / row.path, 600.0, row.path, bench().NAB_CREDIT).source
 
 
+@dataclass(frozen=True)
+class NoisyDay:
+    """Three days at 600 s of a noisy daily cycle, the bench's series of it, and what evaluate() makes of
+    it: origins every 3 h over the last day, at most a week of history, p95 uppers."""
+
+    series: Any
+    t: np.ndarray
+    y: np.ndarray
+    origins: range
+    mean: float  # of the tested span
+
+    STEP: ClassVar[float] = 600.0
+    KW: ClassVar[dict[str, Any]] = {"every_s": 3 * 3600.0, "test_s": 86_400.0, "history_s": 7 * 86_400.0,
+                                    "level": 0.95, "with_ets": False}
+
+    @classmethod
+    def drawn(cls, seed: int) -> NoisyDay:
+        n = 3 * 144
+        y = 50 + 20 * np.sin(2 * np.pi * np.arange(n) / 144) + np.random.default_rng(seed).normal(0, 4, n)
+        return cls(bench().Series("noisy-day", y, cls.STEP, "test"), np.arange(n) * cls.STEP, y,
+                   range(n - 144 - 1, n - 3, 18), float(np.mean(y[n - 145:])))
+
+    def auto_at(self, o: int, k: int, phase: float) -> Any:
+        from extender.core.forecast import ForecastParams, forecast
+        return forecast("auto", self.t[:o + 1], self.y[:o + 1], k * self.STEP,
+                        ForecastParams(step_s=self.STEP, refit_phase_s=phase))
+
+    def evaluate(self, **kw: Any) -> dict[str, Any]:
+        return bench().evaluate(self.series, **self.KW, **kw)  # type: ignore[no-any-return]
+
+
 def test_phases_average_auto_over_its_refit_phases() -> None:
-    # three days at 600 s of a noisy daily cycle: auto's error with --phases 2 is the mean of its
-    # absolute errors at the refit phases 0 and 1800 s, origin by origin, worked out here directly
-    from extender.core.forecast import ForecastParams, forecast
-    b = bench()
-    rng = np.random.default_rng(7)
-    step, n = 600.0, 3 * 144
-    y = 50 + 20 * np.sin(2 * np.pi * np.arange(n) / 144) + rng.normal(0, 4, n)
-    series = b.Series("noisy-day", y, step, "test")
-    got = b.evaluate(series, every_s=3 * 3600.0, test_s=86_400.0, history_s=7 * 86_400.0, level=0.95,
-                     with_ets=False, phases=2)
-    t = np.arange(n) * step
-    origins = range(n - 144 - 1, n - 3, 18)
-    want = np.mean([np.mean([abs(y[o + 2] - forecast("auto", t[:o + 1], y[:o + 1], 2 * step,
-                                                           ForecastParams(step_s=step, refit_phase_s=ph)).point)
-                             for ph in (0.0, 1800.0)]) for o in origins]) / np.mean(y[n - 145:])
-    assert got["phases"] == 2 and got["origins"] == len(origins)
+    # auto's error with --phases 2 is the mean of its absolute errors at the refit phases 0 and
+    # 1800 s, origin by origin, worked out here directly
+    day = NoisyDay.drawn(7)
+    got = day.evaluate(phases=2)
+    want = np.mean([np.mean([abs(day.y[o + 2] - day.auto_at(o, 2, ph).point) for ph in (0.0, 1800.0)])
+                    for o in day.origins]) / day.mean
+    assert got["phases"] == 2 and got["origins"] == len(day.origins)
     assert got["rows"]["auto"]["error"][2] == pytest.approx(want, rel=1e-12)
-    assert sum(got["auto_chose"][2].values()) == 2 * len(origins)  # every phase's choice is counted
-    one = b.evaluate(series, every_s=3 * 3600.0, test_s=86_400.0, history_s=7 * 86_400.0, level=0.95,
-                     with_ets=False)
+    assert sum(got["auto_chose"][2].values()) == 2 * len(day.origins)  # every phase's choice is counted
+    one = day.evaluate()
     assert one["rows"]["auto"]["error"][2] != pytest.approx(want, rel=1e-9)  # the phase moves it: not a no-op
 
 
 def test_combine_scores_the_mean_forecast_over_the_phases() -> None:
-    # three days of the same cycle (another draw): with --combine, auto's point at an origin is the
-    # mean of its points at the phases 0 and 1800 s, and its upper the mean of their uppers
-    from extender.core.forecast import ForecastParams, forecast
-    b = bench()
-    rng = np.random.default_rng(2)
-    step, n = 600.0, 3 * 144
-    y = 50 + 20 * np.sin(2 * np.pi * np.arange(n) / 144) + rng.normal(0, 4, n)
-    series = b.Series("noisy-day", y, step, "test")
-    kw = {"every_s": 3 * 3600.0, "test_s": 86_400.0, "history_s": 7 * 86_400.0, "level": 0.95, "with_ets": False}
-    got = b.evaluate(series, phases=2, combine=True, **kw)
-    t = np.arange(n) * step
-    origins = range(n - 144 - 1, n - 3, 18)
-    made = [[forecast("auto", t[:o + 1], y[:o + 1], step, ForecastParams(step_s=step, refit_phase_s=ph))
-             for ph in (0.0, 1800.0)] for o in origins]
+    # another draw of the same cycle: with --combine, auto's point at an origin is the mean of its
+    # points at the phases 0 and 1800 s, and its upper the mean of their uppers
+    day = NoisyDay.drawn(2)
+    got = day.evaluate(phases=2, combine=True)
+    made = [[day.auto_at(o, 1, ph) for ph in (0.0, 1800.0)] for o in day.origins]
     points = [np.mean([f.point for f in fs]) for fs in made]
     uppers = [np.mean([f.upper for f in fs]) for fs in made]
-    mean = np.mean(y[n - 145:])
-    want = np.mean([abs(y[o + 1] - p) for o, p in zip(origins, points, strict=True)]) / mean
+    want = np.mean([abs(day.y[o + 1] - p) for o, p in zip(day.origins, points, strict=True)]) / day.mean
     assert got["combine"] and got["rows"]["auto"]["error"][1] == pytest.approx(want, rel=1e-12)
-    covered = np.mean([y[o + 1] <= u for o, u in zip(origins, uppers, strict=True)])
+    covered = np.mean([day.y[o + 1] <= u for o, u in zip(day.origins, uppers, strict=True)])
     assert got["rows"]["auto"]["coverage"][1] == pytest.approx(covered)
-    apart = b.evaluate(series, phases=2, **kw)  # Jensen: never above the mean of the phases' errors
+    apart = day.evaluate(phases=2)  # Jensen: never above the mean of the phases' errors
     for k in (1, 2, 3):
         assert got["rows"]["auto"]["error"][k] <= apart["rows"]["auto"]["error"][k] + 1e-12
     # one step ahead the two phases chose apart at some origins, on either side of the outcome
