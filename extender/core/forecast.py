@@ -123,10 +123,9 @@ model that lags a burst pays for it in the choice, as the scaler pays for it in 
 candidate is eligible, the EWMA runs if its squared error at k is below 99% of the last value's at
 all, else the last value (:data:`AUTO_FALLBACK`): the EWMA nests the last value (alpha 1, no level
 shift), so that choice is one constant, fitted, where the test guards the step to a model with more
-structure. With the test
-for the EWMA too, ``auto`` kept the last value at 354 of 574 origins on a public series of tweet
-counts (NAB's Amazon series, held out from every rule here) where the EWMA alone is level with a
-fitted ETS, and was up to 1.08 times ETS's error there (BENCHMARKS.md). (Before the level-shift
+structure. With the test for the EWMA too, ``auto`` kept the last value at 354 of 574 origins on a
+public series of tweet counts (NAB's Amazon series, held out from every rule here) where the EWMA
+alone is level with a fitted ETS, and was up to 1.08 times ETS's error there (BENCHMARKS.md). (Before the level-shift
 thresholds, smoothers chosen by absolute error lost 1.05x to the last value on the benchmark's
 bursty series; with them, a choice by absolute error gains more there, 0.81-0.89 of the last
 value's error against 0.92-0.96, but it took EWMA on the 57-minute Azure sample, 1.04 of the last
@@ -1017,6 +1016,8 @@ def _model(name: str, ctx: Context, *, note: str = "") -> Forecast:
 AUTO_CANDIDATES = ("last", "ewma", "holt", "holt-winters", "seasonal-holt")
 #: The candidates with a daily season: offered only when the fit data shows one (:func:`has_season`).
 SEASONAL = frozenset({"holt-winters", "seasonal-holt"})
+
+
 def _means(a: F64) -> F64:
     """The mean of each row of ``a`` over its observed (not NaN) entries; NaN for a row with none."""
     seen = ~np.isnan(a)
