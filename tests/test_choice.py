@@ -107,7 +107,21 @@ PICKS: list[tuple[str, list[Row], str]] = [
 
 @pytest.mark.parametrize(("rows", "expected"), [r[1:] for r in PICKS], ids=[r[0] for r in PICKS])
 def test_auto_picks_the_clearest_gain_else_the_better_of_last_and_ewma(rows: list[Row], expected: str) -> None:
-    assert pick(rows) == expected
+    assert pick(rows).name == expected
+
+
+WHY = [
+    # (id, rows, why): the reason the forecast's note gives, from the rule that chose
+    ("a-clear-candidate", _rows(("ewma", 0.7, 1.6, 1.6), ("holt", 0.9, 1.7, 1.7)), "the clearest gain"),
+    ("the-fallback", _rows(("ewma", 0.7, 1.6, 1.6)),
+     "no model clears the bar, and ewma is below 99% of the last value"),
+    ("nothing-ahead", _rows(("ewma", 0.99, 0.0, 1.0)), "no model clears the bar"),
+]
+
+
+@pytest.mark.parametrize(("rows", "why"), [r[1:] for r in WHY], ids=[r[0] for r in WHY])
+def test_the_pick_says_why(rows: list[Row], why: str) -> None:
+    assert pick(rows).why == why
 
 
 @pytest.mark.parametrize(("new", "old", "k"), [(r[1], r[2], r[3]) for r in CLEARLY], ids=[r[0] for r in CLEARLY])

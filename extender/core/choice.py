@@ -56,15 +56,25 @@ def clears(row: Row) -> bool:
     return row.name != "last" and row.z_path > AUTO_Z and row.z > 0.0
 
 
-def pick(rows: Sequence[Row]) -> str:
+class Pick(NamedTuple):
+    """What :func:`pick` chose, and why, in the words of the forecast's note."""
+
+    name: str
+    why: str
+
+
+def pick(rows: Sequence[Row]) -> Pick:
     """From :class:`Row` s (the last value's first): the candidate with the largest ``z`` among those
     with ``z_path`` above :data:`AUTO_Z` and ``z`` above 0 (the earliest, simplest one on a tie). When
     there is none, :data:`AUTO_FALLBACK` if it is ahead of the last value by the margin at k (its
     ``z`` above 0: ``score`` below ``1 - AUTO_MARGIN``), else the last value."""
     eligible = [r for r in rows if clears(r)]
     if eligible:
-        return max(eligible, key=lambda r: r.z).name
-    return next((r.name for r in rows if r.name == AUTO_FALLBACK and r.z > 0.0), "last")
+        return Pick(max(eligible, key=lambda r: r.z).name, "the clearest gain")
+    if any(r.name == AUTO_FALLBACK and r.z > 0.0 for r in rows):
+        return Pick(AUTO_FALLBACK, f"no model clears the bar, and {AUTO_FALLBACK} is below "
+                                   f"{100 * (1 - AUTO_MARGIN):g}% of the last value")
+    return Pick("last", "no model clears the bar")
 
 
 def dm_statistic(new: F64, old: F64, k: int) -> float:

@@ -216,7 +216,7 @@ from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
 from extender.core import smoothing
-from extender.core.choice import AUTO_FALLBACK, AUTO_MARGIN, Row, clears, gain_statistic, pick
+from extender.core.choice import AUTO_MARGIN, Row, gain_statistic, pick
 from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.core.smoothing import Constants, Run, Shape
 
@@ -1028,10 +1028,12 @@ def _means(a: F64) -> F64:
 
 @dataclass(frozen=True)
 class Choice:
-    """``auto``'s pick at one horizon: the model, every candidate's score and Diebold-Mariano statistics
-    against the last value (:func:`choose`), and the number of held-out k-step origins of the last value."""
+    """``auto``'s pick at one horizon: the model and why (:func:`~extender.core.choice.pick`), every
+    candidate's score and Diebold-Mariano statistics against the last value (:func:`choose`), and the
+    number of held-out k-step origins of the last value."""
 
     name: str
+    why: str
     scores: tuple[Row, ...]
     errors: int
 
@@ -1114,7 +1116,8 @@ def choose(w: Window, ctx: Context, k: int) -> Choice | None:
         seen = ~np.isnan(path_new)
         z_path = gain_statistic(path_new[seen], path_old[seen], k)
         rows.append(Row(name, score, gain_statistic(new, old, k), z_path))
-    return Choice(pick(rows), tuple(rows), held)
+    chosen = pick(rows)
+    return Choice(chosen.name, chosen.why, tuple(rows), held)
 
 
 def _auto(ctx: Context) -> Forecast:
@@ -1130,13 +1133,7 @@ def _auto(ctx: Context) -> Forecast:
                                         f"({held} held-out steps at a horizon of {k}): the last value")
     table = ", ".join(f"{r.name} {r.score:.3f} (z {r.z:.1f}" + (f", {r.z_path:.1f} over 1-{k})" if k > 1 else ")")
                       for r in got.scores)
-    if clears(next(r for r in got.scores if r.name == got.name)):
-        why = "the clearest gain"
-    elif got.name == AUTO_FALLBACK:
-        why = f"no model clears the bar, and {AUTO_FALLBACK} is below {100 * (1 - AUTO_MARGIN):g}% of the last value"
-    else:
-        why = "no model clears the bar"
-    note = (f"auto chose {got.name} ({why}) by squared error at {k} step(s) over {got.errors} held-out origins "
+    note = (f"auto chose {got.name} ({got.why}) by squared error at {k} step(s) over {got.errors} held-out origins "
             f"(mean squared error over the last value's, and by how many standard errors it is below "
             f"{100 * (1 - AUTO_MARGIN):g}% of it: {table})")
     assert w is not None
