@@ -334,3 +334,14 @@ def test_a_coverage_cell_outside_says_whether_the_quantile_is_told_miscalibrated
     assert "short h=1: 0.9000 (20 origins: a calibrated quantile passes with probability 0.38; " \
            "binomial p 0.26: not told apart at 5%)" in report
     assert "wide h=2: 1.0000 (90 origins" in report and "binomial p 0.02: miscalibrated at 5%" in report
+
+
+def test_tick_cost_times_every_forecaster_from_empty_memos() -> None:
+    # CPU seconds are not asserted (they are measurements); what is: it runs, from empty memos,
+    # every forecaster, and says which model each ran
+    b = bench()
+    got = b.tick_cost(step=300.0, hours=67.0, ticks=2)
+    assert set(got) == set(b.NAMES)
+    assert got["last"]["method"] == "last" and got["holt-winters"]["method"] in {"holt-winters", "holt"}
+    for row in got.values():
+        assert row["refit"] >= 0.0 and row["tick"] >= 0.0

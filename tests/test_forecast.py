@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extender.core import forecast as fc
 from extender.core import smoothing
 from extender.core.errors import UnknownNameError
 from extender.core.forecast import (
@@ -810,53 +811,28 @@ def test_the_same_history_gives_the_same_forecast(name: str, seed: int, n: int, 
     t, y = hourly_history(n, seed=seed, start=1_700_000_000.0)
     first = forecast(name, t, y, horizon)
     order = np.random.default_rng(seed).permutation(n)
-    forecast_module_cache_clear()  # another replica after a failover: nothing cached
+    fc.clear_memos()  # another replica after a failover: nothing cached
     again = forecast(name, t[order], y[order], horizon)
     assert again == first
     assert 0.0 <= first.point <= first.upper  # fitted, so the point is the shifted median
 
 
-def forecast_module_cache_clear() -> None:
-    from extender.core import forecast as module
-    module._CACHE.clear()
-
-
 @pytest.mark.parametrize("name", NAMES)
 def test_a_tick_inside_a_refit_period_forecasts_as_a_cold_start_does(name: str) -> None:
-    # later ticks reuse the runs over the fit data made at the first one (forecast._run_on,
+    # later ticks reuse the runs over the fit data made at the first one (memo.run_on,
     # _profile_on); a replica with nothing cached must still forecast exactly the same
     t, y = noisy_daily(3.5, 300.0, seed=3)
     t = t + 1_700_000_000.0 - 1_700_000_000.0 % 3600
-    forecast_module_cache_clear()
+    fc.clear_memos()
     n = len(t) - 20
     forecast(name, t[:n], y[:n], 900.0)  # the first tick after a boundary fits and caches
     for later in (n + 3, n + 9):
         warm = forecast(name, t[:later], y[:later], 900.0)
-        forecast_module_cache_clear()
+        fc.clear_memos()
         cold = forecast(name, t[:later], y[:later], 900.0)
         assert warm.method == cold.method and warm.constants == cold.constants
         assert warm.point == pytest.approx(cold.point, rel=1e-12, abs=1e-12)
         assert warm.upper == pytest.approx(cold.upper, rel=1e-12, abs=1e-12)
-
-
-@pytest.mark.parametrize("shape", [smoothing.Shape(trend=False), smoothing.Shape(trend=True),
-                                   smoothing.Shape(trend=True, m=12)], ids=["ewma", "holt", "holt-winters"])
-def test_a_run_continued_from_a_prefix_is_the_run_over_the_whole(shape: smoothing.Shape) -> None:
-    from extender.core.forecast import _run_on
-    rng = np.random.default_rng(5)
-    y = 50 + np.cumsum(rng.normal(0, 1, 120))
-    y[[7, 40, 41, 100]] = NAN
-    c = smoothing.Constants(alpha=0.4, beta=0.1, gamma=0.2 if shape.seasonal else 0.0, phi=0.95)
-    base = smoothing.run(y[:90], shape, c)
-    whole = smoothing.run(y, shape, c)
-    got = _run_on(y, base)
-    for a, b in [(got.level, whole.level), (got.trend, whole.trend), (got.slot, whole.slot),
-                 (got.season, whole.season), (got.season_init, whole.season_init)]:
-        assert np.array_equal(a, b, equal_nan=True)  # bit for bit: the same operations in the same order
-    assert got.t0 == whole.t0
-    changed = y.copy()
-    changed[3] += 1.0  # a different prefix: the whole series is run again
-    assert np.array_equal(_run_on(changed, base).level, smoothing.run(changed, shape, c).level, equal_nan=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1146,7 +1122,6 @@ SHIFTED = [
 @pytest.mark.parametrize("row", SHIFTED, ids=[r.id for r in SHIFTED])
 def test_the_median_point_has_less_absolute_error_than_the_raw_point(row: Shifted,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from extender.core import forecast as fc
     t, y = row.series()
     n, k = len(y), row.k
     params = ForecastParams(step_s=15.0)
@@ -1283,7 +1258,6 @@ REACHES = [
 
 @pytest.mark.parametrize("row", REACHES, ids=[r.id for r in REACHES])
 def test_a_refit_beyond_reach_runs_the_validated_constants(row: Reach) -> None:
-    from extender.core import forecast as fc
     t, y = row.series()
     step = float(t[1] - t[0])
     p = ForecastParams(step_s=step)

@@ -3,24 +3,21 @@ last gridded history) change no forecast: every result equals the one made with 
 
 from __future__ import annotations
 
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
 import pytest
 
 from extender.core import forecast as fc
-from extender.core import smoothing
+from extender.core import memo, smoothing
 from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.smoothing import Constants, Run, Shape
 
 
 def clear_memos() -> None:
-    """Empty the memos this file is about (the fit cache ``_CACHE`` is older and stays)."""
-    fc._RUNS.clear()
-    fc._LAST_FIT.clear()
-    fc._LAST_PREPARED.clear()
-    fc._DIGESTS.clear()
-    fc._PARAMS_KEY.clear()
+    """Empty every memo, as a newly started process has none."""
+    fc.clear_memos()
 
 
 def reference_run_on(y: np.ndarray, base: Run) -> Run:
@@ -90,11 +87,11 @@ def test_run_on_with_recent_runs_equals_the_reference(case: RunCase) -> None:
     base = smoothing.run(base_y, case.shape, case.constants)
     calls = _growing(full, 72, case.anchors, seed=1)
     for y in calls:
-        got, want = fc._run_on(y, base), reference_run_on(y, base)
+        got, want = memo.run_on(y, base), reference_run_on(y, base)
         for f in ("level", "trend", "slot", "season_init", "season"):
             assert np.array_equal(getattr(got, f), getattr(want, f), equal_nan=True), f
         assert got.t0 == want.t0
-    assert fc._RUNS, "nothing was kept: the memo was not exercised"
+    assert memo._RUNS, "nothing was kept: the memo was not exercised"
 
 
 EDGES = {
@@ -119,11 +116,30 @@ def test_run_on_edges_equal_the_reference(name: str) -> None:
         y = np.concatenate([first[:6], more])  # shares 6 < 8 with it
     else:
         y = np.concatenate([first, more])
-    fc._run_on(first, base)
-    got, want = fc._run_on(y, base), reference_run_on(y, base)
+    memo.run_on(first, base)
+    got, want = memo.run_on(y, base), reference_run_on(y, base)
     assert np.array_equal(got.level, want.level, equal_nan=True)
     assert np.array_equal(got.trend, want.trend, equal_nan=True)
     assert got.t0 == want.t0
+
+
+@pytest.mark.parametrize("shape", [Shape(trend=False), Shape(trend=True),
+                                   Shape(trend=True, m=12)], ids=["ewma", "holt", "holt-winters"])
+def test_a_run_continued_from_a_prefix_is_the_run_over_the_whole(shape: Shape) -> None:
+    rng = np.random.default_rng(5)
+    y = 50 + np.cumsum(rng.normal(0, 1, 120))
+    y[[7, 40, 41, 100]] = np.nan
+    c = Constants(alpha=0.4, beta=0.1, gamma=0.2 if shape.seasonal else 0.0, phi=0.95)
+    base = smoothing.run(y[:90], shape, c)
+    whole = smoothing.run(y, shape, c)
+    got = memo.run_on(y, base)
+    for a, b in [(got.level, whole.level), (got.trend, whole.trend), (got.slot, whole.slot),
+                 (got.season, whole.season), (got.season_init, whole.season_init)]:
+        assert np.array_equal(a, b, equal_nan=True)  # bit for bit: the same operations in the same order
+    assert got.t0 == whole.t0
+    changed = y.copy()
+    changed[3] += 1.0  # a different prefix: the whole series is run again
+    assert np.array_equal(memo.run_on(changed, base).level, smoothing.run(changed, shape, c).level, equal_nan=True)
 
 
 class ForecastCase(NamedTuple):
@@ -169,3 +185,54 @@ def test_forecasts_with_the_memos_equal_those_without(case: ForecastCase) -> Non
             want.append(forecast(case.forecaster, t[:k + 1], v[:k + 1], horizon, params, now_s=k * 15.0))
     assert len(got) > 100
     assert got == want
+
+
+class Lookup(NamedTuple):
+    name: str
+    t: list[float]
+    v: list[float]
+    more: tuple[object, ...]
+    hit: bool
+
+
+KEPT_T, KEPT_V = [0.0, 15.0, 30.0], [1.0, float("nan"), 0.0]
+
+LOOKUPS = [
+    Lookup("the same samples and inputs", KEPT_T, KEPT_V, (300.0,), True),
+    Lookup("the same NaN is the same sample", KEPT_T, [1.0, float("nan"), 0.0], (300.0,), True),
+    Lookup("-0.0 is not the 0.0 it was made from", KEPT_T, [1.0, float("nan"), -0.0], (300.0,), False),
+    Lookup("a middle value changed, ends the same", KEPT_T, [1.0, 2.0, 0.0], (300.0,), False),
+    Lookup("one sample more", [*KEPT_T, 45.0], [*KEPT_V, 0.0], (300.0,), False),
+    Lookup("another input", KEPT_T, KEPT_V, (600.0,), False),
+    Lookup("an equal input of another type", KEPT_T, KEPT_V, (300,), True),
+]
+
+
+@pytest.mark.parametrize("row", LOOKUPS, ids=[r.name for r in LOOKUPS])
+def test_recent_finds_a_value_only_for_the_same_bits(row: Lookup) -> None:
+    recent: memo.Recent[str] = memo.Recent(2)
+    recent.get(np.array(KEPT_T), np.array(KEPT_V), 300.0, make=lambda: "kept")
+    got = recent.get(np.array(row.t), np.array(row.v), *row.more, make=lambda: "made")
+    assert got == ("kept" if row.hit else "made")
+
+
+def test_recent_keeps_the_newest_and_forgets_on_clear() -> None:
+    recent: memo.Recent[int] = memo.Recent(2)
+    histories = [(np.arange(3.0), np.full(3, float(i))) for i in range(3)]
+    for i, (t, v) in enumerate(histories):
+        recent.get(t, v, make=partial(int, i))
+    assert [recent.get(t, v, make=lambda: -1) for t, v in histories[1:]] == [1, 2]
+    assert recent.get(*histories[0], make=lambda: -1) == -1  # the oldest of three left a memo of two
+    recent.clear()
+    assert recent.get(*histories[2], make=lambda: -1) == -1
+
+
+def test_by_identity_is_by_the_object_not_by_equality() -> None:
+    memo.clear()
+    a, b = ForecastParams(), ForecastParams()
+    assert a == b and a is not b
+    assert memo.by_identity(a, lambda: "a") == "a"
+    assert memo.by_identity(a, lambda: "again") == "a"
+    assert memo.by_identity(b, lambda: "b") == "b"
+    memo.clear()
+    assert memo.by_identity(a, lambda: "after clear") == "after clear"

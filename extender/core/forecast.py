@@ -19,7 +19,7 @@ Pipeline, every call::
 
 Stateless in the sense that matters: the forecast is a function of the history alone, so a
 restarted or newly elected scaler forecasts the same from the same history. The fit is cached in
-the process only to save work; the cache key is the data the fit read.
+the process only to save work (:mod:`extender.core.memo`); every memo is keyed by the data it read.
 
 Resampling (:func:`resample`). Samples with a non-finite timestamp or value are missing data, not
 zero demand. The step is ``params.step_s`` or, when unset, the median spacing of the samples. The
@@ -203,7 +203,6 @@ that demand is zero.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import zlib
 from collections.abc import Callable, Mapping
@@ -215,7 +214,7 @@ import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
-from extender.core import smoothing
+from extender.core import memo, smoothing
 from extender.core.choice import AUTO_MARGIN, Row, gain_statistic, pick
 from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.core.smoothing import Constants, Run, Shape
@@ -533,47 +532,6 @@ def window(t: F64, v: F64, series: Series, params: ForecastParams) -> Window | N
     return None
 
 
-#: The last fit data D made by :func:`window`, with the samples it was made from (copies) and
-#: :func:`_ends` of them.
-_LAST_FIT: list[tuple[tuple[object, ...], F64, F64, Series]] = []
-
-
-def _ends(t: F64, v: F64, *more: object) -> tuple[object, ...]:
-    """A cheap key of two sample arrays: lengths and the bits of the end values (equal arrays have
-    equal keys; the whole arrays are compared only when the keys match)."""
-    if len(t) == 0 or len(v) == 0:
-        return (len(t), len(v), *more)
-    ti, vi = t.view(np.int64), v.view(np.int64)
-    return (len(t), len(v), int(ti[0]), int(ti[-1]), int(vi[0]), int(vi[-1]), *more)
-
-
-def _fit_data(t: F64, v: F64, step_s: float) -> Series:
-    """``resample(t, v, step_s)``, the one of the last call again when its samples are the same, bit
-    for bit (D does not move between refit boundaries, and re-gridding it costs more than
-    comparing)."""
-    key = _ends(t, v, step_s)
-    for kk, kt, kv, d in _LAST_FIT:
-        if kk == key and _same_bits(kt, t) and _same_bits(kv, v):
-            return d
-    d = resample(t, v, step_s)
-    _LAST_FIT[:] = [(key, t.copy(), v.copy(), d), *_LAST_FIT][:LAST_FITS]
-    return d
-
-
-#: Fit data kept by :func:`_fit_data` (one per workload forecast in turn, in the simulator).
-LAST_FITS = 16
-
-
-def _same_bits(a: F64, b: F64) -> bool:
-    """Same length and the same bits (NaN equal to the same NaN, -0.0 unequal to 0.0)."""
-    if a.shape != b.shape:
-        return False
-    if a.size == 0:
-        return True
-    ai, bi = np.ascontiguousarray(a).view(np.int64), np.ascontiguousarray(b).view(np.int64)
-    return bool(ai[-1] == bi[-1] and ai[0] == bi[0] and np.array_equal(ai, bi))
-
-
 @dataclass(frozen=True)
 class Fitted:
     """One model fitted on D's training part and run over D; forecasts from ``first`` on are out of sample."""
@@ -582,65 +540,22 @@ class Fitted:
     first: int
 
 
-#: Fits kept per process: a few models of a few workloads over a couple of refit periods. Each
-#: operation on it is one dict operation, atomic under the GIL, so threads may share it without a
-#: lock: at worst two threads make the same value (identically) and one of the two is kept.
-_CACHE: dict[tuple[object, ...], object] = {}
-#: A workload holds about ten entries per refit period (``auto``'s choice per horizon in steps,
-#: five candidates' fits, the refit, the daily profile): 256 keep a dozen workloads forecast at two
-#: horizons (the flagship's twelve, the scaler's and the warmer's), where 64 evicted fits that
-#: were still in use and refitted them on every forecast (its predictive run: 42 s -> 19 s).
-#: An entry is a few arrays of the fit grid (tens of kB).
-CACHE_SIZE = 256
+#: The fit data D :func:`window` made from the last samples it read (one per workload forecast in
+#: turn, in the simulator): D does not move between refit boundaries, and re-gridding it costs more
+#: than comparing the samples.
+_FIT_DATA: memo.Recent[Series] = memo.Recent(16)
 
 
-def _cached(key: tuple[object, ...], make: Callable[[], object]) -> object:
-    """The value for ``key``, made when absent; the oldest entries leave first once the cache is full."""
-    value = _CACHE.get(key, _MISSING)
-    if value is _MISSING:
-        value = _CACHE[key] = make()
-        for old in list(_CACHE)[: max(0, len(_CACHE) - CACHE_SIZE)]:
-            _CACHE.pop(old, None)
-    return value
-
-
-_MISSING = object()
-
-
-def _digest(y: F64) -> bytes:
-    for a, d in _DIGESTS:
-        if a is y:
-            return d  # the same array (D, kept by _fit_data; nothing writes to it)
-    d = hashlib.blake2b(np.ascontiguousarray(y).tobytes(), digest_size=16).digest()
-    _DIGESTS[:] = [(y, d), *_DIGESTS][:LAST_FITS]
-    return d
-
-
-#: The digests of the last arrays :func:`_digest` read, by identity.
-_DIGESTS: list[tuple[F64, bytes]] = []
+def _fit_data(t: F64, v: F64, step_s: float) -> Series:
+    """``resample(t, v, step_s)``, through :data:`_FIT_DATA`."""
+    return _FIT_DATA.get(t, v, step_s, make=lambda: resample(t, v, step_s))
 
 
 def _fit_key(w: Window, params: ForecastParams) -> tuple[object, ...]:
-    # fit_end: the daily profile's phase depends on when D was, not only on its values
-    return (_digest(w.fit), len(w.fit), w.split, w.fit_end, _params_key(params))
-
-
-#: ``id(params) -> (params, params.model_dump_json(exclude={"level"}))`` for the last
-#: :data:`PARAMS_KEYS` parameter objects seen (they are frozen; holding one keeps its id from being
-#: reused). A scaler holds one per workload (:meth:`ForecastParams.for_workload`).
-_PARAMS_KEY: dict[int, tuple[ForecastParams, str]] = {}
-PARAMS_KEYS = 512
-
-
-def _params_key(params: ForecastParams) -> str:
-    got = _PARAMS_KEY.get(id(params))
-    if got is not None and got[0] is params:
-        return got[1]
-    key = params.model_dump_json(exclude={"level"})
-    _PARAMS_KEY[id(params)] = (params, key)
-    if len(_PARAMS_KEY) > PARAMS_KEYS:
-        _PARAMS_KEY.pop(next(iter(_PARAMS_KEY)))
-    return key
+    """What a fit on ``w`` reads, for :func:`memo.cached`: D's content (``fit_end`` too: the daily
+    profile's phase depends on when D was, not only on its values) and the parameters but the level."""
+    params_key = memo.by_identity(params, lambda: params.model_dump_json(exclude={"level"}))
+    return (memo.digest(w.fit), len(w.fit), w.split, w.fit_end, params_key)
 
 
 def _shape(name: str, m: int) -> Shape:
@@ -661,7 +576,7 @@ def _profile(w: Window, params: ForecastParams) -> smoothing.Profile:
     """The daily profile of D's training part (cached by D's content)."""
     def make() -> smoothing.Profile:
         return smoothing.fit_profile(w.fit_times()[:w.split], w.fit[:w.split], params.season_s, PROFILE_HARMONICS)
-    got = _cached(("profile", *_fit_key(w, params)), make)
+    got = memo.cached(("profile", *_fit_key(w, params)), make)
     assert isinstance(got, smoothing.Profile)
     return got
 
@@ -675,7 +590,7 @@ def _profile_on(times: F64, w: Window, params: ForecastParams) -> F64:
     n0 = len(d_times)
     if len(times) < n0 or not np.array_equal(times[:n0], d_times):
         return prof.at(times)
-    got = _cached(("profile-on-d", *_fit_key(w, params)), lambda: prof.at(d_times))
+    got = memo.cached(("profile-on-d", *_fit_key(w, params)), lambda: prof.at(d_times))
     assert isinstance(got, np.ndarray)
     return np.concatenate([got, prof.at(times[n0:])]) if len(times) > n0 else got.copy()
 
@@ -743,7 +658,7 @@ def _fitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Fitte
         split = _split(w, name, shape, params)
         c = Constants(alpha=1.0) if name == "last" else smoothing.fit(y[:split], shape, _fixed(name, params))
         return Fitted(smoothing.run(y, shape, c), split)
-    got = _cached(("fit", name, shape, *_fit_key(w, params)), make)
+    got = memo.cached(("fit", name, shape, *_fit_key(w, params)), make)
     assert isinstance(got, Fitted)
     return got
 
@@ -784,121 +699,9 @@ def _refitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Ref
             return Refit(validated, f"the refit on the whole fit window took alpha from {a:g} to {c.alpha:g}, "
                                     f"beyond {REFIT_REACH:g} times either way: the validated constants run")
         return Refit(smoothing.run(y, shape, c))
-    got = _cached(("refit", name, shape, *_fit_key(w, params)), make)
+    got = memo.cached(("refit", name, shape, *_fit_key(w, params)), make)
     assert isinstance(got, Refit)
     return got
-
-
-def _run_on(y: F64, base: Run) -> Run:
-    """``smoothing.run(y, base.shape, base.constants)``, reusing ``base`` when ``y`` begins with ``base.y``.
-
-    Within a refit period the forecast grid Y usually begins with D itself (same samples, same grid
-    points): the recursion over that prefix is then already in ``base``, and only the samples since
-    the refit boundary are run, from the state ``base`` ended in. The result is the same, bit for
-    bit: the same float operations in the same order. Any difference in the prefix (a grid
-    anchored differently, a late sample) runs the whole of ``y``.
-
-    The runs of the last calls with the same ``base`` are kept too (:func:`_resumed`): a call whose
-    ``y`` shares a prefix with one of them (the same grid a few steps later) runs only the rest.
-    """
-    n0 = len(base.y)
-    shape, c = base.shape, base.constants
-    reusable = (len(y) >= n0 and base.t0 < n0 - 1 and not (shape.seasonal and n0 < 2 * shape.m)
-                and _may_equal(y, base.y) and np.array_equal(y[:n0], base.y, equal_nan=True))
-    how = "base" if reusable else "full"
-    first = int(y[:1].view(np.int64)[0]) if len(y) else None  # a prefix shares the first value
-    kept = _RUNS.get(id(base))
-    listed = kept[1] if kept is not None and kept[0] is base else ()
-    recent = tuple((h, r) for h, f, r in listed if h == how and f == first)
-    out, same = _resumed(y, recent)
-    if out is None:
-        if not reusable:
-            out = smoothing.run(y, shape, c)
-        else:
-            at = n0 - 1
-            out = _spliced(y, base, at, smoothing.run(
-                y, shape, c, smoothing.Start(at, float(base.level[at]), float(base.trend[at]), base.season)))
-    others = tuple(e for e in listed if e[2] is not same)
-    _RUNS[id(base)] = (base, ((how, first, out), *others)[:RECENT_RUNS])
-    if len(_RUNS) > CACHE_SIZE:
-        for old in list(_RUNS)[: len(_RUNS) - CACHE_SIZE]:
-            _RUNS.pop(old, None)
-    return out
-
-
-#: Runs kept per base run for :func:`_resumed`: the forecast grid is anchored at the newest sample,
-#: so calls a tick apart see different grids and a call finds its prefix in the one a grid step
-#: (several ticks) earlier.
-RECENT_RUNS = 12
-#: ``id(base) -> (base, ((how, bits of y[0], run), ...))``, newest first; holding ``base`` keeps its
-#: id from being reused while it is listed. Same concurrency rules as :data:`_CACHE`.
-_RUNS: dict[int, tuple[Run, tuple[tuple[str, int | None, Run], ...]]] = {}
-
-
-def _may_equal(y: F64, head: F64) -> bool:
-    """False when ``y`` surely does not begin with ``head`` (their first values differ, NaN equal to
-    NaN as in ``np.array_equal(..., equal_nan=True)``): a cheap test before the whole comparison."""
-    if len(head) == 0:
-        return True
-    a, b = float(y[0]), float(head[0])
-    return a == b or (a != a and b != b)  # noqa: PLR0124 -- NaN is the only float unequal to itself
-
-
-def _prefix(a: F64, b: F64) -> int:
-    """How many leading values ``a`` and ``b`` share, bit for bit."""
-    n = min(len(a), len(b))
-    differ = np.flatnonzero(np.ascontiguousarray(a[:n]).view(np.int64) != np.ascontiguousarray(b[:n]).view(np.int64))
-    return int(differ[0]) if len(differ) else n
-
-
-def _spliced(y: F64, head: Run, at: int, tail: Run) -> Run:
-    """``head``'s states up to step ``at``, then ``tail``'s (a run resumed from ``head``'s state at ``at``)."""
-    level, trend, slot = tail.level.copy(), tail.trend.copy(), tail.slot.copy()
-    level[:at + 1], trend[:at + 1], slot[:at + 1] = head.level[:at + 1], head.trend[:at + 1], head.slot[:at + 1]
-    return Run(y, head.shape, head.constants, head.t0, level, trend, slot, head.season_init, tail.season)
-
-
-def _resumed(y: F64, recent: tuple[tuple[str, Run], ...]) -> tuple[Run | None, Run | None]:
-    """What :func:`_run_on` would return for ``y``, from the longest prefix a recent run of the same
-    kind (all of ``recent`` are) shares with it (``None``: none shares enough); and the recent run
-    over the very same ``y``, if any.
-
-    The recursion's state after step t depends only on its start and ``y[:t + 1]``, so resuming
-    from a run's state after the last shared step repeats the same float operations in the same
-    order. A run of the same kind started the same way: ``base`` resumed from the same base run
-    (``y`` then shares base's whole grid), ``full`` from :func:`smoothing.start`, which reads only
-    the steps up to ``t0`` (its first observation, or its second with a trend) and, for a season,
-    the first two seasons, all inside the shared prefix. The season after step ``t`` is, per slot,
-    its value after that slot's last step (``slot``), copied.
-    """
-    best: tuple[int, Run] | None = None
-    how = ""
-    for h, r in recent:
-        shared = _prefix(y, r.y)
-        if best is None or shared > best[0]:
-            best, how = (shared, r), h
-    if best is None:
-        return None, None
-    shared, r = best
-    same = r if shared == len(y) == len(r.y) else None
-    at = shared - 1
-    shape = r.shape
-    if at <= r.t0:
-        return None, same
-    if how == "full":
-        if shape.seasonal and shared < 2 * shape.m:
-            return None, same
-        if not shape.seasonal and shape.trend and int(np.count_nonzero(~np.isnan(r.y[:r.t0 + 1]))) < 2:
-            return None, same  # a start on one observation: a later second one would move it
-    season = r.season_init
-    if shape.seasonal:
-        if at + 1 < shape.m:
-            return None, same
-        steps = np.arange(at + 1 - shape.m, at + 1)
-        season = np.empty(shape.m)
-        season[steps % shape.m] = r.slot[steps]
-    tail = smoothing.run(y, shape, r.constants, smoothing.Start(at, float(r.level[at]), float(r.trend[at]), season))
-    return _spliced(y, r, at, tail), same
 
 
 def _fitted_forecast(name: str, ctx: Context, w: Window, note: str) -> Forecast:
@@ -915,8 +718,8 @@ def _fitted_forecast(name: str, ctx: Context, w: Window, note: str) -> Forecast:
         off = _profile_on(w.y_times(), w, ctx.params)
         ahead = float(prof.at(np.array([w.y_end + ctx.lead_s]))[0])
         y = w.y - off
-    r = _run_on(y, refit.run)
-    held = HeldOut(r if refit.run.constants == fitted.run.constants else _run_on(y, fitted.run), first, off)
+    r = memo.run_on(y, refit.run)
+    held = HeldOut(r if refit.run.constants == fitted.run.constants else memo.run_on(y, fitted.run), first, off)
     return _finish(ctx, name, r, first, _join(note, refit.note), offset=off, ahead=ahead, held=held)
 
 
@@ -1126,7 +929,7 @@ def _auto(ctx: Context) -> Forecast:
         return _model("last", ctx, note="auto: fit is off, so no held-out errors to choose by: the last value")
     w = ctx.window
     k = horizon_steps(ctx.h)
-    got = _cached(("choice", k, ctx.m, *_fit_key(w, p)), lambda: choose(w, ctx, k) or "none") if w else None
+    got = memo.cached(("choice", k, ctx.m, *_fit_key(w, p)), lambda: choose(w, ctx, k) or "none") if w else None
     if not isinstance(got, Choice):
         held = 0 if w is None else len(w.fit) - w.split
         return _model("last", ctx, note=f"auto: too little history before the refit boundary to compare models "
@@ -1207,25 +1010,26 @@ def forecast(name: str, timestamps: ArrayLike, values: ArrayLike, horizon_s: flo
     return fn(Context(series, horizon_s, horizon_s + stale, p, name, win))
 
 
-#: The last histories :func:`_prepared` gridded (copies), with :func:`_ends` of them, the
-#: parameters, grid and window.
-_LAST_PREPARED: list[tuple[tuple[object, ...], F64, F64, ForecastParams, Series, Window | None]] = []
-#: Histories kept by :func:`_prepared`: the same history is forecast at its horizons in a row.
-LAST_PREPARED = 4
+#: The histories :func:`forecast` gridded last: the same history is forecast at its horizons in a
+#: row, and a scaler that does so grids it once.
+_PREPARED: memo.Recent[tuple[Series, Window | None]] = memo.Recent(4)
 
 
 def _prepared(t: F64, v: F64, p: ForecastParams) -> tuple[Series, Window | None]:
-    """The history on its grid and the fit window (:func:`resample`, :func:`window`); those of the
-    last call again when its history and parameters are the same, bit for bit (a scaler that
-    forecasts the same history at two horizons grids it once)."""
-    key = _ends(t, v)
-    for kk, kt, kv, kp, series, win in _LAST_PREPARED:
-        if kk == key and (kp is p or kp == p) and _same_bits(kt, t) and _same_bits(kv, v):
-            return series, win
-    series = resample(t, v, p.step_s)
-    win = None
-    if series.t_end is not None:
+    """The history on its grid and the fit window (:func:`resample`, :func:`window`), through
+    :data:`_PREPARED`."""
+    def make() -> tuple[Series, Window | None]:
+        series = resample(t, v, p.step_s)
+        if series.t_end is None:
+            return series, None
         ok = np.isfinite(t) & np.isfinite(v)
-        win = window(t, v, series, p) if ok.all() else window(t[ok], v[ok], series, p)
-    _LAST_PREPARED[:] = [(key, t.copy(), v.copy(), p, series, win), *_LAST_PREPARED][:LAST_PREPARED]
-    return series, win
+        return series, window(t, v, series, p) if ok.all() else window(t[ok], v[ok], series, p)
+    return _PREPARED.get(t, v, p, make=make)
+
+
+def clear_memos() -> None:
+    """Forget everything this process kept to save work, as a newly started replica has nothing
+    (:mod:`extender.core.memo`); the forecasts stay the same."""
+    memo.clear()
+    _FIT_DATA.clear()
+    _PREPARED.clear()
