@@ -532,14 +532,6 @@ def window(t: F64, v: F64, series: Series, params: ForecastParams) -> Window | N
     return None
 
 
-@dataclass(frozen=True)
-class Fitted:
-    """One model fitted on D's training part and run over D; forecasts from ``first`` on are out of sample."""
-
-    run: Run
-    first: int
-
-
 #: The fit data D :func:`window` made from the last samples it read (one per workload forecast in
 #: turn, in the simulator): D does not move between refit boundaries, and re-gridding it costs more
 #: than comparing the samples.
@@ -644,6 +636,14 @@ def _can_fit(w: Window | None, name: str, shape: Shape, params: ForecastParams) 
     train = w.fit[:_split(w, name, shape, params)]
     return not (smoothing.seasonal_ready(train, shape.m, params.min_seasons)
                 or smoothing.seasonal_ready(w.y, shape.m, params.min_seasons))
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """One model fitted on D's training part and run over D; forecasts from ``first`` on are out of sample."""
+
+    run: Run
+    first: int
 
 
 def _fitted(name: str, shape: Shape, w: Window, params: ForecastParams) -> Fitted:
