@@ -236,3 +236,19 @@ def test_by_identity_is_by_the_object_not_by_equality() -> None:
     assert memo.by_identity(b, lambda: "b") == "b"
     memo.clear()
     assert memo.by_identity(a, lambda: "after clear") == "after clear"
+
+
+def test_cached_makes_once_and_lets_the_oldest_go_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    memo.clear()
+    monkeypatch.setattr(memo, "CACHE_SIZE", 2)
+    made: list[str] = []
+
+    def make(key: str) -> str:
+        made.append(key)
+        return key.upper()
+
+    for key in ("a", "b", "a", "c", "b", "a"):
+        assert memo.cached((key,), partial(make, key)) == key.upper()
+    # a, b made; a kept; c pushes a (the oldest) out; b still kept; a made again
+    assert made == ["a", "b", "c", "a"]
+    memo.clear()

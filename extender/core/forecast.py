@@ -534,8 +534,9 @@ def window(t: F64, v: F64, series: Series, params: ForecastParams) -> Window | N
 
 #: The fit data D :func:`window` made from the last samples it read (one per workload forecast in
 #: turn, in the simulator): D does not move between refit boundaries, and re-gridding it costs more
-#: than comparing the samples.
-_FIT_DATA: memo.Recent[Series] = memo.Recent(16)
+#: than comparing the samples. As many as :func:`memo.digest` keeps digests of, by identity: the
+#: fit key digests these very arrays.
+_FIT_DATA: memo.Recent[Series] = memo.Recent(memo.LAST_DIGESTS)
 
 
 def _fit_data(t: F64, v: F64, step_s: float) -> Series:
