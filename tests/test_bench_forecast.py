@@ -172,6 +172,12 @@ PAIRED = [
     Paired("origins two steps apart share fewer", {0: 1.0, 2: 3.0, 4: 2.0, 6: 4.0},
            {0: 2.0, 2: 2.5, 4: 3.0, 6: 6.0}, 3, 2, ([1.0, 3.0, 2.0, 4.0], [2.0, 2.5, 3.0, 6.0], 2)),
     Paired("fewer than two shared origins: no statistic", {0: 1.0, 1: 2.0}, {1: 3.0}, 1, 1, None),
+    # the Azure slice: auto ran the last value at every origin, one of them regridded to 1.5999999999999996
+    # for 1.6; without the tie the lone rounding difference over a zero variance made z -1.03
+    Paired("a difference in the last bits is a tie: zero", {0: 0.4, 1: 2.0, 2: abs(2.0 - 1.5999999999999996)},
+           {0: 0.4, 1: 2.0, 2: abs(2.0 - 1.6)}, 1, 1, ([0.4, 2.0, 0.4], [0.4, 2.0, 0.4], 1)),
+    Paired("a difference of a millionth is not", {0: 0.4, 1: 2.0, 2: 0.400001}, {0: 0.4, 1: 2.0, 2: 0.4}, 1, 1,
+           ([0.4, 2.0, 0.400001], [0.4, 2.0, 0.4], 1)),
 ]
 
 
@@ -208,6 +214,48 @@ def test_an_error_cell_outside_says_whether_the_loss_is_told_apart_from_noise() 
     assert "3 of 6 told from noise at 5%" in report
     assert "noise h=1: 1.0100 (paired z -0.40: not told apart at 5%)" in report
     assert "loss h=3: 1.2000 (paired z -3.00: behind at 5%)" in report
+
+
+class Chance(NamedTuple):
+    id: str
+    cells: list[tuple[float, float]]  # a series: auto's error over the last value's and its paired z, every horizon
+    error: tuple[int, float, float]  # the error bar over all horizons: cells counted, outside on average, all inside
+    coverage: tuple[int, float, float]  # the same for the coverage bar, every series at 20 origins
+
+
+Q20 = 0.3773536025353076  # calibrated_pass(20, 0.95, 0.03): only 19 of 20 passes (CASES above)
+Z95 = 1.6448536269514722  # Phi(Z95) = 0.95
+CHANCES = [
+    Chance("a coin toss and a clear gain", [(1.01, 0.0), (0.9, Z95)],
+           (6, 3 * 0.5 + 3 * 0.05, (0.5 * 0.95) ** 3), (6, 6 * (1 - Q20), Q20**6)),
+    Chance("ties hold for sure and are left out", [(1.0, 0.0), (1.0 + 1e-12, -1.0)],
+           (0, 0.0, 1.0), (6, 6 * (1 - Q20), Q20**6)),
+    Chance("a sure loss", [(1.5, -math.inf)], (3, 3.0, 0.0), (3, 3 * (1 - Q20), Q20**3)),
+    Chance("no statistic: left out", [(1.01, math.nan)], (0, 0.0, 1.0), (3, 3 * (1 - Q20), Q20**3)),
+]
+
+
+@pytest.mark.parametrize("row", CHANCES, ids=[r.id for r in CHANCES])
+def test_by_chance_counts_what_noise_alone_would_put_outside(row: Chance) -> None:
+    def result(i: int, ratio: float, z: float) -> dict[str, object]:
+        return {"series": f"s{i}", "origins": 20, "z": {"last value": {1: z, 2: z, 3: z}},
+                "rows": {"auto": {"error": {k: ratio for k in (1, 2, 3)}, "coverage": {k: 0.95 for k in (1, 2, 3)}},
+                         "last value": {"error": {k: 1.0 for k in (1, 2, 3)}}}}
+    b = bench().bars([result(i, *cell) for i, cell in enumerate(row.cells)], 0.95)
+    for bar, want in (("error no worse than the last value's", row.error),
+                      ("coverage within 3 points of 95%", row.coverage)):
+        got = b[bar]["by_chance"]
+        assert (got["cells"], got["outside"], got["all_inside"]) == pytest.approx(want, rel=1e-12, abs=1e-12), bar
+
+
+def test_a_ratio_above_one_in_the_last_bits_holds_the_bar() -> None:
+    def result(ratio: float) -> dict[str, object]:
+        return {"series": "s", "origins": 574, "z": {},
+                "rows": {"auto": {"error": {k: ratio for k in (1, 2, 3)}, "coverage": {k: 0.95 for k in (1, 2, 3)}},
+                         "last value": {"error": {k: 1.0 for k in (1, 2, 3)}}}}
+    bar = "error no worse than the last value's"
+    assert bench().bars([result(1.0 + 1e-12)], 0.95)[bar]["held"] == 3
+    assert bench().bars([result(1.0001)], 0.95)[bar]["held"] == 0
 
 
 class Nab(NamedTuple):
