@@ -219,19 +219,21 @@ def test_an_error_cell_outside_says_whether_the_loss_is_told_apart_from_noise() 
 class Chance(NamedTuple):
     id: str
     cells: list[tuple[float, float]]  # a series: auto's error over the last value's and its paired z, every horizon
-    error: tuple[int, float, float]  # the error bar over all horizons: cells counted, outside on average, all inside
-    coverage: tuple[int, float, float]  # the same for the coverage bar, every series at 20 origins
+    #: the error bar over all horizons: cells counted, outside on average, all inside (independent cells),
+    #: all inside at most (a series' horizons as one)
+    error: tuple[int, float, float, float]
+    coverage: tuple[int, float, float, float]  # the same for the coverage bar, every series at 20 origins
 
 
 Q20 = 0.3773536025353076  # calibrated_pass(20, 0.95, 0.03): only 19 of 20 passes (CASES above)
 Z95 = 1.6448536269514722  # Phi(Z95) = 0.95
 CHANCES = [
     Chance("a coin toss and a clear gain", [(1.01, 0.0), (0.9, Z95)],
-           (6, 3 * 0.5 + 3 * 0.05, (0.5 * 0.95) ** 3), (6, 6 * (1 - Q20), Q20**6)),
+           (6, 3 * 0.5 + 3 * 0.05, (0.5 * 0.95) ** 3, 0.5 * 0.95), (6, 6 * (1 - Q20), Q20**6, Q20**2)),
     Chance("ties hold for sure and are left out", [(1.0, 0.0), (1.0 + 1e-12, -1.0)],
-           (0, 0.0, 1.0), (6, 6 * (1 - Q20), Q20**6)),
-    Chance("a sure loss", [(1.5, -math.inf)], (3, 3.0, 0.0), (3, 3 * (1 - Q20), Q20**3)),
-    Chance("no statistic: left out", [(1.01, math.nan)], (0, 0.0, 1.0), (3, 3 * (1 - Q20), Q20**3)),
+           (0, 0.0, 1.0, 1.0), (6, 6 * (1 - Q20), Q20**6, Q20**2)),
+    Chance("a sure loss", [(1.5, -math.inf)], (3, 3.0, 0.0, 0.0), (3, 3 * (1 - Q20), Q20**3, Q20)),
+    Chance("no statistic: left out", [(1.01, math.nan)], (0, 0.0, 1.0, 1.0), (3, 3 * (1 - Q20), Q20**3, Q20)),
 ]
 
 
@@ -245,7 +247,17 @@ def test_by_chance_counts_what_noise_alone_would_put_outside(row: Chance) -> Non
     for bar, want in (("error no worse than the last value's", row.error),
                       ("coverage within 3 points of 95%", row.coverage)):
         got = b[bar]["by_chance"]
-        assert (got["cells"], got["outside"], got["all_inside"]) == pytest.approx(want, rel=1e-12, abs=1e-12), bar
+        assert (got["cells"], got["outside"], got["all_inside"], got["at_most"]) == pytest.approx(
+            want, rel=1e-12, abs=1e-12), bar
+
+
+def test_at_most_takes_the_least_likely_horizon_of_each_series() -> None:
+    zs = {1: 0.0, 2: 1.0, 3: -1.0}  # Phi: 0.5, 0.84, 0.16
+    res = {"series": "s", "origins": 20, "z": {"last value": zs},
+           "rows": {"auto": {"error": {k: 1.01 for k in zs}, "coverage": {k: 0.95 for k in zs}},
+                    "last value": {"error": {k: 1.0 for k in zs}}}}
+    got = bench().bars([res], 0.95)["error no worse than the last value's"]["by_chance"]
+    assert got["at_most"] == pytest.approx(0.15865525393145707, rel=1e-12)  # Phi(-1)
 
 
 def test_a_ratio_above_one_in_the_last_bits_holds_the_bar() -> None:
