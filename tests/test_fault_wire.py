@@ -143,12 +143,21 @@ def sent_names(body: Any) -> list[str]:
     return out
 
 
+def strict_json(raw: bytes) -> Any:
+    """``raw`` parsed as Go's decoder parses it: ``NaN`` and ``Infinity``, which Python's json reads
+    and writes, are not JSON."""
+    def refuse(constant: str) -> Any:
+        raise AssertionError(f"{constant} in a reply: not JSON, and the scheduler's decoder refuses it")
+    return json.loads(raw, parse_constant=refuse)
+
+
 def check_reply(verb: str, body: Any, status: int, raw: bytes) -> None:
     assert status < 500, (status, raw[:300])
     if status != 200:
         assert status in (400, 413), (status, raw[:300])
-        assert isinstance(json.loads(raw)["error"], str)
+        assert isinstance(strict_json(raw)["error"], str)
         return
+    strict_json(raw)
     sent = sent_names(body)
     if verb == "prioritize":
         go_prioritize(raw, sent)
@@ -157,7 +166,7 @@ def check_reply(verb: str, body: Any, status: int, raw: bytes) -> None:
                                                    for k, v in body.items())
         go_filter(raw, sent, cache_mode=cache_mode)
     else:
-        report = json.loads(raw)
+        report = strict_json(raw)
         assert isinstance(report["nodes"], list)
 
 

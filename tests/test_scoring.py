@@ -322,6 +322,17 @@ def nodes(policy: Policy, rows: list[tuple[str, set[str], float]]) -> NodeInputs
     )
 
 
+def test_a_node_of_no_known_class_never_outranks_a_known_cold_one(policy: Policy) -> None:
+    # On seed-default bandwidths an unknown node estimates 547 s cold and 69 s warm, both under
+    # T_ref = 570 s (the slow class cold): by the seconds alone the warm one would score 9.
+    warm, roomy = {IMAGE, WEIGHTS, COMPILE}, 1000.0 * GB
+    inputs = nodes(policy, [(UNKNOWN_CLASS.name, set(), roomy), (UNKNOWN_CLASS.name, warm, roomy),
+                            ("slow", set(), roomy)])
+    ev = evaluate(policy, policy.profile("llm"), inputs)
+    assert ev.estimate.total_s.tolist()[1] < 570.0
+    assert ev.score.tolist() == [0, 0, 0]
+
+
 def test_absolute_comparisons_across_classes(policy: Policy) -> None:
     warm = {IMAGE, WEIGHTS, COMPILE}
     roomy = 1000.0 * GB
@@ -488,6 +499,7 @@ class PackingRow:
     points: int
     gpus_free: list[int]
     want: list[int]
+    fresh: tuple[bool, ...] = (True, True, True, True)
 
 
 #: llm (one GPU per replica) on four equally cold fast nodes (8 GPUs, score 6).
@@ -496,6 +508,9 @@ PACKING_ROWS = [
     # fill = (8 - F + 1) / 8: 1/8, 5/8, 8/8; a full node gets nothing (the pod does not fit)
     PackingRow("fuller node scores higher", 4, [8, 4, 1, 0], [6 + 0, 6 + 2, 6 + 4, 6]),
     PackingRow("clamped at 10", 10, [8, 4, 1, 0], [6 + 1, 6 + 4, 10, 6]),
+    # a record an hour old says 1 GPU free: old news, so no bonus (the fresh rows keep theirs)
+    PackingRow("a stale record's free GPUs count as none", 4, [8, 4, 1, 1], [6 + 0, 6, 6, 6 + 4],
+               (True, False, False, True)),
 ]
 
 
@@ -503,8 +518,8 @@ PACKING_ROWS = [
 def test_packing_term(policy: Policy, row: PackingRow) -> None:
     packed = policy.model_copy(update={"scoring": policy.scoring.model_copy(update={"packing_points": row.points})})
     base = nodes(policy, [("fast", set(), 1000.0 * GB)] * 4)
-    inputs = NodeInputs(base.classes, base.class_index, base.state, base.fresh, base.free_known, base.nvme_free,
-                        np.array(row.gpus_free, dtype=np.int64))
+    inputs = NodeInputs(base.classes, base.class_index, base.state, np.array(row.fresh), base.free_known,
+                        base.nvme_free, np.array(row.gpus_free, dtype=np.int64))
     assert evaluate(packed, packed.profile("llm"), inputs).score.tolist() == row.want
 
 

@@ -17,6 +17,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
+from extender.api.scheduler import verbs
 from extender.api.scheduler.app import create_app
 from extender.api.scheduler.engine import Engine
 from extender.api.scheduler.settings import Settings
@@ -355,6 +356,9 @@ BAD_BODIES = [
     ("Nodes is an array", json.dumps({"Pod": {}, "Nodes": [{"metadata": {"name": "a"}}]}).encode(),
      "NodeList object"),
     ("Nodes.items is an object", json.dumps({"Pod": {}, "Nodes": {"items": {"a": 1}}}).encode(), "NodeList object"),
+    # Python's json reads these and writes them back; they are not JSON, and Go's decoder refuses them
+    ("NaN", b'{"Pod":{},"NodeNames":["a"],"x":NaN}', "not valid JSON"),
+    ("Infinity", b'{"Pod":{},"NodeNames":["a"],"x":-Infinity}', "not valid JSON"),
 ]
 
 
@@ -473,6 +477,43 @@ def test_ready_in_declared_fail_open_mode_after_the_grace(policy_file: Path, sto
     refresher.started_at -= 10  # the grace is over
     body = json.loads(application.test_client().get("/readyz").data)
     assert body["ready"] and body["mode"] == "fail-open" and "down" in body["storeError"]
+
+
+def test_a_number_beyond_float64_is_never_echoed_as_infinity(client: FlaskClient) -> None:
+    # 1e400 is valid JSON and parses to inf; filter would echo the Node back as Infinity
+    node = {"metadata": {"name": "fast-warm", "labels": {"pool": "fast"}}, "status": {"x": 1e400}}
+    body = b'{"Pod":' + json.dumps(pod()).encode() + b',"Nodes":{"items":[' + json.dumps(node).replace(
+        "Infinity", "1e400").encode() + b"]}}"
+    resp = client.post("/filter", data=body, content_type="application/json")
+    assert resp.status_code == 400 and "float64" in json.loads(resp.data)["error"]
+    resp = client.post("/prioritize", data=body, content_type="application/json")  # nothing echoed
+    assert resp.status_code == 200
+    assert json.loads(resp.data, parse_constant=lambda c: pytest.fail(f"{c} in the reply")) == [
+        {"Host": "fast-warm", "Score": scores(json.loads(resp.data))["fast-warm"]}]
+
+
+def test_explain_is_one_at_a_time_per_worker(app: Flask, client: FlaskClient) -> None:
+    lock = service(app)._explaining
+    assert lock.acquire(blocking=False)
+    try:
+        resp = client.post("/explain", data=json.dumps(pod()))
+        assert resp.status_code == 429 and resp.headers["Retry-After"] == "1"
+        assert "another /explain is running" in json.loads(resp.data)["error"]
+        assert post(client, "prioritize", args(["fast-warm"]))  # the scheduler's verbs are not held up
+    finally:
+        lock.release()
+    assert client.post("/explain", data=json.dumps(pod())).status_code == 200
+
+
+def test_explain_covers_at_most_a_cluster_of_nodes(client: FlaskClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(verbs, "EXPLAIN_MAX_NODES", 2)
+    named = client.post("/explain?nodes=a,b,c", data=json.dumps(pod()))
+    assert named.status_code == 400
+    assert "the request names 3 nodes, more than one report covers (2)" in json.loads(named.data)["error"]
+    everything = client.post("/explain", data=json.dumps(pod()))
+    assert everything.status_code == 400
+    assert f"the inventory holds {len(fleet())} nodes" in json.loads(everything.data)["error"]
+    assert client.post("/explain?nodes=a,b", data=json.dumps(pod())).status_code == 200
 
 
 def test_explain_gives_phases_scores_and_verdicts(client: FlaskClient) -> None:

@@ -26,22 +26,27 @@ plugin. The mapping is therefore absolute, fixed per profile for one policy vers
 * ``s`` is at least ``T_ref / 10`` so the slowest cold start scores 0 and an instant start 10; it
   is at least ``secondsPerPoint`` so a profile with short starts does not turn a few seconds into
   many points.
-* Estimates above ``T_ref`` (a class the profile is not meant to run on, an unknown node on
-  seed-default bandwidths) clamp to 0; NaN counts as cold (0).
+* Estimates above ``T_ref`` (a class the profile is not meant to run on) clamp to 0; NaN counts as
+  cold (0). A node of no known class (no inventory record and no labels to classify it by, or
+  labels no class matches) scores 0 whatever its estimate: its estimate rests on seed-default
+  bandwidths, which may be faster than the policy's slowest class, and a node nothing is known of
+  must not outrank a known cold one.
 * The packing term (``scoring.packingPoints``, default 0: off) is GPU bin-packing among nodes that
   are otherwise equal: the fuller a node would be with the pod on it, the more points. It counters
   kube-scheduler's ``LeastAllocated``, which spreads one-GPU pods over the big nodes until none keeps
   room for a TP=4 or TP=8 replica. It applies only when the caller knows the free GPUs (the
-  inventory's ``gpusFree``); a node without room for the pod gets nothing (the scheduler filters it
-  anyway). It can lift a colder node over a warmer one by at most ``packingPoints``, so keep it below
-  the points a warm start is worth.
+  inventory's ``gpusFree``, from a fresh record: a stale record's count may be long out of date, so
+  its node counts as having none free); a node without room for the pod gets nothing (the
+  scheduler filters it anyway). It can lift a colder node over a warmer one by at most
+  ``packingPoints``, so keep it below the points a warm start is worth.
 * The protection term (``scoring.protectWarmPoints``, default 0: off) charges a placement for the
   warm replica slots it takes from larger profiles: a one-GPU pod on a node that holds a TP=8
   model's caches with 8 GPUs free leaves no room for that model's warm start (8 GPUs lost of 8: the
   whole penalty); on a 4-GPU node warm for a TP=2 model with 4 free it costs one slot (2 of 4: half).
   "Warm" for Q means a replica of Q would download nothing there (:func:`warm_nodes`). Only larger
   profiles count, so pods of one size compete on their own warmth alone. It applies only when the
-  caller knows the free GPUs and passes the other profiles' warm nodes (``NodeInputs.others``).
+  caller knows the free GPUs (fresh records, as for packing) and passes the other profiles' warm
+  nodes (``NodeInputs.others``).
 * NVMe pressure applies only when the profile caches weights (``weights.cache`` is not ``none``) and
   only to nodes whose free space is known from the inventory; it can only lower a score, and more
   cache on a node never raises pressure, so more cache never lowers a score.
@@ -377,13 +382,17 @@ def evaluate(
     lacking = lacking_bytes(profile, nodes.state.weights_bytes)
     pressure = nvme_pressure(profile, lacking, usable_free, nodes.free_known)
     score = scores(sc, est.total_s, pressure, policy.scoring.nvme_pressure_penalty)
+    unknown = np.array([c.name == UNKNOWN_CLASS.name for c in nodes.classes], dtype=np.bool_)[idx]
+    score = np.where(unknown, MIN_SCORE, score).astype(np.int64)
+    # Free GPUs of a stale record are old news: none free, so neither term below applies there.
+    gpus_free = None if nodes.gpus_free is None else np.where(nodes.fresh, nodes.gpus_free, 0)
     points = policy.scoring.packing_points
-    if points and nodes.gpus_free is not None:
-        bonus = packing(nodes.classes, idx, nodes.gpus_free, profile.parallelism.gpus, points)
+    if points and gpus_free is not None:
+        bonus = packing(nodes.classes, idx, gpus_free, profile.parallelism.gpus, points)
         score = np.minimum(score + bonus, MAX_SCORE).astype(np.int64)
     guard = policy.scoring.protect_warm_points
-    if guard and nodes.gpus_free is not None and nodes.others:
-        charge = protection(nodes.classes, idx, nodes.gpus_free, profile.parallelism.gpus, nodes.others,
+    if guard and gpus_free is not None and nodes.others:
+        charge = protection(nodes.classes, idx, gpus_free, profile.parallelism.gpus, nodes.others,
                             points=guard)
         score = np.maximum(score - charge, MIN_SCORE).astype(np.int64)
     judgement = judge(

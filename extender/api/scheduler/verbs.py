@@ -16,10 +16,16 @@ bound (refresher stuck)
 any exception            neutral                                          reason=exception
 time budget overrun      neutral                                          reason=budget
 invalid JSON, no Pod,    HTTP 400 ``{"error": ...}``                      outcome=bad_request
-no NodeNames/Nodes
+no NodeNames/Nodes,
+a number beyond float64
 body over the limit      HTTP 413 ``{"error": ...}``                      (werkzeug)
 a bug outside the guard  HTTP 500 ``{"error": ...}``                      outcome=error
 =======================  ===============================================  ====================
+
+``/explain`` is for people and shares the worker's threads with the scheduler's calls, so it is
+bounded: one at a time per worker (another gets HTTP 429 with ``Retry-After``), and at most
+:data:`EXPLAIN_MAX_NODES` nodes per report (more is a 400 asking for the nodes by name). A few
+explain calls can then hold at most one thread of each worker, for at most one report's work.
 
 No ``bind`` verb: binding through an extender replaces the in-tree binder (the extender must then
 create the Binding itself, docs/kubernetes-interfaces.md 2.7) and buys nothing for cache-aware placement, which is
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from typing import Any
 
@@ -64,6 +71,15 @@ FILTER_VERB = "filter"
 PRIORITIZE_VERB = "prioritize"
 
 
+#: The most nodes one ``/explain`` report covers: Kubernetes' tested scale (5,000 nodes per cluster),
+#: about 3 MB of indented JSON. A report of more nodes than any cluster has is only a cost.
+EXPLAIN_MAX_NODES = 5000
+
+
+class BusyError(Exception):
+    """Another ``/explain`` is running in this worker."""
+
+
 class BudgetExceededError(Exception):
     """The request used up its time budget; the reply goes neutral."""
 
@@ -76,12 +92,16 @@ class SchedulerService:
         self.refresher = refresher
         self.metrics = metrics
         self.throttle = throttle
+        self._explaining = threading.Lock()
 
     def handle(self, verb: str, body: bytes) -> tuple[int, str]:
         """Answer one ``filter`` or ``prioritize`` call: ``(HTTP status, JSON text)``."""
         started = time.perf_counter()
         try:
             return self._handle(verb, body, started)
+        except BadRequestError as exc:  # found while writing the reply: a number JSON cannot carry
+            self.metrics.requests.labels(verb, "bad_request").inc()
+            return 400, encode_error(str(exc))
         finally:
             self.metrics.latency.labels(verb).observe(time.perf_counter() - started)
 
@@ -106,6 +126,8 @@ class SchedulerService:
             self._check_budget(started)
         except BudgetExceededError:
             return 200, self._fail_open(verb, args, "budget", f"over the {self.settings.request_budget_s} s budget")
+        except BadRequestError:
+            raise
         except Exception as exc:
             held = self.throttle.allow(f"exception:{verb}:{type(exc).__name__}")
             if held is not None:
@@ -149,15 +171,30 @@ class SchedulerService:
         return neutral(verb, args)
 
     def explain(self, pod: PodInfo, nodes: list[NodeInfo] | None) -> dict[str, Any]:
-        """The explain report for ``pod`` against the worker's current snapshot."""
-        now = time.time()
-        health = self.refresher.health(now)
-        engine = self.refresher.engine
-        if engine is None:  # nothing loaded yet: explain against an empty inventory (everything unknown)
-            engine = Engine(health.policy, InventorySnapshot.build(health.policy, [], taken_at=now))
-        report = explain_report(engine, pod, nodes, now, fail_open=health.fail_open)
-        report["snapshot"]["ageSeconds"] = round(health.age_s, 3)
-        return report
+        """The explain report for ``pod`` against the worker's current snapshot.
+
+        Raises :class:`BusyError` while another report is being made in this worker, and
+        :class:`BadRequestError` for more than :data:`EXPLAIN_MAX_NODES` nodes.
+        """
+        if not self._explaining.acquire(blocking=False):
+            raise BusyError
+        try:
+            now = time.time()
+            health = self.refresher.health(now)
+            engine = self.refresher.engine
+            if engine is None:  # nothing loaded yet: explain against an empty inventory (everything unknown)
+                engine = Engine(health.policy, InventorySnapshot.build(health.policy, [], taken_at=now))
+            named = nodes is not None
+            nodes = nodes if nodes is not None else engine.all_nodes()
+            if len(nodes) > EXPLAIN_MAX_NODES:
+                whose = "the request names" if named else "the inventory holds"
+                raise BadRequestError(f"{whose} {len(nodes)} nodes, more than one report covers "
+                                      f"({EXPLAIN_MAX_NODES}); name the nodes to explain (?nodes=a,b)")
+            report = explain_report(engine, pod, nodes, now, fail_open=health.fail_open)
+            report["snapshot"]["ageSeconds"] = round(health.age_s, 3)
+            return report
+        finally:
+            self._explaining.release()
 
 
 def neutral(verb: str, args: ExtenderArgs) -> str:
@@ -255,4 +292,12 @@ def explain() -> Response:
     query = request.args.get("nodes")
     if query:
         nodes = [NodeInfo(n.strip(), {}, ()) for n in query.split(",") if n.strip()]
-    return _reply(200, json.dumps(_service().explain(pod, nodes), indent=2))
+    try:
+        report = _service().explain(pod, nodes)
+    except BusyError:
+        reply = _reply(429, encode_error("another /explain is running in this worker; retry in a second"))
+        reply.headers["Retry-After"] = "1"
+        return reply
+    except BadRequestError as exc:
+        return _reply(400, encode_error(str(exc)))
+    return _reply(200, json.dumps(report, indent=2))

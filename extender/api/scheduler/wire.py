@@ -165,9 +165,12 @@ def decode_json(body: bytes) -> Any:
     ``json.loads`` accepts as valid JSON and which then cannot be written back as UTF-8 (the reply
     failed after it was decided), and it stops at :data:`MAX_JSON_DEPTH` levels instead of raising
     ``RecursionError``. Without string caching it is also about twice as fast as ``json.loads``.
+    ``NaN`` and ``Infinity`` are not JSON and are refused; a number too large for a float64 (valid
+    JSON, ``1e400``) parses to infinity and is refused when a reply would echo it
+    (:func:`encode_filter_result`), as Go's decoder refuses it.
     """
     try:
-        return from_json(body, cache_strings=False)
+        return from_json(body, cache_strings=False, allow_inf_nan=False)
     except ValueError as exc:
         if "recursion limit" in str(exc):
             raise BadRequestError(f"body is nested deeper than {MAX_JSON_DEPTH} levels") from None
@@ -321,7 +324,11 @@ def encode_filter_result(
         return '{"Nodes":null,"NodeNames":' + encode_names(kept, args.plain) + tail
     items = args.node_items or []
     kept_items = items if passing is None else [items[i] for i in passing]
-    node_list = json.dumps({"metadata": {}, "items": kept_items}, separators=(",", ":"))
+    try:
+        node_list = json.dumps({"metadata": {}, "items": kept_items}, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise BadRequestError("Nodes holds a number beyond the float64 range (it would be echoed as "
+                              "Infinity, which is not JSON and which the scheduler's decoder refuses)") from None
     return '{"Nodes":' + node_list + ',"NodeNames":null' + tail
 
 
