@@ -21,6 +21,7 @@ Rules the agent relies on:
   listed file is on disk with exactly its listed size. Anything less counts the bytes actually
   present (each file's length, capped at its listed size) and is never reported complete, even if
   the bytes add up (the cap is one byte short of the manifest's total).
+* A manifest lists each path once; one that repeats a path is corrupt (its sizes would count twice).
 * A writer that preallocates files must write under a name the manifest does not list and rename
   when done: the agent counts a listed file's length as present bytes.
 * Names starting with ``.`` at the workload, version, key or snapshot level are staging areas and
@@ -100,6 +101,18 @@ class Manifest(_Model):
     #: Where the files came from (informational).
     source: str = ""
     files: tuple[ManifestFile, ...]
+
+    @field_validator("files")
+    @classmethod
+    def _each_path_once(cls, value: tuple[ManifestFile, ...]) -> tuple[ManifestFile, ...]:
+        """Refuse a path listed twice: its size would count twice toward the total (and toward the
+        bytes present), so a directory could be reported complete at a multiple of its real size."""
+        seen: set[str] = set()
+        for f in value:
+            if f.path in seen:
+                raise InvalidValueError(f"{f.path!r} is listed more than once")
+            seen.add(f.path)
+        return value
 
     @property
     def total_bytes(self) -> int:

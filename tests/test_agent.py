@@ -7,22 +7,25 @@ restarts and Redis restarts lose nothing; outages are ridden out; node labels fo
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import redis
 
 from extender.agent.loop import Agent, AgentSettings
 from extender.core.errors import StoreUnavailableError
+from extender.core.inventory import MAX_ENTRIES, NodeState
+from extender.core.reports import KubeReport
 from extender.kube.client import KubeClient
 from extender.kube.labels import NodeLabeler, label_key, label_patch
 from extender.layout import COMPLETE, compile_dir, mark_complete, snapshot_dir, weights_dir
@@ -166,6 +169,48 @@ def test_a_bare_heartbeat_for_a_node_the_store_lost_becomes_a_whole_report(
     assert reader.store.get(NODE) is None and a.stats.heartbeats == 0
 
 
+class Mishap(NamedTuple):
+    """What befell the store between the agent's whole report and its next (bare) heartbeat."""
+
+    befall: Callable[[SourceStore, Path, Clients], object]
+
+
+def _another_agent_under_the_same_name(reader: SourceStore, tmp_path: Path, clients: Clients) -> None:
+    other = tmp_path / "other-cache"
+    other.mkdir()
+    agent(other, clients).step()  # a second DaemonSet pod given the same node name: an empty disk
+
+
+MISHAPS = {
+    "redis-restarted-empty-and-the-sync-refilled-it": Mishap(
+        lambda reader, _, __: (reader.client.flushall(), reader.report_kube({NODE: KubeReport(gpus=8, gpus_free=8)}))),
+    "the-node-removed-and-registered-again": Mishap(
+        lambda reader, _, __: (reader.remove_node(NODE), reader.report_kube({NODE: KubeReport(gpus=8)}))),
+    "a-corrupt-agent-report-in-the-source-hash": Mishap(
+        lambda reader, _, __: reader.client.hset(reader.key(NODE), "agent", "{not json")),
+    "another-agent-wrote-under-the-same-name": Mishap(_another_agent_under_the_same_name),
+}
+
+
+@pytest.mark.parametrize("row", MISHAPS.values(), ids=MISHAPS.keys())
+def test_a_bare_heartbeat_only_keeps_this_agent_s_own_report_fresh(
+        cache: Path, clients: Clients, reader: SourceStore, tmp_path: Path, row: Mishap) -> None:
+    clock = FakeClock()
+    a = agent(cache, clients, heartbeat_s=10.0, monotonic=clock, free_tolerance_bytes=2**62)
+    a.step()
+    written = reader.store.get(NODE)
+    row.befall(reader, tmp_path, clients)
+    clock.now += 10
+    a.step()  # nothing new on the disk and the heartbeat due: the bare one is refused, the report written whole
+    got = reader.store.get(NODE)
+    assert (a.stats.writes, a.stats.heartbeats) == (2, 0)
+    assert written is not None and got is not None
+    assert (got.weights, got.snapshots, got.nvme_total) == (written.weights, written.snapshots, written.nvme_total)
+    clock.now += 10
+    a.step()  # the record holds this agent's report again: bare heartbeats are welcome
+    assert a.stats.heartbeats == 1
+
+
 def test_an_agent_restart_loses_nothing(cache: Path, clients: Clients, reader: SourceStore) -> None:
     agent(cache, clients).step()
     before = reader.store.get(NODE)
@@ -234,6 +279,81 @@ def test_a_damaged_cache_is_reported_around_the_damage(cache: Path, clients: Cli
     assert state.snapshots == ("llama3-8b/main",)
     corrupt = [r for r in caplog.records if "corrupt manifest" in r.getMessage()]
     assert len(corrupt) == 1  # logged once, not on every scan
+
+
+class Unstorable(NamedTuple):
+    """Something in the cache root a record cannot hold, what the agent says of it, and what it reports."""
+
+    build: Callable[[Path], object]
+    problem: str
+    reported: Callable[[NodeState], bool]
+
+
+def _compile_dirs(root: Path, names: list[str]) -> None:
+    for name in names:
+        sparse(compile_dir(root, name) / "f", 1)
+
+
+def _invalid_utf8(root: Path) -> None:
+    bad = os.path.join(os.fsencode(compile_dir(root, "x").parent), b"bad\xff")
+    os.makedirs(bad)
+    with open(os.path.join(bad, b"f"), "wb") as f:
+        f.write(b"x")
+
+
+FIXTURE_KEY = "ck1-0123456789abcdef0123456789abcdef"
+UNSTORABLE = {
+    "a-newline-in-a-compile-key": Unstorable(
+        lambda root: _compile_dirs(root, ["bad\nname"]), "compile key 'bad\\nname' cannot be stored",
+        lambda s: s.compile_keys == (FIXTURE_KEY,)),
+    "a-name-that-is-not-utf-8": Unstorable(
+        _invalid_utf8, "compile key 'bad\\udcff' cannot be stored", lambda s: s.compile_keys == (FIXTURE_KEY,)),
+    # with the fixture's key, 4,098 keys: the first 4,096 by name are kept; and last-use times of
+    # every kind (2 weights, 4,096 compile keys, 1 snapshot) are more than a record holds too
+    "more-compile-keys-than-a-record-holds": Unstorable(
+        lambda root: _compile_dirs(root, [f"k{i:05d}" for i in range(MAX_ENTRIES + 1)]),
+        f"{MAX_ENTRIES + 2} compile keys, more than the {MAX_ENTRIES} a record holds",
+        lambda s: len(s.compile_keys) == MAX_ENTRIES and s.compile_keys[-1] == f"k{MAX_ENTRIES - 2:05d}"
+        and len(s.last_used) == MAX_ENTRIES),
+    # 2,000 keys of 240 characters (with their usage) are about 1.5 MB of JSON: over a record's 1 MiB
+    "more-bytes-than-the-agent-s-share-of-a-record": Unstorable(
+        lambda root: _compile_dirs(root, [f"k{i:04d}" + "a" * 235 for i in range(2000)]),
+        "the report is over the",
+        lambda s: FIXTURE_KEY in s.compile_keys and 500 < len(s.compile_keys) < 2001
+        and s.compile_keys == tuple(sorted(s.compile_keys))),
+}
+
+
+@pytest.mark.parametrize("row", UNSTORABLE.values(), ids=UNSTORABLE.keys())
+def test_what_a_record_cannot_hold_is_left_out_and_the_rest_reported(
+        cache: Path, clients: Clients, reader: SourceStore, row: Unstorable, caplog: pytest.LogCaptureFixture) -> None:
+    row.build(cache)
+    a = agent(cache, clients)
+    with caplog.at_level(logging.ERROR, logger="extender.agent.loop"):
+        a.step()
+    state = reader.store.get(NODE)
+    assert state is not None and row.reported(state)
+    assert state.weights == {"llama3-8b/main": 16 * GiB, "mixtral-61g/v1": 43 * GiB}  # the rest is reported
+    assert state.snapshots == ("llama3-8b/main",) and state.nvme_total > 0
+    assert any(p.kind == "unstorable" and row.problem in p.message for p in a.stats.problems), a.stats.problems
+    assert any(row.problem in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+
+
+def test_a_record_over_the_size_limit_is_no_outage(cache: Path, clients: Clients, reader: SourceStore,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    _compile_dirs(cache, [f"k{i:04d}" + "a" * 235 for i in range(300)])  # about 230 KB of the agent's
+    # the sync's part alone fits (about 900 KB of labels), but not with the agent's beside it
+    reader.report_kube({NODE: KubeReport(labels={f"l{i:04d}": "v" * 1000 for i in range(900)})})
+    a = agent(cache, clients, heartbeat_s=3600.0)
+    with caplog.at_level(logging.INFO, logger="extender.agent.loop"), running(a):
+        wait_until(lambda: a.stats.failed_writes >= 3, what="reports refused as too large")
+        assert not a.outage  # the store answered: this is no outage
+        reader.report_kube({NODE: KubeReport()})  # the labels shrink
+        wait_until(lambda: (s := _get(reader)) is not None and len(s.compile_keys) == 301,
+                   what="the report once it fits")
+    refusals = [r for r in caplog.records if "refused the report" in r.getMessage()]
+    assert [r.levelno for r in refusals] == [logging.ERROR]  # said once, as an error, however many tries
+    assert not any("retrying with backoff" in r.getMessage() for r in caplog.records)
 
 
 # ---- node labels -------------------------------------------------------------------------------
@@ -342,3 +462,24 @@ def test_the_loop_stops_on_sigterm(cache: Path, redis_server: RedisServer, reade
 def test_a_missing_node_name_is_a_usage_error(cache: Path) -> None:
     out = run_command("--cache-root", str(cache), "--dry-run")
     assert out.returncode == 2 and "--node-name" in out.stderr
+
+
+class BadNodeName(NamedTuple):
+    """A node name given the agent that no record may be stored under."""
+
+    args: tuple[str, ...]
+    env: dict[str, str]
+
+
+BAD_NODE_NAMES = {
+    "flag-with-uppercase-and-underscore": BadNodeName(("--node-name", "N_1"), {}),
+    "environment-with-a-space": BadNodeName((), {"NODE_NAME": "gpu 1"}),
+}
+
+
+@pytest.mark.parametrize("row", BAD_NODE_NAMES.values(), ids=BAD_NODE_NAMES.keys())
+def test_a_node_name_that_is_no_kubernetes_name_is_refused_at_start(
+        cache: Path, redis_server: RedisServer, reader: SourceStore, row: BadNodeName) -> None:
+    out = run_command(*row.args, "--cache-root", str(cache), "--once", "--redis-url", redis_server.url, env=row.env)
+    assert out.returncode == 2 and "not a Kubernetes node name" in out.stderr, out.stderr
+    assert reader.store.names() == frozenset()  # nothing written that every reader would skip

@@ -109,6 +109,13 @@ def _compile(root: Path) -> None:
     sparse(compile_dir(root, ".ck1-staging") / "x", 1)
 
 
+def _manifest_listing_a_path_twice(root: Path) -> None:
+    """A 1,000-byte file listed three times: counted once it would read 3,000 bytes, complete."""
+    d = make_weights(root, "w", "v1", {"a": 1000}, manifest=False, complete=True)
+    entry = {"path": "a", "size": 1000}
+    (d / MANIFEST).write_text(json.dumps({"files": [entry, entry, entry]}))
+
+
 def _manifest_being_written(root: Path) -> None:
     """The shards are whole and the loader is between writing the manifest and renaming it."""
     make_weights(root, "w", "v1", {"a": 100, "b": 50}, manifest=False, complete=False)
@@ -163,6 +170,10 @@ CASES = [
          _manifest_with_escape,
          weights=(WeightsEntry("w", "v1", 100, False, None),),
          problems=(("weights/w/v1/.manifest.json", "corrupt"),)),
+    Case("a manifest listing a path twice is corrupt, never complete at a multiple of its size",
+         _manifest_listing_a_path_twice,
+         weights=(WeightsEntry("w", "v1", 1000, False, None),),
+         problems=(("weights/w/v1/.manifest.json", "corrupt"), ("weights/w/v1", "inconsistent"))),
     Case("symbolic links are neither followed nor counted",
          _symlinks,
          weights=(WeightsEntry("w", "v1", 100, True, 100),)),

@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import redis
@@ -531,9 +531,18 @@ def test_a_heartbeat_never_moves_back(store: InventoryStore, beats: dict[str, fl
     assert store.get("ghost") is None  # a heartbeat never creates a record
 
 
+def _agent_report(store: InventoryStore) -> object:
+    from extender.core.reports import AgentReport
+    from extender.state.sources import SourceStore
+
+    return SourceStore(store).report_agent("a", AgentReport(heartbeat=50.0))
+
+
 @pytest.mark.parametrize("write", [
     pytest.param(lambda s: s.put(node("a", heartbeat=50.0)), id="put-says-its-own-heartbeat"),
     pytest.param(lambda s: s.replace([node("a", heartbeat=50.0)], []), id="replace-clears-every-heartbeat"),
+    # a heartbeat from a clock that ran a day ahead must not outlive the report that corrects it
+    pytest.param(_agent_report, id="a-whole-agent-report-says-its-own"),
 ])
 def test_a_whole_record_written_after_a_heartbeat_says_its_own(store: InventoryStore,
                                                               write: Callable[[InventoryStore], object]) -> None:
@@ -594,6 +603,59 @@ def test_a_garbage_heartbeat_in_redis_leaves_the_record_s_own(store: InventorySt
     assert got is not None and got.heartbeat == 10.0
     assert [r.heartbeat for r in store.load_all()[1]] == [10.0]
     assert store.heartbeats_since(0)[1] == {}
+
+
+class LaterBeat(NamedTuple):
+    """A malformed value in the heartbeat hash, and the heartbeat that must still land after it."""
+
+    garbage: str
+
+
+LATER_BEATS = {
+    "past-the-largest-timestamp": LaterBeat("1e12"),
+    "infinite": LaterBeat("inf"),
+    "not-a-number": LaterBeat("nan"),
+    "huge": LaterBeat("1e300"),
+    "negative": LaterBeat("-5"),
+    "junk": LaterBeat("abc"),
+}
+
+
+@pytest.mark.parametrize("row", LATER_BEATS.values(), ids=LATER_BEATS.keys())
+def test_a_garbage_heartbeat_in_redis_does_not_block_later_ones(store: InventoryStore, client: redis.Redis,
+                                                                row: LaterBeat) -> None:
+    store.put(node("a", heartbeat=10.0))
+    client.hset("extender:heartbeats", "a", row.garbage)  # readers count it as absent; so must the writer
+    assert store.beat_many({"a": 30.0})[1] == []
+    got = store.get("a")
+    assert got is not None and got.heartbeat == 30.0
+
+
+class BadName(NamedTuple):
+    """A node name the merged record refuses on write."""
+
+    name: str
+
+
+BAD_NAMES = {
+    "uppercase-and-underscore": BadName("N_1"),
+    "newline": BadName("gpu\n1"),
+    "longer-than-253-characters": BadName("a" * 254),
+}
+
+
+@pytest.mark.parametrize("row", BAD_NAMES.values(), ids=BAD_NAMES.keys())
+def test_a_report_under_a_name_that_is_no_node_name_is_refused_on_write(store: InventoryStore,
+                                                                        row: BadName) -> None:
+    from extender.core.reports import AgentReport, KubeReport
+    from extender.state.sources import SourceStore
+
+    sources = SourceStore(store)
+    with pytest.raises(InvalidValueError, match="not a Kubernetes node name"):
+        sources.report_agent(row.name, AgentReport(heartbeat=10.0))
+    with pytest.raises(InvalidValueError, match="not a Kubernetes node name"):
+        sources.report_kube({row.name: KubeReport(gpus=1)})
+    assert store.names() == frozenset() and store.version() == 0  # nothing written that readers would skip
 
 
 def test_a_full_read_decodes_only_records_whose_text_changed(store: InventoryStore,

@@ -39,8 +39,9 @@ from extender.arguments import (
     flag_problem,
     inventory_from_args,
 )
-from extender.core.errors import ExtenderError
+from extender.core.errors import ExtenderError, InvalidValueError
 from extender.core.inventory import DEFAULT_TTL_S
+from extender.core.reports import check_node_name
 from extender.core.units import format_duration
 from extender.files import PolicyFile, load_policy_to_start
 from extender.process import configure_logging, report, stop_on_signals
@@ -74,9 +75,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def check_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
     """What ``agent`` refuses to start with (exit 2), or ``None``: a node name, from the flag or
-    ``$NODE_NAME``."""
-    if not (args.node_name or environ.get("NODE_NAME")):
+    ``$NODE_NAME``, that is a Kubernetes node name (the store refuses a record under any other,
+    so an agent started with one could never report)."""
+    name = args.node_name or environ.get("NODE_NAME")
+    if not name:
         return "give --node-name or set $NODE_NAME"
+    try:
+        check_node_name(name)
+    except InvalidValueError as exc:
+        return f"{'--node-name' if args.node_name else '$NODE_NAME'}: {exc}"
     return None
 
 

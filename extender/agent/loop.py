@@ -18,6 +18,13 @@ exponential backoff capped at ``backoff_max_s`` (well under the interval), so th
 within seconds of Redis coming back; scanning goes on meanwhile and the retry sends the newest
 report. Scan problems (corrupt manifest, unreadable directory, vanished file) are logged once per
 path until they clear, never raised.
+
+What a record cannot hold (a directory name with control characters or invalid UTF-8, more entries
+than a record holds, more bytes than the agent's share of a record) is left out of the report and
+logged as an ``unstorable`` scan problem, as an error: the rest is reported
+(:func:`extender.core.reports.fit_agent_report`). A record the store still refuses as too large
+(:class:`~extender.core.errors.OversizedRecordError`: the sync's part grew) is not an outage: it is
+logged as an error once, until a write succeeds, and tried again at each scan, not with backoff.
 """
 
 from __future__ import annotations
@@ -36,9 +43,9 @@ from extender.agent.hub import HubCaches
 from extender.agent.metrics import AgentMetrics
 from extender.agent.scan import CacheScan, ManifestCache, Problem, SizeCache, scan_cache
 from extender.core.backoff import Backoff
-from extender.core.errors import KubeError, StateError
+from extender.core.errors import KubeError, OversizedRecordError, StateError
 from extender.core.inventory import DEFAULT_TTL_S
-from extender.core.reports import AgentReport
+from extender.core.reports import AgentReport, check_node_name, fit_agent_report
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +80,11 @@ class AgentSettings:
     free_tolerance_bytes: int = 2**30
     #: Longest time between two full measurements of one compile or snapshot directory (its size).
     size_refresh_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        """Refuse a node name that is no Kubernetes name (:class:`InvalidValueError`) before any scan:
+        the store would refuse every report of it, so the agent could never report."""
+        check_node_name(self.node_name)
 
     @property
     def heartbeat_every_s(self) -> float:
@@ -123,6 +135,8 @@ class Agent:
         self._last_report_at = float("-inf")
         self._labels_applied: frozenset[str] | None = None
         self._outage = False
+        #: Why the store refused the last report as too large (logged once), ``None`` after a write.
+        self._oversize: str | None = None
         self._tombstoned = False
         self._manifests = ManifestCache()
         self._sizes = SizeCache(settings.size_refresh_s, clock=monotonic)
@@ -131,7 +145,11 @@ class Agent:
     # ---- one step at a time (the loop and the tests use these) -------------------------------
 
     def scan(self) -> AgentReport:
-        """Scan the cache root and the filesystem; the report has no heartbeat yet."""
+        """Scan the cache root and the filesystem; the report has no heartbeat yet.
+
+        What a record cannot hold is left out of the report and added to the scan's problems
+        (:func:`~extender.core.reports.fit_agent_report`), so one odd entry never stops a report.
+        """
         # The filesystem is measured once, and the same size bounds what the scan believes of sparse
         # files (extender.agent.scan.scan_cache) and is reported as the node's NVMe.
         started = self.monotonic()
@@ -148,21 +166,25 @@ class Agent:
                               disk_bytes=total)
         if self.hub is not None:
             scan = self.hub.add_to(scan)
-        self.stats.scans += 1
-        self.stats.last_scan = scan
-        self._log_problems(scan.problems)
-        self._apply_labels(scan)
-        report = AgentReport(
+        report, left_out = fit_agent_report(
             nvme_total=total,
             nvme_free=free,
             weights=scan.weights_bytes,
-            compile_keys=tuple(sorted(scan.compile_keys)),
-            snapshots=tuple(sorted(scan.snapshots)),
-            adapters=tuple(sorted(scan.adapters)),
+            compile_keys=scan.compile_keys,
+            snapshots=scan.snapshots,
+            adapters=scan.adapters,
             ttl=self.settings.ttl_s,
             last_used=scan.last_used,
             cache_bytes=scan.cache_bytes,
         )
+        if left_out:
+            root = str(self.settings.cache_root)
+            scan = dataclasses.replace(scan, problems=(*scan.problems,
+                                                       *(Problem(root, "unstorable", why) for why in left_out)))
+        self.stats.scans += 1
+        self.stats.last_scan = scan
+        self._log_problems(scan.problems)
+        self._apply_labels(scan)
         if self.metrics is not None:
             self.metrics.scanned(scan, report, self.monotonic() - started)
         return report
@@ -258,6 +280,12 @@ class Agent:
             if self.due(report):
                 try:
                     self.write(report)
+                except OversizedRecordError as exc:
+                    # not an outage: the store answered, and retrying in seconds would change nothing
+                    if self._oversize is None:
+                        log.error("inventory store refused the report: %s; trying again at each scan", exc,
+                                  extra={"node": s.node_name, "error": str(exc)})
+                    self._oversize = str(exc)
                 except StateError as exc:
                     delay = backoff.next()
                     if not self._outage:
@@ -268,9 +296,12 @@ class Agent:
                 else:
                     if self._outage:
                         log.info("inventory store is back; report written", extra={"node": s.node_name})
+                    if self._oversize is not None:
+                        log.info("inventory store accepted the report again", extra={"node": s.node_name})
                     self._outage = False
+                    self._oversize = None
                     backoff.reset()
-            if not self._outage:
+            if not self._outage and self._oversize is None:  # a refused report waits for the next scan
                 wait = min(wait, max(0.0, self._last_write_at + s.heartbeat_every_s - self.monotonic()))
             stop.wait(wait)
 
@@ -287,7 +318,7 @@ class Agent:
     def _log_problems(self, problems: Iterable[Problem]) -> None:
         current = frozenset(problems)
         for p in sorted(current - self.stats.problems, key=lambda p: (p.path, p.kind)):
-            level = logging.INFO if p.kind == "vanished" else logging.WARNING
+            level = {"vanished": logging.INFO, "unstorable": logging.ERROR}.get(p.kind, logging.WARNING)
             log.log(level, "cache scan: %s", p,
                     extra={"node": self.settings.node_name, "cache_path": p.path, "problem": p.kind})
         self.stats.problems = current

@@ -50,7 +50,9 @@ from extender.layout import (
     is_metadata,
 )
 
-ProblemKind = Literal["unreadable", "vanished", "corrupt", "inconsistent"]
+#: ``unstorable``: found, but a record cannot hold it (a name with control characters, too many
+#: entries; :func:`extender.core.reports.fit_agent_report`), so it is left out of the report.
+ProblemKind = Literal["unreadable", "vanished", "corrupt", "inconsistent", "unstorable"]
 
 
 @dataclass(frozen=True)

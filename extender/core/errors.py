@@ -83,6 +83,11 @@ class StoreUnavailableError(StateError):
     """The inventory store (Redis) cannot be reached."""
 
 
+class OversizedRecordError(StateError):
+    """A record is larger than the store keeps (``MAX_RECORD_BYTES``): the store answered, so this is
+    no outage, and retrying the same write cannot succeed."""
+
+
 class KubeError(ExtenderError):
     """A call to the Kubernetes API failed."""
 

@@ -14,19 +14,33 @@ Merge rules (why each source wins where it does):
 * class, labels, GPUs, and the workloads with pods starting or running on the node
   (``pod_workloads``): the sync's. A node the policy classes do not match is stored with an empty
   class, so each reader classifies it by labels against its own policy.
+
+A node name must be a Kubernetes name on write too (:func:`merge` refuses any other): a record
+under another name would be written and then skipped by every reader as corrupt.
+
+What a scan finds does not always fit a record (:func:`fit_agent_report`): a file name with
+control characters or invalid UTF-8, more entries than a record holds, or more bytes than the
+agent's share of a record. Those parts are left out, each with a reason the agent logs, and the
+rest is reported: one odd directory must never keep a node from reporting.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
+from extender.core.caches import CacheKind, cache_id
+from extender.core.errors import InvalidValueError
 from extender.core.inventory import (
     DEFAULT_TTL_S,
     MAX_ENTRIES,
+    MAX_RECORD_BYTES,
     BytesMap,
     Count,
+    NodeName,
     NodeState,
     StoredBytes,
     Text,
@@ -37,6 +51,11 @@ from extender.core.inventory import (
     Ttl,
 )
 from extender.core.schema import Schema
+
+#: Bytes of a stored record the agent's report may fill. The rest is left to the sync's part
+#: (labels and kubelet's image names: a few KiB to a few tens of KiB on real nodes), so a merged
+#: record stays under :data:`~extender.core.inventory.MAX_RECORD_BYTES`.
+AGENT_RECORD_BYTES = MAX_RECORD_BYTES - (128 << 10)
 
 
 class Report(Schema):
@@ -92,7 +111,13 @@ class KubeReport(Report):
 
 
 def merge(name: str, agent: AgentReport | None, kube: KubeReport | None) -> NodeState:
-    """The record readers see, from whichever reports exist (rules in the module docstring)."""
+    """The record readers see, from whichever reports exist (rules in the module docstring).
+
+    Raises :class:`InvalidValueError` when ``name`` is no Kubernetes node name: the reports are
+    valid by their own models, but the name is the one part only the caller gives, and a record
+    under a bad name would be skipped by every reader as corrupt.
+    """
+    check_node_name(name)
     k = kube or KubeReport()
     fields: dict[str, Any] = {
         "name": name,
@@ -120,3 +145,142 @@ def merge(name: str, agent: AgentReport | None, kube: KubeReport | None) -> Node
         if agent.images is not None:
             fields["images"] = agent.images
     return NodeState.model_construct(**fields)  # every value above is already valid
+
+
+_NODE_NAME: TypeAdapter[str] = TypeAdapter(NodeName)
+_TEXT: TypeAdapter[str] = TypeAdapter(Text)
+_BYTES: TypeAdapter[int] = TypeAdapter(StoredBytes)
+_TIME: TypeAdapter[float] = TypeAdapter(Timestamp)
+
+
+def check_node_name(name: str) -> str:
+    """``name`` if it is a Kubernetes node name (what a record is stored under), else :class:`InvalidValueError`."""
+    if (why := _refusal(_NODE_NAME, name)) is not None:
+        raise InvalidValueError(f"{name!r} is not a Kubernetes node name (lowercase letters, digits, '-' and '.', "
+                                f"at most 253 characters): {why}")
+    return name
+
+
+def _refusal(adapter: TypeAdapter[Any], value: object) -> str | None:
+    """Why ``adapter`` refuses ``value`` (pydantic's first message), or ``None`` when it accepts it."""
+    try:
+        adapter.validate_python(value)
+    except ValidationError as exc:
+        return str(exc.errors(include_url=False)[0]["msg"])
+    return None
+
+
+#: The report's entry lists in the order :func:`fit_agent_report` treats them: field, cache kind,
+#: what one entry is, what several are.
+_LISTS: tuple[tuple[str, CacheKind, str, str], ...] = (
+    ("weights", "weights", "weights entry", "weights entries"),
+    ("compile_keys", "compile", "compile key", "compile keys"),
+    ("snapshots", "snapshot", "snapshot", "snapshots"),
+    ("adapters", "adapter", "adapter", "adapters"),
+)
+
+
+def fit_agent_report(
+    *,
+    nvme_total: int,
+    nvme_free: int,
+    weights: Mapping[str, int],
+    compile_keys: Iterable[str],
+    snapshots: Iterable[str],
+    adapters: Iterable[str],
+    ttl: float,
+    last_used: Mapping[str, float],
+    cache_bytes: Mapping[str, int],
+    budget: int = AGENT_RECORD_BYTES,
+) -> tuple[AgentReport, tuple[str, ...]]:
+    """The :class:`AgentReport` of what a scan found, with whatever a record cannot hold left out.
+
+    Returns the report and one reason per thing left out (the agent logs each as a scan problem).
+    Why: a record is validated as a whole, so one name it refuses would otherwise refuse the
+    node's entire report, and the node would stop reporting over one odd directory. In order:
+
+    1. An entry whose name (or cache id) a record refuses (control characters, invalid UTF-8,
+       longer than a record's text) is left out, with its usage; so is an impossible value (a
+       last-use time outside 0 to 10^11, a size over a record's bound), the entry staying.
+    2. A list longer than a record holds (:data:`~extender.core.inventory.MAX_ENTRIES`) keeps its
+       first entries **in name order**, deterministic from scan to scan; the usage maps keep the
+       entries still reported, and when their sum over all kinds is still too long, the first by
+       cache id. An entry without a last-use time is never evicted, so dropping one errs safe.
+    3. While the report's stored JSON is over ``budget`` bytes, the list taking the most bytes
+       loses entries from the end of its name order (with their usage) until it fits.
+    """
+    dropped: list[str] = []
+    lists: dict[str, list[str]] = {"weights": sorted(weights), "compile_keys": sorted(set(compile_keys)),
+                                   "snapshots": sorted(set(snapshots)), "adapters": sorted(set(adapters))}
+    for field, kind, one, what in _LISTS:
+        kept = []
+        for name in lists[field]:
+            why = _refusal(_TEXT, cache_id(kind, name))
+            if why is None and field == "weights" and (bad := _refusal(_BYTES, weights[name])) is not None:
+                why = f"{weights[name]} bytes: {bad}"
+            if why is None:
+                kept.append(name)
+            else:
+                dropped.append(f"{one} {name!r} cannot be stored ({why}): left out of the report")
+        if len(kept) > MAX_ENTRIES:
+            dropped.append(f"{len(kept)} {what}, more than the {MAX_ENTRIES} a record holds: reported the first "
+                           f"{MAX_ENTRIES} by name, left out {len(kept) - MAX_ENTRIES} from {kept[MAX_ENTRIES]!r} on")
+            kept = kept[:MAX_ENTRIES]
+        lists[field] = kept
+
+    def usage(values: Mapping[str, Any], adapter: TypeAdapter[Any], what: str) -> dict[str, Any]:
+        reported = {cache_id(kind, name) for field, kind, _, _ in _LISTS for name in lists[field]}
+        out: dict[str, Any] = {}
+        for ident in sorted(reported & values.keys()):
+            if (why := _refusal(adapter, values[ident])) is None:
+                out[ident] = values[ident]
+            else:
+                dropped.append(f"{what} of {ident!r} ({values[ident]!r}) cannot be stored ({why}): left out")
+        if len(out) > MAX_ENTRIES:
+            dropped.append(f"{what}s of {len(out)} entries, more than the {MAX_ENTRIES} a record holds: kept the "
+                           f"first {MAX_ENTRIES} by cache id")
+            out = dict(list(out.items())[:MAX_ENTRIES])
+        return out
+
+    times = usage(last_used, _TIME, "last-use time")
+    sizes = usage(cache_bytes, _BYTES, "size")
+
+    def build() -> AgentReport:
+        return AgentReport(nvme_total=nvme_total, nvme_free=nvme_free,
+                           weights={k: weights[k] for k in lists["weights"]},
+                           compile_keys=tuple(lists["compile_keys"]), snapshots=tuple(lists["snapshots"]),
+                           adapters=tuple(lists["adapters"]), ttl=ttl, last_used=times, cache_bytes=sizes)
+
+    def cost(kind: CacheKind, name: str) -> int:
+        """About the bytes ``name`` takes in the stored JSON: in its list, and its usage entries."""
+        ident = json.dumps(cache_id(kind, name))
+        usage_bytes = sum(len(ident) + len(json.dumps(m[cache_id(kind, name)])) + 2
+                          for m in (times, sizes) if cache_id(kind, name) in m)
+        own = len(json.dumps(weights[name])) + 1 if kind == "weights" else 0
+        return len(json.dumps(name)) + 1 + own + usage_bytes
+
+    report = build()
+    left_out: dict[str, int] = {}
+    while (size := stored_size(report)) > budget:
+        field, kind, _, _ = max(_LISTS, key=lambda entry: sum(cost(entry[1], n) for n in lists[entry[0]]))
+        names, excess, freed = lists[field], size - budget, 0
+        while names and freed < excess:
+            name = names.pop()
+            freed += cost(kind, name)
+            left_out[field] = left_out.get(field, 0) + 1
+            for m in (times, sizes):
+                m.pop(cache_id(kind, name), None)
+        if not freed:  # nothing left to drop: the fixed fields alone cannot be over any sane budget
+            break
+        report = build()
+    for field, _, _, what in _LISTS:
+        if left_out.get(field):
+            dropped.append(f"the report is over the {budget} bytes the agent's part of a record may take: left out "
+                           f"the last {left_out[field]} of {len(lists[field]) + left_out[field]} {what} by name")
+    return report, tuple(dropped)
+
+
+def stored_size(report: AgentReport) -> int:
+    """Bytes of ``report`` stored as JSON, as :mod:`extender.state.sources` writes it (ASCII: characters are
+    bytes); what :func:`fit_agent_report` holds under its budget."""
+    return len(json.dumps(report.model_dump(mode="python", by_alias=True), separators=(",", ":"), sort_keys=True))

@@ -15,6 +15,14 @@ in one MULTI/EXEC stores its report, the merged record, the node set and the ver
 concurrent write of the other source makes EXEC fail and the write is retried with the fresh
 report, so the last merged record always contains the latest of both: no lock, no lost update.
 
+A bare heartbeat (:meth:`SourceStore.beat_agent`) keeps the record fresh only while the record
+holds the agent report this writer last wrote: the heartbeat script compares the SHA-1 of the
+stored ``agent`` field with that of the JSON written (:class:`extender.state.store.Guard`). So a
+store that restarted empty and was refilled by the sync (no agent report), a node removed and
+registered again, a corrupt ``agent`` field, or another agent writing under the same node name
+all refuse the heartbeat, and the agent writes its whole report. A whole agent report drops the
+node's bare heartbeat, like every whole record write: it carries its own.
+
 Deleting a node leaves a tombstone for :data:`TOMBSTONE_TTL_S`: an agent still running on a node the
 cluster already removed must not bring the record back. A later sync report of that name (the node
 re-registered) clears it.
@@ -22,6 +30,7 @@ re-registered) clears it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -34,7 +43,7 @@ from redis.client import Pipeline
 from extender.core.inventory import NodeState
 from extender.core.reports import AgentReport, KubeReport, Report, merge
 from extender.state.errors import redis_errors
-from extender.state.store import InventoryStore, encode
+from extender.state.store import Guard, InventoryStore, encode
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +81,8 @@ class SourceStore:
     def __init__(self, store: InventoryStore) -> None:
         self.store = store
         self.client = store.client
+        #: Node name -> SHA-1 of the agent report JSON this object last wrote (what its heartbeats vouch for).
+        self._written: dict[str, str] = {}
 
     def key(self, name: str) -> str:
         return f"{self.store.keys.prefix}:source:{name}"
@@ -83,8 +94,13 @@ class SourceStore:
     # ---- the agent -------------------------------------------------------------------------
 
     def report_agent(self, name: str, report: AgentReport) -> int | None:
-        """Store the agent's report and the merged record; ``None`` if the node was deleted (tombstone)."""
+        """Store the agent's report and the merged record; ``None`` if the node was deleted (tombstone).
+
+        The node's bare heartbeat is dropped in the same transaction: the report carries its own,
+        and a heartbeat from a clock that ran ahead must not outlive the report that corrects it.
+        """
         key = self.key(name)
+        text = _dump(report)
         outcome: list[int | None] = []
 
         def write(pipe: Pipeline) -> None:
@@ -95,26 +111,34 @@ class SourceStore:
                 pipe.get(self.store.keys.version)
                 return
             kube = _load(KubeReport, key, stored.get(KUBE))
-            pipe.hset(key, AGENT, _dump(report))
+            pipe.hset(key, AGENT, text)
             self._stage_record(pipe, merge(name, report, kube))
+            pipe.hdel(self.store.keys.heartbeats, name)
             self.store.stage_bump(pipe, [name])
             outcome.append(0)
 
         with redis_errors(f"writing the agent report of node {name!r}"):
             result: Any = self.client.transaction(write, key)
         if outcome[-1] is None:
+            self._written.pop(name, None)
             return None
+        self._written[name] = hashlib.sha1(text.encode()).hexdigest()
         return int(result[-1])
 
     def beat_agent(self, name: str, heartbeat: float) -> bool:
-        """Record a heartbeat of an agent whose report did not change; False when the node has no record.
+        """Record a heartbeat of an agent whose report did not change; False when the record does not
+        hold the agent report this object last wrote.
 
         Only the heartbeat is written (:meth:`InventoryStore.beat_many`), not the report nor the
-        merged record, so readers have nothing to decode. With no record (a removed node, a store
-        that lost data) the agent must write its whole report instead, which also meets the
-        tombstone of a removed node.
+        merged record, so readers have nothing to decode. It is refused when the node has no record
+        (a removed node, a store that lost data) and when the stored agent report is not the one
+        last written here (see the module docstring): the agent must then write its whole report,
+        which also meets the tombstone of a removed node.
         """
-        _, missing = self.store.beat_many({name: heartbeat})
+        digest = self._written.get(name)
+        if digest is None:
+            return False
+        _, missing = self.store.beat_many({name: heartbeat}, guards={name: Guard(self.key(name), AGENT, digest)})
         return not missing
 
     # ---- the sync --------------------------------------------------------------------------

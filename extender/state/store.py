@@ -60,7 +60,7 @@ import redis
 from pydantic import ValidationError
 from redis.client import Pipeline
 
-from extender.core.errors import InvalidValueError, StateError
+from extender.core.errors import InvalidValueError, OversizedRecordError, StateError
 from extender.core.inventory import MAX_RECORD_BYTES, MAX_TIMESTAMP, NodeState
 from extender.state.errors import redis_errors
 
@@ -121,24 +121,49 @@ return v
 """
 
 
-#: Records heartbeats of stored nodes: ARGV is name, time, name, time, ... A name not in the node
-#: set is skipped (its record must be written whole first) and returned; a heartbeat never moves
-#: back. Returns ``{sequence, skipped names...}``.
+#: Records heartbeats of stored nodes: ARGV is name, time, field, digest, name, time, ... A name not in
+#: the node set is skipped (its record must be written whole first) and returned; so is one with a
+#: ``field`` (not empty) whose value, in the hash ``KEYS[5 + i]`` for the i-th such name, does not
+#: have the SHA-1 ``digest`` (the record no longer holds what the heartbeat vouches for). A heartbeat
+#: never moves back, but a stored value that is not a number in [0, MAX_TIMESTAMP] counts as absent,
+#: as it does for readers (:func:`_beat`). Returns ``{sequence, skipped names...}``.
 _BEAT = """
 local seq = redis.call('INCR', KEYS[1])
 local skipped = {seq}
-for i = 1, #ARGV, 2 do
-  local name, t = ARGV[i], tonumber(ARGV[i + 1])
-  if redis.call('SISMEMBER', KEYS[4], name) == 0 then
+local guard = 5
+for i = 1, #ARGV, 4 do
+  local name, t, field, digest = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3]
+  local ok = redis.call('SISMEMBER', KEYS[4], name) == 1
+  if field ~= '' then
+    local held = redis.call('HGET', KEYS[guard], field)
+    guard = guard + 1
+    ok = ok and held ~= false and redis.sha1hex(held) == digest
+  end
+  if not ok then
     table.insert(skipped, name)
   else
     local old = tonumber(redis.call('HGET', KEYS[3], name))
-    if old == nil or t > old then redis.call('HSET', KEYS[3], name, ARGV[i + 1]) end
+    if old == nil or not (old >= 0 and old <= MAX_TIMESTAMP) or t > old then
+      redis.call('HSET', KEYS[3], name, ARGV[i + 1])
+    end
     redis.call('ZADD', KEYS[2], seq, name)
   end
 end
 return skipped
-"""
+""".replace("MAX_TIMESTAMP", repr(float(MAX_TIMESTAMP)))
+
+
+@dataclass(frozen=True)
+class Guard:
+    """What a heartbeat vouches for: the value of ``field`` in the hash ``key`` has SHA-1 ``digest``.
+
+    :meth:`InventoryStore.beat_many` refuses the heartbeat otherwise: the record no longer holds the
+    report the heartbeat is meant to keep fresh (:mod:`extender.state.sources`).
+    """
+
+    key: str
+    field: str
+    digest: str
 
 
 def encode(state: NodeState) -> str:
@@ -149,8 +174,8 @@ def encode(state: NodeState) -> str:
     """
     text = json.dumps(state.model_dump(mode="python", by_alias=True), separators=(",", ":"), allow_nan=False)
     if len(text) > MAX_RECORD_BYTES:  # ASCII (json.dumps escapes the rest): characters are bytes
-        raise StateError(f"the record of node {state.name!r} is {len(text)} bytes, larger than the "
-                         f"{MAX_RECORD_BYTES} byte limit of one record")
+        raise OversizedRecordError(f"the record of node {state.name!r} is {len(text)} bytes, larger than the "
+                                   f"{MAX_RECORD_BYTES} byte limit of one record")
     return text
 
 
@@ -301,25 +326,31 @@ class InventoryStore:
         """Add one compile-cache key to the registry; returns the new version."""
         return self._write("adding to the compile registry", lambda pipe: pipe.sadd(self.keys.registry, key))
 
-    def beat_many(self, beats: Mapping[str, float]) -> tuple[int, list[str]]:
+    def beat_many(self, beats: Mapping[str, float], *,
+                  guards: Mapping[str, Guard] | None = None) -> tuple[int, list[str]]:
         """Record heartbeats of stored nodes; returns ``(heartbeat sequence, names not stored)``.
 
         Leaves records and the inventory version alone (see the module docstring): an agent whose
-        disk did not change reports this way. A name that has no record is not stored and comes
-        back in the second item; its agent must write the whole record. A heartbeat older than the
-        one stored is ignored.
+        disk did not change reports this way. A name that has no record, or whose :class:`Guard`
+        in ``guards`` does not hold, is not stored and comes back in the second item; its agent must
+        write the whole record. A heartbeat older than the one stored is ignored.
         """
+        guards = guards or {}
         args: list[str | float] = []
+        guard_keys: list[str] = []
         for name, beat in beats.items():
             if not (0.0 <= beat <= MAX_TIMESTAMP):  # also refuses NaN
                 raise InvalidValueError(f"heartbeat of node {name!r} must be unix seconds between 0 and "
                                         f"{MAX_TIMESTAMP:g}, got {beat!r}")
-            args += [name, repr(float(beat))]
+            guard = guards.get(name)
+            args += [name, repr(float(beat)), guard.field if guard else "", guard.digest if guard else ""]
+            if guard is not None:
+                guard_keys.append(guard.key)
         if not args:
             return self.beat_seq(), []
         with redis_errors("writing heartbeats"):
-            seq, *skipped = self.client.eval(_BEAT, 4, self.keys.beat_seq, self.keys.beat_changes,
-                                             self.keys.heartbeats, self.keys.nodes, *args)
+            seq, *skipped = self.client.eval(_BEAT, 4 + len(guard_keys), self.keys.beat_seq, self.keys.beat_changes,
+                                             self.keys.heartbeats, self.keys.nodes, *guard_keys, *args)
         return int(seq), [_text(n) for n in skipped]
 
     def _write(self, action: str, commands: Callable[[Pipeline], Any], names: Iterable[str] = ()) -> int:
