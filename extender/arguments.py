@@ -62,8 +62,13 @@ def duration(text: str) -> float:
 
 
 def duration_or_zero(text: str) -> float:
-    """A duration >= 0 in seconds, as :func:`duration`; ``0`` turns off what it sets."""
-    return 0.0 if text.strip() in ("0", "0s") else duration(text)
+    """A duration >= 0 in seconds, as :func:`duration`; zero in any spelling (``0``, ``0m``, ``0.0``) turns
+    off what it sets."""
+    try:
+        value = parse_duration(text)
+    except UnitError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value if value > 0 else 0.0
 
 
 def size(text: str) -> int:
@@ -75,6 +80,21 @@ def size(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least one byte")
     return value
+
+
+#: Schemes ``--redis-url`` takes (extender.state.connection): Redis, Redis over TLS, a socket, Sentinel.
+REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
+
+
+def redis_url(text: str) -> str:
+    """A Redis URL: ``redis://``, ``rediss://``, ``unix://`` or ``redis[s]+sentinel://``; the rest is checked
+    when connecting (the message must never show the password, so none is repeated here)."""
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme.lower() not in REDIS_SCHEMES or not rest:
+        raise argparse.ArgumentTypeError(f"not a Redis URL (scheme {scheme.lower()!r}): expected "
+                                         f"{', '.join(s + '://...' for s in REDIS_SCHEMES)}" if sep else
+                                         f"not a Redis URL: expected {', '.join(s + '://...' for s in REDIS_SCHEMES)}")
+    return text
 
 
 def bind_address(text: str) -> str:
@@ -222,6 +242,7 @@ def add_store_options(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("inventory store")
     group.add_argument(
         "--redis-url",
+        type=redis_url,
         metavar="URL",
         help="redis://, rediss:// or unix:// URL, credentials inside (default: $REDIS_URL; "
         "without either, an embedded Redis is started in --data-dir)",

@@ -121,10 +121,11 @@ class PolicyFile:
     :meth:`poll` costs one ``stat`` when nothing changed; when the file's identity changed it reads
     it and takes the policy only if its text is new *and* valid. An unreadable or invalid file keeps
     the last good policy and is logged once per distinct problem, and a rejected text is not parsed
-    again. The path is made absolute but not resolved: kubelet swaps a ConfigMap volume's ``..data``
-    symlink, and a resolved path would watch the old copy forever. The first poll always reads the
-    file, so a process started with an older policy (a worker gunicorn restarts after a reload gets
-    the launch-time one) takes the file's current one at once.
+    again; :meth:`poll` never raises for what the file holds. The path is made absolute but not
+    resolved: kubelet swaps a ConfigMap volume's ``..data`` symlink, and a resolved path would watch
+    the old copy forever. The first poll always reads the file, so a process started with an older
+    policy (a worker gunicorn restarts after a reload gets the launch-time one) takes the file's
+    current one at once.
     """
 
     def __init__(self, path: str | Path, version: str | None) -> None:
@@ -161,6 +162,12 @@ class PolicyFile:
         except DocumentError as exc:
             self._rejected = version
             self._report(exc, "invalid")
+            return PolicyPoll("invalid")
+        except Exception as exc:  # a text the parser chokes on is invalid too: the caller's thread must live on
+            self._rejected = version
+            log.exception("policy %s could not be checked", self.path, extra={"policy": str(self.path)})
+            self._report(DocumentError([Problem(str(self.path), None, "",
+                                                f"could not be checked ({type(exc).__name__}: {exc})")]), "invalid")
             return PolicyPoll("invalid")
         self.version, self._reported = version, None
         log.info("policy %s reloaded (version %s): %d node class(es), %d profile(s)", self.path, version,

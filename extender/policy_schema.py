@@ -135,7 +135,12 @@ UNITS = """\
 * **bandwidth**: bits per second (`Mbps`, `Gbps`, `Gbit/s`) or bytes per second (`MB/s`, `GB/s`,
   `GiB/s`); a plain number and `GBps` are refused. Examples: `40Gbps`, `7GB/s`.
 * **duration**: `ms`, `s`, `m`/`min`, `h`, `d` and compounds; a plain number is seconds; `5M` is
-  refused. Examples: `53s`, `5m`, `1h30m`, `250ms`.
+  refused; at most `365d` in a policy. Examples: `53s`, `5m`, `1h30m`, `250ms`.
+* **quantity**: a Kubernetes resource quantity, as the API server reads it: `100m`, `2`, `4Gi`,
+  `4G` (a plain number is accepted, as in a pod spec; `4GB` is not a quantity).
+* **numbers**: NaN and infinity (`.nan`, `.inf`) are refused everywhere, and so is a boolean where a
+  number is expected: YAML reads unquoted `yes`, `no`, `on`, `off`, `true` and `false` as booleans.
+  A plain number is at most 10^15 in size, a size at most `1024PiB`, a bandwidth at most `1PB/s`.
 """
 
 

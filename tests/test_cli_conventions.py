@@ -9,6 +9,7 @@ import argparse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import redis
@@ -142,6 +143,9 @@ DURATIONS = [
 DURATIONS_OR_ZERO = [
     Unit("zero turns it off", "0", 0.0),
     Unit("zero seconds", "0s", 0.0),
+    Unit("zero minutes", "0m", 0.0),
+    Unit("zero as a fraction", "0.0", 0.0),
+    Unit("zero milliseconds", "0ms", 0.0),
     Unit("a day", "1d", 86_400.0),
     Unit("a plain number is seconds", "90", 90.0),
     Unit("negative", "-1h", None),
@@ -209,6 +213,41 @@ UNIT_FLAGS = [
 @pytest.mark.parametrize("case", UNIT_FLAGS, ids=[c.id for c in UNIT_FLAGS])
 def test_flags_take_the_policys_units(case: Flag) -> None:
     assert getattr(PARSER.parse_args(case.argv), case.dest) == case.expected
+
+
+class BadFlag(NamedTuple):
+    id: str
+    argv: list[str]
+    words: str
+
+
+#: Malformed flags: each a usage error (exit 2) naming the flag, before anything runs (docs/cli.md).
+BAD_FLAGS = [
+    BadFlag("a Redis URL of another scheme", ["inventory", "show", "--redis-url", "notaurl://x"],
+            "--redis-url: not a Redis URL (scheme 'notaurl')"),
+    BadFlag("a Redis URL without a scheme", ["estimate", "--policy", "p", "--redis-url", "localhost:6379"],
+            "--redis-url: not a Redis URL"),
+    BadFlag("infinite history", ["simulate", "s.yaml", "--history", "99999999999999999999d"], "--history"),
+    BadFlag("a Redis URL after the subcommand", ["scale", "explain", "--redis-url", "http://x"],
+            "--redis-url: not a Redis URL"),
+    BadFlag("an unknown strategy", ["simulate", "s.yaml", "--strategies", "default,foo"],
+            "--strategies: no strategy 'foo' (known: default, cache-aware"),
+    BadFlag("no strategy at all", ["simulate", "s.yaml", "--strategies", " , "], "--strategies: empty (known:"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_FLAGS, ids=[c.id for c in BAD_FLAGS])
+def test_malformed_flags_are_usage_errors(case: BadFlag, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        PARSER.parse_args(case.argv)
+    assert exit_.value.code == 2
+    assert case.words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("url", ["redis://h:6379/0", "rediss://u:p@h:6380", "unix:///run/redis.sock",
+                                 "redis+sentinel://s1:26379/mymaster"])
+def test_redis_urls_of_every_scheme_are_taken(url: str) -> None:
+    assert PARSER.parse_args(["inventory", "show", "--redis-url", url]).redis_url == url
 
 
 def test_a_bad_unit_is_a_usage_error_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,14 +15,15 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
+from extender import files
 from extender.agent.scan import scan_cache
 from extender.core.document import MAX_DEPTH, MAX_VALUES
 from extender.core.errors import PolicyError
-from extender.files import MAX_DOCUMENT_BYTES, load_policy
+from extender.files import MAX_DOCUMENT_BYTES, PolicyFile, load_policy
 from extender.layout import MANIFEST, weights_dir
 from tests.test_agent_scan import make_weights
 from tests.test_scoring import POLICY
@@ -98,6 +99,8 @@ POLICY_ABUSE: list[tuple[str, Callable[[Path], None], str]] = [
     ("symlink to /dev/zero", _symlink_to("/dev/zero"), "not a regular file"),
     ("FIFO", _fifo, "not a regular file"),
     ("a directory", lambda path: path.mkdir(), "not a regular file"),
+    ("an unknown tag", _write(POLICY + "xtag: {name: !custom x}\n"), "xtag.name: unsupported YAML tag"),
+    ("an integer of 5000 digits", _write(POLICY + f"xdigits: {'9' * 5000}\n"), "xdigits: an integer of thousands"),
 ]
 
 
@@ -128,6 +131,57 @@ def test_policy_check_answers_for_an_unreadable_file(tmp_path: Path, make: Calla
                           check=False, capture_output=True, text=True, timeout=HANG_BOUND_S)
     assert done.returncode == 1
     assert "not a regular file" in done.stderr + done.stdout and "Traceback" not in done.stderr
+
+
+class BadEdit(NamedTuple):
+    id: str
+    text: str
+
+
+#: Edits a running process must survive: PolicyFile.poll() keeps the last good policy, never raises.
+BAD_EDITS = [
+    BadEdit("an unknown tag", POLICY + "xtag: {name: !custom x}\n"),
+    BadEdit("an integer of 5000 digits", POLICY + f"xdigits: {'9' * 5000}\n"),
+    BadEdit("an infinite tick", POLICY + "scaling: {tick: .inf}\n"),
+    BadEdit("two documents", POLICY + "---\n" + POLICY),
+]
+
+
+@pytest.mark.parametrize("case", BAD_EDITS, ids=[c.id for c in BAD_EDITS])
+def test_a_bad_edit_is_an_invalid_poll_not_an_exception(tmp_path: Path, case: BadEdit) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY)
+    watched = PolicyFile(path, None)
+    assert watched.poll().outcome == "reloaded"
+    path.write_text(case.text)
+    assert watched.poll().outcome == "invalid"
+    path.write_text(POLICY.replace("secondsPerPoint: 30s", "secondsPerPoint: 100s"))
+    assert watched.poll().outcome == "reloaded"  # and the next good edit is taken
+
+
+def test_a_parser_failure_is_an_invalid_poll_not_an_exception(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # whatever a future parser bug raises, the scaler's and the workers' threads must live on
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY)
+    watched = PolicyFile(path, None)
+
+    def broken(text: str, source: str) -> None:
+        raise OverflowError("cannot convert float infinity to integer")
+
+    monkeypatch.setattr(files, "parse_policy", broken)
+    assert watched.poll().outcome == "invalid"
+
+
+@pytest.mark.parametrize("command", [["policy", "check"], ["policy", "show"], ["estimate", "--policy"]],
+                         ids=["policy check", "policy show", "estimate"])
+def test_the_commands_report_a_bad_value_without_a_traceback(tmp_path: Path, command: list[str]) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY + f"xbad: {{name: !custom x, description: {'9' * 5000}}}\n")
+    done = subprocess.run([sys.executable, "-m", "extender.cli", *command, str(path)],
+                          check=False, capture_output=True, text=True, timeout=HANG_BOUND_S)
+    assert done.returncode == 1
+    assert "unsupported YAML tag '!custom'" in done.stderr and "thousands of digits" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 # ---- the node agent's manifests ---------------------------------------------------------------------

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import yaml
 
 from extender.core import defaults
+from extender.core.document import compose
 from extender.core.errors import PolicyError, Problem, UnknownNameError
 from extender.core.policy import UNKNOWN_CLASS, Policy, parse_policy
 from extender.files import load_policy
@@ -245,3 +247,140 @@ def test_policy_is_frozen() -> None:
     with pytest.raises(ValueError, match="frozen"):
         policy.metadata = policy.metadata  # type: ignore[misc]
     assert isinstance(policy, Policy)
+
+
+# ---- values YAML or the schema used to take wrongly (review of the policy validation) ----------------
+
+DIGITS = "9" * 5000
+
+
+class Refused(NamedTuple):
+    id: str
+    old: str  # replaced in MINIMAL by new ("" appends new)
+    new: str
+    line: int
+    path: str
+    words: str
+
+
+REFUSED = [
+    # YAML values that could not be built: a located problem, never a traceback
+    Refused("an unknown tag", "", "metadata: {name: !custom x}\n", 13, "metadata.name",
+            "unsupported YAML tag '!custom'"),
+    Refused("a python tag", "", "metadata: {name: !!python/object:os.system x}\n", 13, "metadata.name",
+            "unsupported YAML tag '!!python/object:os.system'"),
+    Refused("a tag on a mapping", "", "metadata: !custom {name: x}\n", 13, "metadata", "unsupported YAML tag"),
+    Refused("an integer of 5000 digits", "", f"    priority: {DIGITS}\n", 13, "profiles[0].priority",
+            "thousands of digits"),
+    Refused("a malformed !!int", "", "    priority: !!int twelve\n", 13, "profiles[0].priority",
+            "cannot read 'twelve' as int"),
+    # NaN, infinity and sizes past any sane range
+    Refused("a NaN duration", "", "    compile: {cold: .nan, warm: 4s}\n", 13, "profiles[0].compile.cold",
+            "finite number of seconds, got nan"),
+    Refused("an infinite warm compile", "", "    compile: {cold: 53s, warm: .inf}\n", 13,
+            "profiles[0].compile.warm", "finite number of seconds, got inf"),
+    Refused("a 5000-digit duration", "", f'    engineInit: "{DIGITS}d"\n', 13, "profiles[0].engineInit",
+            "is larger than 1e11 seconds"),
+    Refused("an infinite tick", "", "scaling: {tick: .inf}\n", 13, "scaling.tick", "finite number of seconds"),
+    Refused("an infinite Job TTL", "", "warming: {ttlAfterFinished: .inf}\n", 13, "warming.ttlAfterFinished",
+            "finite number of seconds"),
+    Refused("a duration over a year", "", "warming: {activeDeadline: 400d}\n", 13, "warming.activeDeadline",
+            "longer than 365d"),
+    Refused("a size of 5000 digits", "bytes: 16GB", f'bytes: "{DIGITS}PB"', 12, "profiles[0].weights.bytes",
+            "larger than 1024PiB"),
+    Refused("a bandwidth past 1PB/s", "capacity: 3800GB}", "capacity: 3800GB, readBandwidth: 9000PB/s}", 7,
+            "nodeClasses[0].nvme.readBandwidth", "larger than 1PB/s"),
+    Refused("an infinite capacity", "", "    capacity: {perReplica: .inf}\n", 13, "profiles[0].capacity.perReplica",
+            "expected a finite number, got inf"),
+    Refused("a NaN smoothing constant", "", "scaling: {alpha: .nan}\n", 13, "scaling.alpha",
+            "expected a finite number, got nan"),
+    Refused("a count past 10^15", "", f"    parallelism: {{tensor: 1{'0' * 20}}}\n", 13,
+            "profiles[0].parallelism.tensor", "out of range"),
+    # YAML 1.1 booleans where a number is expected
+    Refused("a GPU count of yes", "count: 4}", "count: yes}", 6, "nodeClasses[0].gpu.count",
+            "expected a number, got a boolean (true"),
+    Refused("a tensor degree of yes", "", "    parallelism: {tensor: yes}\n", 13, "profiles[0].parallelism.tensor",
+            "expected a number, got a boolean"),
+    Refused("a capacity of on", "", "    capacity: {perReplica: on}\n", 13, "profiles[0].capacity.perReplica",
+            "expected a number, got a boolean"),
+    Refused("a calibration window of on", "", "calibration: {window: on}\n", 13, "calibration.window",
+            "expected a number, got a boolean"),
+    # messages that now say what is wrong, where
+    Refused("two documents", "", "---\nkind: Policy\n", 13, "",
+            "expected a single document in the stream, but found another document"),
+    Refused("a boolean key", "", "true: 1\n", 13, "", "the key true is a boolean to YAML, not text: quote it"),
+    Refused("a date where text is expected", "version: v1,", "version: 2024-01-01,", 12,
+            "profiles[0].weights.version", "got a date (2024-01-01): quote it"),
+    Refused("a boolean label value", "extender.io/workload: small}", "extender.io/workload: true}", 10,
+            "profiles[0].match.labels['extender.io/workload']", "got a boolean (true): quote it"),
+    # merge keys: an explicit key written twice is still a typo
+    Refused("a key written twice beside a merge", "", "scoring: {<<: {packingPoints: 1}, nvmePressurePenalty: 1, "
+            "nvmePressurePenalty: 2}\n", 13, "scoring.nvmePressurePenalty", "duplicate key"),
+    Refused("a merge of a scalar", "", "scoring: {<<: 3}\n", 13, "scoring", "a merge key (<<) takes a mapping"),
+    # warm Job resources, read as Kubernetes reads them
+    Refused("a cpu of lots", "", "warming: {resources: {requests: {cpu: lots}}}\n", 13,
+            "warming.resources.requests.cpu", "not a Kubernetes quantity: 'lots'"),
+    Refused("memory in GB", "", "warming: {resources: {requests: {memory: 4GB}}}\n", 13,
+            "warming.resources.requests.memory", "4Gi or 4G"),
+    Refused("a negative limit", "", "warming: {resources: {limits: {memory: -1}}}\n", 13,
+            "warming.resources.limits.memory", "cannot be negative"),
+    Refused("a boolean quantity", "", "warming: {resources: {limits: {cpu: yes}}}\n", 13,
+            "warming.resources.limits.cpu", "got a boolean"),
+    Refused("requests above limits", "", "warming: {resources: {requests: {memory: 8Gi}, limits: {memory: 1Gi}}}\n",
+            13, "warming.resources", "requests.memory (8Gi) is larger than limits.memory (1Gi)"),
+]
+
+
+@pytest.mark.parametrize("case", REFUSED, ids=[c.id for c in REFUSED])
+def test_values_refused_with_their_place(case: Refused) -> None:
+    assert not case.old or case.old in MINIMAL
+    text = MINIMAL.replace(case.old, case.new, 1) if case.old else MINIMAL + case.new
+    (problem,) = problems_of(text)
+    assert (problem.line, problem.path) == (case.line, case.path), problem
+    assert case.words in problem.message
+
+
+MERGED = MINIMAL.replace("  - name: gpu-a\n", "  - &a\n    name: gpu-a\n").replace("profiles:\n", """\
+  - <<: *a
+    name: gpu-b
+    matchLabels: {node.kubernetes.io/instance-type: b}
+    nvme: {capacity: 1TB}
+profiles:
+""")
+
+
+def test_merged_keys_are_overridden_by_the_keys_written() -> None:
+    policy = parse_policy(MERGED)
+    a, b = policy.node_classes
+    assert (b.name, b.match_labels, b.nvme.capacity) == ("gpu-b", {"node.kubernetes.io/instance-type": "b"}, 10**12)
+    assert b.gpu == a.gpu  # merged from the anchor
+    assert a.name == "gpu-a"
+
+
+def test_the_first_of_several_merged_mappings_wins() -> None:
+    data, lines = compose("a: &a {k: 1, j: 1}\nb: &b {k: 2, l: 2}\nc: {<<: [*a, *b], j: 3}\n", "m.yaml")
+    assert data["c"] == {"k": 1, "j": 3, "l": 2}
+    assert (lines[("c", "j")], lines[("c", "k")]) == (3, 1)  # a merged key is found where it is written
+
+
+class Kept(NamedTuple):
+    id: str
+    new: str
+    requests: dict[str, str]
+    limits: dict[str, str]
+
+
+KEPT = [
+    Kept("numbers as Kubernetes takes them", "warming: {resources: {requests: {cpu: 0.5}, limits: {cpu: 2}}}\n",
+         {"cpu": "0.5"}, {"cpu": "2"}),
+    Kept("Kubernetes spellings", "warming: {resources: {requests: {cpu: 100m, memory: 1e9}, "
+         "limits: {cpu: '1', memory: 4G}}}\n", {"cpu": "100m", "memory": "1e9"}, {"cpu": "1", "memory": "4G"}),
+    Kept("requests equal to limits", "warming: {resources: {requests: {memory: 4Gi}, limits: {memory: 4096Mi}}}\n",
+         {"memory": "4Gi"}, {"memory": "4096Mi"}),
+]
+
+
+@pytest.mark.parametrize("case", KEPT, ids=[c.id for c in KEPT])
+def test_job_resources_kept_as_written(case: Kept) -> None:
+    resources = parse_policy(MINIMAL + case.new).warming.resources
+    assert (resources.requests, resources.limits) == (case.requests, case.limits)

@@ -24,10 +24,12 @@ from extender.core.errors import UnitError
 from extender.core.units import (
     BANDWIDTH_PATTERN,
     DURATION_PATTERN,
+    QUANTITY_PATTERN,
     SIZE_PATTERN,
     parse_bandwidth,
     parse_bytes,
     parse_duration,
+    parse_quantity,
 )
 from extender.policy_schema import policy_json_schema, reference_markdown, schema_text
 
@@ -86,6 +88,10 @@ MISTAKES = [
     Mistake("wrong kind", "kind: Policy", "kind: Scenario"),
     Mistake("a bandwidth without a unit", "readBandwidth: 7GB/s", "readBandwidth: 7000"),
     Mistake("an unknown forecaster", "kind: Policy", "kind: Policy\nscaling: {forecaster: prophet}"),
+    Mistake("a quantity that is no quantity", "kind: Policy",
+            "kind: Policy\nwarming: {resources: {limits: {cpu: lots}}}"),
+    Mistake("a size spelled GB in a quantity", "kind: Policy",
+            "kind: Policy\nwarming: {resources: {limits: {memory: 4GB}}}"),
 ]
 
 
@@ -111,6 +117,9 @@ SPELLINGS = [
       for t in ["40Gbps", "7GB/s", "1GiB/s", "100Mbit/s", "5bps", "7GBps", "7000", "7 Gb", "1Gib/s"]),
     *(Spelling(f"duration {t}", DURATION_PATTERN, parse_duration, t)
       for t in ["53s", "5m", "1h30m", "250ms", "2min", "1d", "15", "0.5", "1h 30m", "5M", "soon", "1.5.2s", "-3s"]),
+    *(Spelling(f"quantity {t}", QUANTITY_PATTERN, parse_quantity, t)
+      for t in ["100m", "2", "4Gi", "4G", "1.5", ".5", "2.", "1e3", "5E-2", "3u", "lots", "4GB", "1K", "1ki", "-1",
+                " 2", "0.1.2", ""]),
 ]
 
 

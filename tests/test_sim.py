@@ -396,13 +396,6 @@ def test_cli_logs_the_demand_before_simulating(tmp_path: Path, capsys: pytest.Ca
     assert by_workload["api"]["mean_rps"] == pytest.approx(0.2, rel=0.3)
 
 
-def test_cli_unknown_strategy_is_an_error(tmp_path: Path) -> None:
-    from extender.core.errors import UnknownNameError
-
-    with pytest.raises(UnknownNameError, match="no strategy 'fast'"):
-        cli(str(write_tiny(tmp_path)), "--strategies", "default,fast")
-
-
 def test_gap_closed_is_the_share_of_the_oracle_gap(azure: tuple[Prepared, list[RunResult]]) -> None:
     prepared, runs = azure
     report = build("t", prepared.scenario.slo.queue_delay, prepared.duration_s, runs)

@@ -10,12 +10,14 @@ from hypothesis import strategies as st
 
 from extender.core.errors import UnitError
 from extender.core.units import (
+    MAX_BYTES,
     format_bandwidth,
     format_bytes,
     format_duration,
     parse_bandwidth,
     parse_bytes,
     parse_duration,
+    parse_quantity,
 )
 
 SIZES = [
@@ -133,7 +135,7 @@ def test_format_shortest_spelling(fmt: Any, value: Any, text: str) -> None:
     assert fmt(value) == text
 
 
-@given(st.integers(min_value=0, max_value=2**62))
+@given(st.integers(min_value=0, max_value=MAX_BYTES))  # the largest size a field takes
 def test_bytes_round_trip(n: int) -> None:
     assert parse_bytes(format_bytes(n)) == n
 
@@ -147,3 +149,39 @@ def test_bandwidth_round_trip(bps: float) -> None:
 def test_duration_round_trip(seconds: float) -> None:
     back = parse_duration(format_duration(seconds))
     assert back == seconds
+
+
+# Kubernetes quantities (warm Job resources): our parser against the official client's, the reference.
+# core may not import the kubernetes package (tests/test_layering.py), so the parser is our own; where
+# the two differ, ours refuses what the API server refuses and the client lets through.
+AGREED = ["100m", "4Gi", "2", "0.5", "1e3", "1E3", "1.5e3", "1e+3", "1e-3", ".5", "5.", "1Ki", "1k", "1M",
+          "1Mi", "1n", "1u", "1.5Gi", "1Ei", "0", "64Pi"]
+
+
+@pytest.mark.parametrize("text", AGREED)
+def test_quantities_parse_as_the_kubernetes_client_parses_them(text: str) -> None:
+    from kubernetes.utils import parse_quantity as reference
+    assert parse_quantity(text) == reference(text)  # type: ignore[no-untyped-call]
+
+
+REFUSED = [
+    # (id, input, words): the client's parse_quantity refuses these too
+    ("a byte size", "4GB", "not a Kubernetes quantity"),
+    ("lowercase binary suffix", "1ki", "not a Kubernetes quantity"),
+    ("hex", "0x10", "not a Kubernetes quantity"),
+    ("empty", "", "not a Kubernetes quantity"),
+    # the client accepts these; the API server does not (apimachinery's suffixes are k, not K; a
+    # request is never negative; a quantity is an int64 of units; no spaces inside the string)
+    ("uppercase K", "1K", "not a Kubernetes quantity"),
+    ("negative", "-1", "cannot be negative"),
+    ("past int64", "9Ei", "larger than"),
+    ("a huge exponent", "1e999", "larger than"),
+    ("a leading space", " 1", "not a Kubernetes quantity"),
+    ("a boolean", True, "boolean"),
+]
+
+
+@pytest.mark.parametrize(("text", "words"), [(r[1], r[2]) for r in REFUSED], ids=[r[0] for r in REFUSED])
+def test_quantities_the_api_server_refuses_are_refused(text: Any, words: str) -> None:
+    with pytest.raises(UnitError, match=words):
+        parse_quantity(text)

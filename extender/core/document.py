@@ -13,6 +13,7 @@ too: two ``bytes:`` lines under one ``weights:`` is a typo, not an intention.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import types
 import typing
@@ -34,6 +35,34 @@ M = TypeVar("M", bound=BaseModel)
 MAX_VALUES = 2_000_000
 #: Nesting depth of a document; real ones are under 15 levels. Deeper ones overflowed the stack.
 MAX_DEPTH = 64
+#: Tags of the collections a document may hold: YAML's own mapping and list (no ``!!set``, no ``!custom``).
+_PLAIN_TAGS = frozenset({"tag:yaml.org,2002:map", "tag:yaml.org,2002:seq"})
+
+
+def _tag(tag: str) -> str:
+    """A tag as it is written: ``tag:yaml.org,2002:python/object`` -> ``!!python/object``."""
+    return "!!" + tag.removeprefix("tag:yaml.org,2002:") if tag.startswith("tag:yaml.org,2002:") else tag
+
+
+def _as_written(value: Any) -> str:
+    """How YAML spells a value it typed: ``True`` -> ``true``, a date -> ``2024-01-01``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return repr(value)
+
+
+def _yaml_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, datetime.date):
+        return "a date"
+    return "a number" if isinstance(value, int | float) else f"a {type(value).__name__}"
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def format_path(loc: Iterable[str | int]) -> str:
@@ -52,15 +81,20 @@ def format_path(loc: Iterable[str | int]) -> str:
 def compose(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
     """Parse YAML (JSON is YAML) into plain Python values plus a ``path -> 1-based line`` map.
 
-    Raises :class:`DocumentError` for syntax errors, several documents in one file and duplicate
-    keys (all duplicates are reported).
+    Raises :class:`DocumentError` for syntax errors, several documents in one file, duplicate keys
+    and values YAML cannot build (an unknown ``!tag``, an integer of thousands of digits): all of
+    them, each at its line. Merge keys (``<<: *anchor``) follow YAML: a key written in the mapping
+    overrides the same key merged in.
     """
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark is not None else None
-        raise DocumentError([Problem(source, line, "", f"YAML syntax: {exc.problem or exc}")]) from exc
+        # PyYAML's context says what it expected ("expected a single document in the stream"),
+        # the problem what it found ("but found another document"): one is half a sentence
+        said = ", ".join(str(part) for part in (exc.context, exc.problem) if part) or str(exc)
+        raise DocumentError([Problem(source, line, "", f"YAML syntax: {said}")]) from exc
     except yaml.YAMLError as exc:
         raise DocumentError([Problem(source, None, "", f"YAML syntax: {exc}")]) from exc
     except RecursionError:  # PyYAML's composer recurses once per level
@@ -72,33 +106,78 @@ def compose(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
     problems: list[Problem] = []
     constructor = yaml.SafeLoader("")
 
+    def scalar(n: yaml.Node, loc: Loc) -> Any:
+        """The value of a scalar node; a value YAML cannot build is a problem at its line (and ``None``)."""
+        try:
+            return constructor.construct_object(n, deep=True)
+        except yaml.constructor.ConstructorError as exc:
+            message = f"YAML: {exc.problem}" if exc.problem else f"YAML: {exc}"
+            if exc.problem and "constructor for the tag" in exc.problem:
+                message = (f"unsupported YAML tag {_tag(n.tag)!r}: only the standard types are read (remove the tag, "
+                           "or quote the value to keep it as text)")
+        except ValueError as exc:  # int() of more than 4300 digits, a malformed !!int or !!timestamp
+            kind = n.tag.rsplit(":", 1)[-1]
+            message = ("an integer of thousands of digits, far larger than any field takes" if "digits" in str(exc)
+                       else f"YAML cannot read {_clip(str(n.value))!r} as {kind}")
+        problems.append(Problem(source, n.start_mark.line + 1, format_path(loc), message))
+        return None
+
+    def collection_tag(n: yaml.Node, loc: Loc) -> None:
+        if n.tag not in _PLAIN_TAGS:
+            problems.append(Problem(source, n.start_mark.line + 1, format_path(loc),
+                                    f"unsupported YAML tag {_tag(n.tag)!r}: only plain mappings and lists are read "
+                                    "(remove the tag)"))
+
+    def mapping(n: yaml.MappingNode, loc: Loc) -> dict[Any, Any]:
+        merged: dict[Any, Any] = {}
+        explicit: list[tuple[yaml.Node, yaml.Node]] = []
+        for key_node, value_node in n.value:
+            if key_node.tag != "tag:yaml.org,2002:merge":
+                explicit.append((key_node, value_node))
+                continue
+            sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else [value_node]
+            for source_node in reversed(sources):  # the first mapping listed wins, as in YAML
+                if not isinstance(source_node, yaml.MappingNode):
+                    problems.append(Problem(source, source_node.start_mark.line + 1, format_path(loc),
+                                            "a merge key (<<) takes a mapping or a list of mappings"))
+                    continue
+                merged.update(build(source_node, loc))
+        lines[loc] = n.start_mark.line + 1
+        out: dict[Any, Any] = {}
+        for key_node, value_node in explicit:
+            # only scalar keys are constructed: an alias key could stand for any structure
+            key = scalar(key_node, loc) if isinstance(key_node, yaml.ScalarNode) else []
+            if not isinstance(key, str | int | float | bool) and key is not None:
+                problems.append(Problem(source, key_node.start_mark.line + 1, format_path(loc),
+                                        "mapping keys must be plain scalars"))
+                continue
+            if key in out:
+                problems.append(Problem(source, key_node.start_mark.line + 1, format_path((*loc, str(key))),
+                                        f"duplicate key (first set on line {lines[(*loc, str(key))]})"))
+                continue
+            out[key] = build(value_node, (*loc, str(key)))
+            # a field's problems point at its key line, not at the line its value starts on; a key
+            # that is no string (``true:``) is also found under itself, as the validator reports it
+            lines[(*loc, str(key))] = key_node.start_mark.line + 1
+            if isinstance(key, int):  # True and 1 are one key to pydantic, and to this map
+                lines[(*loc, key)] = key_node.start_mark.line + 1
+        # keys written in the mapping override the merged ones (YAML merge semantics)
+        return {**merged, **out}
+
     def build(n: yaml.Node, loc: Loc) -> Any:
         lines[loc] = n.start_mark.line + 1
         if isinstance(n, yaml.MappingNode):
-            constructor.flatten_mapping(n)  # resolves YAML merge keys (<<: *anchor)
-            out: dict[Any, Any] = {}
-            for key_node, value_node in n.value:
-                # only scalar keys are constructed: an alias key could stand for any structure
-                key = constructor.construct_object(key_node, deep=True) if isinstance(key_node, yaml.ScalarNode) else []
-                if not isinstance(key, str | int | float | bool) and key is not None:
-                    problems.append(Problem(source, key_node.start_mark.line + 1, format_path(loc),
-                                            "mapping keys must be plain scalars"))
-                    continue
-                if key in out:
-                    problems.append(Problem(source, key_node.start_mark.line + 1, format_path((*loc, str(key))),
-                                            f"duplicate key (first set on line {lines[(*loc, str(key))]})"))
-                    continue
-                out[key] = build(value_node, (*loc, str(key)))
-                # a field's problems point at its key line, not at the line its value starts on
-                lines[(*loc, str(key))] = key_node.start_mark.line + 1
-            return out
+            collection_tag(n, loc)
+            return mapping(n, loc)
         if isinstance(n, yaml.SequenceNode):
+            collection_tag(n, loc)
             return [build(item, (*loc, i)) for i, item in enumerate(n.value)]
-        return constructor.construct_object(n, deep=True)
+        return scalar(n, loc)
 
     data = build(node, ())
     if problems:
-        raise DocumentError(problems)
+        # a merged or aliased mapping is built once per use: say each of its problems once
+        raise DocumentError(list(dict.fromkeys(problems)))
     return data, lines
 
 
@@ -202,6 +281,13 @@ def describe(error: ErrorDetails, model: type[BaseModel]) -> str:
         return f"must be {ctx.get('expected')}, got {error['input']!r}"
     if kind in ("int_type", "int_parsing", "int_from_float"):
         return f"must be a whole number, got {error['input']!r}"
+    if kind == "invalid_key":
+        return (f"the key {_as_written(error['input'])} is {_yaml_type(error['input'])} to YAML, not text: "
+                f"quote it ('{_as_written(error['input'])}')")
+    if kind == "string_type" and isinstance(error["input"], bool | int | float | datetime.date):
+        # YAML types unquoted scalars: `version: 2024-01-01` is a date, `app: yes` a boolean
+        return (f"must be text, got {_yaml_type(error['input'])} ({_as_written(error['input'])}): "
+                f"quote it to keep it as text ('{_as_written(error['input'])}')")
     if kind in ("model_type", "dict_type", "model_attributes_type"):
         return f"must be a mapping (key: value), got {type(error['input']).__name__}"
     if kind in ("list_type", "tuple_type"):
@@ -225,7 +311,9 @@ def validate(
         return model.model_validate(data)
     except ValidationError as exc:
         problems = [
-            Problem(source, line_of(lines, tuple(e["loc"])), format_path(e["loc"]), describe(e, model))
+            # a key that is not text is reported at its mapping (pydantic's location is the key itself)
+            Problem(source, line_of(lines, tuple(e["loc"])),
+                    format_path(e["loc"][:-1] if e["type"] == "invalid_key" else e["loc"]), describe(e, model))
             for e in exc.errors(include_url=False)
         ]
         problems.sort(key=lambda p: (p.line or 0, p.path))

@@ -30,16 +30,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, WithJsonSchema, model_validator
 
 from extender.core import defaults
 from extender.core.cachekey import CompileKeyInputs
 from extender.core.document import Loc, compose, format_path, line_of, validate
 from extender.core.errors import DocumentError, InvalidValueError, PolicyError, Problem, UnknownNameError
-from extender.core.schema import Schema
-from extender.core.units import Bandwidth, Bytes, Duration
+from extender.core.schema import Float, Int, Schema, plain_number
+from extender.core.units import QUANTITY_PATTERN, Bandwidth, Bytes, format_duration, parse_quantity
+from extender.core.units import Duration as AnyDuration
 
 API_VERSION = "extender.io/v1alpha1"
 
@@ -82,6 +83,20 @@ def _version(value: str) -> str:
     return value
 
 
+#: Longest duration a policy field takes: a year. Longer is a typo, and Kubernetes keeps a Job's
+#: ``ttlSecondsAfterFinished`` in 32 bits.
+MAX_DURATION_S = 365 * 86_400.0
+
+
+def _within_a_year(seconds: float) -> float:
+    if seconds > MAX_DURATION_S:
+        raise InvalidValueError(f"{format_duration(seconds)} is longer than {format_duration(MAX_DURATION_S)}, "
+                                "the longest duration a policy takes")
+    return seconds
+
+
+#: A duration in a policy (:data:`extender.core.units.Duration`), at most :data:`MAX_DURATION_S`.
+Duration = Annotated[AnyDuration, AfterValidator(_within_a_year)]
 Reference = Annotated[str, AfterValidator(_reference)]
 Version = Annotated[str, AfterValidator(_version)]
 PositiveBandwidth = Annotated[Bandwidth, Field(gt=0)]
@@ -98,7 +113,7 @@ class Gpu(Schema):
 
     product: str = Field(min_length=1, description="as in the nvidia.com/gpu.product label")
     #: GPUs per node of this class.
-    count: int = Field(ge=1, le=64)
+    count: Int = Field(ge=1, le=64)
 
 
 class Nvme(Schema):
@@ -142,7 +157,7 @@ class NodeClass(Schema):
     #: Nodes of this class the cluster can hold in all: the node pool's maximum (cluster-autoscaler
     #: ``--nodes`` max, Karpenter ``limits``), counting those that exist. The scaler shares capacity
     #: only when every class a workload may use has one (extender.core.sharing); unset: unbounded.
-    max_nodes: int | None = Field(default=None, ge=0, le=100_000)
+    max_nodes: Annotated[int, Field(ge=0, le=100_000), BeforeValidator(plain_number)] | None = None
 
     def matches(self, labels: dict[str, str]) -> bool:
         """True when every ``matchLabels`` entry is on the node with the same value."""
@@ -208,9 +223,9 @@ class Weights(Schema):
     version: Version
     #: Total size of the weight files.
     bytes: PositiveBytes
-    shard_files: int = Field(default=0, ge=0, description="0: derived from bytes and a 3.9 GiB shard")
+    shard_files: Int = Field(default=0, ge=0, description="0: derived from bytes and a 3.9 GiB shard")
     #: Files the loader reads in parallel (its worker count).
-    loader_concurrency: int = Field(default=defaults.LOADER_CONCURRENCY, ge=1)
+    loader_concurrency: Int = Field(default=defaults.LOADER_CONCURRENCY, ge=1)
     #: Per-stream object-store throughput this loader configuration achieves, when it differs from
     #: the node class's (EKS model-loading report, docs/sources.md: chunk size changes what one
     #: worker gets).
@@ -238,9 +253,9 @@ class Parallelism(Schema):
     """Tensor and pipeline parallel degree (GPUs per replica = tensor x pipeline)."""
 
     #: Tensor-parallel degree.
-    tensor: int = Field(default=1, ge=1)
+    tensor: Int = Field(default=1, ge=1)
     #: Pipeline-parallel degree.
-    pipeline: int = Field(default=1, ge=1)
+    pipeline: Int = Field(default=1, ge=1)
 
     @property
     def gpus(self) -> int:
@@ -299,7 +314,7 @@ class Lora(Schema):
     #: The adapters, most popular first.
     adapters: tuple[Adapter, ...] = Field(min_length=1)
     #: How many of the first adapters a replica loads before it is Ready.
-    preload: int = Field(default=1, ge=0)
+    preload: Int = Field(default=1, ge=0)
     #: Engine seconds to load one adapter whose files are on the node (an assumption by default).
     load: Duration = defaults.ADAPTER_LOAD_S
 
@@ -316,7 +331,7 @@ class Capacity(Schema):
     """What one ready replica serves, in the unit the demand signal is measured in."""
 
     #: Demand one ready replica serves within the SLO, in unit.
-    per_replica: float = Field(gt=0)
+    per_replica: Float = Field(gt=0)
     #: Unit of the demand signal and of perReplica.
     unit: Literal["requests/s", "tokens/s"] = "requests/s"
 
@@ -468,7 +483,7 @@ class Signal(Schema):
     #: Serving engine, whose metric names the default queries and scrapes use.
     engine: EngineName = "vllm"
     #: Port of the pods' metrics endpoint (scrape).
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: Int = Field(default=8000, ge=1, le=65535)
     #: Path of the pods' metrics endpoint (scrape).
     path: str = Field(default="/metrics", pattern=r"^/")
     #: Scheme of the pods' metrics endpoint (scrape).
@@ -493,9 +508,9 @@ class ReplicaBounds(Schema):
     workloads, so both refuse an empty range with the same words."""
 
     #: Fewest replicas the scaler asks for.
-    min_replicas: int = Field(default=1, ge=0)
+    min_replicas: Int = Field(default=1, ge=0)
     #: Most replicas the scaler asks for.
-    max_replicas: int = Field(ge=1)
+    max_replicas: Int = Field(ge=1)
 
     @model_validator(mode="after")
     def _bounds(self) -> ReplicaBounds:
@@ -580,7 +595,7 @@ class Profile(Schema):
     autoscaling: Autoscaling | None = None
     #: Share of a fleet too small for every workload's desired replicas (extender.core.sharing):
     #: higher goes first within each round; every observed load is served before any forecast.
-    priority: int = Field(default=0, ge=0, le=1000)
+    priority: Int = Field(default=0, ge=0, le=1000)
 
     @model_validator(mode="after")
     def _slo_rule_needs_slo(self) -> Profile:
@@ -614,14 +629,14 @@ class Scoring(Schema):
     #: Seconds saved worth one point (absolute, so one point means the same on every request).
     seconds_per_point: Annotated[Duration, Field(gt=0)] = 30.0
     #: Points taken off a node whose free NVMe cannot hold the weights without eviction.
-    nvme_pressure_penalty: int = Field(default=2, ge=0, le=10)
+    nvme_pressure_penalty: Int = Field(default=2, ge=0, le=10)
     #: Points at most for GPU bin-packing: ``round(packingPoints x fill)`` where ``fill`` is the
     #: share of the node's GPUs in use with the pod on it (extender.core.scoring). 0: off.
-    packing_points: int = Field(default=0, ge=0, le=10)
+    packing_points: Int = Field(default=0, ge=0, le=10)
     #: Points at most taken off a node for the warm replica slots a pod would take from larger
     #: profiles: ``round(protectWarmPoints x min(lost / G, 1))``, ``lost`` the GPUs of those slots
     #: and ``G`` the node's (extender.core.scoring). 0: off.
-    protect_warm_points: int = Field(default=0, ge=0, le=10)
+    protect_warm_points: Int = Field(default=0, ge=0, le=10)
 
 
 class Scaling(Schema):
@@ -637,7 +652,7 @@ class Scaling(Schema):
     #: Scale down only to the highest recommendation of this window (as the HPA does).
     scale_down_stabilisation: Duration = 300.0
     #: Upper quantile of forecast demand that capacity is sized for (AHPA's template: 95).
-    quantile: float = Field(default=0.95, gt=0.5, lt=1)
+    quantile: Float = Field(default=0.95, gt=0.5, lt=1)
     #: Fit the smoothing constants to each workload's history, once per ``refit``, from the last
     #: ``fitWindow`` of it; see extender.core.forecast.ForecastParams.
     fit: bool = True
@@ -648,13 +663,13 @@ class Scaling(Schema):
     fit_window: Annotated[Duration, Field(gt=0)] = 66 * 3600.0
     #: Fixed smoothing of level, trend and daily season, and trend damping (1: none): used when
     #: ``fit`` is off or the history is too short to fit.
-    alpha: float = Field(default=0.3, gt=0, le=1)
+    alpha: Float = Field(default=0.3, gt=0, le=1)
     #: Fixed smoothing of the trend (see alpha).
-    beta: float = Field(default=0.05, ge=0, le=1)
+    beta: Float = Field(default=0.05, ge=0, le=1)
     #: Fixed smoothing of the daily season (see alpha).
-    gamma: float = Field(default=0.2, ge=0, le=1)
+    gamma: Float = Field(default=0.2, ge=0, le=1)
     #: Trend damping, 1: none (see alpha).
-    phi: float = Field(default=1.0, gt=0, le=1)
+    phi: Float = Field(default=1.0, gt=0, le=1)
     #: Season of Holt-Winters (a day) and the forecast grid step (unset: the history's own spacing).
     season: Annotated[Duration, Field(gt=0)] = 86_400.0
     #: Forecast grid step; unset: the history's own spacing.
@@ -664,9 +679,9 @@ class Scaling(Schema):
     #: Share of a replica's capacity the scaler plans to use: every need is divided by
     #: ``capacity x targetUtilization``. Below 1 it keeps headroom for the noise within a tick (the
     #: stock HPA's target utilisation plays the same part); 1: replicas are planned at full capacity.
-    target_utilization: float = Field(default=1.0, gt=0, le=1)
+    target_utilization: Float = Field(default=1.0, gt=0, le=1)
     #: The HPA's tolerance (docs/kubernetes-interfaces.md section 4.3); the decision mirrors it to say what will happen.
-    tolerance: float = Field(default=0.1, ge=0, lt=1)
+    tolerance: Float = Field(default=0.1, ge=0, lt=1)
     #: How long the node autoscaler takes to bring a new node to Ready for a pending pod (its
     #: median; 0: a fixed fleet). Added to the horizon when no node has room for the next replica,
     #: and to the cache warmer's look-ahead (extender.core.warming.look_ahead).
@@ -684,9 +699,9 @@ class FactorBounds(Schema):
     """
 
     #: Smallest factor (0.25: the fitted phase takes at least a quarter of the policy's seconds).
-    min: float = Field(default=0.25, gt=0)
+    min: Float = Field(default=0.25, gt=0)
     #: Largest factor (4: at most four times the policy's seconds).
-    max: float = Field(default=4.0, gt=0)
+    max: Float = Field(default=4.0, gt=0)
 
     @model_validator(mode="after")
     def _contains_one(self) -> FactorBounds:
@@ -734,11 +749,11 @@ class Calibration(Schema):
     mode: CalibrationMode = "off"
     #: How many observed starts the policy's value of a phase weighs (each in the cache state where
     #: that phase is largest): the larger, the more observations it takes to move it.
-    prior_observations: float = Field(default=3.0, gt=0, le=10_000)
+    prior_observations: Float = Field(default=3.0, gt=0, le=10_000)
     #: Fits of fewer observations are shown but never applied.
-    min_observations: int = Field(default=3, ge=1)
+    min_observations: Int = Field(default=3, ge=1)
     #: Observations kept per (workload, node class), the newest.
-    window: int = Field(default=200, ge=1, le=10_000)
+    window: Int = Field(default=200, ge=1, le=10_000)
     #: Observations older than this are dropped.
     max_age: Annotated[Duration, Field(gt=0)] = 7 * 86_400.0
     #: A start is observed only if the node's inventory record was younger than this (and than its
@@ -764,6 +779,18 @@ class Toleration(Schema):
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
 
 
+def _quantity(value: Any) -> str:
+    parse_quantity(value)
+    return value if isinstance(value, str) else str(value)  # Kubernetes accepts `cpu: 2` and reads "2"
+
+
+#: A Kubernetes resource quantity (``100m``, ``2``, ``4Gi``), checked as the API server reads it and
+#: kept as written (a number becomes its text).
+Quantity = Annotated[str, BeforeValidator(_quantity), WithJsonSchema({
+    "anyOf": [{"type": "number", "minimum": 0}, {"type": "string", "pattern": QUANTITY_PATTERN}],
+    "x-unit": "quantity", "examples": ["100m", "2", "4Gi"]})]
+
+
 class JobResources(Schema):
     """Requests and limits of every container of a warm Job, as Kubernetes quantities (``100m``, ``2Gi``).
 
@@ -772,9 +799,17 @@ class JobResources(Schema):
     """
 
     #: Resource requests of each container.
-    requests: dict[str, str] = {"cpu": "100m", "memory": "256Mi"}
+    requests: dict[str, Quantity] = {"cpu": "100m", "memory": "256Mi"}
     #: Resource limits of each container.
-    limits: dict[str, str] = {"cpu": "2", "memory": "4Gi"}
+    limits: dict[str, Quantity] = {"cpu": "2", "memory": "4Gi"}
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> JobResources:
+        for name in sorted(self.requests.keys() & self.limits.keys()):
+            if parse_quantity(self.requests[name]) > parse_quantity(self.limits[name]):
+                raise InvalidValueError(f"requests.{name} ({self.requests[name]}) is larger than limits.{name} "
+                                        f"({self.limits[name]}); Kubernetes refuses such a Job")
+        return self
 
 
 class StepTemplate(Schema):
@@ -868,7 +903,7 @@ class WarmRetry(Schema):
     #: Longest wait between retries.
     max: Annotated[Duration, Field(gt=0)] = 1800.0
     #: Pod retries inside one Job (its ``backoffLimit``) before the Job counts as failed.
-    pod_retries: int = Field(default=1, ge=0, le=10)
+    pod_retries: Int = Field(default=1, ge=0, le=10)
 
 
 class PublishedSnapshot(Schema):
@@ -899,9 +934,9 @@ class Warming(Schema):
     #: evictions for this), and whose current caches are never evicted by the warmer.
     keep_warm: tuple[str, ...] = ()
     #: Warm actions running at once on one node and in the cluster, counting those in flight.
-    max_concurrent_per_node: int = Field(default=1, ge=1)
+    max_concurrent_per_node: Int = Field(default=1, ge=1)
     #: Warm actions running at once in the cluster (see maxConcurrentPerNode).
-    max_concurrent: int = Field(default=4, ge=1)
+    max_concurrent: Int = Field(default=4, ge=1)
     #: Bytes the actions planned in one tick may move in total (object store and registry egress);
     #: unset: no limit.
     bytes_per_tick: PositiveBytes | None = None

@@ -1,14 +1,27 @@
-"""Base class for every hand-written schema (policy, inventory, scenario).
+"""Base class for every hand-written schema (policy, inventory, scenario), and its number types.
 
 Field names are snake_case in Python and camelCase on the wire and in YAML, like Kubernetes
 objects. Unknown fields are errors (a typo must never be silently ignored) and models are frozen
 (a loaded policy is a value, shared between threads without copying).
+
+:data:`Int` and :data:`Float` are the numbers a person types: YAML reads ``yes``, ``on`` and
+``true`` as booleans, which pydantic would take as 1 (``gpu: {count: yes}`` was one GPU); NaN and
+infinity (``.nan``, ``.inf``) compare false with every bound and broke arithmetic far from the
+file; and nothing a person counts or rates is larger than :data:`MAX_NUMBER`.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import math
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+from extender.core.errors import InvalidValueError
+
+#: Largest magnitude of a plain number in a document (a count, a rate, a factor): 10**15.
+MAX_NUMBER = 10**15
 
 
 class Schema(BaseModel):
@@ -21,3 +34,24 @@ class Schema(BaseModel):
         populate_by_name=False,
         validate_default=False,  # defaults are ours, already in SI units; only input is parsed
     )
+
+
+def plain_number(value: Any) -> Any:
+    """``value`` unless it is a boolean, NaN, infinity or larger than :data:`MAX_NUMBER` (pydantic then parses it)."""
+    if isinstance(value, bool):
+        raise InvalidValueError(f"expected a number, got a boolean ({str(value).lower()}; YAML also reads "
+                                "yes, no, on and off as booleans)")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise InvalidValueError(f"expected a finite number, got {value!r}")
+    if isinstance(value, int | float) and abs(value) > MAX_NUMBER:
+        shown = f"{value:.3g}" if isinstance(value, float) else f"a number of {len(str(abs(value)))} digits"
+        raise InvalidValueError(f"{shown} is out of range: a number here is at most 10^15 in size")
+    return value
+
+
+#: A whole number typed by a person: not a boolean, at most :data:`MAX_NUMBER` in size. (Inside
+#: ``X | None``, give the bounds before the check: ``Annotated[int, Field(ge=0), BeforeValidator(plain_number)]``,
+#: or the JSON Schema loses them.)
+Int = Annotated[int, BeforeValidator(plain_number)]
+#: A number typed by a person: not a boolean, finite, at most :data:`MAX_NUMBER` in size.
+Float = Annotated[float, BeforeValidator(plain_number), Field(allow_inf_nan=False)]

@@ -18,6 +18,9 @@ Rules (each exists because the other reading is a real, costly mistake):
 * Arithmetic is exact (:class:`decimal.Decimal`): ``3.9GB`` is 3,900,000,000 bytes, not a float
   that rounds. A size that is not a whole number of bytes is an error.
 * Negative quantities are rejected everywhere; zero is allowed (schemas add ``> 0`` where needed).
+* So are NaN, infinity and values past :data:`MAX_BYTES`, :data:`MAX_BANDWIDTH` and
+  :data:`MAX_DURATION_S`: ``.inf`` or a 5000-digit number is a typo, and it broke arithmetic
+  (``int(inf)``) far from the file that held it.
 
 ``format_bytes``/``format_bandwidth``/``format_duration`` render a value back to the shortest
 spelling that parses to exactly the same value, so ``extender policy show`` output reads like a
@@ -26,9 +29,10 @@ hand-written file and round-trips.
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal, InvalidOperation
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
@@ -60,6 +64,13 @@ DURATION_UNITS: dict[str, Decimal] = {
     "d": Decimal(86400),
 }
 
+#: Largest size (one exbibyte, as the inventory's): ten thousand times the largest node's NVMe.
+MAX_BYTES = 2**60
+#: Largest rate in bytes per second (1 PB/s, 8 Pbps): a thousand times the fastest NIC sold.
+MAX_BANDWIDTH = 10**15
+#: Longest duration in seconds (about 3,000 years, the inventory's longest TTL); a policy allows less.
+MAX_DURATION_S = 10**11
+
 _QUANTITY = re.compile(r"^\s*(?P<num>[0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)\s*(?P<unit>[A-Za-z/]*)\s*$")
 _DURATION_PART = re.compile(r"(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>ms|min|[smhd])")
 
@@ -78,6 +89,21 @@ def _split(text: str, what: str) -> tuple[Decimal, str]:
     return number, m["unit"]
 
 
+N = TypeVar("N", int, float, Decimal)
+
+
+def _at_most(number: N, limit: int, value: Any, what: str, limit_text: str) -> N:
+    """``number`` (what ``value`` parsed to), or a :class:`UnitError` when it is above ``limit``."""
+    if number > limit:
+        shown = _clip(value) if isinstance(value, str) else _clip(repr(value))
+        raise UnitError(f"{what} {shown!r} is larger than {limit_text}, the most any field takes")
+    return number
+
+
+def _clip(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def _reject_plain_number(value: Any, what: str) -> None:
     if isinstance(value, bool):
         raise UnitError(f"expected a {what}, got a boolean ({value!r})")
@@ -89,11 +115,11 @@ def parse_bytes(value: Any) -> int:
     if isinstance(value, int):
         if value < 0:
             raise UnitError(f"size cannot be negative: {value}")
-        return value
+        return _at_most(value, MAX_BYTES, value, "size", "1024PiB")
     if isinstance(value, float):
-        if value < 0 or not value.is_integer():
+        if not math.isfinite(value) or value < 0 or not value.is_integer():
             raise UnitError(f"a size in bytes must be a whole, non-negative number: {value!r}")
-        return int(value)
+        return _at_most(int(value), MAX_BYTES, value, "size", "1024PiB")
     if not isinstance(value, str):
         raise UnitError(f"expected a size such as '64GiB' or '3.9GB', got {type(value).__name__}")
     number, unit = _split(value, "size")
@@ -110,7 +136,7 @@ def parse_bytes(value: Any) -> int:
         raise UnitError(f"{value!r} is not a size: sizes are in bytes (B, GB, GiB), not bits or rates")
     else:
         raise UnitError(f"unknown size unit {unit!r} in {value!r} (use B, kB, MB, GB, TB, KiB, MiB, GiB, TiB)")
-    exact = number * factor
+    exact = _at_most(number * factor, MAX_BYTES, value, "size", "1024PiB")
     if exact != exact.to_integral_value():
         raise UnitError(f"{value!r} is not a whole number of bytes ({exact})")
     return int(exact)
@@ -128,7 +154,7 @@ def parse_bandwidth(value: Any) -> float:
         raise UnitError(f"expected a bandwidth such as '40Gbps' or '7GB/s', got {type(value).__name__}")
     number, unit = _split(value, "bandwidth")
     if unit in BANDWIDTH_UNITS:
-        return float(number * BANDWIDTH_UNITS[unit])
+        return float(_at_most(number * BANDWIDTH_UNITS[unit], MAX_BANDWIDTH, value, "bandwidth", "1PB/s"))
     if unit.endswith("Bps"):
         raise UnitError(
             f"ambiguous bandwidth {value!r}: write {number}{unit[:-3]}B/s for bytes "
@@ -145,16 +171,18 @@ def parse_duration(value: Any) -> float:
     """Parse a duration to seconds: ``53s`` -> 53.0, ``5m`` -> 300.0, ``1h30m`` -> 5400.0, ``250ms``."""
     _reject_plain_number(value, "duration")
     if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise UnitError(f"a duration must be a finite number of seconds, got {value!r}")
         if value < 0:
             raise UnitError(f"duration cannot be negative: {value}")
-        return float(value)
+        return float(_at_most(value, MAX_DURATION_S, value, "duration", "1e11 seconds (3,000 years)"))
     if not isinstance(value, str):
         raise UnitError(f"expected a duration such as '53s' or '5m', got {type(value).__name__}")
     text = value.strip()
     if text.startswith("-"):
         raise UnitError(f"duration cannot be negative: {value!r}")
     if re.fullmatch(r"[0-9]+(?:\.[0-9]+)?", text):
-        return float(Decimal(text))
+        return float(_at_most(Decimal(text), MAX_DURATION_S, value, "duration", "1e11 seconds (3,000 years)"))
     if "M" in text:
         raise UnitError(f"ambiguous duration {value!r}: 'M' could be minutes or months; write 'm' for minutes")
     pos, total, seen = 0, Decimal(0), False
@@ -165,7 +193,7 @@ def parse_duration(value: Any) -> float:
         pos, seen = m.end(), True
     if not seen or text[pos:].strip():
         raise UnitError(f"not a duration: {value!r} (use ms, s, m, h, d, e.g. '53s', '5m', '1h30m')")
-    return float(total)
+    return float(_at_most(total, MAX_DURATION_S, value, "duration", "1e11 seconds (3,000 years)"))
 
 
 def _shortest(value: Decimal, candidates: dict[str, Decimal], parse: Any, original: float | int, base: str) -> str:
@@ -213,6 +241,44 @@ def format_duration(seconds: float) -> str:
     return _shortest(Decimal(repr(seconds)), units, parse_duration, seconds, "s")
 
 
+#: A Kubernetes resource quantity (apimachinery ``resource.Quantity``), without a sign: a decimal
+#: number, then a binary suffix (``Ki`` .. ``Ei``), a decimal one (``n``, ``u``, ``m``, ``k``, ``M`` ..
+#: ``E``) or a decimal exponent (``e3``, ``E-2``).
+_K8S_QUANTITY = re.compile(
+    r"^(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:(?P<suffix>[KMGTPE]i|[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]{1,4}))?$"
+)
+_K8S_SUFFIXES: dict[str, Decimal] = {"": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3")}
+_K8S_SUFFIXES.update({p: Decimal(f) for p, f in _DECIMAL.items() if p != "K"})
+_K8S_SUFFIXES.update({p: Decimal(f) for p, f in _BINARY.items()})
+_K8S_SUFFIXES.update({"E": Decimal(10**18), "Ei": Decimal(2**60)})
+#: Largest quantity Kubernetes stores without losing it (an int64 of units).
+MAX_QUANTITY = 2**63 - 1
+
+
+def parse_quantity(value: Any) -> Decimal:
+    """Parse a Kubernetes resource quantity to its exact value: ``100m`` -> 0.1, ``4Gi`` -> 4294967296, ``2`` -> 2.
+
+    As the API server reads ``resources`` (a plain number is accepted, as Kubernetes accepts
+    ``cpu: 2``); no sign, no NaN, nothing past :data:`MAX_QUANTITY`.
+    """
+    _reject_plain_number(value, "quantity")
+    if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise UnitError(f"a quantity must be a finite number, got {value!r}")
+        value = str(value)
+    if not isinstance(value, str):
+        raise UnitError(f"expected a quantity such as '500m', '2' or '4Gi', got {type(value).__name__}")
+    if value.startswith("-"):
+        raise UnitError(f"quantity cannot be negative: {value!r}")
+    m = _K8S_QUANTITY.match(value)
+    if not m:
+        hint = " (a size here is 4Gi or 4G, Kubernetes' spelling, not 4GB)" if value.endswith("B") else ""
+        raise UnitError(f"not a Kubernetes quantity: {_clip(value)!r}; use e.g. '500m', '2', '4Gi'{hint}")
+    number = Decimal(m["num"])
+    exact = number.scaleb(int(m["exp"])) if m["exp"] else number * _K8S_SUFFIXES[m["suffix"] or ""]
+    return _at_most(exact, MAX_QUANTITY, value, "quantity", "2**63 - 1")
+
+
 def _validator(parse: Any) -> BeforeValidator:
     def run(value: Any) -> Any:
         # pydantic reports a ValueError at the field's location; UnitError is one.
@@ -227,6 +293,7 @@ def _validator(parse: Any) -> BeforeValidator:
 _NUMBER = r"([0-9][0-9_]*(\.[0-9]+)?|\.[0-9]+)"
 SIZE_PATTERN = rf"^\s*{_NUMBER}\s*(B|[kKMGTP]B|[KMGTP]iB?)?\s*$"
 BANDWIDTH_PATTERN = rf"^\s*{_NUMBER}\s*([kKMGTP]|[KMGTP]i)?(B/s|bps|bit/s)\s*$"
+QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]{1,4})?$"
 DURATION_PATTERN = r"^\s*([0-9]+(\.[0-9]+)?\s*|([0-9]+(\.[0-9]+)?\s*(ms|min|[smhd])\s*)+)$"
 
 

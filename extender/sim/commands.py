@@ -69,7 +69,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--load-scale", type=_positive, metavar="X", help="multiply the load of every --trace file")
     p.add_argument("--time-scale", type=_positive, metavar="X",
                    help="stretch the clock of every --trace file (0.001: timestamps in milliseconds)")
-    p.add_argument("--strategies", metavar="A,B,...",
+    p.add_argument("--strategies", type=strategy_names, metavar="A,B,...",
                    help=f"comma-separated subset of {','.join(STRATEGIES)} (default: the scenario's)")
     p.add_argument("--seed", type=int, metavar="N", help="override the scenario's seed")
     p.add_argument("--history", type=duration_or_zero, metavar="DURATION",
@@ -154,16 +154,14 @@ def log_demand(prepared: Prepared) -> None:
                requests=d.requests, duration_s=d.duration_s, mean_rps=d.mean_rps, peak_rps=d.peak_rps)
 
 
-def strategy_list(text: str | None, default: tuple[str, ...]) -> list[str]:
-    """Parse ``--strategies``; an unknown name is an :class:`UnknownNameError` naming the known ones."""
-    if text is None:
-        return list(default)
+def strategy_names(text: str) -> list[str]:
+    """``--strategies``: comma-separated strategy names, each once. An unknown name or an empty list
+    is a usage error (exit 2, like every malformed flag), naming the known strategies."""
     names = [n.strip() for n in text.split(",") if n.strip()]
-    for n in names:
-        if n not in STRATEGIES:
-            raise UnknownNameError(f"no strategy {n!r} (known: {', '.join(STRATEGIES)})")
-    if not names:
-        raise UnknownNameError(f"--strategies is empty (known: {', '.join(STRATEGIES)})")
+    unknown = [n for n in names if n not in STRATEGIES]
+    if unknown or not names:
+        what = f"no strategy {unknown[0]!r}" if unknown else "empty"
+        raise argparse.ArgumentTypeError(f"{what} (known: {', '.join(STRATEGIES)})")
     return list(dict.fromkeys(names))
 
 
@@ -240,7 +238,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load_scenario(args.scenario)
     if args.history is not None:
         loaded = dataclasses.replace(loaded, scenario=loaded.scenario.model_copy(update={"history": args.history}))
-    names = strategy_list(args.strategies, loaded.scenario.strategies)
+    names = args.strategies or list(loaded.scenario.strategies)
     traces = trace_specs(args, loaded.scenario)
     prepared = prepare(loaded, traces=traces, seed=args.seed)
     log_demand(prepared)
