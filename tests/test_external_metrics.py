@@ -5,10 +5,12 @@ Real clients over TLS (kubectl, the official Python client) are in test_external
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import Callable, Mapping
-from typing import Any
+from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 from flask import Flask
@@ -23,6 +25,7 @@ from extender.api.external_metrics.app import (
     create_app,
     format_quantity,
     rfc3339,
+    status_json,
 )
 from extender.api.external_metrics.auth import (
     Access,
@@ -37,7 +40,9 @@ from extender.api.external_metrics.auth import (
 )
 from extender.api.external_metrics.label_selector import Selector, SelectorError, parse_selector
 from extender.core.errors import StateError, StoreUnavailableError
-from extender.state.decisions import Published
+from extender.state import connect
+from extender.state.decisions import DecisionStore, Published, Unreadable
+from tests.conftest import RedisServer
 
 # ---- label selectors -----------------------------------------------------------------------------
 
@@ -132,7 +137,7 @@ PUBLISHED = {"qwen3": Published(desired=5, load=17.5, unit="requests/s", t=NOW -
 WORKLOADS: dict[str, str | None] = {"qwen3": "default", "llama": "ml", "anywhere": None}
 
 
-def make_app(published: Callable[[], Mapping[str, Published]] = lambda: PUBLISHED,
+def make_app(published: Callable[[], Mapping[str, Published | Unreadable]] = lambda: PUBLISHED,
              auth: Authenticator | None = None) -> Flask:
     return create_app(ExternalMetricsApi(published=published, workloads=WORKLOADS,
                                          auth=auth or Authenticator(AuthConfig(insecure=True)), clock=lambda: NOW))
@@ -242,6 +247,155 @@ def test_store_outage_is_503() -> None:
     code, body, _ = get(make_app(down).test_client(), "namespaces/default/extender-desired-replicas", "workload=qwen3")
     assert (code, body["reason"]) == (503, "ServiceUnavailable")
     assert "connection refused" in body["message"]
+
+
+# ---- one unreadable published entry: its own workload only (a real Redis) ----------------------------
+
+
+class Bad(NamedTuple):
+    """One row: what a hand-edited (or newer) entry for ``llama`` holds, and words of its error."""
+
+    id: str
+    raw: bytes
+    words: str
+
+
+BAD_ENTRIES = [Bad(*row) for row in [
+    ("field-missing", b'{"desired":1}', "load: Field required"),
+    ("infinite-window", b'{"desired":1,"load":1,"unit":"x","t":1,"window":1e999,"token":1}',
+     "window: Input should be a finite number"),
+    ("time-past-year-9999", b'{"desired":1,"load":1,"unit":"x","t":1e20,"window":1,"token":1}', "t: Input should be"),
+    ("nan-load", b'{"desired":1,"load":NaN,"unit":"x","t":1,"window":1,"token":1}', "load: Input should be a finite"),
+    ("not-json", b"{broken", "Invalid JSON"),
+    ("not-utf-8", b"\xff\xfe", "Invalid JSON"),
+    ("not-an-object", b"[1, 2]", "Input should be an object"),
+]]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("row", BAD_ENTRIES, ids=[b.id for b in BAD_ENTRIES])
+def test_an_unreadable_entry_spoils_only_its_own_workload(row: Bad, redis_server: RedisServer,
+                                                          tmp_path: Path) -> None:
+    client = connect(redis_server.url, tmp_path)
+    store = DecisionStore(client)
+    client.hset(store.published_key, mapping={"qwen3": PUBLISHED["qwen3"].encode(), "llama": row.raw,
+                                              "anywhere": PUBLISHED["qwen3"].encode()})
+    app = make_app(store.published_entries).test_client()
+    # the others are served as usual ...
+    code, body, _ = get(app, DESIRED, "workload=qwen3")
+    assert (code, [i["value"] for i in body["items"]]) == (200, ["5"]), body
+    code, body, _ = get(app, "namespaces/ml/extender-desired-replicas", "workload=anywhere")
+    assert (code, [i["value"] for i in body["items"]]) == (200, ["5"]), body
+    # ... and the bad one is a Status saying what is wrong with it, never a 500 or a 503
+    for selector in ("workload=llama", "workload in (anywhere,llama)"):
+        code, body, _ = get(app, "namespaces/ml/extender-desired-replicas", selector)
+        assert (code, body["kind"], body["reason"]) == (404, "Status", "NotFound"), body
+        assert "the published metrics of 'llama' are unreadable" in body["message"]
+        assert row.words in body["message"], body["message"]
+    client.close()
+
+
+@pytest.mark.integration
+def test_a_store_that_cannot_be_read_is_503(redis_server: RedisServer, tmp_path: Path) -> None:
+    store = DecisionStore(connect(redis_server.url, tmp_path))
+    app = make_app(store.published_entries).test_client()
+    assert get(app, DESIRED, "workload=qwen3")[0] == 200  # not decided yet: "0"
+    redis_server.kill()
+    code, body, _ = get(app, DESIRED, "workload=qwen3")
+    assert (code, body["reason"]) == (503, "ServiceUnavailable")
+    assert "the scaler's metrics cannot be read" in body["message"]
+
+
+# ---- what a 404 names: the workloads of the namespace asked about, never another's ---------------
+
+
+class Listed(NamedTuple):
+    id: str
+    namespace: str
+    listed: str  # the message's "workloads: ..." part
+
+
+LISTED = [Listed(*row) for row in [
+    ("default", "default", "workloads: anywhere, qwen3)"),
+    ("ml", "ml", "workloads: anywhere, llama)"),
+    # a namespace with nothing of its own still sees the workloads served in every namespace
+    ("other", "team-b", "workloads: anywhere)"),
+]]
+
+
+@pytest.mark.parametrize("row", LISTED, ids=[r.id for r in LISTED])
+def test_a_404_lists_only_the_namespace_s_workloads(row: Listed, client: FlaskClient) -> None:
+    code, body, _ = get(client, f"namespaces/{row.namespace}/extender-desired-replicas", "workload=typo")
+    assert code == 404
+    assert body["message"].endswith(row.listed), body["message"]
+
+
+# ---- 408 and 413, answered before the app sees the request (extender.api.asgi) ----------------------
+
+
+class Early(NamedTuple):
+    """One row: a request the ASGI layer refuses, and the Status it must get."""
+
+    id: str
+    headers: list[tuple[bytes, bytes]]
+    body: list[dict[str, Any]]  # the http.request messages the client sends (then it stalls)
+    code: int
+    reason: str
+    words: str
+
+
+EARLY = [Early(*row) for row in [
+    ("content-length-over-the-limit", [(b"content-length", b"2000000")], [], 413, "RequestEntityTooLarge",
+     "larger than the 1048576 byte limit"),
+    ("body-over-the-limit", [], [{"type": "http.request", "body": b"x" * 600_000, "more_body": True}] * 2, 413,
+     "RequestEntityTooLarge", "larger than the 1048576 byte limit"),
+    ("body-stalls", [(b"content-length", b"10")], [{"type": "http.request", "body": b"12345", "more_body": True}],
+     408, "RequestTimeout", "did not arrive within 0.05 s"),
+]]
+
+
+def early_reply(row: Early, error_body: Callable[[int, str], bytes] | None) -> tuple[int, dict[bytes, bytes], bytes]:
+    """``(status, headers, body)`` of ``row``'s request through :func:`whole_requests` around the real app."""
+    from extender.api.asgi import whole_requests
+
+    kwargs = {} if error_body is None else {"error_body": error_body}
+    app = whole_requests(make_app(), 1 << 20, 1, 0.05, **kwargs)
+    path = f"/apis/external.metrics.k8s.io/v1beta1/{DESIRED}"
+    scope = {"type": "http", "http_version": "1.1", "method": "GET", "path": path, "raw_path": path.encode(),
+             "query_string": b"labelSelector=workload%3Dqwen3", "headers": row.headers, "scheme": "https",
+             "server": ("127.0.0.1", 6443), "client": ("127.0.0.1", 5555), "root_path": ""}
+    messages = list(row.body)
+    sent: list[Mapping[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        if messages:
+            return messages.pop(0)
+        await asyncio.Event().wait()  # the client stalls (the 408's timer ends this)
+        raise AssertionError("unreachable")
+
+    async def send(message: Mapping[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))  # type: ignore[arg-type]
+    start, *rest = sent
+    return start["status"], dict(start["headers"]), b"".join(m.get("body", b"") for m in rest)
+
+
+@pytest.mark.parametrize("row", EARLY, ids=[e.id for e in EARLY])
+def test_early_errors_are_status_objects(row: Early) -> None:
+    code, headers, raw = early_reply(row, status_json)
+    body = json.loads(raw)
+    assert (code, headers[b"content-type"], headers[b"connection"]) == (row.code, b"application/json", b"close")
+    assert {k: body[k] for k in ("kind", "apiVersion", "status", "reason", "code")} == {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": row.reason, "code": row.code}
+    assert row.words in body["message"]
+
+
+@pytest.mark.parametrize("row", EARLY, ids=[e.id for e in EARLY])
+def test_the_scheduler_extenders_early_errors_keep_their_format(row: Early) -> None:
+    # extender serve uses the same layer with its own body, {"error": ...}: unchanged
+    code, _, raw = early_reply(row, None)
+    assert code == row.code and list(json.loads(raw)) == ["error"] and row.words in json.loads(raw)["error"]
 
 
 def test_probes_need_no_credentials() -> None:

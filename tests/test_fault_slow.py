@@ -22,7 +22,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -285,3 +285,39 @@ def test_stalled_handshakes_and_kept_alive_requests_do_not_stop_the_hpa(metrics_
             s.close()
         for t in kept:
             t.close()
+
+
+class EarlyError(NamedTuple):
+    """One row: a request ``extender scale`` refuses before its app runs, and the Status it answers."""
+
+    id: str
+    request: bytes  # after the request line's path
+    code: int
+    reason: str
+
+
+EARLY_ERRORS = [EarlyError(*row) for row in [
+    ("body-over-the-limit", b"Content-Length: 2000000\r\n\r\n", 413, "RequestEntityTooLarge"),
+    ("body-stalls", b"Content-Length: 1000\r\n\r\n{", 408, "RequestTimeout"),
+]]
+
+
+@pytest.mark.parametrize("row", EARLY_ERRORS, ids=[e.id for e in EARLY_ERRORS])
+def test_the_metrics_api_answers_early_errors_as_status_objects(metrics_api: tuple[str, Any], row: EarlyError) -> None:
+    # the HPA's client decodes every error as a metav1.Status, including those written before the app runs
+    url, pki = metrics_api
+    port = int(url.rsplit(":", 1)[1])
+    context = ssl.create_default_context(cafile=str(pki.server_ca.cert))
+    path = "/apis/external.metrics.k8s.io/v1beta1/namespaces/default/extender-desired-replicas"
+    with context.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=30),
+                             server_hostname="127.0.0.1") as t:
+        t.sendall(f"POST {path} HTTP/1.1\r\nHost: scaler\r\nAuthorization: Bearer hpa-token\r\n".encode() + row.request)
+        reply = b""
+        with contextlib.suppress(ssl.SSLError, ConnectionResetError):
+            while chunk := t.recv(65536):  # the server closes the connection after the error
+                reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {row.code}".encode()), reply[:300]
+    status = json.loads(body)
+    assert {k: status[k] for k in ("kind", "apiVersion", "status", "reason", "code")} == {
+        "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": row.reason, "code": row.code}

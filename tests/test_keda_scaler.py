@@ -160,7 +160,12 @@ CALLS = [Call(*row) for row in [
      {"workload": "llama", "namespace": "ml"}, METRIC_NAME, 3),
     ("unknown-workload", {"qwen3": (7, FRESH)}, "GetMetrics", "default", {"workload": "mistral"}, METRIC_NAME,
      (grpc.StatusCode.NOT_FOUND, "ScaledObject default/so: no autoscaled workload 'mistral' in namespace 'default' "
-                                 "(the policy autoscales: llama (ml), qwen3 (default))")),
+                                 "(served there: qwen3)")),
+    # the message names only what the namespace asked about may see, never another namespace's workloads
+    ("unknown-workload-lists-its-namespace-only", {}, "GetMetrics", "ml", {"workload": "mistral"}, METRIC_NAME,
+     (grpc.StatusCode.NOT_FOUND, "no autoscaled workload 'mistral' in namespace 'ml' (served there: llama)")),
+    ("unknown-workload-in-an-empty-namespace", {}, "IsActive", "team-b", {"workload": "qwen3"}, "",
+     (grpc.StatusCode.NOT_FOUND, "no autoscaled workload 'qwen3' in namespace 'team-b' (served there: nothing)")),
     ("unknown-workload-active", {}, "IsActive", "default", {"workload": "mistral"}, "",
      (grpc.StatusCode.NOT_FOUND, "no autoscaled workload 'mistral'")),
     ("unknown-workload-spec", {}, "GetMetricSpec", "default", {"workload": "mistral"}, "",
@@ -252,6 +257,67 @@ def counted(running: Running, method: str) -> dict[str, float]:
     return counts()
 
 
+# ---- one unreadable published entry: DATA_LOSS for its own workload, the others as usual -------------
+
+#: What a hand-edited entry for llama holds: a window that overflows every integer.
+BAD_ENTRY = '{"desired":1,"load":1,"unit":"requests/s","t":1,"window":1e999,"token":1}'
+
+
+class Spoiled(NamedTuple):
+    """One row: a call with llama's entry unreadable and qwen3's fine, and what it must answer."""
+
+    id: str
+    call: str
+    namespace: str
+    workload: str
+    expected: Any  # a value (GetMetrics), a bool (IsActive), "spec", or (StatusCode, words)
+
+
+UNREADABLE = "the published metrics of 'llama' are unreadable (window: Input should be a finite number)"
+SPOILED = [Spoiled(*row) for row in [
+    ("other-workload-metrics", "GetMetrics", "default", "qwen3", 7),
+    ("other-workload-active", "IsActive", "default", "qwen3", True),
+    ("bad-workload-metrics", "GetMetrics", "ml", "llama", (grpc.StatusCode.DATA_LOSS, UNREADABLE)),
+    ("bad-workload-active", "IsActive", "ml", "llama", (grpc.StatusCode.DATA_LOSS, UNREADABLE)),
+    ("bad-workload-stream", "StreamIsActive", "ml", "llama", (grpc.StatusCode.DATA_LOSS, UNREADABLE)),
+    ("bad-workload-spec", "GetMetricSpec", "ml", "llama", "spec"),  # from the policy alone
+]]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("row", SPOILED, ids=[r.id for r in SPOILED])
+def test_an_unreadable_entry_spoils_only_its_own_workload(row: Spoiled, redis_server: RedisServer,
+                                                          tmp_path: Path) -> None:
+    publish(redis_server.url, tmp_path, {"qwen3": (7, FRESH)})
+    client = connect(redis_server.url, tmp_path)
+    client.hset(DecisionStore(client).published_key, "llama", BAD_ENTRY)
+    client.close()
+    with serving(settings(), redis_server.url, tmp_path) as running, \
+            grpc.insecure_channel(running.address) as channel:
+        keda = stub(channel)
+        target = ref(row.namespace, {"workload": row.workload})
+        try:
+            if row.call == "GetMetrics":
+                got: Any = keda.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=target, metricName=METRIC_NAME)
+                                           ).metricValues[0].metricValue
+            elif row.call == "IsActive":
+                got = keda.IsActive(target).result
+            elif row.call == "StreamIsActive":
+                got = next(keda.StreamIsActive(target)).result
+            else:
+                got = "spec" if keda.GetMetricSpec(target).metricSpecs[0].targetSize == 1 else None
+        except grpc.RpcError as exc:
+            assert isinstance(row.expected, tuple), f"{row.call} failed: {exc.code()} {exc.details()}"
+            assert exc.code() == row.expected[0]
+            assert row.expected[1] in (exc.details() or ""), exc.details()
+        else:
+            assert got == row.expected
+        # the store is readable: the server stays SERVING and its board reads every other workload
+        assert health_of(channel) == health_pb2.HealthCheckResponse.SERVING
+        wait_for(lambda: running.server.board.published is not None, "the board's first read")
+        assert running.server.board.healthy is True
+
+
 # ---- Redis down: UNAVAILABLE, health NOT_SERVING, back when it is back ---------------------------------
 
 
@@ -303,8 +369,8 @@ def test_stream_sends_at_once_then_each_change_only(redis_server: RedisServer, t
         board = running.server.board
 
         def seen(desired: int) -> Callable[[], bool]:
-            return lambda: board.published is not None and board.published.get("llama", None) is not None \
-                and board.published["llama"].desired == desired
+            return lambda: board.published is not None \
+                and isinstance(value := board.published.get("llama"), Published) and value.desired == desired
 
         publish(redis_server.url, tmp_path, {"llama": (2, FRESH)})
         got.append(next(stream).result)

@@ -326,6 +326,22 @@ def test_a_spike_scales_up_at_once_and_down_after_the_window(redis_server: Redis
     assert all(d.desired == 10 for d in held)
 
 
+def test_after_a_pause_longer_than_the_window_nothing_is_removed_until_a_window_follows(
+        redis_server: RedisServer) -> None:
+    # 40 req/s for a while, then no scaler for ten minutes (the window in Redis keeps its last
+    # recommendation), then it comes back to 8 req/s: no decision in the pause, so no evidence
+    rig = make_rig(redis_server.url, lambda t: 40.0 if t < T0 + 30 * TICK else 8.0, startup_s=60.0, **FLAT)
+    before = rig.run(30)
+    assert before[-1].desired == 10
+    back = T0 + 30 * TICK + 600.0
+    after = rig.run(25, start=back)
+    assert after[0].action == "hold" and not after[0].window_covered
+    assert any("no decision for" in r for r in after[0].reasons), after[0].explain()
+    down = next(d for d in after if d.action == "scale-down")
+    assert down.inputs.now_s == back + 300  # one whole window of decisions after the pause
+    assert all(d.desired == 10 for d in after if d.inputs.now_s < down.inputs.now_s)
+
+
 def test_nothing_is_scaled_down_on_a_forecast_alone(redis_server: RedisServer) -> None:
     def falling(t: float) -> float | None:
         k = (t - T0) / TICK

@@ -224,6 +224,60 @@ def test_invalid_inputs_are_rejected(overrides: dict[str, Any], words: str) -> N
         inputs(**overrides)
 
 
+class Gap(NamedTuple):
+    """One row: the recommendations before ``NOW`` (``(seconds ago, replicas)``), and what a low tick does."""
+
+    id: str
+    before: tuple[tuple[float, int], ...]
+    desired: int
+    covered: bool
+    gap: bool  # the reasons name a pause in the decisions
+
+
+def every_tick(since_ago: float, until_ago: float, replicas: int) -> tuple[tuple[float, int], ...]:
+    """One recommendation per 15 s tick, from ``since_ago`` down to ``until_ago`` seconds before NOW."""
+    return tuple((float(ago), replicas) for ago in np.arange(since_ago, until_ago - 1e-9, -15.0))
+
+
+# 10 ready, the observed load needs 1 (demand 10 / 10 per replica), 300 s window, 15 s ticks
+GAPS = [Gap(*row) for row in [
+    # 10 recommended every tick until a minute ago: the window holds 10
+    ("steady", every_tick(315.0, 15.0, 10), 10, True, False),
+    # the decisions stopped ten minutes ago (scaler, Redis or leader down): the window is empty, and
+    # nothing says the load stayed low for it, so nothing is removed (the first start's rule)
+    ("gap", ((600.0, 10),), 10, False, True),
+    ("first-start", (), 10, False, False),
+    # back after the gap, one low tick: still no whole window of evidence
+    ("gap-then-one-low-tick", ((615.0, 10), (15.0, 1)), 10, False, True),
+    # back after the gap, and low for a whole window since: down
+    ("gap-then-refilled", ((915.0, 10), *every_tick(300.0, 15.0, 1)), 1, True, False),
+    # a pause no longer than the window is no gap: the 10s before it are still in the window
+    ("short-pause", (*every_tick(315.0, 150.0, 10), (15.0, 1)), 10, True, False),
+    # ... and once they have left it, the window is the HPA's
+    ("short-pause-then-low", ((315.0, 10), (300.0, 10), *every_tick(100.0, 15.0, 1)), 1, True, False),
+]]
+
+
+@pytest.mark.parametrize("row", GAPS, ids=[g.id for g in GAPS])
+def test_a_pause_in_the_decisions_restarts_the_window(row: Gap) -> None:
+    recent = tuple(Recommendation(at_s=NOW - ago, replicas=r) for ago, r in row.before)
+    d = decide(inputs(demand=10.0, ready=10, recent=recent))
+    assert (d.desired, d.window_covered) == (row.desired, row.covered)
+    assert any("no decision for" in r for r in d.reasons) == row.gap, d.reasons
+
+
+def test_a_loop_that_pauses_holds_until_a_whole_window_follows() -> None:
+    # decide + prune as the loop runs them: 10 needed for an hour, a 10-minute outage, then 1 needed
+    recent: tuple[Recommendation, ...] = ()
+    seen: list[tuple[float, int]] = []
+    for t in [*np.arange(0.0, 3600.0, 15.0), *np.arange(4200.0, 4800.0, 15.0)]:
+        d = decide(inputs(now_s=float(t), demand=100.0 if t < 3600 else 10.0, ready=10, recent=recent))
+        recent = prune((*recent, Recommendation(at_s=float(t), replicas=d.recommendation)), float(t), 300.0)
+        seen.append((float(t), d.desired))
+    downs = [t for t, desired in seen if desired < 10]
+    assert downs[0] == 4200.0 + 300.0  # the first decision after the outage, one window later
+
+
 def test_prune_keeps_the_window_and_one_before_it() -> None:
     recs = tuple(Recommendation(at_s=NOW - ago, replicas=r) for ago, r in [(500, 9), (320, 8), (300, 7), (100, 6)])
     kept = prune(recs, NOW, 300.0)

@@ -24,6 +24,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -187,10 +188,38 @@ def test_prometheus_answers_that_are_not_a_rate(pods_and_prometheus: tuple[list[
     obs = broken.observe([], time.time())
     assert obs.rate is None
     assert "HTTP 400" in obs.note
-    bad_queue = PrometheusSource(url=prom.url, query="scalar(vector(1))", queue_query="sum(")
-    obs = bad_queue.observe([], time.time())
-    assert (obs.rate, obs.queue, obs.complete) == (1.0, 0.0, True)
-    assert "queue query" in obs.note
+
+
+class Queries(NamedTuple):
+    """One row: the two queries, and the observation they make."""
+
+    id: str
+    query: str
+    queue_query: str | None
+    rate: float | None
+    queue: float
+    complete: bool
+    note: str  # words in the note ("" for none)
+
+
+QUERIES = [Queries(*row) for row in [
+    ("both-answer", "scalar(vector(1))", "scalar(vector(2))", 1.0, 2.0, True, ""),
+    ("no-queue-query", "scalar(vector(1))", None, 1.0, 0.0, True, ""),
+    # no series waiting is a queue of zero, not a failure
+    ("queue-has-no-series", "scalar(vector(1))", "sum(no_such_gauge)", 1.0, 0.0, True, ""),
+    # the queue is unknown: rate + 0 is only a lower bound of the demand, so no scale-down on it
+    ("queue-query-fails", "scalar(vector(1))", "sum(", 1.0, 0.0, False, "queue query"),
+    ("rate-query-fails", "sum(rate(", "scalar(vector(2))", None, 0.0, False, "rate query"),
+]]
+
+
+@pytest.mark.parametrize("row", QUERIES, ids=[q.id for q in QUERIES])
+def test_the_observation_is_complete_only_when_every_query_answers(
+        row: Queries, pods_and_prometheus: tuple[list[MetricsEndpoint], Prometheus]) -> None:
+    _, prom = pods_and_prometheus
+    obs = PrometheusSource(url=prom.url, query=row.query, queue_query=row.queue_query).observe([], time.time())
+    assert (obs.rate, obs.queue, obs.complete) == (row.rate, row.queue, row.complete)
+    assert row.note in obs.note and bool(obs.note) == bool(row.note)
 
 
 def test_unreachable_prometheus_is_no_observation() -> None:

@@ -20,6 +20,11 @@ scale``) run :class:`TLSASGIWorker`: the verified peer certificate comes from th
 headers of each request from its first byte (the connection is dropped), and the body (408, then
 the connection is closed). An idle kept-alive connection is not a stalled request: gunicorn's
 keep-alive timeout governs it. Every bound is a timer on the event loop, never a thread.
+
+The 408 and 413 replies are written here, before the app sees the request, as ``{"error": message}``
+(the scheduler extender's error body), or by ``error_body`` when the server speaks another format:
+the External Metrics API's are ``metav1.Status`` objects
+(:func:`extender.api.external_metrics.app.status_json`).
 """
 
 from __future__ import annotations
@@ -169,17 +174,28 @@ Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+#: ``error_body(code, message) -> JSON bytes`` of a 408 or 413 reply.
+ErrorBody = Callable[[int, str], bytes]
+
+
+def plain_error(code: int, message: str) -> bytes:
+    """``{"error": message}``: the default error body (the scheduler extender's)."""
+    return json.dumps({"error": message}).encode()
 
 
 def whole_requests(wsgi_app: Any, max_body_bytes: int, threads: int = 4,
-                   request_timeout_s: float | None = None) -> ASGIApp:
+                   request_timeout_s: float | None = None, error_body: ErrorBody = plain_error) -> ASGIApp:
     """An ASGI app that reads each request whole (at most ``max_body_bytes``), then runs ``wsgi_app``.
 
     ``threads``: the pool that runs the app; a thread is taken only by a request that is complete.
     ``request_timeout_s``: a body not complete this long after the headers gets 408 and the
-    connection is closed (``None``: no bound here).
+    connection is closed (``None``: no bound here). ``error_body``: the JSON of those 408 and 413
+    replies (module docstring).
     """
     pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="extender-request")
+
+    async def _too_large(send: Send, limit: int) -> None:
+        await _error(send, 413, error_body(413, f"request body is larger than the {limit} byte limit"))
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan":
@@ -230,7 +246,7 @@ def whole_requests(wsgi_app: Any, max_body_bytes: int, threads: int = 4,
             if not await asyncio.wait_for(read(), request_timeout_s):
                 return
         except TimeoutError:
-            await _error(send, 408, f"the request body did not arrive within {request_timeout_s:g} s")
+            await _error(send, 408, error_body(408, f"the request body did not arrive within {request_timeout_s:g} s"))
             return
         loop = asyncio.get_running_loop()
         status, headers, body = await loop.run_in_executor(pool, _call, wsgi_app, scope, b"".join(chunks))
@@ -279,13 +295,8 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _too_large(send: Send, limit: int) -> None:
-    await _error(send, 413, f"request body is larger than the {limit} byte limit")
-
-
-async def _error(send: Send, code: int, message: str) -> None:
+async def _error(send: Send, code: int, body: bytes) -> None:
     """A JSON error reply that closes the connection."""
-    body = json.dumps({"error": message}).encode()
     await send({"type": "http.response.start", "status": code,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})

@@ -18,7 +18,12 @@ The rules (docs/scaler.md; docs/prior-art.md Part B for the failures they avoid)
     candidate  = ceil(r)
     recommendation = current      if current > 0 and |1 - candidate / current| <= tolerance
                    = candidate    otherwise                          (the HPA's own tolerance test)
+    gap_s      = max(window, 2 x tick_s)                a longer pause between two decisions is an outage
+    since      = t_k, the oldest of the recommendation times t_1 < ... < t_n (and now = t_n+1) with
+                 t_j+1 - t_j <= gap_s for every j >= k      (now when there is none: the first start)
+    covered    = window = 0  or  since <= now - window
     stabilised = recommendation                                      if recommendation >= current
+               = current                                             if not covered
                = min(current, max(recommendation, recommendations in (now - window, now]))
                                                                      otherwise (HPA downscale rule)
     desired    = clamp(stabilised, min_replicas, max_replicas)
@@ -51,7 +56,13 @@ Why each rule:
   the window does not shed capacity that a cold start would take minutes to bring back. Until the
   recommendations cover the whole window (one at or before ``now - window``; e.g. right after the
   first start) there is no evidence the load stayed low for the window, and a scale-down is held.
-  Scale-ups are not stabilised (the HPA default).
+  A pause in the decisions longer than the window (the scaler down, Redis down, no leader) is such a
+  start too: the recommendations before it say nothing about the load since, so the window counts
+  only from the first decision after it, and a scale-down is held until that one is at or before
+  ``now - window`` (a window between the two would be empty and let one low tick remove replicas).
+  A pause no longer than the window (or than two ticks) is not: the recommendations before it are
+  still in the window, as in the HPA's own, which never pauses. Scale-ups are not stabilised (the
+  HPA default).
 * **Tolerance.** The published desired-replicas metric goes through the HPA, which ignores a change
   within its tolerance (``AverageValue`` target: ratio = desired / current, docs/kubernetes-interfaces.md 4.3). The
   decision applies the same test, in the same floating point, so its result is what the HPA will
@@ -69,6 +80,7 @@ replicas arrive.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -126,8 +138,9 @@ class DecisionInputs(_Model):
     """Everything one decision depends on (units in the module docstring).
 
     ``demand=None``: no observation this tick. ``forecast=None``: reactive only. ``recent``: past
-    recommendations of this workload; keep at least one at or before ``now - stabilisation_s`` or
-    a scale-down is held (the window is not covered).
+    recommendations of this workload; keep at least one at or before ``now - stabilisation_s``, with
+    no pause longer than the window (or two ticks, ``horizon.tick_s``) between it, the later ones and
+    now, or a scale-down is held (the window is not covered).
     """
 
     workload: str
@@ -247,6 +260,8 @@ class _Numbers:
     recommendation: int
     window_max: int | None
     covered: bool
+    #: The pause in the decisions that restarted the window, ``(last before it, first after it)``.
+    gap: tuple[float, float] | None
     stabilised: int
     desired: int
     action: Action
@@ -277,7 +292,8 @@ def _numbers(i: DecisionInputs) -> _Numbers:
     cutoff = i.now_s - i.stabilisation_s
     window = [r.replicas for r in i.recent if cutoff < r.at_s <= i.now_s]
     window_max = max(window) if window else None
-    covered = i.stabilisation_s == 0 or any(r.at_s <= cutoff for r in i.recent)
+    since, gap = _since(i)
+    covered = i.stabilisation_s == 0 or since <= cutoff
     if recommendation >= current:
         stabilised = recommendation
     elif not covered:
@@ -288,7 +304,23 @@ def _numbers(i: DecisionInputs) -> _Numbers:
     desired = min(max(stabilised, i.min_replicas), i.max_replicas)
     action: Action = "scale-up" if desired > current else "scale-down" if desired < current else "hold"
     return _Numbers(current, reactive, fc, fc_point, need, driver, candidate, within, recommendation, window_max,
-                    covered, stabilised, desired, action)
+                    covered, gap, stabilised, desired, action)
+
+
+def _gap_s(i: DecisionInputs) -> float:
+    """``gap_s = max(stabilisation_s, 2 x tick_s)``: a longer pause between two decisions restarts the window."""
+    return max(i.stabilisation_s, 2 * i.horizon.tick_s)
+
+
+def _since(i: DecisionInputs) -> tuple[float, tuple[float, float] | None]:
+    """``since`` of the module docstring, and the last pause longer than :func:`_gap_s` (``None``: none)."""
+    times = [*sorted(r.at_s for r in i.recent if r.at_s <= i.now_s), i.now_s]
+    longest = _gap_s(i)
+    since, gap = times[0], None
+    for before, after in itertools.pairwise(times):
+        if after - before > longest:
+            since, gap = after, (before, after)
+    return since, gap
 
 
 def recommend(inputs: DecisionInputs) -> tuple[int, int]:
@@ -320,7 +352,12 @@ def decide(inputs: DecisionInputs) -> Decision:
     if n.within and n.candidate != current:
         reasons.append(f"{n.candidate} is within the {i.tolerance:g} tolerance of {current}: the HPA would "
                        "not act, so holding")
-    if n.recommendation < current and not n.covered:
+    if n.recommendation < current and not n.covered and n.gap is not None:
+        before, after = n.gap
+        reasons.append(f"scale-down to {n.recommendation} held: no decision for {after - before:g}s (longer than "
+                       f"{_gap_s(i):g}s), so the {i.stabilisation_s:g}s stabilisation window counts from the first "
+                       "decision after that pause")
+    elif n.recommendation < current and not n.covered:
         reasons.append(f"scale-down to {n.recommendation} held: recommendations do not yet cover the "
                        f"{i.stabilisation_s:g}s stabilisation window")
     elif n.recommendation < current and n.stabilised > n.recommendation:
@@ -345,7 +382,8 @@ def decide(inputs: DecisionInputs) -> Decision:
 def prune(recent: Sequence[Recommendation], now_s: float, stabilisation_s: float) -> tuple[Recommendation, ...]:
     """The recommendations still needed: those in the window plus the newest one at or before its start.
 
-    Keeping that one older recommendation is what tells :func:`decide` the window is covered.
+    Keeping that one older recommendation is what tells :func:`decide` the window is covered (unless
+    a pause longer than the window follows it: module docstring).
     """
     cutoff = now_s - stabilisation_s
     older = [r for r in recent if r.at_s <= cutoff]

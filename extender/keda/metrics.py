@@ -14,7 +14,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 METHODS = ("GetMetricSpec", "GetMetrics", "IsActive", "StreamIsActive")
-CODES = ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "UNAVAILABLE", "CANCELLED", "UNKNOWN")
+CODES = ("OK", "INVALID_ARGUMENT", "NOT_FOUND", "UNAVAILABLE", "DATA_LOSS", "CANCELLED", "UNKNOWN")
 CALL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 

@@ -11,9 +11,10 @@ the two paths scale a workload alike:
   ``desired = ceil(value / 1)``: the published number itself (docs/kubernetes-interfaces.md 4.3).
   With ``metric: extender-standby-replicas`` in the metadata it is the standby placeholders'
   count instead (docs/scaler.md section 5.1), for a ScaledObject on the placeholder Deployment.
-* a workload not decided yet is served as 0 (the External Metrics API's ``"0"`` item); a decision
-  is served however old it is (the HPA then keeps the last decision while no scaler leads,
-  docs/scaler.md section 7).
+* a workload not decided yet is served as 0 (the External Metrics API's ``"0"`` item); a published
+  entry that cannot be decoded is :class:`UnreadableDecisionError` for that workload alone (gRPC
+  ``DATA_LOSS``; the other workloads are read as usual); a decision is served however old it is
+  (the HPA then keeps the last decision while no scaler leads, docs/scaler.md section 7).
 * active (KEDA's 0 <-> 1 switch): ``max(desired, minReplicas of the policy) > 0``. A workload whose
   policy minimum is at least 1 is therefore always active, decided or not: KEDA never scales it to
   zero while a new scaler makes its first decision. Placeholders are active while the standby count
@@ -34,7 +35,7 @@ from pydantic_core import ErrorDetails
 from extender.core.errors import ExtenderError, InvalidValueError, UnknownNameError
 from extender.core.policy import Name, Policy
 from extender.scaler.loop import scaled_profiles
-from extender.state.decisions import Published
+from extender.state.decisions import Published, Unreadable
 
 MetricName = Literal["extender-desired-replicas", "extender-standby-replicas"]
 #: The metric served unless the trigger asks for another, named as the External Metrics API names it.
@@ -68,6 +69,10 @@ class TriggerMetadata(BaseModel):
     workload: Name
     namespace: Annotated[str, AfterValidator(_namespace)] | None = None
     metric: MetricName = METRIC_NAME
+
+
+class UnreadableDecisionError(ExtenderError):
+    """The target's published entry cannot be decoded (gRPC ``DATA_LOSS``): no value to give."""
 
 
 @dataclass(frozen=True)
@@ -117,9 +122,10 @@ def resolve(name: str, namespace: str, metadata: Mapping[str, str], workloads: M
     scope = meta.namespace or namespace
     served = workloads.get(meta.workload)
     if served is None or (served.namespace is not None and served.namespace != scope):
-        names = ", ".join(f"{w} ({s.namespace or 'any namespace'})" for w, s in sorted(workloads.items()))
+        # name only what that namespace may see, never other namespaces' workloads
+        names = ", ".join(w for w, s in sorted(workloads.items()) if s.namespace is None or s.namespace == scope)
         raise UnknownNameError(f"{where}: no autoscaled workload {meta.workload!r} in namespace "
-                               f"{scope or '(none given)'!r} (the policy autoscales: {names or 'nothing'})")
+                               f"{scope or '(none given)'!r} (served there: {names or 'nothing'})")
     return Target(workload=meta.workload, namespace=scope, scaled_object=where, metric=meta.metric)
 
 
@@ -146,9 +152,16 @@ class Reading:
     decided_at: float | None
 
 
-def read(target: Target, workloads: Mapping[str, Served], published: Mapping[str, Published]) -> Reading:
-    """The reading of ``target`` from every workload's published values (module docstring for the rules)."""
+def read(target: Target, workloads: Mapping[str, Served],
+         published: Mapping[str, Published | Unreadable]) -> Reading:
+    """The reading of ``target`` from every workload's published values (module docstring for the rules).
+
+    Raises :class:`UnreadableDecisionError` when the target's own entry is :class:`Unreadable`.
+    """
     value = published.get(target.workload)
+    if isinstance(value, Unreadable):
+        raise UnreadableDecisionError(f"{target.scaled_object}: {value.reason}; no value until the scaler's "
+                                      "next decision for it")
     decided_at = value.t if value is not None else None
     if target.metric == STANDBY_METRIC:
         standby = max(0, value.standby) if value is not None else 0

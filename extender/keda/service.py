@@ -13,14 +13,16 @@ Four calls (docs/kubernetes-interfaces.md section 7), each answered from Redis t
 
 Status codes: ``INVALID_ARGUMENT`` for trigger metadata that names no workload, ``NOT_FOUND`` for a
 workload the policy does not autoscale in that namespace (or a metric name we do not serve),
-``UNAVAILABLE`` when Redis cannot be read. KEDA shows the message in its log and the
+``DATA_LOSS`` when that workload's published entry cannot be decoded (the other workloads are
+answered as usual), ``UNAVAILABLE`` when Redis cannot be read. KEDA shows the message in its log and the
 ScaledObject's events; its HPA then keeps the replicas it has, as with the External Metrics API.
 
 The unary calls read Redis on every call, as the External Metrics API does. Streams share one
 :class:`Board`: a task that reads the published hash every ``interval_s`` (one ``HGETALL`` for every
 open stream together), takes policy edits (:class:`~extender.files.PolicyFile`) and wakes the
 streams when something changed. While Redis cannot be read a stream stays open and sends nothing
-(KEDA keeps the last answer it got); a workload that leaves the policy ends its streams with
+(KEDA keeps the last answer it got), and so does a stream whose workload's entry cannot be
+decoded; a workload that leaves the policy ends its streams with
 ``NOT_FOUND``; :meth:`Board.close` (SIGTERM) ends them with ``OK`` so KEDA reconnects to another
 replica.
 """
@@ -43,15 +45,17 @@ from extender.keda import externalscaler_pb2_grpc as pb_grpc
 from extender.keda.metrics import KedaMetrics
 from extender.keda.reading import (
     TARGET_SIZE,
+    Reading,
     Served,
     Target,
     TriggerError,
+    UnreadableDecisionError,
     check_metric,
     read,
     resolve,
     served_workloads,
 )
-from extender.state.decisions import Published
+from extender.state.decisions import Published, Unreadable
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +66,7 @@ SERVICE_NAME: str = pb.DESCRIPTOR.services_by_name["ExternalScaler"].full_name
 class PublishedSource(Protocol):
     """Where decisions are read (:class:`~extender.state.decisions.DecisionStore`); blocking, raises our errors."""
 
-    def published(self) -> Mapping[str, Published]: ...
+    def published_entries(self) -> Mapping[str, Published | Unreadable]: ...
 
 
 class Board:
@@ -81,7 +85,7 @@ class Board:
         self.interval_s = interval_s
         self.policy_file = policy_file
         self.on_health = on_health
-        self.published: Mapping[str, Published] | None = None
+        self.published: Mapping[str, Published | Unreadable] | None = None
         self.healthy: bool | None = None
         self.generation = 0
         self.closed = False
@@ -102,9 +106,9 @@ class Board:
                 workloads = served_workloads(outcome.policy)
                 changed = workloads != self.workloads
                 self.workloads = workloads
-        published: Mapping[str, Published] | None
+        published: Mapping[str, Published | Unreadable] | None
         try:
-            published = await asyncio.to_thread(self.source.published)
+            published = await asyncio.to_thread(self.source.published_entries)
         except ExtenderError as exc:
             if self.healthy is not False:
                 log.error("KEDA scaler: the scaler's decisions cannot be read (%s); streams hold", exc)
@@ -175,11 +179,19 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             self._note(str(exc))
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
 
-    async def _published(self, context: Context[object, object]) -> Mapping[str, Published]:
+    async def _published(self, context: Context[object, object]) -> Mapping[str, Published | Unreadable]:
         try:
-            return await asyncio.to_thread(self.board.source.published)
+            return await asyncio.to_thread(self.board.source.published_entries)
         except ExtenderError as exc:
             await context.abort(grpc.StatusCode.UNAVAILABLE, f"the scaler's decisions cannot be read: {exc}")
+
+    async def _read(self, target: Target, published: Mapping[str, Published | Unreadable],
+                    context: Context[object, object]) -> Reading:
+        """The target's reading; ``DATA_LOSS`` when its own entry cannot be decoded (the store logged it)."""
+        try:
+            return read(target, self.board.workloads, published)
+        except UnreadableDecisionError as exc:
+            await context.abort(grpc.StatusCode.DATA_LOSS, str(exc))
 
     # ---- the calls -----------------------------------------------------------------------------
 
@@ -203,7 +215,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         except UnknownNameError as exc:
             self._note(str(exc))
             await context.abort(grpc.StatusCode.NOT_FOUND, str(exc))
-        reading = read(target, self.board.workloads, await self._published(context))
+        reading = await self._read(target, await self._published(context), context)
         value = pb.MetricValue(metricName=target.metric, metricValue=reading.replicas,
                                metricValueFloat=float(reading.replicas))
         return pb.GetMetricsResponse(metricValues=[value])
@@ -212,7 +224,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                        context: Context[object, object]) -> pb.IsActiveResponse:
         with self.metrics.call("IsActive", context):
             target = await self._target(request, context)
-            reading = read(target, self.board.workloads, await self._published(context))
+            reading = await self._read(target, await self._published(context), context)
             return pb.IsActiveResponse(result=reading.active)
 
     async def StreamIsActive(self, request: pb.ScaledObjectRef,  # noqa: N802
@@ -229,7 +241,7 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
                       context: Context[object, object]) -> AsyncIterator[pb.IsActiveResponse]:
         target = await self._target(request, context)
         seen = self.board.generation
-        last = read(target, self.board.workloads, await self._published(context)).active
+        last = (await self._read(target, await self._published(context), context)).active
         yield pb.IsActiveResponse(result=last)
         while True:
             generation = await self.board.next(seen)
@@ -239,7 +251,10 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
             target = await self._target(request, context)  # the policy may have dropped the workload
             if self.board.published is None:
                 continue  # Redis cannot be read: KEDA keeps the last answer
-            active = read(target, self.board.workloads, self.board.published).active
+            try:
+                active = read(target, self.board.workloads, self.board.published).active
+            except UnreadableDecisionError:
+                continue  # its entry cannot be decoded (logged by the store): KEDA keeps the last answer
             if active != last:
                 last = active
                 yield pb.IsActiveResponse(result=active)

@@ -50,6 +50,7 @@ from extender.arguments import (
     flag_problem,
     positive_int,
     prefix_from_args,
+    redis_url,
     redis_url_from_args,
     tls_problem,
 )
@@ -123,7 +124,7 @@ def register(subparsers: Any) -> None:
                          help="also list the N latest decisions (default: 1, the latest only)")
     explain.add_argument("--json", action="store_true", help="print the stored records as JSON")
     # SUPPRESS: without a value here, argparse must not overwrite what was given before 'explain'
-    explain.add_argument("--redis-url", default=argparse.SUPPRESS, metavar="URL", help="as for scale")
+    explain.add_argument("--redis-url", type=redis_url, default=argparse.SUPPRESS, metavar="URL", help="as for scale")
     explain.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR", help="as for scale")
     explain.add_argument("--prefix", default=argparse.SUPPRESS, metavar="PREFIX", help="as for scale")
     explain.set_defaults(handler=_explain, **{FLAG_CHECK: None})
@@ -356,6 +357,7 @@ def _foreground(settings: Any, metrics_bind: str | None = None) -> int:
 
 def _serve(settings: Any, args: argparse.Namespace) -> int:
     from extender.api.asgi import TLSASGIWorker, whole_requests
+    from extender.api.external_metrics.app import status_json
     from extender.api.launcher import ServeOptions, run
     from extender.scaler.serve import MAX_BODY_BYTES, create_worker_app, gunicorn_overrides
 
@@ -365,7 +367,8 @@ def _serve(settings: Any, args: argparse.Namespace) -> int:
         tls_key=Path(args.tls_key) if args.tls_key else None,
     )
     TLSASGIWorker.request_timeout_s = args.request_timeout  # set before gunicorn forks the worker
-    run(lambda: whole_requests(create_worker_app(settings), MAX_BODY_BYTES, args.threads, args.request_timeout),
+    run(lambda: whole_requests(create_worker_app(settings), MAX_BODY_BYTES, args.threads, args.request_timeout,
+                               error_body=status_json),  # 408 and 413 as metav1.Status, like every error
         options, overrides=gunicorn_overrides(settings))
     return 0
 

@@ -16,7 +16,10 @@ counters has no series at all, the sum is empty: no observation, rather than hal
 Reading the result: a vector is summed over its series, a scalar taken as is. An empty vector is
 no observation (the series do not exist, which is not the same as zero load: ``sum(rate(...))``
 over existing series is 0, not empty). A query error, a timeout or a non-finite value is no
-observation either. A failed queue query leaves the queue at zero and says so in the note.
+observation either. A failed queue query (an error or a timeout) leaves the queue at zero, says so
+in the note and makes the observation incomplete: the demand is then a lower bound, which may raise
+the decision but not lower it (docs/scaler.md section 7). An empty or non-finite queue is zero (no
+series waiting; ``0 / 0`` of the tokens/s conversion while idle), and complete.
 
 **The past** (``backfill``, on by default): the same two queries as range queries,
 ``GET <url>/api/v1/query_range?query=...&start=...&end=...&step=...``, evaluated at every ``step``
@@ -340,13 +343,15 @@ class PrometheusSource:
         except SignalError as exc:
             return Observation(rate=None, complete=False, expected=1, answered=0, note=f"rate query: {exc}")
         notes = [] if rate is not None else ["rate query returned no series"]
-        queue = 0.0
+        queue, queue_answered = 0.0, True
         if self.queue_query:
             try:
                 value = self.run(self.queue_query)
             except SignalError as exc:
-                value = None
+                # the queue is unknown, so rate + 0 is a lower bound of the demand: no scale-down on it
+                value, queue_answered = None, False
                 notes.append(f"queue query: {exc}")
             queue = max(0.0, value) if value is not None else 0.0
-        return Observation(rate=None if rate is None else max(0.0, rate), queue=queue, complete=rate is not None,
-                           expected=1, answered=1, note="; ".join(notes))
+        return Observation(rate=None if rate is None else max(0.0, rate), queue=queue,
+                           complete=rate is not None and queue_answered, expected=1, answered=1,
+                           note="; ".join(notes))

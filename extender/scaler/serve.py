@@ -225,7 +225,7 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
     def ready() -> tuple[bool, dict[str, Any]]:
         detail: dict[str, Any] = {"identity": settings.identity}
         try:
-            decisions.published()
+            decisions.published_entries()  # an unreadable entry spoils its own workload, not readiness
         except ExtenderError as exc:
             return False, {**detail, "store": str(exc)}
         if runner is None:
@@ -235,7 +235,7 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
                       leader=report.holder if report else None, token=report.token if report else None)
         return runner.alive(), detail
 
-    api = ExternalMetricsApi(published=decisions.published, workloads=workload_namespaces(settings.policy),
+    api = ExternalMetricsApi(published=decisions.published_entries, workloads=workload_namespaces(settings.policy),
                              auth=auth, ready=ready, registry=registry)
 
     def take(policy: Policy) -> None:

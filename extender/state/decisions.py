@@ -12,7 +12,10 @@ Keys (``<p>`` is the prefix)::
   :func:`extender.core.scaler.prune` keeps (a handful of entries), so a new leader continues the
   same window instead of starting one that is not yet "covered" and holding every scale-down.
 * The published hash is what the External Metrics API serves. Every scaler replica serves it,
-  leader or standby, so the APIService's Service can route to any of them.
+  leader or standby, so the APIService's Service can route to any of them. The servers read it
+  with :meth:`DecisionStore.published_entries`, which decodes each entry on its own: an entry that
+  cannot be read (hand-edited, written by a newer release) is an :class:`Unreadable` for its own
+  workload, logged once, and every other workload is served as usual.
 
 Writes are stages of one fenced commit per workload and tick (:meth:`LeaderLock.commit`): the
 sample, the decision, the window and the published value land together or not at all.
@@ -21,20 +24,40 @@ sample, the decision, the window and the published value land together or not at
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import redis
-from redis.client import Pipeline
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis.client import NEVER_DECODE, Pipeline
 
 from extender.core.errors import InvalidValueError, StateError
 from extender.state.errors import redis_errors
 from extender.state.lock import Stage
 
+log = logging.getLogger(__name__)
+
 #: Decision records kept per workload (an hour at the default 15 s tick, plus slack).
 DEFAULT_KEEP = 300
+#: Unix seconds of 10000-01-01: a decision time must be before it to be served as ``metav1.Time``.
+_LAST_TIME = 253_402_300_800.0
+
+
+class _PublishedJson(BaseModel):
+    """The JSON of one published entry, checked: finite numbers, a time that is a date."""
+
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+    desired: int
+    load: float
+    unit: str
+    t: float = Field(ge=0, lt=_LAST_TIME)
+    window: int = Field(ge=0)
+    token: int
+    standby: int = 0
 
 
 @dataclass(frozen=True)
@@ -61,10 +84,20 @@ class Published:
 
     @classmethod
     def decode(cls, raw: str | bytes) -> Published:
-        data = json.loads(raw)
-        return cls(desired=int(data["desired"]), load=float(data["load"]), unit=str(data["unit"]),
-                   t=float(data["t"]), window=int(data["window"]), token=int(data["token"]),
-                   standby=int(data.get("standby", 0)))
+        """The value :meth:`encode` wrote; raises :class:`InvalidValueError` saying what is wrong."""
+        try:
+            data = _PublishedJson.model_validate_json(raw)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors())
+            raise InvalidValueError(problems) from None
+        return cls(**data.model_dump())
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A published entry that cannot be decoded, and why (its workload is not served until the next decision)."""
+
+    reason: str
 
 
 class DecisionStore:
@@ -76,6 +109,8 @@ class DecisionStore:
         self.client = client
         self.prefix = prefix
         self.keep = keep
+        #: Workload -> the reason last logged for its unreadable published entry (each logged once).
+        self._unreadable: dict[str, str] = {}
 
     # ---- keys ----------------------------------------------------------------------------------
 
@@ -157,7 +192,8 @@ class DecisionStore:
         return out
 
     def published(self) -> dict[str, Published]:
-        """Every workload's published values (one HGETALL: the External Metrics API calls this per request)."""
+        """Every workload's published values; raises :class:`StateError` if any one is unreadable
+        (the servers read :meth:`published_entries` instead)."""
         with redis_errors("reading the published scaler metrics"):
             raw: Any = self.client.hgetall(self.published_key)
         out: dict[str, Published] = {}
@@ -165,6 +201,38 @@ class DecisionStore:
             key = name.decode() if isinstance(name, bytes) else name
             try:
                 out[key] = Published.decode(value)
-            except (ValueError, KeyError, TypeError) as exc:
+            except InvalidValueError as exc:
                 raise StateError(f"published metrics of {key!r} are unreadable: {exc}") from exc
+        return out
+
+    def published_entries(self) -> dict[str, Published | Unreadable]:
+        """Every workload's published values, each decoded on its own (one HGETALL: the External
+        Metrics API calls this per request, the KEDA scaler every watch interval).
+
+        An entry that cannot be decoded (not UTF-8, not JSON, a field missing, not finite or out of
+        range) is an :class:`Unreadable` for its workload alone, logged once per workload and
+        reason. Raises :class:`StateError` (:class:`StoreUnavailableError`) only when Redis cannot
+        be read.
+        """
+        with redis_errors("reading the published scaler metrics"):
+            # raw bytes: a value that is not UTF-8 must spoil its own entry, not the whole reply
+            raw: Any = self.client.execute_command(  # type: ignore[no-untyped-call]
+                "HGETALL", self.published_key, **{NEVER_DECODE: True})
+        out: dict[str, Published | Unreadable] = {}
+        for name, value in raw.items():
+            key = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+            try:
+                out[key] = Published.decode(value)
+            except InvalidValueError as exc:
+                reason = f"the published metrics of {key!r} are unreadable ({exc})"
+                out[key] = Unreadable(reason)
+                if self._unreadable.get(key) != reason:
+                    log.error("scaler metrics: %s; they are served again after its next decision", reason,
+                              extra={"workload": key})
+            else:
+                self._unreadable.pop(key, None)
+                continue
+            self._unreadable[key] = reason
+        for gone in set(self._unreadable) - set(out):
+            del self._unreadable[gone]
         return out

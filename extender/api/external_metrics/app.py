@@ -28,7 +28,11 @@ metric                          value                             HPA target
 
 A workload the scaler has not decided for yet is served as one item with value ``"0"`` (an empty
 list is an error to the HPA). A selector that matches no autoscaled workload of the namespace is a
-``404``: a typo in an HPA must show up as ``FailedGetExternalMetric``, not as a silent zero.
+``404``: a typo in an HPA must show up as ``FailedGetExternalMetric``, not as a silent zero; its
+message lists the workloads served in that namespace only. A selected workload whose published
+entry cannot be decoded (:class:`~extender.state.decisions.Unreadable`) is a ``404`` too, saying
+so: there is no value to serve for it, and the HPA keeps its replicas; the other workloads are
+served as usual. ``503`` is for a store that cannot be read at all.
 Values are Kubernetes quantity strings in milli-units (``"3"``, ``"1500m"``), which is the
 precision the HPA reads them in (``MilliValue``).
 """
@@ -51,7 +55,7 @@ from werkzeug.exceptions import HTTPException
 from extender.api.external_metrics.auth import Access, Authenticator, AuthError, User
 from extender.api.external_metrics.label_selector import SelectorError, parse_selector
 from extender.core.errors import ExtenderError
-from extender.state.decisions import Published
+from extender.state.decisions import Published, Unreadable
 
 GROUP = "external.metrics.k8s.io"
 VERSION = "v1beta1"
@@ -91,11 +95,25 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+#: ``metav1.Status`` reasons of the codes the server answers before the app sees a request
+#: (:mod:`extender.api.asgi`: a body too slow or too large).
+TRANSPORT_REASONS: Mapping[int, str] = {408: "RequestTimeout", 413: "RequestEntityTooLarge"}
+
+
+def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
+    """A ``metav1.Status`` failure object."""
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
+            "reason": reason, "code": code}
+
+
 def status(code: int, reason: str, message: str) -> Response:
     """A ``metav1.Status`` failure reply."""
-    body = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": message,
-            "reason": reason, "code": code}
-    return Response(json.dumps(body), status=code, mimetype=JSON_TYPE)
+    return Response(json.dumps(status_body(code, reason, message)), status=code, mimetype=JSON_TYPE)
+
+
+def status_json(code: int, message: str) -> bytes:
+    """The body of a reply :mod:`extender.api.asgi` writes itself (408, 413), as a ``metav1.Status``."""
+    return json.dumps(status_body(code, TRANSPORT_REASONS.get(code, "InternalError"), message)).encode()
 
 
 def _json(body: Any) -> Response:
@@ -111,12 +129,12 @@ def group_document() -> dict[str, Any]:
 class ExternalMetricsApi:
     """What the blueprint serves from: published values, the autoscaled workloads, and auth.
 
-    ``published`` reads every workload's values (``DecisionStore.published``; may raise our
-    errors, answered with 503). ``workloads`` maps each autoscaled workload to its namespace
+    ``published`` reads every workload's values (``DecisionStore.published_entries``; may raise
+    our errors, answered with 503). ``workloads`` maps each autoscaled workload to its namespace
     (``None``: served in every namespace).
     """
 
-    published: Callable[[], Mapping[str, Published]]
+    published: Callable[[], Mapping[str, Published | Unreadable]]
     workloads: Mapping[str, str | None]
     auth: Authenticator
     clock: Callable[[], float] = time.time
@@ -191,22 +209,26 @@ def metric_values(namespace: str, metric: str) -> Response:
         selector = parse_selector(request.args.get("labelSelector", ""))
     except SelectorError as exc:
         return status(400, "BadRequest", str(exc))
-    workloads = sorted(w for w, ns in api.workloads.items()
-                       if (ns is None or ns == namespace) and selector.matches({WORKLOAD_LABEL: w}))
-    if not workloads:
+    here = sorted(w for w, ns in api.workloads.items() if ns is None or ns == namespace)
+    workloads = [w for w in here if selector.matches({WORKLOAD_LABEL: w})]
+    if not workloads:  # name only what this namespace may see, never other namespaces' workloads
         return status(404, "NotFound", f"no autoscaled workload in namespace {namespace!r} matches the "
                       f"selector {str(selector) or '(everything)'!r} (label {WORKLOAD_LABEL!r}; "
-                      f"workloads: {', '.join(sorted(api.workloads)) or 'none'})")
+                      f"workloads: {', '.join(here) or 'none'})")
     try:
         published = api.published()
     except ExtenderError as exc:
         return status(503, "ServiceUnavailable", f"the scaler's metrics cannot be read: {exc}")
+    unreadable = [v.reason for w in workloads if isinstance(v := published.get(w), Unreadable)]
+    if unreadable:  # no value to serve (the store logged why); the other workloads are unaffected
+        return status(404, "NotFound", f"{'; '.join(unreadable)}: no value until the scaler's next decision "
+                      "for it")
     now = api.clock()
     items = []
     for w in workloads:
         value = published.get(w)
         item: dict[str, Any] = {"metricName": metric, "metricLabels": {WORKLOAD_LABEL: w}}
-        if value is None:  # not decided yet: "0", as an empty list would be an error to the HPA
+        if not isinstance(value, Published):  # not decided yet: "0", as an empty list is an error to the HPA
             item.update(timestamp=rfc3339(now), value="0")
         else:
             item.update(timestamp=rfc3339(value.t), window=value.window, value=format_quantity(value_of(value)))
