@@ -192,17 +192,13 @@ class DecisionStore:
         return out
 
     def published(self) -> dict[str, Published]:
-        """Every workload's published values; raises :class:`StateError` if any one is unreadable
-        (the servers read :meth:`published_entries` instead)."""
-        with redis_errors("reading the published scaler metrics"):
-            raw: Any = self.client.hgetall(self.published_key)
+        """Every workload's published values, all or nothing: raises :class:`StateError` if any one is
+        unreadable (the servers read :meth:`published_entries`, which serves the others)."""
         out: dict[str, Published] = {}
-        for name, value in raw.items():
-            key = name.decode() if isinstance(name, bytes) else name
-            try:
-                out[key] = Published.decode(value)
-            except InvalidValueError as exc:
-                raise StateError(f"published metrics of {key!r} are unreadable: {exc}") from exc
+        for key, entry in self.published_entries().items():
+            if isinstance(entry, Unreadable):
+                raise StateError(entry.reason)
+            out[key] = entry
         return out
 
     def published_entries(self) -> dict[str, Published | Unreadable]:
