@@ -40,8 +40,19 @@ from tests.test_packaging import RENDERS
 #: Flags whose value is a file or directory the process opens.
 PATH_FLAGS = ("--policy", "--tls-cert", "--tls-key", "--tls-client-ca", "--tls-front-proxy-ca", "--kubeconfig",
               "--cache-root", "--hub-cache")
-#: Written in place of a value the kubelet fills in (secretKeyRef, fieldRef, ...).
+#: Written in place of a value the kubelet fills in (secretKeyRef, configMapKeyRef, ...).
 FROM_THE_CLUSTER = "<set by the kubelet>"
+#: What the kubelet writes for a downward-API field whose shape a command checks at start (the agent
+#: refuses a $NODE_NAME that is no node name).
+FIELD_VALUES = {"spec.nodeName": "gpu-node-1"}
+
+
+def env_value(entry: Mapping[str, Any]) -> str:
+    """The value a container's environment entry has when the pod runs, or a stand-in for it."""
+    if "value" in entry:
+        return str(entry["value"])
+    field = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    return FIELD_VALUES.get(field, FROM_THE_CLUSTER)
 
 
 @dataclass(frozen=True)
@@ -62,7 +73,7 @@ def containers(source: str, docs: list[dict[str, Any]]) -> list[Command]:
             command = list(c.get("command", []))
             if command[:1] != ["extender"]:
                 continue
-            environ = {e["name"]: str(e.get("value", FROM_THE_CLUSTER)) for e in c.get("env", [])}
+            environ = {e["name"]: env_value(e) for e in c.get("env", [])}
             mounts = tuple(m["mountPath"] for m in c.get("volumeMounts", []))
             args = tuple(command[1:] + list(c.get("args", [])))
             out.append(Command(f"{source}/{doc['metadata']['name']}/{c['name']}", args, environ, mounts))
