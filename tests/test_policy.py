@@ -328,6 +328,26 @@ REFUSED = [
             "warming.resources.limits.cpu", "got a boolean"),
     Refused("requests above limits", "", "warming: {resources: {requests: {memory: 8Gi}, limits: {memory: 1Gi}}}\n",
             13, "warming.resources", "requests.memory (8Gi) is larger than limits.memory (1Gi)"),
+    # settings that are valid alone and contradict each other: the policy would silently do nothing
+    Refused("a node class shadowed by an earlier one", "profiles:\n", "  - name: gpu-a-big\n"
+            "    matchLabels: {node.kubernetes.io/instance-type: a, size: big}\n"
+            "    gpu: {product: NVIDIA-A10G, count: 4}\n    nvme: {capacity: 3800GB}\nprofiles:\n", 9,
+            "nodeClasses[1].matchLabels", "node class 'gpu-a-big' can never match a node: 'gpu-a' comes first"),
+    Refused("a profile shadowed by an earlier one", "", "  - name: small-canary\n"
+            "    match: {labels: {extender.io/workload: small, track: canary}}\n"
+            '    image: {reference: "vllm/vllm-openai:v0.11.0"}\n'
+            '    weights: {source: "s3://m/small/", version: v1, bytes: 16GB}\n', 14, "profiles[1].match",
+            "profile 'small-canary' can never match a pod: 'small' comes first"),
+    Refused("more observations needed than kept", "", "calibration: {minObservations: 500, window: 10}\n", 13,
+            "calibration", "minObservations (500) is more than the window keeps (10)"),
+    Refused("a startup SLO of zero", "", "    startupSlo: 0s\n", 13, "profiles[0].startupSlo", "must be > 0"),
+    Refused("a first retry after the longest", "", "warming: {retry: {initial: 1h, max: 1s}}\n", 13, "warming.retry",
+            "initial (1h) is longer than max (1s)"),
+    Refused("an override of a class the profile may not use", "profiles:\n  - name: small\n", "  - name: gpu-b\n"
+            "    matchLabels: {node.kubernetes.io/instance-type: b}\n"
+            "    gpu: {product: NVIDIA-A10G, count: 4}\n    nvme: {capacity: 3800GB}\nprofiles:\n"
+            "  - name: small\n    nodeClasses: [gpu-a]\n    overrides: {gpu-b: {engineInit: 10s}}\n", 15,
+            "profiles[0].overrides.gpu-b", "node class 'gpu-b' is not one this profile may run on"),
 ]
 
 

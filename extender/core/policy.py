@@ -149,7 +149,9 @@ class NodeClass(Schema):
 
     #: The class's name (profiles and overrides refer to it).
     name: Name
-    #: Node labels that identify the class; a node must carry all of them.
+    #: Node labels that identify the class; a node must carry all of them. The first class that
+    #: matches a node is its class, so a class whose labels include all of an earlier class's can
+    #: never match and is an error: list the more specific class first.
     match_labels: dict[str, str] = Field(min_length=1)
     gpu: Gpu
     nvme: Nvme
@@ -573,6 +575,8 @@ class Profile(Schema):
 
     #: The workload's name (labels of published metrics, warm Jobs, inventory keys).
     name: Name
+    #: The pods of this workload. A pod belongs to the first profile that matches it, so a profile
+    #: whose match includes all of an earlier profile's can never match and is an error.
     match: PodMatch
     node_classes: tuple[str, ...] = Field(default=(), description="classes it may run on; empty: any")
     image: Image
@@ -588,7 +592,7 @@ class Profile(Schema):
     lora: Lora | None = None
     capacity: Capacity | None = None
     #: Startup time the workload should meet (reports; the opt-in filter rule).
-    startup_slo: Duration | None = None
+    startup_slo: Annotated[Duration, Field(gt=0)] | None = None
     overrides: dict[str, PhaseOverride] = {}
     filter: FilterRules = FilterRules()
     #: The predictive scaler's settings for this workload; unset: ``extender scale`` leaves it alone.
@@ -765,6 +769,13 @@ class Calibration(Schema):
     #: How far a fit may move each parameter from the policy's value, as factors of its seconds.
     bounds: CalibrationBounds = CalibrationBounds()
 
+    @model_validator(mode="after")
+    def _enough_kept_to_apply(self) -> Calibration:
+        if self.min_observations > self.window:
+            raise InvalidValueError(f"minObservations ({self.min_observations}) is more than the window keeps "
+                                    f"({self.window}): no fit could ever be applied")
+        return self
+
 
 class Toleration(Schema):
     """A Kubernetes toleration on the warm Jobs' pods (``key`` empty with ``Exists``: every taint)."""
@@ -904,6 +915,13 @@ class WarmRetry(Schema):
     max: Annotated[Duration, Field(gt=0)] = 1800.0
     #: Pod retries inside one Job (its ``backoffLimit``) before the Job counts as failed.
     pod_retries: Int = Field(default=1, ge=0, le=10)
+
+    @model_validator(mode="after")
+    def _initial_within_max(self) -> WarmRetry:
+        if self.initial > self.max:
+            raise InvalidValueError(f"initial ({format_duration(self.initial)}) is longer than max "
+                                    f"({format_duration(self.max)}): every wait would be max")
+        return self
 
 
 class PublishedSnapshot(Schema):
@@ -1083,6 +1101,10 @@ def cross_check(policy: Policy) -> list[tuple[Loc, str]]:
         for name in p.overrides:
             if name not in known:
                 out.append((("profiles", i, "overrides", name), f"no node class {name!r}"))
+            elif p.node_classes and name not in p.node_classes:
+                out.append((("profiles", i, "overrides", name),
+                            f"node class {name!r} is not one this profile may run on (nodeClasses: "
+                            f"{', '.join(p.node_classes)}): the override would never apply"))
         classes = [c for c in policy.node_classes if not p.node_classes or c.name in p.node_classes]
         if not classes:
             continue
@@ -1101,10 +1123,37 @@ def cross_check(policy: Policy) -> list[tuple[Loc, str]]:
         if p.autoscaling is not None and p.capacity is None:
             out.append((("profiles", i, "autoscaling"),
                         "autoscaling needs capacity (perReplica and unit) to turn demand into replicas"))
+    out.extend(_shadowed(policy))
     for j, name in enumerate(policy.warming.keep_warm):
         if name not in profile_names:
             out.append((("warming", "keepWarm", j), f"no profile {name!r}"))
     out.extend(_check_warming(policy, profile_names, known))
+    return out
+
+
+def _shadowed(policy: Policy) -> list[tuple[Loc, str]]:
+    """Node classes and profiles that can never be chosen: the first match wins
+    (:meth:`Policy.classify_node`, :meth:`Policy.profile_for_pod`), so an entry is dead when an
+    earlier one asks for a subset of what it asks for (``A <= B``: every node or pod B matches, A
+    matches first). A repeated name is reported as a duplicate already, not again here."""
+    out: list[tuple[Loc, str]] = []
+    classes = policy.node_classes
+    for j, later in enumerate(classes):
+        first = next((c for c in classes[:j] if c.match_labels.items() <= later.match_labels.items()), None)
+        if first is not None and all(c.name != later.name for c in classes[:j]):
+            out.append((("nodeClasses", j, "matchLabels"),
+                        f"node class {later.name!r} can never match a node: {first.name!r} comes first and matches "
+                        "every node it does (its matchLabels are a subset of these); put the more specific class "
+                        "first or tell them apart by a label"))
+    profiles = policy.profiles
+    for j, profile in enumerate(profiles):
+        earlier = next((p for p in profiles[:j] if p.match.labels.items() <= profile.match.labels.items()
+                        and p.match.annotations.items() <= profile.match.annotations.items()), None)
+        if earlier is not None and all(p.name != profile.name for p in profiles[:j]):
+            out.append((("profiles", j, "match"),
+                        f"profile {profile.name!r} can never match a pod: {earlier.name!r} comes first and matches "
+                        "every pod it does (its labels and annotations are a subset of these); put the more "
+                        "specific profile first"))
     return out
 
 
