@@ -262,6 +262,9 @@ def create_app(api: ExternalMetricsApi) -> Flask:
     app = Flask("extender.external_metrics")
     app.config["MAX_CONTENT_LENGTH"] = 1 << 16  # every call is a GET; a body is a mistake
     app.extensions["external_metrics"] = api
+    # werkzeug answers `//` in a path with a 308 redirect in HTML that no error handler sees; an API
+    # client wants a Status: such a path simply does not match (a 404)
+    app.url_map.merge_slashes = False
     app.register_blueprint(bp)
 
     @app.errorhandler(HTTPException)

@@ -50,6 +50,9 @@ def create_app(settings: Settings) -> Flask:
     app = Flask("extender.api.scheduler")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     app.extensions["extender"] = service
+    # werkzeug answers `//filter` with a 308 redirect in HTML that no error handler sees: such a path
+    # simply does not match (a JSON 404, like every other unknown path)
+    app.url_map.merge_slashes = False
     app.register_blueprint(bp)
 
     @app.errorhandler(RequestEntityTooLarge)
