@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
-from typing import Any, get_args
+from typing import Any, NamedTuple, get_args
 
 import numpy as np
 import pytest
@@ -192,6 +192,45 @@ def test_a_pod_protects_its_adapters_and_every_version_of_its_weights() -> None:
     assert {"weights:tenants/v0", "adapter:tenants/acme", "adapter:tenants/old", "compile:x"} <= needed
     assert "weights:llm/v1" not in needed
     assert replica_ids(TEN, GPU) <= needed
+
+
+LLM_KEY = compile_key(POLICY.profile("llm"), GPU)
+#: A compile key no current profile computes: llm's before a rollout (another image digest), say.
+OLD_KEY = "0" * 64
+
+
+class CompileKept(NamedTuple):
+    id: str
+    pods: tuple[str, ...]
+    keys: tuple[str, ...]
+    kept: frozenset[str]  # of keys: those ids_in_use protects
+
+
+COMPILE_KEPT = [
+    CompileKept("a running pod's key of the previous rollout", ("llm",), (OLD_KEY, str(LLM_KEY)),
+                frozenset({OLD_KEY, str(LLM_KEY)})),
+    CompileKept("a key nobody can attribute, while another workload's pod runs", ("tenants",), (OLD_KEY,),
+                frozenset({OLD_KEY})),
+    CompileKept("a pod of a workload the policy no longer has", ("retired",), (OLD_KEY,), frozenset({OLD_KEY})),
+    CompileKept("the current key of a workload with no pod on the node", ("tenants",), (str(LLM_KEY),), frozenset()),
+    CompileKept("no pod on the node: nothing is read", (), (OLD_KEY, str(LLM_KEY)), frozenset()),
+]
+
+
+@pytest.mark.parametrize("case", COMPILE_KEPT, ids=[c.id for c in COMPILE_KEPT])
+def test_a_pod_protects_every_compile_key_it_may_read(case: CompileKept) -> None:
+    record = node(podWorkloads=list(case.pods), compileKeys=list(case.keys))
+    needed = ids_in_use(POLICY, record, GPU)
+    assert {k for k in case.keys if cache_id("compile", k) in needed} == case.kept
+
+
+def test_the_planner_never_evicts_a_running_pods_old_compile_cache() -> None:
+    record = node(podWorkloads=["llm"], compileKeys=[OLD_KEY], cacheBytes={f"compile:{OLD_KEY}": 60 * GB},
+                  lastUsed={f"compile:{OLD_KEY}": NOW - 7200}, nvmeFree=60 * GB, gpusFree=8)
+    snap = InventorySnapshot.build(POLICY, [record], taken_at=NOW, registry=())
+    result = plan(POLICY, snap, [Expectation(workload="tenants", replicas=1, within_s=3600)], now=NOW)
+    assert all(e.cache != f"compile:{OLD_KEY}" for a in result.actions for e in a.evictions)
+    assert all(a.kind != "weights" for a in result.actions)  # 100 GB does not fit without that eviction
 
 
 # ---- LoRA adapters --------------------------------------------------------------------------------

@@ -254,6 +254,10 @@ def test_policy_is_frozen() -> None:
 DIGITS = "9" * 5000
 
 
+#: A minimal weights template, appended to MINIMAL (its lines 13 to 17).
+STEP = "warming:\n  templates:\n    weights:\n      image: x\n      command: [x]\n"
+
+
 class Refused(NamedTuple):
     id: str
     old: str  # replaced in MINIMAL by new ("" appends new)
@@ -348,6 +352,39 @@ REFUSED = [
             "    gpu: {product: NVIDIA-A10G, count: 4}\n    nvme: {capacity: 3800GB}\nprofiles:\n"
             "  - name: small\n    nodeClasses: [gpu-a]\n    overrides: {gpu-b: {engineInit: 10s}}\n", 15,
             "profiles[0].overrides.gpu-b", "node class 'gpu-b' is not one this profile may run on"),
+    # warm Job fields Kubernetes would refuse at every tick: refused when the policy loads
+    Refused("a namespace that is no DNS label", "", "warming: {namespace: Extender_Warm}\n", 13, "warming.namespace",
+            "'Extender_Warm' is not a valid Kubernetes name (DNS-1123 label)"),
+    Refused("an Exists toleration with a value", "",
+            "warming: {tolerations: [{key: a, operator: Exists, value: x, effect: NoSchedule}]}\n", 13,
+            "warming.tolerations[0]", "operator Exists takes no value"),
+    Refused("a toleration with a value and no key", "", "warming: {tolerations: [{key: '', value: x}]}\n", 13,
+            "warming.tolerations[0]", "an empty key matches every taint and needs operator Exists"),
+    Refused("a toleration key that is no qualified name", "", "warming: {tolerations: [{key: 'a b', "
+            "operator: Exists}]}\n", 13, "warming.tolerations[0].key", "'a b' is not a qualified name"),
+    Refused("an Equal toleration value with a space", "", "warming: {tolerations: [{key: a, value: 'x y'}]}\n", 13,
+            "warming.tolerations[0].value", "'x y' is not a valid taint value"),
+    Refused("a taint key that is no qualified name", "", "warming: {newNodes: {taint: {key: 'bad key!/x'}}}\n", 13,
+            "warming.newNodes.taint.key", "the prefix before '/' must be a DNS subdomain"),
+    Refused("a taint value with spaces", "", "warming: {newNodes: {taint: {value: 'v a l'}}}\n", 13,
+            "warming.newNodes.taint.value", "'v a l' is not a valid taint value"),
+    Refused("a resource name without its domain", "", "warming: {resources: {limits: {gpu: 1}}}\n", 13,
+            "warming.resources.limits", "'gpu' is not a container resource"),
+    Refused("a resource name with a space", "", "warming: {resources: {requests: {'my cpu': 1}}}\n", 13,
+            "warming.resources.requests", "'my cpu' is not a qualified name"),
+    Refused("an extended resource requested without its limit", "",
+            "warming: {resources: {requests: {nvidia.com/gpu: 1}}}\n", 13, "warming.resources",
+            "requests.nvidia.com/gpu needs limits.nvidia.com/gpu equal to it"),
+    Refused("a priority class that is no DNS subdomain", "", "warming: {priorityClassName: Not_Valid}\n", 13,
+            "warming.priorityClassName", "'Not_Valid' is not a valid Kubernetes name (DNS-1123 subdomain)"),
+    Refused("a service account that is no DNS subdomain", "", "warming: {serviceAccountName: Bad SA}\n", 13,
+            "warming.serviceAccountName", "'Bad SA' is not a valid Kubernetes name (DNS-1123 subdomain)"),
+    Refused("an env name with '='", "", STEP + "      env: {'1BAD=X': v}\n", 18,
+            "warming.templates.weights.env", "'1BAD=X' is not a valid environment variable name"),
+    Refused("an empty env name", "", STEP + "      env: {'': v}\n", 18,
+            "warming.templates.weights.env", "'' is not a valid environment variable name"),
+    Refused("a Secret name that is no DNS subdomain", "", STEP + "      envFromSecrets: [Bad_Secret]\n", 18,
+            "warming.templates.weights.envFromSecrets[0]", "'Bad_Secret' is not a valid Kubernetes name"),
 ]
 
 
@@ -397,6 +434,10 @@ KEPT = [
          "limits: {cpu: '1', memory: 4G}}}\n", {"cpu": "100m", "memory": "1e9"}, {"cpu": "1", "memory": "4G"}),
     Kept("requests equal to limits", "warming: {resources: {requests: {memory: 4Gi}, limits: {memory: 4096Mi}}}\n",
          {"memory": "4Gi"}, {"memory": "4096Mi"}),
+    Kept("an extended resource and hugepages, requests equal to limits",
+         "warming: {resources: {requests: {nvidia.com/gpu: 1, hugepages-2Mi: 1Gi}, "
+         "limits: {nvidia.com/gpu: '1', hugepages-2Mi: 1Gi}}}\n",
+         {"nvidia.com/gpu": "1", "hugepages-2Mi": "1Gi"}, {"nvidia.com/gpu": "1", "hugepages-2Mi": "1Gi"}),
 ]
 
 

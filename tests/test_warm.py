@@ -22,7 +22,7 @@ from extender.core.caches import CacheKind, cache_id, compile_key
 from extender.core.errors import PolicyError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy, parse_policy
-from extender.core.warming import Action, Eviction
+from extender.core.warming import MAX_EVICTIONS, Action, Eviction
 from extender.layout import COMPLETE, MANIFEST, weights_dir
 from extender.warm.checks import node_warm, present, unsafe_evictions
 from extender.warm.executor import retry_delay
@@ -232,7 +232,37 @@ BAD_TEMPLATES = [
                 "warming.templates.publishCompile.env.DEST", "unknown placeholder(s) staging"),
     BadTemplate("a brace that is not a placeholder", 'weights: {image: x, command: ["{{ 1 }}"]}',
                 "warming.templates.weights.command[0]", "not a {{name}} placeholder"),
+    BadTemplate("a here-document before a placeholder", 'weights: {image: x, command: [sh, -c, '
+                '"cat <<EOF\\nit\'s\\nEOF\\naws s3 sync {{source}} {{staging}}"]}',
+                "warming.templates.weights.command[2]", "a here-document (<<) in a shell script"),
+    BadTemplate("a here-document in args", 'weights: {image: x, command: [bash], args: [-ec, '
+                '"cat > f <<-X\\n{{source}}\\nX"]}', "warming.templates.weights.args[1]", "here-document"),
 ]
+
+
+class Commented(NamedTuple):
+    id: str
+    script: str
+    printed: str
+
+
+#: Scripts whose comments hold quotes: a comment opens no quote, so the placeholders after it are still data.
+COMMENTED = [
+    Commented("an apostrophe in a comment line", "# don't touch\nprintf '<%s>' {{source}}", "<x y'z>"),
+    Commented("a double quote in a trailing comment", 'true # say "hi\nprintf \'<%s>\' "{{source}}"', "<x y'z>"),
+    Commented("a placeholder inside a comment", "# {{source}} it's\nprintf '<%s>' {{source}}", "<x y'z>"),
+    Commented("a # inside a word is no comment", "printf '<%s>' a#'{{source}}'", "<a#x y'z>"),
+]
+
+
+@pytest.mark.parametrize("case", COMMENTED, ids=[c.id for c in COMMENTED])
+def test_quotes_in_comments_do_not_change_the_quoting_of_placeholders(tmp_path: Path, case: Commented) -> None:
+    from extender.warm.templates import render_argv
+
+    argv = render_argv(["sh", "-c", case.script], {"source": "x y'z"})
+    out = subprocess.run(argv, env={**os.environ, "WARM_SOURCE": "x y'z"}, capture_output=True, text=True,
+                         check=True, cwd=tmp_path)
+    assert out.stdout == case.printed
 
 
 @pytest.mark.parametrize("case", BAD_TEMPLATES, ids=[c.id for c in BAD_TEMPLATES])
@@ -510,6 +540,54 @@ def test_compile_and_snapshot_entries(tmp_path: Path) -> None:
     assert (result.compile_keys, result.snapshots) == ((LLM_KEY,), ("llm/v1",))
 
 
+class Linked(NamedTuple):
+    id: str
+    link: str  # below the cache root, pointing outside it
+    cache: str
+    refused: bool  # prepare refuses (else: the link, ours, is replaced by a directory)
+
+
+LINKED = [
+    Linked("the weights entry itself", "weights/llm/v1", "weights:llm/v1", True),
+    Linked("a compile entry itself", f"compile/{LLM_KEY}", f"compile:{LLM_KEY}", True),
+    Linked("the weights staging directory", "weights/llm/.v1.warming", "weights:llm/v1", False),
+    Linked("the compile staging directory", f"compile/.{LLM_KEY}.warming", f"compile:{LLM_KEY}", False),
+]
+
+
+@pytest.mark.parametrize("case", LINKED, ids=[c.id for c in LINKED])
+def test_a_symbolic_link_at_the_entry_or_its_staging_is_never_followed(tmp_path: Path, case: Linked) -> None:
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    outside.mkdir()
+    (outside / COMPLETE).write_text("theirs")
+    link = root / case.link
+    link.parent.mkdir(parents=True)
+    link.symlink_to(outside)
+    if case.refused:
+        with pytest.raises(StepError, match="is a symbolic link"):
+            prepare(root, case.cache)
+        with pytest.raises(StepError, match="is a symbolic link"):
+            evict(root, case.cache)
+    else:
+        staging = prepare(root, case.cache)
+        assert not staging.is_symlink() and staging.is_dir()
+        (staging / "f").write_text("x")
+        finish(root, case.cache)
+    assert sorted(p.name for p in outside.iterdir()) == [COMPLETE]  # nothing outside was written or removed
+
+
+def test_finish_refuses_a_staging_link(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    (outside / "f").parent.mkdir()
+    (outside / "f").write_text("x")
+    staging = staging_path(tmp_path / "root", "weights:llm/v1")
+    staging.parent.mkdir(parents=True)
+    staging.symlink_to(outside)
+    with pytest.raises(StepError, match="is a symbolic link"):
+        finish(tmp_path / "root", "weights:llm/v1")
+    assert sorted(p.name for p in outside.iterdir()) == ["f"]
+
+
 def test_finish_refuses_an_empty_fetch(tmp_path: Path) -> None:
     prepare(tmp_path, f"compile:{LLM_KEY}")
     with pytest.raises(StepError, match="no files"):
@@ -593,6 +671,44 @@ def test_publish_candidates_wait_for_the_cache_to_settle_and_pick_one_node() -> 
     assert candidates(BASE, holders, seen, NOW + 60, busy=(), limit=0) == []
     registered = InventorySnapshot.build(BASE, snap.nodes, registry=[LLM_KEY])
     assert unpublished(BASE, registered, NOW) == {}
+
+
+class PublishCap(NamedTuple):
+    id: str
+    per_node: int
+    running: dict[str, int]  # warm Jobs per node, running or started this tick
+    budget: float | None
+    node: str | None  # the holder that publishes, or None: nothing starts
+
+
+PUBLISH_CAPS = [
+    PublishCap("the first holder by name", 1, {}, None, "gpu-a"),
+    PublishCap("the first holder is busy: the next one", 1, {"gpu-a": 1}, None, "gpu-b"),
+    PublishCap("every holder at maxConcurrentPerNode", 1, {"gpu-a": 1, "gpu-b": 1}, None, None),
+    PublishCap("a second slot on the node", 2, {"gpu-a": 1}, None, "gpu-a"),
+    PublishCap("the bytes the actions left are too few", 1, {}, 0.5 * GB, None),
+    PublishCap("the bytes the actions left suffice", 1, {}, 1.0 * GB, "gpu-a"),
+]
+
+
+@pytest.mark.parametrize("case", PUBLISH_CAPS, ids=[c.id for c in PUBLISH_CAPS])
+def test_publish_jobs_count_against_the_node_cap_and_the_byte_budget(case: PublishCap) -> None:
+    policy = load(maxConcurrentPerNode=case.per_node)
+    snap = InventorySnapshot.build(policy, [node("gpu-b", compileKeys=[LLM_KEY]), node("gpu-a", compileKeys=[LLM_KEY])])
+    holders = unpublished(policy, snap, NOW)
+    got = candidates(policy, holders, {LLM_KEY: NOW - 600}, NOW, busy=(), limit=4, running=case.running,
+                     budget=case.budget)
+    assert [p.node for p in got] == ([case.node] if case.node else [])
+
+
+def test_a_job_with_the_most_evictions_allowed_stays_under_the_annotation_limit() -> None:
+    # the longest names the layout allows: a 253-character node, adapter ids of two 255-character parts
+    node_name = "n" * 253
+    victims = tuple(Eviction(node=node_name, cache=f"adapter:{'w' * 255}/{i:0>255}", bytes=10**15,
+                             last_used=NOW - 86_400.123456) for i in range(MAX_EVICTIONS))
+    job = action_job(BASE, action("weights", node_name, evictions=victims), node_class="gpu")
+    size = sum(len(k) + len(v) for k, v in job["metadata"]["annotations"].items())
+    assert size < 256 * 1024 // 2  # Kubernetes refuses more than 256 KiB; half leaves room
 
 
 def test_usage_times_come_from_the_files(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -409,3 +409,130 @@ def test_a_bad_expectation_is_reported_not_raised(double: KubeDouble, kube: Kube
         report = loop.tick(NOW, expectations, snapshot=snap(BASE, NOW, *two_nodes(NOW)))
         assert report.plan is None and report.started == [] and report.errors[0].startswith("plan: ")
     assert double.count("create", "jobs") == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Taints after a policy change, Jobs of nodes that left, publish Jobs within the caps
+# ---------------------------------------------------------------------------------------------
+
+
+#: The node annotation naming the taint the warmer put (extender.warm.taints, docs/warming.md).
+MARKER_ANNOTATION = "extender.io/warming-taint"
+
+
+class TaintChange(NamedTuple):
+    id: str
+    after: dict[str, Any]  # warming knobs of the reloaded policy
+    restart: bool  # a new warmer (its memory lost) runs the reloaded policy
+
+
+TAINT_CHANGES = [
+    TaintChange("taintUntilWarm switched off", {"keepWarm": ["llm"]}, False),
+    TaintChange("the taint's key changed", {**TAINTING, "newNodes": {"taintUntilWarm": True,
+                                                                     "taint": {"key": "example.com/cold"}}}, False),
+    TaintChange("the taint's effect changed", {**TAINTING, "newNodes": {"taintUntilWarm": True,
+                                                                        "taint": {"effect": "NoExecute"}}}, False),
+    TaintChange("switched off, then a restart", {"keepWarm": ["llm"]}, True),
+    TaintChange("the key changed, then a restart", {**TAINTING, "newNodes": {"taintUntilWarm": True,
+                                                                             "taint": {"key": "example.com/cold"}}},
+                True),
+]
+
+
+@pytest.mark.parametrize("case", TAINT_CHANGES, ids=[c.id for c in TAINT_CHANGES])
+def test_a_policy_change_still_removes_the_taints_the_warmer_put(double: KubeDouble, kube: KubeClient,
+                                                                  case: TaintChange) -> None:
+    before = load(**TAINTING)
+    double.apply(kube_node("gpu-new", [NOT_READY]))
+    now = time.time()
+    loop = WarmLoop(before, None, kube)
+    assert loop.tick(now, snapshot=snap(before, now, node("gpu-new", now=now))).tainted == ["gpu-new"]
+    assert NODE is not None
+    assert double.state.get(NODE, None, "gpu-new")["metadata"]["annotations"][MARKER_ANNOTATION] == \
+        "extender.io/warming:NoSchedule"
+    after = load(**case.after)
+    if case.restart:
+        loop = WarmLoop(after, None, kube)
+    else:
+        loop.set_policy(after)
+    report = loop.tick(now + 60, snapshot=snap(after, now + 60, node("gpu-new", now=now + 60)))
+    # at once, not after maxTaint, and the new taint is not put on a node already seen
+    assert report.untainted == ["gpu-new"] and report.tainted == []
+    assert taints_of(double, "gpu-new") == [NOT_READY]
+    assert MARKER_ANNOTATION not in (double.state.get(NODE, None, "gpu-new")["metadata"].get("annotations") or {})
+    assert sample(loop, "extender_warm_taint_changes_total", change="removed", reason="policy") == 1
+
+
+def test_a_registered_taint_is_released_when_taint_until_warm_is_off(double: KubeDouble, kube: KubeClient) -> None:
+    policy = load(keepWarm=["llm"])  # taintUntilWarm off, but the node group still registers the taint
+    double.apply(kube_node("gpu-registered", [WARMING]))
+    now = time.time()
+    report = WarmLoop(policy, None, kube).tick(now, snapshot=snap(policy, now, node("gpu-registered", now=now)))
+    assert report.untainted == ["gpu-registered"] and taints_of(double, "gpu-registered") == []
+
+
+class Left(NamedTuple):
+    id: str
+    node_exists: bool  # the API server still has the node the inventory no longer lists
+    abandoned: bool
+
+
+LEFT = [
+    Left("the node was deleted (a scale-down)", False, True),
+    Left("the inventory lost the node but it is there", True, False),
+]
+
+
+@pytest.mark.parametrize("case", LEFT, ids=[c.id for c in LEFT])
+def test_a_job_whose_node_left_the_cluster_frees_its_slot(double: KubeDouble, kube: KubeClient, case: Left) -> None:
+    policy = load(maxConcurrent=1)
+    if case.node_exists:
+        double.apply(kube_node("gpu-z", []))
+    loop = WarmLoop(policy, None, kube)
+    gone = job_name("weights", "gpu-z", "weights:llm/v1")
+    image = ["example.com/llm:1"]
+    assert loop.tick(NOW, ONE_LLM, snapshot=snap(policy, NOW, node("gpu-z", now=NOW, images=image))).started == [gone]
+    later = NOW + 60
+    report = loop.tick(later, ONE_LLM, snapshot=snap(policy, later, node("gpu-b", now=later, images=image)))
+    assert report.errors == []
+    if case.abandoned:
+        assert report.abandoned == [gone] and gone not in jobs(double)
+        assert report.started == [job_name("weights", "gpu-b", "weights:llm/v1")]  # the slot is free again
+    else:
+        assert report.abandoned == [] and gone in jobs(double)
+        assert report.started == [] and report.plan is not None and report.plan.cluster_full
+
+
+class PublishSlots(NamedTuple):
+    id: str
+    per_node: int
+    cluster: int
+    demand_first: bool  # the weights Job starts before the compile cache is due for publishing
+    publishes: bool  # the publish Job starts at NOW + 121
+    then_started: bool  # the weights Job starts at NOW + 122 (if not started before)
+
+
+PUBLISH_SLOTS = [
+    PublishSlots("a warm Job holds the holder's only slot", 1, 4, True, False, False),
+    PublishSlots("a warm Job holds the cluster's only slot", 2, 1, True, False, False),
+    PublishSlots("room on the node and in the cluster", 2, 2, True, True, False),
+    PublishSlots("a publish holds the node's only slot", 1, 4, False, True, False),
+    PublishSlots("a publish leaves the node a second slot", 2, 4, False, True, True),
+]
+
+
+@pytest.mark.parametrize("case", PUBLISH_SLOTS, ids=[c.id for c in PUBLISH_SLOTS])
+def test_publish_jobs_share_the_warm_jobs_caps(double: KubeDouble, kube: KubeClient, case: PublishSlots) -> None:
+    policy = load(maxConcurrentPerNode=case.per_node, maxConcurrent=case.cluster)
+    loop = WarmLoop(policy, None, kube)
+
+    def at(t: float) -> InventorySnapshot:
+        return snap(policy, t, node("gpu-a", now=t, compileKeys=[LLM_KEY], images=["example.com/llm:1"]))
+
+    first = ONE_LLM if case.demand_first else []
+    assert loop.tick(NOW, first, snapshot=at(NOW)).started == ([WEIGHTS_A] if case.demand_first else [])
+    report = loop.tick(NOW + 121, first, snapshot=at(NOW + 121))
+    assert report.publishing == ([publish_job_name(LLM_KEY)] if case.publishes else [])
+    report = loop.tick(NOW + 122, ONE_LLM, snapshot=at(NOW + 122))
+    assert report.started == ([WEIGHTS_A] if case.then_started else [])
+    assert len(jobs(double)) <= min(case.per_node, case.cluster)

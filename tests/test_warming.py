@@ -39,6 +39,7 @@ from extender.core.placement import next_replica
 from extender.core.policy import Policy, Warming, parse_policy
 from extender.core.scaler import DecisionInputs, decide, horizon
 from extender.core.warming import (
+    MAX_EVICTIONS,
     Action,
     Eviction,
     Expectation,
@@ -310,6 +311,48 @@ def test_named_plans(case: Case) -> None:
     skipped = [(s.node, s.workload, s.kind, s.reason, round(s.saved_s, 6)) for s in got.skipped]
     assert actions == case.actions
     assert skipped == case.skipped
+    assert got.cluster_full == case.cluster_full
+
+
+def small_old_weights(n: int, size: int = GB) -> dict[str, Any]:
+    """``n`` idle weights of retired workloads (NodeState fields), ``size`` bytes each: evictable (the
+    class reserves 100 GB, so with 100 GB free the 100 GB of llm's weights need 100 of 1 GB)."""
+    return {"weights": {f"gone{i:03d}/v0": size for i in range(n)},
+            "lastUsed": {f"weights:gone{i:03d}/v0": OLD for i in range(n)}}
+
+
+class Capped(NamedTuple):
+    id: str
+    policy: Policy
+    nodes: list[NodeState]
+    other_jobs: list[str]  # nodes of other warm Jobs running (compile publishes)
+    actions: list[tuple[str, str, int]]  # (node, kind, evictions)
+    reasons: list[str]  # of the skips
+    cluster_full: bool = False
+
+
+CAPPED = [
+    Capped("a publish on the node takes its only slot", CAP1, [node("a", image=True)], ["a"], [],
+           ["node-concurrency", "node-concurrency"]),
+    Capped("a publish elsewhere leaves the node its slot", CAP1, [node("a", image=True)], ["b"],
+           [("a", "weights", 0)], ["node-concurrency"]),
+    Capped("publishes fill the cluster", with_warming(maxConcurrent=2), [node("a", image=True)], ["b", "c"], [], [],
+           cluster_full=True),
+    Capped("room made by as many evictions as one action may make", CAP1,
+           [node("a", image=True, nvme_free=100 * GB, **small_old_weights(MAX_EVICTIONS))], [],
+           [("a", "weights", MAX_EVICTIONS)], ["node-concurrency"]),
+    Capped("room that needs more evictions than one action may make", CAP1,
+           [node("a", image=True, nvme_free=100 * GB, **small_old_weights(MAX_EVICTIONS + 150, GB // 2))], [],
+           [("a", "compile", 2)], ["nvme"]),  # the weights would need 200; the 1 GB compile cache fits
+]
+
+
+@pytest.mark.parametrize("case", CAPPED, ids=[c.id for c in CAPPED])
+def test_other_jobs_and_the_eviction_cap_bound_the_plan(case: Capped) -> None:
+    snap = InventorySnapshot.build(case.policy, case.nodes, registry=[llm_key()])
+    got = plan(case.policy, snap, [expect()], now=NOW, other_jobs=case.other_jobs)
+    assert [(a.node, a.kind, len(a.evictions)) for a in got.actions] == case.actions
+    assert [s.reason for s in got.skipped] == case.reasons
     assert got.cluster_full == case.cluster_full
 
 

@@ -243,6 +243,12 @@ def ids_in_use(policy: Policy, record: NodeState, node_class: NodeClass) -> set[
     plus its weights of every version and its adapters (a pod of the previous rollout still reads
     its own; a snapshot is read only while a replica restores from it, so an old version's is not
     kept).
+
+    Compile caches are kept the way weights are, every version, but a compile key is a hash that
+    does not name its workload: a pod of the previous rollout (another image, engine or flags)
+    reads a key no current profile computes. So while any pod runs on the node, every compile key
+    there is kept except the current keys of profiles with no pod on it (those are known not to be
+    read); a key nobody can attribute may be such a pod's, and unknown is kept.
     """
     needed = set(record.in_use)
     for w in record.pod_workloads:
@@ -251,6 +257,10 @@ def ids_in_use(policy: Policy, record: NodeState, node_class: NodeClass) -> set[
         needed |= {cache_id("adapter", k) for k in record.adapters if k.startswith(prefix)}
         if w in policy.profile_names:
             needed |= replica_ids(policy.profile(w), node_class)
+    if record.pod_workloads and record.compile_keys:
+        running = set(record.pod_workloads)
+        idle = {compile_key(p, node_class) for p in policy.profiles if p.name not in running}
+        needed |= {cache_id("compile", k) for k in record.compile_keys if k not in idle}
     return needed
 
 

@@ -777,17 +777,106 @@ class Calibration(Schema):
         return self
 
 
+# ---- Kubernetes names in the warm Jobs, checked as the API server checks them (its
+# apimachinery validation), so that `extender policy check` refuses what Kubernetes would refuse
+# when the first Job is created, with the field's place, and not a failure at every tick.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_QUALIFIED_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+#: Container resources Kubernetes knows without a domain prefix (``hugepages-<size>`` too).
+_STANDARD_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
+
+
+def _dns_label(value: str) -> str:
+    if not _DNS_LABEL.match(value) or len(value) > 63:
+        raise InvalidValueError(f"{value!r} is not a valid Kubernetes name (DNS-1123 label): lowercase letters, "
+                                "digits and '-', starting and ending with a letter or digit, at most 63 characters")
+    return value
+
+
+def _dns_subdomain(value: str) -> str:
+    if not _DNS_SUBDOMAIN.match(value) or len(value) > 253:
+        raise InvalidValueError(f"{value!r} is not a valid Kubernetes name (DNS-1123 subdomain): lowercase "
+                                "letters, digits, '-' and '.', starting and ending with a letter or digit, at most "
+                                "253 characters")
+    return value
+
+
+def qualified_name_problem(value: str) -> str | None:
+    """Why ``value`` is not a Kubernetes qualified name (``[prefix/]name``: label keys, taint keys,
+    resource names), or ``None``."""
+    prefix, slash, name = value.rpartition("/")
+    if slash and (not prefix or not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253):
+        return (f"{value!r}: the prefix before '/' must be a DNS subdomain (lowercase letters, digits, '-' and "
+                "'.', at most 253 characters)")
+    if not _QUALIFIED_PART.match(name) or len(name) > 63:
+        return (f"{value!r} is not a qualified name: [prefix/]name, the name of letters, digits, '-', '_' and "
+                "'.', starting and ending with a letter or digit, at most 63 characters")
+    return None
+
+
+def _qualified_name(value: str) -> str:
+    problem = qualified_name_problem(value)
+    if problem is not None:
+        raise InvalidValueError(problem)
+    return value
+
+
+def _optional_qualified_name(value: str) -> str:
+    return _qualified_name(value) if value else value
+
+
+def _label_value(value: str) -> str:
+    if value and (not _QUALIFIED_PART.match(value) or len(value) > 63):
+        raise InvalidValueError(f"{value!r} is not a valid taint value: letters, digits, '-', '_' and '.', starting "
+                                "and ending with a letter or digit, at most 63 characters (or empty)")
+    return value
+
+
+def _env_names(env: dict[str, str]) -> dict[str, str]:
+    for name in env:
+        if not _ENV_NAME.match(name) or name.startswith(".."):
+            raise InvalidValueError(f"{name!r} is not a valid environment variable name: letters, digits, '_', "
+                                    "'-' and '.', not starting with a digit or '..'")
+    return env
+
+
+#: A Kubernetes object name that is a DNS-1123 label (a namespace).
+DnsLabel = Annotated[str, Field(min_length=1, max_length=63), AfterValidator(_dns_label)]
+#: A Kubernetes object name that is a DNS-1123 subdomain (PriorityClass, ServiceAccount, Secret).
+DnsSubdomain = Annotated[str, Field(min_length=1, max_length=253), AfterValidator(_dns_subdomain)]
+#: A Kubernetes qualified name (``[prefix/]name``): taint and toleration keys.
+QualifiedName = Annotated[str, Field(min_length=1, max_length=317), AfterValidator(_qualified_name)]
+#: A taint's (or an Equal toleration's) value, as a label value.
+LabelValue = Annotated[str, AfterValidator(_label_value)]
+
+
 class Toleration(Schema):
-    """A Kubernetes toleration on the warm Jobs' pods (``key`` empty with ``Exists``: every taint)."""
+    """A Kubernetes toleration on the warm Jobs' pods (``key`` empty with ``Exists``: every taint).
+
+    Checked as Kubernetes checks a pod's tolerations: a key is a qualified name, an empty key needs
+    ``Exists``, ``Exists`` takes no value, an ``Equal`` value is a label value.
+    """
 
     #: Taint key; empty with Exists: every taint.
-    key: str = ""
+    key: Annotated[str, AfterValidator(_optional_qualified_name)] = ""
     #: Exists or Equal, as in a pod's tolerations.
     operator: Literal["Exists", "Equal"] = "Equal"
     #: Taint value (Equal).
-    value: str = ""
+    value: LabelValue = ""
     #: Taint effect; empty: every effect.
     effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+
+    @model_validator(mode="after")
+    def _as_kubernetes_takes_it(self) -> Toleration:
+        if self.operator == "Exists" and self.value:
+            raise InvalidValueError(f"operator Exists takes no value (got value {self.value!r}): it matches every "
+                                    "value of the key; use operator Equal to match one")
+        if not self.key and self.operator != "Exists":
+            raise InvalidValueError("an empty key matches every taint and needs operator Exists; give the taint's "
+                                    "key to match one value")
+        return self
 
 
 def _quantity(value: Any) -> str:
@@ -802,6 +891,26 @@ Quantity = Annotated[str, BeforeValidator(_quantity), WithJsonSchema({
     "x-unit": "quantity", "examples": ["100m", "2", "4Gi"]})]
 
 
+def _resource_names(resources: dict[str, str]) -> dict[str, str]:
+    """Container resource names as Kubernetes takes them: a standard one (``cpu``, ``memory``,
+    ``ephemeral-storage``, ``hugepages-<size>``) or an extended one with a domain (``nvidia.com/gpu``)."""
+    for name in resources:
+        problem = qualified_name_problem(name)
+        if problem is None and "/" not in name and name not in _STANDARD_RESOURCES \
+                and not name.startswith("hugepages-"):
+            problem = (f"{name!r} is not a container resource: cpu, memory, ephemeral-storage, hugepages-<size>, "
+                       "or an extended resource with its domain (nvidia.com/gpu)")
+        if problem is None and "kubernetes.io/" in name:
+            problem = f"{name!r}: resources in the kubernetes.io domain are Kubernetes' own, not container resources"
+        if problem is not None:
+            raise InvalidValueError(problem)
+    return resources
+
+
+def _overcommit_refused(name: str) -> bool:
+    return "/" in name or name.startswith("hugepages-")
+
+
 class JobResources(Schema):
     """Requests and limits of every container of a warm Job, as Kubernetes quantities (``100m``, ``2Gi``).
 
@@ -810,12 +919,22 @@ class JobResources(Schema):
     """
 
     #: Resource requests of each container.
-    requests: dict[str, Quantity] = {"cpu": "100m", "memory": "256Mi"}
+    requests: Annotated[dict[str, Quantity], AfterValidator(_resource_names)] = {
+        "cpu": "100m", "memory": "256Mi"}
     #: Resource limits of each container.
-    limits: dict[str, Quantity] = {"cpu": "2", "memory": "4Gi"}
+    limits: Annotated[dict[str, Quantity], AfterValidator(_resource_names)] = {
+        "cpu": "2", "memory": "4Gi"}
 
     @model_validator(mode="after")
     def _requests_within_limits(self) -> JobResources:
+        for name in sorted(self.requests):
+            if _overcommit_refused(name) and self.limits.get(name) is None:
+                raise InvalidValueError(f"requests.{name} needs limits.{name} equal to it: Kubernetes does not "
+                                        "overcommit extended resources and hugepages")
+            if _overcommit_refused(name) and parse_quantity(self.requests[name]) != parse_quantity(self.limits[name]):
+                raise InvalidValueError(f"requests.{name} ({self.requests[name]}) differs from limits.{name} "
+                                        f"({self.limits[name]}): Kubernetes does not overcommit extended resources "
+                                        "and hugepages, they must be equal")
         for name in sorted(self.requests.keys() & self.limits.keys()):
             if parse_quantity(self.requests[name]) > parse_quantity(self.limits[name]):
                 raise InvalidValueError(f"requests.{name} ({self.requests[name]}) is larger than limits.{name} "
@@ -837,10 +956,10 @@ class StepTemplate(Schema):
     command: tuple[str, ...] = Field(min_length=1)
     #: Arguments of the command.
     args: tuple[str, ...] = ()
-    #: Environment variables of the container.
-    env: dict[str, str] = {}
+    #: Environment variables of the container (names as Kubernetes takes them).
+    env: Annotated[dict[str, str], AfterValidator(_env_names)] = {}
     #: Secrets in the warm namespace whose keys become environment variables (object-store credentials).
-    env_from_secrets: tuple[str, ...] = ()
+    env_from_secrets: tuple[Annotated[str, AfterValidator(_dns_subdomain)], ...] = ()
 
 
 #: Placeholders every template may use.
@@ -855,6 +974,75 @@ TEMPLATE_VARS: dict[str, frozenset[str]] = {
 }
 #: ``{{ name }}`` in a template.
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z][A-Za-z0-9]*)\s*\}\}")
+
+#: Programs whose ``-c`` argument is a shell script (by the basename of the program).
+SHELLS = frozenset({"sh", "bash", "dash", "ash", "ksh", "mksh", "zsh", "busybox"})
+#: A short-option cluster that includes ``c`` (``-c``, ``-ec``, ``-lc``): the next argument is the script.
+_SCRIPT_FLAG = re.compile(r"^-[A-Za-z]*c[A-Za-z]*$")
+#: Characters after which a ``#`` starts a comment (besides whitespace): the shell's operators.
+_OPERATORS = frozenset(";&|()<>")
+
+
+def script_positions(argv: list[str]) -> set[int]:
+    """Indexes of ``argv`` that a shell will parse as a script (after ``-c``, once a shell was named)."""
+    for i, word in enumerate(argv):
+        if word.rpartition("/")[2] in SHELLS:
+            for j in range(i + 1, len(argv) - 1):
+                if _SCRIPT_FLAG.match(argv[j]):
+                    return {j + 1}
+            return set()
+    return set()
+
+
+def _shell_walk(text: str, state: str, *, word_start: bool) -> tuple[str, int | None]:
+    """The POSIX shell quoting state after ``text`` (``""``, ``"'"``, ``'"'`` or ``"#"`` in a comment),
+    starting from ``state``, and where the first here-document operator outside quotes is (or ``None``)."""
+    heredoc: int | None = None
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if state == "#":
+            if c == "\n":
+                state = ""
+        elif state == "'":
+            if c == "'":
+                state = ""
+        elif c == "\\":
+            i += 1  # the next character is escaped (outside quotes and inside double quotes)
+        elif state == '"':
+            if c == '"':
+                state = ""
+        elif c in "'\"":
+            state = c
+        elif c == "#" and (word_start if i == 0 else (text[i - 1].isspace() or text[i - 1] in _OPERATORS)):
+            state = "#"
+        elif c == "<" and text.startswith("<<", i) and not text.startswith("<<<", i) and heredoc is None \
+                and (i == 0 or text[i - 1] != "<"):
+            heredoc = i
+        i += 1
+    return state, heredoc
+
+
+def quote_state(text: str, state: str = "", *, word_start: bool = True) -> str:
+    """The POSIX shell quoting state after ``text``, starting from ``state``: ``""`` (outside quotes),
+    ``"'"``, ``'"'`` or ``"#"`` (in a comment, which quotes do not open or close). ``word_start``:
+    ``text`` begins a word (a ``#`` there starts a comment)."""
+    return _shell_walk(text, state, word_start=word_start)[0]
+
+
+def script_problem(script: str) -> str | None:
+    """Why a shell script with ``{{placeholders}}`` cannot be rendered safely, or ``None``.
+
+    A here-document's body is neither quoted nor unquoted text (an apostrophe in it opens nothing),
+    so the quoting of the placeholders after it cannot be known: refused, with the way out.
+    """
+    if not PLACEHOLDER.search(script):
+        return None
+    _, heredoc = _shell_walk(script, "", word_start=True)
+    if heredoc is not None:
+        return ("a here-document (<<) in a shell script with {{placeholders}} is not supported: the quoting of "
+                "the placeholders cannot be told; use printf, or put the text in a file or an env value")
+    return None
 
 
 class WarmTemplates(Schema):
@@ -879,10 +1067,10 @@ class WarmTemplates(Schema):
 class Taint(Schema):
     """The taint that keeps pods off a new node until it is warm."""
 
-    #: Taint key.
-    key: str = Field(default="extender.io/warming", min_length=1)
-    #: Taint value.
-    value: str = "true"
+    #: Taint key (a qualified name, ``[prefix/]name``).
+    key: QualifiedName = "extender.io/warming"
+    #: Taint value (a label value: letters, digits, ``-``, ``_``, ``.``; may be empty).
+    value: LabelValue = "true"
     #: Taint effect.
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
 
@@ -951,12 +1139,12 @@ class Warming(Schema):
     #: Workloads staged on every fresh node of a class they may run on, when free NVMe allows (no
     #: evictions for this), and whose current caches are never evicted by the warmer.
     keep_warm: tuple[str, ...] = ()
-    #: Warm actions running at once on one node and in the cluster, counting those in flight.
+    #: Warm Jobs running at once on one node, counting those in flight (actions and compile publishes).
     max_concurrent_per_node: Int = Field(default=1, ge=1)
-    #: Warm actions running at once in the cluster (see maxConcurrentPerNode).
+    #: Warm Jobs running at once in the cluster (see maxConcurrentPerNode).
     max_concurrent: Int = Field(default=4, ge=1)
-    #: Bytes the actions planned in one tick may move in total (object store and registry egress);
-    #: unset: no limit.
+    #: Bytes the Jobs started in one tick may move in total, actions first, then compile publishes
+    #: (object store and registry egress); unset: no limit.
     bytes_per_tick: PositiveBytes | None = None
     #: A cache used more recently than this is not evicted: it is likely wanted again soon, and
     #: evicting it to warm something else only moves the cold start elsewhere.
@@ -964,15 +1152,15 @@ class Warming(Schema):
 
     # ---- the executor: how each action becomes a Kubernetes Job (extender.warm, docs/warming.md) ----
     #: Namespace of the warm Jobs and their Events.
-    namespace: str = Field(default="extender-warm", min_length=1, max_length=63)
+    namespace: DnsLabel = "extender-warm"
     #: The cache root on the nodes (a hostPath; the agent DaemonSet's path).
     host_cache_root: str = Field(default="/mnt/nvme/extender-cache", pattern=r"^/")
     #: Image with the ``extender`` command, for the steps around a template (evict, stage, finish).
     helper_image: str = Field(default="ghcr.io/example/extender:0.1.0", min_length=1)
     #: A low PriorityClass: a warm Job never preempts a serving pod, and is the first to go under pressure.
-    priority_class_name: str | None = "extender-warm"
+    priority_class_name: DnsSubdomain | None = "extender-warm"
     #: ServiceAccount of the Job pods (for workload identity to the object store); none by default.
-    service_account_name: str | None = None
+    service_account_name: DnsSubdomain | None = None
     #: Tolerations of the warm Jobs' pods (default: the GPU taints).
     tolerations: tuple[Toleration, ...] = _DEFAULT_TOLERATIONS
     #: Requests and limits of every warm Job container.
@@ -1170,6 +1358,12 @@ def _check_warming(policy: Policy, profile_names: list[str], class_names: set[st
         texts += [(("command", i), t) for i, t in enumerate(template.command)]
         texts += [(("args", i), t) for i, t in enumerate(template.args)]
         texts += [(("env", k), v) for k, v in template.env.items()]
+        argv = [*template.command, *template.args]
+        for i in script_positions(argv):
+            problem = script_problem(argv[i])
+            if problem is not None:
+                where = ("command", i) if i < len(template.command) else ("args", i - len(template.command))
+                out.append((("warming", "templates", alias, *where), problem))
         for loc, text in texts:
             unknown = sorted({m.group(1) for m in PLACEHOLDER.finditer(text)} - allowed)
             if unknown:

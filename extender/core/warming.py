@@ -14,10 +14,13 @@ GPUs fit, so the planner minimises, in seconds,
     K_w      = min(k, sum_i m_i)                                     (replicas that can land now)
     minimise   sum over expectations of F_w
 
-subject to, for the actions planned this tick (in-flight actions count against every cap):
+subject to, for the actions planned this tick (in-flight actions count against every cap, and so
+do the other warm Jobs running, compile publishes, through ``other_jobs``):
 
     running_n + planned_n            <= maxConcurrentPerNode          per node
     running   + planned              <= maxConcurrent                 cluster
+    evictions of one action          <= MAX_EVICTIONS                 (its Job must stay under
+                                                                       Kubernetes' object limits)
     sum of planned bytes             <= bytesPerTick                  (when set)
     queue_n / nic_n + bytes / bw     <= H                             the action finishes in time
     planned_nvme_n - evicted_n       <= nvme_free_n - reserve_c - in_flight_nvme_n
@@ -41,7 +44,11 @@ evictions, least recently used first (``NodeState.last_used``), among entries th
   startup of a replica the plan is for, and demand does not undo keep-warm);
 * were last used at least ``evictAfterIdle`` ago, and have a known size.
 
-When even those do not make room, the action is not planned.
+When even those do not make room, or only more than :data:`MAX_EVICTIONS` of them would, the
+action is not planned. The cap exists because the evictions travel in the Job (its
+``extender.io/warm-action`` annotation and the prepare step's arguments), and Kubernetes refuses
+an object whose annotations pass 256 KiB: a node full of thousands of small adapters must not make
+the warmer create a Job that cannot exist.
 
 Keep-warm. After the expectations, remaining capacity stages the ``keepWarm`` workloads on every
 fresh node of a class they may run on, whether or not it has free GPUs (a node that just joined is
@@ -118,6 +125,12 @@ SkipReason = Literal["node-concurrency", "byte-budget", "deadline", "nvme"]
 
 #: Gains below this many seconds are float noise, not a reason to start a Job.
 _MIN_GAIN_S = 1e-6
+
+#: Most cache entries one action may evict. Each eviction is one entry of the Job's
+#: ``extender.io/warm-action`` annotation (node name, cache id, bytes, last use: at most about 800
+#: bytes with the longest names the layout allows), so 100 keep it far below Kubernetes' 256 KiB
+#: limit on an object's annotations.
+MAX_EVICTIONS = 100
 
 
 class _Model(BaseModel):
@@ -373,7 +386,7 @@ class _Node:
             return None
         short = need - self.room
         chosen: list[Eviction] = []
-        for e in self.evictable[self.next_eviction:]:
+        for e in self.evictable[self.next_eviction:self.next_eviction + MAX_EVICTIONS]:
             chosen.append(e)
             short -= e.bytes
             if short <= 0:
@@ -544,13 +557,15 @@ class _Planner:
     """One tick's planning state: the node ledgers, what is left of the caps, and the result."""
 
     def __init__(self, policy: Policy, snapshot: InventorySnapshot, now: float,
-                 in_flight: Sequence[Action], tracked: Collection[str]) -> None:
+                 in_flight: Sequence[Action], tracked: Collection[str], *, other_jobs: Sequence[str] = ()) -> None:
         self.policy = policy
         self.snap = snapshot
         self.now = now
         self.warming = policy.warming
         self.fresh = snapshot.fresh(now)
         self.in_flight = in_flight
+        #: Nodes of the other warm Jobs running (one entry per Job): a slot each, on the node and in the cluster.
+        self.other_jobs = list(other_jobs)
         #: Workloads planned for this tick (expected or keep-warm): their current caches are never evicted.
         self.tracked = frozenset(tracked)
         # rows in name order, so every tie in the plan goes to the node whose name sorts first
@@ -560,7 +575,7 @@ class _Planner:
         self.rank[np.asarray(self.by_name, dtype=np.intp)] = np.arange(len(names), dtype=np.intp)
         self._keys: dict[tuple[str, str], str | None] = {}
         self._sizes: dict[str, dict[str, int]] = {}
-        self.cluster_left = self.warming.max_concurrent - len(in_flight)
+        self.cluster_left = self.warming.max_concurrent - len(in_flight) - len(self.other_jobs)
         self.budget_left = float("inf") if self.warming.bytes_per_tick is None else float(self.warming.bytes_per_tick)
         self.nodes: dict[int, _Node] = {}
         self.actions: list[Action] = []
@@ -600,7 +615,7 @@ class _Planner:
             entries.append(Eviction(node=record.name, cache=ident, bytes=known, last_used=used))
         entries.sort(key=lambda e: (e.last_used, e.cache))
         room = record.nvme_free - cls.nvme.reserve - sum(a.nvme_bytes for a in mine)
-        ledger = _Node(name=record.name, running=len(mine),
+        ledger = _Node(name=record.name, running=len(mine) + self.other_jobs.count(record.name),
                        queued_bytes=float(record.pulling_bytes), room=float(room), evictable=entries)
         self.nodes[row] = ledger
         return ledger
@@ -771,6 +786,7 @@ def plan(
     in_flight: Sequence[Action] = (),
     published_snapshots: Collection[tuple[str, str]] = (),
     outlooks: bool = True,
+    other_jobs: Sequence[str] = (),
 ) -> Plan:
     """Plan this tick's warm actions (objective, constraints and method in the module docstring).
 
@@ -781,6 +797,8 @@ def plan(
     fetched (the inventory does not record a snapshot registry), the only snapshots planned.
     ``outlooks=False``: leave :attr:`Plan.outlooks` empty (a caller that only starts the actions,
     such as the simulator every tick, saves their estimates); the actions are the same.
+    ``other_jobs``: the node of each other warm Job running (compile publishes), one entry per Job:
+    each takes a slot on its node and in the cluster, as an in-flight action does.
     """
     listed = list(expectations)
     names = [e.workload for e in listed]
@@ -789,4 +807,5 @@ def plan(
         raise InvalidValueError(f"one expectation per workload, got several for {', '.join(twice)}")
     wanted = {e.workload: e for e in listed if e.replicas > 0}
     tracked = set(wanted) | set(policy.warming.keep_warm)
-    return _Planner(policy, snapshot, now, in_flight, tracked).run(wanted, published_snapshots, outlooks)
+    planner = _Planner(policy, snapshot, now, in_flight, tracked, other_jobs=other_jobs)
+    return planner.run(wanted, published_snapshots, outlooks)

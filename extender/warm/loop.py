@@ -4,18 +4,24 @@ A tick, in order (each step's reason in docs/warming.md):
 
 1. **Read.** The inventory snapshot (the caller's, or loaded from the store) and every warm Job
    in the namespace. Without the Job list nothing is started: the caps count what is in flight.
-2. **Reconcile the Jobs.** Running: in flight. Succeeded: in flight until the inventory shows
+2. **Reconcile the Jobs.** Running: in flight, unless its node has left the cluster (gone from
+   the inventory and the API server answers 404): such a Job's pod is pinned to a node that no
+   longer exists and would hold its slots until ``activeDeadline``, so it is deleted and logged.
+   Succeeded: in flight until the inventory shows
    the cache (the agent's next scan, or kubelet's image list through the sync); then the Job is
    deleted, its work confirmed. Succeeded but still not shown after ``confirmWithin``, or failed:
    a Warning Event on the Job, a metric, and a retry once ``initial * 2**(attempt-1)`` seconds
    (capped) have passed since the failure: the failed Job is kept until then (it is the record
    of the failure, across restarts) and deleted at that moment so the action can be planned again.
-3. **Plan** (:func:`extender.core.warming.plan`) with the in-flight actions, the actions still
+3. **Plan** (:func:`extender.core.warming.plan`) with the in-flight actions (and the nodes of
+   running publish Jobs, which take a slot on their node and in the cluster too), the actions still
    backing off masked as done (so a failing action does not keep the node's slot and a cluster
    slot from others), and kinds without a template left out.
 4. **Act** (only with ``warming.enabled``): create each action's Job (``AlreadyExists`` counts as
    started: same name, same work), after re-reading the node's record so that an eviction a pod
-   started to need since the plan is not carried out; publish compile caches (:mod:`.publish`);
+   started to need since the plan is not carried out; publish compile caches (:mod:`.publish`)
+   with the slots and bytes the actions left (a publish Job counts against ``maxConcurrentPerNode``
+   on its holder node, ``maxConcurrent`` and ``bytesPerTick`` like an action);
    taint or untaint new nodes (:mod:`.taints`).
 
 Failures of the API server or the store never raise out of :meth:`WarmLoop.tick`: they are
@@ -35,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -45,6 +52,7 @@ from extender.core.errors import ExtenderError, KubeError, StateError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
 from extender.core.warming import KINDS, Action, Expectation, Plan, apply, plan
+from extender.kube.errors import KubeApiError
 from extender.warm.checks import node_class, present, published_snapshots, unsafe_evictions
 from extender.warm.executor import Executor, WarmKube, retry_delay
 from extender.warm.jobspec import JobView, Publish, action_job, describe, job_name, publish_job, template_for
@@ -97,6 +105,8 @@ class TickReport:
     confirmed: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     retried: list[str] = field(default_factory=list)
+    #: Jobs deleted because their node left the cluster (their pod can never run).
+    abandoned: list[str] = field(default_factory=list)
     published: list[str] = field(default_factory=list)
     publishing: list[str] = field(default_factory=list)
     tainted: list[str] = field(default_factory=list)
@@ -109,7 +119,7 @@ class TickReport:
         planned = len(self.plan.actions) if self.plan is not None else 0
         parts = [f"planned {planned}", f"started {len(self.started)}", f"existing {len(self.existing)}",
                  f"confirmed {len(self.confirmed)}", f"failed {len(self.failed)}", f"retried {len(self.retried)}"]
-        for name, items in (("published", self.published), ("tainted", self.tainted),
+        for name, items in (("abandoned", self.abandoned), ("published", self.published), ("tainted", self.tainted),
                             ("untainted", self.untainted), ("skipped", self.skipped), ("errors", self.errors)):
             if items:
                 parts.append(f"{name} {len(items)}")
@@ -186,19 +196,20 @@ class WarmLoop:
             return report
         report.jobs = views
         self._backoff = {k: b for k, b in self._backoff.items() if b.retry_at > now}
-        in_flight, publishing = self._reconcile(views, snap, now, report, dry_run)
+        in_flight, publishing, pub_nodes = self._reconcile(views, snap, now, report, dry_run)
         plan_policy, plan_snap = self._planning_view(snap, now, report)
         published = published_snapshots(policy)
         try:
             result = plan(plan_policy, plan_snap, list(expectations), now=now, in_flight=in_flight,
-                          published_snapshots=published)
+                          published_snapshots=published, other_jobs=pub_nodes)
         except (ExtenderError, ValueError) as exc:  # an expectation for an unknown workload, or one twice
             self._error(report, "plan", exc, dry_run)
             return report
         report.plan = result
         if policy.warming.enabled or dry_run:
-            self._start(result, snap, now, report, dry_run)
-            self._publish(snap, publishing, now, report, dry_run)
+            running = self._start(result, snap, now, report, dry_run)
+            self._publish(snap, publishing, [*(a.node for a in in_flight), *pub_nodes, *running],
+                          result=result, now=now, report=report, dry_run=dry_run)
         elif result.actions:
             report.notes.append("warming.enabled is false: nothing is started")
             report.skipped.extend(Skipped(a, "disabled") for a in result.actions)
@@ -227,15 +238,23 @@ class WarmLoop:
     # ---- step 2: the Jobs that exist ------------------------------------------------------------
 
     def _reconcile(self, views: Sequence[JobView], snap: InventorySnapshot, now: float, report: TickReport,
-                   dry_run: bool) -> tuple[list[Action], set[str]]:
-        """In-flight actions and keys being published; confirmed Jobs deleted, failures reported."""
+                   dry_run: bool) -> tuple[list[Action], set[str], list[str]]:
+        """In-flight actions, keys being published and the nodes of running publish Jobs; confirmed
+        Jobs deleted, failures reported, running Jobs of nodes that left the cluster deleted."""
         w = self.policy.warming
         in_flight: list[Action] = []
         publishing: set[str] = set()
+        pub_nodes: list[str] = []
+        gone: dict[str, bool] = {}
         for view in views:
+            if view.state == "active" and self._node_gone(view.node, snap, gone, report, dry_run):
+                self._abandon(view, report, dry_run)
+                continue
             if view.publish is not None:
                 publishing.add(view.publish.key)
-                if view.state == "succeeded":
+                if view.state == "active":
+                    pub_nodes.append(view.publish.node)
+                elif view.state == "succeeded":
                     self._published(view, report, dry_run)
                 elif view.state == "failed":
                     self._failed(view, failed_at=view.finished_at or now, reason="WarmPublishFailed",
@@ -265,7 +284,44 @@ class WarmLoop:
         if not dry_run:
             alive = {view.uid for view in views}
             self._warned = {k for k in self._warned if k[0] in alive}
-        return in_flight, publishing
+        return in_flight, publishing, pub_nodes
+
+    def _node_gone(self, node: str, snap: InventorySnapshot, gone: dict[str, bool], report: TickReport,
+                   dry_run: bool) -> bool:
+        """Has ``node`` left the cluster? Asked only for nodes the inventory no longer lists (an
+        inventory that lost its records must not make the warmer delete Jobs): a 404 from the API
+        server says so; any other answer keeps the Job (``False``)."""
+        if node in snap.positions or not node or self.kube is None:
+            return False
+        if node not in gone:
+            try:
+                self.kube.get_node(node)
+                gone[node] = False
+            except KubeApiError as exc:
+                gone[node] = exc.status == 404
+                if not gone[node]:
+                    self._error(report, "read", exc, dry_run)
+            except KubeError as exc:
+                gone[node] = False
+                self._error(report, "read", exc, dry_run)
+        return gone[node]
+
+    def _abandon(self, view: JobView, report: TickReport, dry_run: bool) -> None:
+        """Delete a running Job whose node left the cluster: its pod is pinned there and never runs,
+        and counted in flight it would hold a node and a cluster slot until ``activeDeadline``."""
+        report.abandoned.append(view.name)
+        if dry_run or self.executor is None:
+            return
+        log.warning("warm job %s: node %s left the cluster; deleting the Job (%s is planned again where needed)",
+                    view.name, view.node, view.cache,
+                    extra={"job": view.name, "node": view.node, "cache": view.cache, "kind": view.kind,
+                           "decision": "node-gone"})
+        try:
+            self.executor.delete(view)
+        except KubeError as exc:
+            self._error(report, "delete-job", exc, dry_run)
+            return
+        self._attempts.pop(view.key, None)
 
     def _confirmed(self, view: JobView, report: TickReport, dry_run: bool) -> None:
         report.confirmed.append(view.name)
@@ -360,7 +416,10 @@ class WarmLoop:
 
     # ---- step 4: acting --------------------------------------------------------------------------
 
-    def _start(self, result: Plan, snap: InventorySnapshot, now: float, report: TickReport, dry_run: bool) -> None:
+    def _start(self, result: Plan, snap: InventorySnapshot, now: float, report: TickReport,
+               dry_run: bool) -> list[str]:
+        """Create the plan's Jobs; returns the nodes of the actions now running (or that a dry run would start)."""
+        running: list[str] = []
         for action in result.actions:
             key = (action.node, action.cache)
             if key in self._backoff:
@@ -388,6 +447,7 @@ class WarmLoop:
             name = job_name(action.kind, action.node, action.cache)
             if dry_run or self.executor is None:
                 report.would_start.append(name)
+                running.append(action.node)
                 continue
             body = action_job(self.policy, action, attempt=self._attempts.get(key, 0) + 1,
                               node_class=cls.name if cls is not None else "")
@@ -397,23 +457,31 @@ class WarmLoop:
                 self._error(report, "create-job", exc, dry_run)
                 report.skipped.append(Skipped(action, "error"))
                 continue
+            running.append(action.node)
             if outcome == "created":
                 report.started.append(name)
                 self.metrics.started.labels(action.kind).inc()
             else:
                 report.existing.append(name)
+        return running
 
-    def _publish(self, snap: InventorySnapshot, publishing: set[str], now: float, report: TickReport,
-                 dry_run: bool) -> None:
-        if self.policy.warming.templates.publish_compile is None:
+    def _publish(self, snap: InventorySnapshot, publishing: set[str], running: Sequence[str], *, result: Plan,
+                 now: float, report: TickReport, dry_run: bool) -> None:
+        """Start publish Jobs within what is left of the caps: ``running`` lists the node of every warm
+        Job running or started this tick (actions and publishes), ``result`` the bytes planned."""
+        w = self.policy.warming
+        if w.templates.publish_compile is None:
             return
         holders = unpublished(self.policy, snap, now)
         if not dry_run:
             self._first_seen = {k: self._first_seen.get(k, now) for k in holders}
         first_seen = self._first_seen if not dry_run else {k: self._first_seen.get(k, now) for k in holders}
         busy = publishing | {b.publish.key for b in self._backoff.values() if b.publish is not None}
-        limit = max(0, self.policy.warming.max_concurrent - len(publishing))
-        for p in candidates(self.policy, holders, first_seen, now, busy=busy, limit=limit):
+        limit = max(0, w.max_concurrent - len(running))
+        budget = None if w.bytes_per_tick is None else w.bytes_per_tick - sum(a.bytes for a in result.actions)
+        per_node = Counter(running)
+        for p in candidates(self.policy, holders, first_seen, now, busy=busy, limit=limit, running=per_node,
+                            budget=budget):
             key: Key = ("", p.cache)
             body = publish_job(self.policy, p, attempt=self._attempts.get(key, 0) + 1)
             name = str(body["metadata"]["name"])

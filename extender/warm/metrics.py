@@ -18,7 +18,8 @@ SKIP_REASONS = ("disabled", "no-template", "backoff", "eviction-unsafe", "error"
 JOB_KINDS: tuple[str, ...] = (*KINDS, "publish")
 OUTCOMES = ("confirmed", "failed", "unconfirmed")
 OPERATIONS = ("read", "plan", "create-job", "delete-job", "event", "publish", "taint")
-TAINT_CHANGES = (("added", "joined"), ("removed", "disabled"), ("removed", "warm"), ("removed", "max-taint"))
+TAINT_CHANGES = (("added", "joined"), ("removed", "disabled"), ("removed", "policy"), ("removed", "warm"),
+                 ("removed", "max-taint"))
 
 
 class WarmMetrics:

@@ -3,10 +3,12 @@
 A replica that compiled on a node leaves ``<root>/compile/<key>/`` behind; the agent reports the
 key. Once such a key has been seen for ``publishAfter`` (engines fill the directory while they
 compile; publishing it half-written would hand a partial cache to every node), and it is neither
-in the registry nor being published, one node holding it (the first by name, fresh) uploads it
-with the ``publishCompile`` template. When that Job succeeds the key goes into the registry set
-(:meth:`extender.state.store.InventoryStore.add_registry`), and the estimator's "in registry"
-state, and with it the planner's compile fetches, become real for every node of the class.
+in the registry nor being published, one node holding it (the first by name, fresh, with a free
+slot) uploads it with the ``publishCompile`` template, within the same caps as the warm actions (a
+slot on the holder node and in the cluster, its bytes in ``bytesPerTick``). When that Job succeeds
+the key goes into the registry set (:meth:`extender.state.store.InventoryStore.add_registry`),
+and the estimator's "in registry" state, and with it the planner's compile fetches, become real
+for every node of the class.
 
 Only keys that some profile computes for some class are published: a key we cannot map to a
 workload is nothing the planner would ever fetch.
@@ -60,8 +62,18 @@ def unpublished(policy: Policy, snapshot: InventorySnapshot, now: float) -> dict
 
 
 def candidates(policy: Policy, holders: Mapping[str, list[Holder]], first_seen: Mapping[str, float], now: float,
-               *, busy: Collection[str], limit: int) -> list[Publish]:
-    """Keys to publish now: seen for ``publishAfter``, not ``busy`` (in flight or backing off), at most ``limit``."""
+               *, busy: Collection[str], limit: int, running: Mapping[str, int] | None = None,
+               budget: float | None = None) -> list[Publish]:
+    """Keys to publish now: seen for ``publishAfter``, not ``busy`` (in flight or backing off), at most ``limit``.
+
+    A publish Job is a warm Job like the others: ``running`` (warm Jobs per node, running or
+    started this tick) keeps each one to a holder below ``maxConcurrentPerNode`` (the first such
+    holder by name; a key none of whose holders has room waits), and the upload's bytes come out of
+    ``budget`` (what ``bytesPerTick`` leaves after the tick's actions; ``None``: no limit).
+    """
+    per_node = policy.warming.max_concurrent_per_node
+    load = dict(running or {})
+    left = float("inf") if budget is None else float(budget)
     out: list[Publish] = []
     for key in sorted(holders):
         if len(out) >= limit:
@@ -69,6 +81,10 @@ def candidates(policy: Policy, holders: Mapping[str, list[Holder]], first_seen: 
         seen = first_seen.get(key)
         if key in busy or seen is None or now - seen < policy.warming.publish_after:
             continue
-        h = holders[key][0]
+        h = next((h for h in holders[key] if load.get(h.node, 0) < per_node), None)
+        if h is None or h.bytes > left:
+            continue
+        load[h.node] = load.get(h.node, 0) + 1
+        left -= h.bytes
         out.append(Publish(key=key, node=h.node, workload=h.workload, node_class=h.node_class, bytes=h.bytes))
     return out

@@ -82,18 +82,29 @@ def staging_path(root: P, cache_id: str) -> P:
 
 
 def on_node(root: Path, cache_id: str) -> Path:
-    """:func:`cache_path` on the node, refused when a directory between the root and it is a symbolic link.
+    """:func:`cache_path` on the node, refused when it or a directory between the root and it is a
+    symbolic link.
 
-    The steps rename and delete below that path; through a link (``compile -> /etc``) they would
-    rename and delete outside the cache root. The agent does not follow such links either.
+    The steps rename, write and delete below that path; through a link (``compile -> /etc``, or the
+    entry ``weights/llm/v1 -> /etc`` itself) they would rename, write and delete outside the cache
+    root. The agent does not follow such links either. A link at the entry is not ours to remove
+    (someone put it there): the step fails and says where.
     """
     dest = cache_path(root, cache_id)
     current = root
-    for part in dest.relative_to(root).parts[:-1]:
+    for part in dest.relative_to(root).parts:
         current = current / part
         if current.is_symlink():
             raise StepError(f"{current} is a symbolic link: the warmer does not leave the cache root {root}")
     return dest
+
+
+def _no_link(staging: Path) -> Path:
+    """The staging directory, never through a link: one there (a staging name is ours alone) is
+    removed, the link itself and not what it points to, so the fetch writes below the cache root."""
+    if staging.is_symlink():
+        staging.unlink()
+    return staging
 
 
 def evict(root: Path, cache_id: str) -> bool:
@@ -121,7 +132,7 @@ def prepare(root: Path, cache_id: str, evictions: Sequence[str] = ()) -> Path:
     for victim in targets:
         _remove(victim)
     kind, _ = parse_cache_id(cache_id)
-    dest, staging = on_node(root, cache_id), staging_path(root, cache_id)
+    dest, staging = on_node(root, cache_id), _no_link(staging_path(root, cache_id))
     if staging.is_dir():
         return staging  # an earlier attempt's bytes: resume
     staging.parent.mkdir(parents=True, exist_ok=True)
@@ -146,6 +157,8 @@ def finish(root: Path, cache_id: str, *, source: str = "") -> Path:
     """
     kind, _ = parse_cache_id(cache_id)
     dest, staging = on_node(root, cache_id), staging_path(root, cache_id)
+    if staging.is_symlink():
+        raise StepError(f"{staging} is a symbolic link: the warmer does not leave the cache root {root}")
     if not staging.is_dir() or not _has_file(staging):
         raise StepError(f"{staging}: the fetch step left no files")
     match kind:

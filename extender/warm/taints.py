@@ -12,6 +12,13 @@ the first replica lands on it cold, which is what warming was meant to avoid. Wi
   holds every keep-warm cache it can get (:func:`extender.warm.checks.node_warm`), or once it is
   ``maxTaint`` old whatever its state, or at once when warming is disabled: warming must never
   keep a node out of service.
+* **remove what we put, whatever the policy says now.** Each tainted node is tracked with the
+  taint it got, and the taint carries a marker: the node annotation
+  ``extender.io/warming-taint: <key>:<effect>``, written in the same patch. A reloaded policy that
+  turns ``taintUntilWarm`` off or changes the taint's key or effect therefore still removes the
+  old taint (reason ``policy``), at once; so does a restarted warmer, which finds the marked nodes
+  in its start-up list. A node registered with the taint carries no marker: it is recognised by
+  the policy's current taint (and removed at once if ``taintUntilWarm`` is off).
 
 Every change is a read-modify-write of ``spec.taints`` guarded by the Node's resourceVersion (a
 merge patch replaces the whole list, and the node lifecycle controller edits taints on joining
@@ -54,8 +61,36 @@ def _taints(node: JSON) -> list[JSON]:
     return list((node.get("spec") or {}).get("taints") or [])
 
 
-def has_taint(node: JSON, taint: Taint) -> bool:
-    return any(t.get("key") == taint.key and t.get("effect") == taint.effect for t in _taints(node))
+#: Node annotation naming the taint the warmer put (``<key>:<effect>``): the marker that lets it find
+#: and remove its own taint after a policy change or a restart.
+MARKER_ANNOTATION = "extender.io/warming-taint"
+
+#: A taint as (key, effect), what identifies it on a node.
+TaintId = tuple[str, str]
+
+
+def taint_id(taint: Taint) -> TaintId:
+    return taint.key, taint.effect
+
+
+def has_taint(node: JSON, taint: Taint | TaintId) -> bool:
+    key, effect = taint_id(taint) if isinstance(taint, Taint) else taint
+    return any(t.get("key") == key and t.get("effect") == effect for t in _taints(node))
+
+
+def marked_taint(node: JSON) -> TaintId | None:
+    """The taint the warmer's marker names on ``node``, or ``None``."""
+    text = str(((node.get("metadata") or {}).get("annotations") or {}).get(MARKER_ANNOTATION) or "")
+    key, sep, effect = text.rpartition(":")
+    return (key, effect) if sep and key and effect else None
+
+
+@dataclass(frozen=True)
+class _Tainted:
+    """A node carrying our taint: when it was created, and which taint it carries."""
+
+    created: float
+    taint: TaintId
 
 
 @dataclass
@@ -88,8 +123,8 @@ class NodeTainter:
     def __init__(self, kube: NodeKube, metrics: WarmMetrics) -> None:
         self.kube = kube
         self.metrics = metrics
-        #: Nodes carrying our taint -> their creation time (unix seconds).
-        self.tracked: dict[str, float] = {}
+        #: Nodes carrying our taint -> their creation time (unix seconds) and that taint.
+        self.tracked: dict[str, _Tainted] = {}
         self.seen: set[str] = set()
         self._listed = False
 
@@ -97,15 +132,16 @@ class NodeTainter:
                   published: Collection[tuple[str, str]]) -> TaintChanges:
         """One pass: notice new nodes, taint the cold ones, untaint the warm or overdue ones."""
         run = _Pass(policy, snapshot, now, published, TaintChanges())
-        if not policy.warming.new_nodes.taint_until_warm:
-            return run.changes
+        tainting = policy.warming.new_nodes.taint_until_warm
+        if not tainting and self._listed and not self.tracked:
+            return run.changes  # nothing of ours on any node, nothing to put
         try:
             if not self._listed:
                 nodes, _ = self.kube.list("nodes")
                 for node in nodes:
-                    self._first_sight(run, node)
+                    self._first_sight(run, node, tainting=tainting)
                 self._listed = True
-            for record in snapshot.nodes:
+            for record in snapshot.nodes if tainting else ():
                 if record.name not in self.seen:
                     try:
                         node = self.kube.get_node(record.name)
@@ -113,9 +149,9 @@ class NodeTainter:
                         if exc.status == 404:
                             continue  # deleted meanwhile: the sync will drop it
                         raise
-                    self._first_sight(run, node)
-            for name, created in sorted(self.tracked.items()):
-                self._maybe_untaint(run, name, created)
+                    self._first_sight(run, node, tainting=True)
+            for name, tainted in sorted(self.tracked.items()):
+                self._maybe_untaint(run, name, tainted)
         except KubeError as exc:
             self.metrics.errors.labels("taint").inc()
             run.changes.errors.append(f"node taints: {exc}")
@@ -123,17 +159,22 @@ class NodeTainter:
         self.metrics.tainted.set(len(self.tracked))
         return run.changes
 
-    def _first_sight(self, run: _Pass, node: JSON) -> None:
+    def _first_sight(self, run: _Pass, node: JSON, *, tainting: bool) -> None:
         meta = node.get("metadata") or {}
         name = str(meta.get("name", ""))
         created = parse_time(meta.get("creationTimestamp")) or run.now
         taint = run.policy.warming.new_nodes.taint
-        if has_taint(node, taint):
-            self.tracked[name] = created
-        elif self._wants_taint(run, node, created):
+        marked = marked_taint(node)
+        if marked is not None and has_taint(node, marked):
+            self.tracked[name] = _Tainted(created, marked)  # ours, whatever the policy says now
+        elif has_taint(node, taint):
+            # registered with it (kubelet --register-with-taints): ours too, and removed as ours
+            # even with taintUntilWarm off, since only the warmer would ever take it off
+            self.tracked[name] = _Tainted(created, taint_id(taint))
+        elif tainting and self._wants_taint(run, node, created):
             if not self._patch(node, add=taint, remove=None):
                 return  # conflict: look again next tick
-            self.tracked[name] = created
+            self.tracked[name] = _Tainted(created, taint_id(taint))
             run.changes.tainted.append(name)
             self.metrics.taint_changes.labels("added", "joined").inc()
             log.info("node %s joined cold: tainted %s until warm", name, taint.key,
@@ -153,13 +194,15 @@ class NodeTainter:
             cls = policy.classify_node(dict(meta.get("labels") or {}))
         return bool(keep_warm_profiles(policy, cls)) and not run.warm(name)
 
-    def _maybe_untaint(self, run: _Pass, name: str, created: float) -> None:
+    def _maybe_untaint(self, run: _Pass, name: str, tainted: _Tainted) -> None:
         nn = run.policy.warming.new_nodes
         if not run.policy.warming.enabled:
             why = "disabled"
+        elif not nn.taint_until_warm or tainted.taint != taint_id(nn.taint):
+            why = "policy"  # taints turned off, or another taint now: ours must still go
         elif run.warm(name):
             why = "warm"
-        elif run.now - created >= nn.max_taint:
+        elif run.now - tainted.created >= nn.max_taint:
             why = "max-taint"
         else:
             return
@@ -170,22 +213,28 @@ class NodeTainter:
                 del self.tracked[name]
                 return
             raise
-        if has_taint(node, nn.taint) and not self._patch(node, add=None, remove=nn.taint):
+        if (has_taint(node, tainted.taint) or marked_taint(node) is not None) and \
+                not self._patch(node, add=None, remove=tainted.taint):
             return
         del self.tracked[name]
         run.changes.untainted.append(name)
         self.metrics.taint_changes.labels("removed", why).inc()
         log.info("node %s: warming taint removed (%s)", name, why, extra={"node": name, "reason": why})
 
-    def _patch(self, node: JSON, *, add: Taint | None, remove: Taint | None) -> bool:
-        """Replace the node's taints, guarded by its resourceVersion; ``False`` on a conflict."""
+    def _patch(self, node: JSON, *, add: Taint | None, remove: TaintId | None) -> bool:
+        """Replace the node's taints and set or clear our marker, guarded by its resourceVersion;
+        ``False`` on a conflict."""
         meta = node.get("metadata") or {}
         taints = _taints(node)
+        marker: str | None = None  # a merge patch deletes the annotation
         if remove is not None:
-            taints = [t for t in taints if not (t.get("key") == remove.key and t.get("effect") == remove.effect)]
+            taints = [t for t in taints if (t.get("key"), t.get("effect")) != remove]
         if add is not None:
             taints.append({"key": add.key, "value": add.value, "effect": add.effect})
-        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion")}, "spec": {"taints": taints}}
+            marker = f"{add.key}:{add.effect}"
+        patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"),
+                              "annotations": {MARKER_ANNOTATION: marker}},
+                 "spec": {"taints": taints}}
         try:
             self.kube.patch_node(str(meta.get("name")), patch)
         except KubeApiError as exc:

@@ -17,8 +17,10 @@ command. In a shell script (the argument after ``-c`` of ``sh``, ``bash``, ...) 
 therefore becomes a reference to its ``WARM_<NAME>`` variable, written for the quoting context it
 stands in (``"${WARM_SOURCE}"`` outside quotes, ``${WARM_SOURCE}`` inside double quotes, and
 closing and reopening single quotes around it), so the shell expands it as one word of data and
-never parses it. Elsewhere (exec-form ``command`` and ``args``, ``env``, ``image``) no shell reads
-the text and the value is put in as it is, one argument.
+never parses it. A here-document in such a script is refused when the policy loads (its body
+follows other quoting rules); comments are understood, quotes in them included. Elsewhere
+(exec-form ``command`` and ``args``, ``env``, ``image``) no shell reads the text and the value is
+put in as it is, one argument.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import PurePosixPath
 from typing import Any, assert_never
 
 from extender.core.errors import UnknownNameError
-from extender.core.policy import PLACEHOLDER, Policy, StepTemplate
+from extender.core.policy import PLACEHOLDER, Policy, StepTemplate, quote_state, script_positions
 from extender.core.warming import Action
 from extender.warm.steps import CACHE_MOUNT, cache_path, parse_cache_id, staging_path
 
@@ -41,64 +43,29 @@ def render(text: str, values: Mapping[str, str]) -> str:
     return PLACEHOLDER.sub(lambda m: values[m.group(1)], text)
 
 
-#: Programs whose ``-c`` argument is a shell script (by the basename of the program).
-SHELLS = frozenset({"sh", "bash", "dash", "ash", "ksh", "mksh", "zsh", "busybox"})
-#: A short-option cluster that includes ``c`` (``-c``, ``-ec``, ``-lc``): the next argument is the script.
-_SCRIPT_FLAG = re.compile(r"^-[A-Za-z]*c[A-Za-z]*$")
-
-
-def script_positions(argv: list[str]) -> set[int]:
-    """Indexes of ``argv`` that a shell will parse as a script (after ``-c``, once a shell was named)."""
-    for i, word in enumerate(argv):
-        if PurePosixPath(word).name in SHELLS:
-            for j in range(i + 1, len(argv) - 1):
-                if _SCRIPT_FLAG.match(argv[j]):
-                    return {j + 1}
-            return set()
-    return set()
-
-
 def render_script(script: str, values: Mapping[str, str]) -> str:
     """``script`` with every placeholder replaced by a quoted reference to its environment variable.
 
-    The quoting state (outside quotes, in ``'...'``, in ``"..."``, with backslash escapes) is
-    tracked up to each placeholder, so the reference is one word in every context and the value
-    itself never passes through the shell's parser.
+    The quoting state (outside quotes, in ``'...'``, in ``"..."``, with backslash escapes, in a
+    ``#`` comment: :func:`extender.core.policy.quote_state`) is tracked up to each placeholder,
+    so the reference is one word in every context and the value itself never passes through the
+    shell's parser.
     """
     out: list[str] = []
-    state = ""  # "", "'" or '"'
+    state = ""  # "", "'", '"' or "#" (a comment)
     pos = 0
     for match in PLACEHOLDER.finditer(script):
         text = script[pos:match.start()]
-        state = _quote_state(text, state)
+        state = quote_state(text, state, word_start=pos == 0)
         out.append(text)
         name = match.group(1)
         if name not in values:  # as render() does: the policy check makes this unreachable
             raise UnknownNameError(f"no template variable {name!r}")
         ref = "${" + env_name(name) + "}"
-        out.append({"": f'"{ref}"', '"': ref, "'": f"'\"{ref}\"'"}[state])
+        out.append({"": f'"{ref}"', '"': ref, "'": f"'\"{ref}\"'", "#": ref}[state])
         pos = match.end()
     out.append(script[pos:])
     return "".join(out)
-
-
-def _quote_state(text: str, state: str) -> str:
-    """The POSIX shell quoting state after ``text``, starting from ``state``."""
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if state == "'":
-            if c == "'":
-                state = ""
-        elif c == "\\":
-            i += 1  # the next character is escaped (outside quotes and inside double quotes)
-        elif state == '"':
-            if c == '"':
-                state = ""
-        elif c in "'\"":
-            state = c
-        i += 1
-    return state
 
 
 def render_argv(argv: list[str], values: Mapping[str, str]) -> list[str]:
