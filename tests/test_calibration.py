@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import pytest
@@ -20,6 +21,7 @@ from extender.core.calibration import (
     PARAMETERS,
     REMOTE,
     WARM,
+    Fit,
     Observation,
     apply_calibration,
     box_ridge,
@@ -330,3 +332,45 @@ def test_bad_calibration_settings_are_located(section: str, line: int, path: str
     (problem,) = info.value.problems
     assert (problem.line, problem.path) == (base + line, path), problem
     assert words in problem.message, problem.message
+
+
+class LocalCase(NamedTuple):
+    id: str
+    policy: str
+    workload: str
+    node_class: str
+    weights_local: float
+    #: The applied override's nvmeRead over the class's NVMe read (None: not written).
+    nvme_read_ratio: float | None
+
+
+#: Applying a weightsLocal fit changes only what the fit modelled: the NVMe read when the local weights
+#: read is NVMe-bound; nothing when the network is the faster (it wrote the remote rate over the NVMe
+#: read, and the snapshot read, at the NVMe rate, moved with it).
+LOCAL_CASES = [
+    LocalCase("NVMe-bound: the NVMe read scaled by the factor", "policies/eks-p5-qwen3-moe.yaml", WORKLOAD, CLASS,
+              2.0, 0.5),
+    LocalCase("remote faster than NVMe, factor < 1: the NVMe read left alone", "policies/h200-b200-snapshot.yaml",
+              "dynamo-worker", "b200", 0.99, None),
+    LocalCase("remote faster than NVMe, factor > 1: the NVMe read left alone", "policies/h200-b200-snapshot.yaml",
+              "dynamo-worker", "h200", 2.0, None),
+]
+
+
+@pytest.mark.parametrize("case", LOCAL_CASES, ids=[c.id for c in LOCAL_CASES])
+def test_an_applied_local_weights_fit_changes_only_what_it_modelled(case: LocalCase) -> None:
+    policy = load_policy(ROOT / case.policy)
+    profile, node_class = policy.profile(case.workload), policy.node_class(case.node_class)
+    m = np.array(factors(weightsLocal=case.weights_local))
+    fit = Fit(case.workload, case.node_class, 9, tuple(m), (0.0,) * 7, (0.25,) * 7, (4.0,) * 7, 0, 0, 0, 0, True)
+    applied = apply_calibration(policy, [fit])
+    nvme_read = applied.profile(case.workload).overrides[case.node_class].nvme_read
+    ratio = None if nvme_read is None else nvme_read / node_class.nvme.read_bandwidth
+    assert ratio == (None if case.nvme_read_ratio is None else pytest.approx(case.nvme_read_ratio))
+    named = [s for s in STATES if not STATES[s].snapshot or profile.snapshot is not None]
+    obs = starts(policy, policy, case.workload, case.node_class, named, noise=0.0)
+    state = cache_state(obs)
+    modelled = design(profile, node_class, state, m).total(m)
+    got = estimate(applied.profile(case.workload), [applied.node_class(case.node_class)],
+                   np.zeros(len(obs), dtype=np.intp), state).total_s
+    assert got == pytest.approx(modelled)  # the applied estimate is the fit's model, snapshot starts included

@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -326,3 +326,52 @@ def test_the_scaler_takes_its_horizon_and_the_warmer_its_policy_from_the_fit(red
     assert before.inputs.horizon.startup_s == pytest.approx(106.3, abs=0.1)
     assert after.inputs.horizon.startup_s == pytest.approx(expected) and expected > 150
     assert after.inputs.horizon.node == "warm-1"
+
+
+class StartCase(NamedTuple):
+    id: str
+    #: Seconds before the start since the agent's whole report, and since its last bare heartbeat (None: none since).
+    report_age_s: float
+    beat_age_s: float | None
+    #: Ready minus PodScheduled, in seconds.
+    duration_s: float
+    recorded: int
+    discarded: dict[str, int]
+
+
+#: What the observer trusts (maxInventoryAge 60 s): a node is as fresh as its agent's latest heartbeat,
+#: bare ones included (as every reader of the inventory sees it); a start whose Ready precedes its
+#: PodScheduled (skewed clocks) is discarded with its own reason, never stored as a 0 s start.
+START_CASES = [
+    StartCase("a fresh whole report", 2.0, None, 30.0, 1, {}),
+    StartCase("an old whole report kept fresh by bare heartbeats", 300.0, 2.0, 30.0, 1, {}),
+    StartCase("an old whole report and no heartbeat since", 300.0, None, 30.0, 0, {"stale inventory": 1}),
+    StartCase("a bare heartbeat older than maxInventoryAge", 300.0, 120.0, 30.0, 0, {"stale inventory": 1}),
+    StartCase("Ready before PodScheduled (skewed clocks)", 2.0, None, -10.0, 0, {"ready before scheduled": 1}),
+    StartCase("Ready at PodScheduled", 2.0, None, 0.0, 1, {}),
+]
+
+
+@pytest.mark.parametrize("case", START_CASES, ids=[c.id for c in START_CASES])
+def test_what_a_start_found_and_when_it_was_ready_decide_whether_it_is_recorded(client: Any,
+                                                                                 case: StartCase) -> None:
+    client.flushdb()
+    policy = parse_policy(POLICY_TEXT + "calibration: {mode: suggest, maxInventoryAge: 60s}\n")
+    now = time.time()
+    agent = SourceStore(InventoryStore(client))
+    agent.report_kube({"n1": node_report()})
+    agent.report_agent("n1", AgentReport(heartbeat=now - case.report_age_s, ttl=600, images=VLLM))
+    if case.beat_age_s is not None:
+        assert agent.beat_agent("n1", now - case.beat_age_s)
+    store = ObservationStore(client)
+    observer = StartObserver(policy, clock=lambda: now)
+    scheduled = now - 1
+    observer.pod(PodFacts("serving/p", "n1", 1, WORKLOAD, "starting", uid="u", scheduled_at=scheduled))
+    observer.flush(InventoryStore(client), store)
+    observer.pod(PodFacts("serving/p", "n1", 1, WORKLOAD, "running", uid="u", scheduled_at=scheduled,
+                          started_at=scheduled, ready_at=scheduled + case.duration_s))
+    observer.flush(InventoryStore(client), store)
+    stored = store.read()
+    assert len(stored.observations) == case.recorded and stored.discarded == case.discarded
+    assert [o.total_s for o in stored.observations] == [case.duration_s] * case.recorded
+    assert not observer.pending()

@@ -16,22 +16,24 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
 import redis
+from prometheus_client import CollectorRegistry
 
 from extender.core.caches import weights_key
-from extender.core.inventory import InventorySnapshot, NodeState
+from extender.core.inventory import MAX_ENTRIES, MAX_RECORD_BYTES, InventorySnapshot, NodeState
 from extender.core.policy import Policy
-from extender.core.reports import AgentReport, KubeReport, Replicas
+from extender.core.reports import AgentReport, KubeReport, Replicas, merge
 from extender.files import PolicyFile, load_policy, read_policy
 from extender.kube.client import KubeClient
 from extender.kube.metrics import SyncMetrics
 from extender.kube.sync import ClusterSync, SyncSettings
 from extender.state import InventoryStore, connect
 from extender.state.sources import SourceStore
+from extender.state.store import encode
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
 from tests.kube_double.waiting import wait_until
@@ -405,3 +407,121 @@ def test_an_edited_policy_is_applied_without_a_restart(
                    "a node after the relist")
         double.remove("v1", "Pod", "llama-1", "serving")
         eventually(reader, "gpu-a", lambda r: r is not None and r.gpus_free == 4, "a pod event after the relist")
+
+
+def untagged_image(raw: dict[str, Any]) -> None:
+    raw["status"]["images"].append({"names": None, "sizeBytes": 123})  # containerd's untagged image
+
+
+def unreadable_gpu_count(raw: dict[str, Any]) -> None:
+    raw["status"]["allocatable"]["nvidia.com/gpu"] = "lots"
+
+
+class UnreadableCase(NamedTuple):
+    id: str
+    #: Turns gpu-a's next version (4 GPUs, was 8) into what the API server sends.
+    change: Callable[[dict[str, Any]], None]
+    #: GPUs of gpu-a's record in the end: 4 when the change was read, 8 when its last facts were kept.
+    gpus: int
+    #: ``extender_sync_node_problems{kind="unreadable"}`` in the end.
+    unreadable: float
+
+
+UNREADABLE_CASES = [
+    UnreadableCase("an untagged image (names: null) is read", untagged_image, 4, 0.0),
+    UnreadableCase("a node that cannot be read keeps its last facts through a relist", unreadable_gpu_count, 8, 1.0),
+]
+
+
+@pytest.mark.parametrize("case", UNREADABLE_CASES, ids=[c.id for c in UNREADABLE_CASES])
+def test_a_node_the_sync_cannot_read_is_never_treated_as_deleted(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, case: UnreadableCase
+) -> None:
+    policy = load_policy(POLICY_FILE)
+    # an unreadable node froze on a watch event, then vanished on the next relist as if deleted
+    # (record removed, tombstone written, its agent's reports refused)
+    double.apply(node("gpu-a", G5_12, gpus=8, images=[VLLM]))
+    double.apply(node("gpu-b", G5_12))
+    registry = CollectorRegistry()
+    with running_sync(double, redis_server.url, tmp_path, policy, metrics=SyncMetrics(registry, policy)) as sync:
+        wait_until(lambda: reader.store.names() == {"gpu-a", "gpu-b"}, what="both nodes")
+        assert reader.report_agent("gpu-a", AgentReport(heartbeat=time.time())) is not None
+        changed = node("gpu-a", G5_12, gpus=4, images=[VLLM])
+        case.change(changed)
+        double.apply(changed)
+        wait_until(lambda: ((r := record(reader, "gpu-a")) is not None and r.gpus == 4)
+                   or "gpu-a" in sync.view.unreadable, what="the change handled")
+        wait_until(lambda: double.open_watches() >= 2, what="both watches open")
+        double.state.expire_watches()
+        wait_until(lambda: sync.nodes.lists >= 2, what="the relist")
+        # a change arriving after the relist is written after the relist's prune
+        double.apply(node("gpu-b", G5_12, gpus=2))
+        eventually(reader, "gpu-b", lambda r: r is not None and r.gpus == 2, "gpu-b's change after the relist")
+        assert reader.store.names() == {"gpu-a", "gpu-b"}
+        state = record(reader, "gpu-a")
+        assert state is not None and state.gpus == case.gpus and state.images == tuple(VLLM)
+        assert reader.report_agent("gpu-a", AgentReport(heartbeat=time.time())) is not None  # no tombstone
+        assert registry.get_sample_value("extender_sync_node_problems", {"kind": "unreadable"}) == case.unreadable
+
+
+def near_full_agent_report(name: str, free: int) -> AgentReport:
+    """An agent report whose record alone is ``free`` bytes under the store's limit of one record."""
+    beat = float(int(time.time()))  # one heartbeat, a whole second: its JSON has the same length in every call
+
+    def size(n: int, pad: int = 0) -> int:
+        weights = {f"w{i:05d}-" + "x" * 990: 1 for i in range(n)}
+        if pad:
+            weights["pad-" + "y" * pad] = 1
+        return len(encode(merge(name, AgentReport(weights=weights, heartbeat=beat), None)))
+
+    base, per_entry = size(0), size(1) - size(0)
+    n = (MAX_RECORD_BYTES - free - base) // per_entry - 1
+    pad = MAX_RECORD_BYTES - free - size(n) - len(',"pad-":1')
+    weights = {f"w{i:05d}-" + "x" * 990: 1 for i in range(n)} | {"pad-" + "y" * pad: 1}
+    report = AgentReport(weights=weights, heartbeat=beat)
+    assert len(encode(merge(name, report, None))) == MAX_RECORD_BYTES - free
+    return report
+
+
+class UnstorableCase(NamedTuple):
+    id: str
+    #: gpu-b's labels, and the bytes its agent's record holds before the sync starts (0: no agent).
+    labels: dict[str, str]
+    agent_free: int
+    #: Whether gpu-b's report reaches the store, and the ``extender_sync_node_problems`` kind counting it.
+    stored: bool
+    kind: str
+
+
+UNSTORABLE_CASES = [
+    UnstorableCase("5000 labels: the report is trimmed to what a record holds",
+                   {**G5_12, **{f"feature.node.kubernetes.io/f{i}": "true" for i in range(5000)}}, 0, True,
+                   "trimmed"),
+    UnstorableCase("a merged record over 1 MiB: refused, no outage, the other nodes written",
+                   {**G5_12, **{f"example.com/label-{i:03d}": "v" * 40 for i in range(100)}}, 2000, False,
+                   "refused"),
+]
+
+
+@pytest.mark.parametrize("case", UNSTORABLE_CASES, ids=[c.id for c in UNSTORABLE_CASES])
+def test_one_node_the_store_cannot_hold_never_stops_the_others(
+    double: KubeDouble, reader: SourceStore, redis_server: RedisServer, tmp_path: Path, case: UnstorableCase
+) -> None:
+    policy = load_policy(POLICY_FILE)
+    # a ValidationError (over 4096 labels) killed the writer thread; an OversizedRecordError was
+    # retried forever as an outage, and the healthy nodes of the same batch were never written
+    if case.agent_free:
+        assert reader.report_agent("gpu-b", near_full_agent_report("gpu-b", case.agent_free)) is not None
+    double.apply(node("gpu-a", G5_12, gpus=4))
+    double.apply(node("gpu-b", case.labels, gpus=4))
+    registry = CollectorRegistry()
+    with running_sync(double, redis_server.url, tmp_path, policy, metrics=SyncMetrics(registry, policy)) as sync:
+        eventually(reader, "gpu-a", lambda r: r is not None and r.gpus == 4, "the healthy node written")
+        wait_until(lambda: registry.get_sample_value("extender_sync_node_problems", {"kind": case.kind}) == 1.0,
+                   what=f"gpu-b counted as {case.kind}")
+        double.apply(node("gpu-a", G5_12, gpus=8))
+        eventually(reader, "gpu-a", lambda r: r is not None and r.gpus == 8, "a later change still written")
+        assert not sync.outage
+        stored = reader.kube_reports(["gpu-b"])["gpu-b"]
+        assert (stored is not None) == case.stored
+        assert stored is None or 0 < len(stored.labels) <= MAX_ENTRIES

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
 from extender.core.errors import InvalidValueError, KubeError
 from extender.core.policy import Policy
-from extender.core.reports import Replicas
+from extender.core.reports import KUBE_RECORD_BYTES, Replicas, stored_size
 from extender.files import load_policy
-from extender.kube.objects import NodeFacts, PodFacts, kube_report, node_facts, parse_count, pod_facts
+from extender.kube.objects import (
+    NodeFacts,
+    PodFacts,
+    fitted_kube_report,
+    kube_report,
+    node_facts,
+    parse_count,
+    pod_facts,
+)
 
 POLICY_FILE = Path(__file__).resolve().parent.parent / "policies" / "g5-pcie-fleet.yaml"
 
@@ -198,3 +206,120 @@ def test_kube_report_counts_gpus_of_every_pod_and_replicas_of_profile_pods() -> 
     assert report.gpus_free == 0  # 4 - (1 + 1 + 1 + 2) = -1, floored at 0
     assert report.replicas == {"llama3-8b": Replicas(starting=1, running=1)}
     assert report.node_class == "g5.12xlarge" and report.images == ("a:1",)
+
+
+class NullCase(NamedTuple):
+    id: str
+    raw: dict[str, Any]
+    expected: NodeFacts
+
+
+#: The API's ``null`` reads as the field's absence: real API servers send ``"names": null`` for an
+#: untagged image (containerd), and a node that cannot be read would keep stale facts.
+NULL_CASES = [
+    NullCase("an untagged image: names null",
+             node(labels=G5_12, allocatable={"nvidia.com/gpu": "4"},
+                  images=[{"names": None, "sizeBytes": 5}, {"names": ["a:1"], "sizeBytes": 3}]),
+             NodeFacts("n1", "g5.12xlarge", G5_12, 4, ("a:1",))),
+    NullCase("images null", node(labels=G5_12, images=None), NodeFacts("n1", "g5.12xlarge", G5_12, 0, ())),
+    NullCase("sizeBytes null", node(images=[{"names": ["a:1"], "sizeBytes": None}]),
+             NodeFacts("n1", "", {}, 0, ("a:1",))),
+    NullCase("allocatable null: capacity", node(allocatable=None, capacity={"nvidia.com/gpu": "8"}),
+             NodeFacts("n1", "", {}, 8, ())),
+    NullCase("labels null", {"metadata": {"name": "n1", "labels": None}, "status": {}}, NodeFacts("n1", "", {}, 0, ())),
+    NullCase("status null", {"metadata": {"name": "n1"}, "status": None}, NodeFacts("n1", "", {}, 0, ())),
+]
+
+
+@pytest.mark.parametrize("case", NULL_CASES, ids=[c.id for c in NULL_CASES])
+def test_null_fields_of_a_node_read_as_absent(policy: Policy, case: NullCase) -> None:
+    assert node_facts(case.raw, policy) == case.expected
+
+
+def container(gpus: str | None, *, sidecar: bool = False) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}} if gpus else None}
+    if sidecar:
+        out["restartPolicy"] = "Always"
+    return out
+
+
+class GpuCase(NamedTuple):
+    id: str
+    init: list[dict[str, Any]]
+    containers: list[dict[str, Any]]
+    expected: int
+
+
+#: Kubernetes' effective request with sidecars (objects.pod_gpus): regular init containers run one at
+#: a time beside the sidecars declared before them; sidecars then run beside the app containers.
+GPU_CASES = [
+    GpuCase("a GPU sidecar runs beside the app container", [container("1", sidecar=True)], [container("2")], 3),
+    GpuCase("an init container after a sidecar runs beside it",  # max(1 + 4, 1 + 2)
+            [container("1", sidecar=True), container("4")], [container("2")], 5),
+    GpuCase("an init container before a sidecar runs alone",  # max(4, 1 + 2)
+            [container("4"), container("1", sidecar=True)], [container("2")], 4),
+    GpuCase("sidecars add up", [container("1", sidecar=True), container("2", sidecar=True)], [container("1")], 4),
+    GpuCase("regular init containers only: the largest", [container("4"), container("2")], [container("1")], 4),
+    GpuCase("null resources and restartPolicy read as absent",
+            [{"name": "i", "resources": None, "restartPolicy": None}], [container("2")], 2),
+]
+
+
+@pytest.mark.parametrize("case", GPU_CASES, ids=[c.id for c in GPU_CASES])
+def test_gpus_of_a_pod_with_init_containers_and_sidecars(policy: Policy, case: GpuCase) -> None:
+    raw = {"metadata": {"name": "p", "namespace": "ml", "annotations": None},
+           "spec": {"nodeName": "n1", "initContainers": case.init, "containers": case.containers},
+           "status": {"phase": "Pending", "conditions": None, "containerStatuses": None}}
+    facts = pod_facts(raw, policy)
+    assert facts is not None and facts.gpus == case.expected
+
+
+class FitCase(NamedTuple):
+    id: str
+    facts: NodeFacts
+    #: What the report holds: labels kept, image names kept, GPUs.
+    labels: int
+    images: int
+    gpus: int
+    #: Words each problem reported must contain, one entry per problem.
+    problems: tuple[str, ...]
+
+
+def many_labels(n: int, width: int = 20) -> dict[str, str]:
+    return {f"example.com/l{i:05d}" + "x" * width: "v" for i in range(n)}
+
+
+#: What a record cannot hold is left out of the sync's report (reports.fit_kube_report), with a reason
+#: each: built as it was, one such node made the sync's writer thread die on a ValidationError.
+FIT_CASES = [
+    FitCase("an ordinary node: nothing left out", NodeFacts("n1", "g5.12xlarge", G5_12, 4, ("a:1",)), 1, 1, 4, ()),
+    FitCase("5000 labels: the first 4096 by key", NodeFacts("n1", "", many_labels(5000, width=0), 4, ()), 4096, 0, 4,
+            ("5000 labels, more than the 4096 a record holds: reported the first 4096 by key, left out 904 from "
+             "'example.com/l04096' on",)),
+    FitCase("labels over the sync's share of a record", NodeFacts("n1", "", many_labels(3000, width=200), 4, ()),
+            582, 0, 4, ("over the 131072 bytes the sync's part of a record may take: left out the last 2418 of 3000 "
+                        "labels",)),
+    FitCase("image names over the sync's share: the smallest images (last) left out",
+            NodeFacts("n1", "", G5_12, 4, tuple(f"registry.example/i{i:03d}:" + "t" * 990 for i in range(200))),
+            1, 128, 4, ("left out the last 72 of 200 image names",)),
+    FitCase("a label value a record refuses", NodeFacts("n1", "", {"ok": "v", "bad": "a\nb"}, 4, ()), 1, 0, 4,
+            ("label 'bad' cannot be stored",)),
+    FitCase("an image name a record refuses", NodeFacts("n1", "", {}, 4, ("a:1", "x" * 2000)), 0, 1, 4,
+            ("image name",)),
+    FitCase("more GPUs than a record holds", NodeFacts("n1", "", {}, 100_000, ()), 0, 0, 4096, ("100000 GPUs",)),
+]
+
+
+@pytest.mark.parametrize("case", FIT_CASES, ids=[c.id for c in FIT_CASES])
+def test_a_report_leaves_out_what_a_record_cannot_hold(case: FitCase) -> None:
+    report, problems = fitted_kube_report(case.facts, [PodFacts("ml/a", "n1", 1, "llama3-8b", "running")])
+    assert (len(report.labels), len(report.images), report.gpus) == (case.labels, case.images, case.gpus)
+    storable = sorted(k for k, v in case.facts.labels.items() if "\n" not in v)
+    assert list(report.labels) == storable[: case.labels]  # the first by key
+    assert report.images == case.facts.images[: case.images]  # the first in kubelet's order (largest first)
+    assert report.gpus_free == min(case.gpus, case.facts.gpus - 1)
+    assert stored_size(report) <= KUBE_RECORD_BYTES
+    assert len(problems) == len(case.problems)
+    for problem, words in zip(problems, case.problems, strict=True):
+        assert words in problem
+    assert kube_report(case.facts, [PodFacts("ml/a", "n1", 1, "llama3-8b", "running")]) == report

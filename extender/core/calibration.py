@@ -13,7 +13,8 @@ unknown *factors* ``m`` on the policy's seconds. For observation i on class c (p
     T_i = o_i + sum_j a_ij m_j                                       seconds
     a_i,imagePull       = [image absent] x image_bytes / pull
     a_i,weightsRemote   = remote_bytes_i / remote_bps                remote_bps = min(nic, streams x stream_bps)
-    a_i,weightsLocal    = local_bytes_i / local_bps                  local_bps  = max(nvme_bps, remote_bps)
+                          (+ local_bytes_i / remote_bps when remote_bps > nvme_bps)
+    a_i,weightsLocal    = local_bytes_i / nvme_bps  when nvme_bps >= remote_bps, else 0
     a_i,compileCold     = [compiles from scratch] x cold
     a_i,compileWarm     = [cache on the node, or fetched] x warm
     a_i,engine          = [no snapshot restore] x (graph + init)
@@ -25,12 +26,19 @@ unknown *factors* ``m`` on the policy's seconds. For observation i on class c (p
 the two together). Which path a start took (registry fetch or compile, snapshot or not) is the
 estimator's own choice, re-evaluated with the current factors.
 
+Local weights. The estimator reads them at ``local_bps = max(nvme_bps, remote_bps)``. When the
+network is the faster, the local bytes go at the remote rate: they are in the ``weightsRemote``
+column, ``weightsLocal`` (the NVMe read) has no column and keeps the policy's value, and applying a
+fit never writes the NVMe read (:func:`_override`). Which side of the max applies is decided at the
+policy's rates: a fit that moves the remote rate across the NVMe rate is applied through the
+estimator's max, so for those starts the applied estimate and ``design`` part.
+
 The fit. Errors are relative (a 10 s miss on a 30 s start matters as much as 100 s on 300 s), so
 each row is divided by the policy's estimate ``P_i``: ``x_ij = a_ij / P_i``, ``y_i = (T_i - o_i) / P_i``.
 Then::
 
     m = argmin  sum_i w_i (y_i - x_i . m)^2  +  sum_j lambda_j (m_j - 1)^2     lo_j <= m_j <= hi_j
-    lambda_j = k x s_j^2
+    lambda_j = k x s_j
 
 ``k`` is ``calibration.priorObservations`` and ``s_j`` the share of phase j in the policy's estimate
 of the named cache state where that phase is largest (cold for the pull, the remote weights and the
@@ -201,9 +209,11 @@ def design(profile: Profile, node_class: NodeClass, state: CacheState, m: F64 | 
     local = np.clip(state.weights_bytes, 0.0, total_bytes)
     remote = total_bytes - local
     remote_bps = min(nic, profile.weights.streams * stream)
-    local_bps = max(nvme, remote_bps)
-    cols[:, REMOTE] = remote / remote_bps
-    cols[:, LOCAL] = local / local_bps
+    if nvme >= remote_bps:  # NVMe-bound: the local bytes are the NVMe read's
+        cols[:, REMOTE] = remote / remote_bps
+        cols[:, LOCAL] = local / nvme
+    else:  # local_bps = remote_bps: the local bytes go at the remote rate too
+        cols[:, REMOTE] = (remote + local) / remote_bps
 
     cold, warm = float(t.compile_cold_s[0]), float(t.compile_warm_s[0])
     waiting = np.maximum(state.queued_bytes, 0.0) / nic
@@ -456,7 +466,14 @@ class PolicyValues:
 
 
 def _override(profile: Profile, node_class: NodeClass, factors: Sequence[float]) -> PhaseOverride:
-    """The profile's override for the class with the factors applied (fields of factor 1 left alone)."""
+    """The profile's override for the class with the factors applied (fields of factor 1 left alone).
+
+    ``weightsLocal`` writes ``nvmeRead = nvme_bps / m`` only when the local weights read is
+    NVMe-bound (``nvme_bps >= remote_bps``), the only case where :func:`design` gives it a column.
+    Otherwise the NVMe read is left alone: the local bytes went at the remote rate
+    (``weightsRemote``), and writing the remote rate over the NVMe read would change what the fit
+    never modelled (the snapshot read, the adapters read from NVMe).
+    """
     base = PolicyValues.of(profile, node_class)
     new = base.scaled(factors)
     old = profile.overrides.get(node_class.name) or PhaseOverride()
@@ -469,8 +486,9 @@ def _override(profile: Profile, node_class: NodeClass, factors: Sequence[float])
         update["image_pull"] = new.image_pull_bps
     if moved(REMOTE):
         update["stream_bandwidth"] = new.remote_bps / profile.weights.streams
-    if moved(LOCAL):
-        update["nvme_read"] = new.local_bps
+    nvme_bound = float(ClassTable.build(profile, [node_class]).nvme_bps[0]) >= base.remote_bps
+    if moved(LOCAL) and nvme_bound:
+        update["nvme_read"] = new.local_bps  # = nvme_bps / m: local_bps is the NVMe read here
     if moved(COLD):
         update["compile_cold"] = new.compile_cold_s
     if moved(WARM):

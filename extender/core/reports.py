@@ -21,14 +21,16 @@ under another name would be written and then skipped by every reader as corrupt.
 What a scan finds does not always fit a record (:func:`fit_agent_report`): a file name with
 control characters or invalid UTF-8, more entries than a record holds, or more bytes than the
 agent's share of a record. Those parts are left out, each with a reason the agent logs, and the
-rest is reported: one odd directory must never keep a node from reporting.
+rest is reported: one odd directory must never keep a node from reporting. The same holds for
+what the API server says of a node (:func:`fit_kube_report`, same bounds; the sync logs the
+reasons): one node with thousands of labels must never keep the sync from writing the others.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from typing import Annotated, Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, TypeVar
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -37,6 +39,7 @@ from extender.core.errors import InvalidValueError
 from extender.core.inventory import (
     DEFAULT_TTL_S,
     MAX_ENTRIES,
+    MAX_GPUS,
     MAX_RECORD_BYTES,
     BytesMap,
     Count,
@@ -56,6 +59,8 @@ from extender.core.schema import Schema
 #: (labels and kubelet's image names: a few KiB to a few tens of KiB on real nodes), so a merged
 #: record stays under :data:`~extender.core.inventory.MAX_RECORD_BYTES`.
 AGENT_RECORD_BYTES = MAX_RECORD_BYTES - (128 << 10)
+#: Bytes of a stored record the sync's report may fill: what the agent's share leaves.
+KUBE_RECORD_BYTES = MAX_RECORD_BYTES - AGENT_RECORD_BYTES
 
 
 class Report(Schema):
@@ -259,20 +264,13 @@ def fit_agent_report(
         own = len(json.dumps(weights[name])) + 1 if kind == "weights" else 0
         return len(json.dumps(name)) + 1 + own + usage_bytes
 
-    report = build()
-    left_out: dict[str, int] = {}
-    while (size := stored_size(report)) > budget:
-        field, kind, _, _ = max(_LISTS, key=lambda entry: sum(cost(entry[1], n) for n in lists[entry[0]]))
-        names, excess, freed = lists[field], size - budget, 0
-        while names and freed < excess:
-            name = names.pop()
-            freed += cost(kind, name)
-            left_out[field] = left_out.get(field, 0) + 1
-            for m in (times, sizes):
-                m.pop(cache_id(kind, name), None)
-        if not freed:  # nothing left to drop: the fixed fields alone cannot be over any sane budget
-            break
-        report = build()
+    kinds = {field: kind for field, kind, _, _ in _LISTS}
+
+    def forget(field: str, name: str) -> None:
+        for m in (times, sizes):
+            m.pop(cache_id(kinds[field], name), None)
+
+    report, left_out = _within_budget(lists, lambda field, name: cost(kinds[field], name), build, budget, forget)
     for field, _, _, what in _LISTS:
         if left_out.get(field):
             dropped.append(f"the report is over the {budget} bytes the agent's part of a record may take: left out "
@@ -280,7 +278,119 @@ def fit_agent_report(
     return report, tuple(dropped)
 
 
-def stored_size(report: AgentReport) -> int:
+def fit_kube_report(
+    *,
+    node_class: str,
+    labels: Mapping[str, str],
+    gpus: int,
+    gpus_free: int,
+    images: Iterable[str],
+    replicas: Mapping[str, Replicas],
+    budget: int = KUBE_RECORD_BYTES,
+) -> tuple[KubeReport, tuple[str, ...]]:
+    """The :class:`KubeReport` of what the API server says of a node, with whatever a record cannot hold left out.
+
+    Returns the report and one reason per thing left out (the sync logs each). Why: a report is
+    validated as a whole, so one label it refuses would otherwise refuse the node's whole report
+    (and, raised in the sync's writer, stop every other node's writes). The bounds and the order
+    are :func:`fit_agent_report`'s:
+
+    1. A label (key or value) or an image name a record refuses is left out; a class name it
+       refuses is left empty (readers then classify the node by its labels); a GPU count over
+       :data:`~extender.core.inventory.MAX_GPUS` is stored as that bound (free GPUs at most that).
+    2. More than :data:`~extender.core.inventory.MAX_ENTRIES` labels keep the first by key; more
+       image names keep the first in kubelet's order (largest image first); more workloads with
+       pods keep the first by name.
+    3. While the report's stored JSON is over ``budget`` bytes (the sync's share of a record,
+       :data:`KUBE_RECORD_BYTES`), the list taking the most bytes, labels or images, loses entries
+       from the end of its order until it fits.
+
+    Labels keep the API server's order in the report; the order above only chooses which stay.
+    """
+    dropped: list[str] = []
+    if (why := _refusal(_TEXT, node_class)) is not None:
+        dropped.append(f"node class {node_class!r} cannot be stored ({why}): left empty")
+        node_class = ""
+    if gpus > MAX_GPUS:
+        dropped.append(f"{gpus} GPUs, more than the {MAX_GPUS} a record holds: stored as {MAX_GPUS}")
+        gpus = MAX_GPUS
+    gpus_free = max(0, min(gpus_free, gpus))
+
+    label_keys: list[str] = []
+    for key in sorted(labels):
+        why = _refusal(_TEXT, key) or _refusal(_TEXT, labels[key])
+        if why is None:
+            label_keys.append(key)
+        else:
+            dropped.append(f"label {key!r} cannot be stored ({why}): left out of the report")
+    names: list[str] = []
+    for name in dict.fromkeys(images):
+        if (why := _refusal(_TEXT, name)) is None:
+            names.append(name)
+        else:
+            dropped.append(f"image name {name!r} cannot be stored ({why}): left out of the report")
+    lists = {"labels": label_keys, "images": names}
+    for field, what, order in (("labels", "labels", "by key"), ("images", "image names", "in kubelet's order")):
+        kept = lists[field]
+        if len(kept) > MAX_ENTRIES:
+            dropped.append(f"{len(kept)} {what}, more than the {MAX_ENTRIES} a record holds: reported the first "
+                           f"{MAX_ENTRIES} {order}, left out {len(kept) - MAX_ENTRIES} from {kept[MAX_ENTRIES]!r} on")
+            lists[field] = kept[:MAX_ENTRIES]
+    workloads = dict(replicas)
+    if len(workloads) > MAX_ENTRIES:
+        dropped.append(f"pods of {len(workloads)} workloads, more than the {MAX_ENTRIES} a record holds: "
+                       f"reported the first {MAX_ENTRIES} by name")
+        workloads = {w: workloads[w] for w in sorted(workloads)[:MAX_ENTRIES]}
+
+    def build() -> KubeReport:
+        keep = set(lists["labels"])
+        return KubeReport(node_class=node_class, labels={k: v for k, v in labels.items() if k in keep},
+                          gpus=gpus, gpus_free=gpus_free, images=tuple(lists["images"]), replicas=workloads)
+
+    def cost(field: str, entry: str) -> int:
+        """About the bytes ``entry`` takes in the stored JSON."""
+        if field == "labels":
+            return len(json.dumps(entry)) + len(json.dumps(labels[entry])) + 2
+        return len(json.dumps(entry)) + 1
+
+    report, left_out = _within_budget(lists, cost, build, budget)
+    for field, what in (("labels", "labels"), ("images", "image names")):
+        if left_out.get(field):
+            dropped.append(f"the report is over the {budget} bytes the sync's part of a record may take: left out "
+                           f"the last {left_out[field]} of {len(lists[field]) + left_out[field]} {what}")
+    return report, tuple(dropped)
+
+
+R = TypeVar("R", bound=Report)
+
+
+def _within_budget(lists: dict[str, list[str]], cost: Callable[[str, str], int], build: Callable[[], R], budget: int,
+                   forget: Callable[[str, str], None] | None = None) -> tuple[R, dict[str, int]]:
+    """``build()`` once its stored JSON is at most ``budget`` bytes, and how many entries each list lost.
+
+    While it is over, the list whose entries cost the most bytes (``cost(list, entry)``, about what
+    the entry takes in the JSON) loses entries from its end until about the excess is freed;
+    ``forget(list, entry)`` drops what else refers to an entry. Stops when nothing is left to drop
+    (the fixed fields alone are never over a sane budget).
+    """
+    report = build()
+    left_out: dict[str, int] = {}
+    while (size := stored_size(report)) > budget:
+        field = max(lists, key=lambda f: sum(cost(f, e) for e in lists[f]))
+        entries, excess, freed = lists[field], size - budget, 0
+        while entries and freed < excess:
+            entry = entries.pop()
+            freed += cost(field, entry)
+            left_out[field] = left_out.get(field, 0) + 1
+            if forget is not None:
+                forget(field, entry)
+        if not freed:
+            break
+        report = build()
+    return report, left_out
+
+
+def stored_size(report: Report) -> int:
     """Bytes of ``report`` stored as JSON, as :mod:`extender.state.sources` writes it (ASCII: characters are
-    bytes); what :func:`fit_agent_report` holds under its budget."""
+    bytes); what :func:`fit_agent_report` and :func:`fit_kube_report` hold under their budgets."""
     return len(json.dumps(report.model_dump(mode="python", by_alias=True), separators=(",", ":"), sort_keys=True))

@@ -7,6 +7,9 @@ the start.
   away, 410 Gone, or a policy edit that changes what is watched); ``watch restarts`` are watches
   opened after the first (the server ends each watch after its timeout, so a steady rate is normal;
   a burst means the connection keeps failing).
+* Node problems: nodes the API server lists that the sync cannot read (their last facts and
+  records are kept), nodes whose report left out what a record cannot hold (labels, image
+  names), and nodes whose report the store refuses (the merged record is over its size limit).
 * Lag: seconds from a change reaching the writer (the view marks a node dirty) to the store
   confirming the write that carries it.
 * Estimator truth, for each new replica whose start the calibration observer records
@@ -28,6 +31,8 @@ from extender.core.calibration import Observation, estimate_errors
 from extender.core.policy import Policy
 
 RESOURCES = ("nodes", "pods")
+#: Kinds of ``extender_sync_node_problems`` (module docstring).
+NODE_PROBLEMS = ("unreadable", "trimmed", "refused")
 EVENT_TYPES = ("ADDED", "MODIFIED", "DELETED")
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 #: Replica starts: 15 s (everything warm) to half an hour (cold, large model).
@@ -62,6 +67,10 @@ class SyncMetrics:
                                 "Unix time of the last write the store confirmed.", registry=r)
         self.nodes = Gauge("extender_sync_nodes", "Nodes in the sync's view of the cluster.", registry=r)
         self.synced = Gauge("extender_sync_synced", "1 once both reflectors have listed, else 0.", registry=r)
+        self.node_problems = Gauge("extender_sync_node_problems",
+                                   "Nodes whose record cannot be what the API server says, by kind (unreadable: "
+                                   "last facts kept; trimmed: what a record cannot hold left out; refused: the "
+                                   "store refuses the report).", ["kind"], registry=r)
         self.startup = Histogram("extender_replica_startup_seconds",
                                  "Observed seconds from a new replica's scheduling to Ready.",
                                  ["workload", "node_class"], buckets=STARTUP_BUCKETS, registry=r)
@@ -79,6 +88,8 @@ class SyncMetrics:
                 self.events.labels(resource, etype)
         for result in ("ok", "failed"):
             self.writes.labels(result)
+        for kind in NODE_PROBLEMS:
+            self.node_problems.labels(kind)
         self.synced.set(0)
         for profile in policy.profiles:
             for node_class in policy.node_classes:

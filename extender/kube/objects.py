@@ -6,11 +6,16 @@ Only the fields we use are modelled (pydantic, unknown fields ignored: the API g
   classify by labels), labels, allocatable GPUs, and every name in ``status.images``;
 * :func:`pod_facts`: for a pod bound to a node and not finished, the GPUs it holds and, when it
   matches a workload profile, whether it is starting or running;
-* :func:`kube_report`: one node's report for the inventory, from its facts and its pods.
+* :func:`kube_report`: one node's report for the inventory, from its facts and its pods, left
+  without what a record cannot hold (:func:`fitted_kube_report` says what).
 
-GPU requests follow the scheduler's arithmetic: a pod holds the larger of the sum over its
-containers and the largest init container (init containers run one at a time, before the rest).
-A pod being deleted still holds its GPUs until it is gone, but no longer counts as a replica.
+GPU requests follow the scheduler's arithmetic (:func:`pod_gpus`): init containers run one at a
+time before the rest, except sidecars (init containers with ``restartPolicy: Always``), which start
+in order and keep running beside the app containers. A pod being deleted still holds its GPUs until
+it is gone, but no longer counts as a replica.
+
+The API's ``null`` means what an absent field means (kubelet reports an untagged image with
+``"names": null``): every model reads a ``null`` field as its default.
 """
 
 from __future__ import annotations
@@ -23,12 +28,12 @@ from decimal import Decimal
 from typing import Any, Literal
 
 from kubernetes.utils import parse_quantity
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
 
 from extender.core.errors import InvalidValueError, KubeError
 from extender.core.policy import UNKNOWN_CLASS, Policy
-from extender.core.reports import KubeReport, Replicas
+from extender.core.reports import KubeReport, Replicas, fit_kube_report
 
 #: Extended resource that counts GPUs (``--gpu-resource`` changes it, e.g. ``amd.com/gpu``).
 DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
@@ -36,6 +41,14 @@ DEFAULT_GPU_RESOURCE = "nvidia.com/gpu"
 
 class _Api(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_absent(cls, data: Any) -> Any:
+        """A ``null`` field is read as absent (its default): API servers send ``null`` for empty lists and maps."""
+        if isinstance(data, Mapping):
+            return {key: value for key, value in data.items() if value is not None}
+        return data
 
 
 class ObjectMeta(_Api):
@@ -70,6 +83,8 @@ class Resources(_Api):
 
 class Container(_Api):
     resources: Resources = Resources()
+    #: ``Always`` on an init container makes it a sidecar (it keeps running beside the app containers).
+    restart_policy: str = ""
 
 
 class PodSpec(_Api):
@@ -195,6 +210,29 @@ def node_facts(raw: Mapping[str, Any], policy: Policy, gpu_resource: str = DEFAU
     )
 
 
+def pod_gpus(spec: PodSpec, resource: str) -> int:
+    """GPUs a pod holds: Kubernetes' effective request of ``resource``, sidecars included.
+
+    With ``r(c)`` a container's request (its limit when it has no request) and the init
+    containers in order, sidecars ``S`` (``restartPolicy: Always``) and regular ones ``I``::
+
+        init  = max over i in I of ( r(i) + sum of r(s), s in S declared before i )
+        total = max( init, sum of r(s), s in S  +  sum of r(c), c in containers )
+
+    A regular init container runs alone beside the sidecars started before it; the sidecars then
+    keep running beside the app containers (KEP-753, the scheduler's ``PodRequests``).
+    """
+    sidecars = 0
+    init = 0
+    for container in spec.init_containers:
+        gpus = _container_gpus(container, resource)
+        if container.restart_policy == "Always":
+            sidecars += gpus
+        else:
+            init = max(init, sidecars + gpus)
+    return max(init, sidecars + sum(_container_gpus(c, resource) for c in spec.containers))
+
+
 def _container_gpus(container: Container, resource: str) -> int:
     value = container.resources.requests.get(resource, container.resources.limits.get(resource))
     try:
@@ -217,8 +255,6 @@ def pod_facts(raw: Mapping[str, Any], policy: Policy, gpu_resource: str = DEFAUL
     pod: Pod = _parse(Pod, raw)
     if not pod.spec.node_name or pod.status.phase in ("Succeeded", "Failed"):
         return None
-    regular = sum(_container_gpus(c, gpu_resource) for c in pod.spec.containers)
-    init = max((_container_gpus(c, gpu_resource) for c in pod.spec.init_containers), default=0)
     profile = policy.profile_for_pod(dict(pod.metadata.labels), dict(pod.metadata.annotations))
     state: PodState
     if pod.metadata.deletion_timestamp:
@@ -233,7 +269,7 @@ def pod_facts(raw: Mapping[str, Any], policy: Policy, gpu_resource: str = DEFAUL
     return PodFacts(
         key=f"{pod.metadata.namespace}/{pod.metadata.name}",
         node=pod.spec.node_name,
-        gpus=0 if STANDBY_LABEL in pod.metadata.labels else max(regular, init),
+        gpus=0 if STANDBY_LABEL in pod.metadata.labels else pod_gpus(pod.spec, gpu_resource),
         workload=profile.name if profile is not None else None,
         state=state,
         uid=pod.metadata.uid,
@@ -263,7 +299,16 @@ def _transition(condition: PodCondition | None) -> float | None:
 
 
 def kube_report(node: NodeFacts, pods: Iterable[PodFacts]) -> KubeReport:
-    """The sync's report of one node: its facts, the GPUs its pods hold, its replicas per workload."""
+    """The sync's report of one node: its facts, the GPUs its pods hold, its replicas per workload.
+
+    What a record cannot hold is left out (:func:`fitted_kube_report` says what).
+    """
+    return fitted_kube_report(node, pods)[0]
+
+
+def fitted_kube_report(node: NodeFacts, pods: Iterable[PodFacts]) -> tuple[KubeReport, tuple[str, ...]]:
+    """:func:`kube_report` and one reason per thing a record cannot hold, left out of it
+    (:func:`extender.core.reports.fit_kube_report`; the sync logs them)."""
     used = 0
     replicas: dict[str, dict[str, int]] = {}
     for pod in pods:
@@ -271,9 +316,9 @@ def kube_report(node: NodeFacts, pods: Iterable[PodFacts]) -> KubeReport:
         if pod.workload is not None and pod.state != "terminating":
             counts = replicas.setdefault(pod.workload, {"starting": 0, "running": 0})
             counts[pod.state] += 1
-    return KubeReport(
+    return fit_kube_report(
         node_class=node.node_class,
-        labels=dict(node.labels),
+        labels=node.labels,
         gpus=node.gpus,
         gpus_free=max(0, node.gpus - used),
         images=node.images,

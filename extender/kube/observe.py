@@ -14,7 +14,9 @@ A start is *not* recorded (and counted by reason in ``<p>:calibration:discarded`
   ``PodScheduled`` time (the sync was restarting or lagging: the pod may already have changed its
   node's caches), or the pod has no ``PodScheduled`` time;
 * ``unknown node class``: no policy class matches the node;
-* ``deleted before ready``: the pod went away (or failed) before Ready.
+* ``deleted before ready``: the pod went away (or failed) before Ready;
+* ``ready before scheduled``: the pod's ``Ready`` time precedes its ``PodScheduled`` time (clocks
+  skewed between the control plane's components): its duration cannot be known.
 
 A pod first seen already Ready (the sync restarted) is not a start this sync saw, and is ignored.
 The pending starts live in memory: a restart of the sync loses the ones in flight.
@@ -45,6 +47,9 @@ log = logging.getLogger(__name__)
 
 _WORDS: dict[int, CompileWord] = {int(CompileCache.ABSENT): "absent", int(CompileCache.REGISTRY): "registry",
                                   int(CompileCache.LOCAL): "local"}
+
+#: Why a start whose Ready time precedes its PodScheduled time is not recorded (module docstring).
+READY_BEFORE_SCHEDULED = "ready before scheduled"
 
 #: Starts followed at once, at most (a bound on memory; each is a few hundred bytes).
 MAX_PENDING = 100_000
@@ -176,11 +181,14 @@ class StartObserver:
         observations: list[Observation] = []
         for s in done:
             assert s.found is not None and s.ready_at is not None and s.scheduled_at is not None
+            if s.ready_at < s.scheduled_at:
+                discarded[READY_BEFORE_SCHEDULED] = discarded.get(READY_BEFORE_SCHEDULED, 0) + 1
+                continue
             try:
                 observations.append(Observation.model_validate({
                     **s.found, "pod": s.key, "workload": s.workload, "node": s.node,
                     "scheduledAt": s.scheduled_at, "startedAt": s.started_at,
-                    "readyAt": max(s.ready_at, s.scheduled_at)}))
+                    "readyAt": s.ready_at}))
             except ValueError as exc:
                 log.warning("calibration: cannot record the start of %s: %s", s.key, exc)
                 discarded["unreadable"] = discarded.get("unreadable", 0) + 1

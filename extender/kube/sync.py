@@ -13,7 +13,11 @@ stores them through :class:`extender.state.sources.SourceStore`, which merges th
 reports. It writes only reports that differ from what it last wrote, waits for both resources'
 first list before the first write (a node listed before its pods would look all free for a
 moment), deletes nodes that left the cluster, and after every node (re)list prunes inventory
-records of nodes the cluster no longer has.
+records of nodes the cluster no longer has. A Node it cannot read keeps its last facts and its
+record (:attr:`ClusterView.unreadable`): only what the API server no longer lists is deleted. A
+report is built with what a record cannot hold left out (:func:`extender.core.reports.fit_kube_report`),
+and a report the store refuses (:class:`OversizedRecordError`) is no outage: the other nodes are
+written, and it is logged once and tried again at each resync.
 
 With ``calibration.mode`` other than ``off``, the view also hands every pod of a workload profile
 to a :class:`~extender.kube.observe.StartObserver`, and the writer records each new replica's start
@@ -42,13 +46,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from extender.core.backoff import Backoff
-from extender.core.errors import KubeError, StateError
+from extender.core.errors import InvalidValueError, KubeError, OversizedRecordError, StateError
 from extender.core.policy import Policy
 from extender.core.reports import KubeReport
 from extender.files import PolicyFile
 from extender.kube.client import JSON, KubeClient
 from extender.kube.metrics import SyncMetrics
-from extender.kube.objects import DEFAULT_GPU_RESOURCE, NodeFacts, PodFacts, kube_report, node_facts, pod_facts
+from extender.kube.objects import DEFAULT_GPU_RESOURCE, NodeFacts, PodFacts, fitted_kube_report, node_facts, pod_facts
 from extender.kube.observe import StartObserver
 from extender.kube.reflector import DEFAULT_WATCH_TIMEOUT_S, Reflector
 from extender.state.observations import CalibratedPolicy, ObservationStore
@@ -92,6 +96,11 @@ class ClusterView:
         self.prune = False
         #: Monotonic time of the first change not yet written (``None``: none), for the write lag.
         self.changed_at: float | None = None
+        #: Nodes the API server lists but the sync cannot read: name -> why. Each keeps its last
+        #: facts (if it had any) and its record: unreadable is not deleted.
+        self.unreadable: dict[str, str] = {}
+        #: Nodes whose last report left out what a record cannot hold: name -> the reasons.
+        self.trimmed: dict[str, tuple[str, ...]] = {}
         self._bad: set[str] = set()
 
     def _changed(self) -> None:
@@ -100,12 +109,20 @@ class ClusterView:
             self.changed_at = time.monotonic()
         self.cond.notify_all()
 
-    def _node(self, raw: JSON) -> NodeFacts | None:
+    def _node(self, raw: JSON) -> tuple[str, NodeFacts | str]:
+        """The object's name and its facts, or why it cannot be read (logged once)."""
+        meta = raw.get("metadata")
+        name = str(meta.get("name") or "") if isinstance(meta, dict) else ""
         try:
-            return node_facts(raw, self.policy, self.gpu_resource)
+            return name, node_facts(raw, self.policy, self.gpu_resource)
         except KubeError as exc:
-            self._warn_once(str(exc))
-            return None
+            why = str(exc)
+            if name:
+                self._warn_once(f"node {name!r} cannot be read; keeping its last facts and its record "
+                                f"(an unreadable node is not a deleted one): {why}")
+            else:
+                self._warn_once(why)
+            return name, why
 
     def _pod(self, raw: JSON) -> PodFacts | None:
         try:
@@ -122,10 +139,16 @@ class ClusterView:
     # ---- nodes -----------------------------------------------------------------------------
 
     def replace_nodes(self, items: list[JSON]) -> None:
-        facts = [f for f in map(self._node, items) if f is not None]
+        """A full list: nodes it does not hold are gone; a node it holds but the sync cannot read
+        keeps its last facts (only what the API server no longer lists is deleted)."""
+        read = [self._node(raw) for raw in items]
         with self.cond:
-            fresh = {f.name: f for f in facts}
+            fresh = {n: f for n, f in read if isinstance(f, NodeFacts)}
+            bad = {n: f for n, f in read if isinstance(f, str) and n and n not in fresh}
+            fresh.update({n: self.nodes[n] for n in bad if n in self.nodes})
             gone = self.nodes.keys() - fresh.keys()
+            self.unreadable = bad
+            self.trimmed = {n: p for n, p in self.trimmed.items() if n in fresh}
             self.nodes = fresh
             self.removed |= gone
             self.removed -= fresh.keys()
@@ -138,14 +161,20 @@ class ClusterView:
             name = str(raw.get("metadata", {}).get("name", ""))
             with self.cond:
                 self.nodes.pop(name, None)
+                self.unreadable.pop(name, None)
+                self.trimmed.pop(name, None)
                 self.dirty.discard(name)
                 self.removed.add(name)
                 self._changed()
             return
-        facts = self._node(raw)
-        if facts is None:
+        name, facts = self._node(raw)
+        if isinstance(facts, str):  # its last facts stand
+            if name:
+                with self.cond:
+                    self.unreadable[name] = facts
             return
         with self.cond:
+            self.unreadable.pop(facts.name, None)
             self.nodes[facts.name] = facts
             self.removed.discard(facts.name)
             self.dirty.add(facts.name)
@@ -203,11 +232,27 @@ class ClusterView:
     # ---- reports ---------------------------------------------------------------------------
 
     def report(self, name: str) -> KubeReport | None:
-        """The report of one node now (``None`` if the node is not in the cluster); caller holds ``cond``."""
+        """The report of one node now (``None`` if the node is not in the cluster); caller holds ``cond``.
+
+        What a record cannot hold is left out of it (:func:`~extender.kube.objects.fitted_kube_report`),
+        logged once each time the reasons change.
+        """
         facts = self.nodes.get(name)
         if facts is None:
             return None
-        return kube_report(facts, self.pods_by_node.get(name, {}).values())
+        report, problems = fitted_kube_report(facts, self.pods_by_node.get(name, {}).values())
+        if not problems:
+            self.trimmed.pop(name, None)
+        elif self.trimmed.get(name) != problems:
+            self.trimmed[name] = problems
+            for problem in problems:
+                log.error("node %s: %s", name, problem, extra={"node": name, "problem": problem})
+        return report
+
+    @property
+    def kept(self) -> set[str]:
+        """Names whose records stay: the nodes in the view and those listed but unreadable; caller holds ``cond``."""
+        return set(self.nodes) | set(self.unreadable)
 
     def mark_dirty(self, names: Iterable[str]) -> None:
         with self.cond:
@@ -252,6 +297,9 @@ class ClusterSync:
             self.observer.on_recorded.append(lambda starts: metrics.starts(starts, self._estimator_policy()))
         #: What each node's stored report is, as far as we know (reports equal to it are not rewritten).
         self.written: dict[str, KubeReport] = {}
+        #: Reports the store refused (node -> report): not written again until they change or a resync.
+        self.refused: dict[str, KubeReport] = {}
+        self._refusal_logged: set[str] = set()
         #: Count of completed writes (tests wait on it; logs report it).
         self.flushes = 0
         self._sources: SourceStore | None = None
@@ -400,12 +448,12 @@ class ClusterSync:
             view.dirty, view.removed, view.prune = set(), set(), False
             changed_at, view.changed_at = view.changed_at, None
             reports = {n: r for n in dirty if (r := view.report(n)) is not None}
-            alive = set(view.nodes)
-        changed = {n: r for n, r in reports.items() if self.written.get(n) != r}
+            alive = view.kept
+            unreadable, trimmed = len(view.unreadable), len(view.trimmed)
+        changed = {n: r for n, r in reports.items() if self.written.get(n) != r and self.refused.get(n) != r}
         try:
             if changed:
-                self._last_version = max(self._last_version, sources.report_kube(changed))
-                self.written.update(changed)
+                self._write_reports(sources, changed)
             for name in sorted(removed):
                 self._last_version = max(self._last_version, sources.remove_node(name))
                 self.written.pop(name, None)
@@ -430,9 +478,44 @@ class ClusterSync:
         if self.metrics is not None:
             self.metrics.nodes.set(len(alive))
             self.metrics.synced.set(1)
+            self.metrics.node_problems.labels("unreadable").set(unreadable)
+            self.metrics.node_problems.labels("trimmed").set(trimmed)
+            self.metrics.node_problems.labels("refused").set(len(self.refused))
             if changed or removed or prune:
                 lag = time.monotonic() - changed_at if changed_at is not None else None
                 self.metrics.wrote(True, lag_s=lag, at=time.time())
+
+    def _write_reports(self, sources: SourceStore, changed: dict[str, KubeReport]) -> None:
+        """Write the reports in batches; when the store refuses one (its merged record is over the
+        size limit, or its name is none a record can have), write them one by one, so every other
+        node is written. A refused report is no outage: it is logged once (until a write of that
+        node succeeds), counted, and tried again at the next resync (the agent's part may shrink)."""
+        try:
+            self._last_version = max(self._last_version, sources.report_kube(changed))
+            self.written.update(changed)
+            for name in changed:
+                self._accepted(name)
+            return
+        except (OversizedRecordError, InvalidValueError):
+            pass
+        for name, report in sorted(changed.items()):
+            try:
+                version = sources.report_kube({name: report})
+            except (OversizedRecordError, InvalidValueError) as exc:
+                self.refused[name] = report
+                if name not in self._refusal_logged:
+                    self._refusal_logged.add(name)
+                    log.error("node %s: the store refuses its report, so the inventory keeps its last record: %s; "
+                              "the other nodes are written", name, exc, extra={"node": name, "error": str(exc)})
+                continue
+            self._last_version = max(self._last_version, version)
+            self.written[name] = report
+            self._accepted(name)
+
+    def _accepted(self, name: str) -> None:
+        if self.refused.pop(name, None) is not None or name in self._refusal_logged:
+            self._refusal_logged.discard(name)
+            log.info("node %s: its report is written again", name, extra={"node": name})
 
     def _check_version(self, sources: SourceStore) -> None:
         version = sources.store.version()
@@ -452,7 +535,11 @@ class ClusterSync:
         stale = [n for n in names if stored.get(n) is None or stored[n] != self.written.get(n)]
         for name in stale:
             self.written.pop(name, None)
+        retry = [n for n in stale if n in self.refused]
+        for name in retry:  # tried again once per resync (logged once, in _write_reports)
+            del self.refused[name]
+        if len(stale) > len(retry):
+            log.info("resync: %d node report(s) differ from the store; rewriting them", len(stale) - len(retry),
+                     extra={"nodes": sorted(set(stale) - set(retry))})
         if stale:
-            log.info("resync: %d node report(s) differ from the store; rewriting them", len(stale),
-                     extra={"nodes": sorted(stale)})
             self.view.mark_dirty(stale)

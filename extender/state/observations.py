@@ -38,7 +38,7 @@ from extender.core.errors import ExtenderError, InvalidValueError, StateError
 from extender.core.inventory import NodeState
 from extender.core.policy import Policy
 from extender.state.errors import redis_errors
-from extender.state.store import InventoryStore, decode
+from extender.state.store import InventoryStore, decode, stored_beat, with_beat
 
 log = logging.getLogger(__name__)
 
@@ -228,19 +228,29 @@ def observations_of(stored: Stored, workloads: Iterable[str] = (), classes: Iter
 
 
 def read_nodes(inventory: InventoryStore, names: Iterable[str]) -> tuple[dict[str, NodeState], frozenset[str]]:
-    """The records of ``names`` (missing and unreadable ones left out) and the compile registry, in one round trip."""
+    """The records of ``names`` (missing and unreadable ones left out) and the compile registry, in one round trip.
+
+    Each record carries the later of its own heartbeat and the node's bare heartbeat, as every
+    reader of :class:`~extender.state.store.InventoryStore` sees it (``with_beat``): an agent whose
+    disk did not change only sends bare heartbeats, and its node is as fresh as they say.
+    """
     ordered = sorted(set(names))
+    if not ordered:
+        with redis_errors("reading the nodes of new replicas"):
+            registry: Any = inventory.client.smembers(inventory.keys.registry)
+        return {}, frozenset(_text(m) for m in registry)
     keys = inventory.keys
     with redis_errors("reading the nodes of new replicas"), inventory.client.pipeline(transaction=False) as pipe:
         pipe.mget([keys.node(n) for n in ordered])
+        pipe.hmget(keys.heartbeats, ordered)
         pipe.smembers(keys.registry)
-        raws, members = pipe.execute()
+        raws, beats, members = pipe.execute()
     records: dict[str, NodeState] = {}
-    for name, raw in zip(ordered, raws, strict=True):
+    for name, raw, beat in zip(ordered, raws, beats, strict=True):
         if raw is None:
             continue
         try:
-            records[name] = decode(name, raw)
+            records[name] = with_beat(decode(name, raw), stored_beat(beat))
         except ValueError as exc:
             log.warning("calibration: skipping the unreadable record of node %r: %s", name, exc)
     return records, frozenset(_text(m) for m in members)

@@ -126,7 +126,7 @@ return v
 #: ``field`` (not empty) whose value, in the hash ``KEYS[5 + i]`` for the i-th such name, does not
 #: have the SHA-1 ``digest`` (the record no longer holds what the heartbeat vouches for). A heartbeat
 #: never moves back, but a stored value that is not a number in [0, MAX_TIMESTAMP] counts as absent,
-#: as it does for readers (:func:`_beat`). Returns ``{sequence, skipped names...}``.
+#: as it does for readers (:func:`stored_beat`). Returns ``{sequence, skipped names...}``.
 _BEAT = """
 local seq = redis.call('INCR', KEYS[1])
 local skipped = {seq}
@@ -192,7 +192,7 @@ def decode(name: str, raw: str | bytes) -> NodeState:
     return state
 
 
-def _beat(raw: str | bytes | None) -> float:
+def stored_beat(raw: str | bytes | None) -> float:
     """A stored heartbeat; anything unreadable counts as none (the record's own heartbeat stands)."""
     if raw is None:
         return 0.0
@@ -402,7 +402,7 @@ class InventoryStore:
                 raw_seq, raw_names = pipe.execute()
             names = [_text(n) for n in raw_names]
             values = self.client.hmget(self.keys.heartbeats, names) if names else []
-        beats = {name: beat for name, raw in zip(names, values, strict=True) if (beat := _beat(raw)) > 0.0}
+        beats = {name: beat for name, raw in zip(names, values, strict=True) if (beat := stored_beat(raw)) > 0.0}
         return _version(raw_seq), beats
 
     def get(self, name: str) -> NodeState | None:
@@ -419,7 +419,7 @@ class InventoryStore:
         if raw is None:
             return None
         try:
-            return with_beat(decode(name, raw), _beat(beat))
+            return with_beat(decode(name, raw), stored_beat(beat))
         except ValueError as exc:
             raise StateError(f"inventory record {key} is corrupt: {_reason(exc)}") from exc
 
@@ -457,7 +457,7 @@ class InventoryStore:
                     f"the set of inventory nodes changed during each of {MAX_READ_ATTEMPTS} reads; try again"
                 )
         raws = dict(zip(names, fetched[0] if fetched else [], strict=True))
-        beats = {_text(k): _beat(v) for k, v in raw_beats.items()}
+        beats = {_text(k): stored_beat(v) for k, v in raw_beats.items()}
         records: list[NodeState] = []
         corrupt: dict[str, str] = {}
         with self._lock:
@@ -510,7 +510,7 @@ class InventoryStore:
             if raw is None:
                 continue
             try:
-                changed[name] = with_beat(decode(name, raw), _beat(beat))
+                changed[name] = with_beat(decode(name, raw), stored_beat(beat))
             except ValueError as exc:
                 corrupt[self.keys.node(name)] = _reason(exc)
         self._note_corrupt(corrupt)
