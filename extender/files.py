@@ -13,7 +13,7 @@ import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from extender.core.errors import DocumentError, PolicyError, Problem, UnreadableFileError
 from extender.core.policy import Policy, parse_policy
@@ -25,12 +25,11 @@ log = logging.getLogger(__name__)
 MAX_DOCUMENT_BYTES = 64 << 20
 
 
-def read_regular(path: str | os.PathLike[str], max_bytes: int, *, follow_symlinks: bool = True) -> bytes:
-    """The bytes of a regular file of at most ``max_bytes``; anything else raises ``OSError``.
+def open_regular(path: str | os.PathLike[str], *, follow_symlinks: bool = True) -> BinaryIO:
+    """``path`` opened for binary reading if it is a regular file; anything else raises ``OSError``.
 
     Opened non-blocking, so a FIFO is refused instead of waiting for a writer; checked with
-    ``fstat`` on the open descriptor (no race with a swap of the path); read to at most one byte
-    past the limit, so a file that grows meanwhile is refused too. ``follow_symlinks=False``
+    ``fstat`` on the open descriptor (no race with a swap of the path). ``follow_symlinks=False``
     refuses a symbolic link (``O_NOFOLLOW``), for readers that must stay inside a directory.
     """
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
@@ -41,21 +40,30 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int, *, follow_symlink
             raise UnreadableFileError(errno.ELOOP, "not a regular file (a symbolic link, not followed)") from None
         raise
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise UnreadableFileError(errno.EINVAL, "not a regular file (a FIFO, device, socket or directory)")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike[str], max_bytes: int, *, follow_symlinks: bool = True) -> bytes:
+    """The bytes of a regular file of at most ``max_bytes`` (:func:`open_regular`); anything else
+    raises ``OSError``. Read to at most one byte past the limit, so a file that grows meanwhile is
+    refused too."""
+    with open_regular(path, follow_symlinks=follow_symlinks) as f:
+        st = os.fstat(f.fileno())
         if st.st_size > max_bytes:
             raise UnreadableFileError(errno.EFBIG, f"{st.st_size} bytes, larger than the {max_bytes} byte limit")
         chunks: list[bytes] = []
         size = 0
-        while chunk := os.read(fd, min(1 << 20, max_bytes + 1 - size)):
+        while chunk := f.read(min(1 << 20, max_bytes + 1 - size)):
             chunks.append(chunk)
             size += len(chunk)
             if size > max_bytes:
                 raise UnreadableFileError(errno.EFBIG, f"grew past the {max_bytes} byte limit while being read")
         return b"".join(chunks)
-    finally:
-        os.close(fd)
 
 
 def read_text(path: str | Path, max_bytes: int = MAX_DOCUMENT_BYTES) -> str:

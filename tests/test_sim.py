@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -359,6 +360,13 @@ BAD_TRACE_ARGS = [
     # the issue's file with the time column only: read as requests it would be 3 requests
     BadTraceArg("ambiguous trace", ("--trace", "api={rates}", "--time-column", "timestamp_s"), TraceError,
                 "read as requests (one per row) the file is 3 requests over 20.0 min"),
+    # Path.exists() raised OSError (ENAMETOOLONG) on Python 3.11: a traceback instead of the file's problem
+    BadTraceArg("a name too long for the system", ("--trace", "api=" + "a" * 5000), TraceError,
+                "cannot read: File name too long"),
+    BadTraceArg("infinite timeScale", ("--trace", "api={rates},timeScale=inf"), InvalidValueError, "timeScale"),
+    BadTraceArg("loadScale past the bound", ("--trace", "api={rates},loadScale=1e12"), InvalidValueError,
+                "loadScale"),
+    BadTraceArg("a FIFO", ("--trace", "api={fifo}"), TraceError, "not a regular file"),
 ]
 
 
@@ -367,9 +375,32 @@ def test_cli_bad_trace_arguments(tmp_path: Path, case: BadTraceArg) -> None:
     scenario = two_workloads(tmp_path)
     rates = tmp_path / "rates.csv"
     rates.write_text(ISSUE_RATES)
+    fifo = tmp_path / "fifo.csv"
+    os.mkfifo(fifo)
     with pytest.raises(case.error) as info:
-        cli(str(scenario), *(a.format(rates=rates) for a in case.args))
+        cli(str(scenario), *(a.format(rates=rates, fifo=fifo) for a in case.args))
     assert case.message in str(info.value)
+
+
+class BadSeed(NamedTuple):
+    name: str
+    seed: str
+    message: str
+
+
+BAD_SEEDS = [
+    # numpy's generators take seeds >= 0: a negative one was a traceback once the demand was drawn
+    BadSeed("negative", "-1", "'-1' must be >= 0"),
+    BadSeed("not a number", "x", "'x' is not a whole number"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_SEEDS, ids=[c.name for c in BAD_SEEDS])
+def test_cli_bad_seed_is_a_usage_error(tmp_path: Path, case: BadSeed, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli(str(write_tiny(tmp_path)), "--seed", case.seed)
+    assert info.value.code == 2
+    assert f"argument --seed: {case.message}" in capsys.readouterr().err
 
 
 def test_cli_logs_the_demand_before_simulating(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

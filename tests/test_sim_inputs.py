@@ -5,8 +5,10 @@ and the FIFO queue against a slow per-request reference.
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
@@ -167,6 +169,15 @@ BAD_TRACES = [
              "the row has 3 columns, the header has 2"),
     BadTrace("ISO request row missing a column", "TIMESTAMP,ContextTokens,GeneratedTokens\n"
              "2023-11-16 18:17:03.97,10,2\n2023-11-16 18:17:04.03,8\n", 3, "the row has 2 columns, the header has 3"),
+    # bounds: a span the simulation cannot cover used to allocate one bin per second of it, or overflow to inf
+    BadTrace("span of a thousand years", "timestamp\n0\n3e10\n", 3, "the trace spans 3e+10 s from its earliest row"),
+    BadTrace("span past float64", "timestamp\n-1e308\n1e308\n", 3, "beyond float64's range"),
+    BadTrace("span over 366 days", "timestamp,rate\n0,1\n31708800,1\n", 3, "more than the 366.0 d"),
+    # numpy reads '5' as the year 5: a number among ISO times was a silent span of two millennia
+    BadTrace("a number among ISO times", "timestamp\n2024-01-01T00:00:00\n5\n", 2, "from its earliest row (line 3)"),
+    BadTrace("a rate past the bound", "timestamp,rate\n0,1\n60,1e308\n", 3, "rate 1e+308 is more than"),
+    BadTrace("duplicate column", "ts,rate,Rate\n0,1,2\n", 1, "column 'Rate' is in the header twice"),
+    BadTrace("lines ended by CR alone", "timestamp,rate\r0,1\r60,2\r", 1, "CR alone"),
 ]
 
 
@@ -178,6 +189,89 @@ def test_bad_traces_name_the_line(tmp_path: Path, case: BadTrace) -> None:
     assert problem.line == case.line
     assert case.message in problem.message
     assert str(problem).startswith(str(tmp_path / "t.csv"))
+
+
+class BadScale(NamedTuple):
+    name: str
+    text: str
+    spec: dict[str, object]
+    line: int | None
+    message: str
+
+
+BAD_SCALES = [
+    # a trace within the bounds that timeScale or loadScale takes past them
+    BadScale("stretched past 366 days", "timestamp\n0\n86400\n", {"timeScale": 1000}, 3,
+             "with timeScale 1000 from its earliest row"),
+    BadScale("rate scaled past the bound", "timestamp,rate\n0,1\n60,2\n", {"loadScale": 1e9}, 3,
+             "rate 2 (x loadScale / timeScale = 1e+09)"),
+    # np.repeat of 1e9 copies per request: tens of GiB before anything else happened
+    BadScale("requests replicated past the bound", "timestamp\n0\n1\n", {"loadScale": 2e8}, None,
+             "2 requests x loadScale 2e+08"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_SCALES, ids=[c.name for c in BAD_SCALES])
+def test_scales_past_the_bounds_are_refused(tmp_path: Path, case: BadScale) -> None:
+    with pytest.raises(TraceError) as info:
+        trace(tmp_path, case.text, **case.spec)
+    (problem,) = info.value.problems
+    assert problem.line == case.line
+    assert case.message in problem.message
+
+
+def test_milliseconds_within_the_bound_load(tmp_path: Path) -> None:
+    """The span bound is on the simulation clock: a day in milliseconds (86,400,000 'seconds') loads
+    with timeScale 0.001."""
+    t = trace(tmp_path, "epoch_ms\n1700000000000\n1700086400000\n", timeColumn="epoch_ms", timeScale=0.001)
+    assert isinstance(t, RequestTrace) and t.times[-1] == 86_400_000.0
+
+
+class Unreadable(NamedTuple):
+    name: str
+    make: Callable[[Path], Path]
+    line: int | None
+    message: str
+
+
+def _fifo(tmp_path: Path) -> Path:
+    path = tmp_path / "fifo.csv"
+    os.mkfifo(path)
+    return path
+
+
+def _written(data: bytes) -> Callable[[Path], Path]:
+    def make(tmp_path: Path) -> Path:
+        path = tmp_path / "t.csv"
+        path.write_bytes(data)
+        return path
+    return make
+
+
+UNREADABLE = [
+    # opening a FIFO for reading waited for a writer forever
+    Unreadable("a FIFO", _fifo, None, "not a regular file"),
+    Unreadable("a directory", lambda tmp_path: tmp_path, None, "not a regular file"),
+    # readline() without a limit read /dev/zero until memory ran out
+    Unreadable("a device", lambda tmp_path: Path("/dev/zero"), None, "not a regular file"),
+    Unreadable("a header without a line end", _written(b"t" * (2 << 20)), 1, "does not end within 1048576 bytes"),
+    Unreadable("a row without a line end", _written(b"timestamp\n1\n2\n" + b"3" * (3 << 20)), 4,
+               "does not end within 1048576 bytes"),
+]
+
+
+@pytest.mark.parametrize("case", UNREADABLE, ids=[c.name for c in UNREADABLE])
+def test_what_is_not_a_csv_file_is_refused_without_waiting(tmp_path: Path, case: Unreadable,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from extender.sim import traces
+
+    monkeypatch.setattr(traces, "BLOCK_BYTES", 1 << 20)  # a block smaller than the long line
+    path = case.make(tmp_path)
+    with pytest.raises(TraceError) as info:
+        read_trace(path, TraceSpec(path="x"))
+    (problem,) = info.value.problems
+    assert problem.source == str(path) and problem.line == case.line
+    assert case.message in problem.message
 
 
 def test_many_rows_load_without_a_python_loop(tmp_path: Path) -> None:
@@ -263,6 +357,30 @@ BAD_SCENARIOS = [
     BadScenario("warm node out of range", GOOD.replace("count: 2", "count: 2\n      warm: [{workload: llama3-8b, "
                                                                      "nodes: [5]}]"),
                 9, "cluster.nodes[0].warm[0].nodes[0]", "node 5 does not exist"),
+    # numpy's generators take seeds >= 0: a negative one was a traceback when the run started
+    BadScenario("negative seed", GOOD.replace("slo:", "seed: -1\nslo:"), 4, "seed", "must be >= 0"),
+    BadScenario("boolean count", GOOD.replace("count: 2", "count: yes"), 8, "cluster.nodes[0].count",
+                "got a boolean"),
+    # an infinite capacity or loadScale was a traceback (OverflowError, NaN) in the HPA's arithmetic
+    BadScenario("infinite capacity", GOOD.replace("  - name: llama3-8b\n", "  - name: llama3-8b\n    capacity: .inf\n"),
+                11, "workloads[0].capacity", "expected a finite number"),
+    BadScenario("infinite loadScale", GOOD.replace("synthetic: {duration: 1h, base: 1}",
+                                                   "trace: {path: policy.yaml, loadScale: .inf}"),
+                12, "workloads[0].demand.trace.loadScale", "expected a finite number"),
+    BadScenario("infinite base rate", GOOD.replace("base: 1", "base: .inf"), 12, "workloads[0].demand.synthetic.base",
+                "expected a finite number"),
+    BadScenario("infinite bursts", GOOD.replace("base: 1", "base: 1, bursts: {perDay: .inf}"), 12,
+                "workloads[0].demand.synthetic.bursts.perDay", "expected a finite number"),
+    # a run of 100,000 days, or of 1 ms ticks, allocated past memory or ran for hours before failing
+    BadScenario("duration over 366 days", GOOD.replace("slo:", "duration: 100000d\nslo:"), 4, "duration",
+                "must be <= 31622400"),
+    BadScenario("millisecond tick", GOOD.replace("slo:", "tick: 1ms\nslo:"), 4, "tick", "must be >= 1"),
+    BadScenario("history over 366 days", GOOD.replace("slo:", "history: 400d\nslo:"), 4, "history",
+                "must be <= 31622400"),
+    BadScenario("synthetic demand over 366 days", GOOD.replace("duration: 1h", "duration: 1000d"), 12,
+                "workloads[0].demand.synthetic.duration", "must be <= 31622400"),
+    BadScenario("millisecond synthetic step", GOOD.replace("duration: 1h", "duration: 1h, step: 1ms"), 12,
+                "workloads[0].demand.synthetic.step", "must be >= 1"),
 ]
 
 

@@ -71,7 +71,7 @@ def register(subparsers: Any) -> None:
                    help="stretch the clock of every --trace file (0.001: timestamps in milliseconds)")
     p.add_argument("--strategies", type=strategy_names, metavar="A,B,...",
                    help=f"comma-separated subset of {','.join(STRATEGIES)} (default: the scenario's)")
-    p.add_argument("--seed", type=int, metavar="N", help="override the scenario's seed")
+    p.add_argument("--seed", type=_seed, metavar="N", help="override the scenario's seed (a whole number >= 0)")
     p.add_argument("--history", type=duration_or_zero, metavar="DURATION",
                    help="override the scenario's history: demand the scaler has seen before t = 0 (1d: a "
                         "scaler that has run for a day; 0: one installed at t = 0)")
@@ -90,6 +90,25 @@ def _positive(text: str) -> float:
     return value
 
 
+def _seed(text: str) -> int:
+    """``--seed``: a whole number >= 0 (what numpy's generators take)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def _exists(path: str) -> bool:
+    """Whether ``path`` names something; a name the system refuses (too long, a NUL) names nothing."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):
+        return False
+
+
 #: ``--trace`` options and the TraceSpec fields (camelCase) they set.
 TRACE_OPTIONS = (("trace_format", "format"), ("time_column", "timeColumn"), ("rate_column", "rateColumn"),
                  ("load_scale", "loadScale"), ("time_scale", "timeScale"))
@@ -99,7 +118,7 @@ TRACE_FIELDS = ("format", "timeColumn", "rateColumn", "loadScale", "timeScale", 
 
 def _split_trace(text: str, names: list[str]) -> tuple[str, str, dict[str, str]]:
     """``[WORKLOAD=]CSV[,field=value...]`` -> (workload, path, fields); see :func:`trace_specs`."""
-    head, *extra = [text] if Path(text).exists() else text.split(",")
+    head, *extra = [text] if _exists(text) else text.split(",")
     fields: dict[str, str] = {}
     for item in extra:
         key, sep, value = item.partition("=")
@@ -109,7 +128,7 @@ def _split_trace(text: str, names: list[str]) -> tuple[str, str, dict[str, str]]
         fields[key.strip()] = value.strip()
     name, sep, path = head.partition("=")
     if not sep or name not in names:
-        if sep and not Path(head).exists():
+        if sep and not _exists(head):
             raise UnknownNameError(f"--trace {text}: no workload {name!r} (known: {', '.join(names)})")
         name, path = names[0], head
     return name, path, fields

@@ -31,13 +31,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from extender.core.caches import CacheKind
 from extender.core.document import Loc, compose, format_path, line_of, validate
 from extender.core.errors import DocumentError, InvalidValueError, PolicyError, Problem
 from extender.core.policy import Metadata, Name, Policy, ReplicaBounds
-from extender.core.schema import Schema
+from extender.core.schema import Float, Int, Schema, plain_number
 from extender.core.units import Duration
 from extender.files import load_policy, read_text
 from extender.sim.errors import ScenarioError
@@ -50,7 +50,19 @@ API_VERSION = "extender.io/v1alpha1"
 #: (extender.sim.strategies defines each; the calibrated ones run only when named).
 STRATEGY_NAMES = tuple(name for name, s in STRATEGIES.items() if not s.calibrated and not s.extra)
 
+#: The longest simulated time (a run, a synthetic demand, a history): 366 days, as a trace's span
+#: (extender.sim.traces.MAX_SPAN_S); with ticks of at least :data:`MIN_TICK_S`, a run has at most
+#: 31,622,400 ticks.
+MAX_SPAN_S = 366 * 86400.0
+#: The shortest tick and synthetic step.
+MIN_TICK_S = 1.0
 PositiveDuration = Annotated[Duration, Field(gt=0)]
+#: A simulated span: > 0 and at most :data:`MAX_SPAN_S`.
+Span = Annotated[Duration, Field(gt=0, le=MAX_SPAN_S)]
+#: A step of the clock: at least :data:`MIN_TICK_S`, at most a day.
+Step = Annotated[Duration, Field(ge=MIN_TICK_S, le=86400.0)]
+#: Bounds of ``loadScale`` and ``timeScale`` (a trace's own rates and span are checked when it is read).
+MAX_SCALE = 1e9
 CacheName = CacheKind
 
 
@@ -71,8 +83,8 @@ class TraceSpec(Schema):
     format: Literal["auto", "requests", "rate"] = "auto"
     time_column: str | None = None
     rate_column: str | None = None
-    load_scale: float = Field(default=1.0, gt=0)
-    time_scale: float = Field(default=1.0, gt=0)
+    load_scale: Float = Field(default=1.0, gt=0, le=MAX_SCALE)
+    time_scale: Float = Field(default=1.0, ge=1 / MAX_SCALE, le=MAX_SCALE)
     #: Shown wherever the trace's results are (CC-BY data must be credited).
     credit: str = ""
 
@@ -80,7 +92,7 @@ class TraceSpec(Schema):
 class Cycle(Schema):
     """A cosine cycle: ``1 + amplitude cos(2 pi (t - peak) / period)``."""
 
-    amplitude: float = Field(default=0.0, ge=0, le=1)
+    amplitude: Float = Field(default=0.0, ge=0, le=1)
     #: Offset of the maximum from the start of the period (a day: ``14h``; a week: ``2d``).
     peak: Duration = 0.0
 
@@ -89,8 +101,8 @@ class Bursts(Schema):
     """Unforecastable bursts: ``perDay`` on average (Poisson), each multiplying the rate by
     ``1 + amplitude`` for ``duration``."""
 
-    per_day: float = Field(default=0.0, ge=0)
-    amplitude: float = Field(default=1.0, ge=0)
+    per_day: Float = Field(default=0.0, ge=0, le=10_000)
+    amplitude: Float = Field(default=1.0, ge=0, le=1000)
     duration: PositiveDuration = 600.0
 
 
@@ -103,13 +115,13 @@ class SyntheticSpec(Schema):
     Poisson law (seeded); ``fluid`` uses the expected count.
     """
 
-    duration: PositiveDuration
-    step: PositiveDuration = 60.0
-    base: float = Field(gt=0)
+    duration: Span
+    step: Step = 60.0
+    base: Float = Field(gt=0, le=1e9)
     daily: Cycle = Cycle()
     weekly: Cycle = Cycle()
-    trend: float = Field(default=0.0, ge=-0.5, le=10)
-    noise: float = Field(default=0.0, ge=0, le=2)
+    trend: Float = Field(default=0.0, ge=-0.5, le=10)
+    noise: Float = Field(default=0.0, ge=0, le=2)
     bursts: Bursts = Bursts()
     arrivals: Literal["poisson", "fluid"] = "poisson"
 
@@ -137,9 +149,9 @@ class Workload(ReplicaBounds):
 
     name: Name
     demand: DemandSpec
-    capacity: float | None = Field(default=None, gt=0)
-    max_replicas: int = Field(default=1000, ge=1)
-    initial_replicas: int | None = Field(default=None, ge=0)
+    capacity: Annotated[float, Field(gt=0, allow_inf_nan=False), BeforeValidator(plain_number)] | None = None
+    max_replicas: Int = Field(default=1000, ge=1)
+    initial_replicas: Annotated[int, Field(ge=0), BeforeValidator(plain_number)] | None = None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -153,8 +165,8 @@ class WarmSpec(Schema):
 
     workload: Name
     caches: tuple[CacheName, ...] = ("image", "weights", "compile")
-    fraction: float | None = Field(default=None, ge=0, le=1)
-    nodes: tuple[Annotated[int, Field(ge=0)], ...] | None = None
+    fraction: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False), BeforeValidator(plain_number)] | None = None
+    nodes: tuple[Annotated[int, Field(ge=0), BeforeValidator(plain_number)], ...] | None = None
 
     @model_validator(mode="after")
     def _one_selector(self) -> WarmSpec:
@@ -172,11 +184,11 @@ class NodeGroup(Schema):
     """
 
     node_class: str = Field(min_length=1)
-    count: int = Field(ge=0, le=100_000)
+    count: Int = Field(ge=0, le=100_000)
     name: Name | None = None
     warm: tuple[WarmSpec, ...] = ()
-    min_count: int | None = Field(default=None, ge=0, le=100_000)
-    max_count: int | None = Field(default=None, ge=1, le=100_000)
+    min_count: Annotated[int, Field(ge=0, le=100_000), BeforeValidator(plain_number)] | None = None
+    max_count: Annotated[int, Field(ge=1, le=100_000), BeforeValidator(plain_number)] | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> NodeGroup:
@@ -249,7 +261,7 @@ class HpaSpec(Schema):
     """The stock HPA of the ``hpa`` strategies: ``targetUtilization`` is the share of one replica's
     capacity its ``AverageValue`` target is set to (1: scale only when replicas are full)."""
 
-    target_utilization: float = Field(default=1.0, gt=0, le=1)
+    target_utilization: Float = Field(default=1.0, gt=0, le=1)
 
 
 class Rollout(Schema):
@@ -266,7 +278,7 @@ class Rollout(Schema):
     at: PositiveDuration
     weights_version: str | None = Field(default=None, min_length=1)
     image: str | None = Field(default=None, min_length=1)
-    max_surge: int = Field(default=1, ge=1)
+    max_surge: Int = Field(default=1, ge=1)
     announce: Duration = 0.0
 
     @model_validator(mode="after")
@@ -289,7 +301,7 @@ class SchedulerSpec(Schema):
     score adds ``score x weight x 10``); 2 as in the chart's scheduler configuration.
     """
 
-    extender_weight: int = Field(default=2, ge=1)
+    extender_weight: Int = Field(default=2, ge=1)
 
 
 class Scenario(Schema):
@@ -299,16 +311,17 @@ class Scenario(Schema):
     kind: Literal["Scenario"]
     metadata: Metadata = Metadata()
     policy: str = Field(min_length=1)
-    seed: int = 0
+    #: Seeds numpy's generators, which take whole numbers >= 0.
+    seed: Int = Field(default=0, ge=0)
     #: The simulation step: the HPA's sync period and the scaler's tick.
-    tick: PositiveDuration = 15.0
+    tick: Step = 15.0
     #: Simulated time; default: the longest demand.
-    duration: PositiveDuration | None = None
+    duration: Annotated[Duration, Field(gt=0, le=MAX_SPAN_S)] | None = None
     #: Demand the scaler has already seen at t = 0 (whole ticks; 0: a scaler installed at t = 0).
     #: Only its forecasts read it; nothing in it is simulated. A synthetic demand is drawn on
     #: before t = 0 (its own random draws: the simulated demand stays the same); a trace gives its
     #: first ``history`` seconds, and the simulation replays the rest.
-    history: Annotated[Duration, Field(ge=0)] = 0.0
+    history: Annotated[Duration, Field(ge=0, le=MAX_SPAN_S)] = 0.0
     slo: Slo
     cluster: Cluster
     workloads: tuple[Workload, ...] = Field(min_length=1)

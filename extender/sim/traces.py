@@ -19,8 +19,9 @@ unless a column's name marks per-request data (a word starting with ``token``, `
 ``format: requests`` or ``format: rate`` (with ``rateColumn``) is always taken as said. The time
 column is ``timeColumn`` or the first of ``timestamp``, ``time``, ``ts``, ``t`` (any letter case).
 
-Every data row must have as many columns as the header (blank lines and ``#`` comments are
-skipped); a row with fewer or more is an error at its line, in both kinds of file.
+A column name may appear once in the header (any letter case). Every data row must have as many
+columns as the header (blank lines and ``#`` comments are skipped); a row with fewer or more is an
+error at its line, in both kinds of file.
 
 Reading is vectorised: the file is read in blocks of about 32 MiB and each block is parsed by
 ``numpy.loadtxt`` and converted with ``astype`` (``datetime64[ns]`` or ``float64``); there is no
@@ -37,6 +38,13 @@ Scaling (``loadScale``, ``timeScale``)::
     rate:     t' = t x timeScale; rate' = rate x loadScale / timeScale   (same requests, longer clock)
 
 Every trace starts at t = 0 on the simulation clock (its first row).
+
+Bounds (each an error naming the file, and the line or field): the path must be a regular file (a
+FIFO, device or directory is refused without waiting on it); a line may be at most
+:data:`MAX_LINE_BYTES` long, so memory stays within a block and a line however the file is made; a
+trace may span at most :data:`MAX_SPAN_S` (366 days) once ``timeScale`` is applied; a rate, once
+``loadScale`` and ``timeScale`` are applied, at most :data:`MAX_RATE` requests/s; a request trace,
+with ``loadScale``, at most :data:`MAX_REQUESTS` requests.
 """
 
 from __future__ import annotations
@@ -55,7 +63,8 @@ from typing import BinaryIO, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from extender.core.errors import InvalidValueError, Problem
+from extender.core.errors import ExtenderError, InvalidValueError, Problem
+from extender.files import open_regular
 from extender.sim.errors import TraceError
 from extender.sim.scenario import TraceSpec
 
@@ -90,6 +99,18 @@ def _request_named(name: str) -> bool:
     return any(word == "id" or (word.startswith(REQUEST_HINTS) and word != "id") for word in _words(name))
 #: Bytes read per block: large enough that per-block overhead vanishes, small enough for memory.
 BLOCK_BYTES = 32 * 2**20
+#: The longest line read (the header, or a row): beyond it the file is not a trace (binary, CR-only lines).
+MAX_LINE_BYTES = 2**20
+#: The longest a trace may span on the simulation clock (after ``timeScale``): 366 days.
+MAX_SPAN_S = 366 * 86400.0
+#: The highest rate (requests/s) a rate trace may give after ``loadScale`` and ``timeScale``.
+MAX_RATE = 1e9
+#: The most requests a request trace may give after ``loadScale`` (2 GiB of arrival times).
+MAX_REQUESTS = 2**28
+
+
+class _LineTooLongError(ExtenderError):
+    """A line that does not end within :data:`MAX_LINE_BYTES` of where its block ends."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +233,10 @@ class _Layout:
 
 def _layout(columns: list[str], spec: TraceSpec, source: str) -> _Layout:
     listed = ", ".join(columns)
+    lowered = [c.lower() for c in columns]
+    twice = next((c for i, c in enumerate(columns) if c and c.lower() in lowered[:i]), None)
+    if twice is not None:
+        raise TraceError([Problem(source, 1, "", f"column {twice!r} is in the header twice (the header has {listed})")])
     time_col = _pick(columns, spec.time_column, TIME_COLUMNS)
     if time_col is None:
         wanted = repr(spec.time_column) if spec.time_column else f"one of {', '.join(TIME_COLUMNS)}"
@@ -230,13 +255,20 @@ def _layout(columns: list[str], spec: TraceSpec, source: str) -> _Layout:
 
 
 def _blocks(f: BinaryIO) -> Iterator[bytes]:
-    """The rest of the file in blocks of whole lines."""
+    """The rest of the file in blocks of whole lines: a block, then at most :data:`MAX_LINE_BYTES` to
+    finish its last line. A line that does not end within that raises :class:`_LineTooLongError` after
+    the whole lines before it are yielded."""
     while True:
         block = f.read(BLOCK_BYTES)
         if not block:
             return
         if not block.endswith(b"\n"):
-            block += f.readline()
+            block += f.readline(MAX_LINE_BYTES)
+            cut = block.rfind(b"\n") + 1
+            if len(block) - cut >= MAX_LINE_BYTES:
+                if cut:
+                    yield block[:cut]
+                raise _LineTooLongError
         yield block
 
 
@@ -362,21 +394,32 @@ def _line_of_row(path: str | Path, row: int) -> int:
     return 0
 
 
+def _too_long(source: str, line: int) -> TraceError:
+    return TraceError([Problem(source, line, "", f"the line does not end within {MAX_LINE_BYTES} bytes: not a "
+                                                 "CSV trace (binary or compressed data, or lines ended by CR "
+                                                 "alone?)")])
+
+
 def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
-    """Read a CSV trace (rules in the module docstring); :class:`TraceError` names the file and line."""
+    """Read a CSV trace (rules and bounds in the module docstring); :class:`TraceError` names the file and line."""
     source = str(path)
     try:
-        f = Path(path).open("rb")  # noqa: SIM115 - closed by the with block below; open errors mapped here
+        f = open_regular(path)
     except OSError as exc:
         raise TraceError([Problem(source, None, "", f"cannot read: {exc.strerror or exc}")]) from exc
     with f:
-        header_bytes = f.readline()
+        header_bytes = f.readline(MAX_LINE_BYTES)
+        if len(header_bytes) >= MAX_LINE_BYTES and not header_bytes.endswith(b"\n"):
+            raise _too_long(source, 1)
         try:
             header = header_bytes.decode("utf-8-sig")
         except UnicodeDecodeError as exc:
             raise TraceError([Problem(source, 1, "", f"not UTF-8 text: {exc.reason}")]) from exc
         if not header.strip():
             raise TraceError([Problem(source, None, "", "the file is empty: expected a header line and rows")])
+        if "\r" in header.rstrip("\r\n"):
+            raise TraceError([Problem(source, 1, "", "the lines end with CR alone: save the file with LF (or CRLF) "
+                                                     "line ends")])
         columns = _header(header)
         layout = _layout(columns, spec, source)
         times: list[NDArray[np.int64] | F64] = []
@@ -384,7 +427,14 @@ def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
         numeric: bool | None = None
         first_fields: list[str] = []
         line = 2
-        for block in _blocks(f):
+        blocks = _blocks(f)
+        while True:
+            try:
+                block = next(blocks, None)
+            except _LineTooLongError:
+                raise _too_long(source, line) from None
+            if block is None:
+                break
             try:
                 text = block.decode("utf-8")
             except UnicodeDecodeError as exc:
@@ -410,15 +460,19 @@ def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
     if numeric is None or sum(len(t) for t in times) == 0:
         raise TraceError([Problem(source, None, "", "the trace has a header but no rows")])
     raw = np.concatenate(times)
+    order = np.argsort(raw, kind="stable")
     if numeric:
-        order = np.argsort(raw, kind="stable")
-        seconds = raw[order] - raw[order[0]]
+        with np.errstate(over="ignore"):  # a span past float64 is inf, refused below
+            seconds = raw[order] - raw[order[0]]
+        span = float(seconds[-1])
     else:
-        order = np.argsort(raw, kind="stable")
         ns = raw[order]
         seconds = (ns - ns[0]).astype(np.float64) / 1e9
+        span = (float(ns[-1]) - float(ns[0])) / 1e9  # in float: the int64 difference wraps past 292 years
+    _check_span(path, spec, span, order)
     if layout.kind == "requests":
         requests = RequestTrace(np.ascontiguousarray(seconds, dtype=np.float64), layout.credit)
+        _check_count(source, spec, len(seconds))
         if spec.format == "auto":
             _refuse_if_ambiguous(path, spec, columns, first_fields, layout=layout, requests=requests)
         return requests
@@ -429,8 +483,44 @@ def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
         earlier, later = (_line_of_row(path, r) for r in pair)
         raise TraceError([Problem(source, later, "", f"this interval starts at the same time as line {earlier}; "
                                                       "an interval trace needs one row per start")])
+    _check_rates(path, spec, rate, order)
     step = float(np.median(np.diff(seconds))) if len(seconds) > 1 else 1.0
     return RateTrace(np.ascontiguousarray(seconds, dtype=np.float64), rate, float(seconds[-1]) + step, layout.credit)
+
+
+def _check_span(path: str | Path, spec: TraceSpec, raw_span: float, order: NDArray[np.intp]) -> None:
+    """Refuse a trace that spans more than :data:`MAX_SPAN_S` on the simulation clock (``raw_span``
+    seconds in the file, times ``timeScale``), naming its earliest and latest rows."""
+    span = raw_span * spec.time_scale
+    if span <= MAX_SPAN_S:
+        return
+    first, last = _line_of_row(path, int(order[0])), _line_of_row(path, int(order[-1]))
+    scaled = f" with timeScale {spec.time_scale:g}" if spec.time_scale != 1.0 else ""
+    shown = span_text(span) if span < 1e9 else f"{span:.3g} s" if math.isfinite(span) else "beyond float64's range"
+    raise TraceError([Problem(str(path), last, "", (
+        f"the trace spans {shown}{scaled} from its earliest row (line {first}) to this one, more than the "
+        f"{span_text(MAX_SPAN_S)} a simulation covers (timestamps in milliseconds? timeScale: 0.001)"))])
+
+
+def _check_count(source: str, spec: TraceSpec, rows: int) -> None:
+    """Refuse a request trace that ``loadScale`` would make more than :data:`MAX_REQUESTS` requests."""
+    if rows * spec.load_scale > MAX_REQUESTS:
+        raise TraceError([Problem(source, None, "loadScale", (
+            f"{rows} requests x loadScale {spec.load_scale:g} is more than the {MAX_REQUESTS} requests a "
+            "request trace may give"))])
+
+
+def _check_rates(path: str | Path, spec: TraceSpec, rates: F64, order: NDArray[np.intp]) -> None:
+    """Refuse a rate above :data:`MAX_RATE` requests/s once scaled, naming its line."""
+    factor = spec.load_scale / spec.time_scale
+    high = np.flatnonzero(rates * factor > MAX_RATE)
+    if not len(high):
+        return
+    row = int(order[high[0]])
+    scaled = f" (x loadScale / timeScale = {factor:g})" if factor != 1.0 else ""
+    raise TraceError([Problem(str(path), _line_of_row(path, row), "", (
+        f"rate {float(rates[high[0]]):g}{scaled} is more than the {MAX_RATE:g} requests/s a rate trace "
+        "may give"))])
 
 
 # ---------------------------------------------------------------------------------------------
