@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from extender.arguments import duration_or_zero
+from extender.arguments import duration_or_zero, whole_number
 from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.core.units import format_duration
 from extender.process import current_logging
@@ -71,7 +71,8 @@ def register(subparsers: Any) -> None:
                    help="stretch the clock of every --trace file (0.001: timestamps in milliseconds)")
     p.add_argument("--strategies", type=strategy_names, metavar="A,B,...",
                    help=f"comma-separated subset of {','.join(STRATEGIES)} (default: the scenario's)")
-    p.add_argument("--seed", type=_seed, metavar="N", help="override the scenario's seed (a whole number >= 0)")
+    p.add_argument("--seed", type=whole_number(0), metavar="N",
+                   help="override the scenario's seed (a whole number >= 0)")
     p.add_argument("--history", type=duration_or_zero, metavar="DURATION",
                    help="override the scenario's history: demand the scaler has seen before t = 0 (1d: a "
                         "scaler that has run for a day; 0: one installed at t = 0)")
@@ -87,17 +88,6 @@ def _positive(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
     if not (value > 0 and math.isfinite(value)):
         raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
-    return value
-
-
-def _seed(text: str) -> int:
-    """``--seed``: a whole number >= 0 (what numpy's generators take)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
     return value
 
 

@@ -316,24 +316,25 @@ class WarmLoop:
                     view.name, view.node, view.cache,
                     extra={"job": view.name, "node": view.node, "cache": view.cache, "kind": view.kind,
                            "decision": "node-gone"})
-        try:
-            self.executor.delete(view)
-        except KubeError as exc:
-            self._error(report, "delete-job", exc, dry_run)
-            return
-        self._attempts.pop(view.key, None)
+        self._delete(view, report)
 
     def _confirmed(self, view: JobView, report: TickReport, dry_run: bool) -> None:
         report.confirmed.append(view.name)
         if dry_run or self.executor is None:
             return
+        if self._delete(view, report):
+            self.metrics.finished.labels(view.kind, "confirmed").inc()
+
+    def _delete(self, view: JobView, report: TickReport) -> bool:
+        """Delete ``view``'s Job and forget its attempts; ``False`` (the error reported) if the API refused."""
+        assert self.executor is not None
         try:
             self.executor.delete(view)
         except KubeError as exc:
-            self._error(report, "delete-job", exc, dry_run)
-            return
+            self._error(report, "delete-job", exc, False)
+            return False
         self._attempts.pop(view.key, None)
-        self.metrics.finished.labels(view.kind, "confirmed").inc()
+        return True
 
     def _published(self, view: JobView, report: TickReport, dry_run: bool) -> None:
         assert view.publish is not None
