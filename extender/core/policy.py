@@ -39,6 +39,7 @@ from extender.core.cachekey import CompileKeyInputs
 from extender.core.document import Loc, compose, format_path, line_of, validate
 from extender.core.errors import DocumentError, InvalidValueError, PolicyError, Problem, UnknownNameError
 from extender.core.schema import Float, Int, Schema, plain_number
+from extender.core.shell import heredoc_at, script_positions
 from extender.core.units import QUANTITY_PATTERN, Bandwidth, Bytes, format_duration, parse_quantity
 from extender.core.units import Duration as AnyDuration
 
@@ -975,71 +976,13 @@ TEMPLATE_VARS: dict[str, frozenset[str]] = {
 #: ``{{ name }}`` in a template.
 PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z][A-Za-z0-9]*)\s*\}\}")
 
-#: Programs whose ``-c`` argument is a shell script (by the basename of the program).
-SHELLS = frozenset({"sh", "bash", "dash", "ash", "ksh", "mksh", "zsh", "busybox"})
-#: A short-option cluster that includes ``c`` (``-c``, ``-ec``, ``-lc``): the next argument is the script.
-_SCRIPT_FLAG = re.compile(r"^-[A-Za-z]*c[A-Za-z]*$")
-#: Characters after which a ``#`` starts a comment (besides whitespace): the shell's operators.
-_OPERATORS = frozenset(";&|()<>")
-
-
-def script_positions(argv: list[str]) -> set[int]:
-    """Indexes of ``argv`` that a shell will parse as a script (after ``-c``, once a shell was named)."""
-    for i, word in enumerate(argv):
-        if word.rpartition("/")[2] in SHELLS:
-            for j in range(i + 1, len(argv) - 1):
-                if _SCRIPT_FLAG.match(argv[j]):
-                    return {j + 1}
-            return set()
-    return set()
-
-
-def _shell_walk(text: str, state: str, *, word_start: bool) -> tuple[str, int | None]:
-    """The POSIX shell quoting state after ``text`` (``""``, ``"'"``, ``'"'`` or ``"#"`` in a comment),
-    starting from ``state``, and where the first here-document operator outside quotes is (or ``None``)."""
-    heredoc: int | None = None
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if state == "#":
-            if c == "\n":
-                state = ""
-        elif state == "'":
-            if c == "'":
-                state = ""
-        elif c == "\\":
-            i += 1  # the next character is escaped (outside quotes and inside double quotes)
-        elif state == '"':
-            if c == '"':
-                state = ""
-        elif c in "'\"":
-            state = c
-        elif c == "#" and (word_start if i == 0 else (text[i - 1].isspace() or text[i - 1] in _OPERATORS)):
-            state = "#"
-        elif c == "<" and text.startswith("<<", i) and not text.startswith("<<<", i) and heredoc is None \
-                and (i == 0 or text[i - 1] != "<"):
-            heredoc = i
-        i += 1
-    return state, heredoc
-
-
-def quote_state(text: str, state: str = "", *, word_start: bool = True) -> str:
-    """The POSIX shell quoting state after ``text``, starting from ``state``: ``""`` (outside quotes),
-    ``"'"``, ``'"'`` or ``"#"`` (in a comment, which quotes do not open or close). ``word_start``:
-    ``text`` begins a word (a ``#`` there starts a comment)."""
-    return _shell_walk(text, state, word_start=word_start)[0]
-
-
 def script_problem(script: str) -> str | None:
     """Why a shell script with ``{{placeholders}}`` cannot be rendered safely, or ``None``.
 
     A here-document's body is neither quoted nor unquoted text (an apostrophe in it opens nothing),
     so the quoting of the placeholders after it cannot be known: refused, with the way out.
     """
-    if not PLACEHOLDER.search(script):
-        return None
-    _, heredoc = _shell_walk(script, "", word_start=True)
-    if heredoc is not None:
+    if PLACEHOLDER.search(script) and heredoc_at(script) is not None:
         return ("a here-document (<<) in a shell script with {{placeholders}} is not supported: the quoting of "
                 "the placeholders cannot be told; use printf, or put the text in a file or an env value")
     return None

@@ -31,7 +31,8 @@ from pathlib import PurePosixPath
 from typing import Any, assert_never
 
 from extender.core.errors import UnknownNameError
-from extender.core.policy import PLACEHOLDER, Policy, StepTemplate, quote_state, script_positions
+from extender.core.policy import PLACEHOLDER, Policy, StepTemplate
+from extender.core.shell import quote_state, script_positions
 from extender.core.warming import Action
 from extender.warm.steps import CACHE_MOUNT, cache_path, parse_cache_id, staging_path
 
@@ -47,7 +48,7 @@ def render_script(script: str, values: Mapping[str, str]) -> str:
     """``script`` with every placeholder replaced by a quoted reference to its environment variable.
 
     The quoting state (outside quotes, in ``'...'``, in ``"..."``, with backslash escapes, in a
-    ``#`` comment: :func:`extender.core.policy.quote_state`) is tracked up to each placeholder,
+    ``#`` comment: :func:`extender.core.shell.quote_state`) is tracked up to each placeholder,
     so the reference is one word in every context and the value itself never passes through the
     shell's parser.
     """
