@@ -25,6 +25,7 @@ from pydantic import Field
 from extender.core.caches import adapter_keys, compile_key, snapshot_key, weights_key
 from extender.core.estimate import CacheState, ClassTable, CompileCache
 from extender.core.images import names_for, normalise_all
+from extender.core.k8snames import DNS_SUBDOMAIN_PATTERN
 from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
 from extender.core.schema import Schema
 from extender.core.units import Bytes, Duration
@@ -42,7 +43,7 @@ DEFAULT_TTL_S = 60.0
 
 #: A node name is a Kubernetes object name: a DNS subdomain (RFC 1123) of at most 253 characters.
 MAX_NAME_LENGTH = 253
-NODE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+NODE_NAME_PATTERN = DNS_SUBDOMAIN_PATTERN
 #: GPUs on one node (the largest machines today have 72 in one NVLink domain).
 MAX_GPUS = 4096
 #: Any size in bytes (one exbibyte); float64 columns hold it exactly enough, int64 would too.

@@ -38,6 +38,15 @@ from extender.core import defaults
 from extender.core.cachekey import CompileKeyInputs
 from extender.core.document import Loc, compose, format_path, line_of, validate
 from extender.core.errors import DocumentError, InvalidValueError, PolicyError, Problem, UnknownNameError
+from extender.core.k8snames import (
+    DnsLabel,
+    DnsSubdomain,
+    LabelValue,
+    QualifiedName,
+    env_names,
+    optional_qualified_name,
+    qualified_name_problem,
+)
 from extender.core.schema import Float, Int, Schema, plain_number
 from extender.core.shell import heredoc_at, script_positions
 from extender.core.units import QUANTITY_PATTERN, Bandwidth, Bytes, format_duration, parse_quantity
@@ -778,79 +787,8 @@ class Calibration(Schema):
         return self
 
 
-# ---- Kubernetes names in the warm Jobs, checked as the API server checks them (its
-# apimachinery validation), so that `extender policy check` refuses what Kubernetes would refuse
-# when the first Job is created, with the field's place, and not a failure at every tick.
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_QUALIFIED_PART = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 #: Container resources Kubernetes knows without a domain prefix (``hugepages-<size>`` too).
 _STANDARD_RESOURCES = frozenset({"cpu", "memory", "ephemeral-storage"})
-
-
-def _dns_label(value: str) -> str:
-    if not _DNS_LABEL.match(value) or len(value) > 63:
-        raise InvalidValueError(f"{value!r} is not a valid Kubernetes name (DNS-1123 label): lowercase letters, "
-                                "digits and '-', starting and ending with a letter or digit, at most 63 characters")
-    return value
-
-
-def _dns_subdomain(value: str) -> str:
-    if not _DNS_SUBDOMAIN.match(value) or len(value) > 253:
-        raise InvalidValueError(f"{value!r} is not a valid Kubernetes name (DNS-1123 subdomain): lowercase "
-                                "letters, digits, '-' and '.', starting and ending with a letter or digit, at most "
-                                "253 characters")
-    return value
-
-
-def qualified_name_problem(value: str) -> str | None:
-    """Why ``value`` is not a Kubernetes qualified name (``[prefix/]name``: label keys, taint keys,
-    resource names), or ``None``."""
-    prefix, slash, name = value.rpartition("/")
-    if slash and (not prefix or not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253):
-        return (f"{value!r}: the prefix before '/' must be a DNS subdomain (lowercase letters, digits, '-' and "
-                "'.', at most 253 characters)")
-    if not _QUALIFIED_PART.match(name) or len(name) > 63:
-        return (f"{value!r} is not a qualified name: [prefix/]name, the name of letters, digits, '-', '_' and "
-                "'.', starting and ending with a letter or digit, at most 63 characters")
-    return None
-
-
-def _qualified_name(value: str) -> str:
-    problem = qualified_name_problem(value)
-    if problem is not None:
-        raise InvalidValueError(problem)
-    return value
-
-
-def _optional_qualified_name(value: str) -> str:
-    return _qualified_name(value) if value else value
-
-
-def _label_value(value: str) -> str:
-    if value and (not _QUALIFIED_PART.match(value) or len(value) > 63):
-        raise InvalidValueError(f"{value!r} is not a valid taint value: letters, digits, '-', '_' and '.', starting "
-                                "and ending with a letter or digit, at most 63 characters (or empty)")
-    return value
-
-
-def _env_names(env: dict[str, str]) -> dict[str, str]:
-    for name in env:
-        if not _ENV_NAME.match(name) or name.startswith(".."):
-            raise InvalidValueError(f"{name!r} is not a valid environment variable name: letters, digits, '_', "
-                                    "'-' and '.', not starting with a digit or '..'")
-    return env
-
-
-#: A Kubernetes object name that is a DNS-1123 label (a namespace).
-DnsLabel = Annotated[str, Field(min_length=1, max_length=63), AfterValidator(_dns_label)]
-#: A Kubernetes object name that is a DNS-1123 subdomain (PriorityClass, ServiceAccount, Secret).
-DnsSubdomain = Annotated[str, Field(min_length=1, max_length=253), AfterValidator(_dns_subdomain)]
-#: A Kubernetes qualified name (``[prefix/]name``): taint and toleration keys.
-QualifiedName = Annotated[str, Field(min_length=1, max_length=317), AfterValidator(_qualified_name)]
-#: A taint's (or an Equal toleration's) value, as a label value.
-LabelValue = Annotated[str, AfterValidator(_label_value)]
 
 
 class Toleration(Schema):
@@ -861,7 +799,7 @@ class Toleration(Schema):
     """
 
     #: Taint key; empty with Exists: every taint.
-    key: Annotated[str, AfterValidator(_optional_qualified_name)] = ""
+    key: Annotated[str, AfterValidator(optional_qualified_name)] = ""
     #: Exists or Equal, as in a pod's tolerations.
     operator: Literal["Exists", "Equal"] = "Equal"
     #: Taint value (Equal).
@@ -958,9 +896,9 @@ class StepTemplate(Schema):
     #: Arguments of the command.
     args: tuple[str, ...] = ()
     #: Environment variables of the container (names as Kubernetes takes them).
-    env: Annotated[dict[str, str], AfterValidator(_env_names)] = {}
+    env: Annotated[dict[str, str], AfterValidator(env_names)] = {}
     #: Secrets in the warm namespace whose keys become environment variables (object-store credentials).
-    env_from_secrets: tuple[Annotated[str, AfterValidator(_dns_subdomain)], ...] = ()
+    env_from_secrets: tuple[DnsSubdomain, ...] = ()
 
 
 #: Placeholders every template may use.

@@ -24,7 +24,6 @@ the two paths scale a workload alike:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -33,6 +32,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails
 
 from extender.core.errors import ExtenderError, InvalidValueError, UnknownNameError
+from extender.core.k8snames import DNS_LABEL
 from extender.core.policy import Name, Policy
 from extender.scaler.loop import scaled_profiles
 from extender.state.decisions import Published, Unreadable
@@ -47,11 +47,8 @@ TARGET_SIZE = 1
 #: Trigger metadata keys we read; KEDA passes every key of the trigger, its own included.
 METADATA_KEYS = ("workload", "namespace", "metric")
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
 def _namespace(value: str) -> str:
-    if len(value) > 63 or not _DNS_LABEL.match(value):
+    if len(value) > 63 or not DNS_LABEL.match(value):
         raise InvalidValueError(f"{value!r} is not a namespace name (a DNS label: lowercase letters, digits and '-', "
                          "at most 63 characters)")
     return value
