@@ -382,8 +382,7 @@ def evaluate(
     lacking = lacking_bytes(profile, nodes.state.weights_bytes)
     pressure = nvme_pressure(profile, lacking, usable_free, nodes.free_known)
     score = scores(sc, est.total_s, pressure, policy.scoring.nvme_pressure_penalty)
-    unknown = np.array([c.name == UNKNOWN_CLASS.name for c in nodes.classes], dtype=np.bool_)[idx]
-    score = np.where(unknown, MIN_SCORE, score).astype(np.int64)
+    score = np.where(np.isnan(usable_capacity), MIN_SCORE, score).astype(np.int64)  # NaN: the unknown class
     # Free GPUs of a stale record are old news: none free, so neither term below applies there.
     gpus_free = None if nodes.gpus_free is None else np.where(nodes.fresh, nodes.gpus_free, 0)
     points = policy.scoring.packing_points
