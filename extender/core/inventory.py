@@ -43,7 +43,6 @@ DEFAULT_TTL_S = 60.0
 
 #: A node name is a Kubernetes object name: a DNS subdomain (RFC 1123) of at most 253 characters.
 MAX_NAME_LENGTH = 253
-NODE_NAME_PATTERN = DNS_SUBDOMAIN_PATTERN
 #: GPUs on one node (the largest machines today have 72 in one NVLink domain).
 MAX_GPUS = 4096
 #: Any size in bytes (one exbibyte); float64 columns hold it exactly enough, int64 would too.
@@ -59,7 +58,7 @@ MAX_TEXT = 1024
 #: The stored JSON of one record; larger ones are refused on write and skipped on read.
 MAX_RECORD_BYTES = 1 << 20
 
-NodeName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NODE_NAME_PATTERN)]
+NodeName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=DNS_SUBDOMAIN_PATTERN)]
 #: Printable text: no control characters (NUL, newline, terminal escapes), bounded length.
 Text = Annotated[str, Field(max_length=MAX_TEXT, pattern=r"^[^\x00-\x1f\x7f]*$")]
 Count = Annotated[int, Field(ge=0, le=MAX_GPUS)]
