@@ -9,8 +9,9 @@ import pytest
 
 from extender.core.cachekey import compile_cache_key
 from extender.core.caches import weights_key
+from extender.core.errors import InvalidValueError
 from extender.core.estimate import CompileCache
-from extender.core.images import normalise, repository
+from extender.core.images import check_reference, normalise, repository
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
 from extender.files import load_policy
@@ -144,12 +145,44 @@ IMAGES = [
     ("registry-with-port", "localhost:5000/a/b", "localhost:5000/a/b:latest"),
     ("digest", "repo@sha256:abc", "docker.io/library/repo@sha256:abc"),
     ("already-normal", "docker.io/library/nginx:latest", "docker.io/library/nginx:latest"),
+    ("capital-means-registry-host", "Mirror/vllm:1", "Mirror/vllm:1"),
 ]
 
 
 @pytest.mark.parametrize(("ref", "expected"), [i[1:] for i in IMAGES], ids=[i[0] for i in IMAGES])
 def test_image_normalisation(ref: str, expected: str) -> None:
     assert normalise(ref) == expected
+
+
+@pytest.mark.parametrize("ref", [
+    pytest.param("nginx", id="bare-name"),
+    pytest.param("ghcr.io/example/extender:0.1.0", id="registry-path-tag"),
+    pytest.param("localhost:5000/a/b:c", id="registry-port"),
+    pytest.param("[::1]:5000/x", id="ipv6-registry"),
+    pytest.param("Registry.Example.COM/x__y/z--w:T_1.2-rc", id="host-any-case-separators"),
+    pytest.param("vllm/vllm-openai@sha256:" + "0" * 64, id="digest"),
+    pytest.param("vllm/vllm-openai:v1@sha256:" + "f" * 64, id="tag-and-digest"),
+])
+def test_image_reference_accepted(ref: str) -> None:
+    assert check_reference(ref) == ref
+
+
+@pytest.mark.parametrize(("ref", "expected"), [
+    pytest.param("vllm/Serve:1", "not an image reference", id="capital-in-path"),
+    pytest.param("ghcr.io/ex/extender :1", "not an image reference", id="space"),
+    pytest.param("a:", "not an image reference", id="empty-tag"),
+    pytest.param("a:-x", "not an image reference", id="tag-starting-with-dash"),
+    pytest.param("a:" + "x" * 129, "not an image reference", id="tag-over-128"),
+    pytest.param("a//b", "not an image reference", id="empty-component"),
+    pytest.param("-a", "not an image reference", id="leading-dash"),
+    pytest.param("a@sha256:123", "not an image reference", id="short-digest"),
+    pytest.param("caf\u00e9/x", "not an image reference", id="non-ascii"),
+    pytest.param("r.io/" + "a" * 251, "longer than 255", id="name-over-255"),
+    pytest.param("a" * 5000, "not an image reference", id="far-too-long"),
+])
+def test_image_reference_refused(ref: str, expected: str) -> None:
+    with pytest.raises(InvalidValueError, match=expected):
+        check_reference(ref)
 
 
 # ---- bounded records: nothing a writer stores can stop a snapshot build ---------------------------

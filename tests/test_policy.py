@@ -186,7 +186,7 @@ HOSTILE_FIELDS = [
     ("version with a space", lambda t: t.replace("version: v1,", "version: v1 v2,"),
      "profiles[0].weights.version", "not a valid version"),
     ("image with a backtick", lambda t: t.replace('reference: "vllm/vllm-openai:v0.11.0"', 'reference: "x`id`"'),
-     "profiles[0].image.reference", "not a URI or image reference"),
+     "profiles[0].image.reference", "is not an image reference"),
     ("registry with a newline", lambda t: t + 'warming: {registry: "s3://a\\nb"}\n',
      "warming.registry", "not a URI"),
 ]
@@ -385,6 +385,22 @@ REFUSED = [
             "warming.templates.weights.env", "'' is not a valid environment variable name"),
     Refused("a Secret name that is no DNS subdomain", "", STEP + "      envFromSecrets: [Bad_Secret]\n", 18,
             "warming.templates.weights.envFromSecrets[0]", "'Bad_Secret' is not a valid Kubernetes name"),
+    Refused("a helper image with a space", "", "warming: {helperImage: 'ghcr.io/ex/extender :1'}\n", 13,
+            "warming.helperImage", "is not an image reference"),
+    Refused("a helper image with a capital in its path", "", "warming: {helperImage: ghcr.io/Ex/extender:1}\n",
+            13, "warming.helperImage", "path in lowercase letters"),
+    Refused("a serving image with a capital in its path", '"vllm/vllm-openai:v0.11.0"', "vllm/VLLM:v1", 11,
+            "profiles[0].image.reference", "is not an image reference"),
+    Refused("a cache root with '..'", "", "warming: {hostCacheRoot: /mnt/../etc}\n", 13, "warming.hostCacheRoot",
+            "no '..' component"),
+    Refused("a relative cache root", "", "warming: {hostCacheRoot: mnt/cache}\n", 13, "warming.hostCacheRoot",
+            "is not a host path Kubernetes takes: absolute"),
+    Refused("a Job TTL under a second", "", "warming: {ttlAfterFinished: 500ms, confirmWithin: 100ms}\n", 13,
+            "warming.ttlAfterFinished", "must be >= 1, got '500ms'"),
+    Refused("a Job deadline under a second", "", "warming: {activeDeadline: 500ms}\n", 13,
+            "warming.activeDeadline", "must be >= 1, got '500ms'"),
+    Refused("a Job TTL no longer than its confirmation", "", "warming: {ttlAfterFinished: 5m}\n", 13, "warming",
+            "ttlAfterFinished (5m) is not longer than confirmWithin (5m)"),
 ]
 
 

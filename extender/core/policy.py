@@ -38,6 +38,7 @@ from extender.core import defaults
 from extender.core.cachekey import CompileKeyInputs
 from extender.core.document import Loc, compose, format_path, line_of, validate
 from extender.core.errors import DocumentError, InvalidValueError, PolicyError, Problem, UnknownNameError
+from extender.core.images import check_reference
 from extender.core.k8snames import (
     DnsLabel,
     DnsSubdomain,
@@ -108,6 +109,18 @@ def _within_a_year(seconds: float) -> float:
 #: A duration in a policy (:data:`extender.core.units.Duration`), at most :data:`MAX_DURATION_S`.
 Duration = Annotated[AnyDuration, AfterValidator(_within_a_year)]
 Reference = Annotated[str, AfterValidator(_reference)]
+def _host_path(value: str) -> str:
+    parts = value.split("/")
+    if not value.startswith("/") or ".." in parts or "\0" in value or len(value) > 4096:
+        raise InvalidValueError(
+            f"{value!r} is not a host path Kubernetes takes: absolute, no '..' component, at most 4096 characters")
+    return value
+
+
+#: An absolute path on the node for a ``hostPath`` volume (the API server refuses a '..' component).
+HostPath = Annotated[str, AfterValidator(_host_path), Field(json_schema_extra={"pattern": "^/"})]
+#: A container image reference kubelet can pull (:func:`extender.core.images.check_reference`).
+ImageReference = Annotated[str, AfterValidator(check_reference), Field(json_schema_extra={"minLength": 1})]
 Version = Annotated[str, AfterValidator(_version)]
 PositiveBandwidth = Annotated[Bandwidth, Field(gt=0)]
 PositiveBytes = Annotated[Bytes, Field(gt=0)]
@@ -214,7 +227,7 @@ class Image(Schema):
     """The serving container image."""
 
     #: Image reference as in the pod spec (kubelet's image list is matched against it).
-    reference: Annotated[Reference, Field(min_length=1)]
+    reference: ImageReference
     #: Bytes pulled when the image is not on the node.
     size: PositiveBytes = defaults.IMAGE_BYTES
 
@@ -1035,9 +1048,9 @@ class Warming(Schema):
     #: Namespace of the warm Jobs and their Events.
     namespace: DnsLabel = "extender-warm"
     #: The cache root on the nodes (a hostPath; the agent DaemonSet's path).
-    host_cache_root: str = Field(default="/mnt/nvme/extender-cache", pattern=r"^/")
+    host_cache_root: HostPath = "/mnt/nvme/extender-cache"
     #: Image with the ``extender`` command, for the steps around a template (evict, stage, finish).
-    helper_image: str = Field(default="ghcr.io/example/extender:0.1.0", min_length=1)
+    helper_image: ImageReference = "ghcr.io/example/extender:0.1.0"
     #: A low PriorityClass: a warm Job never preempts a serving pod, and is the first to go under pressure.
     priority_class_name: DnsSubdomain | None = "extender-warm"
     #: ServiceAccount of the Job pods (for workload identity to the object store); none by default.
@@ -1048,9 +1061,10 @@ class Warming(Schema):
     resources: JobResources = JobResources()
     #: Finished Jobs are deleted by Kubernetes after this long (the warmer deletes them sooner once
     #: the agent confirmed the result); the safety net if the warmer stops.
-    ttl_after_finished: Annotated[Duration, Field(gt=0)] = 3600.0
+    #: At least 1s, and longer than ``confirmWithin``: the warmer reads a finished Job to confirm it.
+    ttl_after_finished: Annotated[Duration, Field(ge=1)] = 3600.0
     #: A Job running longer than this is failed by Kubernetes (a hung copy must not hold a slot forever).
-    active_deadline: Annotated[Duration, Field(gt=0)] = 7200.0
+    active_deadline: Annotated[Duration, Field(ge=1)] = 7200.0
     #: Retries of failed warm Jobs.
     retry: WarmRetry = WarmRetry()
     #: A Job that succeeded but whose cache the inventory does not show after this long counts as
@@ -1069,6 +1083,15 @@ class Warming(Schema):
     publish_after: Duration = 120.0
     #: What happens when a node joins.
     new_nodes: NewNodes = NewNodes()
+
+    @model_validator(mode="after")
+    def _ttl_outlasts_confirmation(self) -> Warming:
+        if self.ttl_after_finished <= self.confirm_within:
+            raise InvalidValueError(
+                f"ttlAfterFinished ({format_duration(self.ttl_after_finished)}) is not longer than "
+                f"confirmWithin ({format_duration(self.confirm_within)}): Kubernetes would delete a "
+                "succeeded Job before the warmer could confirm it, and its failures would go unreported")
+        return self
 
     def snapshot_pairs(self) -> frozenset[tuple[str, str]]:
         """(workload, node class) of every published snapshot (``publishedSnapshots``)."""
