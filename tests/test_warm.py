@@ -8,6 +8,7 @@ tests/test_warm_executor.py; the end-to-end warm-then-schedule run is tests/test
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -237,6 +238,9 @@ BAD_TEMPLATES = [
                 "warming.templates.weights.command[2]", "a here-document (<<) in a shell script"),
     BadTemplate("a here-document in args", 'weights: {image: x, command: [bash], args: [-ec, '
                 '"cat > f <<-X\\n{{source}}\\nX"]}', "warming.templates.weights.args[1]", "here-document"),
+    BadTemplate("a here-document after arithmetic", 'weights: {image: x, command: [sh, -c, '
+                '"echo $((1+(2))); cat <<EOF\\n{{source}}\\nEOF"]}', "warming.templates.weights.command[2]",
+                "here-document"),
 ]
 
 
@@ -255,7 +259,22 @@ COMMENTED = [
 ]
 
 
-@pytest.mark.parametrize("case", COMMENTED, ids=[c.id for c in COMMENTED])
+#: Arithmetic expansions: their ``<<`` is a shift, not a here-document, and the script is accepted.
+ARITHMETIC = [
+    Commented("a shift", "printf '<%s>' $((1<<2)) {{source}}", "<4><x y'z>"),
+    Commented("a shift in double quotes", "printf '<%s>' \"$((1<<2))\" {{source}}", "<4><x y'z>"),
+    Commented("nested parentheses", "printf '<%s>' $(((1+1)<<2)) {{source}}", "<8><x y'z>"),
+]
+
+
+@pytest.mark.parametrize("case", ARITHMETIC, ids=[c.id for c in ARITHMETIC])
+def test_a_shift_in_arithmetic_is_no_here_document(case: Commented) -> None:
+    text = POLICY.split("warming:", maxsplit=1)[0] + "warming:\n  templates:\n    weights: " + json.dumps(
+        {"image": "x", "command": ["sh", "-c", case.script]}) + "\n"
+    assert parse_policy(text).warming.templates.weights is not None
+
+
+@pytest.mark.parametrize("case", COMMENTED + ARITHMETIC, ids=[c.id for c in COMMENTED + ARITHMETIC])
 def test_quotes_in_comments_do_not_change_the_quoting_of_placeholders(tmp_path: Path, case: Commented) -> None:
     from extender.warm.templates import render_argv
 

@@ -32,12 +32,24 @@ def script_positions(argv: list[str]) -> set[int]:
 
 def _shell_walk(text: str, state: str, *, word_start: bool) -> tuple[str, int | None]:
     """The POSIX shell quoting state after ``text`` (``""``, ``"'"``, ``'"'`` or ``"#"`` in a comment),
-    starting from ``state``, and where the first here-document operator outside quotes is (or ``None``)."""
+    starting from ``state``, and where the first here-document operator outside quotes is (or ``None``).
+
+    Inside an arithmetic expansion ``$(( ... ))`` (``arith`` counts its open parentheses) ``<<`` is a
+    shift and ``#`` no comment."""
     heredoc: int | None = None
+    arith = 0
     i = 0
     while i < len(text):
         c = text[i]
-        if state == "#":
+        if state in ("", '"') and text.startswith("$((", i):
+            arith += 2
+            i += 3
+            continue
+        if arith and state in ("", "\"") and c in "()":
+            arith += 1 if c == "(" else -1
+        elif arith and state == "" and c in "<#":
+            pass
+        elif state == "#":
             if c == "\n":
                 state = ""
         elif state == "'":
