@@ -352,6 +352,10 @@ REFUSED = [
             "    gpu: {product: NVIDIA-A10G, count: 4}\n    nvme: {capacity: 3800GB}\nprofiles:\n"
             "  - name: small\n    nodeClasses: [gpu-a]\n    overrides: {gpu-b: {engineInit: 10s}}\n", 15,
             "profiles[0].overrides.gpu-b", "node class 'gpu-b' is not one this profile may run on"),
+    Refused("an override whose warm compile is slower than cold", "", "    overrides: {gpu-a: {compileCold: 3s}}\n",
+            13, "profiles[0].overrides.gpu-a", "compile warm (4s, from cache) is slower than compile cold (3s"),
+    Refused("an override of both, crossed", "", "    overrides: {gpu-a: {compileCold: 1m, compileWarm: 2m}}\n",
+            13, "profiles[0].overrides.gpu-a", "compile warm (2m, from cache) is slower than compile cold (1m"),
     # warm Job fields Kubernetes would refuse at every tick: refused when the policy loads
     Refused("a namespace that is no DNS label", "", "warming: {namespace: Extender_Warm}\n", 13, "warming.namespace",
             "'Extender_Warm' is not a valid Kubernetes name (DNS-1123 label)"),

@@ -1190,7 +1190,13 @@ def cross_check(policy: Policy) -> list[tuple[Loc, str]]:
             if name not in known:
                 known_list = ", ".join(class_names)
                 out.append((("profiles", i, "nodeClasses", j), f"no node class {name!r} (known: {known_list})"))
-        for name in p.overrides:
+        for name, o in p.overrides.items():
+            cold = p.compile.cold if o.compile_cold is None else o.compile_cold
+            warm = p.compile.warm if o.compile_warm is None else o.compile_warm
+            if warm > cold:
+                out.append((("profiles", i, "overrides", name),
+                            f"compile warm ({format_duration(warm)}, from cache) is slower than compile cold "
+                            f"({format_duration(cold)}, from scratch) on this class"))
             if name not in known:
                 out.append((("profiles", i, "overrides", name), f"no node class {name!r}"))
             elif p.node_classes and name not in p.node_classes:
