@@ -23,6 +23,7 @@ from extender.core.scoring import (
     Verdict,
     evaluate,
     judge,
+    keeps_weights,
     lacking_bytes,
     nvme_pressure,
     reason,
@@ -194,8 +195,48 @@ PRESSURE_ROWS = [
 def test_nvme_pressure(policy: Policy, row: PressureRow) -> None:
     profile = policy.profile(row.profile)
     lacking = lacking_bytes(profile, np.array([row.weights_local], dtype=np.float64))
-    got = nvme_pressure(profile, lacking, np.array([row.usable_free], dtype=np.float64), np.array([row.known]))
+    keeps = keeps_weights(profile, policy.node_classes, np.zeros(1, dtype=np.intp))  # a "fast" node
+    got = nvme_pressure(lacking, np.array([row.usable_free], dtype=np.float64), np.array([row.known]), keeps)
     assert got.tolist() == [row.expected]
+
+
+#: One class with NVMe and one without (the weights are streamed there, nothing is written or evicted).
+DISKLESS_POLICY = textwrap.dedent("""\
+    apiVersion: extender.io/v1alpha1
+    kind: Policy
+    nodeClasses:
+      - name: disk
+        matchLabels: {pool: disk}
+        gpu: {product: NVIDIA-L4, count: 4}
+        nvme: {capacity: 1TB}
+      - name: diskless
+        matchLabels: {pool: diskless}
+        gpu: {product: NVIDIA-L4, count: 4}
+        nvme: {capacity: 0}
+    profiles:
+      - name: llm
+        match: {labels: {app: llm}}
+        image: {reference: "vllm/vllm-openai:v0.11.0", size: 10GB}
+        weights: {source: "s3://m/llm/", version: r1, bytes: 100GB}
+""")
+
+
+@pytest.mark.parametrize(("node_class", "pressure"), [
+    pytest.param(1, False, id="diskless-class-is-never-pressured"),
+    pytest.param(0, True, id="class-with-nvme-and-no-room-is-pressured"),
+])
+def test_nvme_pressure_needs_a_class_that_caches(node_class: int, pressure: bool) -> None:
+    # Two nodes of one class holding the image, no free NVMe: one has an inventory record (free space
+    # known, 0), the other none. On a class without NVMe the weights are streamed whatever the free
+    # space, so the record must not cost the node the penalty the record-less node escapes.
+    policy = parse_policy(DISKLESS_POLICY, "diskless.yaml")
+    profile = policy.profile("llm")
+    inputs = NodeInputs(policy.node_classes, np.full(2, node_class, dtype=np.intp), CacheState.uniform(2, image=True),
+                        fresh=np.array([True, False]), free_known=np.array([True, False]), nvme_free=np.zeros(2))
+    ev = evaluate(policy, profile, inputs)
+    assert ev.pressure.tolist() == [pressure, False]
+    penalty = policy.scoring.nvme_pressure_penalty if pressure else 0
+    assert ev.score.tolist() == [ev.score[1] - penalty, ev.score[1]]
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,9 @@ plugin. The mapping is therefore absolute, fixed per profile for one policy vers
     T_ref  = max over the classes the profile may run on of the fully cold estimate   (seconds)
     s      = max(scoring.secondsPerPoint, T_ref / 10)                                 (seconds per point)
     points = clamp(round((T_ref - T) / s), 0, 10)
-    score  = max(points - scoring.nvmePressurePenalty, 0)   if the node's free NVMe cannot hold
-                                                            the weights it still lacks
+    score  = max(points - scoring.nvmePressurePenalty, 0)   if the node keeps the weights on NVMe
+                                                            and its free NVMe cannot hold the
+                                                            weights it still lacks
            = points                                         otherwise
     fill   = (G - F + r) / G      G the node's GPUs (its class), F its free GPUs, r the pod's GPUs
     score  = min(score + round(scoring.packingPoints x fill), 10)   when F >= r and G > 0
@@ -47,9 +48,11 @@ plugin. The mapping is therefore absolute, fixed per profile for one policy vers
   profiles count, so pods of one size compete on their own warmth alone. It applies only when the
   caller knows the free GPUs (fresh records, as for packing) and passes the other profiles' warm
   nodes (``NodeInputs.others``).
-* NVMe pressure applies only when the profile caches weights (``weights.cache`` is not ``none``) and
-  only to nodes whose free space is known from the inventory; it can only lower a score, and more
-  cache on a node never raises pressure, so more cache never lowers a score.
+* NVMe pressure applies only when the profile caches weights (``weights.cache`` is not ``none``),
+  only on nodes whose class has NVMe to keep them on (:func:`caches_weights`: a class without NVMe
+  streams the weights, writes nothing and evicts nothing), and only to nodes whose free space is
+  known from the inventory; it can only lower a score, and more cache on a node never raises
+  pressure, so more cache never lowers a score.
 
 Hard rules (``Profile.filter``, all off by default) reject a node only on evidence:
 
@@ -135,11 +138,20 @@ def lacking_bytes(profile: Profile, weights_local: F64) -> F64:
     return total - np.clip(np.asarray(weights_local, dtype=np.float64), 0.0, total)
 
 
-def nvme_pressure(profile: Profile, lacking: F64, usable_free: F64, free_known: Mask) -> Mask:
-    """Nodes whose usable free NVMe cannot take the weights they lack without evicting something."""
-    if not profile.weights.cached:
-        return np.zeros(len(lacking), dtype=np.bool_)
-    return free_known & (lacking > 0) & (usable_free < lacking)
+def keeps_weights(profile: Profile, classes: Sequence[NodeClass], class_index: NDArray[np.intp]) -> Mask:
+    """Per node: does its class keep the profile's weights on NVMe (:func:`caches_weights`)?"""
+    out: Mask = np.array([caches_weights(profile, c) for c in classes], dtype=np.bool_)[class_index]
+    return out
+
+
+def nvme_pressure(lacking: F64, usable_free: F64, free_known: Mask, keeps: Mask) -> Mask:
+    """Nodes whose usable free NVMe cannot take the weights they lack without evicting something.
+
+    Only where the node keeps the weights on NVMe (``keeps``, :func:`keeps_weights`): a profile that
+    streams them (``cache: none``) or a class without NVMe writes nothing there and evicts nothing.
+    """
+    out: Mask = keeps & free_known & (lacking > 0) & (usable_free < lacking)
+    return out
 
 
 def packing(classes: Sequence[NodeClass], class_index: NDArray[np.intp], gpus_free: I64, request: int,
@@ -165,7 +177,7 @@ def warm_nodes(profile: Profile, classes: Sequence[NodeClass], class_index: NDAr
                state: CacheState) -> Mask:
     """Nodes where a replica of ``profile`` downloads nothing: the image is there, and the whole
     weights too where its class keeps them on NVMe."""
-    keeps = np.array([caches_weights(profile, c) for c in classes], dtype=np.bool_)[class_index]
+    keeps = keeps_weights(profile, classes, class_index)
     whole = np.asarray(state.weights_bytes, dtype=np.float64) >= float(profile.weights.bytes)
     out: Mask = np.asarray(state.image, dtype=np.bool_) & (whole | ~keeps)
     return out
@@ -380,7 +392,7 @@ def evaluate(
     usable_capacity = capacity[idx]
     usable_free = np.maximum(np.asarray(nodes.nvme_free, dtype=np.float64) - reserve[idx], 0.0)
     lacking = lacking_bytes(profile, nodes.state.weights_bytes)
-    pressure = nvme_pressure(profile, lacking, usable_free, nodes.free_known)
+    pressure = nvme_pressure(lacking, usable_free, nodes.free_known, keeps_weights(profile, nodes.classes, idx))
     score = scores(sc, est.total_s, pressure, policy.scoring.nvme_pressure_penalty)
     score = np.where(np.isnan(usable_capacity), MIN_SCORE, score).astype(np.int64)  # NaN: the unknown class
     # Free GPUs of a stale record are old news: none free, so neither term below applies there.
