@@ -344,6 +344,8 @@ REFUSED = [
             "profile 'small-canary' can never match a pod: 'small' comes first"),
     Refused("more observations needed than kept", "", "calibration: {minObservations: 500, window: 10}\n", 13,
             "calibration", "minObservations (500) is more than the window keeps (10)"),
+    Refused("a node class named like the unknown class", "name: gpu-a\n", "name: unknown\n", 4,
+            "nodeClasses[0].name", "'unknown' is reserved"),
     Refused("a startup SLO of zero", "", "    startupSlo: 0s\n", 13, "profiles[0].startupSlo", "must be > 0"),
     Refused("a first retry after the longest", "", "warming: {retry: {initial: 1h, max: 1s}}\n", 13, "warming.retry",
             "initial (1h) is longer than max (1s)"),

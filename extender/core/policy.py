@@ -170,7 +170,7 @@ class Network(Schema):
 class NodeClass(Schema):
     """A kind of node, recognised by its labels (all must match)."""
 
-    #: The class's name (profiles and overrides refer to it).
+    #: The class's name (profiles and overrides refer to it; ``unknown`` is reserved for nodes no class matches).
     name: Name
     #: Node labels that identify the class; a node must carry all of them. The first class that
     #: matches a node is its class, so a class whose labels include all of an earlier class's can
@@ -1181,6 +1181,11 @@ def cross_check(policy: Policy) -> list[tuple[Loc, str]]:
     class_names = [c.name for c in policy.node_classes]
     for i in _duplicates(class_names):
         out.append((("nodeClasses", i, "name"), f"duplicate node class name {class_names[i]!r}"))
+    for i, name in enumerate(class_names):
+        if name == UNKNOWN_CLASS.name:
+            out.append((("nodeClasses", i, "name"),
+                        f"{name!r} is reserved: it names the class of nodes that match no class (cold, no "
+                        "NVMe, scored 0), and nodes of a class so named would be taken for those; rename it"))
     profile_names = [p.name for p in policy.profiles]
     for i in _duplicates(profile_names):
         out.append((("profiles", i, "name"), f"duplicate profile name {profile_names[i]!r}"))
