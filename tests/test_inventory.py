@@ -146,6 +146,10 @@ IMAGES = [
     ("digest", "repo@sha256:abc", "docker.io/library/repo@sha256:abc"),
     ("already-normal", "docker.io/library/nginx:latest", "docker.io/library/nginx:latest"),
     ("capital-means-registry-host", "Mirror/vllm:1", "Mirror/vllm:1"),
+    ("hub-single-name-with-registry", "docker.io/nginx:1.25", "docker.io/library/nginx:1.25"),
+    ("legacy-hub-registry", "index.docker.io/vllm/vllm-openai:v1", "docker.io/vllm/vllm-openai:v1"),
+    ("tag-and-digest-keeps-the-digest", "vllm/vllm-openai:v1@sha256:abc", "docker.io/vllm/vllm-openai@sha256:abc"),
+    ("port-tag-and-digest", "localhost:5000/a/b:1@sha256:d", "localhost:5000/a/b@sha256:d"),
 ]
 
 
@@ -183,6 +187,30 @@ def test_image_reference_accepted(ref: str) -> None:
 def test_image_reference_refused(ref: str, expected: str) -> None:
     with pytest.raises(InvalidValueError, match=expected):
         check_reference(ref)
+
+
+DIGEST = "sha256:" + "c" * 64
+
+
+@pytest.mark.parametrize(("reference", "reported"), [
+    pytest.param(f"vllm/vllm-openai:v0.11.0@{DIGEST}", f"docker.io/vllm/vllm-openai@{DIGEST}",
+                 id="pinned-by-tag-and-digest-reported-by-digest"),
+    pytest.param("docker.io/python:3.11", "docker.io/library/python:3.11", id="hub-single-name-with-registry"),
+    pytest.param("index.docker.io/vllm/vllm-openai:v1", "docker.io/vllm/vllm-openai:v1", id="legacy-hub-registry"),
+])
+def test_image_found_under_the_name_kubelet_reports(reference: str, reported: str) -> None:
+    # kubelet lists an image under containerd's names: a tag is dropped beside a digest, Docker Hub
+    # images of one path element are under library/, and index.docker.io is docker.io
+    policy = Policy.model_validate({
+        "apiVersion": "extender.io/v1alpha1", "kind": "Policy",
+        "nodeClasses": [{"name": "a", "matchLabels": {"k": "a"}, "gpu": {"product": "H100", "count": 8},
+                         "nvme": {"capacity": "1TB"}}],
+        "profiles": [{"name": "w", "match": {"labels": {"app": "w"}}, "image": {"reference": reference},
+                      "weights": {"source": "s3://m/w/", "version": "v1", "bytes": "1GB"}}],
+    })
+    snap = InventorySnapshot.build(policy, [node("n", nodeClass="a", images=[reported])])
+    state, _ = snap.state_for(policy.profile("w"), snap.lookup(["n"]).index, NOW)
+    assert state.image.tolist() == [True]
 
 
 # ---- bounded records: nothing a writer stores can stop a snapshot build ---------------------------

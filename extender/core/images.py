@@ -2,11 +2,15 @@
 
 A policy says ``vllm/vllm-openai:v0.11.0``; kubelet's ``status.images[].names`` says
 ``docker.io/vllm/vllm-openai:v0.11.0`` and ``docker.io/vllm/vllm-openai@sha256:...``. Both are
-the same image. :func:`normalise` gives the fully qualified form the container runtimes use:
-default registry ``docker.io``, ``library/`` for single-name Docker Hub images, ``:latest`` when
-neither tag nor digest is given (the same defaulting kube-scheduler's ImageLocality applies). The
-first component is a registry host when it holds a ``.`` or a ``:``, is ``localhost`` or has a
-capital letter (path components cannot: ``splitDockerDomain`` in distribution/reference).
+the same image. :func:`normalise` gives the fully qualified form the container runtimes use, as
+the ``ParseDockerRef`` of distribution/reference (which containerd names pulled images by) does:
+
+* the first path element is a registry when it holds a ``.`` or a ``:``, is ``localhost`` or has
+  a capital letter (a path element cannot: ``splitDockerDomain``); otherwise the registry is ``docker.io``, and ``index.docker.io`` is spelled ``docker.io``;
+* a Docker Hub image of one path element is under ``library/`` (``docker.io/nginx`` is
+  ``docker.io/library/nginx``);
+* with a digest, a tag is dropped (``nginx:1.25@sha256:...`` is stored and reported as
+  ``docker.io/library/nginx@sha256:...``); with neither, the tag is ``:latest``.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from collections.abc import Iterable
 from extender.core.errors import InvalidValueError
 
 DEFAULT_REGISTRY = "docker.io"
+#: Docker Hub's old registry name, which distribution/reference spells as :data:`DEFAULT_REGISTRY`.
+LEGACY_DEFAULT_REGISTRY = "index.docker.io"
 
 # The reference grammar of github.com/distribution/reference (reference.go, v0.5.0), which
 # containerd and kubelet parse image names with:
@@ -58,18 +64,22 @@ def check_reference(ref: str) -> str:
 
 
 def normalise(ref: str) -> str:
-    """Fully qualified image reference: ``nginx`` -> ``docker.io/library/nginx:latest``."""
-    ref = ref.strip()
-    name, at, digest = ref.partition("@")
-    first, slash, _ = name.partition("/")
-    if not slash:
-        name = f"{DEFAULT_REGISTRY}/library/{name}"
-    elif not ("." in first or ":" in first or first == "localhost" or first != first.lower()):
-        name = f"{DEFAULT_REGISTRY}/{name}"
+    """Fully qualified image reference (module docstring): ``nginx`` -> ``docker.io/library/nginx:latest``."""
+    name, at, digest = ref.strip().partition("@")
+    first, slash, rest = name.partition("/")
+    if slash and ("." in first or ":" in first or first == "localhost" or first != first.lower()):
+        registry, path = first, rest
+    else:
+        registry, path = DEFAULT_REGISTRY, name
+    if registry == LEGACY_DEFAULT_REGISTRY:
+        registry = DEFAULT_REGISTRY
+    if registry == DEFAULT_REGISTRY and "/" not in path:
+        path = f"library/{path}"
+    head, _, last = path.rpartition("/")
+    repo, colon, _ = last.partition(":")
     if at:
-        return f"{name}@{digest}"
-    last = name.rsplit("/", 1)[-1]
-    return name if ":" in last else f"{name}:latest"
+        return f"{registry}/{head}/{repo}@{digest}" if head else f"{registry}/{repo}@{digest}"
+    return f"{registry}/{path}" if colon else f"{registry}/{path}:latest"
 
 
 def repository(ref: str) -> str:
