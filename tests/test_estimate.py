@@ -330,3 +330,32 @@ def test_breakdown_rows_and_columns() -> None:
     totals = [row["total_s"] for row in table.values()]
     assert totals == sorted(totals, reverse=True), "each row adds a cache, so each is no slower"
     assert set(table["cold"]) == {*PHASES, "total_s"}
+
+
+SNAPSHOT_WITH_ADAPTER = Policy.model_validate({
+    "apiVersion": "extender.io/v1alpha1", "kind": "Policy",
+    "nodeClasses": [{"name": "c", "matchLabels": {"k": "c"}, "gpu": {"product": "H100", "count": 8},
+                     "nvme": {"capacity": "10TB", "readBandwidth": "10GB/s"}, "network": {"nic": "80Gbps"}}],
+    "profiles": [{"name": "w", "match": {"labels": {"app": "w"}}, "image": {"reference": "img:1", "size": "10GB"},
+                  "weights": {"source": "s3://m/w/", "version": "v1", "bytes": "100GB"},
+                  "compile": {"cold": "600s", "warm": "5s"},
+                  "snapshot": {"bytes": "10GB", "restore": "5s"},
+                  "lora": {"adapters": [{"name": "a", "source": "s3://m/a/", "bytes": "10MB"}], "preload": 1}}],
+})
+
+
+@pytest.mark.parametrize(("image", "adapter", "queue_s"), [
+    pytest.param(True, True, 0.0, id="restore-downloads-nothing-waits-for-nothing"),
+    pytest.param(True, False, 10.0, id="restore-fetching-an-adapter-waits-behind-other-pulls"),
+    pytest.param(False, True, 10.0, id="restore-pulling-the-image-waits-behind-other-pulls"),
+])
+def test_snapshot_path_queue(image: bool, adapter: bool, queue_s: float) -> None:
+    # Weights and a snapshot on the node (restore 10 GB / 10 GB/s + 5 s = 6 s, chosen over a 600 s cold
+    # compile); 100 GB in flight at 10 GB/s = 10 s of queue, paid only when the restore path downloads
+    # something (module docstring, T_queue').
+    policy = SNAPSHOT_WITH_ADAPTER
+    p = policy.profiles[0]
+    row = one(p, policy.node_classes[0], image=image, weights_bytes=float(p.weights.bytes), snapshot=True,
+              queued_bytes=100e9, adapters=1, adapters_present=adapter)
+    assert row["restore_s"] == pytest.approx(6.0)
+    assert row["queue_s"] == pytest.approx(queue_s)

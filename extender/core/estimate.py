@@ -33,12 +33,13 @@ small archive stuck behind 100 GB of other pulls is slower than compiling.
 
 Snapshot path, when the profile has a snapshot and node n holds one for it::
 
-    T_snap = T_queue' + T_image + snapshot_bytes / nvme_read_bps(c) + restore_s
+    T_snap = T_queue' + T_image + snapshot_bytes / nvme_read_bps(c) + restore_s + T_adapters
     T      = min(T, T_snap)   (the restore replaces weights, compile, graph capture and init)
 
-where ``T_queue'`` counts only when the image is missing. Adapters are loaded after a restore as
-after a normal start (a snapshot is of the base model; tenants' adapters change more often), so
-``T_adapters`` is added to both paths. Taking the minimum encodes that a node
+where ``T_queue'`` counts only when the restore path downloads anything: the image, or a preloaded
+adapter missing from n (it reads no weights and no compile cache). Adapters are loaded after a
+restore as after a normal start (a snapshot is of the base model; tenants' adapters change more
+often), so ``T_adapters`` is added to both paths. Taking the minimum encodes that a node
 operator would not restore a snapshot that is slower than a normal start; it also makes the
 estimate monotone: more cache never makes a start slower (a property test holds us to it).
 
