@@ -39,6 +39,7 @@ class Placement:
 
 
 def _cache_words(state: CacheState, i: int, profile: Profile) -> str:
+    """What node ``i`` holds, e.g. ``image, weights 40% local; compile cache in the registry``."""
     parts: list[str] = []
     if state.image[i]:
         parts.append("image")
@@ -50,11 +51,12 @@ def _cache_words(state: CacheState, i: int, profile: Profile) -> str:
     compile_state = int(state.compile[i])
     if compile_state == CompileCache.LOCAL:
         parts.append("compile cache")
-    elif compile_state == CompileCache.REGISTRY:
-        parts.append("compile cache in registry")
     if state.snapshot[i]:
         parts.append("snapshot")
-    return ", ".join(parts) + " local" if parts else "cold"
+    words = [", ".join(parts) + " local"] if parts else []
+    if compile_state == CompileCache.REGISTRY:
+        words.append("compile cache in the registry")
+    return "; ".join(words) or "cold"
 
 
 def next_replica(policy: Policy, profile: Profile, snapshot: InventorySnapshot | None, now: float) -> Placement:
