@@ -346,6 +346,9 @@ REFUSED = [
             "calibration", "minObservations (500) is more than the window keeps (10)"),
     Refused("a node class named like the unknown class", "name: gpu-a\n", "name: unknown\n", 4,
             "nodeClasses[0].name", "'unknown' is reserved"),
+    Refused("an NVMe rule for weights that are never cached", "bytes: 16GB}", "bytes: 16GB, cache: none}\n"
+            "    filter: {requireNvmeFit: true}", 13, "profiles[0].filter.requireNvmeFit",
+            "filter.requireNvmeFit is set but weights.cache is none"),
     Refused("a startup SLO of zero", "", "    startupSlo: 0s\n", 13, "profiles[0].startupSlo", "must be > 0"),
     Refused("a first retry after the longest", "", "warming: {retry: {initial: 1h, max: 1s}}\n", 13, "warming.retry",
             "initial (1h) is longer than max (1s)"),

@@ -1223,6 +1223,10 @@ def cross_check(policy: Policy) -> list[tuple[Loc, str]]:
                         "weights cache is required but the weights are larger than the usable NVMe "
                         "of every node class this profile may run on"))
     for i, p in enumerate(policy.profiles):
+        if p.filter.require_nvme_fit and not p.weights.cached:
+            out.append((("profiles", i, "filter", "requireNvmeFit"),
+                        "filter.requireNvmeFit is set but weights.cache is none: the weights are streamed, never "
+                        "kept on NVMe, so the rule would only turn nodes away"))
         if p.autoscaling is not None and p.capacity is None:
             out.append((("profiles", i, "autoscaling"),
                         "autoscaling needs capacity (perReplica and unit) to turn demand into replicas"))
