@@ -374,6 +374,21 @@ def test_a_node_of_no_known_class_never_outranks_a_known_cold_one(policy: Policy
     assert ev.score.tolist() == [0, 0, 0]
 
 
+@pytest.mark.parametrize(("free", "want"), [
+    pytest.param([4, 1], [0 + 1, 0], id="an-unknown-node-with-one-free-gpu-stays-below-an-empty-known-one"),
+    pytest.param([1, 1], [0 + 4, 0], id="a-nearly-full-known-node-outranks-an-unknown-one"),
+])
+def test_a_node_of_no_known_class_gets_no_packing_points(policy: Policy, free: list[int], want: list[int]) -> None:
+    # A cold slow node (4 GPUs: 0 points + round(4 x (4 - F + 1) / 4) for packing) beside an unknown
+    # node with a fresh record: the unknown class's one-GPU stand-in made fill = (1 - 1 + 1) / 1 = 1,
+    # the whole packing term, which lifted it over the known node.
+    packed = policy.model_copy(update={"scoring": policy.scoring.model_copy(update={"packing_points": 4})})
+    base = nodes(policy, [("slow", set(), 1000.0 * GB), (UNKNOWN_CLASS.name, set(), 1000.0 * GB)])
+    inputs = NodeInputs(base.classes, base.class_index, base.state, base.fresh, base.free_known, base.nvme_free,
+                        np.array(free, dtype=np.int64))
+    assert evaluate(packed, packed.profile("llm"), inputs).score.tolist() == want
+
+
 def test_absolute_comparisons_across_classes(policy: Policy) -> None:
     warm = {IMAGE, WEIGHTS, COMPILE}
     roomy = 1000.0 * GB

@@ -29,9 +29,9 @@ plugin. The mapping is therefore absolute, fixed per profile for one policy vers
   many points.
 * Estimates above ``T_ref`` (a class the profile is not meant to run on) clamp to 0; NaN counts as
   cold (0). A node of no known class (no inventory record and no labels to classify it by, or
-  labels no class matches) scores 0 whatever its estimate: its estimate rests on seed-default
-  bandwidths, which may be faster than the policy's slowest class, and a node nothing is known of
-  must not outrank a known cold one.
+  labels no class matches) scores 0 whatever its estimate and its free GPUs (no packing points):
+  its estimate rests on seed-default bandwidths, which may be faster than the policy's slowest
+  class, its GPU count is unknown, and a node nothing is known of must not outrank a known cold one.
 * The packing term (``scoring.packingPoints``, default 0: off) is GPU bin-packing among nodes that
   are otherwise equal: the fuller a node would be with the pod on it, the more points. It counters
   kube-scheduler's ``LeastAllocated``, which spreads one-GPU pods over the big nodes until none keeps
@@ -394,7 +394,6 @@ def evaluate(
     lacking = lacking_bytes(profile, nodes.state.weights_bytes)
     pressure = nvme_pressure(lacking, usable_free, nodes.free_known, keeps_weights(profile, nodes.classes, idx))
     score = scores(sc, est.total_s, pressure, policy.scoring.nvme_pressure_penalty)
-    score = np.where(np.isnan(usable_capacity), MIN_SCORE, score).astype(np.int64)  # NaN: the unknown class
     # Free GPUs of a stale record are old news: none free, so neither term below applies there.
     gpus_free = None if nodes.gpus_free is None else np.where(nodes.fresh, nodes.gpus_free, 0)
     points = policy.scoring.packing_points
@@ -406,6 +405,9 @@ def evaluate(
         charge = protection(nodes.classes, idx, gpus_free, profile.parallelism.gpus, nodes.others,
                             points=guard)
         score = np.maximum(score - charge, MIN_SCORE).astype(np.int64)
+    # NaN: the unknown class, 0 whatever its estimate and its free GPUs (its one-GPU stand-in would
+    # make any free count look like a full node to the packing term)
+    score = np.where(np.isnan(usable_capacity), MIN_SCORE, score).astype(np.int64)
     judgement = judge(
         profile,
         total_s=est.total_s,
