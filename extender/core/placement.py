@@ -12,8 +12,9 @@ same estimate and kube-scheduler takes the best score, so the next replica lands
 
 When no such node exists the replica waits for one that has nothing cached (a node being
 provisioned, or one freed later): the horizon is then the *cold* estimate on the slowest class
-the profile may run on, plus ``scaling.provisionDelay`` (the node autoscaler's time to a Ready
-node; 0 on a fixed fleet). Slowest, because a longer horizon only lets the forecast raise the
+the profile may run on whose nodes have the GPUs of a replica (a class with fewer never gets it),
+plus ``scaling.provisionDelay`` (the node autoscaler's time to a Ready node; 0 on a fixed fleet).
+Slowest, because a longer horizon only lets the forecast raise the
 decision earlier (it is a floor, never a cut), while a too-short one would start replicas late.
 """
 
@@ -85,8 +86,9 @@ def next_replica(policy: Policy, profile: Profile, snapshot: InventorySnapshot |
 
 def on_new_node(policy: Policy, profile: Profile) -> Placement:
     """The next replica when no node has room for it: a cold start on the slowest class the profile
-    may run on, plus ``scaling.provisionDelay`` for the node (module docstring)."""
-    classes = policy.classes_for(profile)
+    may run on that has the GPUs of a replica, plus ``scaling.provisionDelay`` for the node (module
+    docstring)."""
+    classes = policy.classes_hosting(profile)
     cold = cold_by_class(profile, classes)
     worst = int(np.argmax(cold.total_s))
     delay = float(policy.scaling.provision_delay)

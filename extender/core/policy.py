@@ -1149,6 +1149,12 @@ class Policy(Schema):
             return self.node_classes
         return tuple(self.node_class(n) for n in profile.node_classes)
 
+    def classes_hosting(self, profile: Profile) -> tuple[NodeClass, ...]:
+        """The classes of :meth:`classes_for` whose nodes have the GPUs of one replica (tensor x
+        pipeline); all of them when none has (the policy check reports that)."""
+        classes = self.classes_for(profile)
+        return tuple(c for c in classes if c.gpu.count >= profile.parallelism.gpus) or classes
+
     def classify_node(self, labels: dict[str, str]) -> NodeClass:
         """The first class whose labels match, or :data:`UNKNOWN_CLASS`."""
         return next((c for c in self.node_classes if c.matches(labels)), UNKNOWN_CLASS)

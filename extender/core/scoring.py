@@ -6,7 +6,8 @@ must mean the same thing on every request: if the mapping were rescaled to the c
 call, a 2-second difference among cold nodes would become 0 vs 10 and override every in-tree
 plugin. The mapping is therefore absolute, fixed per profile for one policy version::
 
-    T_ref  = max over the classes the profile may run on of the fully cold estimate   (seconds)
+    T_ref  = max over the classes the profile may run on that have the GPUs of one replica
+             of the fully cold estimate                                             (seconds)
     s      = max(scoring.secondsPerPoint, T_ref / 10)                                 (seconds per point)
     points = clamp(round((T_ref - T) / s), 0, 10)
     score  = max(points - scoring.nvmePressurePenalty, 0)   if the node keeps the weights on NVMe
@@ -127,8 +128,9 @@ class Scale:
 
 
 def scale_for(policy: Policy, profile: Profile) -> Scale:
-    """The profile's fixed scale: slowest fully cold start over its classes, and seconds per point."""
-    reference = float(cold_by_class(profile, policy.classes_for(profile)).total_s.max())
+    """The profile's fixed scale: slowest fully cold start over the classes that can host a replica
+    (:meth:`Policy.classes_hosting`), and seconds per point."""
+    reference = float(cold_by_class(profile, policy.classes_hosting(profile)).total_s.max())
     return Scale(reference, max(float(policy.scoring.seconds_per_point), reference / MAX_SCORE))
 
 

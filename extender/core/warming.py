@@ -175,8 +175,9 @@ def standby_replicas(ahead: Expectation, *, desired: int, current: int) -> int:
 
 def look_ahead_s(policy: Policy, profile: Profile) -> float:
     """How far ahead the warmer looks: a fully cold start on the slowest class the profile may run
-    on, plus ``scaling.provisionDelay`` (a new node). A replica the scaler will order within that
-    time can still be helped by caches staged now; one ordered later can wait for the next plan.
+    on that can hold a replica (:meth:`Policy.classes_hosting`), plus ``scaling.provisionDelay`` (a
+    new node). A replica the scaler will order within that time can still be helped by caches
+    staged now; one ordered later can wait for the next plan.
     The same figure as the scaler's horizon when no node has room (:func:`on_new_node`)."""
     return on_new_node(policy, profile).startup_s
 
