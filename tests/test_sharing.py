@@ -115,6 +115,26 @@ def test_fleet_capacity(row: CapacityRow) -> None:
     assert row.note in got.note
 
 
+@pytest.mark.parametrize(("tensor", "gpus", "granted"), [
+    pytest.param(8, 8, 1, id="tp8-gets-nothing-from-one-gpu-nodes"),
+    pytest.param(1, 16, 3, id="one-gpu-replicas-count-every-node"),
+])
+def test_fleet_capacity_counts_classes_that_hold_a_replica(tensor: int, gpus: int, granted: int) -> None:
+    # One 8-GPU node and eight 1-GPU nodes, every pool at its maxNodes: 16 GPUs, but a TP=8 replica
+    # fits only on the 8-GPU node, so three TP=8 replicas wanted get one, not two.
+    text = policy_text().replace("{product: NVIDIA-A10G, count: 4}", "{product: NVIDIA-A10G, count: 1}")
+    text = text.replace("  - name: h100\n", "  - name: h100\n    maxNodes: 1\n").replace(
+        "  - name: a10g\n", "  - name: a10g\n    maxNodes: 8\n")
+    text = text.replace("    capacity: {perReplica: 4, unit: requests/s}",
+                        f"    parallelism: {{tensor: {tensor}}}\n    capacity: {{perReplica: 4, unit: requests/s}}")
+    policy = parse_policy(text, "p.yaml")
+    profile = policy.profile("qwen3")
+    got = fleet_capacity(policy, [profile], [("h100", 8)] + [("a10g", 1)] * 8)
+    assert got.gpus == gpus
+    mine = Claim("qwen3", 0, profile.parallelism.gpus, 1, 3, 3)
+    assert share([mine], gpus)["qwen3"] == granted
+
+
 class ClaimRow(NamedTuple):
     name: str
     reactive: float | None

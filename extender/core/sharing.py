@@ -21,7 +21,8 @@ extender.core.scoring); this module only keeps the sum within what exists.
 
 The pool (:func:`fleet_capacity`), for the workloads being shared::
 
-    classes  = every node class one of the workloads may run on (Policy.classes_for)
+    classes  = every node class one of the workloads may run on and whose nodes hold one of its
+               replicas (Policy.classes_hosting: a TP=8 workload gets nothing from 1-GPU nodes)
     present  = sum of the GPUs of the nodes of those classes (the scaler: fresh inventory records)
     headroom = sum over those classes of max(0, maxNodes - nodes present of the class) x gpu.count
     gpus     = present + headroom
@@ -107,7 +108,7 @@ def fleet_capacity(policy: Policy, profiles: Iterable[Profile],
     nodes known to exist; ``None`` when nothing is known (no inventory)."""
     names: dict[str, None] = {}
     for p in profiles:
-        names.update((c.name, None) for c in policy.classes_for(p))
+        names.update((c.name, None) for c in policy.classes_hosting(p))
     classes = [policy.node_class(n) for n in names]
     if nodes is None:
         return FleetCapacity(None, "not capped: no inventory, so the fleet's size is unknown")
