@@ -299,6 +299,8 @@ JUDGE_ROWS = [
              Verdict.UNRESOLVABLE, Rule.SLO),
     JudgeRow("exactly the SLO passes", "strict", 120, 100 * GB, 500 * GB, 3900 * GB, True, Verdict.PASS, 0),
     JudgeRow("slow but stale: no evidence", "strict", 500, 0, 500 * GB, 3900 * GB, False, Verdict.PASS, 0),
+    JudgeRow("slow on an unknown class: a seed-default estimate is no evidence", "strict", 500, 100 * GB, 500 * GB,
+             NAN, True, Verdict.PASS, 0),
     JudgeRow("too small and too slow: both named", "strict", 500, 0, 0, 50 * GB, True,
              Verdict.UNRESOLVABLE, Rule.NVME_CAPACITY | Rule.SLO),
     JudgeRow("no room and too slow: unresolvable wins", "strict", 500, 0, 10 * GB, 3900 * GB, True,

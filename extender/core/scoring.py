@@ -60,8 +60,8 @@ Hard rules (``Profile.filter``, all off by default) reject a node only on eviden
 * ``requireNvmeFit``: the node's class cannot hold the weights even when empty -> unresolvable
   (no preemption or eviction makes a disk larger); a fresh inventory record shows too little free
   NVMe for the bytes still missing -> failed (space changes as caches are evicted and pods leave).
-* ``requireStartupWithinSlo``: a fresh record's estimate exceeds ``startupSlo`` -> unresolvable
-  (evicting pods does not warm a node).
+* ``requireStartupWithinSlo``: a fresh record's estimate on a known class exceeds ``startupSlo`` ->
+  unresolvable (evicting pods does not warm a node).
 
 A node with no record, a stale record or an unknown class passes the rules that need that record:
 the extender must never be the reason a pod stays pending on data it does not have.
@@ -255,7 +255,8 @@ def judge(
         verdict = np.maximum(verdict, np.where(too_small, np.int8(Verdict.UNRESOLVABLE), np.int8(0)))
         verdict = np.maximum(verdict, np.where(no_room, np.int8(Verdict.FAILED), np.int8(0)))
     if rule.require_startup_within_slo and profile.startup_slo is not None:
-        slow = fresh & (total_s > float(profile.startup_slo))
+        # an unknown class's estimate rests on seed-default bandwidths: no evidence either
+        slow = fresh & ~np.isnan(usable_capacity) & (total_s > float(profile.startup_slo))
         rules |= np.where(slow, np.int8(Rule.SLO), np.int8(0))
         verdict = np.maximum(verdict, np.where(slow, np.int8(Verdict.UNRESOLVABLE), np.int8(0)))
     return Judgement(verdict=verdict.astype(np.int8), rules=rules.astype(np.int8))
