@@ -6,7 +6,8 @@ the same image. :func:`normalise` gives the fully qualified form the container r
 the ``ParseDockerRef`` of distribution/reference (which containerd names pulled images by) does:
 
 * the first path element is a registry when it holds a ``.`` or a ``:``, is ``localhost`` or has
-  a capital letter (a path element cannot: ``splitDockerDomain``); otherwise the registry is ``docker.io``, and ``index.docker.io`` is spelled ``docker.io``;
+  a capital letter (a path element cannot: ``splitDockerDomain``); otherwise the registry is
+  ``docker.io``, and ``index.docker.io`` is spelled ``docker.io``;
 * a Docker Hub image of one path element is under ``library/`` (``docker.io/nginx`` is
   ``docker.io/library/nginx``);
 * with a digest, a tag is dropped (``nginx:1.25@sha256:...`` is stored and reported as
