@@ -64,6 +64,11 @@ LOCALITY_CASES = [
 ]
 
 
+def test_image_locality_of_no_node_is_empty() -> None:
+    """An autoscaled pool may have no node yet: nothing to score, not a division by zero."""
+    assert image_locality(np.zeros((0, 1), dtype=np.bool_), [500 * MiB], 0).tolist() == []
+
+
 @pytest.mark.parametrize("case", LOCALITY_CASES, ids=[c.name for c in LOCALITY_CASES])
 def test_image_locality_matches_upstream(case: LocalityCase) -> None:
     got = image_locality(np.array(case.present), case.sizes, len(case.present)).tolist()

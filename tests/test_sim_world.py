@@ -207,6 +207,25 @@ def test_a_rollout_replaces_every_replica_and_they_start_cold(tmp_path: Path) ->
     assert s.pods and all(p.created_s >= 3600.0 for p in s.pods.values())
 
 
+EMPTY_POOL = (POOLED.replace("      count: 2\n", "      count: 0\n")
+              .replace("      warm: [{workload: llama3-8b, nodes: [0, 1]}]\n", "")
+              .replace("duration: 8h", "duration: 1h"))
+
+
+@pytest.mark.parametrize("strategy", [
+    pytest.param("default", id="kube-scheduler-scores-no-node"),
+    pytest.param("cache-aware", id="extender-scores-no-node"),
+    pytest.param("predictive", id="predictive-with-no-node"),
+])
+def test_a_pool_with_no_node_at_the_start_launches_one(tmp_path: Path, strategy: str) -> None:
+    """``count: 0`` is a valid pool: the initial replica waits for a node instead of crashing the
+    scheduler's ImageLocality on zero nodes (its spread is num_nodes / total_nodes)."""
+    run = _run(tmp_path, EMPTY_POOL, strategy)
+    result = run._result()
+    assert not any(n.present for n in run.p.nodes) and run.launched >= 1
+    assert run.w[0].ready >= 1 and result.workloads[0].served > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # New scenario fields reject bad values with file:line
 # ---------------------------------------------------------------------------------------------

@@ -66,9 +66,11 @@ def image_locality(present: Mask, sizes: Sequence[int], total_nodes: int, num_co
     """ImageLocality scores of n nodes for a pod whose images have ``sizes`` (bytes).
 
     ``present[i, j]``: node i holds image j. ``num_containers`` defaults to the number of images
-    (one image per container).
+    (one image per container). No nodes at all (``total_nodes`` 0) score nothing.
     """
     p = np.asarray(present, dtype=np.bool_).reshape(-1, len(sizes))
+    if total_nodes == 0:  # no node to score (an autoscaled pool with none yet): nothing to spread over
+        return np.zeros(len(p), dtype=np.int64)
     counts = p.sum(axis=0)
     per_image = np.array([scaled_image_score(int(s), int(c), total_nodes) for s, c in zip(sizes, counts, strict=True)],
                          dtype=np.int64)
