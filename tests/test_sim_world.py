@@ -258,6 +258,8 @@ BAD = [
         "weightsVersion, image or both"),
     Bad("rollout to the same version", POOLED + "rollouts:\n  - {workload: llama3-8b, at: 1h, weightsVersion: main}\n",
         22, "rollouts[0].weightsVersion", "already the version"),
+    Bad("initial 0 leaves the HPA disabled", POOLED.replace("initialReplicas: 1", "initialReplicas: 0"), 17,
+        "workloads[0]", "set initialReplicas >= 1, or minReplicas: 0"),
     Bad("rollout surge 0", POOLED + "rollouts:\n  - {workload: llama3-8b, at: 1h, image: x, maxSurge: 0}\n", 22,
         "rollouts[0].maxSurge", ">= 1"),
 ]

@@ -144,7 +144,8 @@ class Workload(ReplicaBounds):
 
     ``capacity``: requests/s one ready replica serves (default: the profile's
     ``capacity.perReplica`` when its unit is requests/s). ``initialReplicas``: replicas ready at
-    t = 0 (default: enough for the first minute's mean demand, at least ``minReplicas``).
+    t = 0 (default: enough for the first minute's mean demand, at least ``minReplicas``); 0 only
+    with ``minReplicas: 0``, as the HPA leaves a workload at 0 replicas alone otherwise.
     """
 
     name: Name
@@ -152,6 +153,16 @@ class Workload(ReplicaBounds):
     capacity: Annotated[float, Field(gt=0, allow_inf_nan=False), BeforeValidator(plain_number)] | None = None
     max_replicas: Int = Field(default=1000, ge=1)
     initial_replicas: Annotated[int, Field(ge=0), BeforeValidator(plain_number)] | None = None
+
+    @model_validator(mode="after")
+    def _starts_scalable(self) -> Workload:
+        # reconcileAutoscaler: a scale target at 0 replicas with minReplicas != 0 is "ScalingDisabled"
+        if self.initial_replicas == 0 and self.min_replicas > 0:
+            raise InvalidValueError(
+                f"initialReplicas 0 with minReplicas {self.min_replicas}: the HPA does not scale a workload "
+                "at 0 replicas unless minReplicas is 0 (scaling disabled), so no replica would ever run; "
+                "set initialReplicas >= 1, or minReplicas: 0 to scale from zero")
+        return self
 
 
 # ---------------------------------------------------------------------------------------------
