@@ -226,6 +226,34 @@ def test_a_pool_with_no_node_at_the_start_launches_one(tmp_path: Path, strategy:
     assert run.w[0].ready >= 1 and result.workloads[0].served > 0
 
 
+@pytest.mark.parametrize("text", [
+    pytest.param(EMPTY_POOL + "rollouts:\n  - {workload: llama3-8b, at: 1m, weightsVersion: v2}\n",
+                 id="every-replica-pending-at-the-rollout"),
+    pytest.param(POOLED.replace("initialReplicas: 1", "initialReplicas: 3").replace("duration: 8h", "duration: 1h")
+                 + "rollouts:\n  - {workload: llama3-8b, at: 1m, weightsVersion: v2}\n",
+                 id="one-of-three-pending-at-the-rollout"),
+])
+def test_a_rollout_replaces_the_starts_it_abandons(tmp_path: Path, text: str) -> None:
+    """A rolling update leaves the Deployment's replicas as the HPA set them: a start of the old
+    version is abandoned and one of the new version takes its place. Dropping it instead could leave
+    the workload at 0 replicas, where the HPA never scales again (``ScalingDisabled``)."""
+    (tmp_path / "policy.yaml").write_text(POLICY_TEXT)
+    (tmp_path / "s.yaml").write_text(text)
+    prepared = prepare(load_scenario(tmp_path / "s.yaml"))
+    run = Run(prepared, STRATEGIES["default"])
+    run._initial()
+    s = run.w[0]
+    waiting = len(s.waiting)
+    before = len(s.pods)
+    assert waiting >= 1  # the rollout finds a replica that has not started
+    run._rollout(prepared.scenario.rollouts[0], 60.0)
+    assert len(s.pods) == before and len(s.waiting) == waiting
+    assert not (set(s.waiting) & s.old)  # the replacements are of the new version
+    whole = Run(prepared, STRATEGIES["default"])
+    result = whole.run()
+    assert whole.w[0].pods and result.workloads[0].served > 0
+
+
 # ---------------------------------------------------------------------------------------------
 # New scenario fields reject bad values with file:line
 # ---------------------------------------------------------------------------------------------

@@ -666,7 +666,8 @@ class Run:
 
     def _rollout(self, r: Rollout, now: float) -> None:
         """Workload ``r.workload`` moves to a new weights version and/or image: the belief, the world
-        and the cluster's cache columns switch to the new profile; running replicas become old."""
+        and the cluster's cache columns switch to the new profile; running replicas become old, and
+        each replica still starting (or pending) is replaced by a pending one of the new version."""
         w = self.names[r.workload]
         s = self.w[w]
         self.policy = rolled_policy(self.policy, r)
@@ -680,7 +681,10 @@ class Run:
             if pod.is_ready(now):
                 s.old.add(pod.id)
             else:
-                self._delete(s, pod, now)  # a start of the old version is abandoned
+                # a start of the old version is abandoned, and the new ReplicaSet creates one in its
+                # place: a rollout leaves the Deployment's replicas (what the HPA set) as they were
+                self._delete(s, pod, now)
+                self._new_pod(s.setup.index, now)
 
     def _stage(self, r: Rollout, now: float) -> None:
         """An announced rollout: the warmer plans the new version for as many replicas as run now,
