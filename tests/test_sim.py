@@ -8,6 +8,7 @@ that day and on the whole ``azure-code-sample``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -21,7 +22,7 @@ from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.process import setup_logging
 from extender.sim import commands
 from extender.sim.errors import TraceError
-from extender.sim.report import FIGURES, WORKLOADS_KEY, build, summarise, to_json
+from extender.sim.report import FIGURES, WORKLOADS_KEY, Report, Summary, build, gap_closed, gap_line, summarise, to_json
 from extender.sim.scenario import LoadedScenario, load_scenario
 from extender.sim.simulation import Prepared, RunResult, prepare, simulate
 
@@ -434,6 +435,27 @@ def test_gap_closed_is_the_share_of_the_oracle_gap(azure: tuple[Prepared, list[R
     expected = (s["predictive"].slo_attainment - s["default"].slo_attainment) / (
         s["oracle"].slo_attainment - s["default"].slo_attainment)
     assert report.gap is not None and math.isclose(report.gap, expected)
+
+
+def _attaining(slo: float) -> Summary:
+    nan = math.nan
+    return Summary(slo, nan, nan, nan, 0, nan, nan, nan, nan, 0.0, 0.0, 0.0, 1.0, 0, 0, nan, 0)
+
+
+@pytest.mark.parametrize(("default", "predictive", "oracle", "gap"), [
+    pytest.param(0.90, 0.95, 1.00, 0.5, id="half-the-gap"),
+    pytest.param(0.90, 1.00, 0.95, 2.0, id="predictive-above-the-oracle"),
+    pytest.param(0.848, 0.902, 0.837, None, id="oracle-below-default-has-no-gap"),
+    pytest.param(0.90, 0.95, 0.90, None, id="oracle-equal-to-default-has-no-gap"),
+])
+def test_gap_closed_only_when_the_oracle_is_above_default(default: float, predictive: float, oracle: float,
+                                                         gap: float | None) -> None:
+    report = Report("t", 10.0, 60.0, {"default": _attaining(default), "predictive": _attaining(predictive),
+                                      "oracle": _attaining(oracle)}, {}, None, (), ())
+    got = gap_closed(report.summaries)
+    assert got == (None if gap is None else pytest.approx(gap))
+    line = gap_line(dataclasses.replace(report, gap=got))
+    assert ("n/a" in line) == (gap is None) and "recovers -" not in line
 
 
 def test_the_horizon_startup_is_the_production_scalers() -> None:

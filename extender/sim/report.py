@@ -40,7 +40,8 @@ smallest and the largest of the workloads' (a percentile of a mixture does).
 
 and, across strategies, the gap closed on SLO attainment::
 
-    gap_closed = (predictive - default) / (oracle - default)      (undefined when oracle = default)
+    gap_closed = (predictive - default) / (oracle - default)      (undefined unless oracle > default:
+                                                                  there is no gap to close otherwise)
 """
 
 from __future__ import annotations
@@ -141,12 +142,13 @@ def summarise(workloads: Sequence[WorkloadResult], slo_s: float, fleet_gpu_s: fl
 
 
 def gap_closed(summaries: dict[str, Summary]) -> float | None:
-    """``(predictive - default) / (oracle - default)`` on SLO attainment, when all three ran and differ."""
+    """``(predictive - default) / (oracle - default)`` on SLO attainment, when all three ran and the
+    oracle is above default (else there is no gap, and a share of it would read as nonsense)."""
     try:
         d, p, o = (summaries[k].slo_attainment for k in ("default", "predictive", "oracle"))
     except KeyError:
         return None
-    if not all(math.isfinite(x) for x in (d, p, o)) or abs(o - d) < 1e-9:
+    if not all(math.isfinite(x) for x in (d, p, o)) or o - d < 1e-9:
         return None
     return (p - d) / (o - d)
 
@@ -216,7 +218,7 @@ def _cells(name: str, s: Summary) -> list[str]:
 def gap_line(report: Report) -> str:
     """One sentence on the gap closed (or why it is not shown)."""
     if report.gap is None:
-        return "gap closed: n/a (needs default, predictive and oracle with different SLO attainment)"
+        return "gap closed: n/a (needs default, predictive and oracle, the oracle above default in SLO attainment)"
     return (f"gap closed: predictive recovers {100 * report.gap:.0f} % of the SLO-attainment gap between "
             f"default and oracle")
 
