@@ -6,12 +6,13 @@ a plain reference of the Go integer arithmetic checks the vectorised ImageLocali
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
 import pytest
 
-from extender.sim.hpa import Hpa, replicas_for_external
+from extender.sim.hpa import Hpa, replicas_for_external, to_milli
 from extender.sim.kubescheduler import image_locality, least_allocated, select_host
 
 MiB = 2**20
@@ -168,3 +169,109 @@ def test_hpa_holds_a_scale_down_for_the_stabilisation_window() -> None:
     assert h.sync(300.0, 10, 10, 5.0, 1.0) == 5
     # and the min/max clamps still apply to a current count outside them
     assert Hpa(min_replicas=3, max_replicas=4).sync(0.0, 9, 9, 1.0, 1.0) == 4
+
+
+class ReferenceHpa:
+    """``reconcileAutoscaler`` for one External ``AverageValue`` metric with the default behavior, written
+    from the Go code (replica_calculator.go, horizontal.go) independently of extender.sim.hpa: the
+    tolerance on ``usage / (target x statusReplicas)``, then ``stabilizeRecommendationWithBehaviors``
+    (windows 0 s up, 300 s down), then ``convertDesiredReplicasWithBehaviorRate`` (up: Max of Pods 4
+    and Percent 100 per 15 s; down: Percent 100 per 15 s), min/max only on the way out of the limits."""
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
+        self.recs: list[tuple[float, int]] = []
+        self.ups: list[tuple[float, int]] = []
+        self.downs: list[tuple[float, int]] = []
+
+    def sync(self, now: float, spec: int, status: int, usage_milli: int, target_milli: int) -> int:
+        if spec == 0 and self.lo != 0:
+            return 0
+        if spec > self.hi:
+            out = self.hi
+        elif spec < self.lo:
+            out = self.lo
+        else:
+            proposal = status
+            ratio = usage_milli / (target_milli * status) if status else (math.inf if usage_milli else math.nan)
+            if abs(1.0 - ratio) > 0.1:  # NaN (0 / 0) compares false: keep statusReplicas
+                proposal = math.ceil(usage_milli / target_milli)
+            up_rec = down_rec = proposal
+            for at, rec in self.recs:
+                if at > now:  # up window 0 s: only a recommendation after now would count
+                    up_rec = min(rec, up_rec)
+                if at > now - 300:
+                    down_rec = max(rec, down_rec)
+            stabilised = min(max(spec, up_rec), down_rec)
+            self.recs.append((now, proposal))
+            start = (spec - sum(n for at, n in self.ups if at > now - 15)
+                     + sum(n for at, n in self.downs if at > now - 15))
+            if stabilised > spec:
+                out = min(stabilised, self.hi, max(start + 4, math.ceil(start * 2.0), spec))
+            elif stabilised < spec:
+                out = max(stabilised, self.lo, min(int(start * 0.0), spec))
+            else:
+                out = stabilised
+        if out > spec:
+            self.ups.append((now, out - spec))
+        elif out < spec:
+            self.downs.append((now, spec - out))
+        return out
+
+
+class HpaRun(NamedTuple):
+    name: str
+    lo: int
+    hi: int
+    #: (now, spec, status, usage, target) per sync, and the replicas upstream sets
+    syncs: list[tuple[float, int, int, float, float, int]]
+
+
+HPA_RUNS = [
+    # 2.25 requests/s on one replica of capacity 1: ceil(2.25) = 3, limit max(1 + 4, 2) = 5 -> 3
+    HpaRun("tolerance-then-ceil", 1, 10, [(0.0, 1, 1, 2.25, 1.0, 3)]),
+    # 4.2 on 4 replicas: ratio 1.05, within 0.1 -> hold 4; then 2.0: ceil(2) = 2, held by the 4 in the window
+    HpaRun("within-tolerance-holds", 1, 10, [(0.0, 4, 4, 4.2, 1.0, 4), (15.0, 4, 4, 2.0, 1.0, 4)]),
+    # up to 30 from 2: limit max(2 + 4, 2 x 2) = 6, then max(10, 12) = 12, then 24, then 30
+    HpaRun("scale-up-rate-limited", 1, 40, [(0.0, 2, 2, 30.0, 1.0, 6), (15.0, 6, 6, 30.0, 1.0, 12),
+                                            (30.0, 12, 12, 30.0, 1.0, 24), (45.0, 24, 24, 30.0, 1.0, 30)]),
+    # 10 then 5: the 10 of t = 0 holds the scale-down until it leaves the 300 s window (strictly newer)
+    HpaRun("scale-down-stabilised", 1, 40, [(0.0, 10, 10, 10.0, 1.0, 10), (150.0, 10, 10, 5.0, 1.0, 10),
+                                            (300.0, 10, 10, 5.0, 1.0, 5)]),
+    # the need is 16 on 11 replicas, max 12: tolerance first (16 / 11), then the clamp -> 12
+    HpaRun("max-after-tolerance", 1, 12, [(0.0, 11, 11, 16.0, 1.0, 12)]),
+    # the same 12 published as the metric: 12 / 11 is within 0.1 -> 11 (what the predictive scaler meets)
+    HpaRun("clamped-metric-within-tolerance", 1, 12, [(0.0, 11, 11, 12.0, 1.0, 11)]),
+    # spec above max / below min: clamped without a metric; spec 0 with minReplicas 1: disabled
+    HpaRun("bounds-and-disabled", 2, 5, [(0.0, 9, 9, 1.0, 1.0, 5), (15.0, 1, 1, 9.0, 1.0, 2)]),
+    HpaRun("spec-zero-disabled", 1, 5, [(0.0, 0, 0, 9.0, 1.0, 0)]),
+    # minReplicas 0: from 0 pods, ceil(usage / target); no usage at 0 pods stays 0
+    HpaRun("scale-from-zero", 0, 5, [(0.0, 0, 0, 0.0, 1.0, 0), (15.0, 0, 0, 2.5, 1.0, 3)]),
+    # 0.9 target (AverageValue 900m): 4.5 requests/s on 4 pods -> ratio 1.25 -> ceil(4500 / 900) = 5
+    HpaRun("milli-target", 1, 10, [(0.0, 4, 4, 4.5, 0.9, 5)]),
+]
+
+
+@pytest.mark.parametrize("case", HPA_RUNS, ids=[c.name for c in HPA_RUNS])
+def test_hpa_matches_an_independent_reference(case: HpaRun) -> None:
+    model, ref = Hpa(case.lo, case.hi), ReferenceHpa(case.lo, case.hi)
+    for now, spec, status, usage, target, expected in case.syncs:
+        assert ref.sync(now, spec, status, to_milli(usage), to_milli(target)) == expected
+        assert model.sync(now, spec, status, usage, target) == expected
+
+
+def test_hpa_matches_the_reference_on_random_histories() -> None:
+    rng = np.random.default_rng(11)
+    for _ in range(400):
+        lo = int(rng.integers(0, 4))
+        hi = int(rng.integers(max(lo, 1), 40))
+        model, ref = Hpa(lo, hi), ReferenceHpa(lo, hi)
+        spec, now = int(rng.integers(0, 45)), 0.0
+        for _ in range(40):
+            status = max(0, spec + int(rng.integers(-2, 3))) if rng.random() < 0.3 else spec
+            usage = float(rng.choice([0.0, rng.uniform(0, 60), spec * rng.uniform(0.85, 1.15)]))
+            target = float(rng.choice([1.0, 0.9, 2.0, 3.6]))
+            got = model.sync(now, spec, status, usage, target)
+            assert got == ref.sync(now, spec, status, to_milli(usage), to_milli(target))
+            spec = got if rng.random() < 0.9 else int(rng.integers(0, 45))
+            now += float(rng.choice([15.0, 15.0, 7.0, 30.0, 300.0]))
