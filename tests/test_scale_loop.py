@@ -476,7 +476,8 @@ def test_an_edited_policy_file_is_taken_from_the_next_tick(redis_server: RedisSe
     path.write_text(policy_text(min_replicas=3))
     rig.clock[0] += TICK
     LoopThread(rig.loop, max_ticks=1, policy_file=watcher).run()
-    assert DecisionStore(rig.client).published()["qwen3"].desired == 3  # the new minReplicas
+    (record,) = DecisionStore(rig.client).records("qwen3")
+    assert record["decision"]["desired"] == 3  # the new minReplicas (published as the need, 1: the HPA clamps)
     (policy,) = seen
     autoscaling = policy.profile("qwen3").autoscaling
     assert autoscaling is not None and autoscaling.min_replicas == 3

@@ -32,6 +32,7 @@ from extender.core.scaler import (
     prune,
     recommend,
 )
+from extender.sim.hpa import Hpa
 
 NOW = 10_000.0
 H = horizon(180.0, 15.0, 15.0, node="gpu-7", node_class="p5.48xlarge", cache="cold")
@@ -161,7 +162,7 @@ def test_decision(row: Row) -> None:
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])
 def test_recommend_gives_the_decisions_numbers(row: Row) -> None:
     d = decide(inputs(**row.overrides))
-    assert recommend(inputs(**row.overrides)) == (d.recommendation, d.desired)
+    assert recommend(inputs(**row.overrides)) == (d.recommendation, d.desired, d.published)
 
 
 def test_decision_records_its_inputs_and_steps() -> None:
@@ -307,7 +308,39 @@ def decision_inputs(draw: st.DrawFn) -> DecisionInputs:
 @given(decision_inputs())
 def test_recommend_agrees_with_decide(i: DecisionInputs) -> None:
     d = decide(i)
-    assert recommend(i) == (d.recommendation, d.desired)
+    assert recommend(i) == (d.recommendation, d.desired, d.published)
+
+
+class AtBound(NamedTuple):
+    id: str
+    overrides: dict[str, Any]
+    desired: int
+    published: int
+
+
+#: Decisions a min/max clamp cuts within the HPA's tolerance of the current count.
+AT_BOUNDS = [
+    # need 16 on 11 replicas, max 12: 12/11 is within 10%, 16/11 is not
+    AtBound("up-to-max-within-tolerance", {"demand": 160.0, "ready": 11, "max_replicas": 12}, 12, 16),
+    # need 5 on 11 replicas, min 10, window covered at 5: 10/11 is within 10%, 5/11 is not
+    AtBound("down-to-min-within-tolerance", {"demand": 50.0, "ready": 11, "min_replicas": 10,
+                                             "recent": covered(5)}, 10, 5),
+    AtBound("up-to-max-beyond-tolerance", {"demand": 160.0, "ready": 8, "max_replicas": 12}, 12, 16),
+    AtBound("within-bounds-publishes-desired", {"demand": 120.0, "ready": 8, "max_replicas": 12}, 12, 12),
+    AtBound("held-at-max", {"demand": 160.0, "ready": 12, "max_replicas": 12}, 12, 16),
+]
+
+
+@pytest.mark.parametrize("row", AT_BOUNDS, ids=[r.id for r in AT_BOUNDS])
+def test_the_hpa_given_the_published_value_reaches_the_bound(row: AtBound) -> None:
+    # the stock HPA's steps (extender.sim.hpa, held to the Go controller by test_sim_baselines):
+    # its tolerance test on the metric, then its own min/max
+    i = inputs(**row.overrides)
+    d = decide(i)
+    assert (d.desired, d.published) == (row.desired, row.published)
+    hpa = Hpa(min_replicas=i.min_replicas, max_replicas=i.max_replicas, tolerance=i.tolerance)
+    assert hpa.sync(NOW, d.current, d.current, float(d.published), 1.0) == d.desired
+
 
 
 @given(decision_inputs())

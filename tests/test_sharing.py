@@ -166,7 +166,7 @@ def test_a_cut_decision_says_so() -> None:
     cap = FleetCapacity(2, "2 GPUs (x)")
     assert apply_share(d, mine, 4, cap) is d  # fits: unchanged
     cut = apply_share(d, mine, 1, cap)
-    assert (cut.desired, cut.unshared, cut.action) == (1, 4, "scale-down")
+    assert (cut.desired, cut.unshared, cut.action, cut.published) == (1, 4, "scale-down", 1)  # published as cut
     assert "cut from 4 to 1 by sharing the fleet (2 GPUs (x))" in cut.reasons[-1]
     assert "cut from 4 by sharing the fleet" in cut.explain().splitlines()[0]
     assert apply_share(d, mine, 2, cap).action == "hold"

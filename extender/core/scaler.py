@@ -27,8 +27,10 @@ The rules (docs/scaler.md; docs/prior-art.md Part B for the failures they avoid)
                = min(current, max(recommendation, recommendations in (now - window, now]))
                                                                      otherwise (HPA downscale rule)
     desired    = clamp(stabilised, min_replicas, max_replicas)
-    published  = share(every workload's claim, fleet GPUs)[workload]     when the fleet cannot hold
+    desired    = share(every workload's claim, fleet GPUs)[workload]     when the fleet cannot hold
                                                  every desired replica (extender.core.sharing)
+    published  = stabilised, or desired when sharing cut it      the value of the desired-replicas
+                                                 metric: the HPA clamps to its min/max after its test
 
 Why each rule:
 
@@ -66,7 +68,13 @@ Why each rule:
 * **Tolerance.** The published desired-replicas metric goes through the HPA, which ignores a change
   within its tolerance (``AverageValue`` target: ratio = desired / current, docs/kubernetes-interfaces.md 4.3). The
   decision applies the same test, in the same floating point, so its result is what the HPA will
-  actually do and the stabilisation history records effective recommendations.
+  actually do and the stabilisation history records effective recommendations. The HPA clamps to
+  its ``minReplicas``/``maxReplicas`` after that test, as the decision does, so the metric carries
+  the number before the clamp (``published``): given the clamped one, the HPA would test that
+  against ``current`` and could stay one short of a bound (a need of 16 clamped to a maximum of 12
+  is within 10% of 11 replicas; 16 is not, and the HPA then clamps it to 12 itself). The HPA's
+  bounds must be the profile's (docs/scaler.md). A cut by sharing is published as it is: the HPA
+  knows nothing of the fleet.
 
 The horizon (:func:`horizon`) is when capacity ordered now can serve::
 
@@ -211,6 +219,12 @@ class Decision(_Model):
     #: The desired replicas before a fleet too small cut them (extender.core.sharing); ``None``: not cut.
     unshared: int | None = None
 
+    @property
+    def published(self) -> int:
+        """The value of the desired-replicas metric: ``stabilised``, before the min/max clamp the HPA
+        applies itself, or ``desired`` when sharing cut it (module docstring, "Tolerance")."""
+        return self.desired if self.unshared is not None else self.stabilised
+
     def explain(self) -> str:
         """A few lines for ``extender scale explain``: inputs, needs, horizon provenance, result."""
         i = self.inputs
@@ -323,11 +337,11 @@ def _since(i: DecisionInputs) -> tuple[float, tuple[float, float] | None]:
     return since, gap
 
 
-def recommend(inputs: DecisionInputs) -> tuple[int, int]:
-    """``(recommendation, desired)`` of :func:`decide`, without its reasons and record (for a loop,
-    such as the simulator's, that reads only these two every tick)."""
+def recommend(inputs: DecisionInputs) -> tuple[int, int, int]:
+    """``(recommendation, desired, published)`` of :func:`decide`, without its reasons and record
+    (for a loop, such as the simulator's, that reads only these every tick)."""
     n = _numbers(inputs)
-    return n.recommendation, n.desired
+    return n.recommendation, n.desired, n.stabilised
 
 
 def decide(inputs: DecisionInputs) -> Decision:

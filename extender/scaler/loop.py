@@ -396,7 +396,7 @@ class ScaleLoop:
         expectation = (Expectation.from_decision(decision) if d.ahead is None
                        else Expectation.ahead(decision, d.ahead.upper, d.ahead.horizon_s))
         standby = standby_replicas(expectation, desired=decision.desired, current=decision.current)
-        published = Published(desired=decision.desired, load=load if math.isfinite(load) else 0.0,
+        published = Published(desired=decision.published, load=load if math.isfinite(load) else 0.0,
                               unit=capacity.unit, t=now, window=max(1, round(self.tick_s)), token=token,
                               standby=standby)
         record = decision_record(decision, observation, replicas, placement, published=published,

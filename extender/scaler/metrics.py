@@ -78,7 +78,9 @@ class ScalerMetrics:
         self.observed = Gauge("extender_scaler_observed_demand",
                               "Demand observed at the last tick, in the profile's capacity unit.",
                               ["workload"], registry=r)
-        self.desired = Gauge("extender_scaler_desired_replicas", "Replicas the scaler publishes to the HPA.",
+        self.desired = Gauge("extender_scaler_desired_replicas",
+                             "Replicas the scaler publishes to the HPA (extender-desired-replicas; "
+                             "before the min/maxReplicas the HPA applies).",
                              ["workload"], registry=r)
         self.standby = Gauge("extender_scaler_standby_replicas",
                              "Placeholder replicas the scaler publishes (extender-standby-replicas).",
@@ -162,7 +164,7 @@ class ScalerMetrics:
                 continue
             inputs = decision.inputs
             self.backfilled.labels(w).inc(result.backfilled)
-            self.desired.labels(w).set(decision.desired)
+            self.desired.labels(w).set(decision.published)
             self.standby.labels(w).set(result.standby)
             self.horizon.labels(w).set(inputs.horizon.seconds)
             self.replicas.labels(w, "ready").set(inputs.ready)

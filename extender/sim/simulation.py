@@ -631,13 +631,13 @@ class Run:
                 s.uppers.append((now + h.seconds, near.upper))
         fc = near
         ready = s.ready
-        # decide()'s recommendation and desired replicas, without its reasons (every tick)
-        recommendation, wanted = recommend(DecisionInputs.for_policy(
+        # decide()'s recommendation, desired replicas and published value, without its reasons (every tick)
+        recommendation, wanted, published = recommend(DecisionInputs.for_policy(
             scaling, setup.bounds, workload=setup.profile.name, now_s=now, demand=demand, queue=queue,
             capacity=setup.capacity, forecast=fc, horizon=h, ready=ready, starting=current - ready, recent=s.recent))
         s.recent = prune((*s.recent, Recommendation(at_s=now, replicas=recommendation)), now,
                          scaling.scale_down_stabilisation)
-        desired = s.hpa.sync(now, current, current, float(wanted), 1.0)
+        desired = s.hpa.sync(now, current, current, float(published), 1.0)
         return desired, (self._expect(s, k, wanted, current) if self.strategy.warming else None)
 
     def _expect(self, s: _WorkloadState, k: int, desired: int, current: int) -> Expectation:
