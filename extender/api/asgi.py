@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import ssl
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -39,6 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.wsgi import WsgiToAsgiInstance
+from gunicorn.arbiter import Arbiter
+from gunicorn.sock import ssl_context
 from gunicorn.workers.gasgi import ASGIWorker
 
 #: Seconds a stopping worker keeps serving the connections it has, after it stopped accepting new
@@ -59,7 +62,23 @@ _in_flight = [0]
 
 
 class LingeringASGIWorker(ASGIWorker):  # type: ignore[misc]
-    """gunicorn's asyncio worker whose SIGTERM first drains connections, then stops as usual."""
+    """gunicorn's asyncio worker whose SIGTERM first drains connections, then stops as usual, and that
+    never serves plain HTTP when TLS is configured (:meth:`_get_ssl_context`)."""
+
+    def _get_ssl_context(self) -> ssl.SSLContext | None:
+        """gunicorn's TLS context, or ``None`` without TLS; a context that cannot be built (a certificate
+        replaced by a broken one before a worker restart) stops the worker with gunicorn's boot-error
+        code, which stops the server. gunicorn's own worker logs the error and serves plain HTTP on
+        the port, with no certificate and no client authentication."""
+        if not self.cfg.is_ssl:
+            return None
+        try:
+            context: ssl.SSLContext = ssl_context(self.cfg)
+        except Exception as exc:
+            self.log.error("TLS: cannot build the server's TLS context: %s; stopping rather than serve plain HTTP",
+                           exc)
+            raise SystemExit(Arbiter.WORKER_BOOT_ERROR) from None
+        return context
 
     def handle_exit_signal(self) -> None:
         if _draining.is_set():

@@ -23,6 +23,12 @@ go to the process's one handler (:mod:`extender.process`), at the level of ``--l
 access record carries ``remote``, ``method``, ``path``, ``status``, ``bytes``, ``duration_s`` and
 ``user_agent`` as fields.
 
+TLS: the context gunicorn's workers build from ``--tls-cert``, ``--tls-key`` and ``--tls-client-ca``
+(or from ``extender scale``'s ``ssl_context`` hook) is built once in the master first
+(:func:`check_tls`): a file that is missing, unreadable or not PEM is refused with one line naming
+it, before gunicorn starts. (gunicorn's asyncio worker logs a context it cannot build and then
+serves plain HTTP on the port; :class:`extender.api.asgi.LingeringASGIWorker` stops instead.)
+
 The app is not preloaded: each worker imports and builds it after the fork, so clients, threads and
 metric files are per worker. Prometheus multiprocess mode needs ``PROMETHEUS_MULTIPROC_DIR`` before
 ``prometheus_client`` is imported anywhere, so :func:`serve` sets it before importing the app.
@@ -44,6 +50,8 @@ from typing import Any
 from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger as GunicornLogger
 
+from extender.core.errors import InvalidValueError
+from extender.files import open_regular
 from extender.process import configure_logging, current_logging
 
 #: Seconds an idle keep-alive connection stays open (Go's client gives up on idle ones after 90 s).
@@ -180,6 +188,31 @@ def prepare_metrics_dir() -> None:
     atexit.register(cleanup)
 
 
+def check_tls(options: ServeOptions, cfg: Any) -> None:
+    """Build the TLS context gunicorn's workers will build (``cfg``: its resolved configuration), once,
+    here; raise :class:`~extender.core.errors.InvalidValueError` naming the flag and the file when a
+    certificate, key or client CA cannot be read, or the context cannot be built from them."""
+    if not cfg.is_ssl:
+        return
+    files = [("--tls-cert", options.tls_cert), ("--tls-key", options.tls_key),
+             ("--tls-client-ca", options.tls_client_ca)]
+    for flag, path in files:
+        if path is None:
+            continue
+        try:
+            open_regular(path).close()
+        except OSError as exc:
+            raise InvalidValueError(f"{flag} {path}: cannot read: {exc.strerror or exc}") from None
+    from gunicorn.sock import ssl_context
+
+    try:
+        ssl_context(cfg)
+    except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
+        given = ", ".join(f"{flag} {path}" for flag, path in files if path is not None)
+        raise InvalidValueError(f"TLS: {given}: not a usable PEM certificate, private key and CA certificates "
+                                f"({getattr(exc, 'reason', None) or exc})") from None
+
+
 def run(factory: Callable[[], Any], options: ServeOptions, *, overrides: Mapping[str, Any] | None = None) -> None:
     """Run gunicorn with ``factory`` building the app in each worker; returns when gunicorn stops.
 
@@ -187,4 +220,6 @@ def run(factory: Callable[[], Any], options: ServeOptions, *, overrides: Mapping
     a worker-exit hook that stops its loop).
     """
     configure_logging()
-    _Application(factory, {**gunicorn_options(options), **(overrides or {})}).run()
+    application = _Application(factory, {**gunicorn_options(options), **(overrides or {})})
+    check_tls(options, application.cfg)
+    application.run()
