@@ -304,3 +304,49 @@ def test_agent_once_without_a_cache_root_exits_1(tmp_path: Path, capsys: pytest.
         assert err == f"extender agent: cache root {root} {what}: nothing to scan (mount the node's cache there, " \
                       "or fix --cache-root)\n"
     assert not (tmp_path / "redis").exists()  # refused before touching the store
+
+
+# ---- a kubeconfig that cannot be used: one line naming it, exit 1 ---------------------------------
+
+
+class BadKubeconfig(NamedTuple):
+    id: str
+    make: Callable[[Path], Path]
+    words: str
+
+
+def _file(text: str) -> Callable[[Path], Path]:
+    def make(tmp: Path) -> Path:
+        path = tmp / "kubeconfig"
+        path.write_text(text)
+        return path
+    return make
+
+
+BAD_KUBECONFIGS = [
+    BadKubeconfig("missing", lambda tmp: tmp / "nowhere", "cannot read: No such file or directory"),
+    BadKubeconfig("a directory", lambda tmp: tmp, "cannot read: not a regular file"),
+    BadKubeconfig("a plain string", _file("not a kubeconfig\n"), "is not a kubeconfig (a YAML mapping"),
+    BadKubeconfig("a list", _file("- 1\n- 2\n"), "is not a kubeconfig (a YAML mapping"),
+    BadKubeconfig("clusters of the wrong type", _file("clusters: 5\n"), "is not a kubeconfig (a YAML mapping"),
+    BadKubeconfig("broken YAML", _file("clusters: [\n"), "is not a kubeconfig (a YAML mapping"),
+]
+
+#: Commands that talk to Kubernetes and fail on their kubeconfig before anything else.
+KUBE_COMMANDS = [
+    pytest.param(["warm", "status", "--policy", FLEET], id="warm-status"),
+    pytest.param(["sync", "--policy", FLEET], id="sync"),
+]
+
+
+@pytest.mark.parametrize("command", KUBE_COMMANDS)
+@pytest.mark.parametrize("case", BAD_KUBECONFIGS, ids=[c.id for c in BAD_KUBECONFIGS])
+def test_a_kubeconfig_that_cannot_be_used_is_one_line(command: list[str], case: BadKubeconfig, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    kubeconfig = case.make(tmp_path)
+    code = cli.main([*command, "--kubeconfig", str(kubeconfig), "--data-dir", str(tmp_path / "redis")]
+                    if command[0] == "sync" else [*command, "--kubeconfig", str(kubeconfig)])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert err.startswith("extender: loading the Kubernetes client configuration: ") and case.words in err, err
+    assert str(kubeconfig) in err and len(err.splitlines()) == 1, err

@@ -20,11 +20,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import yaml
 from kubernetes import client as _client
 from kubernetes import config as _config
 from kubernetes import watch as _watch
 
 from extender.core.errors import KubeError
+from extender.files import open_regular
 from extender.kube.errors import kube_errors
 
 # the client is only partly typed: everything from it is Any here, and nothing of it leaves this module
@@ -79,12 +81,26 @@ def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any
     """An official ``ApiClient``: in-cluster when running in a pod and no kubeconfig is given, else
     from the kubeconfig (``None``: ``$KUBECONFIG`` or ``~/.kube/config``)."""
     configuration = k8s.Configuration()
-    with kube_errors("loading the Kubernetes client configuration"):
-        if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    action = "loading the Kubernetes client configuration"
+    in_cluster = kubeconfig is None and bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    if kubeconfig is not None:  # the client's own errors would call a missing file "no configuration found"
+        try:
+            open_regular(kubeconfig).close()
+        except OSError as exc:
+            raise KubeError(f"{action}: kubeconfig {kubeconfig}: cannot read: {exc.strerror or exc}") from None
+    with kube_errors(action):
+        if in_cluster:
             k8s_config.load_incluster_config(client_configuration=configuration)
         else:
-            k8s_config.load_kube_config(config_file=kubeconfig, context=context,
-                                        client_configuration=configuration, persist_config=False)
+            try:
+                k8s_config.load_kube_config(config_file=kubeconfig, context=context,
+                                            client_configuration=configuration, persist_config=False)
+            except (yaml.YAMLError, TypeError, AttributeError, KeyError) as exc:
+                # the client reads any YAML as a kubeconfig and trips on what is not one
+                where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+                why = f": {' '.join(str(exc).split())}" if isinstance(exc, yaml.YAMLError) else ""
+                raise KubeError(f"{action}: {where} is not a kubeconfig (a YAML mapping with clusters, users "
+                                f"and contexts){why}") from None
     return k8s.ApiClient(configuration=configuration)
 
 
