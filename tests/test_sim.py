@@ -530,3 +530,29 @@ def test_gpu_plot_data_is_the_gpu_hours(fleet_day: tuple[Prepared, list[RunResul
         assert np.all(used <= provisioned)
         if not tracked:
             assert np.all(provisioned == fleet)
+
+
+class BadOut(NamedTuple):
+    name: str
+    out: str  # {tmp}: the test's directory
+    message: str
+
+
+BAD_OUTS = [
+    # the directory was created after the simulation: a traceback (FileExistsError) minutes later
+    BadOut("an existing file", "{tmp}/tiny.yaml", "--out {tmp}/tiny.yaml: exists and is not a directory"),
+    BadOut("below a file", "{tmp}/tiny.yaml/report", "--out {tmp}/tiny.yaml/report: cannot create the directory: "
+           "Not a directory"),
+    BadOut("where nothing can be created", "/proc/extender-report", "--out /proc/extender-report: cannot create "
+           "the directory: No such file or directory"),
+]
+
+
+@pytest.mark.parametrize("case", BAD_OUTS, ids=[c.name for c in BAD_OUTS])
+def test_cli_an_out_that_cannot_be_a_directory_is_refused_before_simulating(
+        tmp_path: Path, case: BadOut, capsys: pytest.CaptureFixture[str]) -> None:
+    scenario = write_tiny(tmp_path)
+    with pytest.raises(InvalidValueError) as info:
+        cli(str(scenario), "--out", case.out.format(tmp=tmp_path), "--strategies", "default")
+    assert str(info.value) == case.message.format(tmp=tmp_path)
+    assert capsys.readouterr().out == ""  # refused before the simulation, which prints its table

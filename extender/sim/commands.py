@@ -238,12 +238,28 @@ def error_section(runs: list[RunResult], duration_s: float, spans: int = ERROR_S
     return error_table(rows)
 
 
+def output_dir(text: str) -> Path:
+    """``--out``'s directory, created now (with its parents) so that a path that cannot be one (an
+    existing file, a file on the way, a read-only place) is refused before minutes of simulation:
+    :class:`~extender.core.errors.InvalidValueError` naming it."""
+    out = Path(text)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise InvalidValueError(f"--out {text}: exists and is not a directory") from None
+    except OSError as exc:
+        raise InvalidValueError(f"--out {text}: cannot create the directory: {exc.strerror or exc}") from None
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """The ``simulate`` command."""
+    out: Path | None = None
     if args.out:
         from extender.sim import plots
 
         plots.require()  # before minutes of simulation, not after
+        out = output_dir(args.out)
     loaded = load_scenario(args.scenario)
     if args.history is not None:
         loaded = dataclasses.replace(loaded, scenario=loaded.scenario.model_copy(update={"history": args.history}))
@@ -267,10 +283,14 @@ def run(args: argparse.Namespace) -> int:
     report = build(title, sc.slo.queue_delay, prepared.duration_s, runs, credits=credits, notes=notes,
                    quantile=prepared.policy.scaling.quantile)
     errors = error_section(runs, prepared.duration_s) if sc.truth is not None else ""
-    if args.out:
-        write_outputs(Path(args.out), report, runs, fleet_gpus(prepared))
-        if errors:
-            (Path(args.out) / "estimate-error.md").write_text(f"```\n{errors}\n```\n", encoding="utf-8")
+    if out is not None:
+        try:
+            write_outputs(out, report, runs, fleet_gpus(prepared))
+            if errors:
+                (out / "estimate-error.md").write_text(f"```\n{errors}\n```\n", encoding="utf-8")
+        except OSError as exc:  # the directory taken away or filled meanwhile
+            where = exc.filename or args.out
+            raise InvalidValueError(f"--out {args.out}: cannot write {where}: {exc.strerror or exc}") from None
     print(to_json(report) if args.json else table(report))
     if errors and not args.json:
         print(f"\n{errors}")
