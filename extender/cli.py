@@ -1,7 +1,8 @@
 """The ``extender`` command line.
 
 Each subcommand is a small function that parses its arguments, calls the library and prints.
-Exit codes: 0 success, 1 invalid input (every problem printed), 2 usage errors (argparse).
+Exit codes: 0 success, 1 invalid input (every problem printed), 2 usage errors (argparse), 130
+interrupted (Ctrl-C; 128 + SIGINT, as a shell reports it).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ Handler = Callable[[argparse.Namespace], int]
 
 #: Commands that run until stopped: they log at INFO unless told otherwise, the others at WARNING.
 LONG_RUNNING = frozenset({"serve", "agent", "sync", "scale", "keda-scaler"})
+#: Exit code of a command stopped by Ctrl-C (SIGINT) before it finished: 128 + 2, as shells report it.
+INTERRUPTED = 130
+
 #: Commands that also log at INFO by default because their INFO lines are part of what they report
 #: (``simulate``: the demand it loaded, before minutes of simulation).
 INFO_BY_DEFAULT = LONG_RUNNING | {"simulate"}
@@ -209,6 +213,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # `extender estimate --json | head`: the reader left, nothing to report
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C on a command that does not handle SIGINT itself: one line, no traceback
+        report("extender: interrupted", error="KeyboardInterrupt")
+        return INTERRUPTED
 
 
 if __name__ == "__main__":  # pragma: no cover

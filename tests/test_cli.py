@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -124,3 +125,26 @@ def test_console_script_runs() -> None:
     proc = subprocess.run([str(exe), "policy", "check", QWEN], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "ok" in proc.stdout
+
+
+def test_ctrl_c_is_one_line_and_exit_130() -> None:
+    """Ctrl-C during a command that does not stop on signals itself (here a simulation): the shell's
+    code for SIGINT and one line, not a KeyboardInterrupt traceback from wherever the run was."""
+    # the console script's main, with Python's SIGINT handler even when the test runner ignores SIGINT
+    # (a background job does, and Python then leaves it ignored)
+    start = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+             "from extender.cli import main; sys.exit(main(sys.argv[1:]))")
+    argv = [sys.executable, "-c", start, "simulate", str(ROOT / "scenarios" / "nab-production.yaml")]
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline()  # the demand it loaded is logged before the simulation starts
+        assert first.startswith("demand "), first
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)  # a bound on a hung process, never asserted on
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    assert err.splitlines()[-1] == "extender: interrupted"
+    assert out == ""  # no table of a run that did not finish
