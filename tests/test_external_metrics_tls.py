@@ -20,10 +20,10 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import urllib3
@@ -286,3 +286,66 @@ def test_half_sent_tls_handshakes_do_not_stop_the_hpa(served: Served) -> None:
     finally:
         for s in stalled:
             s.close()
+
+
+# ---- --no-delegated-auth: certificates only, the CAs from the flags or the ConfigMap ---------------
+
+
+class CertificatesOnly(NamedTuple):
+    configmap: Callable[[Pki], dict[str, str]]
+    flags: tuple[str, ...]
+    starts: bool
+
+
+CERTIFICATES_ONLY = [
+    # the ConfigMap was not read with --no-delegated-auth, though the docs and --tls-client-ca's help
+    # promise it: the scaler refused to start, blaming an --authentication-skip-lookup nobody gave
+    pytest.param(CertificatesOnly(lambda pki: {"client-ca-file": pki.client_ca.pem(),
+                                               "requestheader-client-ca-file": pki.front_proxy_ca.pem(),
+                                               "requestheader-allowed-names": '["front-proxy-client"]'}, (), True),
+                 id="the-configmaps-cas-are-used"),
+    pytest.param(CertificatesOnly(lambda pki: {"client-ca-file": pki.client_ca.pem()}, ("--no-auth-configmap",),
+                                  False),
+                 id="not-with-no-auth-configmap"),
+    pytest.param(CertificatesOnly(lambda pki: {}, (), False), id="an-empty-configmap-gives-none"),
+]
+
+#: The refusal names the flags by their current names (docs/cli.md), never kube-apiserver's deprecated ones.
+REFUSAL = ("extender scale: not starting: the External Metrics API could authenticate no caller: "
+           "--no-delegated-auth turns off tokens, and there is no client CA or front-proxy CA (--tls-client-ca, "
+           "--tls-front-proxy-ca, or the cluster's extension-apiserver-authentication ConfigMap unless "
+           "--no-auth-configmap); every request would be answered 401")
+
+
+@pytest.mark.parametrize("case", CERTIFICATES_ONLY)
+def test_certificates_only_reads_its_cas_from_the_configmap(case: CertificatesOnly, tmp_path: Path,
+                                                             redis_server: RedisServer) -> None:
+    pki = make_pki(tmp_path / "pki")
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text())
+    with running() as double:
+        double.state.configmap = case.configmap(pki)
+        kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig.yaml")
+        port = free_port()
+        log = tmp_path / "scale.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "extender.cli", "scale", "--policy", str(policy), "--no-loop",
+                 "--redis-url", redis_server.url, "--kubeconfig", str(kubeconfig), "--bind", f"127.0.0.1:{port}",
+                 "--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key), "--no-delegated-auth",
+                 *case.flags],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        try:
+            if case.starts:
+                _wait_up(f"https://127.0.0.1:{port}", pki, process, log)
+            else:
+                assert process.wait(timeout=START_TIMEOUT_S) == 1, log.read_text()
+                assert log.read_text().strip() == REFUSAL
+        finally:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()

@@ -162,7 +162,8 @@ def resolve_auth(args: argparse.Namespace) -> Any:
     extras = _list(args.front_proxy_extra_headers_prefix)
     delegated = not args.no_delegated_auth
     wanted = (requestheader, client_ca, names, users, groups, extras)
-    if delegated and not args.no_auth_configmap and any(v is None for v in wanted):
+    # the ConfigMap's CAs serve --no-delegated-auth too: certificates are what it still checks
+    if not args.no_auth_configmap and any(v is None for v in wanted):
         from extender.kube.delegation import AUTH_CONFIGMAP_NAME, AUTH_CONFIGMAP_NAMESPACE, Delegation
 
         try:
@@ -278,9 +279,9 @@ def _preflight(settings: Any) -> str:
             return str(exc)
         if not settings.auth.delegated and not config.client_cas and not config.requestheader_cas:
             return ("the External Metrics API could authenticate no caller: --no-delegated-auth turns off "
-                    "tokens, and there is no --client-ca-file or --requestheader-client-ca-file "
-                    "(nor the cluster's extension-apiserver-authentication ConfigMap, with "
-                    "--authentication-skip-lookup); every request would be answered 401")
+                    "tokens, and there is no client CA or front-proxy CA (--tls-client-ca, --tls-front-proxy-ca, "
+                    "or the cluster's extension-apiserver-authentication ConfigMap unless --no-auth-configmap); "
+                    "every request would be answered 401")
     if settings.auth.delegated and not settings.auth.insecure:
         try:
             Delegation.connect(settings.kubeconfig, context=settings.kube_context).close()

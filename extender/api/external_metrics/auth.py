@@ -145,7 +145,8 @@ class AuthConfig:
         if self.requestheader_cas & self.client_cas and not self.allowed_names:
             raise InvalidValueError("the request-header CA and the client CA share a subject name and no "
                              "requestheader allowed names are set: any client certificate could pose as the "
-                             "front proxy; set --requestheader-allowed-names")
+                             "front proxy; set --front-proxy-allowed-names (or requestheader-allowed-names in "
+                             "the ConfigMap)")
 
 
 class _TTLCache:
