@@ -205,3 +205,52 @@ def test_every_process_serves_a_metrics_port(workload: str, container: str, valu
     c = chart.container(found, container)
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     assert f"--metrics-bind=0.0.0.0:{ports['metrics']}" in c["args"]
+
+
+# ---- what the docs tell an operator to reach ---------------------------------------------------------
+
+
+#: Pages that tell an operator to reach a process: `curl http://HOST:PORT/...` and `kubectl port-forward`.
+REACHING_PAGES = ["runbook.md", "troubleshooting.md", "extender.md", "monitoring.md", "agent-and-sync.md",
+                  "scaler.md", "install.md"]
+#: kubectl's short names of the kinds a port-forward may name.
+KIND_NAMES = {"deploy": "Deployment", "deployment": "Deployment", "ds": "DaemonSet", "daemonset": "DaemonSet",
+              "svc": "Service", "service": "Service", "sts": "StatefulSet", "statefulset": "StatefulSet"}
+
+
+def _served_ports(docs: list[dict[str, Any]]) -> dict[tuple[str, str], set[int]]:
+    """``(kind, name)`` of every workload and Service the chart renders, with the ports it serves."""
+    out: dict[tuple[str, str], set[int]] = {}
+    for d in docs:
+        ports: set[int] = set()
+        if d["kind"] == "Service":
+            ports = {int(p["port"]) for p in d["spec"]["ports"]}  # a named targetPort is the workload's
+        elif d["kind"] in {"Deployment", "DaemonSet", "StatefulSet"}:
+            for c in d["spec"]["template"]["spec"]["containers"]:
+                ports |= {int(p["containerPort"]) for p in c.get("ports", [])}
+                ports |= {int(m) for a in c.get("args", []) for m in re.findall(r"^--[a-z-]+=[\d.]*:(\d+)$", a)}
+        else:
+            continue
+        out.setdefault((d["kind"], d["metadata"]["name"]), set()).update(ports)
+    return out
+
+
+@pytest.mark.parametrize("page", REACHING_PAGES)
+def test_the_ports_and_objects_the_docs_send_an_operator_to_are_rendered(page: str) -> None:
+    served: dict[tuple[str, str], set[int]] = {}
+    for values in ({}, {"mode": "second-scheduler"}, {"metrics__mode": "keda"}, {"extender__listen": "tls"}):
+        for key, ports in _served_ports(chart.rendered(**values)).items():
+            served.setdefault(key, set()).update(ports)
+    every_port = set().union(*served.values())
+    text = (ROOT / "docs" / page).read_text()
+    wrong = []
+    for port in re.findall(r"curl (?:-\S+ )*https?://[A-Z_]+:(\d+)/", text):
+        if int(port) not in every_port:
+            wrong.append(f"curl to port {port}: no container serves it")
+    for kind, name, port in re.findall(r"port-forward (\w+)/([\w-]+) (\d+)", text):
+        key = (KIND_NAMES.get(kind, kind), name)
+        if key not in served:
+            wrong.append(f"port-forward {kind}/{name}: the chart renders no {key[0]} {name}")
+        elif int(port) not in served[key]:
+            wrong.append(f"port-forward {kind}/{name} {port}: it serves {sorted(served[key])}")
+    assert wrong == []
