@@ -233,6 +233,8 @@ BAD_FLAGS = [
     BadFlag("an unknown strategy", ["simulate", "s.yaml", "--strategies", "default,foo"],
             "--strategies: no strategy 'foo' (known: default, cache-aware"),
     BadFlag("no strategy at all", ["simulate", "s.yaml", "--strategies", " , "], "--strategies: empty (known:"),
+    # a negative limit sliced the list from its end: --limit -5 listed every observation but five
+    BadFlag("a negative limit", ["calibrate", "show", "--policy", "p", "--limit", "-5"], "--limit: '-5' must be >= 0"),
 ]
 
 

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from extender.arguments import add_store_options, connect_from_args, prefix_from_args
+from extender.arguments import add_store_options, connect_from_args, prefix_from_args, whole_number
 from extender.core.calibration import (
     BANDWIDTH_PARAMETERS,
     PARAMETERS,
@@ -203,7 +203,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--policy", required=True, metavar="FILE", help="the policy to fit (its values are the prior)")
     p.add_argument("--workload", metavar="NAME", help="only this workload profile (default: every one)")
     p.add_argument("--node-class", metavar="NAME", help="only this node class (default: every one)")
-    p.add_argument("--limit", type=int, default=50, metavar="N", help="observations listed, newest first (50)")
+    p.add_argument("--limit", type=whole_number(0), default=50, metavar="N",
+                   help="observations listed, newest first (50; 0: the fits only)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     add_store_options(p)
     p.set_defaults(handler=show)
