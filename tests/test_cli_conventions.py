@@ -235,6 +235,11 @@ BAD_FLAGS = [
     BadFlag("no strategy at all", ["simulate", "s.yaml", "--strategies", " , "], "--strategies: empty (known:"),
     # a negative limit sliced the list from its end: --limit -5 listed every observation but five
     BadFlag("a negative limit", ["calibrate", "show", "--policy", "p", "--limit", "-5"], "--limit: '-5' must be >= 0"),
+    # NaN and infinity reached the plan's model: exit 1 with pydantic's validation dump
+    BadFlag("a time that is not a number", ["warm", "plan", "--policy", "p", "--now", "nan"],
+            "--now: 'nan' must be a finite time >= 0"),
+    BadFlag("an infinite time", ["warm", "plan", "--policy", "p", "--now", "inf"],
+            "--now: 'inf' must be a finite time"),
 ]
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="also read the warm Jobs in flight from this cluster (read-only; default: none read)")
     p.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
-    p.add_argument("--now", type=float, default=None, metavar="UNIX", help="plan as of this time (default: now)")
+    p.add_argument("--now", type=unix_time, default=None, metavar="UNIX",
+                   help="plan as of this time, seconds since the epoch (default: now)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_store_options(p)
     p.set_defaults(handler=run_plan)
@@ -100,6 +102,18 @@ def parse_expectation(text: str) -> Expectation:
                            within_s=parse_duration(within) if at else DEFAULT_WITHIN_S)
     except (ValueError, UnitError) as exc:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from exc
+
+
+def unix_time(text: str) -> float:
+    """``--now``: a finite number of seconds since the epoch, >= 0 (NaN and infinity reached the plan's
+    model and failed there, as a validation dump)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite time >= 0 (seconds since the epoch)")
+    return value
 
 
 # ---- plan ------------------------------------------------------------------------------------------
