@@ -143,8 +143,33 @@ def test_publish_records_a_key_for_a_sidecar(redis_server: RedisServer, tmp_path
     try:
         store = InventoryStore(client)
         before = store.version()
-        assert run(["warm", "publish", "--key", "ck1-abc", "--redis-url", redis_server.url]) == 0
+        assert run(["warm", "publish", "--key", KEY, "--redis-url", redis_server.url]) == 0
         _, _, registry = store.load_all()
-        assert registry == {"ck1-abc"} and store.version() == before + 1  # readers notice through the version
+        assert registry == {KEY} and store.version() == before + 1  # readers notice through the version
     finally:
         client.close()
+
+
+KEY = "ck1-d11f4f5a1d55e5b4043c336ee5514b08"
+
+
+@pytest.mark.parametrize("key", [
+    pytest.param("", id="empty: the sidecar's $KEY unset"),
+    pytest.param("ck1-abc", id="cut short"),
+    pytest.param("CK1-D11F4F5A1D55E5B4043C336EE5514B08", id="upper case"),
+    pytest.param(f"{KEY}\n", id="a trailing newline"),
+    pytest.param(f"/cache/compile/{KEY}", id="a path, not a key"),
+])
+def test_publish_refuses_what_is_not_a_key(key: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        run(["warm", "publish", "--key", key, "--data-dir", str(tmp_path / "redis")])
+    assert exit_.value.code == 2
+    assert f"argument --key: {key!r} is not a compile-cache key" in capsys.readouterr().err
+    assert not (tmp_path / "redis").exists()  # refused before touching the store
+
+
+def test_the_key_pattern_takes_every_key_the_code_makes() -> None:
+    from extender.core.cachekey import KEY_PATTERN, compile_cache_key_of
+
+    assert KEY_PATTERN.fullmatch(compile_cache_key_of({"engine": "vllm"}))
+    assert KEY_PATTERN.fullmatch(KEY)

@@ -67,6 +67,7 @@ from extender.core.schema import Schema
 __all__ = [
     "BUILTIN_IGNORED_FLAGS",
     "ENGINES",
+    "KEY_PATTERN",
     "KEY_VERSION",
     "CacheKeyError",
     "CompileKeyInputs",
@@ -77,6 +78,10 @@ __all__ = [
 
 KEY_VERSION: Final = 1
 """Version of the canonical document; part of both the hashed document and the key prefix."""
+
+KEY_PATTERN: Final = re.compile(r"ck[0-9]+-[0-9a-f]{32}")
+"""Every compile-cache key (:func:`compile_cache_key_of`), of any key version: ``ck``, the version, ``-``
+and 32 lowercase hex digits."""
 
 ENGINES: Final = frozenset({"vllm", "sglang"})
 

@@ -31,6 +31,7 @@ from extender.arguments import (
     inventory_from_args,
     prefix_from_args,
 )
+from extender.core.cachekey import KEY_PATTERN
 from extender.core.errors import ExtenderError, InvalidValueError, UnitError
 from extender.core.policy import WarmRetry
 from extender.core.units import format_bytes, format_duration, parse_duration
@@ -86,7 +87,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     fin.set_defaults(handler=run_finish)
 
     pub = sub.add_parser("publish", help="record a compile-cache key as fetchable (after uploading it yourself)")
-    pub.add_argument("--key", required=True, metavar="KEY", help="the compile-cache key (extender cachekey)")
+    pub.add_argument("--key", required=True, type=compile_key, metavar="KEY",
+                     help="the compile-cache key (extender cachekey)")
     add_store_options(pub)
     pub.set_defaults(handler=run_publish)
 
@@ -102,6 +104,15 @@ def parse_expectation(text: str) -> Expectation:
                            within_s=parse_duration(within) if at else DEFAULT_WITHIN_S)
     except (ValueError, UnitError) as exc:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from exc
+
+
+def compile_key(text: str) -> str:
+    """``--key``: a compile-cache key as ``extender cachekey`` prints it (an unset ``$KEY`` in a sidecar's
+    command was recorded as the empty key, exit 0)."""
+    if not KEY_PATTERN.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a compile-cache key (ck1- and 32 hex digits, "
+                                         "as extender cachekey prints it)")
+    return text
 
 
 def unix_time(text: str) -> float:
