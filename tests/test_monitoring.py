@@ -237,13 +237,23 @@ def _served_ports(docs: list[dict[str, Any]]) -> dict[tuple[str, str], set[int]]
 
 @pytest.mark.parametrize("page", REACHING_PAGES)
 def test_the_ports_and_objects_the_docs_send_an_operator_to_are_rendered(page: str) -> None:
+    """Ports, objects, namespaces (the chart's, installed in kube-system as docs/install.md does, and
+    the ScaledObjects' ``default`` of its KEDA example) and ``app.kubernetes.io/name`` labels."""
     served: dict[tuple[str, str], set[int]] = {}
+    namespaces, names = {chart.NAMESPACE, "default"}, set()
     for values in ({}, {"mode": "second-scheduler"}, {"metrics__mode": "keda"}, {"extender__listen": "tls"}):
-        for key, ports in _served_ports(chart.rendered(**values)).items():
+        docs = chart.rendered(**values)
+        for key, ports in _served_ports(docs).items():
             served.setdefault(key, set()).update(ports)
+        namespaces |= {d["metadata"].get("namespace") or d["metadata"]["name"] for d in docs
+                       if d["metadata"].get("namespace") or d["kind"] == "Namespace"}
+        names |= {d["metadata"].get("labels", {}).get("app.kubernetes.io/name") for d in docs}
     every_port = set().union(*served.values())
     text = (ROOT / "docs" / page).read_text()
-    wrong = []
+    wrong = [f"kubectl -n {ns}: the chart puts nothing there" for ns in re.findall(r"kubectl -n ([\w-]+)", text)
+             if ns not in namespaces]
+    wrong += [f"-l app.kubernetes.io/name={name}: no object carries it"
+              for name in re.findall(r"-l app\.kubernetes\.io/name=([\w-]+)", text) if name not in names]
     for port in re.findall(r"curl (?:-\S+ )*https?://[A-Z_]+:(\d+)/", text):
         if int(port) not in every_port:
             wrong.append(f"curl to port {port}: no container serves it")
