@@ -264,3 +264,27 @@ def test_the_ports_and_objects_the_docs_send_an_operator_to_are_rendered(page: s
         elif int(port) not in served[key]:
             wrong.append(f"port-forward {kind}/{name} {port}: it serves {sorted(served[key])}")
     assert wrong == []
+
+
+def _warm_event_reasons() -> set[str]:
+    """The ``reason=`` string literals the warmer passes: the reasons of the Events it writes."""
+    import ast
+
+    reasons: set[str] = set()
+    for path in (ROOT / "extender" / "warm").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.keyword) and node.arg == "reason" and isinstance(node.value, ast.Constant) \
+                    and isinstance(node.value.value, str) and node.value.value.startswith("Warm"):
+                reasons.add(node.value.value)
+    return reasons
+
+
+def test_the_event_reasons_the_docs_name_are_the_warmers() -> None:
+    """An on-call filters Events by the reason the runbook names (``--field-selector reason=...``)."""
+    emitted = _warm_event_reasons()
+    assert {"WarmJobFailed", "WarmNotConfirmed"} <= emitted  # the scan finds the literals
+    named = {page: set(re.findall(r"`(Warm[A-Za-z]*(?:Failed|Confirmed))`", (ROOT / "docs" / page).read_text()))
+             for page in ("runbook.md", "troubleshooting.md", "warming.md")}
+    assert {page: sorted(names - emitted) for page, names in named.items()} == \
+           {page: [] for page in named}
+    assert sorted(emitted - named["warming.md"]) == []  # the warming page names every one
