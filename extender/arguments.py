@@ -15,6 +15,7 @@ Conventions every command follows (docs/cli.md):
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -28,15 +29,20 @@ if TYPE_CHECKING:
     from extender.state.store import InventoryStore
 
 
-def positive_float(text: str) -> float:
-    """A number > 0 (a factor, a rate)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value > 0:  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0")
-    return value
+def finite_number(minimum: float, *, above: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number >= ``minimum`` (> with ``above``); NaN and infinity are
+    refused here rather than deep in whatever the number reaches."""
+    sign = ">" if above else ">="
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and (value > minimum if above else value >= minimum)):
+            raise argparse.ArgumentTypeError(f"{text!r} must be a finite number {sign} {minimum:g}")
+        return value
+    return parse
 
 
 def whole_number(minimum: int) -> Callable[[str], int]:

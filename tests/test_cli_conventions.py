@@ -237,9 +237,13 @@ BAD_FLAGS = [
     BadFlag("a negative limit", ["calibrate", "show", "--policy", "p", "--limit", "-5"], "--limit: '-5' must be >= 0"),
     # NaN and infinity reached the plan's model: exit 1 with pydantic's validation dump
     BadFlag("a time that is not a number", ["warm", "plan", "--policy", "p", "--now", "nan"],
-            "--now: 'nan' must be a finite time >= 0"),
+            "--now: 'nan' must be a finite number >= 0"),
     BadFlag("an infinite time", ["warm", "plan", "--policy", "p", "--now", "inf"],
-            "--now: 'inf' must be a finite time"),
+            "--now: 'inf' must be a finite number"),
+    BadFlag("an infinite load scale", ["simulate", "s.yaml", "--load-scale", "inf"],
+            "--load-scale: 'inf' must be a finite number > 0"),
+    BadFlag("a time scale of zero", ["simulate", "s.yaml", "--time-scale", "0"],
+            "--time-scale: '0' must be a finite number > 0"),
 ]
 
 

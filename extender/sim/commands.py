@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import math
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from extender.arguments import duration_or_zero, whole_number
+from extender.arguments import duration_or_zero, finite_number, whole_number
 from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.core.units import format_duration
 from extender.process import current_logging
@@ -66,8 +65,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--time-column", metavar="NAME", help="the time column of every --trace file")
     p.add_argument("--rate-column", metavar="NAME",
                    help="the rate column (requests/s) of every --trace file; makes it a rate trace")
-    p.add_argument("--load-scale", type=_positive, metavar="X", help="multiply the load of every --trace file")
-    p.add_argument("--time-scale", type=_positive, metavar="X",
+    p.add_argument("--load-scale", type=finite_number(0, above=True), metavar="X",
+                   help="multiply the load of every --trace file")
+    p.add_argument("--time-scale", type=finite_number(0, above=True), metavar="X",
                    help="stretch the clock of every --trace file (0.001: timestamps in milliseconds)")
     p.add_argument("--strategies", type=strategy_names, metavar="A,B,...",
                    help=f"comma-separated subset of {','.join(STRATEGIES)} (default: the scenario's)")
@@ -79,16 +79,6 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     p.add_argument("--out", metavar="DIR", help="also write report.md, summary.json and PNG plots here")
     p.set_defaults(handler=run)
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (value > 0 and math.isfinite(value)):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a number > 0")
-    return value
 
 
 def _exists(path: str) -> bool:

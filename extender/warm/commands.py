@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +27,7 @@ from extender.arguments import (
     add_kube_options,
     add_store_options,
     connect_from_args,
+    finite_number,
     inventory_from_args,
     prefix_from_args,
 )
@@ -58,7 +58,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--kubeconfig", metavar="FILE",
                    help="also read the warm Jobs in flight from this cluster (read-only; default: none read)")
     p.add_argument("--context", metavar="NAME", help="kubeconfig context (default: the current one)")
-    p.add_argument("--now", type=unix_time, default=None, metavar="UNIX",
+    p.add_argument("--now", type=finite_number(0), default=None, metavar="UNIX",
                    help="plan as of this time, seconds since the epoch (default: now)")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     add_store_options(p)
@@ -113,18 +113,6 @@ def compile_key(text: str) -> str:
         raise argparse.ArgumentTypeError(f"{text!r} is not a compile-cache key (ck1- and 32 hex digits, "
                                          "as extender cachekey prints it)")
     return text
-
-
-def unix_time(text: str) -> float:
-    """``--now``: a finite number of seconds since the epoch, >= 0 (NaN and infinity reached the plan's
-    model and failed there, as a validation dump)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite time >= 0 (seconds since the epoch)")
-    return value
 
 
 # ---- plan ------------------------------------------------------------------------------------------
