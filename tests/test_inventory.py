@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from extender.core.cachekey import compile_cache_key
-from extender.core.caches import weights_key
+from extender.core.caches import adapter_key, weights_key
 from extender.core.errors import InvalidValueError
 from extender.core.estimate import CompileCache
 from extender.core.images import check_reference, normalise, repository
@@ -211,6 +211,33 @@ def test_image_found_under_the_name_kubelet_reports(reference: str, reported: st
     snap = InventorySnapshot.build(policy, [node("n", nodeClass="a", images=[reported])])
     state, _ = snap.state_for(policy.profile("w"), snap.lookup(["n"]).index, NOW)
     assert state.image.tolist() == [True]
+
+
+@pytest.mark.parametrize(("cache", "node_class", "local"), [
+    pytest.param("preferred", "nvme", 1e9, id="kept-on-nvme"),
+    pytest.param("none", "nvme", 0.0, id="left-over-after-cache-none"),
+    pytest.param("preferred", "diskless", 0.0, id="class-without-nvme"),
+    pytest.param("preferred", "nobody-knows", 0.0, id="unknown-class"),
+])
+def test_weights_count_only_where_the_class_keeps_them(cache: str, node_class: str, local: float) -> None:
+    # a record may list weights a replica would not read: left on disk after a switch to cache: none,
+    # or on a class the policy says has no NVMe; the estimate must not count them as a local read
+    policy = Policy.model_validate({
+        "apiVersion": "extender.io/v1alpha1", "kind": "Policy",
+        "nodeClasses": [{"name": "nvme", "matchLabels": {"k": "a"}, "gpu": {"product": "H100", "count": 8},
+                         "nvme": {"capacity": "1TB"}},
+                        {"name": "diskless", "matchLabels": {"k": "b"}, "gpu": {"product": "H100", "count": 8},
+                         "nvme": {"capacity": 0}}],
+        "profiles": [{"name": "w", "match": {"labels": {"app": "w"}}, "image": {"reference": "w:1"},
+                      "weights": {"source": "s3://m/w/", "version": "v1", "bytes": "1GB", "cache": cache},
+                      "lora": {"adapters": [{"name": "t1", "source": "s3://m/t1/", "bytes": "1MB"}]}}],
+    })
+    wkey, akey = weights_key("w", "v1"), adapter_key("w", "t1")
+    record = node("n", nodeClass=node_class, weights={wkey: 10**9}, adapters=[akey])
+    snap = InventorySnapshot.build(policy, [record])
+    state, _ = snap.state_for(policy.profile("w"), snap.lookup(["n"]).index, NOW)
+    assert state.weights_bytes.tolist() == [local]
+    assert state.adapters.tolist() == [[local > 0]]
 
 
 # ---- bounded records: nothing a writer stores can stop a snapshot build ---------------------------

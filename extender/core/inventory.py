@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field
 
-from extender.core.caches import adapter_keys, compile_key, snapshot_key, weights_key
+from extender.core.caches import adapter_keys, caches_weights, compile_key, snapshot_key, weights_key
 from extender.core.estimate import CacheState, ClassTable, CompileCache
 from extender.core.images import names_for, normalise_all
 from extender.core.k8snames import DNS_SUBDOMAIN_PATTERN
@@ -401,7 +401,11 @@ class InventorySnapshot:
         snapshot = np.array([s is not None and snap_key in s.snapshots for s in picked], dtype=np.bool_)
         adapters = np.array([[s is not None and k in s.adapters for k in akeys] for s in picked],
                             dtype=np.bool_).reshape(len(picked), len(akeys))
-        return CacheState(image, weights, compile_state, snapshot, self.pulling_bytes[rows].copy(), adapters)
+        # weights and adapters left on a node whose class does not keep them (weights.cache: none, a
+        # class without NVMe, the unknown class) are not read by a replica: it streams them
+        keeps = np.array([caches_weights(profile, c) for c in self.classes], dtype=np.bool_)[self.class_index[rows]]
+        return CacheState(image, np.where(keeps, weights, 0.0), compile_state, snapshot,
+                          self.pulling_bytes[rows].copy(), adapters & keeps[:, None])
 
     def state_for(self, profile: Profile, rows: NDArray[np.intp], now: float) -> tuple[CacheState, ClassTable]:
         """Cache state of the given rows for ``profile``, with stale and unknown rows made cold."""
