@@ -338,6 +338,7 @@ def test_the_hpa_given_the_published_value_reaches_the_bound(row: AtBound) -> No
     i = inputs(**row.overrides)
     d = decide(i)
     assert (d.desired, d.published) == (row.desired, row.published)
+    assert (f"published as {row.published}" in d.explain()) == (row.published != row.desired)
     hpa = Hpa(min_replicas=i.min_replicas, max_replicas=i.max_replicas, tolerance=i.tolerance)
     assert hpa.sync(NOW, d.current, d.current, float(d.published), 1.0) == d.desired
 

@@ -379,7 +379,8 @@ def decide(inputs: DecisionInputs) -> Decision:
                        f"{i.stabilisation_s:g}s")
     if n.desired != n.stabilised:
         bound = "min" if n.desired > n.stabilised else "max"
-        reasons.append(f"clamped to {bound}Replicas {n.desired}")
+        reasons.append(f"clamped to {bound}Replicas {n.desired}; published as {n.stabilised}, which the HPA "
+                       f"clamps itself after its tolerance test")
     if n.action == "scale-up":
         reasons.append(f"scale-up driven by the {n.driver} need")
     elif n.action == "scale-down":
