@@ -361,6 +361,10 @@ REFUSED = [
             13, "profiles[0].overrides.gpu-a", "compile warm (4s, from cache) is slower than compile cold (3s"),
     Refused("an override of both, crossed", "", "    overrides: {gpu-a: {compileCold: 1m, compileWarm: 2m}}\n",
             13, "profiles[0].overrides.gpu-a", "compile warm (2m, from cache) is slower than compile cold (1m"),
+    Refused("a compile key of another digest than the pinned image", '"vllm/vllm-openai:v0.11.0"',
+            f'"vllm/vllm-openai@sha256:{"a" * 64}"}}\n    compile: {{key: {{modelId: m, revision: r, imageDigest: '
+            f'"sha256:{"b" * 64}", engineVersion: "1", torchVersion: "2", cudaVersion: "12", tritonVersion: "3"}}', 12,
+            "profiles[0].compile.key.imageDigest", "is not the digest image.reference pins"),
     # warm Job fields Kubernetes would refuse at every tick: refused when the policy loads
     Refused("a namespace that is no DNS label", "", "warming: {namespace: Extender_Warm}\n", 13, "warming.namespace",
             "'Extender_Warm' is not a valid Kubernetes name (DNS-1123 label)"),

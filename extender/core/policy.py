@@ -1229,6 +1229,12 @@ def cross_check(policy: Policy) -> list[tuple[Loc, str]]:
                         "weights cache is required but the weights are larger than the usable NVMe "
                         "of every node class this profile may run on"))
     for i, p in enumerate(policy.profiles):
+        pinned = p.image.reference.partition("@")[2]
+        if pinned and p.compile.key is not None and p.compile.key.image_digest != pinned:
+            out.append((("profiles", i, "compile", "key", "imageDigest"),
+                        f"{p.compile.key.image_digest} is not the digest image.reference pins ({pinned}): a node "
+                        "holding either would count as holding the image, and the compile cache would be keyed "
+                        "to an image the pods do not run"))
         if p.filter.require_nvme_fit and not p.weights.cached:
             out.append((("profiles", i, "filter", "requireNvmeFit"),
                         "filter.requireNvmeFit is set but weights.cache is none: the weights are streamed, never "
