@@ -27,7 +27,7 @@ import itertools
 import os
 import subprocess
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -157,15 +157,16 @@ def run(args: Sequence[str | Path], *, check: bool = True) -> subprocess.Complet
 # ---- rendering ----------------------------------------------------------------------------------
 
 
-def helm_template(values: dict[str, str], *, chart: Path = CHART,
-                  check: bool = True) -> subprocess.CompletedProcess[str]:
+def helm_template(values: dict[str, str], *, chart: Path = CHART, check: bool = True,
+                  flags: Sequence[str | Path] = ()) -> subprocess.CompletedProcess[str]:
     """``helm template`` with ``values`` given as ``--set`` (strings as ``--set-string``; a comma,
-    which separates assignments in ``--set``, escaped)."""
+    which separates assignments in ``--set``, escaped), then ``flags`` (``-f FILE``,
+    ``--skip-schema-validation``, ...)."""
     sets: list[str] = []
     for name, value in sorted(values.items()):
         flag = "--set-string" if name.endswith(("caBundle", "url")) else "--set"
         sets += [flag, f"{name}={value.replace(',', chr(92) + ',')}"]
-    return run([helm(), "template", "extender", chart, "--namespace", NAMESPACE, *sets], check=check)
+    return run([helm(), "template", "extender", chart, "--namespace", NAMESPACE, *sets, *flags], check=check)
 
 
 def chunks(text: str) -> list[tuple[dict[str, Any], str]]:
@@ -225,6 +226,51 @@ def one(docs: Iterable[dict[str, Any]], kind: str, name: str | None = None) -> d
 def container(workload: dict[str, Any], name: str) -> dict[str, Any]:
     found: dict[str, Any] = next(c for c in workload["spec"]["template"]["spec"]["containers"] if c["name"] == name)
     return found
+
+
+# ---- the command lines rendered -----------------------------------------------------------------
+
+#: Written in place of a value the kubelet fills in (secretKeyRef, configMapKeyRef, ...).
+FROM_THE_CLUSTER = "<set by the kubelet>"
+#: What the kubelet writes for a downward-API field whose shape a command checks at start (the agent
+#: refuses a $NODE_NAME that is no node name).
+FIELD_VALUES = {"spec.nodeName": "gpu-node-1"}
+
+
+def env_value(entry: Mapping[str, Any]) -> str:
+    """The value a container's environment entry has when the pod runs, or a stand-in for it."""
+    if "value" in entry:
+        return str(entry["value"])
+    field = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    return FIELD_VALUES.get(field, FROM_THE_CLUSTER)
+
+
+@dataclass(frozen=True)
+class Command:
+    """An ``extender`` command line a rendered container runs: where, its arguments, environment and mounts."""
+
+    where: str
+    args: tuple[str, ...]
+    environ: Mapping[str, str]
+    mounts: tuple[str, ...]
+
+
+def containers(source: str, docs: list[dict[str, Any]]) -> list[Command]:
+    """Every container of ``docs``' workloads that runs ``extender`` (tests/test_rendered_commands.py)."""
+    out: list[Command] = []
+    for doc in docs:
+        if doc["kind"] not in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
+            continue
+        pod = doc["spec"]["template"]["spec"]
+        for c in [*pod.get("initContainers", []), *pod["containers"]]:
+            command = list(c.get("command", []))
+            if command[:1] != ["extender"]:
+                continue
+            environ = {e["name"]: env_value(e) for e in c.get("env", [])}
+            mounts = tuple(m["mountPath"] for m in c.get("volumeMounts", []))
+            args = tuple(command[1:] + list(c.get("args", [])))
+            out.append(Command(f"{source}/{doc['metadata']['name']}/{c['name']}", args, environ, mounts))
+    return out
 
 
 # ---- the kustomize tree -------------------------------------------------------------------------

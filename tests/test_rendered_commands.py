@@ -24,8 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -40,55 +38,15 @@ from tests.test_packaging import RENDERS
 #: Flags whose value is a file or directory the process opens.
 PATH_FLAGS = ("--policy", "--tls-cert", "--tls-key", "--tls-client-ca", "--tls-front-proxy-ca", "--kubeconfig",
               "--cache-root", "--hub-cache")
-#: Written in place of a value the kubelet fills in (secretKeyRef, configMapKeyRef, ...).
-FROM_THE_CLUSTER = "<set by the kubelet>"
-#: What the kubelet writes for a downward-API field whose shape a command checks at start (the agent
-#: refuses a $NODE_NAME that is no node name).
-FIELD_VALUES = {"spec.nodeName": "gpu-node-1"}
-
-
-def env_value(entry: Mapping[str, Any]) -> str:
-    """The value a container's environment entry has when the pod runs, or a stand-in for it."""
-    if "value" in entry:
-        return str(entry["value"])
-    field = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-    return FIELD_VALUES.get(field, FROM_THE_CLUSTER)
-
-
-@dataclass(frozen=True)
-class Command:
-    where: str
-    args: tuple[str, ...]
-    environ: Mapping[str, str]
-    mounts: tuple[str, ...]
-
-
-def containers(source: str, docs: list[dict[str, Any]]) -> list[Command]:
-    out: list[Command] = []
-    for doc in docs:
-        if doc["kind"] not in ("Deployment", "DaemonSet", "StatefulSet", "Job"):
-            continue
-        pod = doc["spec"]["template"]["spec"]
-        for c in [*pod.get("initContainers", []), *pod["containers"]]:
-            command = list(c.get("command", []))
-            if command[:1] != ["extender"]:
-                continue
-            environ = {e["name"]: env_value(e) for e in c.get("env", [])}
-            mounts = tuple(m["mountPath"] for m in c.get("volumeMounts", []))
-            args = tuple(command[1:] + list(c.get("args", [])))
-            out.append(Command(f"{source}/{doc['metadata']['name']}/{c['name']}", args, environ, mounts))
-    return out
-
-
 def kustomize_overlays() -> list[tuple[str, list[dict[str, Any]]]]:
     return [(f"kustomize/{overlay}", list(chart.kustomize_build(chart.KUSTOMIZE / "overlays" / overlay).values()))
             for overlay in chart.OVERLAYS]
 
 
-def every_command() -> list[Command]:
+def every_command() -> list[chart.Command]:
     sources = [(f"helm/{name}", docs) for name, docs in RENDERS] + kustomize_overlays()
-    out = [c for source, docs in sources for c in containers(source, docs)]
-    out += containers("warm-job", [warm_job()])  # the helper steps of a weights Job, as the warmer makes it
+    out = [c for source, docs in sources for c in chart.containers(source, docs)]
+    out += chart.containers("warm-job", [warm_job()])  # the helper steps of a weights Job, as the warmer makes it
     return out
 
 
@@ -125,7 +83,7 @@ def test_every_source_and_command_is_covered() -> None:
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[c.where for c in COMMANDS])
-def test_the_command_would_start_with_what_is_rendered(command: Command) -> None:
+def test_the_command_would_start_with_what_is_rendered(command: chart.Command) -> None:
     args = parse(command.args)
     assert args.command == command.args[0]
     assert flag_problem(args, command.environ) is None, command.args
