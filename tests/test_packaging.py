@@ -84,6 +84,9 @@ def test_chart_and_package_versions_agree() -> None:
         pytest.param({"metrics.mode": "keda", "metrics.keda.healthPort": "9090"},
                      "metrics.keda.healthPort must differ from metrics.keda.port", id="keda-health-port"),
         pytest.param({"agent.hubCaches": "{hf-hub}"}, "agent.hubCaches[0] must be an absolute path", id="hub-cache"),
+        # keda-scaler refuses --metrics-bind on its --listen port (exit 2)
+        pytest.param({"metrics.mode": "keda", "monitoring.ports.keda": "9090"},
+                     "monitoring.ports.keda must differ from metrics.keda.port", id="keda-metrics-port"),
     ],
 )
 def test_bad_values_are_refused_with_the_value_named(values: dict[str, str], message: str) -> None:
