@@ -87,6 +87,9 @@ def test_chart_and_package_versions_agree() -> None:
         # keda-scaler refuses --metrics-bind on its --listen port (exit 2)
         pytest.param({"metrics.mode": "keda", "monitoring.ports.keda": "9090"},
                      "monitoring.ports.keda must differ from metrics.keda.port", id="keda-metrics-port"),
+        # serve binds both on one network namespace: the second bind fails (gunicorn exits)
+        pytest.param({"extender.port": "9464"}, "monitoring.ports.extender must differ from extender.port",
+                     id="extender-metrics-port"),
     ],
 )
 def test_bad_values_are_refused_with_the_value_named(values: dict[str, str], message: str) -> None:
