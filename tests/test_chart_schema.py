@@ -294,6 +294,11 @@ BAD: list[Any] = [
     pytest.param({"extender.threads": "1.5"}, "/extender/threads", id="threads-fraction"),
     pytest.param({"extender.port": "0"}, "/extender/port", id="extender-port-zero"),
     pytest.param({"monitoring.ports.extender": "65536"}, "/monitoring/ports/extender", id="metrics-port-too-high"),
+    # the extender runs as user 65532 without capabilities, on the node's network (self-managed): the
+    # kernel refuses it a port below 1024 (net.ipv4.ip_unprivileged_port_start), and serve exits
+    pytest.param({"extender.port": "443"}, "/extender/port", id="extender-port-privileged"),
+    pytest.param({"monitoring.ports.extender": "80"}, "/monitoring/ports/extender",
+                 id="extender-metrics-port-privileged"),
     pytest.param({"metrics.keda.port": "-1"}, "/metrics/keda/port", id="keda-port-negative"),
     pytest.param({"metrics.keda.healthPort": "70000"}, "/metrics/keda/healthPort", id="keda-health-port-too-high"),
     pytest.param({"agent.cachePath": "mnt/nvme"}, "/agent/cachePath", id="cache-path-relative"),
