@@ -325,6 +325,9 @@ BAD: list[Any] = [
     # what Kubernetes refuses, or takes differently from what was meant
     pytest.param({"warmer.namespace": "Extender_Warm"}, "/warmer/namespace", id="namespace-name"),
     pytest.param({"scheduler.schedulerName": "Extender Scheduler"}, "/scheduler/schedulerName", id="scheduler-name"),
+    # the cluster's own scheduler's name: both schedulers would take every pod that names none
+    pytest.param({"scheduler.schedulerName": "default-scheduler"}, "/scheduler/schedulerName",
+                 id="scheduler-name-of-the-cluster"),
     pytest.param({"extender.tls.secretName": "TLS"}, "/extender/tls/secretName", id="secret-name"),
     pytest.param({"redis.storage": "10GB"}, "/redis/storage", id="storage-not-a-quantity"),
     pytest.param({"redis.storage": "0Gi"}, "/redis/storage", id="storage-zero"),
