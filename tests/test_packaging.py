@@ -90,6 +90,11 @@ def test_chart_and_package_versions_agree() -> None:
         # serve binds both on one network namespace: the second bind fails (gunicorn exits)
         pytest.param({"extender.port": "9464"}, "monitoring.ports.extender must differ from extender.port",
                      id="extender-metrics-port"),
+        # kube-scheduler's secure port (its probes) in the second scheduler's pod: one of the two cannot bind
+        pytest.param({"mode": "second-scheduler", "extender.port": "10259"},
+                     "must not be 10259 in second-scheduler mode", id="extender-port-of-the-scheduler"),
+        pytest.param({"mode": "second-scheduler", "monitoring.ports.extender": "10259"},
+                     "must not be 10259 in second-scheduler mode", id="extender-metrics-port-of-the-scheduler"),
     ],
 )
 def test_bad_values_are_refused_with_the_value_named(values: dict[str, str], message: str) -> None:
