@@ -187,6 +187,7 @@ def command_verdict(values_file: Path | None, sets: dict[str, str]) -> str | Non
 
 
 def schema_verdict(values_file: Path | None, sets: dict[str, str]) -> str | None:
+    """Helm's refusal of these values by the schema, or ``None`` (a refusal for another reason fails the test)."""
     done = chart.helm_template(sets, check=False, flags=["-f", values_file] if values_file else [])
     assert done.returncode == 0 or SCHEMA_FAILED in done.stderr, done.stderr
     return None if done.returncode == 0 else done.stderr.strip()
