@@ -33,6 +33,8 @@ import yaml
 
 from extender import cli
 from extender.arguments import REDIS_SCHEMES, flag_problem
+from extender.core.errors import InvalidValueError
+from extender.core.images import check_reference
 from extender.core.k8snames import DNS_LABEL, DNS_SUBDOMAIN_PATTERN
 from extender.core.units import DURATION_PATTERN, QUANTITY_PATTERN
 from tests import chart
@@ -161,6 +163,21 @@ def test_the_patterns_are_the_binaries_own() -> None:
     assert definitions["dnsLabel"]["pattern"] == DNS_LABEL.pattern
     schemes = "|".join(re.escape(s) for s in REDIS_SCHEMES)
     assert schema()["properties"]["redis"]["properties"]["url"]["pattern"] == f"^$|^({schemes})://.+$"
+
+
+@pytest.mark.parametrize("name", [
+    "nginx", "ghcr.io/example/extender", "localhost:5000/a/b", "Registry.Example.COM/x__y/z--w",
+    "vllm/Serve", "a//b", "-a", "ghcr.io/ex/extender x", "caf\u00e9/x", "r.io/a.",
+])
+def test_the_image_repository_pattern_is_the_policys_reference_check(name: str) -> None:
+    # the repository (no tag, no digest) as the policy's image references are checked (extender.core.images)
+    try:
+        check_reference(name)
+        takes = True
+    except InvalidValueError:
+        takes = False
+    pattern = schema()["properties"]["image"]["properties"]["repository"]["pattern"]
+    assert (re.search(pattern, name) is not None) == takes
 
 
 # ---- the schema's verdict is the command's ------------------------------------------------------
