@@ -119,7 +119,9 @@ def test_the_metric_is_served_through_the_aggregator(scaler: Stack) -> None:
         value = published(scaler)
         return None if value is None else (value,)
 
-    (value,) = wait(served, "a published desired-replicas value", report=scaler.cluster.report)
+    seen = wait(served, "a published desired-replicas value", report=scaler.cluster.report)
+    assert seen is not None
+    (value,) = seen
     assert value == 0  # no demand: the need, 0; the HPA applies the profile's minReplicas (1) itself
     # the discovery document lists both metrics, through the same path the HPA uses
     discovery = json.loads(scaler.cluster.kubectl("get", "--raw", "/apis/external.metrics.k8s.io/v1beta1").stdout)
