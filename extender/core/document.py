@@ -310,11 +310,15 @@ def validate(
     try:
         return model.model_validate(data)
     except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        within = {tuple(e["loc"][:i]) for e in errors for i in range(len(e["loc"]))}
         problems = [
             # a key that is not text is reported at its mapping (pydantic's location is the key itself)
             Problem(source, line_of(lines, tuple(e["loc"])),
                     format_path(e["loc"][:-1] if e["type"] == "invalid_key" else e["loc"]), describe(e, model))
-            for e in exc.errors(include_url=False)
+            for e in errors
+            # a list too short only because its items are invalid: pydantic counts the valid ones
+            if not (e["type"] == "too_short" and tuple(e["loc"]) in within)
         ]
         problems.sort(key=lambda p: (p.line or 0, p.path))
         raise error(problems) from exc
