@@ -53,7 +53,8 @@ plugin. The mapping is therefore absolute, fixed per profile for one policy vers
   only on nodes whose class has NVMe to keep them on (:func:`caches_weights`: a class without NVMe
   streams the weights, writes nothing and evicts nothing), and only to nodes whose free space is
   known from the inventory; it can only lower a score, and more cache on a node never raises
-  pressure, so more cache never lowers a score.
+  pressure, so more cache never lowers a score, unless ``protectWarmPoints`` is on: a node warm
+  for a larger profile too (the image they share) is charged for the slots it would take from it.
 
 Hard rules (``Profile.filter``, all off by default) reject a node only on evidence:
 
