@@ -156,6 +156,8 @@ class BadTrace(NamedTuple):
 BAD_TRACES = [
     BadTrace("empty file", "", None, "the file is empty"),
     BadTrace("header only", "timestamp,rate\n", None, "no rows"),
+    # it held for 1 s, a made-up interval: five requests of a 5 req/s trace
+    BadTrace("one rate row", "timestamp,rate\n0,5\n", 2, "a rate trace needs at least two rows"),
     BadTrace("no time column", "when,rate\n1,2\n", 1, "no time column"),
     BadTrace("bad timestamp", "timestamp\n1\n2\nlater\n4\n", 4, "'later' is not a number"),
     BadTrace("bad iso timestamp", "timestamp\n2024-01-01T00:00:00\n2024-13-45T00:00:00\n", 3, "not an ISO-8601"),

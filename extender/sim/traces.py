@@ -6,7 +6,7 @@ Two kinds of file, both CSV with a header line:
   18:17:03.9799600`` or ``...T...Z``, or seconds as a number) and any other columns (ignored). The
   Azure LLM inference trace format (``TIMESTAMP,ContextTokens,GeneratedTokens``) loads as is.
 * **rate**: one row per interval, a timestamp (the interval's start) and a rate in requests/s. The
-  rate holds until the next row; the last row holds for the median interval.
+  rate holds until the next row; the last row holds for the median interval (two rows at least).
 
 ``format: auto`` picks *rate* when the header has a rate column (``rate``, ``rps``, ``qps``,
 ``requests_per_second``, or ``rateColumn``), else *requests*, unless it cannot be sure: the file
@@ -484,7 +484,11 @@ def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
         raise TraceError([Problem(source, later, "", f"this interval starts at the same time as line {earlier}; "
                                                       "an interval trace needs one row per start")])
     _check_rates(path, spec, rate, order)
-    step = float(np.median(np.diff(seconds))) if len(seconds) > 1 else 1.0
+    if len(seconds) < 2:
+        raise TraceError([Problem(source, _line_of_row(path, int(order[0])), "", (
+            "a rate trace needs at least two rows: each rate holds until the next row, and the last "
+            "for the median interval between rows (one row has none)"))])
+    step = float(np.median(np.diff(seconds)))
     return RateTrace(np.ascontiguousarray(seconds, dtype=np.float64), rate, float(seconds[-1]) + step, layout.credit)
 
 
