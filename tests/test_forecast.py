@@ -362,10 +362,18 @@ def test_resample(ts: list[float], ys: list[float], step: float | None, grid: li
     assert ref_grid(ts, ys, step)[0] == pytest.approx(grid, nan_ok=True)
 
 
-def test_resample_bounds_the_grid() -> None:
+@pytest.mark.parametrize(("ts", "step"), [
     # a stray timestamp 1e9 s in the past must not allocate a billion points
-    s = resample([0.0, 1e9 - 15, 1e9], [1, 2, 3], 15.0, max_points=10)
+    pytest.param([0.0, 1e9 - 15, 1e9], 15.0, id="a-billion-steps-back"),
+    # ... nor, more than 2^63 steps back, wrap around in the cast to a grid index
+    pytest.param([-1e300, 1e9 - 15, 1e9], 15.0, id="beyond-int64-steps-back"),
+    pytest.param([-1e18, 1e9 - 0.1, 1e9], 0.1, id="beyond-int64-at-a-fine-step"),
+    pytest.param([-1.7e308, 1.7e308 - 15 * 2.0**971, 1.7e308], 15 * 2.0**971, id="span-overflows-to-inf"),
+])
+def test_resample_bounds_the_grid(ts: list[float], step: float) -> None:
+    s = resample(ts, [1, 2, 3], step, max_points=10)
     assert s.values.tolist() == [2, 3]
+    assert s.t_end == ts[-1]
 
 
 def test_resample_rejects_mismatched_lengths() -> None:

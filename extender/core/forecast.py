@@ -387,12 +387,12 @@ def resample(timestamps: ArrayLike, values: ArrayLike, step_s: float | None = No
         step_s = float(np.median(gaps)) if gaps.size else 0.0
     if step_s <= 0:
         return Series(np.array([float(y.mean())]), 0.0, t_end)
-    back = np.rint((t_end - t) / step_s).astype(np.int64)  # grid points counted back from the end
+    steps = np.rint((t_end - t) / step_s)  # grid points counted back from the end
+    keep = steps < max_points  # before the cast: a stray timestamp may lie more than 2^63 steps back
+    if not keep.all():
+        steps, y = steps[keep], y[keep]
+    back = steps.astype(np.int64)
     n = int(back.max()) + 1
-    if n > max_points:
-        keep = back < max_points
-        back, y = back[keep], y[keep]
-        n = int(back.max()) + 1
     idx = n - 1 - back
     sums = np.bincount(idx, weights=y, minlength=n)
     counts = np.bincount(idx, minlength=n)
