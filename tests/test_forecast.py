@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from extender.core import forecast as fc
 from extender.core import smoothing
-from extender.core.errors import UnknownNameError
+from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.core.forecast import (
     FORECASTERS,
     Forecast,
@@ -608,11 +608,76 @@ def test_params_are_validated() -> None:
         ForecastParams(level=1.0)
 
 
-def test_bad_horizon_is_rejected() -> None:
-    with pytest.raises(ValueError, match="horizon"):
-        forecast("holt", [0], [1], -1.0)
-    with pytest.raises(ValueError, match="horizon"):
-        forecast("holt", [0], [1], math.nan)
+@pytest.mark.parametrize(("horizon", "now", "words"), [
+    pytest.param(-1.0, None, "horizon", id="negative-horizon"),
+    pytest.param(math.nan, None, "horizon", id="nan-horizon"),
+    pytest.param(60.0, math.inf, "now must be a finite time", id="infinite-now"),
+    pytest.param(60.0, math.nan, "now must be a finite time", id="nan-now"),
+])
+def test_bad_horizon_is_rejected(horizon: float, now: float | None, words: str) -> None:
+    with pytest.raises(InvalidValueError, match=words):
+        forecast("holt", [0], [1], horizon, now_s=now)
+
+
+class Far(NamedTuple):
+    horizon: float
+    now: float | None
+    step: float | None
+
+
+FAR = [
+    pytest.param(Far(365 * 86_400.0, None, None), id="a-year-at-the-sampling-step"),
+    pytest.param(Far(1e15, None, None), id="a-horizon-of-1e15-s"),
+    pytest.param(Far(300.0, 1e18, None), id="now-far-past-the-last-sample"),
+    pytest.param(Far(300.0, None, 1e-9), id="a-nanosecond-grid"),
+    pytest.param(Far(1e15, 1e18, 1e-9), id="beyond-numpy-integers"),
+]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("row", FAR)
+def test_a_lead_of_any_length_is_forecast(name: str, row: Far) -> None:
+    # the spread of a fallback grows with the lead in steps (spread_factor): a lead of billions of
+    # steps must neither allocate them nor loop over them, nor overflow numpy's integers
+    t, y = hourly_history(600, seed=4, start=1_700_000_000.0)
+    f = forecast(name, t, y, row.horizon, ForecastParams(step_s=row.step, season_s=3600.0), now_s=row.now)
+    assert math.isfinite(f.point) and math.isfinite(f.upper)
+    assert 0.0 <= f.point <= f.upper
+
+
+class Psi(NamedTuple):
+    n: int
+    a: float
+    b: float
+    g: float
+    m: int
+    phi: float
+    rel: float  # the tolerance against the term-by-term sum
+
+
+def psi_terms(row: Psi) -> float:
+    """``sum psi_j^2`` term by term, in plain Python (the oracle of :func:`fc.psi_square_sum`)."""
+    total = 0.0
+    for j in range(1, row.n + 1):
+        damped = j if row.phi == 1.0 else row.phi * (1.0 - row.phi ** j) / (1.0 - row.phi)
+        psi = row.a + row.a * row.b * damped + (row.g if row.m > 0 and j % row.m == 0 else 0.0)
+        total += psi * psi
+    return total
+
+
+@pytest.mark.parametrize("row", [
+    pytest.param(Psi(1, 0.3, 0.05, 0.2, 4, 0.98, 1e-12), id="one-term"),
+    pytest.param(Psi(200_001, 1.0, 0.0, 0.0, 0, 1.0, 1e-12), id="last-value"),
+    pytest.param(Psi(200_001, 0.3, 0.05, 0.0, 0, 1.0, 1e-12), id="holt-undamped"),
+    pytest.param(Psi(200_001, 0.3, 0.4, 0.0, 0, 0.8, 1e-9), id="holt-damped"),
+    pytest.param(Psi(200_001, 0.02, 0.4, 0.4, 5760, 0.98, 1e-9), id="holt-winters-damped"),
+    pytest.param(Psi(200_001, 0.5, 1.0, 1.0, 7, 1.0, 1e-12), id="holt-winters-undamped"),
+    pytest.param(Psi(200_001, 0.3, 0.05, 0.2, 1, 0.999999, 1e-9), id="slowly-damped"),
+    pytest.param(Psi(200_001, 0.3, 0.05, 0.2, 3, 1 - 1e-14, 1e-5), id="damped-within-rounding-of-one"),
+])
+def test_psi_square_sum_is_the_sum(row: Psi) -> None:
+    got = fc.psi_square_sum(row.n, row.a, row.b, row.g, row.m, phi=row.phi)
+    assert got == pytest.approx(psi_terms(row), rel=row.rel)
 
 
 def test_forecast_is_a_value() -> None:

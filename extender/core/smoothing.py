@@ -297,12 +297,14 @@ def forecasts_at(r: Run, k: int, origins: NDArray[np.intp]) -> F64:
 
 def _origins(r: Run, k: int, first: int) -> NDArray[np.intp]:
     """The origins ``t >= max(first, t0)`` whose k-step target ``t + k`` lies inside y (maybe none)."""
-    return np.arange(max(first, r.t0, 0), len(r.y) - k)
+    return np.arange(max(first, r.t0, 0), max(len(r.y) - k, 0))  # (k may be beyond numpy's integers)
 
 
 def errors_at(r: Run, k: int, first: int = 0) -> F64:
     """The k-step errors ``y[t+k] - f_{t,k}`` of every origin ``t >= max(first, t0)`` whose target is observed."""
     origins = _origins(r, k, first)
+    if origins.size == 0:  # (before origins + k: k may be beyond numpy's integers)
+        return np.empty(0)
     target = r.y[origins + k]
     seen = ~np.isnan(target)
     return np.asarray(target[seen] - forecasts_at(r, k, origins[seen]), dtype=np.float64)
@@ -324,6 +326,8 @@ def relative_errors_at(r: Run, k: int, first: int, floor: float, offset: F64 | N
     the error is relative to (the error itself is the same either way).
     """
     origins = _origins(r, k, first)
+    if origins.size == 0:  # (before origins + k: k may be beyond numpy's integers)
+        return np.empty(0)
     target = r.y[origins + k]
     seen = ~np.isnan(target)
     f = forecasts_at(r, k, origins[seen])
