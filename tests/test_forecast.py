@@ -891,6 +891,29 @@ def test_the_same_history_gives_the_same_forecast(name: str, seed: int, n: int, 
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize(("step", "repeat"), [
+    pytest.param(60.0, 0, id="four-samples-per-point"),
+    pytest.param(37.0, 0, id="a-step-that-does-not-divide-the-sampling"),
+    pytest.param(None, 500, id="duplicate-timestamps"),
+])
+def test_the_order_of_the_samples_does_not_matter(name: str, step: float | None, repeat: int) -> None:
+    # several samples per grid point are summed: in the order they came, the sum (and so the
+    # forecast) moved with the order of a history that is the same
+    rng = np.random.default_rng(1)
+    t = 1_700_000_000.0 + np.arange(4000) * 15.0
+    y = 1 / 3 + rng.gamma(2, 0.3, t.size) + np.sin(np.arange(t.size) / 50) * 0.3
+    if repeat:  # the last samples three times at the same timestamps, with other values
+        t, y = np.concatenate([t, t[-repeat:], t[-repeat:]]), np.concatenate([y, y[-repeat:] / 7, y[-repeat:] * 3.1])
+    p = ForecastParams(step_s=step)
+    fc.clear_memos()
+    first = forecast(name, t, y, 300.0, p)
+    for seed in range(3):
+        order = np.random.default_rng(seed).permutation(t.size)
+        fc.clear_memos()
+        assert forecast(name, t[order], y[order], 300.0, p) == first
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_a_tick_inside_a_refit_period_forecasts_as_a_cold_start_does(name: str) -> None:
     # later ticks reuse the runs over the fit data made at the first one (memo.run_on,
     # _profile_on); a replica with nothing cached must still forecast exactly the same

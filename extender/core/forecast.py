@@ -27,7 +27,8 @@ grid is anchored at the last sample: grid point k (counted back from the end) is
 ``t_end - k * step_s`` and holds the mean of the samples nearest to it (``round((t_end - t) / s)``).
 Rounding to the nearest point, rather than flooring into intervals, keeps a jittery 15 s scrape
 (15.0 s, 15.2 s, 14.9 s) one sample per point; a step coarser than the sampling averages several
-samples per point. A grid point with no sample is a gap (NaN); nothing is interpolated.
+samples per point, summed in the order of time (then value), whatever order they came in. A grid
+point with no sample is a gap (NaN); nothing is interpolated.
 
 The models are one additive state-space model with optional damped trend and season; the
 recursion, k-step forecasts and gap rule are in :mod:`extender.core.smoothing`::
@@ -381,6 +382,11 @@ def resample(timestamps: ArrayLike, values: ArrayLike, step_s: float | None = No
         t, y = t[ok], y[ok]
     if t.size == 0:
         return Series(np.empty(0), float(step_s or 0.0), None)
+    if t.size > 1 and not bool(np.all(t[1:] > t[:-1])):
+        # one order, whatever the callers': a grid point's mean sums its samples in this order, and
+        # float sums depend on it (by an ulp, which a fit or the model choice can magnify)
+        order = np.lexsort((y, t))
+        t, y = t[order], y[order]
     t_end = float(t.max())
     if step_s is None:
         gaps = np.diff(np.unique(t))
