@@ -645,6 +645,36 @@ def test_a_lead_of_any_length_is_forecast(name: str, row: Far) -> None:
     assert 0.0 <= f.point <= f.upper
 
 
+def _huge(kind: str) -> np.ndarray:
+    i = np.arange(3000)
+    y = 10 + np.random.default_rng(5).normal(size=i.size)
+    return {"near-the-float-maximum": 1e307 * (1 + i % 5), "the-float-maximum": np.full(i.size, 1.7e308),
+            "maximum-and-zero": np.where(i % 2, 1.7e308, 0.0), "one-1e300-sample": np.where(i == 2500, 1e300, y),
+            "a-1e300-last-sample": np.where(i == i[-1], 1e300, y)}[kind]
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("kind", ["near-the-float-maximum", "the-float-maximum", "maximum-and-zero",
+                                  "one-1e300-sample", "a-1e300-last-sample"])
+def test_demand_near_the_float_maximum_is_forecast(name: str, kind: str) -> None:
+    # squared errors of values near 1.8e308 overflowed: NaN or inf forecasts, and auto raised
+    # ZeroDivisionError on held-out errors that were all NaN
+    t = 1_700_000_000.0 + np.arange(3000) * 60.0
+    for step in (None, 7.0):
+        f = forecast(name, t, _huge(kind), 300.0, ForecastParams(step_s=step))
+        assert math.isfinite(f.point) and math.isfinite(f.upper)
+        assert 0.0 <= f.point <= f.upper
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_power_of_two_scale_gives_the_same_forecast_scaled(name: str) -> None:
+    t, y = hourly_history(600, seed=6, start=1_700_000_000.0)
+    p = ForecastParams(season_s=3600.0)
+    plain, huge = forecast(name, t, y, 300.0, p), forecast(name, t, y * 2.0**400, 300.0, p)
+    assert (huge.point, huge.upper, huge.method, huge.constants) == (
+        plain.point * 2.0**400, plain.upper * 2.0**400, plain.method, plain.constants)
+
+
 class Psi(NamedTuple):
     n: int
     a: float

@@ -197,6 +197,9 @@ Non-negativity. Demand is never negative, so ``point = max(point_raw + shift, 0)
 ``upper = max(point_raw + spread, 0)``; since the median of the errors is at most their
 ``level`` quantile and spread >= 0, ``upper >= point`` always.
 
+Demand beyond :data:`LARGEST` (2^128; a buggy exporter's 1e300) is forecast at a power-of-two scale
+and scaled back (:func:`_in_range`): the same forecast, without squared errors overflowing.
+
 No observation at all (empty or all-NaN history): point = upper = 0 with method ``"none"``. The
 scaler only ever raises its decision on a forecast, so zero is the neutral answer, not a claim
 that demand is zero.
@@ -1060,14 +1063,39 @@ def forecast(name: str, timestamps: ArrayLike, values: ArrayLike, horizon_s: flo
         raise InvalidValueError(f"now must be a finite time in seconds (or None: the last sample), got {now_s!r}")
     p = params if params is not None else ForecastParams()
     t = np.asarray(timestamps, dtype=np.float64).ravel()
-    v = np.asarray(values, dtype=np.float64).ravel()
+    v, scale = _in_range(np.asarray(values, dtype=np.float64).ravel())
     series, win = _prepared(t, v, p)
     if series.t_end is None:
         return Forecast(point=0.0, upper=0.0, level=p.level, horizon_s=horizon_s, lead_s=horizon_s,
                         requested=name, method="none", note="no observations", observations=0,
                         residuals=0, step_s=series.step_s, spread=0.0, t_end=None)
     stale = max(0.0, now_s - series.t_end) if now_s is not None else 0.0
-    return fn(Context(series, horizon_s, horizon_s + stale, p, name, win))
+    got = fn(Context(series, horizon_s, horizon_s + stale, p, name, win))
+    if scale == 1.0:
+        return got
+    top = float(np.finfo(np.float64).max)
+    return got.model_copy(update={k: min(max(getattr(got, k) * scale, -top), top)
+                                  for k in ("point", "upper", "spread", "median_shift")})
+
+
+#: Demand values larger than this (a buggy exporter's 1e300) are forecast at a power-of-two scale:
+#: squared errors, their variance and a projected trend of values near the float maximum overflow to
+#: inf and NaN. 2^128 leaves room for all of them; every real rate is far below it.
+LARGEST = 2.0**128
+
+
+def _in_range(v: F64) -> tuple[F64, float]:
+    """``v`` and 1, or ``v / 2^e`` and ``2^e`` when its largest finite magnitude is beyond :data:`LARGEST`
+    (``2^e`` the power of two at or below it). Dividing by a power of two is exact, and every step
+    of the forecast is equivariant to the scale of the demand (relative errors, ratios of errors,
+    grid-searched constants), so the forecast of ``v / 2^e`` times ``2^e`` is the forecast of ``v``
+    without the overflows; a result beyond the float maximum is that maximum."""
+    finite = v[np.isfinite(v)]
+    big = float(np.max(np.abs(finite))) if finite.size else 0.0
+    if big <= LARGEST:
+        return v, 1.0
+    scale = math.ldexp(1.0, math.frexp(big)[1] - 1)  # v / scale below 2; 2^1024 is not a float
+    return v / scale, scale
 
 
 #: The histories :func:`forecast` gridded last: the same history is forecast at its horizons in a
