@@ -396,7 +396,8 @@ def resample(timestamps: ArrayLike, values: ArrayLike, step_s: float | None = No
         step_s = float(np.median(gaps)) if gaps.size else 0.0
     if step_s <= 0:
         return Series(np.array([float(y.mean())]), 0.0, t_end)
-    steps = np.rint((t_end - t) / step_s)  # grid points counted back from the end
+    with np.errstate(over="ignore"):  # a span beyond the float maximum is inf steps back: dropped below
+        steps = np.rint((t_end - t) / step_s)  # grid points counted back from the end
     keep = steps < max_points  # before the cast: a stray timestamp may lie more than 2^63 steps back
     if not keep.all():
         steps, y = steps[keep], y[keep]
