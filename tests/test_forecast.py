@@ -811,6 +811,20 @@ def test_fitted_constants_are_in_bounds_and_reported(name: str) -> None:
     assert in_bounds(f.constants)
 
 
+@pytest.mark.parametrize("shape", [
+    pytest.param(smoothing.Shape(trend=False), id="ewma"),
+    pytest.param(smoothing.Shape(trend=True), id="holt"),
+    pytest.param(smoothing.Shape(trend=True, m=24), id="holt-winters"),
+])
+def test_every_constant_the_fit_can_choose_is_in_bounds(shape: smoothing.Shape) -> None:
+    # the fit picks a row of these grids: on one history it may never reach a widened grid's edge
+    # (the test above passed with alpha 0.01, beta 0.9, phi 0.5 in the grids); every row must be in bounds
+    first = smoothing.candidates(shape)
+    rows = [first, *(smoothing.shift_candidates(shape, smoothing.Constants(*row[:4]), 0.3) for row in first)]
+    for row in np.vstack(rows):
+        assert in_bounds(dict(zip(COLUMNS, row.tolist(), strict=True))), row
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_short_history_uses_the_fixed_constants(name: str) -> None:
     # 20 min at 1 min: however the refit period is halved, no training part holds 20 observations
