@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -11,3 +13,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         sock.bind((host, 0))
         port: int = sock.getsockname()[1]
         return port
+
+
+def stop(process: subprocess.Popen[bytes], timeout_s: float = 30.0) -> None:
+    """SIGTERM a server the test started, as Kubernetes stops a pod, and wait for it; SIGKILL it if it
+    has not exited within ``timeout_s`` (a bound so a hung server fails the test instead of hanging it)."""
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

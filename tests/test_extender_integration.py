@@ -33,7 +33,7 @@ from extender.core.inventory import NodeState
 from extender.state import InventoryStore, connect
 from tests.conftest import RedisServer
 from tests.kube_double.waiting import wait_until
-from tests.net import free_port
+from tests.net import free_port, stop
 from tests.test_scoring import POLICY
 
 if TYPE_CHECKING:
@@ -241,16 +241,6 @@ def wait_for(check: Callable[[], bool], what: str, server: Server | None = None,
 
     wait_until(attempt, timeout_s=bound_s, what=what, interval_s=0.05,
                report=None if server is None else lambda: f"--- server log ---\n{server.logs()[-4000:]}")
-
-
-def stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import ssl
 import subprocess
 import sys
@@ -36,7 +35,7 @@ from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
 from tests.delegation_double import DelegationDouble, running
 from tests.kube_double.waiting import wait_until
-from tests.net import free_port
+from tests.net import free_port, stop
 from tests.pki import Pki, make_pki
 from tests.scaler_policy import policy_text
 
@@ -116,12 +115,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                 _wait_up(url, pki, process, log)
                 yield Served(url, pki, double, directory)
             finally:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+                stop(process, 30)
     finally:
         redis_server.stop()
 
@@ -342,10 +336,4 @@ def test_certificates_only_reads_its_cas_from_the_configmap(case: CertificatesOn
                 assert process.wait(timeout=START_TIMEOUT_S) == 1, log.read_text()
                 assert log.read_text().strip() == REFUSAL
         finally:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            stop(process, 30)

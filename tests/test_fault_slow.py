@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from tests.conftest import RedisServer
-from tests.net import free_port
+from tests.net import free_port, stop
 from tests.test_extender_integration import (
     NAMES,
     Server,
@@ -121,7 +121,6 @@ def test_a_worker_stopping_loses_no_request_on_kept_alive_connections(tmp_path: 
     # Go does not retry a POST that meets a closed connection: a stopping worker must announce
     # Connection: close before it closes, never drop a connection a client is about to reuse.
     import os
-    import signal
     import threading
 
     from tests.test_fault_reload import workers
@@ -224,12 +223,7 @@ def metrics_api(tmp_path: Path, redis_server: RedisServer) -> Iterator[tuple[str
             _wait_up(url, pki, process, log)
             yield url, pki
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop(process, 30)
 
 
 def test_stalled_handshakes_and_kept_alive_requests_do_not_stop_the_hpa(metrics_api: tuple[str, Any]) -> None:
