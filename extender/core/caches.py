@@ -26,10 +26,13 @@ tests/test_caches.py drives every kind through each of them).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, assert_never, get_args
+
+import numpy as np
+from numpy.typing import NDArray
 
 from extender.core.cachekey import compile_cache_key_of, key_material
 from extender.core.errors import InvalidValueError, UnknownNameError
@@ -155,6 +158,13 @@ def compile_key_material(profile: Profile, node_class: NodeClass) -> dict[str, o
 def caches_weights(profile: Profile, node_class: NodeClass) -> bool:
     """Does a node of this class keep the profile's weights (and adapters) on NVMe?"""
     return profile.weights.cached and node_class.nvme.capacity > 0
+
+
+def keeps_weights(profile: Profile, classes: Sequence[NodeClass], class_index: NDArray[np.intp]) -> NDArray[np.bool_]:
+    """Per node (``class_index`` into ``classes``): does its class keep the profile's weights on NVMe
+    (:func:`caches_weights`)? One call per class, then a gather."""
+    out: NDArray[np.bool_] = np.array([caches_weights(profile, c) for c in classes], dtype=np.bool_)[class_index]
+    return out
 
 
 def adapter_keys(profile: Profile) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import Field
 
-from extender.core.caches import adapter_keys, caches_weights, compile_key, snapshot_key, weights_key
+from extender.core.caches import adapter_keys, compile_key, keeps_weights, snapshot_key, weights_key
 from extender.core.estimate import CacheState, ClassTable, CompileCache
 from extender.core.images import names_for, normalise_all
 from extender.core.k8snames import DNS_SUBDOMAIN_PATTERN
@@ -403,7 +403,7 @@ class InventorySnapshot:
                             dtype=np.bool_).reshape(len(picked), len(akeys))
         # weights and adapters left on a node whose class does not keep them (weights.cache: none, a
         # class without NVMe, the unknown class) are not read by a replica: it streams them
-        keeps = np.array([caches_weights(profile, c) for c in self.classes], dtype=np.bool_)[self.class_index[rows]]
+        keeps = keeps_weights(profile, self.classes, self.class_index[rows])
         return CacheState(image, np.where(keeps, weights, 0.0), compile_state, snapshot,
                           self.pulling_bytes[rows].copy(), adapters & keeps[:, None])
 

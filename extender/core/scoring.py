@@ -79,7 +79,7 @@ from enum import IntEnum
 import numpy as np
 from numpy.typing import NDArray
 
-from extender.core.caches import caches_weights
+from extender.core.caches import keeps_weights
 from extender.core.estimate import CacheState, ClassTable, Estimate, cold_by_class, estimate
 from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
 
@@ -141,17 +141,12 @@ def lacking_bytes(profile: Profile, weights_local: F64) -> F64:
     return total - np.clip(np.asarray(weights_local, dtype=np.float64), 0.0, total)
 
 
-def keeps_weights(profile: Profile, classes: Sequence[NodeClass], class_index: NDArray[np.intp]) -> Mask:
-    """Per node: does its class keep the profile's weights on NVMe (:func:`caches_weights`)?"""
-    out: Mask = np.array([caches_weights(profile, c) for c in classes], dtype=np.bool_)[class_index]
-    return out
-
-
 def nvme_pressure(lacking: F64, usable_free: F64, free_known: Mask, keeps: Mask) -> Mask:
     """Nodes whose usable free NVMe cannot take the weights they lack without evicting something.
 
-    Only where the node keeps the weights on NVMe (``keeps``, :func:`keeps_weights`): a profile that
-    streams them (``cache: none``) or a class without NVMe writes nothing there and evicts nothing.
+    Only where the node keeps the weights on NVMe (``keeps``, :func:`extender.core.caches.keeps_weights`):
+    a profile that streams them (``cache: none``) or a class without NVMe writes nothing there and
+    evicts nothing.
     """
     out: Mask = keeps & free_known & (lacking > 0) & (usable_free < lacking)
     return out

@@ -97,10 +97,10 @@ from extender.core.caches import (
     CacheKind,
     adapter_keys,
     cache_id,
-    caches_weights,
     compile_key,
     declared_sizes,
     ids_in_use,
+    keeps_weights,
     nvme_entries,
     replica_ids,
     snapshot_key,
@@ -652,7 +652,6 @@ class _Planner:
         slots = np.minimum(free // gpus, k).astype(np.int64).reshape(len(rows))
         class_published = np.array([profile.snapshot is not None and (profile.name, c.name) in published
                                     for c in classes], dtype=np.bool_)
-        class_nvme_ok = np.array([caches_weights(profile, c) for c in classes], dtype=np.bool_)
         class_compile = [self.compile_key(profile, c) for c in classes]
         w = _Work(
             profile=profile, table=table, classes=classes, rows=rows,
@@ -660,7 +659,7 @@ class _Planner:
             name_rank=self.rank[rows].reshape(len(rows)),
             class_index=snap.class_index[rows], state=state,
             published=class_published[row_class].reshape(len(rows)),
-            nvme_ok=class_nvme_ok[row_class].reshape(len(rows)),
+            nvme_ok=keeps_weights(profile, classes, row_class).reshape(len(rows)),
             compile_ids=[class_compile[c] for c in classes_list],
             slots=slots, expectation=expectation,
             dead={kind: np.zeros(len(rows), dtype=np.bool_) for kind in KINDS},
