@@ -477,7 +477,9 @@ def test_an_edited_policy_file_is_taken_from_the_next_tick(redis_server: RedisSe
     rig.clock[0] += TICK
     LoopThread(rig.loop, max_ticks=1, policy_file=watcher).run()
     (record,) = DecisionStore(rig.client).records("qwen3")
-    assert record["decision"]["desired"] == 3  # the new minReplicas (published as the need, 1: the HPA clamps)
+    assert record["decision"]["desired"] == 3  # the new minReplicas
+    # on the wire, the need before the bound, 1: the HPA applies its minReplicas after its tolerance test
+    assert DecisionStore(rig.client).published()["qwen3"].desired == record["published"]["desired"] == 1
     (policy,) = seen
     autoscaling = policy.profile("qwen3").autoscaling
     assert autoscaling is not None and autoscaling.min_replicas == 3
