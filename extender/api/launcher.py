@@ -49,6 +49,7 @@ from typing import Any
 
 from gunicorn.app.base import BaseApplication
 from gunicorn.glogging import Logger as GunicornLogger
+from gunicorn.sock import ssl_context
 
 from extender.core.errors import InvalidValueError
 from extender.files import open_regular
@@ -203,8 +204,6 @@ def check_tls(options: ServeOptions, cfg: Any) -> None:
             open_regular(path).close()
         except OSError as exc:
             raise InvalidValueError(f"{flag} {path}: cannot read: {exc.strerror or exc}") from None
-    from gunicorn.sock import ssl_context
-
     try:
         ssl_context(cfg)
     except (OSError, ValueError) as exc:  # ssl.SSLError is an OSError
