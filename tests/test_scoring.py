@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from extender.core.caches import keeps_weights
 from extender.core.errors import PolicyError
 from extender.core.estimate import CacheState, CompileCache
 from extender.core.policy import UNKNOWN_CLASS, Policy, parse_policy
@@ -23,7 +24,6 @@ from extender.core.scoring import (
     Verdict,
     evaluate,
     judge,
-    keeps_weights,
     lacking_bytes,
     nvme_pressure,
     reason,
