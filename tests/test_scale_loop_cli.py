@@ -28,7 +28,7 @@ from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
 from tests.kube_double.waiting import wait_until
-from tests.net import free_port
+from tests.net import free_port, stop
 from tests.scaler_policy import policy_text
 from tests.vllm_endpoint import Counters, MetricsEndpoint, pod, serving
 
@@ -233,9 +233,4 @@ def test_an_api_only_scaler_follows_policy_edits(redis_server: RedisServer, tmp_
         until(lambda: code_in("staging") == 200, "qwen3 served in staging after the edit")
         assert code_in("default") == 404
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=SETTLE_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop(process, SETTLE_S)
