@@ -52,6 +52,24 @@ def test_bounded_by_age_and_by_count(parts: tuple[HistoryStore, DecisionStore, L
     assert [s.t for s in history.read("w", now=285)] == [190]  # a reader may ask for less
 
 
+def test_samples_from_a_clock_ahead_are_skipped_then_removed(
+        parts: tuple[HistoryStore, DecisionStore, LeaderLock, int], caplog: pytest.LogCaptureFixture) -> None:
+    history, _, lock, token = parts
+    # a replica 40 s ahead wrote its samples at its own now; this replica's now is 110
+    lock.commit(token, history.stage_append("w", [Sample(100, 1), Sample(140, 2), Sample(150, 3)], now=150))
+    assert history.read("w", now=110) == [Sample(100, 1)]
+    assert "skipped 2 samples dated up to 40s after now" in caplog.text
+    assert [s.t for s in history.read("w")] == [100, 140, 150]  # a reader without a clock sees all
+    lock.commit(token, history.stage_append("w", [Sample(110, 4)], now=110))
+    assert history.read("w") == [Sample(100, 1), Sample(110, 4)]
+
+
+def test_a_sample_after_now_is_refused(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
+    history, *_ = parts
+    with pytest.raises(ValueError, match=r"cannot be dated after now \(10\)"):
+        history.stage_append("w", [Sample(11, 1)], now=10)
+
+
 def test_history_survives_a_restart_of_the_scaler(redis_server: RedisServer) -> None:
     first = connect(redis_server.url, "/nonexistent")
     lock = LeaderLock(first, "old", ttl_s=60)

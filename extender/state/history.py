@@ -19,10 +19,17 @@ beyond the newest ``max_points`` (a tick shortened by mistake cannot grow the ke
 
 Only observed rates are stored. A tick without an observation (every scrape failed) leaves a gap,
 which the forecasters treat as missing data, never as zero demand.
+
+Samples dated after the reader's ``now`` were written by a replica whose clock runs ahead of the
+reader's (each replica stamps samples with its own clock; only the lease uses the server's). They
+are not read: a forecast grid is anchored at its newest sample, so one sample ten minutes ahead
+would make every forecast start ten minutes in the future and call the history fresh while it
+aged. The next append removes them, and the reader logs how many it skipped and by how much.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,6 +46,8 @@ from extender.state.lock import Stage
 DEFAULT_MAX_AGE_S = 3 * 86_400.0
 #: Samples kept by default per workload: three days at the default 15 s tick, plus slack.
 DEFAULT_MAX_POINTS = 20_000
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -75,7 +84,8 @@ class HistoryStore:
         return f"{self.prefix}:scaler:history:{workload}"
 
     def read(self, workload: str, *, now: float | None = None) -> list[Sample]:
-        """Samples in time order; with ``now``, only those within ``max_age_s`` of it."""
+        """Samples in time order; with ``now``, only those within ``max_age_s`` before it and none
+        after it (module docstring: a clock ahead of ours wrote those)."""
         low: float | str = "-inf" if now is None else now - self.max_age_s
         with redis_errors(f"reading the demand history of {workload!r}"):
             members: Any = self.client.zrangebyscore(self.key(workload), low, "+inf")
@@ -85,13 +95,23 @@ class HistoryStore:
                 out.append(Sample.decode(m))
             except ValueError as exc:
                 raise StateError(f"demand history of {workload!r} holds an unreadable sample {m!r}") from exc
-        return out
+        if now is None or not out or out[-1].t <= now:
+            return out
+        kept = [s for s in out if s.t <= now]
+        log.warning("history of %s: skipped %d samples dated up to %.6gs after now, written by a replica whose "
+                    "clock runs ahead of this one's; the next write removes them", workload,
+                    len(out) - len(kept), out[-1].t - now,
+                    extra={"workload": workload, "skipped": len(out) - len(kept), "ahead_s": out[-1].t - now})
+        return kept
 
     def stage_append(self, workload: str, samples: Sequence[Sample], *, now: float) -> Stage:
-        """A fenced-commit stage that adds ``samples`` and trims the key to its bounds."""
+        """A fenced-commit stage that adds ``samples`` and trims the key to its bounds: older than
+        ``max_age_s`` before ``now``, dated after ``now``, beyond the newest ``max_points``."""
         for s in samples:
             if not (math.isfinite(s.t) and math.isfinite(s.rate) and math.isfinite(s.queue)):
                 raise InvalidValueError(f"a history sample must be finite, got {s}")
+            if s.t > now:
+                raise InvalidValueError(f"a history sample cannot be dated after now ({now!r}), got {s}")
         key = self.key(workload)
         members = {s.encode(): s.t for s in samples}
         cutoff = now - self.max_age_s
@@ -101,6 +121,7 @@ class HistoryStore:
             if members:
                 pipe.zadd(key, members)
             pipe.zremrangebyscore(key, "-inf", f"({cutoff!r}")
+            pipe.zremrangebyscore(key, f"({now!r}", "+inf")
             pipe.zremrangebyrank(key, 0, -(keep + 1))
 
         return stage
