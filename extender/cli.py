@@ -12,6 +12,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import yaml
 
@@ -125,9 +126,19 @@ def _cachekey(args: argparse.Namespace) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse without prefix matching of long options (``--pol`` is not ``--policy``), as kubectl's
+    flags: an abbreviation in a script would change meaning, or stop parsing, the day an option
+    sharing its prefix is added. Subcommand parsers are of the parent's class, so this holds for all."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="extender", description="Cache-warmth-aware scheduling and predictive pre-scaling for inference pods."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

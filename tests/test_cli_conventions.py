@@ -59,6 +59,18 @@ def test_every_argument_and_command_has_help(name: str) -> None:
             assert all(helps.get(n) for n in action.choices), f"{name}: a subcommand without help: {helps}"
 
 
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_no_command_takes_an_abbreviated_option(name: str) -> None:
+    assert COMMANDS[name].allow_abbrev is False, f"{name}: long options may be abbreviated"
+
+
+def test_an_abbreviated_option_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args(["estimate", "--policy", "policy.yaml", "--work", "llama"])
+    assert exit_.value.code == 2
+    assert "unrecognized arguments: --work llama" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("name", sorted(LEAVES))
 def test_every_command_takes_the_logging_options(name: str) -> None:
     assert {"--log-level", "--log-format"} <= options(LEAVES[name])
