@@ -22,8 +22,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from extender.arguments import (
     FLAG_CHECK,
     add_store_options,
@@ -39,6 +37,7 @@ from extender.arguments import (
     size,
     tls_problem,
 )
+from extender.core.document import compose
 from extender.core.errors import DocumentError, Problem
 from extender.files import load_policy, load_policy_to_start, read_text
 from extender.process import report
@@ -154,11 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _read_pod(path: str) -> dict[str, Any]:
-    text = read_text(path)
-    try:
-        data = yaml.safe_load(text)  # JSON is YAML
-    except yaml.YAMLError as exc:
-        raise DocumentError([Problem(path, None, "", f"not JSON or YAML: {exc}")]) from exc
+    data, _ = compose(read_text(path), path)  # JSON is YAML; errors one line each, at their line
     if not isinstance(data, dict):
         raise DocumentError([Problem(path, 1, "", "a Pod must be an object with metadata and spec")])
     if str(data.get("kind", "Pod")) != "Pod":
