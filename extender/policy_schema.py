@@ -131,9 +131,10 @@ UNITS = """\
 
 * **size**: bytes. Decimal prefixes are powers of 1000 (`kB`, `MB`, `GB`, `TB`, `PB`), binary
   prefixes powers of 1024 (`KiB` .. `PiB`, or Kubernetes' `Ki` .. `Pi`); a plain number is bytes;
-  a bare `64G` is refused as ambiguous. Examples: `64GiB`, `3.9GB`, `512Mi`.
+  a bare `64G` is refused as ambiguous. Examples: `64GiB`, `3.9GB`, `512Mi`, `1e12`.
 * **bandwidth**: bits per second (`Mbps`, `Gbps`, `Gbit/s`) or bytes per second (`MB/s`, `GB/s`,
-  `GiB/s`); a plain number and `GBps` are refused. Examples: `40Gbps`, `7GB/s`.
+  `GiB/s`); a plain number and `GBps` are refused. Examples: `40Gbps`, `7GB/s`. Sizes and
+  bandwidths take an exponent as JSON does (`1e12`, `3.2e3Gbps`).
 * **duration**: `ms`, `s`, `m`/`min`, `h`, `d` and compounds; a plain number is seconds; `5M` is
   refused; at most `365d` in a policy. Examples: `53s`, `5m`, `1h30m`, `250ms`.
 * **quantity**: a Kubernetes resource quantity, as the API server reads it: `100m`, `2`, `4Gi`,

@@ -112,9 +112,11 @@ class Spelling:
 
 SPELLINGS = [
     *(Spelling(f"size {t}", SIZE_PATTERN, parse_bytes, t)
-      for t in ["64GiB", "64Gi", "3.9GB", "512", "1_000kB", " 8 TB ", ".5KiB", "64G", "64Gb", "7GB/s", "x", "-1B"]),
+      for t in ["64GiB", "64Gi", "3.9GB", "512", "1_000kB", " 8 TB ", ".5KiB", "64G", "64Gb", "7GB/s", "x", "-1B",
+                "1e12", "1.5E+9", "2e3GiB", "1e", "1e1234", "e3"]),
     *(Spelling(f"bandwidth {t}", BANDWIDTH_PATTERN, parse_bandwidth, t)
-      for t in ["40Gbps", "7GB/s", "1GiB/s", "100Mbit/s", "5bps", "7GBps", "7000", "7 Gb", "1Gib/s"]),
+      for t in ["40Gbps", "7GB/s", "1GiB/s", "100Mbit/s", "5bps", "7GBps", "7000", "7 Gb", "1Gib/s", "4e1Gbps",
+                "1e3"]),
     *(Spelling(f"duration {t}", DURATION_PATTERN, parse_duration, t)
       for t in ["53s", "5m", "1h30m", "250ms", "2min", "1d", "15", "0.5", "1h 30m", "5M", "soon", "1.5.2s", "-3s"]),
     *(Spelling(f"quantity {t}", QUANTITY_PATTERN, parse_quantity, t)

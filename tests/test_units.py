@@ -36,6 +36,9 @@ SIZES = [
     ("space-before-unit", "64 GiB", 64 * 2**30),
     ("zero", "0B", 0),
     ("integral-float", 2048.0, 2048),
+    ("exponent", "1e12", 10**12),
+    ("exponent-fraction-signed", "1.5E+3", 1500),
+    ("exponent-with-unit", "2e3GiB", 2000 * 2**30),
 ]
 
 
@@ -52,6 +55,7 @@ BANDWIDTHS = [
     ("mbps", "100Mbps", 12.5e6),
     ("fractional-gbps", "5.96Gbps", 745e6),  # the EKS model-loading report's serial-stream figure
     ("p5-nic", "3200Gbps", 400e9),
+    ("exponent", "3.2e3Gbps", 400e9),
 ]
 
 
@@ -87,6 +91,8 @@ ERRORS = [
     ("bits-for-size", parse_bytes, "64Gb", "bits"),
     ("rate-for-size", parse_bytes, "7GB/s", "not a size"),
     ("fractional-bytes", parse_bytes, "1.5B", "whole number"),
+    ("negative-exponent-bytes", parse_bytes, "1e-3", "whole number"),
+    ("huge-exponent", parse_bytes, "1e999", "larger than 1024PiB"),
     ("negative-size", parse_bytes, "-1GiB", "negative"),
     ("negative-int-size", parse_bytes, -5, "negative"),
     ("bool-size", parse_bytes, True, "boolean"),

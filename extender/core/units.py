@@ -6,6 +6,8 @@ People type numbers into policy files the way they say them: ``64GiB``, ``3.9GB`
 
 Rules (each exists because the other reading is a real, costly mistake):
 
+* In sizes and bandwidths a number may carry an exponent, as in JSON and Kubernetes quantities: ``1e12`` is a size of
+  10^12 bytes, ``1.5e3GB/s`` a bandwidth (YAML reads an unquoted ``1e12`` as text, not a number).
 * Sizes are bytes. Decimal prefixes are powers of 1000 (``kB``/``KB``, ``MB``, ``GB``, ``TB``,
   ``PB``); binary prefixes are powers of 1024 (``KiB`` .. ``PiB``, or the Kubernetes quantity
   spellings ``Ki`` .. ``Pi``). A bare prefix (``64G``) is rejected: it is 8% away from ``64Gi``,
@@ -71,7 +73,8 @@ MAX_BANDWIDTH = 10**15
 #: Longest duration in seconds (about 3,000 years, the inventory's longest TTL); a policy allows less.
 MAX_DURATION_S = 10**11
 
-_QUANTITY = re.compile(r"^\s*(?P<num>[0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)\s*(?P<unit>[A-Za-z/]*)\s*$")
+_QUANTITY = re.compile(r"^\s*(?P<num>(?:[0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?)\s*"
+                       r"(?P<unit>[A-Za-z/]*)\s*$")
 _DURATION_PART = re.compile(r"(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>ms|min|[smhd])")
 
 
@@ -290,7 +293,7 @@ def _validator(parse: Any) -> BeforeValidator:
 # What an editor is told about the unit types (JSON Schema, ``extender policy schema``). The
 # patterns admit what the parsers admit, as text; the parsers stay the authority (a size must also
 # be a whole number of bytes, for instance), and ``extender policy check`` applies them.
-_NUMBER = r"([0-9][0-9_]*(\.[0-9]+)?|\.[0-9]+)"
+_NUMBER = r"([0-9][0-9_]*(\.[0-9]+)?|\.[0-9]+)([eE][+-]?[0-9]{1,3})?"
 SIZE_PATTERN = rf"^\s*{_NUMBER}\s*(B|[kKMGTP]B|[KMGTP]iB?)?\s*$"
 BANDWIDTH_PATTERN = rf"^\s*{_NUMBER}\s*([kKMGTP]|[KMGTP]i)?(B/s|bps|bit/s)\s*$"
 QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]*)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]{1,4})?$"
