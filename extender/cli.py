@@ -12,7 +12,6 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import yaml
 
@@ -126,19 +125,9 @@ def _cachekey(args: argparse.Namespace) -> int:
     return 0
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse without prefix matching of long options (``--pol`` is not ``--policy``), as kubectl's
-    flags: an abbreviation in a script would change meaning, or stop parsing, the day an option
-    sharing its prefix is added. Subcommand parsers are of the parent's class, so this holds for all."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("allow_abbrev", False)
-        super().__init__(*args, **kwargs)
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    parser = Parser(
+    parser = argparse.ArgumentParser(
         prog="extender", description="Cache-warmth-aware scheduling and predictive pre-scaling for inference pods."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -202,6 +191,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_logging_options(parser)
     for sub_parser in subparsers_of(parser):
         add_logging_options(sub_parser, inherited=True)
+    # Long options are spelled in full (kubectl's flags are too): with prefix matching, a script's
+    # --work meant --workload until an option sharing the prefix arrived and broke it.
+    for p in (parser, *subparsers_of(parser)):
+        p.allow_abbrev = False
     return parser
 
 
