@@ -391,6 +391,25 @@ def test_a_node_of_no_known_class_gets_no_packing_points(policy: Policy, free: l
     assert evaluate(packed, packed.profile("llm"), inputs).score.tolist() == want
 
 
+@pytest.mark.parametrize(("profile", "want"), [
+    pytest.param("llm", [0, 6], id="a-class-outside-nodeClasses-scores-0-without-packing-points"),
+    pytest.param("snap", [10, 7], id="a-profile-on-any-class-scores-it"),
+])
+def test_a_class_outside_the_profiles_node_classes_scores_0(policy: Policy, profile: str, want: list[int]) -> None:
+    # llm runs on fast and slow only. Warm on a tiny node it estimates 69 s: round((570 - 69) / 57) = 9
+    # points, and packing would fill the one-GPU node (+4, to the cap of 10); the policy says it does
+    # not run there, so 0. Cold on a fast node, 230 s: 6 points, and 1 of 8 GPUs filled adds none.
+    # snap may run anywhere (no filter rules either): the same tiny node scores its points plus packing,
+    # capped at 10.
+    packed = policy.model_copy(update={"scoring": policy.scoring.model_copy(update={"packing_points": 4})})
+    base = nodes(policy, [("tiny", {IMAGE, WEIGHTS, COMPILE}, 1000.0 * GB), ("fast", set(), 1000.0 * GB)])
+    inputs = NodeInputs(base.classes, base.class_index, base.state, base.fresh, base.free_known, base.nvme_free,
+                        np.array([1, 8], dtype=np.int64))
+    ev = evaluate(packed, packed.profile(profile), inputs)
+    assert ev.score.tolist() == want
+    assert ev.judgement.verdict.tolist() == [Verdict.PASS, Verdict.PASS]  # the pod's spec decides where it may run
+
+
 def test_absolute_comparisons_across_classes(policy: Policy) -> None:
     warm = {IMAGE, WEIGHTS, COMPILE}
     roomy = 1000.0 * GB

@@ -28,11 +28,15 @@ plugin. The mapping is therefore absolute, fixed per profile for one policy vers
 * ``s`` is at least ``T_ref / 10`` so the slowest cold start scores 0 and an instant start 10; it
   is at least ``secondsPerPoint`` so a profile with short starts does not turn a few seconds into
   many points.
-* Estimates above ``T_ref`` (a class the profile is not meant to run on) clamp to 0; NaN counts as
-  cold (0). A node of no known class (no inventory record and no labels to classify it by, or
-  labels no class matches) scores 0 whatever its estimate and its free GPUs (no packing points):
-  its estimate rests on seed-default bandwidths, which may be faster than the policy's slowest
-  class, its GPU count is unknown, and a node nothing is known of must not outrank a known cold one.
+* Estimates above ``T_ref`` clamp to 0; NaN counts as cold (0). A node of no known class (no
+  inventory record and no labels to classify it by, or labels no class matches) scores 0 whatever
+  its estimate and its free GPUs (no packing points): its estimate rests on seed-default
+  bandwidths, which may be faster than the policy's slowest class, its GPU count is unknown, and a
+  node nothing is known of must not outrank a known cold one. So does a node of a class outside
+  the profile's ``nodeClasses``: the scheduler asks about it only when the pod's own affinity
+  allows it, and a warm node the policy says the workload does not run on (a faster class, say)
+  must not draw it there; the filter still passes it (the pod's spec, not the policy, says where
+  it may run).
 * The packing term (``scoring.packingPoints``, default 0: off) is GPU bin-packing among nodes that
   are otherwise equal: the fuller a node would be with the pod on it, the more points. It counters
   kube-scheduler's ``LeastAllocated``, which spreads one-GPU pods over the big nodes until none keeps
@@ -365,6 +369,14 @@ class Evaluation:
         )
 
 
+def barred(policy: Policy, profile: Profile, classes: Sequence[NodeClass]) -> Mask:
+    """Per class: True where ``profile`` scores 0 whatever its estimate and free GPUs (module docstring):
+    the unknown class (its one-GPU stand-in would make any free count look like a full node to the
+    packing term) and a class outside the profile's ``nodeClasses``."""
+    hosts = {c.name for c in policy.classes_for(profile)}
+    return np.array([c.name not in hosts for c in classes], dtype=np.bool_)
+
+
 def class_nvme(classes: Sequence[NodeClass]) -> tuple[F64, F64]:
     """Per class: usable NVMe capacity (capacity - reserve; NaN for the unknown class) and reserve."""
     capacity = np.array(
@@ -404,9 +416,7 @@ def evaluate(
         charge = protection(nodes.classes, idx, gpus_free, profile.parallelism.gpus, nodes.others,
                             points=guard)
         score = np.maximum(score - charge, MIN_SCORE).astype(np.int64)
-    # NaN: the unknown class, 0 whatever its estimate and its free GPUs (its one-GPU stand-in would
-    # make any free count look like a full node to the packing term)
-    score = np.where(np.isnan(usable_capacity), MIN_SCORE, score).astype(np.int64)
+    score = np.where(barred(policy, profile, nodes.classes)[idx], MIN_SCORE, score).astype(np.int64)
     judgement = judge(
         profile,
         total_s=est.total_s,
