@@ -530,6 +530,11 @@ def test_explain_gives_phases_scores_and_verdicts(client: FlaskClient) -> None:
     assert by_node["fast-warm"]["totalSeconds"] == pytest.approx(175.0)
     assert by_node["tiny-1"]["verdict"] == "FailedAndUnresolvableNodes"
     assert by_node["nobody"]["known"] is False and by_node["nobody"]["verdict"] == "pass"
+    assert by_node["nobody"]["note"].startswith("no known node class") and by_node["fast-warm"]["note"] == ""
+    llm = {n["node"]: n for n in json.loads(client.post("/explain?nodes=tiny-1,fast-cold",
+                                                        data=json.dumps(pod())).data)["nodes"]}
+    assert llm["tiny-1"]["note"] == "class tiny is not among the node classes llm runs on (fast, slow): scored 0"
+    assert llm["tiny-1"]["score"] == 0 and llm["fast-cold"]["note"] == ""
     everything = json.loads(client.get("/explain", data=json.dumps(args([]))).data)
     assert everything["nodes"] == []  # the body's NodeNames (empty) wins over "all nodes"
     all_nodes = json.loads(client.post("/explain", data=json.dumps(pod())).data)

@@ -210,5 +210,7 @@ def print_report(report: dict[str, Any]) -> None:
         print(row + f"{n['totalSeconds']:>9.1f} {n['score']:>4}{mark}  {n['verdict']}")
         if n["reason"]:
             print(f"{'':<{width}}   reason: {n['reason']}")
+        if n["note"]:
+            print(f"{'':<{width}}   note: {n['note']}")
     if any(n["nvmePressure"] for n in report["nodes"]):
         print("* NVMe pressure: free NVMe cannot hold the missing weights; penalty applied")

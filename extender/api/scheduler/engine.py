@@ -47,6 +47,7 @@ from extender.core.scoring import (
     Scale,
     Verdict,
     WarmSlots,
+    barred_because,
     evaluate,
     larger_warm,
     scale_for,
@@ -329,6 +330,7 @@ class Engine:
                 "score": int(ev.score[i]),
                 "verdict": verdict_names[Verdict(int(ev.judgement.verdict[i]))],
                 "reason": ev.reason(profile, i, inputs.classes, inputs.class_index),
+                "note": barred_because(self.policy, profile, inputs.classes[int(inputs.class_index[i])]),
             })
         return out
 
