@@ -369,23 +369,23 @@ class Evaluation:
         )
 
 
-def barred_because(policy: Policy, profile: Profile, node_class: NodeClass) -> str:
+def barred_because(profile: Profile, node_class: NodeClass, hosts: Sequence[NodeClass]) -> str:
     """Why ``profile`` scores 0 on a node of ``node_class`` whatever its estimate and free GPUs
-    (module docstring); empty when it does not. The unknown class (whose one-GPU stand-in would also
-    make any free count look like a full node to the packing term), and a class outside the profile's
-    ``nodeClasses``."""
+    (module docstring); empty when it does not. ``hosts``: :meth:`Policy.classes_for` the profile.
+    The unknown class (whose one-GPU stand-in would also make any free count look like a full node
+    to the packing term), and a class outside the profile's ``nodeClasses``."""
     if node_class.name == UNKNOWN_CLASS.name:
         return "no known node class (no inventory record, or labels no class matches): scored 0"
-    hosts = [c.name for c in policy.classes_for(profile)]
-    if node_class.name not in hosts:
+    if node_class.name not in {c.name for c in hosts}:
         return (f"class {node_class.name} is not among the node classes {profile.name} runs on "
-                f"({', '.join(hosts)}): scored 0")
+                f"({', '.join(c.name for c in hosts)}): scored 0")
     return ""
 
 
 def barred(policy: Policy, profile: Profile, classes: Sequence[NodeClass]) -> Mask:
     """Per class: True where :func:`barred_because` gives a reason."""
-    return np.array([bool(barred_because(policy, profile, c)) for c in classes], dtype=np.bool_)
+    hosts = policy.classes_for(profile)
+    return np.array([bool(barred_because(profile, c, hosts)) for c in classes], dtype=np.bool_)
 
 
 def class_nvme(classes: Sequence[NodeClass]) -> tuple[F64, F64]:

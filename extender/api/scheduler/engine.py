@@ -311,6 +311,7 @@ class Engine:
         out: list[dict[str, Any]] = []
         verdict_names = {Verdict.PASS: "pass", Verdict.FAILED: "FailedNodes",
                          Verdict.UNRESOLVABLE: "FailedAndUnresolvableNodes"}
+        hosts = self.policy.classes_for(profile)
         for i, node in enumerate(nodes):
             row = ev.estimate.row(i)
             out.append({
@@ -330,7 +331,7 @@ class Engine:
                 "score": int(ev.score[i]),
                 "verdict": verdict_names[Verdict(int(ev.judgement.verdict[i]))],
                 "reason": ev.reason(profile, i, inputs.classes, inputs.class_index),
-                "note": barred_because(self.policy, profile, inputs.classes[int(inputs.class_index[i])]),
+                "note": barred_because(profile, inputs.classes[int(inputs.class_index[i])], hosts),
             })
         return out
 
