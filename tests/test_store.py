@@ -231,7 +231,8 @@ def _hash_record(client: redis.Redis) -> None:
 CORRUPTIONS: list[tuple[str, Callable[[redis.Redis], None], str]] = [
     ("not-json", _store_raw("{not json"), "json"),
     ("schema-mismatch", _store_raw('{"name": "bad", "gpus": -1}'), "gpus"),
-    ("unknown-field", _store_raw('{"name": "bad", "gpuz": 1}'), "gpuz"),
+    # (a field this release does not know is no corruption: a newer release wrote it, and the record
+    # is read; tests/test_mixed_releases.py)
     ("wrong-name-inside", _store_raw('{"name": "other"}'), "names node 'other'"),
     ("json-but-not-an-object", _store_raw("[1, 2]"), "input"),
     ("listed-but-missing", _no_record, "missing"),

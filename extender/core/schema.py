@@ -8,17 +8,24 @@ objects. Unknown fields are errors (a typo must never be silently ignored) and m
 ``true`` as booleans, which pydantic would take as 1 (``gpu: {count: yes}`` was one GPU); NaN and
 infinity (``.nan``, ``.inf``) compare false with every bound and broke arithmetic far from the
 file; and nothing a person counts or rates is larger than :data:`MAX_NUMBER`.
+
+Unknown fields are errors in what a person writes, not in what a release of ours stored for another
+to read (:func:`read_stored`): during a rolling upgrade or a rollback an older and a newer release
+read each other's records, and a field one of them added must not make the other drop the record.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any
+from collections.abc import Mapping
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from extender.core.errors import InvalidValueError
+
+M = TypeVar("M", bound=BaseModel)
 
 #: Largest magnitude of a plain number in a document (a count, a rate, a factor): 10**15.
 MAX_NUMBER = 10**15
@@ -55,3 +62,20 @@ def plain_number(value: Any) -> Any:
 Int = Annotated[int, BeforeValidator(plain_number)]
 #: A number typed by a person: not a boolean, finite, at most :data:`MAX_NUMBER` in size.
 Float = Annotated[float, BeforeValidator(plain_number), Field(allow_inf_nan=False)]
+
+
+def read_stored(model: type[M], raw: str | bytes | Mapping[str, Any]) -> M:
+    """``raw``, JSON that a release of ours stored (a Redis record, a Job annotation; as text or
+    already parsed), read as ``model``.
+
+    Fields ``model`` does not know are ignored, at every depth; everything else is checked as usual
+    and raises pydantic's ``ValidationError`` (a ``ValueError``). Why: the components share their
+    stored data, and a rolling upgrade or a rollback runs two releases side by side for minutes. A
+    newer release may add a field; a reader that refused the whole record would make every node it
+    wrote unknown (cold) to every older reader until the rollout ends. A field a newer release
+    *removed* is the writer's duty: it keeps writing it, or the field has a default here. Files a
+    person writes (policies, inventory files) stay strict: there an unknown field is a typo.
+    """
+    if isinstance(raw, str | bytes):
+        return model.model_validate_json(raw, extra="ignore")
+    return model.model_validate(raw, extra="ignore")

@@ -57,6 +57,7 @@ from extender.arguments import (
 from extender.core.errors import ExtenderError
 from extender.core.policy import Policy
 from extender.core.scaler import Decision
+from extender.core.schema import read_stored
 from extender.files import load_policy_to_start, read_text
 from extender.process import configure_logging, report
 
@@ -382,8 +383,12 @@ def _when(t: float) -> str:
 
 
 def render_record(record: dict[str, Any]) -> str:
-    """The latest decision of a workload, as ``extender scale explain`` prints it."""
-    decision = Decision.model_validate(record["decision"])
+    """The latest decision of a workload, as ``extender scale explain`` prints it.
+
+    Fields this release does not know are ignored: the scaler that wrote the record may be newer
+    (a rolling upgrade, a rollback), and explaining its decision must not fail on them.
+    """
+    decision = read_stored(Decision, record["decision"])
     sig, pods, place, pub = record["signal"], record["pods"], record["placement"], record["published"]
     answered = f"{sig['answered']} of {sig['expected']} answered"
     complete = "complete" if sig["complete"] else "incomplete: a lower bound"

@@ -37,6 +37,7 @@ from extender.core.calibration import Observation, effective_policy
 from extender.core.errors import ExtenderError, InvalidValueError, StateError
 from extender.core.inventory import NodeState
 from extender.core.policy import Policy
+from extender.core.schema import read_stored
 from extender.state.errors import redis_errors
 from extender.state.store import InventoryStore, decode, stored_beat, with_beat
 
@@ -147,7 +148,8 @@ class ObservationStore:
         """Every stored observation (oldest first per pair), the discard counts and the version.
 
         A member that does not parse is skipped and counted in ``unreadable`` (another writer, an
-        older format): one bad member must not stop every fit.
+        older format): one bad member must not stop every fit. Fields this release does not know
+        (a newer release wrote the member) are ignored: the start is still counted.
         """
         with redis_errors("reading observed starts"):
             with self.client.pipeline(transaction=True) as pipe:
@@ -166,7 +168,7 @@ class ObservationStore:
         for group in members:
             for member in group:
                 try:
-                    out.append(Observation.model_validate_json(member))
+                    out.append(read_stored(Observation, member))
                 except (ValidationError, ValueError):
                     unreadable += 1
         if unreadable:

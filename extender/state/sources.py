@@ -42,6 +42,7 @@ from redis.client import Pipeline
 
 from extender.core.inventory import NodeState
 from extender.core.reports import AgentReport, KubeReport, Report, merge
+from extender.core.schema import read_stored
 from extender.state.errors import redis_errors
 from extender.state.store import Guard, InventoryStore, encode
 
@@ -65,11 +66,16 @@ def _dump(report: Report) -> str:
 
 
 def _load(model: type[AgentReport] | type[KubeReport], key: str, raw: str | bytes | None) -> Any:
-    """Parse a stored report; a corrupt one counts as absent (the next write replaces it)."""
+    """Parse a stored report; a corrupt one counts as absent (the next write replaces it).
+
+    Fields this release does not know are ignored (:func:`extender.core.schema.read_stored`): an
+    older sync must not drop the disk report of a newer agent from the merged record, or the node
+    would look cold for as long as the rollout lasts.
+    """
     if raw is None:
         return None
     try:
-        return model.model_validate_json(raw)
+        return read_stored(model, raw)
     except (ValidationError, ValueError) as exc:
         log.warning("ignoring corrupt %s report in %s: %s", model.__name__, key, exc)
         return None

@@ -62,6 +62,7 @@ from redis.client import Pipeline
 
 from extender.core.errors import InvalidValueError, OversizedRecordError, StateError
 from extender.core.inventory import MAX_RECORD_BYTES, MAX_TIMESTAMP, NodeState
+from extender.core.schema import read_stored
 from extender.state.errors import redis_errors
 
 log = logging.getLogger(__name__)
@@ -182,11 +183,13 @@ def encode(state: NodeState) -> str:
 def decode(name: str, raw: str | bytes) -> NodeState:
     """Parse a stored record; raises ``ValueError`` (pydantic's included) when it is unusable.
 
-    The size is checked before parsing, so an oversized record costs a reader nothing.
+    The size is checked before parsing, so an oversized record costs a reader nothing. Fields this
+    release does not know (a newer one wrote the record, during a rolling upgrade or after a
+    rollback) are ignored, not a reason to skip the node (:func:`extender.core.schema.read_stored`).
     """
     if len(raw) > MAX_RECORD_BYTES:
         raise InvalidValueError(f"record is {len(raw)} bytes, larger than the {MAX_RECORD_BYTES} byte limit")
-    state = NodeState.model_validate_json(raw)
+    state = read_stored(NodeState, raw)
     if state.name != name:
         raise InvalidValueError(f"record is stored under node {name!r} but names node {state.name!r}")
     return state

@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from extender.core.errors import InvalidValueError
 from extender.core.policy import Policy, StepTemplate
+from extender.core.schema import read_stored
 from extender.core.warming import Action
 from extender.warm.steps import CACHE_MOUNT
 from extender.warm.templates import action_values, container, publish_values
@@ -270,12 +271,17 @@ class JobView(BaseModel):
 
 
 def read_job(raw: JSON) -> JobView | None:
-    """A warm Job's view, or ``None`` if its annotations are missing or corrupt (not ours to touch)."""
+    """A warm Job's view, or ``None`` if its annotations are missing or corrupt (not ours to touch).
+
+    Fields of the annotations this release does not know are ignored: a Job a newer warmer created
+    (a rolling upgrade, a rollback) is still seen, so its work counts as in flight (against
+    ``warming.maxConcurrent`` and its node's free NVMe) and its failures are followed up.
+    """
     meta = raw.get("metadata") or {}
     notes = meta.get("annotations") or {}
     try:
-        action = Action.model_validate_json(notes[ACTION_ANNOTATION]) if ACTION_ANNOTATION in notes else None
-        publish = Publish.model_validate_json(notes[PUBLISH_ANNOTATION]) if PUBLISH_ANNOTATION in notes else None
+        action = read_stored(Action, notes[ACTION_ANNOTATION]) if ACTION_ANNOTATION in notes else None
+        publish = read_stored(Publish, notes[PUBLISH_ANNOTATION]) if PUBLISH_ANNOTATION in notes else None
         attempt = max(1, int(notes.get(ATTEMPT_ANNOTATION, "1")))
     except (ValidationError, ValueError):
         return None

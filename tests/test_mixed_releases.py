@@ -1,0 +1,189 @@
+"""Two releases on one store (a rolling upgrade, a rollback): each reads what the other stored.
+
+Every component shares its stored data: node records and the agent's and the sync's reports in
+Redis, observed starts, the scaler's decision log, the warmer's Job annotations. During a rollout an
+older and a newer release read each other's records for minutes. The rule (``read_stored`` in
+extender/core/schema.py, docs/reliability.md#upgrades-and-rollbacks): fields a reader does not know
+are ignored, missing optional ones take their defaults, and only what is truly unreadable is
+skipped. Each row below writes what a newer (or older) release would write, byte for byte, and reads
+it with this one.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+import redis
+
+from extender.core.calibration import Observation
+from extender.core.inventory import NodeState
+from extender.core.reports import AgentReport, KubeReport, Replicas, merge
+from extender.core.scaler import decide
+from extender.scaler.commands import render_record
+from extender.state import InventoryStore, connect
+from extender.state.observations import ObservationStore, encode
+from extender.state.sources import SourceStore
+from extender.state.store import encode as encode_record
+from extender.warm.jobspec import ACTION_ANNOTATION, PUBLISH_ANNOTATION, Publish, action_job, publish_job, read_job
+from tests.conftest import RedisServer
+from tests.test_scaler import inputs
+from tests.test_warm import BASE, LLM_KEY, action
+
+JSON = dict[str, Any]
+
+
+@pytest.fixture
+def client(redis_server: RedisServer, tmp_path: Path) -> Iterator[redis.Redis]:
+    c = connect(redis_server.url, tmp_path)
+    yield c
+    c.close()
+
+
+def _with(**more: Any) -> Callable[[JSON], JSON]:
+    """A change to stored JSON: ``more`` added at the top (what a newer release writes beside ours)."""
+    return lambda data: {**data, **more}
+
+
+def _without(*names: str) -> Callable[[JSON], JSON]:
+    """A change to stored JSON: ``names`` left out (what an older release, before they existed, wrote)."""
+    return lambda data: {k: v for k, v in data.items() if k not in names}
+
+
+# ---- node records ---------------------------------------------------------------------------------
+
+RECORD = NodeState.model_validate({
+    "name": "gpu-1", "nodeClass": "gpu", "gpus": 8, "gpusFree": 2, "nvmeTotal": 10**12, "nvmeFree": 10**11,
+    "images": ["vllm:1"], "weights": {"llm/v1": 10**10}, "compileKeys": ["ck-1"], "heartbeat": 1000.0,
+    "lastUsed": {"weights:llm/v1": 900.0}, "inUse": ["weights:llm/v1"], "podWorkloads": ["llm"]})
+
+
+class RecordRow(NamedTuple):
+    change: Callable[[JSON], JSON]
+    expected: NodeState
+
+
+RECORD_ROWS = {
+    "newer: a field this release does not know": RecordRow(_with(gpuTopology={"nvlink": 8}), RECORD),
+    "newer: several unknown fields, one null": RecordRow(_with(rdma=None, zone="a", numa=[0, 1]), RECORD),
+    "older: no usage fields yet": RecordRow(
+        _without("lastUsed", "inUse", "podWorkloads", "cacheBytes", "adapters"),
+        RECORD.model_copy(update={"last_used": {}, "in_use": (), "pod_workloads": ()})),
+}
+
+
+@pytest.mark.parametrize("row", RECORD_ROWS.values(), ids=RECORD_ROWS.keys())
+def test_every_inventory_read_takes_a_record_another_release_wrote(client: redis.Redis, row: RecordRow) -> None:
+    store = InventoryStore(client)
+    store.put(RECORD)
+    client.set("extender:node:gpu-1", json.dumps(row.change(json.loads(encode_record(RECORD)))))
+    # the node stays known (and warm) to every reader, not skipped as corrupt, i.e. cold
+    _, records, _ = store.load_all()
+    assert records == [row.expected] and store.corrupt == {}
+    assert store.changes_since(0)[1] == {"gpu-1": row.expected}
+    assert store.get("gpu-1") == row.expected
+
+
+# ---- the agent's and the sync's reports ------------------------------------------------------------
+
+AGENT = AgentReport(nvme_total=1000, nvme_free=400, weights={"llm/v1": 16}, compile_keys=("ck-1",), heartbeat=100.0)
+KUBE = KubeReport(node_class="gpu", labels={"a": "b"}, gpus=4, gpus_free=3, replicas={"llm": Replicas(running=1)})
+
+
+def _kube_with_nested_field(data: JSON) -> JSON:
+    return {**data, "taints": [], "replicas": {"llm": {**data["replicas"]["llm"], "pending": 2}}}
+
+
+class ReportRow(NamedTuple):
+    #: ``agent`` or ``kube``: the report a newer release stored.
+    stored: str
+    change: Callable[[JSON], JSON]
+
+
+REPORT_ROWS = {
+    "newer agent, this sync writes": ReportRow("agent", _with(gpuMemoryFree=80)),
+    "newer sync, this agent writes": ReportRow("kube", _with(taints=[{"key": "k"}])),
+    "newer sync, a field inside a workload's replicas": ReportRow("kube", _kube_with_nested_field),
+}
+
+
+@pytest.mark.parametrize("row", REPORT_ROWS.values(), ids=REPORT_ROWS.keys())
+def test_a_report_another_release_stored_stays_in_the_merged_record(client: redis.Redis, row: ReportRow) -> None:
+    sources = SourceStore(InventoryStore(client))
+    stored = AGENT if row.stored == "agent" else KUBE
+    text = json.dumps(row.change(stored.model_dump(mode="python", by_alias=True)))
+    client.hset(sources.key("n1"), row.stored, text)
+    if row.stored == "agent":
+        sources.report_kube({"n1": KUBE})
+    else:
+        sources.report_agent("n1", AGENT)
+    # the other source's part is kept: the node is not left without its disk (cold) or its class
+    assert sources.store.get("n1") == merge("n1", AGENT, KUBE)
+    if row.stored == "kube":
+        assert sources.kube_reports(["n1"]) == {"n1": KUBE}  # no repair churn either
+    else:
+        assert sources.agent_report("n1") == AGENT
+
+
+# ---- observed starts ------------------------------------------------------------------------------
+
+START = Observation(pod="llm-0", workload="llm", node="gpu-1", node_class="gpu", scheduled_at=100.0, ready_at=160.0)
+
+OBSERVATION_ROWS = {
+    "newer: a field this release does not know": _with(gpuModel="h100"),
+    "older: no adapters and no inventory age yet": _without("adapters", "inventoryAge"),
+}
+
+
+@pytest.mark.parametrize("change", OBSERVATION_ROWS.values(), ids=OBSERVATION_ROWS.keys())
+def test_a_start_another_release_recorded_is_read(client: redis.Redis, change: Callable[[JSON], JSON]) -> None:
+    store = ObservationStore(client)
+    store.append([START], now=200.0)
+    key = store.key("llm", "gpu")
+    client.delete(key)
+    client.zadd(key, {json.dumps(change(json.loads(encode(START)))): START.ready_at})
+    stored = store.read()
+    assert (stored.observations, stored.unreadable) == ((START,), 0)
+
+
+# ---- the scaler's decision log ------------------------------------------------------------------------
+
+
+def test_explain_prints_a_decision_a_newer_scaler_recorded() -> None:
+    decision = decide(inputs()).model_dump(mode="json")
+    newer = {**decision, "fleetShare": 0.5, "inputs": {**decision["inputs"], "burstiness": 1.2}}
+    record = {"t": 1.7e9, "workload": "chat", "holder": "scaler-b", "token": 3,
+              "signal": {"source": "prometheus", "rate": 1.0, "queue": 0.0, "complete": True, "expected": 1,
+                         "answered": 1, "note": ""},
+              "pods": {"listed": 1, "ready": 1, "starting": 0},
+              "placement": {"node": "gpu-1", "nodeClass": "gpu", "cache": "cold", "startupSeconds": 10.0},
+              "published": {"desired": 2, "load": 1.0, "unit": "requests/s", "standby": 0, "unshared": None}}
+    assert render_record({**record, "decision": newer}) == render_record({**record, "decision": decision})
+
+
+# ---- the warmer's Jobs ----------------------------------------------------------------------------
+
+
+class JobRow(NamedTuple):
+    job: JSON
+    annotation: str
+
+
+JOB_ROWS = {
+    "an action with a field this release does not know": JobRow(action_job(BASE, action("weights")), ACTION_ANNOTATION),
+    "a publish with a field this release does not know": JobRow(
+        publish_job(BASE, Publish(key=LLM_KEY, node="gpu-b", workload="llm", node_class="gpu", bytes=10**9)),
+        PUBLISH_ANNOTATION),
+}
+
+
+@pytest.mark.parametrize("row", JOB_ROWS.values(), ids=JOB_ROWS.keys())
+def test_a_job_a_newer_warmer_created_is_still_read(row: JobRow) -> None:
+    notes = row.job["metadata"]["annotations"]
+    newer = {**row.job, "metadata": {**row.job["metadata"], "annotations": {
+        **notes, row.annotation: json.dumps({**json.loads(notes[row.annotation]), "priority": 3})}}}
+    # unseen, its work would not count as in flight: more Jobs than maxConcurrent, its NVMe promised twice
+    assert read_job(newer) == read_job(row.job) is not None
