@@ -25,6 +25,8 @@ from extender.core.reports import AgentReport, KubeReport, Replicas, merge
 from extender.core.scaler import decide
 from extender.scaler.commands import render_record
 from extender.state import InventoryStore, connect
+from extender.state.decisions import DecisionStore
+from extender.state.history import HistoryStore, Sample
 from extender.state.observations import ObservationStore, encode
 from extender.state.sources import SourceStore
 from extender.state.store import encode as encode_record
@@ -147,6 +149,25 @@ def test_a_start_another_release_recorded_is_read(client: redis.Redis, change: C
     client.zadd(key, {json.dumps(change(json.loads(encode(START)))): START.ready_at})
     stored = store.read()
     assert (stored.observations, stored.unreadable) == ((START,), 0)
+
+
+# ---- the scaler's packed members: demand history and stabilisation window ----------------------------
+
+PACKED_ROWS = {
+    "this release's members": ("100.0 4.5 0.0", "90.0 3"),
+    "newer: a number appended to each member": ("100.0 4.5 0.0 7.0", "90.0 3 1"),
+}
+
+
+@pytest.mark.parametrize(("sample", "recommendation"), PACKED_ROWS.values(), ids=PACKED_ROWS.keys())
+def test_the_scaler_reads_packed_members_a_newer_release_appended_to(client: redis.Redis, sample: str,
+                                                                     recommendation: str) -> None:
+    history, decisions = HistoryStore(client), DecisionStore(client)
+    client.zadd(history.key("llm"), {sample: 100.0})
+    client.zadd(decisions.recommendations_key("llm"), {recommendation: 90.0})
+    # a StateError here stopped every decision of the workload until the members aged out (3 days)
+    assert history.read("llm", now=200.0) == [Sample(100.0, 4.5, 0.0)]
+    assert decisions.recommendations("llm") == [(90.0, 3)]
 
 
 # ---- the scaler's decision log ------------------------------------------------------------------------

@@ -178,14 +178,18 @@ class DecisionStore:
         return out
 
     def recommendations(self, workload: str) -> list[tuple[float, int]]:
-        """The stabilisation window as ``(at, replicas)``, oldest first."""
+        """The stabilisation window as ``(at, replicas)``, oldest first.
+
+        Words after the second in a member (appended by a newer release) are ignored, like the
+        demand history's (:meth:`extender.state.history.Sample.decode`).
+        """
         with redis_errors(f"reading the recommendations of {workload!r}"):
             raw: Any = self.client.zrange(self.recommendations_key(workload), 0, -1)
         out = []
         for m in raw:
             text = m.decode() if isinstance(m, bytes) else m
             try:
-                at, n = text.split(" ")
+                at, n, *_ = text.split(" ")
                 out.append((float(at), int(n)))
             except ValueError as exc:
                 raise StateError(f"recommendations of {workload!r} hold an unreadable entry {text!r}") from exc

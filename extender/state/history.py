@@ -11,7 +11,9 @@ Key (``<p>`` is the prefix)::
 The member holds the timestamp too, so two samples never collide (a sorted set keeps one copy of
 a member), and it is three numbers separated by spaces rather than JSON: a three-day history at a
 15 s tick is ~17,000 members, read on every tick, and ``str.split`` parses them several times
-faster than ``json.loads``.
+faster than ``json.loads``. A later release may only append numbers to a member; a reader takes
+the first three and ignores the rest, so an older scaler reading a newer one's samples (a rolling
+upgrade, a rollback) keeps forecasting instead of failing on the workload until they age out.
 
 Bounds, applied in the same transaction as every append: samples older than ``max_age_s`` are
 dropped (Holt-Winters needs two daily seasons; three days is the default), and so is everything
@@ -63,8 +65,9 @@ class Sample:
 
     @classmethod
     def decode(cls, member: str | bytes) -> Sample:
+        """A stored member; numbers after the third (a newer release's) are ignored."""
         text = member.decode() if isinstance(member, bytes) else member
-        t, rate, queue = text.split(" ")
+        t, rate, queue, *_ = text.split(" ")
         return cls(float(t), float(rate), float(queue))
 
 
