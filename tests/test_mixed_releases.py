@@ -1,7 +1,8 @@
 """Two releases on one store (a rolling upgrade, a rollback): each reads what the other stored.
 
 Every component shares its stored data: node records and the agent's and the sync's reports in
-Redis, observed starts, the scaler's decision log, the warmer's Job annotations. During a rollout an
+Redis, observed starts, the scaler's history and decision log, the warmer's Job annotations and the
+weights manifests its helper leaves on each node's disk. During a rollout an
 older and a newer release read each other's records for minutes. The rule (``read_stored`` in
 extender/core/schema.py, docs/reliability.md#upgrades-and-rollbacks): fields a reader does not know
 are ignored, missing optional ones take their defaults, and only what is truly unreadable is
@@ -19,10 +20,12 @@ from typing import Any, NamedTuple
 import pytest
 import redis
 
+from extender.agent.scan import scan_cache
 from extender.core.calibration import Observation
 from extender.core.inventory import NodeState
 from extender.core.reports import AgentReport, KubeReport, Replicas, merge
 from extender.core.scaler import decide
+from extender.layout import MANIFEST, finish_from_disk, weights_dir
 from extender.scaler.commands import render_record
 from extender.state import InventoryStore, connect
 from extender.state.decisions import DecisionStore
@@ -208,3 +211,30 @@ def test_a_job_a_newer_warmer_created_is_still_read(row: JobRow) -> None:
         **notes, row.annotation: json.dumps({**json.loads(notes[row.annotation]), "priority": 3})}}}
     # unseen, its work would not count as in flight: more Jobs than maxConcurrent, its NVMe promised twice
     assert read_job(newer) == read_job(row.job) is not None
+
+
+# ---- weights manifests on a node's disk -----------------------------------------------------------
+
+
+def _newer_file_field(data: JSON) -> JSON:
+    return {**data, "files": [{**f, "mode": 420} for f in data["files"]]}
+
+
+MANIFEST_ROWS = {
+    "newer helper: a field at the top": _with(createdAt="2027-01-01T00:00:00Z"),
+    "newer helper: a field on each file": _newer_file_field,
+    "older helper: no source": _without("source"),
+}
+
+
+@pytest.mark.parametrize("change", MANIFEST_ROWS.values(), ids=MANIFEST_ROWS.keys())
+def test_weights_a_newer_helper_finished_are_complete(tmp_path: Path, change: Callable[[JSON], JSON]) -> None:
+    directory = weights_dir(tmp_path, "llm", "v1")
+    directory.mkdir(parents=True)
+    (directory / "model.safetensors").write_bytes(b"x" * 1000)
+    finish_from_disk(directory, source="s3://models/llm/")
+    manifest = directory / MANIFEST
+    manifest.write_text(json.dumps(change(json.loads(manifest.read_text()))))
+    scan = scan_cache(tmp_path)
+    # a corrupt manifest made them partial, i.e. not warm, for as long as the manifest stayed
+    assert [(w.bytes, w.complete) for w in scan.weights] == [(1000, True)] and scan.problems == ()

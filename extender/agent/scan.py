@@ -41,6 +41,7 @@ from pydantic import ValidationError
 from extender.agent.disk import disk_usage
 from extender.agent.vllm_cache import vllm_state
 from extender.core.caches import NVME_KINDS, KindSpec, cache_id, weights_key
+from extender.core.schema import read_stored
 from extender.files import read_regular
 from extender.layout import (
     COMPLETE,
@@ -335,8 +336,15 @@ class ManifestCache:
 
 
 def _parse_manifest(raw: bytes) -> ManifestResult:
+    """A manifest's bytes, parsed; fields this release does not know are ignored.
+
+    The warm Job's helper (``warming.helperImage``, a release of its own) writes manifests and they
+    stay on disk: one a newer helper wrote must not read as corrupt to an older agent (a rolling
+    update, a rollback), or its complete weights would count as partial (not warm) for as long as it
+    stays.
+    """
     try:
-        return Manifest.model_validate_json(raw), None
+        return read_stored(Manifest, raw), None
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
