@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import pytest
 import redis
 
+from extender import cli
 from extender.agent.scan import scan_cache
 from extender.core.calibration import Observation
 from extender.core.inventory import NodeState
@@ -176,16 +177,43 @@ def test_the_scaler_reads_packed_members_a_newer_release_appended_to(client: red
 # ---- the scaler's decision log ------------------------------------------------------------------------
 
 
+DECISION = decide(inputs()).model_dump(mode="json")
+#: A decision record as the scaler stores it (extender.scaler.loop), around ``DECISION``.
+RECORD_OF_DECISION: JSON = {
+    "t": 1.7e9, "workload": "chat", "holder": "scaler-b", "token": 3,
+    "signal": {"source": "prometheus", "rate": 1.0, "queue": 0.0, "complete": True, "expected": 1, "answered": 1,
+               "note": ""},
+    "pods": {"listed": 1, "ready": 1, "starting": 0},
+    "placement": {"node": "gpu-1", "nodeClass": "gpu", "cache": "cold", "startupSeconds": 10.0},
+    "published": {"desired": 2, "load": 1.0, "unit": "requests/s", "standby": 0, "unshared": None},
+    "decision": DECISION,
+}
+
+
 def test_explain_prints_a_decision_a_newer_scaler_recorded() -> None:
-    decision = decide(inputs()).model_dump(mode="json")
-    newer = {**decision, "fleetShare": 0.5, "inputs": {**decision["inputs"], "burstiness": 1.2}}
-    record = {"t": 1.7e9, "workload": "chat", "holder": "scaler-b", "token": 3,
-              "signal": {"source": "prometheus", "rate": 1.0, "queue": 0.0, "complete": True, "expected": 1,
-                         "answered": 1, "note": ""},
-              "pods": {"listed": 1, "ready": 1, "starting": 0},
-              "placement": {"node": "gpu-1", "nodeClass": "gpu", "cache": "cold", "startupSeconds": 10.0},
-              "published": {"desired": 2, "load": 1.0, "unit": "requests/s", "standby": 0, "unshared": None}}
-    assert render_record({**record, "decision": newer}) == render_record({**record, "decision": decision})
+    newer = {**DECISION, "fleetShare": 0.5, "inputs": {**DECISION["inputs"], "burstiness": 1.2}}
+    assert render_record({**RECORD_OF_DECISION, "decision": newer}) == render_record(RECORD_OF_DECISION)
+
+
+UNSHOWABLE = {
+    "a decision with an action this release does not know": (
+        {**RECORD_OF_DECISION, "decision": {**DECISION, "action": "burst"}}, "decision.action"),
+    "a record without a section this release prints": (
+        {k: v for k, v in RECORD_OF_DECISION.items() if k != "placement"}, "KeyError: 'placement'"),
+}
+
+
+@pytest.mark.parametrize(("record", "says"), UNSHOWABLE.values(), ids=UNSHOWABLE.keys())
+def test_explain_of_a_record_this_release_cannot_show_is_one_line_not_a_traceback(
+        redis_server: RedisServer, client: redis.Redis, capsys: pytest.CaptureFixture[str], record: JSON,
+        says: str) -> None:
+    client.lpush(DecisionStore(client).log_key("chat"), json.dumps(record))
+    assert cli.main(["scale", "explain", "chat", "--redis-url", redis_server.url]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("extender: the decision log of 'chat' holds a record this release cannot show (")
+    assert says in err and err.endswith("--json prints it as stored") and "\n" not in err
+    assert cli.main(["scale", "explain", "chat", "--json", "--redis-url", redis_server.url]) == 0
+    assert json.loads(capsys.readouterr().out) == record
 
 
 # ---- the warmer's Jobs ----------------------------------------------------------------------------

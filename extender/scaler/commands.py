@@ -38,6 +38,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from extender.arguments import (
     FLAG_CHECK,
     add_kube_options,
@@ -54,7 +56,7 @@ from extender.arguments import (
     redis_url_from_args,
     tls_problem,
 )
-from extender.core.errors import ExtenderError
+from extender.core.errors import ExtenderError, StateError
 from extender.core.policy import Policy
 from extender.core.scaler import Decision
 from extender.core.schema import read_stored
@@ -438,10 +440,18 @@ def _explain(args: argparse.Namespace) -> int:
         report(f"extender scale explain: no decision recorded for {args.workload!r} (is 'extender scale' running "
                "with a policy that autoscales it, against this Redis?)", workload=args.workload)
         return 1
-    print(render_record(records[0]))
-    if args.last > 1:
-        print()
-        print(render_table(records))
+    try:
+        text = render_record(records[0]) + ("\n\n" + render_table(records) if args.last > 1 else "")
+    except (ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+        # a record a newer scaler wrote in a shape this release cannot show (a new action, say)
+        if isinstance(exc, ValidationError):
+            first = exc.errors(include_url=False)[0]
+            why = f"decision.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        else:
+            why = f"{type(exc).__name__}: {exc}"
+        raise StateError(f"the decision log of {args.workload!r} holds a record this release cannot show "
+                         f"({why}); --json prints it as stored") from exc
+    print(text)
     return 0
 
 
