@@ -20,7 +20,8 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from extender.core.errors import UnitError
+from extender.core.errors import InvalidValueError, UnitError
+from extender.core.images import check_reference
 from extender.core.units import parse_bytes, parse_duration
 from extender.process import LOG_FORMATS, LOG_LEVELS
 
@@ -92,6 +93,14 @@ def size(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} must be at least one byte")
     return value
+
+
+def image_reference(text: str) -> str:
+    """An image reference kubelet can pull (:func:`extender.core.images.check_reference`)."""
+    try:
+        return check_reference(text)
+    except InvalidValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 #: Schemes ``--redis-url`` takes (extender.state.connection): Redis, Redis over TLS, a socket, Sentinel.

@@ -27,6 +27,7 @@ import pytest
 from extender.core.policy import Policy, parse_policy
 from extender.core.warming import Expectation
 from extender.kube.client import KubeClient
+from extender.warm.jobspec import helper_image
 from extender.warm.loop import WarmLoop
 from tests.cluster_stack import BIG, POLICY, VLLM_IMAGE, Stack, node, wait, write_weights
 from tests.test_warm_e2e import AGENT_COMMAND, run_job
@@ -91,7 +92,7 @@ def test_warm_jobs_run_pinned_are_not_duplicated_and_are_confirmed(warmer: tuple
     assert job_pod["spec"]["nodeName"] == action.node
 
     # what the Job's containers did on the node; the agent reports it and the loop confirms
-    run_job(jobs(stack)[name], stack.roots[action.node], policy.warming.helper_image, source=SOURCE)
+    run_job(jobs(stack)[name], stack.roots[action.node], helper_image(policy), source=SOURCE)
     confirmed = wait(lambda: loop.tick(time.time(), expect).confirmed, "the warm loop confirming the Job",
                      report=stack.cluster.report)
     assert name in confirmed

@@ -29,6 +29,7 @@ from extender.warm.checks import node_warm, present, unsafe_evictions
 from extender.warm.executor import retry_delay
 from extender.warm.jobspec import (
     ACTION_ANNOTATION,
+    PLACEHOLDER_HELPER_IMAGE,
     SELECTOR,
     JobView,
     Publish,
@@ -39,6 +40,7 @@ from extender.warm.jobspec import (
     publish_job_name,
     read_job,
 )
+from extender.warm.loop import WarmLoop
 from extender.warm.publish import candidates, unpublished
 from extender.warm.steps import StepError, cache_path, evict, finish, prepare, staging_path
 from extender.warm.templates import env_name, render
@@ -327,6 +329,36 @@ def test_a_snapshot_published_for_a_class_its_profile_does_not_run_on_is_an_erro
 def _containers(job: dict[str, Any]) -> dict[str, dict[str, Any]]:
     pod = job["spec"]["template"]["spec"]
     return {c["name"]: c for c in [*pod.get("initContainers", []), *pod["containers"]]}
+
+
+class HelperRow(NamedTuple):
+    id: str
+    policy: str | None  # warming.helperImage
+    flag: str | None  # extender scale --warm-helper-image
+    image: str  # what the Job's prepare and finish steps run
+
+
+HELPER_ROWS = [
+    HelperRow("the-flag-fills-an-unset-policy", None, "registry.example.com/extender:0.2.0",
+              "registry.example.com/extender:0.2.0"),
+    HelperRow("the-policy-wins", "mirror.example.com/extender:0.1.9", "registry.example.com/extender:0.2.0",
+              "mirror.example.com/extender:0.1.9"),
+    HelperRow("the-policy-alone", "mirror.example.com/extender:0.1.9", None, "mirror.example.com/extender:0.1.9"),
+    HelperRow("neither-the-placeholder", None, None, PLACEHOLDER_HELPER_IMAGE),
+]
+
+
+@pytest.mark.parametrize("row", HELPER_ROWS, ids=[r.id for r in HELPER_ROWS])
+def test_the_helper_image_comes_from_the_policy_else_the_scaler(row: HelperRow,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    policy = load(helperImage=row.policy, enabled=True)
+    loop = WarmLoop(policy, None, None, helper_image=row.flag)
+    loop.set_policy(load(helperImage=row.policy, enabled=True, namespace="other"))  # a reload is completed too
+    job = action_job(loop.policy, action("weights"), attempt=1, node_class="gpu")
+    assert loop.policy.warming.namespace == "other"
+    assert {c["image"] for n, c in _containers(job).items() if n != "fetch"} == {row.image}
+    told = [r for r in caplog.records if "placeholder" in r.getMessage()]
+    assert len(told) == (1 if row.image == PLACEHOLDER_HELPER_IMAGE else 0)  # once, not on every reload
 
 
 def test_a_weights_job_is_pinned_low_priority_tolerant_limited_and_expires() -> None:

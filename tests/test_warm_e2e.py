@@ -38,6 +38,7 @@ from extender.core.warming import Expectation
 from extender.kube.client import KubeClient
 from extender.state import InventoryStore
 from extender.warm import commands as warm_commands
+from extender.warm.jobspec import helper_image
 from extender.warm.loop import WarmLoop
 from extender.warm.steps import CACHE_MOUNT
 from tests.conftest import RedisServer
@@ -77,14 +78,14 @@ def best_horizon(policy: Policy, store: InventoryStore, now: float) -> Horizon:
                    node=snap.nodes[best].name)
 
 
-def run_job(job: dict[str, Any], root: Path, helper_image: str, source: str = "s3://models/big/") -> None:
+def run_job(job: dict[str, Any], root: Path, helper: str, source: str = "s3://models/big/") -> None:
     """Do on ``root`` what the Job's containers would do on its node (cache root mounted at /cache);
     the fetch step (the team's ``aws s3 sync <source> <staging>``) writes eight 25 GB shards."""
     parser = argparse.ArgumentParser()
     warm_commands.register(parser.add_subparsers())
     pod = job["spec"]["template"]["spec"]
     for c in [*pod.get("initContainers", []), *pod["containers"]]:
-        if c["image"] == helper_image:  # extender warm prepare|finish ...
+        if c["image"] == helper:  # extender warm prepare|finish ...
             args = [str(root) if a == CACHE_MOUNT else a for a in c["command"][1:]]
             parsed = parser.parse_args(args)
             assert parsed.handler(parsed) == 0
@@ -120,7 +121,7 @@ def test_warm_then_schedule(redis_server: RedisServer, tmp_path: Path) -> None:
         assert again.started == []
 
         # the Job runs on gpu-a and completes
-        run_job(jobs(double)[name], roots["gpu-a"], policy.warming.helper_image)
+        run_job(jobs(double)[name], roots["gpu-a"], helper_image(policy))
         finish(double, name, ok=True, at=time.time())
         wait_until(lambda: (r := store.get("gpu-a")) is not None and r.weights == {"big-llm/rev-1": 200 * GB},
                    what="the agent reporting the staged weights")

@@ -1049,8 +1049,9 @@ class Warming(Schema):
     namespace: DnsLabel = "extender-warm"
     #: The cache root on the nodes (a hostPath; the agent DaemonSet's path).
     host_cache_root: HostPath = "/mnt/nvme/extender-cache"
-    #: Image with the ``extender`` command, for the steps around a template (evict, stage, finish).
-    helper_image: ImageReference = "ghcr.io/example/extender:0.1.0"
+    #: Image with the ``extender`` command, for the steps around a template (evict, stage, finish);
+    #: unset: the image ``extender scale --warm-helper-image`` names (the chart passes its own image).
+    helper_image: ImageReference | None = None
     #: A low PriorityClass: a warm Job never preempts a serving pod, and is the first to go under pressure.
     priority_class_name: DnsSubdomain | None = "extender-warm"
     #: ServiceAccount of the Job pods (for workload identity to the object store); none by default.

@@ -50,6 +50,7 @@ from extender.arguments import (
     data_dir_from_args,
     duration,
     flag_problem,
+    image_reference,
     positive_int,
     prefix_from_args,
     redis_url,
@@ -84,6 +85,9 @@ def register(subparsers: Any) -> None:
                        help="demand history kept per workload (default: 3d)")
     scale.add_argument("--history-max-points", type=positive_int, metavar="N",
                        help="samples kept per workload (default: 20000)")
+    scale.add_argument("--warm-helper-image", type=image_reference, metavar="IMAGE",
+                       help="image of the warm Jobs' own steps when the policy sets no warming.helperImage "
+                            "(the chart passes the image it runs)")
     add_store_options(scale)
     add_kube_options(scale)
     mode = scale.add_argument_group("mode")
@@ -242,7 +246,7 @@ def _scale(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig, kube_context=args.context, tick_s=args.tick, lease_ttl_s=args.lease_ttl,
         identity=args.identity or default_identity(), run_loop=not args.no_loop,
         auth=resolve_auth(args) if serving else AuthSettings(delegated=False),
-        policy_path=Path(args.policy), policy_version=version,
+        policy_path=Path(args.policy), policy_version=version, warm_helper_image=args.warm_helper_image,
         **({"history_max_age_s": args.history_max_age} if args.history_max_age else {}),
         **({"history_max_points": args.history_max_points} if args.history_max_points else {}),
     )

@@ -116,6 +116,8 @@ class ScaleSettings:
     policy_version: str = ""
     #: Seconds between looks at the policy file when the loop does not run (``--no-loop``).
     policy_check_s: float = 2.0
+    #: The warm Jobs' helper image when the policy sets no ``warming.helperImage`` (the chart: its own).
+    warm_helper_image: str | None = None
 
     def policy_file(self) -> PolicyFile | None:
         """A fresh watcher of :attr:`policy_path` (one per loop), or ``None``."""
@@ -184,7 +186,8 @@ def build_loop(settings: ScaleSettings, client: Any, pods: KubePodLister | None 
         calibration=CalibratedPolicy(ObservationStore(client, prefix=settings.prefix)),
     )
     if kube is not None:
-        warm = WarmLoop(settings.policy, inventory, kube, instance=settings.identity, registry=registry)
+        warm = WarmLoop(settings.policy, inventory, kube, instance=settings.identity, registry=registry,
+                        helper_image=settings.warm_helper_image)
 
         def warm_after(report: TickReport) -> None:
             warm.tick(report.now, report.expectations())

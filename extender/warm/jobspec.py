@@ -150,8 +150,19 @@ def _cache_volume(policy: Policy) -> JSON:
     return {"name": "cache", "hostPath": {"path": policy.warming.host_cache_root, "type": "Directory"}}
 
 
+#: The helper image when neither the policy (``warming.helperImage``) nor ``extender scale
+#: --warm-helper-image`` names one: a placeholder, which exists only if you pushed the image there.
+PLACEHOLDER_HELPER_IMAGE = "ghcr.io/example/extender:0.1.0"
+
+
+def helper_image(policy: Policy) -> str:
+    """The image of a warm Job's own steps: the policy's, as the warmer completed it
+    (:meth:`extender.warm.loop.WarmLoop.set_policy`), else :data:`PLACEHOLDER_HELPER_IMAGE`."""
+    return policy.warming.helper_image or PLACEHOLDER_HELPER_IMAGE
+
+
 def _helper(policy: Policy, name: str, args: list[str]) -> JSON:
-    return {"name": name, "image": policy.warming.helper_image, "command": ["extender", "warm", name, *args],
+    return {"name": name, "image": helper_image(policy), "command": ["extender", "warm", name, *args],
             "volumeMounts": [{"name": "cache", "mountPath": CACHE_MOUNT}]}
 
 

@@ -55,7 +55,16 @@ from extender.core.warming import KINDS, Action, Expectation, Plan, apply, plan
 from extender.kube.errors import KubeApiError
 from extender.warm.checks import node_class, present, published_snapshots, unsafe_evictions
 from extender.warm.executor import Executor, WarmKube, retry_delay
-from extender.warm.jobspec import JobView, Publish, action_job, describe, job_name, publish_job, template_for
+from extender.warm.jobspec import (
+    PLACEHOLDER_HELPER_IMAGE,
+    JobView,
+    Publish,
+    action_job,
+    describe,
+    job_name,
+    publish_job,
+    template_for,
+)
 from extender.warm.metrics import WarmMetrics
 from extender.warm.publish import candidates, unpublished
 from extender.warm.taints import NodeKube, NodeTainter
@@ -154,8 +163,11 @@ class WarmLoop:
     """
 
     def __init__(self, policy: Policy, store: WarmStore | None, kube: Kube | None, *,
-                 registry: CollectorRegistry | None = None, instance: str | None = None) -> None:
-        self.policy = policy
+                 registry: CollectorRegistry | None = None, instance: str | None = None,
+                 helper_image: str | None = None) -> None:
+        self.helper_image = helper_image
+        self._placeholder_told = False
+        self.policy = policy = self._completed(policy)
         self.store = store
         self.kube = kube
         self.metrics = WarmMetrics(registry)
@@ -173,8 +185,23 @@ class WarmLoop:
         """Use a reloaded policy from the next tick on (Jobs of a previous namespace are no longer seen)."""
         if self.kube is not None and policy.warming.namespace != self.policy.warming.namespace:
             self.executor = Executor(self.kube, policy.warming.namespace, instance=self.instance)
-        self.policy = policy
+        self.policy = self._completed(policy)
         self.metrics.set_policy(policy)
+
+    def _completed(self, policy: Policy) -> Policy:
+        """``policy`` with ``warming.helperImage``, when unset, taken from :attr:`helper_image` (the
+        image ``extender scale --warm-helper-image`` names: the chart passes its own); the policy's
+        own value wins. Neither: the Jobs name the placeholder, said once in the log when warming is on."""
+        w = policy.warming
+        if w.helper_image is not None:
+            return policy
+        if self.helper_image is not None:
+            return policy.model_copy(update={"warming": w.model_copy(update={"helper_image": self.helper_image})})
+        if w.enabled and not self._placeholder_told:
+            self._placeholder_told = True
+            log.warning("warm Jobs will run their own steps in %s, a placeholder: set warming.helperImage in the "
+                        "policy or pass --warm-helper-image (the chart passes its image)", PLACEHOLDER_HELPER_IMAGE)
+        return policy
 
     # ---- the tick ----------------------------------------------------------------------------
 
