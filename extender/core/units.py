@@ -6,8 +6,9 @@ People type numbers into policy files the way they say them: ``64GiB``, ``3.9GB`
 
 Rules (each exists because the other reading is a real, costly mistake):
 
-* In sizes and bandwidths a number may carry an exponent, as in JSON and Kubernetes quantities: ``1e12`` is a size of
-  10^12 bytes, ``1.5e3GB/s`` a bandwidth (YAML reads an unquoted ``1e12`` as text, not a number).
+* In sizes and bandwidths a number may carry an exponent, as in JSON and Kubernetes quantities:
+  ``1e12`` is a size of 10^12 bytes, ``1.5e3GB/s`` a bandwidth (YAML reads an unquoted ``1e12`` as
+  text, not a number).
 * Sizes are bytes. Decimal prefixes are powers of 1000 (``kB``/``KB``, ``MB``, ``GB``, ``TB``,
   ``PB``); binary prefixes are powers of 1024 (``KiB`` .. ``PiB``, or the Kubernetes quantity
   spellings ``Ki`` .. ``Pi``). A bare prefix (``64G``) is rejected: it is 8% away from ``64Gi``,
