@@ -12,6 +12,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -589,6 +590,65 @@ def test_compile_and_snapshot_entries(tmp_path: Path) -> None:
     finish(tmp_path, "snapshot:llm/v1")
     result = scan_cache(tmp_path)
     assert (result.compile_keys, result.snapshots) == ((LLM_KEY,), ("llm/v1",))
+
+
+# A step killed halfway through deleting an evicted tree (preempted: warm Jobs are the first to go)
+# leaves its tomb. The next ``prepare`` on the node deletes every tomb, and an eviction of an entry
+# whose earlier tomb is still there works: the step runs as PID 1 of its container every time, so
+# the old helper named both tombs ``.<name>.evicting-1`` and the rename failed at every retry.
+KILL_MID_EVICTION = """
+import os, sys
+from extender.warm.steps import prepare
+real_unlink, deleted = os.unlink, []
+def unlink(*args, **kwargs):
+    if len(deleted) == 5:
+        os._exit(137)  # killed: no finally, no cleanup
+    deleted.append(args)
+    real_unlink(*args, **kwargs)
+os.unlink = unlink
+prepare(__import__("pathlib").Path(sys.argv[1]), "snapshot:llm/v1", ["weights:old/v0"])
+"""
+
+
+class Tomb(NamedTuple):
+    id: str
+    tomb: str  # below the cache root: what a killed eviction left ("" when a real kill makes it)
+    evict: tuple[str, ...]  # what the next prepare evicts
+    recreate: str = ""  # an entry fetched again meanwhile, below the cache root
+
+
+TOMBS = [
+    Tomb("a step killed while deleting (a real process)", "", ()),
+    Tomb("left by the old helper as PID 1", "weights/old/.v0.evicting-1", ()),
+    Tomb("the next eviction of the same entry, by the same PID", f"weights/old/.v0.evicting-{os.getpid()}",
+         ("weights:old/v0",), recreate="weights/old/v0"),
+    Tomb("a compile key's", f"compile/.{LLM_KEY}.evicting-7-0a1b2c3d", ()),
+    Tomb("a snapshot's", "snapshots/llm/.v0.evicting-1-ff", ()),
+    Tomb("an adapter's", "adapters/llm/.sql.evicting-12", ()),
+]
+
+
+@pytest.mark.parametrize("case", TOMBS, ids=[c.id for c in TOMBS])
+def test_a_killed_eviction_leaves_no_tomb_after_the_next_prepare(tmp_path: Path, case: Tomb) -> None:
+    kept = {"weights/llm/v1/a": 10, "weights/llm/.v2.warming/b": 10, f"compile/{LLM_KEY}/c": 10}
+    for name, size in kept.items():  # an entry and another Job's staging are not tombs
+        sparse(tmp_path / name, size)
+    if case.tomb:
+        for i in range(3):
+            sparse(tmp_path / case.tomb / "sub" / f"f{i}", 10)
+    else:
+        for i in range(20):
+            sparse(tmp_path / "weights" / "old" / "v0" / f"f{i}", 10)
+        done = subprocess.run([sys.executable, "-c", KILL_MID_EVICTION, str(tmp_path)], check=False)
+        assert done.returncode == 137
+        (tomb,) = (tmp_path / "weights" / "old").iterdir()
+        assert tomb.name.startswith(".v0.evicting-") and any(tomb.iterdir())  # the kill left it half deleted
+    if case.recreate:
+        sparse(tmp_path / case.recreate / "g", 10)
+    prepare(tmp_path, "snapshot:llm/v3", list(case.evict))
+    left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert left == sorted(kept)
+    assert not any(".evicting" in p.name for p in tmp_path.rglob("*"))
 
 
 class Linked(NamedTuple):

@@ -4,7 +4,7 @@ The cache layout (:mod:`extender.layout`) has one rule that makes warming safe t
 to the agent and the serving pods: names starting with ``.`` are staging areas nobody reads. So a
 warm Job never writes where a reader looks:
 
-    prepare   evict each planned victim: rename it to ``.<name>.evicting-<pid>`` (one atomic step:
+    prepare   evict each planned victim: rename it to ``.<name>.evicting-<pid>-<hex>`` (one atomic step:
               the agent stops reporting it at once), then delete the tree; then make the staging
               directory ``.<name>.warming`` beside the destination. For weights, an existing
               partial destination is moved into staging first, so a resumable copy tool (``aws s3
@@ -16,7 +16,12 @@ warm Job never writes where a reader looks:
               then rename staging onto the destination, so the agent's next scan sees the whole
               entry or nothing.
 
-A half-finished Job leaves only a staging directory, which the next attempt resumes. Runs inside
+A half-finished Job leaves only a staging directory, which the next attempt resumes, or a tomb
+(``.<name>.evicting-...``) whose deletion it did not finish: a tomb is garbage by definition, so
+every ``prepare`` first deletes the tombs left anywhere in the cache root (:func:`sweep_tombs`), and
+each eviction names its tomb uniquely. Without that a killed eviction would hold its bytes on the
+node for good, unseen by the agent, and (the step runs as PID 1 of its container every time) the
+next eviction of an entry of the same name would fail on the old tomb, at every retry. Runs inside
 the Job's helper containers (``extender warm prepare`` / ``extender warm finish``); the paths are
 those of the container, where the node's cache root is mounted at :data:`CACHE_MOUNT`.
 """
@@ -24,6 +29,8 @@ those of the container, where the node's cache root is mounted at :data:`CACHE_M
 from __future__ import annotations
 
 import os
+import re
+import secrets
 import shutil
 from collections.abc import Sequence
 from pathlib import Path, PurePath
@@ -38,6 +45,9 @@ from extender.layout import COMPLETE, MANIFEST, finish_from_disk, mark_complete
 CACHE_MOUNT = "/cache"
 STAGING_SUFFIX = ".warming"
 EVICTING_SUFFIX = ".evicting"
+#: A tomb's name: ``.<name>.evicting-<pid>-<hex>`` (an older helper wrote ``-<pid>`` alone). A staging
+#: name ends in ``.warming`` and a cache entry's name never starts with ``.``, so neither matches.
+TOMB = re.compile(rf"\..+{re.escape(EVICTING_SUFFIX)}-[0-9]+(-[0-9a-f]+)?")
 
 P = TypeVar("P", bound=PurePath)
 
@@ -117,22 +127,71 @@ def evict(root: Path, cache_id: str) -> bool:
 
 
 def _remove(path: Path) -> bool:
-    tomb = path.with_name(f".{path.name}{EVICTING_SUFFIX}-{os.getpid()}")
+    # the tomb's name is unique: every warm step runs as PID 1 of its container, so a pid alone would
+    # name the tomb a killed step left behind, and renaming a directory onto a non-empty one fails
+    tomb = path.with_name(f".{path.name}{EVICTING_SUFFIX}-{os.getpid()}-{secrets.token_hex(4)}")
     try:
         os.replace(path, tomb)
     except FileNotFoundError:
         return False
-    shutil.rmtree(tomb)
+    _delete_tree(tomb)
     return True
 
 
+def _delete_tree(path: Path) -> None:
+    """Delete ``path`` and everything below it, alongside another step deleting the same tomb.
+
+    Two Jobs on one node may sweep the same tomb at once: a file the other deleted first stops
+    :func:`shutil.rmtree` with ``FileNotFoundError``, so it lists again until the tree is gone
+    (each pass deletes what is left; nobody writes into a tomb).
+    """
+    while os.path.lexists(path):
+        try:
+            shutil.rmtree(path)
+        except FileNotFoundError:
+            continue
+
+
+def sweep_tombs(root: Path) -> list[Path]:
+    """Delete every tomb a killed eviction left in the cache root; returns the tombs deleted.
+
+    Tombs sit beside the entries they held, so the search is one listing of each kind's directory
+    and of each directory between it and the entries (``weights/<w>/``), never a walk of the
+    entries themselves; symbolic links and staging areas are not entered.
+    """
+    swept: list[Path] = []
+    for spec in caches.NVME_KINDS:
+        assert spec.directory is not None
+        parents = [root / spec.directory]
+        for _ in spec.parts[:-1]:  # down to the directories that hold the entries
+            parents = [entry for parent in parents for entry in _subdirectories(parent)
+                       if not entry.name.startswith(".")]
+        for parent in parents:
+            for entry in _subdirectories(parent):
+                if TOMB.fullmatch(entry.name):
+                    _delete_tree(entry)
+                    swept.append(entry)
+    return swept
+
+
+def _subdirectories(directory: Path) -> list[Path]:
+    try:
+        with os.scandir(directory) as it:
+            return [Path(e.path) for e in it if e.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def prepare(root: Path, cache_id: str, evictions: Sequence[str] = ()) -> Path:
-    """Evict ``evictions``, then return the staging directory for ``cache_id`` (created, or resumed)."""
+    """Delete the tombs of killed evictions (:func:`sweep_tombs`), evict ``evictions``, then return the
+    staging directory for ``cache_id`` (created, or resumed)."""
     targets = [on_node(root, e) for e in evictions]  # validate every id before deleting anything
+    kind, _ = parse_cache_id(cache_id)
+    dest = on_node(root, cache_id)
+    sweep_tombs(root)
     for victim in targets:
         _remove(victim)
-    kind, _ = parse_cache_id(cache_id)
-    dest, staging = on_node(root, cache_id), _no_link(staging_path(root, cache_id))
+    staging = _no_link(staging_path(root, cache_id))
     if staging.is_dir():
         return staging  # an earlier attempt's bytes: resume
     staging.parent.mkdir(parents=True, exist_ok=True)
