@@ -21,6 +21,8 @@ from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
 from extender.core.warming import Expectation
 from extender.kube.client import JSON, KubeClient
+from extender.scaler.loop import TickReport as ScalerTick
+from extender.scaler.serve import KubePodLister, ScaleSettings, build_loop
 from extender.state import InventoryStore, connect
 from extender.warm.jobspec import ACTION_ANNOTATION, action_job, format_time, job_name, publish_job_name
 from extender.warm.loop import WarmLoop
@@ -536,3 +538,76 @@ def test_publish_jobs_share_the_warm_jobs_caps(double: KubeDouble, kube: KubeCli
     report = loop.tick(NOW + 122, ONE_LLM, snapshot=at(NOW + 122))
     assert report.started == ([WEIGHTS_A] if case.then_started else [])
     assert len(jobs(double)) <= min(case.per_node, case.cluster)
+
+
+# ---------------------------------------------------------------------------------------------
+# Two scaler replicas: the warmer of a replica that leads again
+# ---------------------------------------------------------------------------------------------
+
+
+class Term(NamedTuple):
+    id: str
+    first: dict[str, Any]  # warming knobs while replica B leads first (and sees gpu-new)
+    then: dict[str, Any]  # knobs when replica A takes over and B leads again
+    join_before_b: bool  # gpu-new exists while B leads first
+    after_s: float  # B's new term starts this long after A tainted the node
+    reason: str  # why B must remove the taint A put
+
+
+TERMS = [
+    Term("taintUntilWarm switched off before B leads again", TAINTING, {"keepWarm": ["llm"]}, False, 60, "policy"),
+    Term("B saw the node before A tainted it, then maxTaint passes", {"keepWarm": ["llm"]}, TAINTING, True, 1800,
+         "max-taint"),
+    Term("B saw the node with warming off, A tainted it, warming off again", {**TAINTING, "enabled": False},
+         {**TAINTING, "enabled": False}, True, 60, "disabled"),
+]
+
+
+@pytest.mark.parametrize("case", TERMS, ids=[c.id for c in TERMS])
+def test_a_replica_that_leads_again_removes_the_taints_the_other_one_put(double: KubeDouble, kube: KubeClient,
+                                                                        case: Term) -> None:
+    """The warm loop lives as long as its scaler replica, across leadership terms. What it learnt
+    about the nodes in an earlier term is out of date when it leads again: the other replica may
+    have tainted nodes meanwhile, and only the leader ever removes a taint."""
+    first, then = load(**case.first), load(**case.then)
+    now = time.time()
+    if case.join_before_b:
+        double.apply(kube_node("gpu-new", [NOT_READY]))
+    b = WarmLoop(first, None, kube, instance="scaler-b")
+    records = (node("gpu-new", now=now),) if case.join_before_b else ()
+    assert b.tick(now, snapshot=snap(first, now, *records), term=1).tainted == []
+    if not case.join_before_b:
+        double.apply(kube_node("gpu-new", [NOT_READY]))
+    # replica A leads (a new term) and taints the cold new node
+    a = WarmLoop(load(**TAINTING), None, kube, instance="scaler-a")
+    assert a.tick(now + 1, snapshot=snap(then, now + 1, node("gpu-new", now=now + 1)), term=2).tainted == ["gpu-new"]
+    # A stops (rolling update, lost lease) before its next tick; B, running the new policy, leads again
+    b.set_policy(then)
+    t = now + case.after_s
+    report = b.tick(t, snapshot=snap(then, t, node("gpu-new", now=t)), term=3)
+    assert report.untainted == ["gpu-new"] and taints_of(double, "gpu-new") == [NOT_READY]
+    assert sample(b, "extender_warm_taint_changes_total", change="removed", reason=case.reason) == 1
+
+
+def test_the_scaler_hands_the_warmer_its_leadership_term(double: KubeDouble, kube: KubeClient,
+                                                         redis_server: RedisServer, tmp_path: Path) -> None:
+    """``extender scale`` (:func:`extender.scaler.serve.build_loop`) passes each led tick's fencing
+    token, so its warmer knows when it leads again: here a taint the other replica put before
+    ``taintUntilWarm`` was switched off is removed at the first tick of the new term."""
+    client = connect(redis_server.url, tmp_path)
+    try:
+        b = build_loop(ScaleSettings(policy=load(**TAINTING), identity="scaler-b"), client,
+                       pods=KubePodLister(kube), kube=kube)
+        (warm_after,) = b.on_leader_tick
+        now = time.time()
+        warm_after(ScalerTick(now=now, leader=True, token=1, holder="scaler-b"))
+        double.apply(kube_node("gpu-new", [NOT_READY]))
+        a = WarmLoop(load(**TAINTING), None, kube, instance="scaler-a")
+        assert a.tick(now + 1, snapshot=snap(a.policy, now + 1, node("gpu-new", now=now + 1)), term=2).tainted \
+            == ["gpu-new"]
+        for listener in b.on_estimator_policy:
+            listener(load(keepWarm=["llm"]))
+        warm_after(ScalerTick(now=now + 60, leader=True, token=3, holder="scaler-b"))
+        assert taints_of(double, "gpu-new") == [NOT_READY]
+    finally:
+        client.close()

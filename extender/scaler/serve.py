@@ -190,7 +190,9 @@ def build_loop(settings: ScaleSettings, client: Any, pods: KubePodLister | None 
                         helper_image=settings.warm_helper_image)
 
         def warm_after(report: TickReport) -> None:
-            warm.tick(report.now, report.expectations())
+            # the token is new at each acquisition of the lock: a replica that leads again after
+            # another one did starts from what the cluster says, not what it learnt before
+            warm.tick(report.now, report.expectations(), term=report.token)
 
         loop.on_leader_tick.append(warm_after)
         loop.on_estimator_policy.append(warm.set_policy)  # the policy, calibrated when its mode is apply

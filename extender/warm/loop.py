@@ -32,7 +32,7 @@ Calling it from the scaler's leader tick (the loop keeps its state between calls
 
     warm = WarmLoop(policy, InventoryStore(redis_client), KubeClient.connect(...), registry=metrics_registry)
     scale_loop.on_leader_tick.append(
-        lambda r: warm.tick(r.now, r.expectations()))
+        lambda r: warm.tick(r.now, r.expectations(), term=r.token))
 
 (``snapshot=`` may pass the scaler's own inventory snapshot, saving one read of the store.)
 """
@@ -180,6 +180,8 @@ class WarmLoop:
         self._warned: set[tuple[str, str]] = set()
         self._first_seen: dict[str, float] = {}
         self._weightless: tuple[Policy, Policy] | None = None
+        #: The leadership term (the scaler's fencing token) of the last tick, ``None`` before one.
+        self._term: int | None = None
 
     def set_policy(self, policy: Policy) -> None:
         """Use a reloaded policy from the next tick on (Jobs of a previous namespace are no longer seen)."""
@@ -206,13 +208,20 @@ class WarmLoop:
     # ---- the tick ----------------------------------------------------------------------------
 
     def tick(self, now: float, expectations: Iterable[Expectation] = (), *,
-             snapshot: InventorySnapshot | None = None, dry_run: bool = False) -> TickReport:
+             snapshot: InventorySnapshot | None = None, dry_run: bool = False, term: int | None = None) -> TickReport:
         """One pass (steps in the module docstring). ``now``: unix seconds, the clock heartbeats use.
 
         ``expectations``: at most one per workload (the scaler's decisions, through
         :meth:`TickReport.expectations`: each decision's look-ahead); keep-warm workloads come from the policy.
         ``dry_run``: read and plan, change nothing (no Job, Event, Node or registry write, no metric).
+        ``term``: the leadership term this tick runs in (the scaler's fencing token, new at each
+        acquisition of the lock); a tick of a new term first forgets what earlier terms learnt
+        (:meth:`_new_term`).
         """
+        if term is not None and not dry_run and term != self._term:
+            if self._term is not None:
+                self._new_term()
+            self._term = term
         policy = self.policy
         report = TickReport(now=now, enabled=policy.warming.enabled, dry_run=dry_run)
         try:
@@ -248,6 +257,24 @@ class WarmLoop:
             self._observe(report, in_flight, publishing, now)
             self._observe_reserve(snap, now)
         return report
+
+    def _new_term(self) -> None:
+        """Start over as a restarted warmer would, from the Jobs and the Nodes alone.
+
+        The loop lives as long as its scaler replica, and the replica may lead, stand by while
+        another leads, and lead again. What it learnt before is then out of date: the other leader
+        tainted nodes this one has already seen (and would never look at again, so the taint
+        stayed for good), removed taints it still tracks, and retried or finished actions it
+        still holds back. Everything it forgets here is read back from the cluster: taints from
+        the Nodes (one list), backoffs and attempts from the failed Jobs, which are kept until
+        their retry time.
+        """
+        if self.tainter is not None:
+            self.tainter = NodeTainter(self.tainter.kube, self.metrics)
+        self._backoff.clear()
+        self._attempts.clear()
+        self._warned.clear()
+        self._first_seen.clear()
 
     def _load(self, now: float) -> InventorySnapshot:
         if self.store is None:
