@@ -611,3 +611,43 @@ def test_the_scaler_hands_the_warmer_its_leadership_term(double: KubeDouble, kub
         assert taints_of(double, "gpu-new") == [NOT_READY]
     finally:
         client.close()
+
+
+class Reporter(NamedTuple):
+    id: str
+    same_loop: bool  # the warmer that reported the failure ticks again (in a new term), else another one
+    term: int | None  # the term of the second look (None: no terms, a restarted process)
+    outcome: str = "failed"
+    confirm: bool = False  # the Job succeeded but the inventory never showed the cache
+
+
+REPORTERS = [
+    Reporter("a restarted warmer", False, None),
+    Reporter("the other replica, leading next", False, 2),
+    Reporter("the same replica, leading again", True, 3),
+    Reporter("an unconfirmed success, the other replica", False, 2, "unconfirmed", True),
+]
+
+
+@pytest.mark.parametrize("case", REPORTERS, ids=[c.id for c in REPORTERS])
+def test_a_failure_is_counted_once_whichever_warmer_sees_it_again(double: KubeDouble, kube: KubeClient,
+                                                                   case: Reporter) -> None:
+    """A failed Job is kept until its retry time, and each warmer that leads meanwhile reads it: the
+    Event named after it (one per Job and reason) says whether it was reported already, so the
+    failure is one Event, one count summed over the replicas, one entry in one tick report."""
+    first = WarmLoop(BASE, None, kube, instance="scaler-a")
+
+    def tick(loop: WarmLoop, t: float, term: int | None) -> Any:
+        return loop.tick(NOW + t, ONE_LLM, snapshot=snap(BASE, NOW + t, *two_nodes(NOW + t)), term=term)
+
+    tick(first, 0, 1)
+    finish(double, WEIGHTS_A, ok=case.confirm, at=NOW + 5)
+    t = 5 + BASE.warming.confirm_within + 1 if case.confirm else 10
+    assert tick(first, t, 1).failed == [WEIGHTS_A]
+    second = first if case.same_loop else WarmLoop(BASE, None, kube, instance="scaler-b")
+    report = tick(second, t + 2, case.term)
+    assert report.failed == [] and report.started == [] and WEIGHTS_A in jobs(double)  # still backing off
+    assert len(events(double)) == 1
+    total = sum(sample(w, "extender_warm_jobs_finished_total", kind="weights", outcome=case.outcome)
+                for w in {id(first): first, id(second): second}.values())
+    assert total == 1

@@ -417,19 +417,24 @@ class WarmLoop:
         self._attempts[key] = max(self._attempts.get(key, 0), view.attempt)
         if (view.uid, reason) not in self._warned:
             self._warned.add((view.uid, reason))
-            report.failed.append(view.name)
-            outcome = "unconfirmed" if reason == "WarmNotConfirmed" else "failed"
-            self.metrics.finished.labels(view.kind, outcome).inc()
             wait = max(0.0, retry_at - now)
             message = (f"{describe(view)}, attempt {view.attempt}: {detail}; next attempt in {wait:.0f}s "
                        f"(kubectl -n {view.namespace} logs job/{view.name} --all-containers)")
-            log.warning("warm job %s: %s", view.name, message,
-                        extra={"job": view.name, "node": view.node, "cache": view.cache, "kind": view.kind,
-                               "attempt": view.attempt, "reason": reason, "retry_in_s": wait})
+            # The Event, named after the Job and the reason, is the cluster's record that this
+            # failure was reported: a warmer that restarted, or the other scaler replica leading
+            # now, finds it there and neither counts nor logs the failure a second time.
             try:
-                self.executor.warn(view, reason=reason, message=message, now=now)
+                first = self.executor.warn(view, reason=reason, message=message, now=now)
             except KubeError as exc:
                 self._error(report, "event", exc, dry_run)
+                first = True  # unknown: better counted twice than never
+            if first:
+                report.failed.append(view.name)
+                outcome = "unconfirmed" if reason == "WarmNotConfirmed" else "failed"
+                self.metrics.finished.labels(view.kind, outcome).inc()
+                log.warning("warm job %s: %s", view.name, message,
+                            extra={"job": view.name, "node": view.node, "cache": view.cache, "kind": view.kind,
+                                   "attempt": view.attempt, "reason": reason, "retry_in_s": wait})
         if now < retry_at:
             self._backoff[key] = _Backoff(retry_at, view.action, view.publish)
             return
