@@ -398,7 +398,8 @@ def test_a_weights_job_is_pinned_low_priority_tolerant_limited_and_expires() -> 
         assert c["volumeMounts"] == [{"name": "cache", "mountPath": "/cache"}]
     assert containers["prepare"]["image"] == containers["finish"]["image"] == "ghcr.io/example/extender:0.1.0"
     assert containers["prepare"]["command"] == ["extender", "warm", "prepare", "--root", "/cache",
-                                                "--cache", "weights:llm/v1", "--evict", "weights:old/v0"]
+                                                "--cache", "weights:llm/v1", "--evict", "weights:old/v0",
+                                                "--abandoned-after", "9000"]  # activeDeadline 2h + retry.max 30m
     assert containers["finish"]["command"] == ["extender", "warm", "finish", "--root", "/cache",
                                                "--cache", "weights:llm/v1", "--source", "s3://models/llm/"]
     fetch = containers["fetch"]
@@ -649,6 +650,48 @@ def test_a_killed_eviction_leaves_no_tomb_after_the_next_prepare(tmp_path: Path,
     left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
     assert left == sorted(kept)
     assert not any(".evicting" in p.name for p in tmp_path.rglob("*"))
+
+
+class Staged(NamedTuple):
+    id: str
+    staging: str  # below the cache root: a staging directory an earlier Job left
+    age_s: float  # since a prepare last stamped it
+    abandoned_after: float | None  # prepare's --abandoned-after
+    swept: bool
+    cache: str = "snapshot:llm/v3"  # what the new Job prepares
+    cli: bool = False  # run `extender warm prepare`, not the function
+
+
+STAGED = [
+    Staged("weights of a version no longer planned", "weights/llm/.v1.warming", 9001, 9000, True),
+    Staged("a compile key's, abandoned", f"compile/.{LLM_KEY}.warming", 9001, 9000, True),
+    Staged("an adapter's, abandoned, through the command line", "adapters/llm/.sql.warming", 9001, 9000, True,
+           cli=True),
+    Staged("another Job may still write or resume it", "weights/llm/.v1.warming", 8000, 9000, False),
+    Staged("the Job's own, old: resumed", "snapshots/llm/.v3.warming", 99999, 9000, False),
+    Staged("no --abandoned-after (an older warmer's Job)", "weights/llm/.v1.warming", 99999, None, False),
+]
+
+
+@pytest.mark.parametrize("case", STAGED, ids=[c.id for c in STAGED])
+def test_a_staging_directory_no_job_can_resume_is_deleted(tmp_path: Path, case: Staged) -> None:
+    """A Job that failed for good, or whose action is no longer planned, leaves its staging
+    directory, which the agent never reports: nothing else would ever free its bytes."""
+    staging = tmp_path / case.staging
+    sparse(staging / "part-1.safetensors", 10)
+    stamped = time.time() - case.age_s
+    os.utime(staging, (stamped, stamped))
+    if case.cli:
+        from extender.cli import main
+
+        argv = ["warm", "prepare", "--root", str(tmp_path), "--cache", case.cache]
+        assert main([*argv, "--abandoned-after", f"{case.abandoned_after:g}"] if case.abandoned_after else argv) == 0
+        ours = staging_path(tmp_path, case.cache)
+    else:
+        ours = prepare(tmp_path, case.cache, abandoned_after=case.abandoned_after)
+    assert ours.is_dir() and ours.stat().st_mtime > stamped  # stamped: in use from now on
+    assert staging.exists() is not case.swept
+    assert not any(".evicting" in p.name for p in tmp_path.rglob("*"))  # deleted, not left as a tomb
 
 
 class Linked(NamedTuple):

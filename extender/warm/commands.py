@@ -3,7 +3,7 @@
     extender warm plan --policy FILE [--expect WORKLOAD=N[@WITHIN]]... [--kubeconfig F [--context C]]
                        [--now UNIX] [--json] [--redis-url URL | --data-dir DIR]
     extender warm status [--policy FILE | --namespace NS] [--kubeconfig F [--context C]] [--json]
-    extender warm prepare --root DIR --cache ID [--evict ID]...      (inside a warm Job)
+    extender warm prepare --root DIR --cache ID [--evict ID]... [--abandoned-after SECONDS]   (inside a warm Job)
     extender warm finish --root DIR --cache ID [--source URI]       (inside a warm Job)
     extender warm publish --key KEY [--redis-url URL | --data-dir DIR]   (a sidecar that uploaded a key)
 
@@ -78,6 +78,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="the cache entry to prepare (weights:W/V, compile:KEY, snapshot:W)")
     pre.add_argument("--evict", action="append", default=[], metavar="ID",
                      help="a cache to delete first to make room (repeatable)")
+    pre.add_argument("--abandoned-after", type=finite_number(0, above=True), default=None, metavar="SECONDS",
+                     help="delete other staging directories untouched for longer than this (activeDeadline + "
+                          "retry.max: no Job can still write or resume them); default: keep them")
     pre.set_defaults(handler=run_prepare)
 
     fin = sub.add_parser("finish", help="(inside a warm Job) seal the staging directory and move it into place")
@@ -257,7 +260,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     from extender.warm.steps import prepare
 
     try:
-        staging = prepare(args.root, args.cache, args.evict)
+        staging = prepare(args.root, args.cache, args.evict, abandoned_after=args.abandoned_after)
     except OSError as exc:
         say(f"extender warm prepare: {exc}", cache=args.cache)
         return 1

@@ -201,7 +201,10 @@ def action_job(policy: Policy, action: Action, *, attempt: int = 1, node_class: 
     fetch = container("fetch", template, values)
     fetch["volumeMounts"] = [{"name": "cache", "mountPath": CACHE_MOUNT}]
     evict = [a for e in action.evictions for a in ("--evict", e.cache)]
-    prepare = _helper(policy, "prepare", ["--root", CACHE_MOUNT, "--cache", action.cache, *evict])
+    # a staging directory untouched for longer than a Job runs plus the longest wait before its retry
+    # can no longer be written or resumed: prepare deletes it (extender.warm.steps.sweep)
+    abandoned = ["--abandoned-after", f"{policy.warming.active_deadline + policy.warming.retry.max:g}"]
+    prepare = _helper(policy, "prepare", ["--root", CACHE_MOUNT, "--cache", action.cache, *evict, *abandoned])
     finish_args = ["--root", CACHE_MOUNT, "--cache", action.cache]
     if values.get("source"):
         finish_args += ["--source", values["source"]]

@@ -17,11 +17,15 @@ warm Job never writes where a reader looks:
               entry or nothing.
 
 A half-finished Job leaves only a staging directory, which the next attempt resumes, or a tomb
-(``.<name>.evicting-...``) whose deletion it did not finish: a tomb is garbage by definition, so
-every ``prepare`` first deletes the tombs left anywhere in the cache root (:func:`sweep_tombs`), and
-each eviction names its tomb uniquely. Without that a killed eviction would hold its bytes on the
-node for good, unseen by the agent, and (the step runs as PID 1 of its container every time) the
-next eviction of an entry of the same name would fail on the old tomb, at every retry. Runs inside
+(``.<name>.evicting-...``) whose deletion it did not finish. Neither is seen by the agent, so
+nothing would ever free their bytes: every ``prepare`` first sweeps the cache root (:func:`sweep`).
+A tomb is garbage by definition and always deleted; each eviction names its tomb uniquely (the step
+runs as PID 1 of its container every time, and a second tomb of the same name would make the
+rename fail at every retry). A staging directory is deleted once no Job can still write it or
+resume it: ``prepare`` stamps its modification time when it creates or resumes it, a Job runs at
+most ``activeDeadline`` and a failed one is retried within ``retry.max``, so one untouched for
+longer than their sum (``--abandoned-after``) was abandoned (its action is no longer planned: a
+new weights version, demand gone). Runs inside
 the Job's helper containers (``extender warm prepare`` / ``extender warm finish``); the paths are
 those of the container, where the node's cache root is mounted at :data:`CACHE_MOUNT`.
 """
@@ -32,6 +36,7 @@ import os
 import re
 import secrets
 import shutil
+import time
 from collections.abc import Sequence
 from pathlib import Path, PurePath
 from typing import TypeVar, assert_never
@@ -152,14 +157,20 @@ def _delete_tree(path: Path) -> None:
             continue
 
 
-def sweep_tombs(root: Path) -> list[Path]:
-    """Delete every tomb a killed eviction left in the cache root; returns the tombs deleted.
+def sweep(root: Path, *, abandoned_after: float | None = None, keep: Path | None = None,
+          now: float | None = None) -> list[Path]:
+    """Delete what killed or abandoned steps left in the cache root; returns what was deleted.
 
-    Tombs sit beside the entries they held, so the search is one listing of each kind's directory
-    and of each directory between it and the entries (``weights/<w>/``), never a walk of the
-    entries themselves; symbolic links and staging areas are not entered.
+    Every tomb goes. With ``abandoned_after`` (seconds), so does every staging directory other than
+    ``keep`` whose modification time (stamped by :func:`prepare`) is older than that: renamed to a
+    tomb first, so a Job resuming it at that very moment finds no staging and fails (to be retried)
+    instead of writing into a tree being deleted. Tombs and staging directories sit beside the
+    entries, so the search is one listing of each kind's directory and of each directory between it
+    and the entries (``weights/<w>/``), never a walk of the entries themselves; symbolic links are
+    not entered.
     """
     swept: list[Path] = []
+    cutoff = (time.time() if now is None else now) - abandoned_after if abandoned_after is not None else None
     for spec in caches.NVME_KINDS:
         assert spec.directory is not None
         parents = [root / spec.directory]
@@ -171,7 +182,18 @@ def sweep_tombs(root: Path) -> list[Path]:
                 if TOMB.fullmatch(entry.name):
                     _delete_tree(entry)
                     swept.append(entry)
+                elif cutoff is not None and entry != keep and entry.name.startswith(".") \
+                        and entry.name.endswith(STAGING_SUFFIX) and _older(entry, cutoff):
+                    _remove(entry)
+                    swept.append(entry)
     return swept
+
+
+def _older(path: Path, cutoff: float) -> bool:
+    try:
+        return path.lstat().st_mtime < cutoff
+    except FileNotFoundError:
+        return False
 
 
 def _subdirectories(directory: Path) -> list[Path]:
@@ -182,25 +204,27 @@ def _subdirectories(directory: Path) -> list[Path]:
         return []
 
 
-def prepare(root: Path, cache_id: str, evictions: Sequence[str] = ()) -> Path:
-    """Delete the tombs of killed evictions (:func:`sweep_tombs`), evict ``evictions``, then return the
-    staging directory for ``cache_id`` (created, or resumed)."""
+def prepare(root: Path, cache_id: str, evictions: Sequence[str] = (), *,
+            abandoned_after: float | None = None) -> Path:
+    """Sweep what killed or abandoned steps left (:func:`sweep`), evict ``evictions``, then return the
+    staging directory for ``cache_id`` (created, or resumed), its modification time stamped now."""
     targets = [on_node(root, e) for e in evictions]  # validate every id before deleting anything
     kind, _ = parse_cache_id(cache_id)
     dest = on_node(root, cache_id)
-    sweep_tombs(root)
+    staging = staging_path(root, cache_id)
+    sweep(root, abandoned_after=abandoned_after, keep=staging)
     for victim in targets:
         _remove(victim)
-    staging = _no_link(staging_path(root, cache_id))
-    if staging.is_dir():
-        return staging  # an earlier attempt's bytes: resume
-    staging.parent.mkdir(parents=True, exist_ok=True)
-    if kind == "weights" and dest.is_dir():
-        os.replace(dest, staging)  # keep the partial download: a resumable copy fetches only the rest
-        for name in (COMPLETE, MANIFEST):
-            (staging / name).unlink(missing_ok=True)
-    else:
-        staging.mkdir()
+    _no_link(staging)
+    if not staging.is_dir():
+        staging.parent.mkdir(parents=True, exist_ok=True)
+        if kind == "weights" and dest.is_dir():
+            os.replace(dest, staging)  # keep the partial download: a resumable copy fetches only the rest
+            for name in (COMPLETE, MANIFEST):
+                (staging / name).unlink(missing_ok=True)
+        else:
+            staging.mkdir()
+    os.utime(staging)  # in use from now on (resumed or new): no sweep deletes it while a Job may write it
     return staging
 
 
