@@ -477,11 +477,14 @@ class Left(NamedTuple):
     id: str
     node_exists: bool  # the API server still has the node the inventory no longer lists
     abandoned: bool
+    succeeded: bool = False  # the Job had finished: awaiting the agent's confirmation
 
 
 LEFT = [
     Left("the node was deleted (a scale-down)", False, True),
     Left("the inventory lost the node but it is there", True, False),
+    Left("succeeded, then the node was deleted", False, True, succeeded=True),
+    Left("succeeded, then the inventory lost the node (Redis restarted empty)", True, False, succeeded=True),
 ]
 
 
@@ -494,14 +497,19 @@ def test_a_job_whose_node_left_the_cluster_frees_its_slot(double: KubeDouble, ku
     gone = job_name("weights", "gpu-z", "weights:llm/v1")
     image = ["example.com/llm:1"]
     assert loop.tick(NOW, ONE_LLM, snapshot=snap(policy, NOW, node("gpu-z", now=NOW, images=image))).started == [gone]
+    if case.succeeded:
+        finish(double, gone, ok=True, at=NOW + 30)
     later = NOW + 60
     report = loop.tick(later, ONE_LLM, snapshot=snap(policy, later, node("gpu-b", now=later, images=image)))
     assert report.errors == []
+    confirmed = sample(loop, "extender_warm_jobs_finished_total", kind="weights", outcome="confirmed")
     if case.abandoned:
-        assert report.abandoned == [gone] and gone not in jobs(double)
+        assert (report.abandoned, report.confirmed) == (([], [gone]) if case.succeeded else ([gone], []))
+        assert gone not in jobs(double)
         assert report.started == [job_name("weights", "gpu-b", "weights:llm/v1")]  # the slot is free again
     else:
-        assert report.abandoned == [] and gone in jobs(double)
+        # an inventory that lost its records neither deletes the Job nor counts its work as confirmed
+        assert report.abandoned == [] and report.confirmed == [] and confirmed == 0 and gone in jobs(double)
         assert report.started == [] and report.plan is not None and report.plan.cluster_full
 
 

@@ -9,7 +9,8 @@ A tick, in order (each step's reason in docs/warming.md):
    longer exists and would hold its slots until ``activeDeadline``, so it is deleted and logged.
    Succeeded: in flight until the inventory shows
    the cache (the agent's next scan, or kubelet's image list through the sync); then the Job is
-   deleted, its work confirmed. Succeeded but still not shown after ``confirmWithin``, or failed:
+   deleted, its work confirmed (so is one whose node left the cluster, by the same 404 test: a
+   node only the inventory lost is waited for). Succeeded but still not shown after ``confirmWithin``, or failed:
    a Warning Event on the Job, a metric, and a retry once ``initial * 2**(attempt-1)`` seconds
    (capped) have passed since the failure: the failed Job is kept until then (it is the record
    of the failure, across restarts) and deleted at that moment so the action can be planned again.
@@ -322,8 +323,11 @@ class WarmLoop:
             elif view.state == "succeeded":
                 done = present(self.policy, snap, action, now)
                 finished = view.finished_at if view.finished_at is not None else now
-                if done or action.node not in snap.positions:
-                    self._confirmed(view, report, dry_run)  # done, or its node left the cluster: nothing to wait for
+                if done or self._node_gone(action.node, snap, gone, report, dry_run):
+                    # done, or its node left the cluster: nothing to wait for. A node the inventory
+                    # lost but the API server still has (Redis restarted empty) is waited for: its
+                    # agent's next report confirms the work, or confirmWithin fails it
+                    self._confirmed(view, report, dry_run)
                 elif now - finished < w.confirm_within:
                     in_flight.append(action)  # the agent has not scanned since: its caches and free NVMe are old
                 else:
