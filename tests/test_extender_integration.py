@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 from flask import Flask
@@ -661,6 +661,45 @@ def test_a_store_that_restarted_empty_is_read_whole_at_once(
     client.flushall()
     writer.put(NodeState(name="gpu-new", labels={"pool": "fast"}, heartbeat=now))
     refresher.refresh_once(now + 1)
+    engine = refresher.engine
+    assert engine is not None and [r.name for r in engine.snapshot.nodes] == ["gpu-new"]
+
+
+class Refill(NamedTuple):
+    id: str
+    writes: int  # whole writes the store took after it restarted, less the version we had seen
+
+
+REFILLS = [
+    Refill("refilled to below our version", -2),
+    # agents whose heartbeats the empty store refuses all write whole reports at once: the version
+    # can reach ours, or pass it, before the worker looks, and only the heartbeat sequence still
+    # says that the store lost what it had
+    Refill("refilled to exactly our version", 0),
+    Refill("refilled past our version", 2),
+]
+
+
+@pytest.mark.parametrize("case", REFILLS, ids=[c.id for c in REFILLS])
+def test_a_store_that_restarted_empty_is_noticed_by_either_counter(
+        policy_file: Path, redis_server: RedisServer, tmp_path: Path, case: Refill) -> None:
+    client = connect(redis_server.url, tmp_path / "unused")
+    writer = InventoryStore(client)
+    now = time.time()
+    writer.replace(records(now), [])
+    for _ in range(3):
+        writer.put(records(now)[0])
+    for i in range(3):  # the agents' bare heartbeats
+        writer.beat_many({r.name: now + i for r in records(now)})
+    refresher = hand_driven_refresher(policy_file, client)
+    refresher.refresh_once(now)
+    ours = writer.version()
+    client.flushall()
+    fresh = NodeState(name="gpu-new", labels={"pool": "fast"}, heartbeat=now)
+    for _ in range(ours + case.writes):
+        writer.put(fresh)
+    assert writer.version() - ours == case.writes
+    refresher.refresh_once(now + 1)  # long before the next periodic full read (60 s)
     engine = refresher.engine
     assert engine is not None and [r.name for r in engine.snapshot.nodes] == ["gpu-new"]
 

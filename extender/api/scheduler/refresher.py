@@ -15,7 +15,8 @@ Requests never wait on Redis: they read :attr:`Refresher.engine`, an immutable
    request after a change does not pay for it (re-encoding only rows whose score moved). When
    the sequence moved it reads only the new heartbeats, a name and a number each, and moves the
    snapshot's heartbeat column (:meth:`Engine.with_heartbeats`: score tables are kept unless a
-   stale node came back);
+   stale node came back). Either counter below ours means the store lost its data (it restarted
+   empty, or failed over to a replica that lagged): everything is read again at once;
 3. records when the snapshot was last confirmed against the store. A request that finds the
    confirmation older than ``max_snapshot_age_s`` gets the neutral reply: the store is down or this
    thread is stuck, and old news about warm caches could be wrong.
@@ -170,11 +171,15 @@ class Refresher:
             # for a full read at 15,000 nodes), and requests arriving meanwhile are slowed down;
             # spacing reloads by a multiple of their cost keeps that to a small share of requests.
             spacing = max(self.settings.min_rebuild_interval_s, self.settings.rebuild_duty_factor * self._rebuild_cost)
-            if self._records is None or (version != self._version and t - self._last_load >= spacing):
+            # A counter below ours: the store restarted empty (or failed over to a replica that
+            # lagged, or is another one), and its change log cannot tell us what we hold that it
+            # lost (the full read also resets beat_seq). Either counter: agents whose heartbeats
+            # the emptied store refuses write whole reports, and those can bring the version back
+            # to ours, or past it, before we look; the heartbeat sequence has a long way back up.
+            # Both only ever grow in a store that keeps its data.
+            went_back = version < self._version or beat_seq < self._beat_seq
+            if self._records is None or went_back or (version != self._version and t - self._last_load >= spacing):
                 started = time.perf_counter()
-                # A version below ours: the store restarted empty or is another one, and its change
-                # log cannot tell us what we hold that it lost (the full read also resets beat_seq).
-                went_back = version < self._version
                 if self._records is None or went_back or t - self._last_full >= self.settings.full_reload_interval_s:
                     loaded, records, registry = store.load_all()  # with every heartbeat up to beat_seq
                     self._last_full = t
