@@ -525,3 +525,51 @@ def test_one_node_the_store_cannot_hold_never_stops_the_others(
         stored = reader.kube_reports(["gpu-b"])["gpu-b"]
         assert (stored is not None) == case.stored
         assert stored is None or 0 < len(stored.labels) <= MAX_ENTRIES
+
+
+class Refill(NamedTuple):
+    id: str
+    writes: int  # agent reports the emptied store took, less the version the sync had seen
+
+
+REFILLS = [
+    Refill("refilled to below the sync's version", -2),
+    # the agents' heartbeats are refused by the emptied store, so they write whole reports at once:
+    # the version can reach the sync's, or pass it, before the sync's next look (every 2 s)
+    Refill("refilled to exactly the sync's version", 0),
+    Refill("refilled past the sync's version", 2),
+]
+
+
+@pytest.mark.parametrize("case", REFILLS, ids=[c.id for c in REFILLS])
+def test_a_redis_that_restarted_empty_is_noticed_by_either_counter(
+    double: KubeDouble, reader: SourceStore, tmp_path: Path, policy: Policy, case: Refill
+) -> None:
+    """Without the sync's part the refilled records have no class, labels or GPUs until the next
+    resync (60 s); so the sync rewrites every node as soon as either counter went back."""
+    kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kubeconfig")))
+    agent = SourceStore(reader.store)
+    try:
+        sync = ClusterSync(kube, lambda: reader, policy, FAST)  # driven by hand, step by step
+        sync.view.replace_nodes([node("a", G5_12), node("b", G5_12)])
+        sync.view.replace_pods([])
+        sync._flush(reader)
+        for name in ("a", "b"):
+            agent.report_agent(name, AgentReport(heartbeat=time.time()))
+            for _ in range(3):
+                assert agent.beat_agent(name, time.time())
+        sync._check_version(reader)
+        assert not sync.view.dirty
+        ours = reader.store.version()
+        reader.client.flushall()
+        for i in range(ours + case.writes):
+            agent.report_agent("ab"[i % 2], AgentReport(heartbeat=time.time()))
+        assert reader.store.version() - ours == case.writes
+        sync._check_version(reader)
+        assert sync.view.dirty == {"a", "b"}
+        sync._flush(reader)
+        for name in ("a", "b"):
+            rec = record(reader, name)
+            assert rec is not None and rec.gpus == 4 and rec.labels == G5_12
+    finally:
+        kube.close()

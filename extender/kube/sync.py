@@ -32,9 +32,9 @@ policy (logged once by the watcher). The start observer is rebuilt for the new p
 was following are followed again from their pods in the new list).
 
 Redis outages: the writer keeps what it could not write marked dirty and retries with backoff. A
-Redis that came back empty is noticed from its version counter going backwards (checked every
-``version_check_s``) and triggers a full rewrite; every ``resync_s`` the stored reports are also
-compared with the view, so anything else that went missing is repaired.
+Redis that came back empty is noticed from its version counter or its heartbeat sequence going
+backwards (checked every ``version_check_s``) and triggers a full rewrite; every ``resync_s``
+the stored reports are also compared with the view, so anything else that went missing is repaired.
 """
 
 from __future__ import annotations
@@ -306,6 +306,7 @@ class ClusterSync:
         self._observations: ObservationStore | None = None
         self._calibrated: CalibratedPolicy | None = None
         self._last_version = 0
+        self._last_beat_seq = 0
         self._outage = False
         self._stop = threading.Event()
 
@@ -518,15 +519,23 @@ class ClusterSync:
             log.info("node %s: its report is written again", name, extra={"node": name})
 
     def _check_version(self, sources: SourceStore) -> None:
-        version = sources.store.version()
-        if version < self._last_version:
-            log.warning("inventory version went back from %d to %d: the store lost data; rewriting every node",
-                        self._last_version, version, extra={"version": version, "previous_version": self._last_version})
+        """Rewrite every node when the store lost its data: either of its counters went back.
+
+        The version alone can miss it: the agents' heartbeats are refused by an emptied store, so
+        they all write whole reports at once, which can bring the version back to ours, or past it,
+        before this look. The heartbeat sequence only ever grows in a store that keeps its data.
+        """
+        version, beat_seq = sources.store.versions()
+        if version < self._last_version or beat_seq < self._last_beat_seq:
+            log.warning("inventory version went back from %d to %d (heartbeat sequence from %d to %d): the store "
+                        "lost data; rewriting every node", self._last_version, version, self._last_beat_seq,
+                        beat_seq, extra={"version": version, "previous_version": self._last_version,
+                                         "beat_seq": beat_seq, "previous_beat_seq": self._last_beat_seq})
             self.written.clear()
             with self.view.cond:
                 self.view.dirty |= set(self.view.nodes)
                 self.view.prune = True
-        self._last_version = version
+        self._last_version, self._last_beat_seq = version, beat_seq
 
     def _resync(self, sources: SourceStore) -> None:
         with self.view.cond:
