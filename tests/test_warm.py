@@ -397,9 +397,11 @@ def test_a_weights_job_is_pinned_low_priority_tolerant_limited_and_expires() -> 
                                   "limits": {"cpu": "2", "memory": "4Gi"}}
         assert c["volumeMounts"] == [{"name": "cache", "mountPath": "/cache"}]
     assert containers["prepare"]["image"] == containers["finish"]["image"] == "ghcr.io/example/extender:0.1.0"
+    # only flags every release's helper knows (warming.helperImage may pin an older one); the bound on
+    # abandoned staging directories, activeDeadline 2h + retry.max 30m, travels in the environment
     assert containers["prepare"]["command"] == ["extender", "warm", "prepare", "--root", "/cache",
-                                                "--cache", "weights:llm/v1", "--evict", "weights:old/v0",
-                                                "--abandoned-after", "9000"]  # activeDeadline 2h + retry.max 30m
+                                                "--cache", "weights:llm/v1", "--evict", "weights:old/v0"]
+    assert containers["prepare"]["env"] == [{"name": "WARM_ABANDONED_AFTER", "value": "9000"}]
     assert containers["finish"]["command"] == ["extender", "warm", "finish", "--root", "/cache",
                                                "--cache", "weights:llm/v1", "--source", "s3://models/llm/"]
     fetch = containers["fetch"]
@@ -659,14 +661,14 @@ class Staged(NamedTuple):
     abandoned_after: float | None  # prepare's --abandoned-after
     swept: bool
     cache: str = "snapshot:llm/v3"  # what the new Job prepares
-    cli: bool = False  # run `extender warm prepare`, not the function
+    cli: bool = False  # run `extender warm prepare` with the bound in $WARM_ABANDONED_AFTER, as the Job does
 
 
 STAGED = [
     Staged("weights of a version no longer planned", "weights/llm/.v1.warming", 9001, 9000, True),
     Staged("a compile key's, abandoned", f"compile/.{LLM_KEY}.warming", 9001, 9000, True),
-    Staged("an adapter's, abandoned, through the command line", "adapters/llm/.sql.warming", 9001, 9000, True,
-           cli=True),
+    Staged("an adapter's, abandoned, the bound from the Job's environment", "adapters/llm/.sql.warming", 9001,
+           9000, True, cli=True),
     Staged("another Job may still write or resume it", "weights/llm/.v1.warming", 8000, 9000, False),
     Staged("the Job's own, old: resumed", "snapshots/llm/.v3.warming", 99999, 9000, False),
     Staged("no --abandoned-after (an older warmer's Job)", "weights/llm/.v1.warming", 99999, None, False),
@@ -674,7 +676,8 @@ STAGED = [
 
 
 @pytest.mark.parametrize("case", STAGED, ids=[c.id for c in STAGED])
-def test_a_staging_directory_no_job_can_resume_is_deleted(tmp_path: Path, case: Staged) -> None:
+def test_a_staging_directory_no_job_can_resume_is_deleted(tmp_path: Path, case: Staged,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """A Job that failed for good, or whose action is no longer planned, leaves its staging
     directory, which the agent never reports: nothing else would ever free its bytes."""
     staging = tmp_path / case.staging
@@ -684,8 +687,9 @@ def test_a_staging_directory_no_job_can_resume_is_deleted(tmp_path: Path, case: 
     if case.cli:
         from extender.cli import main
 
-        argv = ["warm", "prepare", "--root", str(tmp_path), "--cache", case.cache]
-        assert main([*argv, "--abandoned-after", f"{case.abandoned_after:g}"] if case.abandoned_after else argv) == 0
+        if case.abandoned_after is not None:
+            monkeypatch.setenv("WARM_ABANDONED_AFTER", f"{case.abandoned_after:g}")
+        assert main(["warm", "prepare", "--root", str(tmp_path), "--cache", case.cache]) == 0
         ours = staging_path(tmp_path, case.cache)
     else:
         ours = prepare(tmp_path, case.cache, abandoned_after=case.abandoned_after)

@@ -276,7 +276,7 @@ def test_an_eviction_a_pod_started_to_need_is_not_carried_out(double: KubeDouble
     assert loop.tick(NOW + 1, ONE_LLM, snapshot=planned_on).started == [WEIGHTS_A]
     (prepare,) = [c for c in jobs(double)[WEIGHTS_A]["spec"]["template"]["spec"]["initContainers"]
                   if c["name"] == "prepare"]
-    assert prepare["command"][-4:] == ["--evict", "weights:old/v0", "--abandoned-after", "9000"]
+    assert prepare["command"][-2:] == ["--evict", "weights:old/v0"]
 
 
 def test_api_failures_never_escape_a_tick(double: KubeDouble, kube: KubeClient) -> None:

@@ -3,7 +3,7 @@
     extender warm plan --policy FILE [--expect WORKLOAD=N[@WITHIN]]... [--kubeconfig F [--context C]]
                        [--now UNIX] [--json] [--redis-url URL | --data-dir DIR]
     extender warm status [--policy FILE | --namespace NS] [--kubeconfig F [--context C]] [--json]
-    extender warm prepare --root DIR --cache ID [--evict ID]... [--abandoned-after SECONDS]   (inside a warm Job)
+    extender warm prepare --root DIR --cache ID [--evict ID]... [--abandoned-after SECONDS]  (inside a warm Job)
     extender warm finish --root DIR --cache ID [--source URI]       (inside a warm Job)
     extender warm publish --key KEY [--redis-url URL | --data-dir DIR]   (a sidecar that uploaded a key)
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,6 +39,7 @@ from extender.core.units import format_bytes, format_duration, parse_duration
 from extender.core.warming import Expectation
 from extender.files import load_policy
 from extender.process import report as say
+from extender.warm.steps import ABANDONED_AFTER_ENV
 
 if TYPE_CHECKING:
     from extender.warm.loop import TickReport
@@ -78,9 +80,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="the cache entry to prepare (weights:W/V, compile:KEY, snapshot:W)")
     pre.add_argument("--evict", action="append", default=[], metavar="ID",
                      help="a cache to delete first to make room (repeatable)")
-    pre.add_argument("--abandoned-after", type=finite_number(0, above=True), default=None, metavar="SECONDS",
+    pre.add_argument("--abandoned-after", type=finite_number(0, above=True),
+                     default=os.environ.get(ABANDONED_AFTER_ENV), metavar="SECONDS",
                      help="delete other staging directories untouched for longer than this (activeDeadline + "
-                          "retry.max: no Job can still write or resume them); default: keep them")
+                          f"retry.max: no Job can still write or resume them); default: ${ABANDONED_AFTER_ENV}, "
+                          "which the warm Job sets, else keep them")
     pre.set_defaults(handler=run_prepare)
 
     fin = sub.add_parser("finish", help="(inside a warm Job) seal the staging directory and move it into place")

@@ -34,7 +34,7 @@ from extender.core.errors import InvalidValueError
 from extender.core.policy import Policy, StepTemplate
 from extender.core.schema import read_stored
 from extender.core.warming import Action
-from extender.warm.steps import CACHE_MOUNT
+from extender.warm.steps import ABANDONED_AFTER_ENV, CACHE_MOUNT
 from extender.warm.templates import action_values, container, publish_values
 
 JSON = dict[str, Any]
@@ -201,10 +201,13 @@ def action_job(policy: Policy, action: Action, *, attempt: int = 1, node_class: 
     fetch = container("fetch", template, values)
     fetch["volumeMounts"] = [{"name": "cache", "mountPath": CACHE_MOUNT}]
     evict = [a for e in action.evictions for a in ("--evict", e.cache)]
-    # a staging directory untouched for longer than a Job runs plus the longest wait before its retry
-    # can no longer be written or resumed: prepare deletes it (extender.warm.steps.sweep)
-    abandoned = ["--abandoned-after", f"{policy.warming.active_deadline + policy.warming.retry.max:g}"]
-    prepare = _helper(policy, "prepare", ["--root", CACHE_MOUNT, "--cache", action.cache, *evict, *abandoned])
+    prepare = _helper(policy, "prepare", ["--root", CACHE_MOUNT, "--cache", action.cache, *evict])
+    # A staging directory untouched for longer than a Job runs plus the longest wait before its retry
+    # can no longer be written or resumed: prepare deletes it (extender.warm.steps.sweep). In the
+    # environment, not a flag: a helper image of an older release (a pinned warming.helperImage)
+    # ignores it, where an unknown flag would fail every Job.
+    prepare["env"] = [{"name": ABANDONED_AFTER_ENV,
+                       "value": f"{policy.warming.active_deadline + policy.warming.retry.max:g}"}]
     finish_args = ["--root", CACHE_MOUNT, "--cache", action.cache]
     if values.get("source"):
         finish_args += ["--source", values["source"]]

@@ -24,8 +24,8 @@ runs as PID 1 of its container every time, and a second tomb of the same name wo
 rename fail at every retry). A staging directory is deleted once no Job can still write it or
 resume it: ``prepare`` stamps its modification time when it creates or resumes it, a Job runs at
 most ``activeDeadline`` and a failed one is retried within ``retry.max``, so one untouched for
-longer than their sum (``--abandoned-after``) was abandoned (its action is no longer planned: a
-new weights version, demand gone). Runs inside
+longer than their sum (``--abandoned-after``, which the Job sets through the environment) was
+abandoned (its action is no longer planned: a new weights version, demand gone). Runs inside
 the Job's helper containers (``extender warm prepare`` / ``extender warm finish``); the paths are
 those of the container, where the node's cache root is mounted at :data:`CACHE_MOUNT`.
 """
@@ -50,6 +50,9 @@ from extender.layout import COMPLETE, MANIFEST, finish_from_disk, mark_complete
 CACHE_MOUNT = "/cache"
 STAGING_SUFFIX = ".warming"
 EVICTING_SUFFIX = ".evicting"
+#: The environment variable that gives ``extender warm prepare`` its ``--abandoned-after`` (the warm
+#: Job sets it: a helper of an older release ignores a variable, where an unknown flag fails).
+ABANDONED_AFTER_ENV = "WARM_ABANDONED_AFTER"
 #: A tomb's name: ``.<name>.evicting-<pid>-<hex>`` (an older helper wrote ``-<pid>`` alone). A staging
 #: name ends in ``.warming`` and a cache entry's name never starts with ``.``, so neither matches.
 TOMB = re.compile(rf"\..+{re.escape(EVICTING_SUFFIX)}-[0-9]+(-[0-9a-f]+)?")
