@@ -319,3 +319,64 @@ def test_the_warmer_counts_fresh_nodes_below_their_class_reserve(nodes: list[Nod
     warm.tick(T0, snapshot=InventorySnapshot.build(policy, nodes, taken_at=T0))
     assert gauge(registry, "extender_warm_nodes_below_nvme_reserve", node_class="h100") == expected
     assert gauge(registry, "extender_warm_nodes_below_nvme_reserve", node_class="a10g") == 0.0
+
+
+# ---- a policy edit that drops a workload or a node class --------------------------------------------
+
+
+def _without_llama(text: str) -> str:
+    return text[:text.index("  - name: llama")] + text[text.index("  - name: batch"):]
+
+
+#: (name, the sample after the edit that dropped llama, its expected value: None when the series is gone)
+DROPPED_WORKLOAD = [
+    ("forecast-error-gone", "extender_scaler_forecast_error_ratio", {"workload": "llama"}, None),
+    ("desired-gone", "extender_scaler_desired_replicas", {"workload": "llama"}, None),
+    ("replicas-gone", "extender_scaler_replicas", {"workload": "llama", "state": "ready"}, None),
+    ("driver-gone", "extender_scaler_decision_driver", {"workload": "llama", "driver": "reactive"}, None),
+    ("counter-kept", "extender_scaler_decisions_total", {"workload": "llama", "action": "scale-up",
+                                                         "driver": "reactive"}, 1.0),
+    ("kept-workload-kept", "extender_scaler_forecast_error_ratio", {"workload": "qwen3"}, 0.9),
+]
+
+
+@pytest.mark.parametrize(("name", "labels", "expected"), [r[1:] for r in DROPPED_WORKLOAD],
+                         ids=[r[0] for r in DROPPED_WORKLOAD])
+def test_a_workload_the_policy_drops_leaves_no_gauge_behind(name: str, labels: dict[str, str],
+                                                            expected: float | None) -> None:
+    # nothing writes a dropped workload's gauges again: their last values would hold alerts firing
+    registry = CollectorRegistry()
+    metrics = ScalerMetrics(registry, make_policy())
+    results = tuple(WorkloadResult(w, decide(DecisionInputs(workload=w, now_s=T0, demand=30.0, capacity=10.0, ready=1,
+                                                            max_replicas=10, horizon=horizon(120.0, TICK, 15.0))))
+                    for w in ("qwen3", "llama"))
+    metrics.observe(TickReport(T0, True, 1, "a", results=results))
+    for w in ("qwen3", "llama"):
+        metrics.forecast_error.labels(w).set(0.9)  # what a missed forecast leaves
+    metrics.set_policy(parse_policy(_without_llama(policy_text()), "edited.yaml"))
+    assert gauge(registry, name, **labels) == expected
+
+
+#: (name, the policy after the edit, node class or workload, sample, expected: None when the series is gone)
+DROPPED_BY_THE_WARMER = [
+    ("renamed-class-gone", RESERVE_POLICY.replace("  - name: h100\n", "  - name: h100-sxm\n"),
+     "extender_warm_nodes_below_nvme_reserve", {"node_class": "h100"}, None),
+    ("new-class-at-zero", RESERVE_POLICY.replace("  - name: h100\n", "  - name: h100-sxm\n"),
+     "extender_warm_nodes_below_nvme_reserve", {"node_class": "h100-sxm"}, 0.0),
+    ("kept-class-kept", RESERVE_POLICY, "extender_warm_nodes_below_nvme_reserve", {"node_class": "h100"}, 1.0),
+    ("dropped-workload-gone", _without_llama(RESERVE_POLICY), "extender_warm_plan_saved_seconds",
+     {"workload": "llama"}, None),
+]
+
+
+@pytest.mark.parametrize(("edited", "name", "labels", "expected"), [r[1:] for r in DROPPED_BY_THE_WARMER],
+                         ids=[r[0] for r in DROPPED_BY_THE_WARMER])
+def test_the_warmer_drops_the_series_of_classes_and_workloads_the_policy_drops(
+        edited: str, name: str, labels: dict[str, str], expected: float | None) -> None:
+    policy = parse_policy(RESERVE_POLICY, "reserve.yaml")
+    registry = CollectorRegistry()
+    warm = WarmLoop(policy, None, None, registry=registry)
+    warm.tick(T0, snapshot=InventorySnapshot.build(policy, [h100("a", 1)], taken_at=T0))
+    assert gauge(registry, "extender_warm_nodes_below_nvme_reserve", node_class="h100") == 1.0
+    warm.set_policy(parse_policy(edited, "edited.yaml"))
+    assert gauge(registry, name, **labels) == expected

@@ -40,6 +40,7 @@ ACTIONS = ("scale-up", "scale-down", "hold")
 OUTCOMES = ("covered", "exceeded")
 DRIVERS = ("reactive", "forecast", "unobserved")
 FRESHNESS = ("fresh", "stale")
+REPLICA_STATES = ("ready", "starting")
 #: A tick reads every workload's signal and the inventory: tens of milliseconds to seconds.
 TICK_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -119,6 +120,8 @@ class ScalerMetrics:
         self._pending: dict[str, deque[_Pending]] = {}
         #: Per workload, (tick, demand) observed since the earliest window a pending forecast reads.
         self._seen: dict[str, deque[tuple[float, float]]] = {}
+        #: The workloads whose series exist: those of the policy last given to :meth:`set_policy`.
+        self._workloads: frozenset[str] = frozenset()
         for freshness in FRESHNESS:
             self.inventory_nodes.labels(freshness)
         for result in ("ok", "error"):
@@ -128,22 +131,44 @@ class ScalerMetrics:
         self.set_policy(policy)
 
     def set_policy(self, policy: Policy) -> None:
-        """Create every series of the workloads ``policy`` autoscales (those of dropped ones stay)."""
-        for profile in scaled_profiles(policy):
-            w = profile.name
-            for g in (self.forecast, self.observed, self.desired, self.standby, self.horizon, self.forecast_error,
-                      self.quantile):
+        """Create every series of the workloads ``policy`` autoscales; drop the gauges of those it no longer does.
+
+        A gauge keeps its last value until it is written again, and nothing writes the gauges of a
+        workload the policy dropped: left in place, a forecast error of 0.9 would hold
+        ExtenderForecastErrorHigh firing, and the dashboard would show its replicas, until the
+        process restarts. Its counters stay (their rates fall to zero, and ``increase()`` over a
+        window that spans the edit stays right); its pending forecast checks are forgotten, so a
+        workload added back is not scored against forecasts of its previous life.
+        """
+        scaled = frozenset(profile.name for profile in scaled_profiles(policy))
+        for w in self._workloads - scaled:
+            for g in self._workload_gauges():
+                g.remove(w)
+            for state in REPLICA_STATES:
+                self.replicas.remove(w, state)
+            for driver in DRIVERS:
+                self.driver.remove(w, driver)
+            self._pending.pop(w, None)
+            self._seen.pop(w, None)
+        self._workloads = scaled
+        for w in scaled:
+            for g in self._workload_gauges():
                 g.labels(w)
             for outcome in OUTCOMES:
                 self.upper_checks.labels(w, outcome)
             self.workload_errors.labels(w)
             self.backfilled.labels(w)
-            for state in ("ready", "starting"):
+            for state in REPLICA_STATES:
                 self.replicas.labels(w, state)
             for driver in DRIVERS:
                 self.driver.labels(w, driver)
                 for action in ACTIONS:
                     self.decisions.labels(w, action, driver)
+
+    def _workload_gauges(self) -> tuple[Gauge, ...]:
+        """The gauges labelled by workload alone."""
+        return (self.forecast, self.observed, self.desired, self.standby, self.horizon, self.forecast_error,
+                self.quantile)
 
     def observe(self, report: TickReport) -> None:
         """Record one tick (called with every report, leader or standby)."""

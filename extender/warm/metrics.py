@@ -81,6 +81,9 @@ class WarmMetrics:
             "Expected replica startup seconds the last plan's actions save, by workload.",
             ["workload"], registry=r,
         )
+        #: The workloads and node classes whose series exist (:meth:`set_policy`).
+        self._workloads: frozenset[str] = frozenset()
+        self._classes: frozenset[str] = frozenset()
         for kind in KINDS:
             for purpose in PURPOSES:
                 self.planned.labels(kind, purpose)
@@ -98,8 +101,20 @@ class WarmMetrics:
             self.taint_changes.labels(change, reason)
 
     def set_policy(self, policy: Policy) -> None:
-        """Create the series of ``policy``'s workloads and node classes."""
-        for profile in policy.profiles:
-            self.saved.labels(profile.name)
-        for node_class in policy.node_classes:
-            self.below_reserve.labels(node_class.name)
+        """Create the series of ``policy``'s workloads and node classes; drop those of the ones it no longer has.
+
+        Nothing writes the gauge of a node class or workload the policy dropped, so its last value
+        would stay until a restart: a class renamed while two of its nodes were below the reserve
+        would hold ExtenderNvmeReserveBreached firing for a class that no longer exists.
+        """
+        workloads = frozenset(profile.name for profile in policy.profiles)
+        classes = frozenset(node_class.name for node_class in policy.node_classes)
+        for workload in self._workloads - workloads:
+            self.saved.remove(workload)
+        for node_class in self._classes - classes:
+            self.below_reserve.remove(node_class)
+        self._workloads, self._classes = workloads, classes
+        for workload in workloads:
+            self.saved.labels(workload)
+        for node_class in classes:
+            self.below_reserve.labels(node_class)
