@@ -12,7 +12,7 @@ import json
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import numpy as np
 import pytest
@@ -25,7 +25,10 @@ from extender.core.forecast import Forecast
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import parse_policy
 from extender.core.scaler import DecisionInputs, decide, horizon
+from extender.files import PolicyFile, read_policy
+from extender.kube.client import KubeClient
 from extender.kube.metrics import SyncMetrics
+from extender.kube.sync import ClusterSync, SyncSettings
 from extender.scaler.loop import TickReport, WorkloadResult
 from extender.scaler.metrics import ScalerMetrics, symmetric_error
 from extender.state import InventoryStore, connect
@@ -239,6 +242,41 @@ def test_relists_and_watch_restarts_leave_out_the_first(notes: list[str], relist
             gauge(registry, "extender_sync_watch_restarts_total", resource="pods"),
             gauge(registry, "extender_sync_watch_errors_total", resource="pods"),
             gauge(registry, "extender_sync_relists_total", resource="nodes")) == (relists, restarts, errors, 0.0)
+
+
+
+MISTRAL = """\
+  - name: mistral
+    match: {labels: {extender.io/workload: mistral}}
+    image: {reference: "vllm/vllm-openai:v0.11.0", size: 10GB}
+    weights: {source: "s3://models/mistral/", version: v1, bytes: 14GB}
+"""
+
+#: (name, workload, node class, expected count after an edit that adds mistral: None when no series exists)
+SYNC_EDITS = [
+    ("added-workload-at-zero", "mistral", "h100", 0.0),
+    ("added-workload-other-class", "mistral", "a10g", 0.0),
+    ("kept-workload-kept", "qwen3", "h100", 0.0),
+    ("outside-its-classes-none", "llama", "h100", None),
+]
+
+
+@pytest.mark.parametrize(("workload", "node_class", "expected"), [r[1:] for r in SYNC_EDITS],
+                         ids=[r[0] for r in SYNC_EDITS])
+def test_the_sync_creates_the_startup_series_of_a_reloaded_policy(tmp_path: Path, workload: str, node_class: str,
+                                                                  expected: float | None) -> None:
+    # rate() takes a new series' first sample as its baseline: a series made by the first start
+    # would hide that start from ExtenderStartupEstimateOff
+    path = tmp_path / "policy.yaml"
+    path.write_text(policy_text())
+    policy, version = read_policy(path)
+    registry = CollectorRegistry()
+    sync = ClusterSync(cast(KubeClient, None), lambda: cast(SourceStore, None), policy, SyncSettings(),
+                       metrics=SyncMetrics(registry, policy), policy_file=PolicyFile(path, version))
+    path.write_text(policy_text().replace("  - name: batch", MISTRAL + "  - name: batch"))
+    assert sync.check_policy()
+    for name in ("extender_replica_startup_seconds_count", "extender_replica_startup_estimate_ratio_count"):
+        assert gauge(registry, name, workload=workload, node_class=node_class) == expected
 
 
 # ---- the endpoint --------------------------------------------------------------------------------

@@ -46,7 +46,6 @@ class SyncMetrics:
 
     def __init__(self, registry: CollectorRegistry, policy: Policy) -> None:
         r = self.registry = registry
-        self.policy = policy
         self.lists = Counter("extender_sync_lists_total", "Full lists of a resource, the first included.",
                              ["resource"], registry=r)
         self.relists = Counter("extender_sync_relists_total",
@@ -91,6 +90,17 @@ class SyncMetrics:
         for kind in NODE_PROBLEMS:
             self.node_problems.labels(kind)
         self.synced.set(0)
+        self.set_policy(policy)
+
+    def set_policy(self, policy: Policy) -> None:
+        """Estimate with ``policy`` from now on, and create the startup series of its workloads and classes.
+
+        Created at zero before their first start, as at start: ``rate()`` and ``increase()`` take a
+        series' first sample as their baseline, so a workload a policy edit adds would otherwise
+        lose its first observed start to ExtenderStartupEstimateOff and the dashboard. Series of
+        workloads the edit drops stay: they are cumulative, and their rates fall to zero.
+        """
+        self.policy = policy
         for profile in policy.profiles:
             for node_class in policy.node_classes:
                 if profile.node_classes and node_class.name not in profile.node_classes:

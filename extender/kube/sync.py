@@ -405,7 +405,7 @@ class ClusterSync:
         observer = StartObserver(policy) if policy.calibration.mode != "off" else None
         metrics = self.metrics
         if metrics is not None:
-            metrics.policy = policy
+            metrics.set_policy(policy)
             if observer is not None:
                 observer.on_recorded.append(lambda starts: metrics.starts(starts, self._estimator_policy()))
         with self.view.cond:
