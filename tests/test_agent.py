@@ -22,10 +22,11 @@ from typing import Any, NamedTuple
 import pytest
 import redis
 
+from extender.agent.commands import agent_ready
 from extender.agent.loop import Agent, AgentSettings
-from extender.core.errors import StoreUnavailableError
+from extender.core.errors import OversizedRecordError, StoreUnavailableError
 from extender.core.inventory import MAX_ENTRIES, NodeState
-from extender.core.reports import KubeReport
+from extender.core.reports import AgentReport, KubeReport
 from extender.kube.client import KubeClient
 from extender.kube.labels import NodeLabeler, label_key, label_patch
 from extender.layout import COMPLETE, compile_dir, mark_complete, snapshot_dir, weights_dir
@@ -354,6 +355,54 @@ def test_a_record_over_the_size_limit_is_no_outage(cache: Path, clients: Clients
     refusals = [r for r in caplog.records if "refused the report" in r.getMessage()]
     assert [r.levelno for r in refusals] == [logging.ERROR]  # said once, as an error, however many tries
     assert not any("retrying with backoff" in r.getMessage() for r in caplog.records)
+
+
+
+REFUSAL = f"the record of {NODE} would be 1.2 MB, over the 1 MiB limit"
+
+
+class ScriptedReporter:
+    """A store that answers each write with the next outcome of a script (the last one repeats):
+    ``ok``, ``down`` (unreachable) or ``refused`` (the record too large). It never takes a bare
+    heartbeat, so every write is a whole report."""
+
+    def __init__(self, script: list[str]) -> None:
+        self.script = list(script)
+        self.calls = 0
+
+    def report_agent(self, name: str, report: AgentReport) -> int | None:
+        outcome = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        if outcome == "down":
+            raise StoreUnavailableError("inventory store at redis://x: connection refused")
+        if outcome == "refused":
+            raise OversizedRecordError(REFUSAL)
+        return self.calls
+
+    def beat_agent(self, name: str, heartbeat: float) -> bool:
+        return False
+
+
+#: (name, the store's answers to the agent's writes, ready, the refusal /readyz gives)
+READINESS = [
+    ("never-written", ["down"], False, None),
+    ("written", ["ok"], True, None),
+    ("outage-after-a-write", ["ok", "down"], False, None),
+    ("refused-after-a-write", ["ok", "refused"], False, REFUSAL),
+    ("refused-then-taken", ["ok", "refused", "refused", "ok"], True, None),
+]
+
+
+@pytest.mark.parametrize(("script", "ready", "refused"), [r[1:] for r in READINESS], ids=[r[0] for r in READINESS])
+def test_readiness_says_whether_the_store_takes_the_reports(cache: Path, script: list[str], ready: bool,
+                                                            refused: str | None) -> None:
+    store = ScriptedReporter(script)
+    a = Agent(AgentSettings(node_name=NODE, cache_root=cache, interval_s=0.01, heartbeat_s=0.01,
+                            backoff_initial_s=0.01, backoff_max_s=0.02), lambda: store)
+    with running(a):
+        wait_until(lambda: store.calls >= len(script) + 2, what="the script played")
+        ok, detail = agent_ready(a)
+    assert (ok, detail["refused"]) == (ready, refused)
 
 
 # ---- node labels -------------------------------------------------------------------------------

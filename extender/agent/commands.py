@@ -164,8 +164,12 @@ def agent_registry() -> Any:
 
 
 def agent_ready(agent: Agent) -> tuple[bool, dict[str, Any]]:
-    """``/readyz``: ready once a report was written and the last write did not fail."""
+    """``/readyz``: ready once a report was written and the last write did not fail.
+
+    A report the store refuses as too large fails too, although the store answered (no outage, no
+    backoff): the inventory keeps the node's last accepted report, not what its disk holds now.
+    """
     stats = agent.stats
-    ok = stats.writes > 0 and not agent.outage
+    ok = stats.writes > 0 and not agent.outage and agent.refused is None
     return ok, {"node": agent.settings.node_name, "scans": stats.scans, "writes": stats.writes,
-                "failedWrites": stats.failed_writes}
+                "failedWrites": stats.failed_writes, "refused": agent.refused}

@@ -313,6 +313,11 @@ class Agent:
         """True while the last write failed (the loop retries with backoff)."""
         return self._outage
 
+    @property
+    def refused(self) -> str | None:
+        """Why the store refuses the report (too large), while it does; ``None`` once it takes one."""
+        return self._oversize
+
     # ---- helpers ---------------------------------------------------------------------------
 
     def _log_problems(self, problems: Iterable[Problem]) -> None:
