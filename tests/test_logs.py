@@ -6,7 +6,8 @@ double and a vLLM-format endpoint, ``agent`` and ``sync`` against a real Redis (
 ``agent --once``, ``simulate``, ``policy check`` and ``estimate``. With ``--log-format json`` every
 line a command writes to stderr must be one JSON object with ``time``, ``level``, ``logger`` and
 ``message``, and the records the test waits for must carry their structured fields. Waits are
-bounded polls for a line to appear, never assertions on time.
+bounded polls for a line to appear, never assertions on time. The table of structured fields in
+docs/cli.md must list every field a module passes in ``extra=``, in the row of its logger.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +25,7 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -336,3 +339,59 @@ def test_scale_decisions_carry_their_fields(tmp_path: Path, redis_server: RedisS
             assert decided["decision"] in ("scale-up", "scale-down", "hold") and decided["desired"] >= 1
             assert decided["horizon_s"] > 0 and decided["logger"] == "extender.scaler.loop"
             wait(lambda d: d["logger"] == "gunicorn.error" and "Booting worker" in d["message"])
+
+
+# ---- the fields docs/cli.md lists ----------------------------------------------------------------
+
+
+def _documented_fields() -> dict[str, tuple[list[str], set[str]]]:
+    """docs/cli.md's table of structured fields: process -> (its logger names, the fields it lists)."""
+    text = (ROOT / "docs" / "cli.md").read_text()
+    table = text[text.index("| process | logger | fields |"):]
+    out: dict[str, tuple[list[str], set[str]]] = {}
+    for line in table.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        process_name, loggers, fields = (cell.strip() for cell in line.strip("|").split("|"))
+        out[process_name] = (re.findall(r"`([\w.*]+)`", loggers), set(re.findall(r"`(\w+)`", fields)))
+    return out
+
+
+@cache
+def _extra_keys() -> dict[str, set[str]]:
+    """Module name -> the keys of every literal ``extra={...}`` its log calls pass."""
+    import ast
+
+    out: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "extender").rglob("*.py")):
+        module = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            for kw in node.keywords:
+                if kw.arg == "extra" and isinstance(kw.value, ast.Dict):
+                    out.setdefault(module, set()).update(
+                        k.value for k in kw.value.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
+    return out
+
+
+def _row_of(module: str, rows: dict[str, tuple[list[str], set[str]]]) -> str | None:
+    for name, (loggers, _) in rows.items():
+        if any(module == lg or (lg.endswith(".*") and module.startswith(lg[:-1])) for lg in loggers):
+            return name
+    return None
+
+
+#: Modules whose ``extra=`` is no log field of ours: the CLI's reports (their parts are described
+#: under "What a short command reports") and the simulator's progress, which no operator filters.
+NOT_LOG_FIELDS = ("extender.process", "extender.sim.")
+
+
+@pytest.mark.parametrize("module", [m for m in _extra_keys() if not m.startswith(NOT_LOG_FIELDS)])
+def test_every_structured_field_is_in_the_docs_table(module: str) -> None:
+    """An on-call filters JSON logs by the fields docs/cli.md names: each one a module logs is listed
+    in the row of the logger that writes it."""
+    rows = _documented_fields()
+    row = _row_of(module, rows)
+    assert row is not None, f"docs/cli.md has no row for logger {module}"
+    assert sorted(_extra_keys()[module] - rows[row][1]) == []
