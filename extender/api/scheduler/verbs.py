@@ -9,10 +9,13 @@ situation                reply                                            counte
 =======================  ===============================================  ====================
 pod matches no profile   filter: all pass; prioritize: every score 0      outcome=unmatched
 no snapshot yet          neutral                                          reason=no_snapshot
-store down, snapshot     neutral                                          reason=store_unavailable
-older than the bound
+store down or hung,      neutral                                          reason=store_unavailable
+snapshot older than the
+bound
 snapshot older than the  neutral                                          reason=stale_snapshot
-bound (refresher stuck)
+bound (Redis answers
+with errors, or the
+refresher is stuck)
 any exception            neutral                                          reason=exception
 time budget overrun      neutral                                          reason=budget
 invalid JSON, no Pod,    HTTP 400 ``{"error": ...}``                      outcome=bad_request
