@@ -418,3 +418,36 @@ def test_the_warmer_drops_the_series_of_classes_and_workloads_the_policy_drops(
     assert gauge(registry, "extender_warm_nodes_below_nvme_reserve", node_class="h100") == 1.0
     warm.set_policy(parse_policy(edited, "edited.yaml"))
     assert gauge(registry, name, **labels) == expected
+
+
+# ---- the leader's view of the inventory ---------------------------------------------------------------
+
+
+def _node(name: str, instance_type: str, *, heartbeat: float) -> NodeState:
+    return NodeState.model_validate({"name": name, "labels": {"node.kubernetes.io/instance-type": instance_type},
+                                     "gpus": 8, "heartbeat": heartbeat, "ttl": 60})
+
+
+#: (name, inventory records, expected (fresh, stale) of extender_scaler_inventory_nodes)
+INVENTORY_VIEWS = [
+    ("gpu-nodes-reporting", [_node("gpu-1", "p5.48xlarge", heartbeat=T0), _node("gpu-2", "g5.12xlarge", heartbeat=T0)],
+     (2.0, 0.0)),
+    ("agent-stopped", [_node("gpu-1", "p5.48xlarge", heartbeat=T0), _node("gpu-2", "g5.12xlarge", heartbeat=T0 - 600)],
+     (1.0, 1.0)),
+    ("agent-never-ran-on-a-gpu-node", [_node("gpu-1", "p5.48xlarge", heartbeat=0.0)], (0.0, 1.0)),
+    ("cpu-nodes-have-no-agent", [_node("gpu-1", "p5.48xlarge", heartbeat=T0), _node("cpu-1", "m5.large", heartbeat=0.0),
+                                 _node("control-plane", "m5.xlarge", heartbeat=0.0)], (1.0, 0.0)),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("nodes", "expected"), [r[1:] for r in INVENTORY_VIEWS], ids=[r[0] for r in INVENTORY_VIEWS])
+def test_the_leader_counts_stale_nodes_of_its_node_classes_only(redis_server: RedisServer, nodes: list[NodeState],
+                                                                expected: tuple[float, float]) -> None:
+    # the sync records every node, and no agent runs on a CPU node: its record never has a
+    # heartbeat, and counted as stale it would hold ExtenderInventoryStale firing for good
+    rig = make_rig(redis_server.url, lambda t: 8.0, nodes=nodes)
+    registry = CollectorRegistry()
+    ScalerMetrics(registry, rig.policy).observe(rig.tick(T0))
+    assert (gauge(registry, "extender_scaler_inventory_nodes", freshness="fresh"),
+            gauge(registry, "extender_scaler_inventory_nodes", freshness="stale")) == expected

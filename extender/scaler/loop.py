@@ -63,7 +63,7 @@ from extender.core.errors import ExtenderError, FencedOutError, SignalError
 from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.placement import Placement, next_replica
-from extender.core.policy import Policy, Profile
+from extender.core.policy import UNKNOWN_CLASS, Policy, Profile
 from extender.core.scaler import Decision, DecisionInputs, Recommendation, decide, horizon, prune
 from extender.core.sharing import apply_share, claim, fleet_capacity, share
 from extender.core.units import format_duration
@@ -126,7 +126,8 @@ class TickReport:
     error: str = ""
     #: Seconds the tick took (monotonic clock).
     duration_s: float = 0.0
-    #: Inventory nodes the leader read, fresh and stale (``None``: no inventory was read).
+    #: Inventory nodes of a policy node class the leader read, fresh and stale (:func:`freshness`;
+    #: ``None``: no inventory was read).
     fresh_nodes: int | None = None
     stale_nodes: int = 0
 
@@ -229,8 +230,8 @@ class ScaleLoop:
         extra: dict[str, Any] = {"duration_s": time.monotonic() - started}
         snapshot = self._snapshot
         if report.leader and snapshot is not None and self.inventory is not None:
-            fresh = int(snapshot.fresh(now)[:-1].sum())
-            extra.update(fresh_nodes=fresh, stale_nodes=len(snapshot) - fresh)
+            fresh, stale = freshness(snapshot, now)
+            extra.update(fresh_nodes=fresh, stale_nodes=stale)
         return dataclasses.replace(report, **extra)
 
     def _tick(self, now: float) -> TickReport:
@@ -508,6 +509,21 @@ def unfilled_span(samples: Sequence[Sample], horizon: float, now: float, step: f
     if first - horizon >= need and first not in answered:
         return first - math.floor((first - horizon) / step - 1e-9) * step, first - step
     return None
+
+
+def freshness(snapshot: InventorySnapshot, now: float) -> tuple[int, int]:
+    """(fresh, stale) records among the nodes of a policy node class.
+
+    The sync records every node of the cluster, CPU and control-plane nodes included, and no agent
+    runs there (the chart's DaemonSet selects GPU nodes), so their records never have an agent's
+    heartbeat: counted as stale, they would keep ExtenderInventoryStale firing on a healthy
+    cluster. A node of no policy class is also one the extender and the scaler estimate nothing
+    for. A node of a class whose agent never reported is counted stale: it is cold for good.
+    """
+    known = np.array([c.name != UNKNOWN_CLASS.name for c in snapshot.classes])
+    classified = known[snapshot.class_index[:-1]]
+    fresh = snapshot.fresh(now)[:-1]
+    return int((fresh & classified).sum()), int((~fresh & classified).sum())
 
 
 def fresh_nodes(snapshot: InventorySnapshot, now: float) -> list[tuple[str, int]]:

@@ -115,8 +115,9 @@ class ScalerMetrics:
                                        "Ticks in which a workload got no decision (signal, store or other error).",
                                        ["workload"], registry=r)
         self.inventory_nodes = Gauge("extender_scaler_inventory_nodes",
-                                     "Nodes in the inventory the leader read, by freshness (stale: the report "
-                                     "outlived its TTL).", ["freshness"], registry=r)
+                                     "Nodes of a policy node class in the inventory the leader read, by freshness "
+                                     "(stale: the agent's report outlived its TTL, or none came).", ["freshness"],
+                                     registry=r)
         self._pending: dict[str, deque[_Pending]] = {}
         #: Per workload, (tick, demand) observed since the earliest window a pending forecast reads.
         self._seen: dict[str, deque[tuple[float, float]]] = {}
