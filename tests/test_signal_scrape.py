@@ -8,7 +8,10 @@ so rates are exact.
 
 from __future__ import annotations
 
+import socket
+import threading
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,8 +21,9 @@ from extender.scaler.pods import count_replicas, label_selector, workload_pods
 from extender.scaler.scrape import ScrapeSource
 from extender.scaler.serve import KubePodLister
 from tests.kube_double import KubeDouble
+from tests.net import free_port
 from tests.scaler_policy import make_policy
-from tests.vllm_endpoint import Counters, MetricsEndpoint, pod, serving
+from tests.vllm_endpoint import Counters, MetricsEndpoint, pod, serving, vllm_text
 
 pytestmark = pytest.mark.integration
 
@@ -79,3 +83,73 @@ def test_scrape_through_the_api_double(double: KubeDouble, endpoints: list[Metri
         client.close()
     # the scaler listed pods with the profile's selector, in one call per tick
     assert double.count("list", "pods") == 4
+
+
+# ---- a pod whose port does not speak HTTP/1 ---------------------------------------------------------------
+
+
+@contextmanager
+def replying(host: str, port: int, reply: bytes) -> Iterator[None]:
+    """A TCP server on ``host:port`` that reads a request and answers ``reply`` whatever it was."""
+    server = socket.create_server((host, port))
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                conn.recv(65536)
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=run, name="replying", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
+def _exposition(content_type: str, counters: Counters) -> bytes:
+    body = vllm_text(counters).encode()
+    return (f"HTTP/1.1 200 OK\r\nContent-Type: {content_type}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+#: (name, what 127.0.0.3 answers, the reason its pod has no reading, or None when it is read)
+ODD_PORTS = [
+    ("http2-only-port", b"\x00\x00\x12\x04\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x64\x00\x04\x00\x10\x00\x00",
+     "not an HTTP/1 reply (BadStatusLine"),
+    ("broken-chunked-body", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+     "not an HTTP/1 reply (IncompleteRead"),
+    ("unknown-charset", None, None),
+]
+
+
+@pytest.mark.parametrize(("reply", "reason"), [r[1:] for r in ODD_PORTS], ids=[r[0] for r in ODD_PORTS])
+def test_a_pod_whose_port_is_no_http1_is_a_missing_reading(reply: bytes | None, reason: str | None) -> None:
+    # one pod's odd port must cost that pod's reading (a lower bound), not raise out of the source:
+    # the workload would get no decision, and the scaler log a traceback, at every tick
+    port = free_port()
+    profile = make_policy(port=port).profile("qwen3")
+    pods = workload_pods([pod("qwen3-a", "127.0.0.2"), pod("qwen3-b", "127.0.0.3")], profile, "default")
+    source = ScrapeSource.for_profile(profile)
+    observations = []
+    for k, requests in enumerate((1000.0, 1150.0)):
+        good = _exposition("text/plain; version=0.0.4; charset=utf-8", Counters(requests=requests))
+        odd = reply if reply is not None else _exposition("text/plain; charset=x-no-such-charset",
+                                                           Counters(requests=requests))
+        with replying("127.0.0.2", port, good), replying("127.0.0.3", port, odd):
+            observations.append(source.observe(pods, T0 + 15.0 * k))
+    last = observations[-1]
+    if reason is None:
+        assert (last.complete, last.answered) == (True, 2)
+        assert last.rate == pytest.approx(20.0)
+    else:
+        assert (last.complete, last.answered) == (False, 1)
+        assert last.rate == pytest.approx(10.0)
+        assert f"default/qwen3-b: GET http://127.0.0.3:{port}/metrics: {reason}" in last.note

@@ -10,6 +10,9 @@ missing data) and the history gets a gap, not a zero.
 
 from __future__ import annotations
 
+import codecs
+import http.client
+import reprlib
 import ssl
 import urllib.error
 import urllib.request
@@ -74,6 +77,12 @@ def http_get(url: str, timeout_s: float, *, headers: Mapping[str, str] | None = 
 
     ``headers`` are added to the request (credentials, a tenant); ``context`` verifies an https
     server (and presents a client certificate) instead of the system's default.
+
+    Every way the server can fail is a :class:`SignalError` naming the URL, a reply that is no
+    HTTP/1 included (``http.client.HTTPException``: an HTTP/2-only or binary port, a broken chunked
+    body): one pod's odd port is that pod's missing reading, not an unexpected error that costs the
+    workload its decision and logs a traceback at every tick. A charset Python does not know is
+    read as UTF-8, the exposition format's own.
     """
     request = urllib.request.Request(
         url, headers={"Accept": "text/plain, application/json;q=0.9, */*;q=0.1", **(headers or {})})
@@ -85,6 +94,13 @@ def http_get(url: str, timeout_s: float, *, headers: Mapping[str, str] | None = 
         raise SignalError(f"GET {url}: HTTP {exc.code} {exc.reason}") from exc
     except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
         raise SignalError(f"GET {url}: {getattr(exc, 'reason', None) or exc}") from exc
+    except http.client.HTTPException as exc:
+        # repr: the server's bytes escaped, and cut, since a status line can be 64 KiB of anything
+        raise SignalError(f"GET {url}: not an HTTP/1 reply ({type(exc).__name__} {reprlib.repr(str(exc))})") from exc
     if len(body) > MAX_BODY_BYTES:
         raise SignalError(f"GET {url}: body larger than {MAX_BODY_BYTES} bytes")
+    try:
+        codecs.lookup(charset)
+    except LookupError:
+        charset = "utf-8"
     return body.decode(charset, errors="replace")
