@@ -16,7 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from extender.core.errors import SignalError
 from extender.kube.client import KubeClient
+from extender.scaler.observation import http_get
 from extender.scaler.pods import count_replicas, label_selector, workload_pods
 from extender.scaler.scrape import ScrapeSource
 from extender.scaler.serve import KubePodLister
@@ -153,3 +155,69 @@ def test_a_pod_whose_port_is_no_http1_is_a_missing_reading(reply: bytes | None, 
         assert (last.complete, last.answered) == (False, 1)
         assert last.rate == pytest.approx(10.0)
         assert f"default/qwen3-b: GET http://127.0.0.3:{port}/metrics: {reason}" in last.note
+
+
+# ---- a pod that answers with a redirect -------------------------------------------------------------------
+
+
+@contextmanager
+def recording(host: str, port: int, reply: bytes) -> Iterator[list[bytes]]:
+    """:func:`replying`, keeping every request it was sent (the bytes of its first read)."""
+    seen: list[bytes] = []
+    server = socket.create_server((host, port))
+    server.settimeout(0.2)
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                seen.append(conn.recv(65536))
+                conn.sendall(reply)
+
+    thread = threading.Thread(target=run, name="recording", daemon=True)
+    thread.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+
+
+#: (name, the redirect's status line, the headers the fetch sends)
+REDIRECTS = [
+    ("301-moved", "301 Moved Permanently", {}),
+    ("302-found", "302 Found", {}),
+    ("303-see-other", "303 See Other", {}),
+    ("307-temporary", "307 Temporary Redirect", {}),
+    ("308-permanent", "308 Permanent Redirect", {}),
+    ("302-with-a-bearer-token", "302 Found", {"Authorization": "Bearer s3cret-token"}),
+    ("307-with-basic-auth", "307 Temporary Redirect", {"Authorization": "Basic dXNlcjpzM2NyZXQ="}),
+]
+
+
+@pytest.mark.parametrize(("status", "headers"), [r[1:] for r in REDIRECTS], ids=[r[0] for r in REDIRECTS])
+def test_a_redirect_is_not_followed(status: str, headers: dict[str, str]) -> None:
+    # any pod with the workload's labels is scraped: its redirect must not make the scaler GET another
+    # address (cloud metadata, a node's kubelet, Redis), nor carry a Prometheus credential there
+    port, elsewhere = free_port(), free_port()
+    target = f"http://127.0.0.9:{elsewhere}/latest/meta-data/iam/security-credentials/node"
+    redirect = f"HTTP/1.1 {status}\r\nLocation: {target}\r\nContent-Length: 0\r\n\r\n".encode()
+    secret = b"HTTP/1.1 200 OK\r\nContent-Length: 29\r\n\r\nAccessKeyId SECRET-abcdefghij\n"
+    with replying("127.0.0.2", port, redirect), recording("127.0.0.9", elsewhere, secret) as seen:
+        with pytest.raises(SignalError) as raised:
+            http_get(f"http://127.0.0.2:{port}/metrics", 2.0, headers=headers)
+        profile = make_policy(port=port).profile("qwen3")
+        pods = workload_pods([pod("qwen3-a", "127.0.0.2")], profile, "default")
+        observation = ScrapeSource.for_profile(profile).observe(pods, T0)
+    assert seen == []  # the redirect's target was never asked, with or without the credential
+    code = status.split(maxsplit=1)[0]
+    assert str(raised.value) == (f"GET http://127.0.0.2:{port}/metrics: HTTP {code} redirect to {target!r} "
+                                 "not followed (the scaler reads the address it is given)")
+    assert (observation.rate, observation.answered) == (None, 0)
+    assert f"HTTP {code} redirect to {target!r} not followed" in observation.note
+    assert "SECRET" not in observation.note

@@ -18,7 +18,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from extender.core.errors import SignalError
 from extender.scaler.pods import Pod
@@ -69,6 +69,16 @@ class Fetcher(Protocol):
 
 #: Largest body a scrape or query may return (a vLLM /metrics page is tens of KB).
 MAX_BODY_BYTES = 16 * 2**20
+#: Characters of a redirect's ``Location`` quoted in the error (the server chose them; the rest is cut).
+MAX_LOCATION = 256
+
+
+class _NoRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows no redirect: the 3xx reply is raised as the ``HTTPError`` it is (:func:`http_get`)."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int,  # noqa: PLR0917 (urllib's)
+                         msg: str, headers: Any, newurl: str) -> None:
+        return None
 
 
 def http_get(url: str, timeout_s: float, *, headers: Mapping[str, str] | None = None,
@@ -78,6 +88,13 @@ def http_get(url: str, timeout_s: float, *, headers: Mapping[str, str] | None = 
     ``headers`` are added to the request (credentials, a tenant); ``context`` verifies an https
     server (and presents a client certificate) instead of the system's default.
 
+    Redirects are not followed: a 3xx is a :class:`SignalError` naming where it pointed. A scrape
+    target is any pod that carries the workload's labels, and what such a pod answers must not
+    choose what the scaler fetches next (a pod's redirect would make the scaler GET any address it
+    can reach, cloud metadata included, and its first line would come back in the observation's
+    note); urllib's redirect handler also sends the request's headers, a Prometheus bearer token or
+    basic-auth password among them, to whatever host the ``Location`` names, over plain HTTP too.
+
     Every way the server can fail is a :class:`SignalError` naming the URL, a reply that is no
     HTTP/1 included (``http.client.HTTPException``: an HTTP/2-only or binary port, a broken chunked
     body): one pod's odd port is that pod's missing reading, not an unexpected error that costs the
@@ -86,11 +103,16 @@ def http_get(url: str, timeout_s: float, *, headers: Mapping[str, str] | None = 
     """
     request = urllib.request.Request(
         url, headers={"Accept": "text/plain, application/json;q=0.9, */*;q=0.1", **(headers or {})})
+    opener = urllib.request.build_opener(_NoRedirects, urllib.request.HTTPSHandler(context=context))
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s, context=context) as response:
+        with opener.open(request, timeout=timeout_s) as response:
             body: bytes = response.read(MAX_BODY_BYTES + 1)
             charset = response.headers.get_content_charset() or "utf-8"
     except urllib.error.HTTPError as exc:
+        where = exc.headers.get("Location") if exc.headers is not None and 300 <= exc.code < 400 else None
+        if where is not None:
+            raise SignalError(f"GET {url}: HTTP {exc.code} redirect to {where[:MAX_LOCATION]!r} not followed "
+                              "(the scaler reads the address it is given)") from exc
         raise SignalError(f"GET {url}: HTTP {exc.code} {exc.reason}") from exc
     except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
         raise SignalError(f"GET {url}: {getattr(exc, 'reason', None) or exc}") from exc
