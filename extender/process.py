@@ -9,7 +9,9 @@ Logs go to stderr, one record per line, in one of two formats chosen with ``--lo
 ``json`` (for log pipelines): one JSON object per line with ``time`` (ISO 8601, UTC, milliseconds),
 ``level``, ``logger``, ``message``, ``pid``, then every structured field the call gave with
 ``extra=`` (``node``, ``workload``, ``decision``, ...), and ``exc_info`` with the traceback when
-there is one. A traceback in text is several lines; in JSON it stays inside one string.
+there is one. A traceback in text is several lines, indented below its record; in JSON it stays
+inside one string. In text, control characters are escaped and a line that does not start with a
+blank always starts a record (:func:`one_record`), whatever the values a message quotes.
 
 The JSON lines are written by python-json-logger (a maintained formatter on stdlib logging: it
 tells a record's own attributes from the fields a call added, and encodes dates, exceptions and
@@ -28,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import signal
 import sys
 import threading
@@ -85,8 +88,40 @@ def fields(record: logging.LogRecord) -> dict[str, Any]:
     return {k: v for k, v in record.__dict__.items() if k not in _RESERVED and not k.startswith("_")}
 
 
+#: Characters a terminal or a log reader may act on: C0 and C1 controls (ESC starts a terminal escape
+#: sequence, CR returns to the start of the line), and the Unicode line and paragraph separators.
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+#: A line break followed by a character that is not blank: the start of a line that would read as a record.
+_UNINDENTED = re.compile(r"\n(?=[^\s])")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group())
+    return "\\r" if code == 0x0D else f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character (:data:`_CONTROL`) written as its escape (``\\x1b``, ``\\r``);
+    line feeds and tabs are kept."""
+    return _CONTROL.sub(_escape, text)
+
+
+def one_record(text: str) -> str:
+    """A text log record as written: control characters escaped, and every line after the first
+    indented (two spaces where it does not start with a blank already).
+
+    Messages quote names that others choose (directories a serving pod created in a shared cache,
+    what a scraped pod answered, a policy's values): a line feed in one must not start a line that
+    reads as a record of its own (``2026-... ERROR ...``), nor an escape sequence rewrite the
+    reader's terminal. So in ``text`` a line that does not start with a blank is always the start
+    of a record, which is also the rule log collectors use to join a record's lines (a traceback's
+    first and last lines are indented too)."""
+    return _UNINDENTED.sub("\n  ", escape_controls(text))
+
+
 def _text_value(value: Any) -> str:
-    if isinstance(value, str) and value and not any(c.isspace() or c in '"=' for c in value):
+    if isinstance(value, str) and value and not any(c.isspace() or c in '"=' for c in value) \
+            and not _CONTROL.search(value):
         return value
     if isinstance(value, bool | int | float) or value is None:
         return json.dumps(value)
@@ -99,7 +134,8 @@ def _text_value(value: Any) -> str:
 
 
 class TextFormatter(logging.Formatter):
-    """``<time> <LEVEL> [<pid>] <logger>: <message> key=value ...`` (values with spaces or quotes quoted)."""
+    """``<time> <LEVEL> [<pid>] <logger>: <message> key=value ...`` (values with spaces, quotes or control
+    characters quoted as JSON strings), then the traceback; written by :func:`one_record`."""
 
     def format(self, record: logging.LogRecord) -> str:
         message = record.getMessage()
@@ -113,14 +149,15 @@ class TextFormatter(logging.Formatter):
             line += "\n" + record.exc_text
         if record.stack_info:
             line += "\n" + self.formatStack(record.stack_info)
-        return line
+        return one_record(line)
 
 
 class MessageFormatter(logging.Formatter):
-    """The message alone: what a command tells its user in text (its fields are for machines)."""
+    """The message alone: what a command tells its user in text (its fields are for machines), its
+    control characters escaped (:func:`escape_controls`)."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return record.getMessage()
+        return escape_controls(record.getMessage())
 
 
 def _finite(value: Any) -> Any:

@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from extender import process
-from extender.process import JsonLineFormatter, TextFormatter, setup_logging
+from extender.process import JsonLineFormatter, MessageFormatter, TextFormatter, setup_logging
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
 from tests.kube_double.waiting import wait_until
@@ -83,6 +83,24 @@ TEXT = [
     TextCase("structures as compact JSON", record(nodes=["a", "b"], n={"x": 1}),
              '2023-11-14T22:13:20.250Z WARNING [{pid}] extender.agent.loop: node gpu-a is back '
              'nodes=["a","b"] n={"x":1}'),
+    # a directory a serving pod made in a shared hub cache, quoted in a message: its line feed must
+    # not start a line that reads as a record of its own
+    TextCase("a line feed in a message cannot forge a record",
+             record("hub caches: repositories no profile maps: %s",
+                    "models--x\n2026-12-03T05:00:00.000Z ERROR [1] extender.agent.loop: forged"),
+             "2023-11-14T22:13:20.250Z WARNING [{pid}] extender.agent.loop: hub caches: repositories no profile "
+             "maps: models--x\n  2026-12-03T05:00:00.000Z ERROR [1] extender.agent.loop: forged"),
+    TextCase("lines already indented stay as they are", record("Problems:\n  %s", "p.yaml:3: bad"),
+             "2023-11-14T22:13:20.250Z WARNING [{pid}] extender.agent.loop: Problems:\n  p.yaml:3: bad"),
+    TextCase("terminal escapes in a message are escaped", record("node %s is back", "gpu\x1b[2J\x1b]0;x\x07"),
+             "2023-11-14T22:13:20.250Z WARNING [{pid}] extender.agent.loop: node gpu\\x1b[2J\\x1b]0;x\\x07 is back"),
+    TextCase("a carriage return cannot overwrite the line", record("node %s is back", "a\r2026 ERROR forged"),
+             "2023-11-14T22:13:20.250Z WARNING [{pid}] extender.agent.loop: node a\\r2026 ERROR forged is back"),
+    TextCase("C1 controls and line separators are escaped", record("node %s is back", "a\x9b2J\x85b\u2028c"),
+             "2023-11-14T22:13:20.250Z WARNING [{pid}] extender.agent.loop: node a\\x9b2J\\x85b\\u2028c is back"),
+    TextCase("control characters in a field are quoted", record(node="gpu\x1b[2J", error="a\nb"),
+             '2023-11-14T22:13:20.250Z WARNING [{pid}] extender.agent.loop: node gpu-a is back '
+             'node="gpu\\u001b[2J" error="a\\nb"'),
 ]
 
 
@@ -91,10 +109,24 @@ def test_text_lines(case: TextCase) -> None:
     assert TextFormatter().format(case.record) == case.expected.replace("{pid}", str(case.record.process))
 
 
-def test_text_puts_the_traceback_after_the_line() -> None:
+def test_text_puts_the_traceback_after_the_line_indented() -> None:
     lines = TextFormatter().format(record(exc=True)).splitlines()
     assert lines[0].endswith("node gpu-a is back")
-    assert lines[1] == "Traceback (most recent call last):" and lines[-1] == "KeyError: 'boom'"
+    assert lines[1] == "  Traceback (most recent call last):" and lines[-1] == "  KeyError: 'boom'"
+    assert all(line.startswith(" ") for line in lines[1:])  # only a record's first line starts at the margin
+
+
+MESSAGES = [
+    ("plain", "extender: no such file p.yaml", "extender: no such file p.yaml"),
+    ("line feeds kept", "p.yaml:3: bad\np.yaml:4: worse", "p.yaml:3: bad\np.yaml:4: worse"),
+    ("terminal escape", "p.yaml:3: name 'a\x1b[2J' is bad", "p.yaml:3: name 'a\\x1b[2J' is bad"),
+    ("carriage return", "a\rb", "a\\rb"),
+]
+
+
+@pytest.mark.parametrize(("message", "expected"), [m[1:] for m in MESSAGES], ids=[m[0] for m in MESSAGES])
+def test_a_commands_report_escapes_control_characters(message: str, expected: str) -> None:
+    assert MessageFormatter().format(record("%s", message)) == expected
 
 
 @dataclass(frozen=True)
