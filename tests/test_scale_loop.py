@@ -436,6 +436,40 @@ def test_history_window_and_decisions_survive_a_restart(redis_server: RedisServe
     assert "no decision recorded for 'nope'" in capsys.readouterr().err
 
 
+@dataclass
+class Noted(Scripted):
+    """A source whose observation carries ``note`` (what a scraped pod's answer put there)."""
+
+    note: str = ""
+
+    def observe(self, pods: Sequence[Pod], now: float) -> Observation:
+        return Observation(rate=None, complete=False, expected=1, answered=0, note=self.note)
+
+
+#: (name, a note quoting a pod's answer, how explain prints it)
+NOTES = [
+    ("terminal-escape", "not a Prometheus exposition: invalid metric name:\x1b[2J\x1b]0;owned\x07x 1",
+     "not a Prometheus exposition: invalid metric name:\\x1b[2J\\x1b]0;owned\\x07x 1"),
+    ("carriage-return", "GET http://10.1.0.0:8000/metrics: HTTP 500 oops\rall good",
+     "GET http://10.1.0.0:8000/metrics: HTTP 500 oops\\rall good"),
+    ("c1-control", "invalid metric name:\x9b2J", "invalid metric name:\\x9b2J"),
+]
+
+
+@pytest.mark.parametrize(("note", "shown"), [n[1:] for n in NOTES], ids=[n[0] for n in NOTES])
+def test_explain_prints_what_a_pod_answered_without_its_control_characters(
+        redis_server: RedisServer, capsys: pytest.CaptureFixture[str], note: str, shown: str) -> None:
+    rig = make_rig(redis_server.url, lambda t: 4.0, **FLAT)
+    rig.loop.sources["qwen3"] = Noted(lambda t: None, note=note)
+    rig.run(1)
+    assert cli.main(["scale", "explain", "qwen3", "--redis-url", redis_server.url]) == 0
+    out = capsys.readouterr().out
+    assert shown in out
+    assert not any(c in out for c in "\x1b\x07\r\x9b")
+    assert cli.main(["scale", "explain", "qwen3", "--json", "--redis-url", redis_server.url]) == 0
+    assert json.loads(capsys.readouterr().out)["signal"]["note"] == note  # stored as it was
+
+
 def test_a_standby_writes_nothing(redis_server: RedisServer) -> None:
     leader = make_rig(redis_server.url, lambda t: 4.0, holder="a")
     leader.run(3)

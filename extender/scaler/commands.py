@@ -62,7 +62,7 @@ from extender.core.policy import Policy
 from extender.core.scaler import Decision
 from extender.core.schema import read_stored
 from extender.files import load_policy_to_start, read_text
-from extender.process import configure_logging, report
+from extender.process import configure_logging, escape_controls, report
 
 log = logging.getLogger(__name__)
 
@@ -311,11 +311,11 @@ def _once(settings: Any) -> int:
         print(f"standby: {tick.holder} leads (fencing token {tick.token})")
         return 0
     print(f"leader {tick.holder} (fencing token {tick.token})")
-    for result in tick.results:
+    for result in tick.results:  # notes quote what pods and Prometheus answered: no terminal escapes
         if result.decision is None:
-            print(f"{result.workload}: no decision: {result.error}")
+            print(escape_controls(f"{result.workload}: no decision: {result.error}"))
         else:
-            print(result.decision.explain())
+            print(escape_controls(result.decision.explain()))
     if tick.fenced_out:
         print(f"stepped down: {tick.error}")
     return 0
@@ -455,7 +455,9 @@ def _explain(args: argparse.Namespace) -> int:
             why = f"{type(exc).__name__}: {exc}"
         raise StateError(f"the decision log of {args.workload!r} holds a record this release cannot show "
                          f"({why}); --json prints it as stored") from exc
-    print(text)
+    # the notes quote what the workload's pods and Prometheus answered: what a pod chose must not
+    # reach the reader's terminal as an escape sequence
+    print(escape_controls(text))
     return 0
 
 
