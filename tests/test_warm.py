@@ -389,6 +389,7 @@ def test_a_weights_job_is_pinned_low_priority_tolerant_limited_and_expires() -> 
     ]
     assert pod["restartPolicy"] == "Never"
     assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}  # not unconfined
     assert pod["volumes"] == [{"name": "cache", "hostPath": {"path": "/mnt/nvme/extender-cache", "type": "Directory"}}]
     containers = _containers(job)
     assert list(containers) == ["prepare", "fetch", "finish"]  # init: prepare, fetch; then finish

@@ -14,7 +14,8 @@ The pod (see docs/warming.md for why each field):
 * a low ``priorityClassName``, the policy's tolerations plus the new-node taint, resource
   requests and limits on every container, ``restartPolicy: Never`` with ``backoffLimit`` pod
   retries, ``activeDeadlineSeconds`` and ``ttlSecondsAfterFinished``;
-* no service-account token (it calls no API) and no service links;
+* no service-account token (it calls no API) and no service links; the runtime's default seccomp
+  profile, and no privilege escalation in any container;
 * image actions: one container running the workload's own image with a no-op command (the pull is
   the work); other kinds: init containers ``prepare`` (helper: evictions, staging) and ``fetch``
   (the team's template), then ``finish`` (helper: manifest, marker, rename into place), with the
@@ -117,6 +118,9 @@ def _pod_spec(policy: Policy, node: str, containers: list[JSON], init: list[JSON
         "tolerations": tolerations,
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        # the runtime's default syscall filter (unset, a pod runs unconfined): the one part of the
+        # restricted Pod Security level a pod that mounts a hostPath can still have
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "terminationGracePeriodSeconds": 10,
         "containers": containers,
     }
