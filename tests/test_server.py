@@ -19,9 +19,11 @@ from flask.testing import FlaskClient
 
 from extender.api.scheduler import verbs
 from extender.api.scheduler.app import create_app
+from extender.api.scheduler.commands import exposure_warning
 from extender.api.scheduler.engine import Engine
 from extender.api.scheduler.settings import Settings
 from extender.api.scheduler.verbs import SchedulerService
+from extender.cli import build_parser
 from extender.core.caches import weights_key
 from extender.core.errors import StateError, StoreUnavailableError
 from extender.core.inventory import NodeState
@@ -682,3 +684,34 @@ def test_the_refresher_thread_loads_and_stops(policy_file: Path, store: MemorySt
     finally:
         refresher.stop()
     assert refresher._thread is not None and not refresher._thread.is_alive()
+
+
+# ---- where serve listens ------------------------------------------------------------------------------
+
+
+#: (name, --bind, --tls-client-ca, whether serve warns that anyone reaching it may call it)
+EXPOSURES = [
+    ("loopback", "127.0.0.1:8888", None, False),
+    ("loopback-v6", "[::1]:8888", None, False),
+    ("localhost", "localhost:8888", None, False),
+    ("all-interfaces", "0.0.0.0:8888", None, True),
+    ("all-interfaces-v6", "[::]:8888", None, True),
+    ("a-pod-ip", "10.0.0.5:8888", None, True),
+    ("a-host-name", "extender.example:8888", None, True),
+    ("mutual-tls", "0.0.0.0:8888", "/var/run/extender-tls/ca.crt", False),
+]
+
+
+@pytest.mark.parametrize(("bind", "client_ca", "warned"), [e[1:] for e in EXPOSURES], ids=[e[0] for e in EXPOSURES])
+def test_serve_warns_when_anyone_beyond_loopback_may_call_it(bind: str, client_ca: str | None, warned: bool) -> None:
+    warning = exposure_warning(bind, client_ca)
+    assert (warning is not None) == warned
+    if warning is not None:
+        assert warning.startswith(f"listening on {bind} without --tls-client-ca")
+
+
+def test_serve_listens_beside_the_scheduler_by_default() -> None:
+    # the scheduler sends no credentials: a default on every interface served the inventory to the network
+    args = build_parser().parse_args(["serve", "--policy", "p.yaml"])
+    assert args.bind == "127.0.0.1:8888"
+    assert exposure_warning(args.bind, args.tls_client_ca) is None

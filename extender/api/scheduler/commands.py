@@ -16,7 +16,9 @@ Handlers return an exit code and raise :class:`~extender.core.errors.DocumentErr
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
+import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -42,6 +44,8 @@ from extender.core.errors import DocumentError, Problem
 from extender.files import load_policy, load_policy_to_start, read_text
 from extender.process import report
 
+log = logging.getLogger(__name__)
+
 
 def register(subparsers: Any) -> None:
     """Add ``serve`` and ``explain`` to an ``add_subparsers()`` object."""
@@ -49,8 +53,9 @@ def register(subparsers: Any) -> None:
         "serve", help="run the scheduler extender (filter/prioritize for kube-scheduler) under gunicorn"
     )
     serve.add_argument("--policy", required=True, metavar="FILE", help="policy file (reloaded when it changes)")
-    serve.add_argument("--bind", default="0.0.0.0:8888", type=bind_address, metavar="HOST:PORT",
-                       help="listen address (default: 0.0.0.0:8888)")
+    serve.add_argument("--bind", default="127.0.0.1:8888", type=bind_address, metavar="HOST:PORT",
+                       help="listen address (default: 127.0.0.1:8888, the scheduler on the same host; elsewhere "
+                            "give --tls-client-ca too)")
     serve.add_argument("--workers", default=2, type=positive_int, metavar="N",
                        help="worker processes (default: 2)")
     serve.add_argument("--threads", default=4, type=positive_int, metavar="N",
@@ -95,10 +100,32 @@ def check_serve_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> s
     return tls_problem(args)
 
 
+def exposure_warning(bind: str, client_ca: str | None) -> str | None:
+    """What ``serve`` warns about at start, or ``None``: a listener beyond loopback without mutual TLS.
+
+    The scheduler sends no credentials (docs/kubernetes-interfaces.md 2.1), so the extender trusts
+    whoever connects: anyone who reaches such an address can call ``/explain`` (every node's cache
+    contents and the policy's profiles), and keep the workers busy with 64 MiB bodies, which the
+    scheduler's own calls then wait behind (they fail open: scheduling goes on without the extender).
+    """
+    host = bind.rpartition(":")[0].strip("[]")
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        loopback = False
+    if loopback or client_ca:
+        return None
+    return (f"listening on {bind} without --tls-client-ca: anyone who reaches it can call /filter, /prioritize "
+            "and /explain (which shows the inventory and the policy); bind 127.0.0.1 beside the scheduler, or "
+            "require the scheduler's client certificate")
+
+
 def _serve(args: argparse.Namespace) -> int:
     if problem := flag_problem(args):
         report(f"extender serve: {problem}")
         return 2
+    if warning := exposure_warning(args.bind, args.tls_client_ca):
+        log.warning("extender serve: %s", warning, extra={"bind": args.bind})
     started = load_policy_to_start(args.policy, "serve")
     if started is None:
         return 1
