@@ -77,6 +77,70 @@ class WatchStream:
         self._watch.stop()
 
 
+class Listing:
+    """The objects of one list request, fetched a page (:data:`PAGE_SIZE` objects) at a time as it is iterated.
+
+    Why not one Python list of every object: a parsed object weighs about six times its JSON (a
+    small pod is about 20 KiB as dicts), so a cluster's 100,000 pods held at once take about 2 GiB,
+    well past what a sync is given, where one page at a time is a few MiB. A consumer that keeps
+    only what it needs of each object (:mod:`extender.kube.objects`) then holds a page at most.
+
+    Iterate it once, to the end: :attr:`resource_version` (the list's, to watch from) is known after
+    the last page, and :attr:`complete` says it was reached. A page that fails raises
+    :class:`~extender.core.errors.KubeError` from the iteration, after the earlier pages' objects
+    were handed out, so a consumer must not act on a partial list (build the new state aside, swap
+    it in at the end).
+    """
+
+    def __init__(self, lister: Any, what: str, *, field_selector: str | None = None,
+                 label_selector: str | None = None) -> None:
+        self._lister = lister
+        self._what = what
+        self._field_selector = field_selector
+        self._label_selector = label_selector
+        #: The list's resourceVersion (all pages are one consistent snapshot), once iterated to the end.
+        self.resource_version = ""
+        #: Set when the last page was read.
+        self.complete = False
+        #: Objects handed out so far.
+        self.count = 0
+        self._token: str | None = None
+
+    def __iter__(self) -> Iterator[JSON]:
+        token: str | None = None
+        while True:
+            for item in self._page(token):
+                self.count += 1
+                yield item
+            if not self._token:
+                self.complete = True
+                return
+            token = self._token
+
+    def _page(self, token: str | None) -> list[JSON]:
+        """One page's objects; sets :attr:`resource_version` and the next page's token."""
+        kwargs: dict[str, Any] = {"limit": PAGE_SIZE, "_preload_content": False,
+                                  "_request_timeout": (CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S)}
+        if self._field_selector:
+            kwargs["field_selector"] = self._field_selector
+        if self._label_selector:
+            kwargs["label_selector"] = self._label_selector
+        if token:
+            kwargs["_continue"] = token
+        with kube_errors(f"listing {self._what}"):
+            response = self._lister(**kwargs)
+            try:
+                page = json.loads(response.data)
+            finally:
+                response.release_conn()
+        if not isinstance(page, dict):
+            raise KubeError(f"listing {self._what}: the API server sent {type(page).__name__}, not a list object")
+        meta = page.get("metadata") or {}
+        self.resource_version = str(meta.get("resourceVersion") or "")
+        self._token = meta.get("continue") or None
+        return list(page.get("items") or [])
+
+
 def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
     """An official ``ApiClient``: in-cluster when running in a pod and no kubeconfig is given, else
     from the kubeconfig (``None``: ``$KUBECONFIG`` or ``~/.kube/config``)."""
@@ -131,40 +195,20 @@ class KubeClient:
     def list(
         self, resource: Resource, *, field_selector: str | None = None, label_selector: str | None = None
     ) -> tuple[list[JSON], str]:
-        """Every matching object (all pages) and the resourceVersion to watch from."""
-        return self._pages(self._lister(resource), resource, field_selector=field_selector,
-                           label_selector=label_selector)
+        """Every matching object (all pages) and the resourceVersion to watch from.
 
-    def _pages(
-        self, lister: Any, what: str, *, field_selector: str | None = None, label_selector: str | None = None
-    ) -> tuple[Objects, str]:
-        """Call ``lister`` page by page (raw JSON) until the server says there is no more."""
-        items: list[JSON] = []
-        token: str | None = None
-        resource_version = ""
-        while True:
-            kwargs: dict[str, Any] = {"limit": PAGE_SIZE, "_preload_content": False,
-                                      "_request_timeout": (CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S)}
-            if field_selector:
-                kwargs["field_selector"] = field_selector
-            if label_selector:
-                kwargs["label_selector"] = label_selector
-            if token:
-                kwargs["_continue"] = token
-            with kube_errors(f"listing {what}"):
-                response = lister(**kwargs)
-                try:
-                    page = json.loads(response.data)
-                finally:
-                    response.release_conn()
-            if not isinstance(page, dict):
-                raise KubeError(f"listing {what}: the API server sent {type(page).__name__}, not a list object")
-            items.extend(page.get("items") or [])
-            meta = page.get("metadata") or {}
-            resource_version = str(meta.get("resourceVersion") or "")
-            token = meta.get("continue") or None
-            if not token:
-                return items, resource_version
+        Holds the whole list in memory at once: for what can be large (every pod of a cluster),
+        iterate :meth:`listing` instead.
+        """
+        listing = self.listing(resource, field_selector=field_selector, label_selector=label_selector)
+        return [*listing], listing.resource_version
+
+    def listing(
+        self, resource: Resource, *, field_selector: str | None = None, label_selector: str | None = None
+    ) -> Listing:
+        """Every matching object, fetched page by page as the caller iterates (:class:`Listing`)."""
+        return Listing(self._lister(resource), resource, field_selector=field_selector,
+                       label_selector=label_selector)
 
     def watch(
         self, resource: Resource, resource_version: str, *, timeout_s: int, field_selector: str | None = None
@@ -213,8 +257,7 @@ class KubeClient:
         def lister(**kwargs: Any) -> Any:
             return self._batch.list_namespaced_job(namespace, **kwargs)
 
-        items, _ = self._pages(lister, f"jobs in namespace {namespace!r}", label_selector=label_selector)
-        return items
+        return [*Listing(lister, f"jobs in namespace {namespace!r}", label_selector=label_selector)]
 
     def create_job(self, namespace: str, body: Mapping[str, Any]) -> JSON:
         """Create a Job; an existing name raises :class:`~extender.kube.errors.KubeApiError` with status 409."""

@@ -2,7 +2,8 @@
 
 The loop::
 
-    list                     -> on_replace(all objects); remember the list's resourceVersion (RV)
+    list                     -> on_replace(all objects, page by page); remember the list's
+                                resourceVersion (RV)
     watch from RV            -> on_event(type, object) for each change; RV := the event's RV
                                 (BOOKMARK events only move RV: nothing changed for us, but a
                                 later resume starts from there instead of an old, compacted RV)
@@ -20,12 +21,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from extender.core.backoff import Backoff
 from extender.core.errors import KubeError
-from extender.kube.client import JSON, Resource, WatchStream
+from extender.kube.client import JSON, Listing, Resource, WatchStream
 from extender.kube.errors import KubeGoneError
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ DEFAULT_WATCH_TIMEOUT_S = 300
 class Lister(Protocol):
     """What a reflector needs from :class:`extender.kube.client.KubeClient`."""
 
-    def list(self, resource: Resource, *, field_selector: str | None = None) -> tuple[list[JSON], str]: ...
+    def listing(self, resource: Resource, *, field_selector: str | None = None) -> Listing: ...
 
     def watch(
         self, resource: Resource, resource_version: str, *, timeout_s: int, field_selector: str | None = None
@@ -52,7 +53,7 @@ class Reflector:
         client: Lister,
         resource: Resource,
         *,
-        on_replace: Callable[[list[JSON]], None],
+        on_replace: Callable[[Iterable[JSON]], None],
         on_event: Callable[[str, JSON], None],
         field_selector: str | None = None,
         watch_timeout_s: int = DEFAULT_WATCH_TIMEOUT_S,
@@ -106,15 +107,25 @@ class Reflector:
                     break
 
     def _list(self) -> None:
-        items, resource_version = self.client.list(self.resource, field_selector=self.field_selector)
+        """Hand the whole list to ``on_replace`` as it arrives, page by page (a cluster's pods do not
+        fit in memory at once as raw objects: :class:`~extender.kube.client.Listing`).
+
+        ``on_replace`` must read every object before it changes anything: a page that fails raises
+        out of its iteration, and the handler's state must then be the old one.
+        """
+        listing = self.client.listing(self.resource, field_selector=self.field_selector)
+        self.on_replace(listing)
+        if not listing.complete:
+            raise KubeError(f"listing {self.resource}: the handler stopped reading after "
+                            f"{listing.count} object(s); a partial list cannot replace the view")
+        resource_version = listing.resource_version
         self.lists += 1
         self.note(self.resource, "list")
         self.resource_version = resource_version
-        self.on_replace(items)
         self.synced.set()
         self.backoff.reset()
-        log.info("%s: listed %d object(s) at resourceVersion %s", self.resource, len(items), resource_version,
-                 extra={"resource": self.resource, "objects": len(items), "resource_version": resource_version})
+        log.info("%s: listed %d object(s) at resourceVersion %s", self.resource, listing.count, resource_version,
+                 extra={"resource": self.resource, "objects": listing.count, "resource_version": resource_version})
 
     def _watch(self, stop: threading.Event) -> None:
         stream = self.client.watch(self.resource, self.resource_version, timeout_s=self.watch_timeout_s,

@@ -138,9 +138,12 @@ class ClusterView:
 
     # ---- nodes -----------------------------------------------------------------------------
 
-    def replace_nodes(self, items: list[JSON]) -> None:
+    def replace_nodes(self, items: Iterable[JSON]) -> None:
         """A full list: nodes it does not hold are gone; a node it holds but the sync cannot read
-        keeps its last facts (only what the API server no longer lists is deleted)."""
+        keeps its last facts (only what the API server no longer lists is deleted).
+
+        ``items`` is read to the end (page by page: only the facts are kept) before the view
+        changes, so a list that fails midway leaves the view as it was."""
         read = [self._node(raw) for raw in items]
         with self.cond:
             fresh = {n: f for n, f in read if isinstance(f, NodeFacts)}
@@ -197,7 +200,8 @@ class ClusterView:
         self.pods[facts.key] = facts
         self.pods_by_node.setdefault(facts.node, {})[facts.key] = facts
 
-    def replace_pods(self, items: list[JSON]) -> None:
+    def replace_pods(self, items: Iterable[JSON]) -> None:
+        """A full list of assigned pods, read to the end before the view changes (as :meth:`replace_nodes`)."""
         facts = [f for f in map(self._pod, items) if f is not None]
         with self.cond:
             touched = set(self.pods_by_node)

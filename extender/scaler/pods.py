@@ -26,8 +26,9 @@ JSON = Mapping[str, Any]
 class PodLister(Protocol):
     """Lists pod objects (plain JSON, as the API server sends them) matching a label selector."""
 
-    def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
-        """Every pod in every namespace that matches ``label_selector``."""
+    def list_pods(self, label_selector: str) -> Iterable[Mapping[str, Any]]:
+        """Every pod in every namespace that matches ``label_selector``, iterated once (it may be
+        fetched page by page as it is read: keep only what is needed of each)."""
         ...
 
 

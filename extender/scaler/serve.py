@@ -31,7 +31,7 @@ import secrets
 import socket
 import ssl
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,9 +138,10 @@ class KubePodLister:
     def __init__(self, client: KubeClient) -> None:
         self.client = client
 
-    def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
-        items, _ = self.client.list("pods", label_selector=label_selector or None)
-        return items
+    def list_pods(self, label_selector: str) -> Iterable[Mapping[str, Any]]:
+        """The matching pods page by page (a profile matched on annotations only lists every pod of
+        the cluster, each tick: :func:`~extender.scaler.pods.workload_pods` keeps only its own)."""
+        return self.client.listing("pods", label_selector=label_selector or None)
 
 
 class DelegatedReviews:

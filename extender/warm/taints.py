@@ -37,7 +37,7 @@ from typing import Any, Protocol
 from extender.core.errors import KubeError
 from extender.core.inventory import InventorySnapshot
 from extender.core.policy import Policy, Taint
-from extender.kube.client import JSON, Resource
+from extender.kube.client import JSON, Listing, Resource
 from extender.kube.errors import KubeApiError
 from extender.warm.checks import keep_warm_profiles, node_warm
 from extender.warm.jobspec import parse_time
@@ -49,8 +49,8 @@ log = logging.getLogger(__name__)
 class NodeKube(Protocol):
     """What the tainter needs from :class:`extender.kube.client.KubeClient`."""
 
-    def list(self, resource: Resource, *, field_selector: str | None = None,
-             label_selector: str | None = None) -> tuple[list[JSON], str]: ...
+    def listing(self, resource: Resource, *, field_selector: str | None = None,
+                label_selector: str | None = None) -> Listing: ...
 
     def get_node(self, name: str) -> JSON: ...
 
@@ -137,8 +137,7 @@ class NodeTainter:
             return run.changes  # nothing of ours on any node, nothing to put
         try:
             if not self._listed:
-                nodes, _ = self.kube.list("nodes")
-                for node in nodes:
+                for node in self.kube.listing("nodes"):  # page by page: only names and taints are kept
                     self._first_sight(run, node, tainting=tainting)
                 self._listed = True
             for record in snapshot.nodes if tainting else ():

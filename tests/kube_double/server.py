@@ -3,8 +3,8 @@
 Why our own and not a library: the candidates either replace the client in-process (no HTTP, so the
 official client's request building, chunked watch parsing and error mapping go untested) or are
 asyncio servers driven by per-test expectations; none offered, together, one revision counter
-across kinds, resumable watches with bookmarks, ``410 Gone`` after compaction, the status
-subresource split, fault injection (cut streams, forced expiry, failing calls) and an RBAC
+across kinds, paged lists (``limit``/``continue``), resumable watches with bookmarks, ``410 Gone``
+after compaction, the status subresource split, fault injection (cut streams, forced expiry, failing calls) and an RBAC
 authorizer that decides every call from the RBAC our Helm chart renders. The standard library's
 threading HTTP server is enough: one thread per connection, HTTP/1.1 keep-alive (the client pools
 connections) and chunked transfer written by hand, so a test can also cut a stream mid-chunk.
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import secrets
 import socket
 import threading
 import time
@@ -143,6 +144,8 @@ class KubeDouble:
         self._lock = threading.Lock()
         self._sockets: set[socket.socket] = set()
         self._watches = 0
+        #: Lists handed out in pages: continue token -> the objects not yet sent and their revision.
+        self._continues: dict[str, tuple[list[Obj], int]] = {}
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -303,6 +306,36 @@ class KubeDouble:
         except ValueError as exc:
             raise ApiError(400, "BadRequest", f"request body is not JSON: {exc}") from exc
 
+    def _list_page(self, kind: Kind, ns: str | None, query: dict[str, str]) -> tuple[list[Obj], Obj, int]:
+        """``(items, continue metadata, revision)`` of one list page, as the real server pages:
+        ``limit`` objects at most, then a ``continue`` token for the rest of the same snapshot (an
+        unknown or forgotten token is ``410 Expired``, what an etcd compaction makes of an old one)."""
+        token = query.get("continue") or ""
+        if token:
+            with self._lock:
+                kept = self._continues.pop(token, None)
+            if kept is None:
+                raise ApiError(410, "Expired", "The provided continue parameter is too old to display a "
+                               "consistent list result. You can start a new list without the continue parameter.")
+            items, revision = kept
+        else:
+            items, revision = self.state.list_objects(kind, ns, _selector(query))
+        try:
+            limit = int(query.get("limit") or 0)
+        except ValueError as exc:
+            raise ApiError(400, "BadRequest", f"invalid limit {query.get('limit')!r}") from exc
+        if limit <= 0 or len(items) <= limit:
+            return items, {}, revision
+        rest, next_token = items[limit:], f"{revision}-{secrets.token_hex(6)}"
+        with self._lock:
+            self._continues[next_token] = (rest, revision)
+        return items[:limit], {"continue": next_token, "remainingItemCount": len(rest)}, revision
+
+    def expire_continues(self) -> None:
+        """Forget every continue token handed out: the next page of those lists is ``410 Expired``."""
+        with self._lock:
+            self._continues.clear()
+
     def _user(self, h: _Handler) -> str:
         auth = h.headers.get("Authorization", "")
         if not auth:
@@ -352,9 +385,9 @@ class KubeDouble:
             self._watch(h, route, query)
             return
         if verb == "list":
-            items, revision = self.state.list_objects(kind, ns, _selector(query))
-            h.send_json(200, {"kind": f"{kind.kind}List", "apiVersion": kind.api_version,
-                              "metadata": {"resourceVersion": str(revision)}, "items": items})
+            page, more, revision = self._list_page(kind, ns, query)
+            h.send_json(200, {"kind": f"{kind.kind}List", "apiVersion": kind.api_version, "items": page,
+                              "metadata": {"resourceVersion": str(revision), **more}})
         elif verb == "get":
             assert name is not None
             h.send_json(200, self.state.get(kind, ns, name))

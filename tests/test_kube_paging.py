@@ -1,0 +1,202 @@
+"""Large lists are read page by page: every consumer keeps only what it needs of each page's objects.
+
+A cluster's pods parsed into Python dicts take about six times their JSON (about 20 KiB each), so a
+sync that held the whole list at once before keeping its few facts would need about 2 GiB for
+100,000 pods, four times the chart's memory limit. Each consumer of a list (the sync's two
+reflectors, the warmer's start-up look at the Nodes, the scaler's pod listing) must therefore have
+read each object before the next page is even requested. Against the API double, which pages as the
+real server does (``limit``, ``continue``, ``410 Expired`` for a token it forgot).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+import extender.kube.client as kube_client
+import extender.kube.sync as kube_sync
+import extender.scaler.pods as scaler_pods
+from extender.core.backoff import Backoff
+from extender.core.errors import KubeError
+from extender.core.inventory import InventorySnapshot
+from extender.core.policy import Policy
+from extender.files import load_policy
+from extender.kube.client import KubeClient
+from extender.kube.reflector import Reflector
+from extender.kube.sync import ASSIGNED_PODS, ClusterView
+from extender.scaler.pods import label_selector, workload_pods
+from extender.scaler.serve import KubePodLister
+from extender.warm.metrics import WarmMetrics
+from extender.warm.taints import NodeTainter
+from tests.kube_double import KubeDouble
+from tests.kube_double.waiting import wait_until
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parent.parent
+POLICY_FILE = ROOT / "policies" / "g5-pcie-fleet.yaml"
+G5_12 = {"node.kubernetes.io/instance-type": "g5.12xlarge"}
+LLAMA = {"extender.io/workload": "llama3-8b"}
+PAGE = 2
+OBJECTS = 5
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    return load_policy(POLICY_FILE)
+
+
+@pytest.fixture
+def double() -> Iterator[KubeDouble]:
+    with KubeDouble.running(bookmark_interval_s=0.05) as d:
+        yield d
+
+
+@pytest.fixture
+def kube(double: KubeDouble, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeClient]:
+    monkeypatch.setattr(kube_client, "PAGE_SIZE", PAGE)
+    client = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kubeconfig")))
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def node(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": dict(G5_12)},
+            "status": {"allocatable": {"nvidia.com/gpu": "4"}, "capacity": {"nvidia.com/gpu": "4"}}}
+
+
+def pod(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "serving", "labels": LLAMA},
+            "spec": {"nodeName": "n0", "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def spy(monkeypatch: pytest.MonkeyPatch, owner: Any, name: str, seen: Callable[[], None]) -> None:
+    """Call ``seen`` each time ``owner.name`` reads one object, then do what it did."""
+    original = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        seen()
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+
+
+def reflect(kube: KubeClient, view: ClusterView, resource: str) -> None:
+    """One reflector's first list, then stop."""
+    if resource == "nodes":
+        reflector = Reflector(kube, "nodes", on_replace=view.replace_nodes, on_event=view.node_event)
+    else:
+        reflector = Reflector(kube, "pods", on_replace=view.replace_pods, on_event=view.pod_event,
+                              field_selector=ASSIGNED_PODS)
+    stop = threading.Event()
+    thread = threading.Thread(target=reflector.run, args=(stop,))
+    thread.start()
+    try:
+        assert reflector.synced.wait(30), "the first list never completed"
+    finally:
+        stop.set()
+        reflector.interrupt()
+        thread.join(30)
+    assert not thread.is_alive()
+
+
+def sync_nodes(kube: KubeClient, policy: Policy, monkeypatch: pytest.MonkeyPatch, seen: Callable[[], None]) -> int:
+    spy(monkeypatch, kube_sync, "node_facts", seen)
+    view = ClusterView(policy, "nvidia.com/gpu")
+    reflect(kube, view, "nodes")
+    return len(view.nodes)
+
+
+def sync_pods(kube: KubeClient, policy: Policy, monkeypatch: pytest.MonkeyPatch, seen: Callable[[], None]) -> int:
+    spy(monkeypatch, kube_sync, "pod_facts", seen)
+    view = ClusterView(policy, "nvidia.com/gpu")
+    reflect(kube, view, "pods")
+    return len(view.pods)
+
+
+def warmer_nodes(kube: KubeClient, policy: Policy, monkeypatch: pytest.MonkeyPatch,
+                 seen: Callable[[], None]) -> int:
+    spy(monkeypatch, NodeTainter, "_first_sight", seen)
+    tainter = NodeTainter(kube, WarmMetrics(CollectorRegistry()))
+    changes = tainter.reconcile(policy, InventorySnapshot.build(policy, []), 0.0, ())
+    assert not changes.errors
+    return len(tainter.seen)
+
+
+def scaler_pods_of(kube: KubeClient, policy: Policy, monkeypatch: pytest.MonkeyPatch,
+                   seen: Callable[[], None]) -> int:
+    spy(monkeypatch, scaler_pods, "parse_pod", seen)
+    profile = policy.profile("llama3-8b")
+    return len(workload_pods(KubePodLister(kube).list_pods(label_selector(profile)), profile, None))
+
+
+@pytest.mark.parametrize(("resource", "consume"), [
+    pytest.param("nodes", sync_nodes, id="sync-nodes-reflector"),
+    pytest.param("pods", sync_pods, id="sync-pods-reflector"),
+    pytest.param("nodes", warmer_nodes, id="warmer-start-up-node-list"),
+    pytest.param("pods", scaler_pods_of, id="scaler-workload-pods"),
+])
+def test_each_page_is_read_before_the_next_is_requested(
+    double: KubeDouble, kube: KubeClient, policy: Policy, monkeypatch: pytest.MonkeyPatch, *,
+    resource: str, consume: Callable[..., int],
+) -> None:
+    for i in range(OBJECTS):
+        double.apply(node(f"n{i}") if resource == "nodes" else pod(f"p{i}"))
+    pages_requested: list[int] = []
+    read = consume(kube, policy, monkeypatch, lambda: pages_requested.append(double.count("list", resource)))
+    assert read == OBJECTS
+    # object i is read while its own page is the last one requested: pages 1,1,2,2,3 for 5 objects
+    assert pages_requested == [i // PAGE + 1 for i in range(OBJECTS)]
+
+
+def test_a_list_that_fails_midway_leaves_the_view_as_it_was(
+    double: KubeDouble, kube: KubeClient, policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    view = ClusterView(policy, "nvidia.com/gpu")
+    view.replace_nodes([node("old")])
+    for i in range(OBJECTS):
+        double.apply(node(f"n{i}"))
+    spy(monkeypatch, kube_sync, "node_facts", lambda: double.fail("list", "nodes", 500))
+    with pytest.raises(KubeError, match="listing nodes: 500"):
+        view.replace_nodes(kube.listing("nodes"))
+    assert set(view.nodes) == {"old"}
+
+
+def test_an_expired_continue_token_lists_again_from_the_start(
+    double: KubeDouble, kube: KubeClient, policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``410 Expired`` on a later page (the list's snapshot was compacted): the reflector starts over."""
+    for i in range(OBJECTS):
+        double.apply(node(f"n{i}"))
+    expired: list[bool] = []
+
+    def expire_once() -> None:
+        if not expired:
+            expired.append(True)
+            double.expire_continues()
+
+    spy(monkeypatch, kube_sync, "node_facts", expire_once)
+    view = ClusterView(policy, "nvidia.com/gpu")
+    reflector = Reflector(kube, "nodes", on_replace=view.replace_nodes, on_event=view.node_event,
+                          backoff=Backoff(0.01, 0.05))
+    stop = threading.Event()
+    thread = threading.Thread(target=reflector.run, args=(stop,))
+    thread.start()
+    try:
+        wait_until(lambda: len(view.nodes) == OBJECTS, what="every node after the relist")
+        assert reflector.lists == 1  # the expired list did not count: only the one that completed
+    finally:
+        stop.set()
+        reflector.interrupt()
+        thread.join(30)
+    assert not thread.is_alive()
+    # page 1, page 2 refused with 410, then the three pages of the fresh list
+    assert double.count("list", "nodes") == 5
