@@ -8,6 +8,8 @@ stack's policy with ``warm-llm`` kept warm and joining nodes tainted until warm:
   the stock scheduler binds it there (the Job asks for no GPU, so the extender is not called) and
   KWOK completes it; a second warm loop (a restarted scaler) plans the same work and creates nothing;
   once the node's agent reports the staged weights, the Job is confirmed and deleted;
+* a warm Job's pod deleted while running (preempted, evicted) is replaced only once it has stopped,
+  never beside it while it is still terminating;
 * a joining Node gets the warming taint on the real Node object and loses it once its agent
   reports every keep-warm cache;
 * ``extender sync`` follows real watches: a relabelled Node changes class in the inventory, a
@@ -17,6 +19,7 @@ stack's policy with ``warm-llm`` kept warm and joining nodes tainted until warm:
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +28,12 @@ from typing import Any
 import pytest
 
 from extender.core.policy import Policy, parse_policy
-from extender.core.warming import Expectation
+from extender.core.warming import Action, Expectation
 from extender.kube.client import KubeClient
-from extender.warm.jobspec import helper_image
+from extender.warm.jobspec import action_job, helper_image
 from extender.warm.loop import WarmLoop
 from tests.cluster_stack import BIG, POLICY, VLLM_IMAGE, Stack, node, wait, write_weights
+from tests.real_cluster import READY_DELAY_ANNOTATION
 from tests.test_warm_e2e import AGENT_COMMAND, run_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.cluster]
@@ -150,3 +154,50 @@ def test_the_sync_follows_watches_and_relists_after_an_apiserver_restart(warmer:
          report=cluster.report)
     relists = sync_log.read_text(errors="replace").count("listing again") - relists_before
     assert relists >= 1, sync_log.read_text(errors="replace")[-3000:]
+
+
+def test_a_warm_jobs_pod_is_replaced_only_once_the_old_one_has_stopped(warmer: tuple[Stack, KubeClient]) -> None:
+    """Two pods of one warm Job never run at once: pinned to one node, both would write the same
+    staging directory. The Job controller's default (``podReplacementPolicy: TerminatingOrFailed``)
+    replaces a pod as soon as it is terminating (evicted, preempted: the warm Jobs' priority is low),
+    while it still runs its grace period (seen here about 8 s after the deletion: the controller's
+    first failure backoff is 10 s)."""
+    stack, client = warmer
+    cluster = stack.cluster
+    policy = warm_policy(stack)
+    action = Action(node="gpu-b", workload="warm-llm", kind="image", cache="image:registry.test/warm-hold:1",
+                    bytes=0, nvme_bytes=0, duration_s=1.0, deadline=None, saved_s=0.0, purpose="keep-warm")
+    body = action_job(policy, action)
+    name = body["metadata"]["name"]
+    # KWOK leaves the pod bound but not started for an hour: running as far as the Job can tell
+    body["spec"]["template"]["metadata"]["annotations"] = {READY_DELAY_ANNOTATION: json.dumps({"gpu-b": "1h"})}
+
+    def pods() -> list[str]:
+        return [p["metadata"]["name"] for p in cluster.get("pods", "-n", WARM_NS, "-l", f"job-name={name}")["items"]
+                if p["spec"].get("nodeName")]
+
+    client.create_job(WARM_NS, body)
+    (first,) = wait(pods, f"the pod of Job {name} bound to gpu-b", report=cluster.report)
+    hold = '[{"op": "add", "path": "/metadata/finalizers/-", "value": "extender.test/hold"}]'
+    cluster.kubectl("patch", "pod", first, "-n", WARM_NS, "--type=json", "-p", hold)
+    try:
+        cluster.kubectl("delete", "pod", first, "-n", WARM_NS, "--wait=false")
+        wait(lambda: jobs(stack)[name].get("status", {}).get("terminating") == 1,
+             "the Job controller counting the pod as terminating", report=cluster.report)
+        # held terminating past the controller's backoff: no second pod meanwhile
+        with pytest.raises(AssertionError, match="timed out"):
+            wait(lambda: len(pods()) > 1, "a second pod while the first still terminates", timeout_s=15)
+    finally:
+        finalizers = cluster.get("pod", first, "-n", WARM_NS)["metadata"].get("finalizers", [])
+        index = finalizers.index("extender.test/hold")
+        cluster.kubectl("patch", "pod", first, "-n", WARM_NS, "--type=json", "-p",
+                        f'[{{"op": "remove", "path": "/metadata/finalizers/{index}"}}]')
+        # what the kubelet does once the containers are stopped (KWOK has no kubelet for a deleted pod)
+        cluster.kubectl("patch", "pod", first, "-n", WARM_NS, "--subresource=status", "--type=merge",
+                        "-p", '{"status": {"phase": "Failed"}}', check=False)  # gone already: replaced early
+    try:
+        # once the old pod has stopped, the work is retried
+        wait(lambda: (now := pods()) and first not in now, "the replacement after the old pod stopped",
+             report=cluster.report)
+    finally:
+        client.delete_job(WARM_NS, name)

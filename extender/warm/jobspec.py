@@ -13,7 +13,8 @@ The pod (see docs/warming.md for why each field):
   ``spec.nodeName``;
 * a low ``priorityClassName``, the policy's tolerations plus the new-node taint, resource
   requests and limits on every container, ``restartPolicy: Never`` with ``backoffLimit`` pod
-  retries, ``activeDeadlineSeconds`` and ``ttlSecondsAfterFinished``;
+  retries, ``podReplacementPolicy: Failed`` (a retry starts once the failed pod has stopped, never
+  beside a terminating one), ``activeDeadlineSeconds`` and ``ttlSecondsAfterFinished``;
 * no service-account token (it calls no API) and no service links; the runtime's default seccomp
   profile, and no privilege escalation in any container;
 * image actions: one container running the workload's own image with a no-op command (the pull is
@@ -143,6 +144,10 @@ def _job(policy: Policy, name: str, labels: dict[str, str], annotations: dict[st
         "metadata": {"name": name, "namespace": w.namespace, "labels": labels, "annotations": annotations},
         "spec": {
             "backoffLimit": w.retry.pod_retries,
+            # a replacement pod only once the old one has stopped: the default (TerminatingOrFailed)
+            # starts it while an evicted or preempted pod still runs its grace period, and both,
+            # pinned to one node, would write the same staging directory at once
+            "podReplacementPolicy": "Failed",
             "activeDeadlineSeconds": max(1, int(w.active_deadline)),
             "ttlSecondsAfterFinished": max(0, int(w.ttl_after_finished)),
             "template": {"metadata": {"labels": labels}, "spec": pod},
