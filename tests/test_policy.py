@@ -365,6 +365,23 @@ REFUSED = [
             f'"vllm/vllm-openai@sha256:{"a" * 64}"}}\n    compile: {{key: {{modelId: m, revision: r, imageDigest: '
             f'"sha256:{"b" * 64}", engineVersion: "1", torchVersion: "2", cudaVersion: "12", tritonVersion: "3"}}', 12,
             "profiles[0].compile.key.imageDigest", "is not the digest image.reference pins"),
+    # labels a pod or node cannot carry: the scaler's label selector is built from them, and a
+    # value with a comma reads there as two requirements; such a profile would never match a pod
+    Refused("a pod label value with a comma", "{extender.io/workload: small}", "{extender.io/workload: 'small,x'}",
+            10, "profiles[0].match.labels['extender.io/workload']", "'small,x' is not a valid label value"),
+    Refused("a pod label value with a space", "{extender.io/workload: small}", "{extender.io/workload: 'sm all'}",
+            10, "profiles[0].match.labels['extender.io/workload']", "'sm all' is not a valid label value"),
+    Refused("a pod label key with a selector operator", "{extender.io/workload: small}", "{'app!': small}",
+            10, "profiles[0].match.labels.app!.[key]", "'app!' is not a qualified name"),
+    Refused("a pod annotation key that is no qualified name", "{labels: {extender.io/workload: small}}",
+            "{annotations: {'a b': x}}", 10, "profiles[0].match.annotations.a b.[key]",
+            "'a b' is not a qualified name"),
+    Refused("a node class label value of 64 characters", "{node.kubernetes.io/instance-type: a}",
+            f"{{node.kubernetes.io/instance-type: {'a' * 64}}}", 5,
+            "nodeClasses[0].matchLabels['node.kubernetes.io/instance-type']", "is not a valid label value"),
+    Refused("a node class label key with an empty prefix", "{node.kubernetes.io/instance-type: a}",
+            "{/instance-type: a}", 5, "nodeClasses[0].matchLabels['/instance-type'].[key]",
+            "the prefix before '/' must be a DNS subdomain"),
     # warm Job fields Kubernetes would refuse at every tick: refused when the policy loads
     Refused("a namespace that is no DNS label", "", "warming: {namespace: Extender_Warm}\n", 13, "warming.namespace",
             "'Extender_Warm' is not a valid Kubernetes name (DNS-1123 label)"),
@@ -376,11 +393,11 @@ REFUSED = [
     Refused("a toleration key that is no qualified name", "", "warming: {tolerations: [{key: 'a b', "
             "operator: Exists}]}\n", 13, "warming.tolerations[0].key", "'a b' is not a qualified name"),
     Refused("an Equal toleration value with a space", "", "warming: {tolerations: [{key: a, value: 'x y'}]}\n", 13,
-            "warming.tolerations[0].value", "'x y' is not a valid taint value"),
+            "warming.tolerations[0].value", "'x y' is not a valid label value"),
     Refused("a taint key that is no qualified name", "", "warming: {newNodes: {taint: {key: 'bad key!/x'}}}\n", 13,
             "warming.newNodes.taint.key", "the prefix before '/' must be a DNS subdomain"),
     Refused("a taint value with spaces", "", "warming: {newNodes: {taint: {value: 'v a l'}}}\n", 13,
-            "warming.newNodes.taint.value", "'v a l' is not a valid taint value"),
+            "warming.newNodes.taint.value", "'v a l' is not a valid label value"),
     Refused("a resource name without its domain", "", "warming: {resources: {limits: {gpu: 1}}}\n", 13,
             "warming.resources.limits", "'gpu' is not a container resource"),
     Refused("a resource name with a space", "", "warming: {resources: {requests: {'my cpu': 1}}}\n", 13,

@@ -66,7 +66,7 @@ def optional_qualified_name(value: str) -> str:
 
 def _label_value(value: str) -> str:
     if value and (not _QUALIFIED_PART.match(value) or len(value) > 63):
-        raise InvalidValueError(f"{value!r} is not a valid taint value: letters, digits, '-', '_' and '.', starting "
+        raise InvalidValueError(f"{value!r} is not a valid label value: letters, digits, '-', '_' and '.', starting "
                                 "and ending with a letter or digit, at most 63 characters (or empty)")
     return value
 
@@ -83,7 +83,7 @@ def env_names(env: dict[str, str]) -> dict[str, str]:
 DnsLabel = Annotated[str, Field(min_length=1, max_length=63), AfterValidator(_dns_label)]
 #: A Kubernetes object name that is a DNS-1123 subdomain (PriorityClass, ServiceAccount, Secret).
 DnsSubdomain = Annotated[str, Field(min_length=1, max_length=253), AfterValidator(_dns_subdomain)]
-#: A Kubernetes qualified name (``[prefix/]name``): taint and toleration keys.
+#: A Kubernetes qualified name (``[prefix/]name``): label, annotation, taint and toleration keys.
 QualifiedName = Annotated[str, Field(min_length=1, max_length=317), AfterValidator(_qualified_name)]
-#: A taint's (or an Equal toleration's) value, as a label value.
+#: A label's value; also a taint's (or an Equal toleration's) value, which follows the same rule.
 LabelValue = Annotated[str, AfterValidator(_label_value)]

@@ -175,7 +175,7 @@ class NodeClass(Schema):
     #: Node labels that identify the class; a node must carry all of them. The first class that
     #: matches a node is its class, so a class whose labels include all of an earlier class's can
     #: never match and is an error: list the more specific class first.
-    match_labels: dict[str, str] = Field(min_length=1)
+    match_labels: dict[QualifiedName, LabelValue] = Field(min_length=1)
     gpu: Gpu
     nvme: Nvme
     network: Network = Network()
@@ -205,10 +205,12 @@ UNKNOWN_CLASS = NodeClass.model_validate(
 class PodMatch(Schema):
     """How a pod is recognised: every listed label and annotation must be present with that value."""
 
-    #: Pod labels that must all be present with these values.
-    labels: dict[str, str] = {}
-    #: Pod annotations that must all be present with these values.
-    annotations: dict[str, str] = {}
+    #: Pod labels that must all be present with these values. Keys and values follow Kubernetes'
+    #: label syntax: the scaler lists pods with them as a label selector, and a value no label can
+    #: hold (``a,b`` would read as two requirements there) could never match a pod.
+    labels: dict[QualifiedName, LabelValue] = {}
+    #: Pod annotations that must all be present with these values (keys are qualified names).
+    annotations: dict[QualifiedName, str] = {}
 
     @model_validator(mode="after")
     def _not_empty(self) -> PodMatch:
