@@ -213,7 +213,7 @@ def test_the_scaler_loop_runs_within_its_grants(redis_server: RedisServer, tmp_p
         other = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kc2", token="other-token")))
         try:
             with pytest.raises(Exception, match="403"):
-                KubePodLister(other).list_pods("extender.io/workload=qwen3-moe")
+                [*KubePodLister(other).list_pods("extender.io/workload=qwen3-moe")]  # fetched as it is read
         finally:
             other.close()
 
