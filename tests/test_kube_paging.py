@@ -1,4 +1,5 @@
-"""Large lists are read page by page: every consumer keeps only what it needs of each page's objects.
+"""Large lists are read page by page: every consumer keeps only what it needs of each page's objects;
+and a reply that is not JSON is our error, never an exception that ends a reflector's thread.
 
 A cluster's pods parsed into Python dicts take about six times their JSON (about 20 KiB each), so a
 sync that held the whole list at once before keeping its few facts would need about 2 GiB for
@@ -10,12 +11,15 @@ real server does (``limit``, ``continue``, ``410 Expired`` for a token it forgot
 
 from __future__ import annotations
 
+import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 import extender.kube.client as kube_client
@@ -27,6 +31,7 @@ from extender.core.inventory import InventorySnapshot
 from extender.core.policy import Policy
 from extender.files import load_policy
 from extender.kube.client import KubeClient
+from extender.kube.delegation import Delegation
 from extender.kube.reflector import Reflector
 from extender.kube.sync import ASSIGNED_PODS, ClusterView
 from extender.scaler.pods import label_selector, workload_pods
@@ -200,3 +205,96 @@ def test_an_expired_continue_token_lists_again_from_the_start(
     assert not thread.is_alive()
     # page 1, page 2 refused with 410, then the three pages of the fresh list
     assert double.count("list", "nodes") == 5
+
+
+class _NotJson(BaseHTTPRequestHandler):
+    """Answers every request ``200`` with an HTML page, as a web console or a proxy's login page does."""
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        body = b"<html><body>Please sign in</body></html>\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def do_POST(self) -> None:
+        self._answer()
+
+    def do_PATCH(self) -> None:
+        self._answer()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def not_json(tmp_path: Path) -> Iterator[Path]:
+    """A kubeconfig pointing at a server that answers HTML."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotJson)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "x",
+        "clusters": [{"name": "x", "cluster": {"server": f"http://127.0.0.1:{server.server_address[1]}"}}],
+        "users": [{"name": "x", "user": {}}],
+        "contexts": [{"name": "x", "context": {"cluster": "x", "user": "x"}}]}))
+    try:
+        yield config
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(10)
+
+
+@pytest.mark.parametrize(("call", "action"), [
+    pytest.param(lambda k: k.list("nodes"), "listing nodes", id="list"),
+    pytest.param(lambda k: [*k.watch("nodes", "1", timeout_s=5)], "watching nodes", id="watch"),
+    pytest.param(lambda k: k.get_node("a"), "reading node 'a'", id="get-node"),
+    pytest.param(lambda k: k.patch_node("a", {"metadata": {"labels": {"x": "y"}}}), "patching node 'a'",
+                 id="patch-node"),
+    pytest.param(lambda k: k.create_job("warm", {"metadata": {"name": "j"}}), "creating job warm/j",
+                 id="create-job"),
+    pytest.param(lambda k: Delegation(k._api).review_token("t"), "TokenReview", id="token-review"),
+])
+def test_a_reply_that_is_not_json_is_our_error_naming_the_call(
+    not_json: Path, call: Callable[[KubeClient], Any], action: str
+) -> None:
+    """Not ``ValueError``/``TypeError``: a reflector's thread retries our error but dies of those."""
+    client = KubeClient.connect(str(not_json))
+    try:
+        with pytest.raises(KubeError, match=f"^{re.escape(action)}: the API server") as raised:
+            call(client)
+        assert "\n" not in str(raised.value)
+    finally:
+        client.close()
+
+
+def test_a_reflector_keeps_retrying_a_server_that_answers_html(not_json: Path) -> None:
+    client = KubeClient.connect(str(not_json))
+    errors: list[str] = []
+
+    def read_all(items: Iterable[dict[str, Any]]) -> None:
+        for _ in items:
+            pass
+
+    reflector = Reflector(client, "nodes", on_replace=read_all,
+                          on_event=lambda etype, obj: None, backoff=Backoff(0.01, 0.02),
+                          note=lambda resource, what: errors.append(what) if what == "error" else None)
+    stop = threading.Event()
+    thread = threading.Thread(target=reflector.run, args=(stop,))
+    thread.start()
+    try:
+        wait_until(lambda: len(errors) >= 3 or not thread.is_alive(), what="three failed lists")
+        assert thread.is_alive(), "the reflector's thread ended"
+    finally:
+        stop.set()
+        reflector.interrupt()
+        thread.join(30)
+        client.close()

@@ -59,6 +59,27 @@ class WatchEvent:
         return str(self.object.get("metadata", {}).get("resourceVersion") or "")
 
 
+def read_json(response: Any, action: str) -> dict[str, Any]:
+    """The JSON object of a raw reply (its connection released), or :class:`KubeError` saying what came instead.
+
+    A reply that is not a JSON object (an HTML page from a proxy or a web console the kubeconfig
+    points at by mistake, a truncated body) would otherwise escape as ``ValueError`` and end the
+    thread that made the call (a reflector), where our error is retried with backoff and logged.
+    """
+    try:
+        data = response.data
+    finally:
+        response.release_conn()
+    try:
+        body = json.loads(data or b"{}")
+    except ValueError:
+        text = bytes(data or b"")[:80].decode("utf-8", "replace")
+        raise KubeError(f"{action}: the API server's reply is not JSON: {' '.join(text.split())!r}") from None
+    if not isinstance(body, dict):
+        raise KubeError(f"{action}: the API server sent a JSON {type(body).__name__}, not an object")
+    return body
+
+
 class WatchStream:
     """An open watch; iterate it for events, :meth:`stop` it from another thread to end the iteration."""
 
@@ -70,7 +91,10 @@ class WatchStream:
     def __iter__(self) -> Iterator[WatchEvent]:
         with kube_errors(self._describe):
             for event in self._start(self._watch):
-                yield WatchEvent(str(event["type"]), event["raw_object"])
+                # the client yields None for a line that is not JSON (see read_json)
+                if not isinstance(event, dict) or not isinstance(event.get("raw_object"), dict):
+                    raise KubeError(f"{self._describe}: the API server sent a line that is not a watch event")
+                yield WatchEvent(str(event.get("type")), event["raw_object"])
 
     def stop(self) -> None:
         """End the stream now (shuts the socket down, so a blocked read returns)."""
@@ -127,14 +151,9 @@ class Listing:
             kwargs["label_selector"] = self._label_selector
         if token:
             kwargs["_continue"] = token
-        with kube_errors(f"listing {self._what}"):
-            response = self._lister(**kwargs)
-            try:
-                page = json.loads(response.data)
-            finally:
-                response.release_conn()
-        if not isinstance(page, dict):
-            raise KubeError(f"listing {self._what}: the API server sent {type(page).__name__}, not a list object")
+        action = f"listing {self._what}"
+        with kube_errors(action):
+            page = read_json(self._lister(**kwargs), action)
         meta = page.get("metadata") or {}
         self.resource_version = str(meta.get("resourceVersion") or "")
         self._token = meta.get("continue") or None
@@ -228,26 +247,12 @@ class KubeClient:
         return WatchStream(f"watching {resource}", lambda w: w.stream(lister, **kwargs))
 
     def get_node(self, name: str) -> JSON:
-        with kube_errors(f"reading node {name!r}"):
-            response = self._core.read_node(name, _preload_content=False,
-                                            _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S))
-            try:
-                node: JSON = json.loads(response.data)
-            finally:
-                response.release_conn()
-        return node
+        return self._read(f"reading node {name!r}", lambda **kw: self._core.read_node(name, **kw))
 
     def patch_node(self, name: str, patch: Mapping[str, Any]) -> JSON:
         """JSON merge patch (RFC 7386) of a Node: ``None`` values delete keys (labels, annotations)."""
-        with kube_errors(f"patching node {name!r}"):
-            response = self._core.patch_node(name, dict(patch), _content_type="application/merge-patch+json",
-                                              _preload_content=False,
-                                              _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S))
-            try:
-                node: JSON = json.loads(response.data)
-            finally:
-                response.release_conn()
-        return node
+        return self._read(f"patching node {name!r}", lambda **kw: self._core.patch_node(
+            name, dict(patch), _content_type="application/merge-patch+json", **kw))
 
     # ---- the cache warmer: Jobs in its namespace, Events about them ------------------------------
 
@@ -280,9 +285,5 @@ class KubeClient:
     def _read(self, action: str, call: Any) -> JSON:
         """Run one request with our timeouts, raw JSON in the reply, errors mapped."""
         with kube_errors(action):
-            response = call(_preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S))
-            try:
-                body: Any = json.loads(response.data or b"{}")
-            finally:
-                response.release_conn()
-        return body if isinstance(body, dict) else {}
+            return read_json(call(_preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S)),
+                             action)

@@ -17,12 +17,11 @@ Plain values in and out (our errors on failure, the client's models never leave 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from extender.kube.client import CONNECT_TIMEOUT_S, api_client, k8s
+from extender.kube.client import CONNECT_TIMEOUT_S, api_client, k8s, read_json
 from extender.kube.errors import kube_errors
 
 #: Seconds to wait for one review (the HPA's request is waiting on it).
@@ -38,14 +37,6 @@ class TokenIdentity:
     username: str
     groups: tuple[str, ...]
     extra: tuple[tuple[str, tuple[str, ...]], ...]
-
-
-def _body(response: Any) -> dict[str, Any]:
-    try:
-        data: dict[str, Any] = json.loads(response.data)
-    finally:
-        response.release_conn()
-    return data
 
 
 class Delegation:
@@ -73,8 +64,8 @@ class Delegation:
         body = k8s.V1TokenReview.from_dict({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
                                             "spec": spec})
         with kube_errors("reviewing a bearer token (TokenReview)"):
-            review = _body(self._authn.create_token_review(body, _preload_content=False,
-                                                           _request_timeout=(CONNECT_TIMEOUT_S, REVIEW_TIMEOUT_S)))
+            review = read_json(self._authn.create_token_review(
+                body, _preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, REVIEW_TIMEOUT_S)), "TokenReview")
         status = review.get("status") or {}
         if not status.get("authenticated"):
             return None
@@ -100,8 +91,9 @@ class Delegation:
         body = k8s.V1SubjectAccessReview.from_dict({"apiVersion": "authorization.k8s.io/v1",
                                                     "kind": "SubjectAccessReview", "spec": spec})
         with kube_errors("authorizing a request (SubjectAccessReview)"):
-            review = _body(self._authz.create_subject_access_review(
-                body, _preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, REVIEW_TIMEOUT_S)))
+            review = read_json(self._authz.create_subject_access_review(
+                body, _preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, REVIEW_TIMEOUT_S)),
+                "SubjectAccessReview")
         status = review.get("status") or {}
         return bool(status.get("allowed")) and not status.get("denied"), str(status.get("reason") or "")
 
@@ -109,7 +101,8 @@ class Delegation:
                               name: str = AUTH_CONFIGMAP_NAME) -> dict[str, str]:
         """The data of the cluster's ``extension-apiserver-authentication`` ConfigMap."""
         with kube_errors(f"reading ConfigMap {namespace}/{name}"):
-            obj = _body(self._core.read_namespaced_config_map(
-                name, namespace, _preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, REVIEW_TIMEOUT_S)))
+            obj = read_json(self._core.read_namespaced_config_map(
+                name, namespace, _preload_content=False, _request_timeout=(CONNECT_TIMEOUT_S, REVIEW_TIMEOUT_S)),
+                f"reading ConfigMap {namespace}/{name}")
         data = obj.get("data") or {}
         return {str(k): str(v) for k, v in data.items()}
