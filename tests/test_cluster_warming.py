@@ -172,12 +172,13 @@ def test_a_warm_jobs_pod_is_replaced_only_once_the_old_one_has_stopped(warmer: t
     # KWOK leaves the pod bound but not started for an hour: running as far as the Job can tell
     body["spec"]["template"]["metadata"]["annotations"] = {READY_DELAY_ANNOTATION: json.dumps({"gpu-b": "1h"})}
 
-    def pods() -> list[str]:
+    def pods(*, bound: bool = False) -> list[str]:
+        """The Job's pods (only those bound to a node with ``bound``)."""
         return [p["metadata"]["name"] for p in cluster.get("pods", "-n", WARM_NS, "-l", f"job-name={name}")["items"]
-                if p["spec"].get("nodeName")]
+                if p["spec"].get("nodeName") or not bound]
 
     client.create_job(WARM_NS, body)
-    (first,) = wait(pods, f"the pod of Job {name} bound to gpu-b", report=cluster.report)
+    (first,) = wait(lambda: pods(bound=True), f"the pod of Job {name} bound to gpu-b", report=cluster.report)
     hold = '[{"op": "add", "path": "/metadata/finalizers/-", "value": "extender.test/hold"}]'
     cluster.kubectl("patch", "pod", first, "-n", WARM_NS, "--type=json", "-p", hold)
     try:
