@@ -93,28 +93,8 @@ def test_scrape_through_the_api_double(double: KubeDouble, endpoints: list[Metri
 @contextmanager
 def replying(host: str, port: int, reply: bytes) -> Iterator[None]:
     """A TCP server on ``host:port`` that reads a request and answers ``reply`` whatever it was."""
-    server = socket.create_server((host, port))
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.recv(65536)
-                conn.sendall(reply)
-
-    thread = threading.Thread(target=run, name="replying", daemon=True)
-    thread.start()
-    try:
+    with recording(host, port, reply):
         yield
-    finally:
-        stop.set()
-        thread.join(5)
-        server.close()
 
 
 def _exposition(content_type: str, counters: Counters) -> bytes:
@@ -162,7 +142,8 @@ def test_a_pod_whose_port_is_no_http1_is_a_missing_reading(reply: bytes | None, 
 
 @contextmanager
 def recording(host: str, port: int, reply: bytes) -> Iterator[list[bytes]]:
-    """:func:`replying`, keeping every request it was sent (the bytes of its first read)."""
+    """A TCP server on ``host:port`` that answers ``reply`` to every request, keeping each request
+    it was sent (the bytes of its first read)."""
     seen: list[bytes] = []
     server = socket.create_server((host, port))
     server.settimeout(0.2)
