@@ -177,14 +177,26 @@ def test_a_warm_jobs_pod_is_replaced_only_once_the_old_one_has_stopped(warmer: t
         return [p["metadata"]["name"] for p in cluster.get("pods", "-n", WARM_NS, "-l", f"job-name={name}")["items"]
                 if p["spec"].get("nodeName") or not bound]
 
+    steps: list[str] = []  # what the test did to the pod, with kubectl's answer
+
+    def report() -> str:
+        """What the test did, the Job's status and its pods' state, then the components' logs."""
+        listed = cluster.get("pods", "-n", WARM_NS, "-l", f"job-name={name}")["items"]
+        state = [{"name": p["metadata"]["name"], "node": p["spec"].get("nodeName"),
+                  "phase": p.get("status", {}).get("phase"), "deleted": p["metadata"].get("deletionTimestamp"),
+                  "finalizers": p["metadata"].get("finalizers")} for p in listed]
+        status = jobs(stack).get(name, {}).get("status")
+        return (f"steps: {json.dumps(steps)}\njob status: {json.dumps(status)}\npods: {json.dumps(state)}"
+                f"{cluster.report()}")
+
     client.create_job(WARM_NS, body)
-    (first,) = wait(lambda: pods(bound=True), f"the pod of Job {name} bound to gpu-b", report=cluster.report)
+    (first,) = wait(lambda: pods(bound=True), f"the pod of Job {name} bound to gpu-b", report=report)
     hold = '[{"op": "add", "path": "/metadata/finalizers/-", "value": "extender.test/hold"}]'
     cluster.kubectl("patch", "pod", first, "-n", WARM_NS, "--type=json", "-p", hold)
     try:
         cluster.kubectl("delete", "pod", first, "-n", WARM_NS, "--wait=false")
         wait(lambda: jobs(stack)[name].get("status", {}).get("terminating") == 1,
-             "the Job controller counting the pod as terminating", report=cluster.report)
+             "the Job controller counting the pod as terminating", report=report)
         # held terminating past the controller's backoff: no second pod meanwhile
         with pytest.raises(AssertionError, match="timed out"):
             wait(lambda: len(pods()) > 1, "a second pod while the first still terminates", timeout_s=15)
@@ -194,11 +206,13 @@ def test_a_warm_jobs_pod_is_replaced_only_once_the_old_one_has_stopped(warmer: t
         cluster.kubectl("patch", "pod", first, "-n", WARM_NS, "--type=json", "-p",
                         f'[{{"op": "remove", "path": "/metadata/finalizers/{index}"}}]')
         # what the kubelet does once the containers are stopped (KWOK has no kubelet for a deleted pod)
-        cluster.kubectl("patch", "pod", first, "-n", WARM_NS, "--subresource=status", "--type=merge",
-                        "-p", '{"status": {"phase": "Failed"}}', check=False)  # gone already: replaced early
+        failed = cluster.kubectl("patch", "pod", first, "-n", WARM_NS, "--subresource=status", "--type=merge",
+                                 "-p", '{"status": {"phase": "Failed"}}', check=False)  # gone already: replaced early
+        steps.append(f"{time.strftime('%H:%M:%S')} phase Failed: rc={failed.returncode} "
+                     f"{(failed.stdout + failed.stderr).strip()}")
     try:
         # once the old pod has stopped, the work is retried
         wait(lambda: (now := pods()) and first not in now, "the replacement after the old pod stopped",
-             report=cluster.report)
+             report=report)
     finally:
         client.delete_job(WARM_NS, name)
