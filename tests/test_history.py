@@ -100,11 +100,71 @@ def test_non_finite_samples_are_refused(parts: tuple[HistoryStore, DecisionStore
         history.stage_append("w", [bad], now=1)
 
 
-def test_unreadable_data_is_a_state_error(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
+UNREADABLE_SAMPLES = [
+    ("words", b"not a sample"),
+    ("two-numbers", b"5 1"),
+    ("nan-rate", b"5 nan 0"),
+    ("infinite-time", b"inf 1 0"),
+    ("not-utf8", b"5 \xff 0"),
+    ("empty", b""),
+]
+
+
+@pytest.mark.parametrize("member", [m for _, m in UNREADABLE_SAMPLES], ids=[n for n, _ in UNREADABLE_SAMPLES])
+def test_an_unreadable_sample_is_skipped_then_removed(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int],
+                                                      member: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    """One bad member used to stop every decision of the workload until it aged out (three days)."""
+    history, _, lock, token = parts
+    lock.commit(token, history.stage_append("w", [Sample(1, 1), Sample(9, 2)], now=10))
+    history.client.zadd(history.key("w"), {member: 5})
+    with caplog.at_level("WARNING", logger="extender.state.history"):
+        assert history.read("w", now=10) == [Sample(1, 1), Sample(9, 2)]
+    assert "skipped 1 unreadable sample" in caplog.text
+    assert history.length("w") == 3  # a read writes nothing
+    lock.commit(token, history.stage_append("w", [Sample(10, 3)], now=10))
+    assert history.length("w") == 3 and history.read("w", now=10)[-1] == Sample(10, 3)
+
+
+def test_an_append_removes_only_what_its_own_read_skipped(
+        parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
+    history, _, lock, token = parts
+    history.client.zadd(history.key("w"), {"broken": 5})
+    lock.commit(token, history.stage_append("w", [Sample(6, 1)], now=10))  # nothing read yet: nothing known
+    assert history.length("w") == 2
+    history.read("w", now=10)
+    lock.commit(token, history.stage_append("w", [], now=10))
+    assert history.length("w") == 1
+    history.client.zadd(history.key("w"), {"broken again": 7})
+    lock.commit(token, history.stage_append("w", [], now=10))  # a removal is done once, not remembered
+    assert history.length("w") == 2
+
+
+UNREADABLE_RECOMMENDATIONS = [
+    ("one-word", b"12.5"),
+    ("fractional-replicas", b"12.5 2.5"),
+    ("negative-replicas", b"12.5 -1"),
+    ("nan-time", b"nan 3"),
+    ("not-utf8", b"12.5 \xff"),
+]
+
+
+@pytest.mark.parametrize("member", [m for _, m in UNREADABLE_RECOMMENDATIONS],
+                         ids=[n for n, _ in UNREADABLE_RECOMMENDATIONS])
+def test_an_unreadable_recommendation_starts_the_window_anew(
+        parts: tuple[HistoryStore, DecisionStore, LeaderLock, int], member: bytes,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Empty, not without the bad entry: it may have been the highest, and an empty window holds
+    scale-downs (extender.core.scaler) where a partial one could allow one too early."""
+    _, decisions, lock, token = parts
+    lock.commit(token, decisions.stage_recommendations("w", [(10.0, 3), (25.0, 4)]))
+    decisions.client.zadd(decisions.recommendations_key("w"), {member: 20.0})
+    with caplog.at_level("WARNING", logger="extender.state.decisions"):
+        assert decisions.recommendations("w") == []
+    assert "stabilisation window starts anew" in caplog.text
+
+
+def test_unreadable_records_are_a_state_error(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
     history, decisions, *_ = parts
-    history.client.zadd(history.key("w"), {"not a sample": 1})
-    with pytest.raises(StateError, match="unreadable sample"):
-        history.read("w")
     history.client.lpush(decisions.log_key("w"), "{broken")
     with pytest.raises(StateError, match="unreadable JSON"):
         decisions.records("w")

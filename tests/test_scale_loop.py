@@ -492,6 +492,21 @@ def test_a_bug_in_one_workload_does_not_stop_the_others(redis_server: RedisServe
     assert by_name["llama"].decision is not None
 
 
+def test_a_corrupt_history_or_window_entry_is_dropped_and_the_decisions_go_on(redis_server: RedisServer) -> None:
+    """A hand edit or a broken tool left a member that does not parse: the tick still decides, and
+    its fenced write takes the member out."""
+    rig = make_rig(redis_server.url, lambda t: 10.0)
+    rig.run(3)
+    history, decisions = rig.loop.history, rig.loop.decisions
+    rig.client.zadd(history.key("qwen3"), {b"\xff garbage": T0})
+    rig.client.zadd(decisions.recommendations_key("qwen3"), {b"garbage": T0})
+    (decision,) = rig.run(1, start=T0 + 3 * TICK)
+    assert decision.inputs.forecast is not None and decision.inputs.forecast.observations == 4
+    assert not decision.window_covered  # the window started anew: no scale-down on a partial one
+    assert len(history.read("qwen3", now=T0 + 3 * TICK)) == 4  # the garbage gone, the samples kept
+    assert decisions.recommendations("qwen3") == [(T0 + 3 * TICK, decision.recommendation)]
+
+
 def test_an_edited_policy_file_is_taken_from_the_next_tick(redis_server: RedisServer, tmp_path: Path) -> None:
     # The scaler (and through on_policy, the warmer and the metrics API) follows edits of its policy
     # file without a restart; an invalid edit keeps the last good policy.

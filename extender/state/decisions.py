@@ -181,18 +181,29 @@ class DecisionStore:
         """The stabilisation window as ``(at, replicas)``, oldest first.
 
         Words after the second in a member (appended by a newer release) are ignored, like the
-        demand history's (:meth:`extender.state.history.Sample.decode`).
+        demand history's (:meth:`extender.state.history.Sample.decode`). A member that is not a
+        finite time and a replica count empties the whole window, logged: its replicas could have
+        been the highest, and an empty window holds every scale-down until it is covered again
+        (what a new leader without a window does), where skipping the member alone could scale
+        down early. The next commit replaces the key, so the window fills again from that tick.
         """
         with redis_errors(f"reading the recommendations of {workload!r}"):
-            raw: Any = self.client.zrange(self.recommendations_key(workload), 0, -1)
+            # raw bytes: a member that is not UTF-8 must spoil the window, not fail the read
+            raw: Any = self.client.execute_command(  # type: ignore[no-untyped-call]
+                "ZRANGE", self.recommendations_key(workload), 0, -1, **{NEVER_DECODE: True})
         out = []
         for m in raw:
-            text = m.decode() if isinstance(m, bytes) else m
             try:
+                text = m.decode() if isinstance(m, bytes) else m
                 at, n, *_ = text.split(" ")
-                out.append((float(at), int(n)))
-            except ValueError as exc:
-                raise StateError(f"recommendations of {workload!r} hold an unreadable entry {text!r}") from exc
+                entry = (float(at), int(n))
+                if not math.isfinite(entry[0]) or entry[1] < 0:
+                    raise ValueError(text)
+            except ValueError:  # UnicodeDecodeError included
+                log.warning("recommendations of %s: unreadable entry %r; the stabilisation window starts anew, "
+                            "so scale-downs wait for it to fill", workload, m[:80], extra={"workload": workload})
+                return []
+            out.append(entry)
         return out
 
     def published(self) -> dict[str, Published]:

@@ -27,6 +27,11 @@ reader's (each replica stamps samples with its own clock; only the lease uses th
 are not read: a forecast grid is anchored at its newest sample, so one sample ten minutes ahead
 would make every forecast start ten minutes in the future and call the history fresh while it
 aged. The next append removes them, and the reader logs how many it skipped and by how much.
+
+A member that does not parse as three finite numbers (written by hand, by a broken tool, cut short)
+is skipped too, never fatal: one such member would otherwise stop every decision for the workload
+until it aged out, three days later. The reader logs it, and the next append by the same store
+object (the leader reads, then appends, on every tick) removes it in its fenced transaction.
 """
 
 from __future__ import annotations
@@ -38,9 +43,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.client import Pipeline
+from redis.client import NEVER_DECODE, Pipeline
 
-from extender.core.errors import InvalidValueError, StateError
+from extender.core.errors import InvalidValueError
 from extender.state.errors import redis_errors
 from extender.state.lock import Stage
 
@@ -65,10 +70,14 @@ class Sample:
 
     @classmethod
     def decode(cls, member: str | bytes) -> Sample:
-        """A stored member; numbers after the third (a newer release's) are ignored."""
+        """A stored member; numbers after the third (a newer release's) are ignored. Raises
+        :class:`ValueError` unless the first three are finite numbers."""
         text = member.decode() if isinstance(member, bytes) else member
         t, rate, queue, *_ = text.split(" ")
-        return cls(float(t), float(rate), float(queue))
+        sample = cls(float(t), float(rate), float(queue))
+        if not (math.isfinite(sample.t) and math.isfinite(sample.rate) and math.isfinite(sample.queue)):
+            raise ValueError(f"not finite: {text!r}")
+        return sample
 
 
 class HistoryStore:
@@ -82,6 +91,8 @@ class HistoryStore:
         self.prefix = prefix
         self.max_age_s = max_age_s
         self.max_points = max_points
+        # unreadable members seen by the last read of each workload, removed by its next append
+        self._unreadable: dict[str, list[str | bytes]] = {}
 
     def key(self, workload: str) -> str:
         return f"{self.prefix}:scaler:history:{workload}"
@@ -91,13 +102,23 @@ class HistoryStore:
         after it (module docstring: a clock ahead of ours wrote those)."""
         low: float | str = "-inf" if now is None else now - self.max_age_s
         with redis_errors(f"reading the demand history of {workload!r}"):
-            members: Any = self.client.zrangebyscore(self.key(workload), low, "+inf")
+            # raw bytes: a member that is not UTF-8 must spoil itself, not the whole reply
+            members: Any = self.client.execute_command(  # type: ignore[no-untyped-call]
+                "ZRANGEBYSCORE", self.key(workload), low, "+inf", **{NEVER_DECODE: True})
         out: list[Sample] = []
+        unreadable: list[str | bytes] = []
         for m in members:
             try:
                 out.append(Sample.decode(m))
-            except ValueError as exc:
-                raise StateError(f"demand history of {workload!r} holds an unreadable sample {m!r}") from exc
+            except ValueError:  # UnicodeDecodeError included
+                unreadable.append(m)
+        if unreadable:
+            self._unreadable[workload] = unreadable
+            log.warning("history of %s: skipped %d unreadable sample(s), the first %r; the next write removes them",
+                        workload, len(unreadable), unreadable[0][:80],
+                        extra={"workload": workload, "skipped": len(unreadable)})
+        else:
+            self._unreadable.pop(workload, None)
         if now is None or not out or out[-1].t <= now:
             return out
         kept = [s for s in out if s.t <= now]
@@ -109,7 +130,8 @@ class HistoryStore:
 
     def stage_append(self, workload: str, samples: Sequence[Sample], *, now: float) -> Stage:
         """A fenced-commit stage that adds ``samples`` and trims the key to its bounds: older than
-        ``max_age_s`` before ``now``, dated after ``now``, beyond the newest ``max_points``."""
+        ``max_age_s`` before ``now``, dated after ``now``, beyond the newest ``max_points``; it also
+        removes the unreadable members the last :meth:`read` of ``workload`` skipped."""
         for s in samples:
             if not (math.isfinite(s.t) and math.isfinite(s.rate) and math.isfinite(s.queue)):
                 raise InvalidValueError(f"a history sample must be finite, got {s}")
@@ -119,8 +141,11 @@ class HistoryStore:
         members = {s.encode(): s.t for s in samples}
         cutoff = now - self.max_age_s
         keep = self.max_points
+        unreadable = self._unreadable.pop(workload, [])
 
         def stage(pipe: Pipeline) -> None:
+            if unreadable:
+                pipe.zrem(key, *unreadable)
             if members:
                 pipe.zadd(key, members)
             pipe.zremrangebyscore(key, "-inf", f"({cutoff!r}")
