@@ -22,11 +22,13 @@ class Backoff:
     rng: random.Random = field(default_factory=random.Random, repr=False)
     failures: int = 0
 
-    def next(self) -> float:
-        """Seconds to wait before the next attempt (counts one more failure)."""
+    def next(self, at_least: float | None = None) -> float:
+        """Seconds to wait before the next attempt (counts one more failure); never less than
+        ``at_least`` (what the service asked for: ``Retry-After``) up to ``max_s``."""
         base = min(self.max_s, self.initial_s * self.factor ** min(self.failures, 64))
         self.failures += 1
-        return max(0.0, base * (1.0 + self.jitter * self.rng.uniform(-1.0, 1.0)))
+        delay = max(0.0, base * (1.0 + self.jitter * self.rng.uniform(-1.0, 1.0)))
+        return max(delay, min(at_least, self.max_s)) if at_least is not None else delay
 
     def reset(self) -> None:
         self.failures = 0

@@ -18,12 +18,17 @@ import json
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from types import TracebackType
+from typing import Any, Literal, Self
 
 import yaml
 from kubernetes import client as _client
 from kubernetes import config as _config
 from kubernetes import watch as _watch
+from urllib3 import BaseHTTPResponse
+from urllib3.connectionpool import ConnectionPool
+from urllib3.exceptions import MaxRetryError, ResponseError
+from urllib3.util.retry import Retry
 
 from extender.core.errors import KubeError
 from extender.files import open_regular
@@ -45,6 +50,8 @@ CONNECT_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 60.0
 #: Objects per list page: big clusters are listed in pages rather than one huge response.
 PAGE_SIZE = 500
+#: The longest ``Retry-After`` waited for inside one call, in seconds (see :class:`_Retry`).
+LONGEST_WAIT_IN_CALL_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -160,6 +167,30 @@ class Listing:
         return list(page.get("items") or [])
 
 
+class _Retry(Retry):
+    """urllib3's default retries (three), except that a long ``Retry-After`` ends the call at once.
+
+    urllib3 retries an idempotent request (GET, PUT, DELETE) answered ``429`` or ``503`` with a
+    ``Retry-After``, sleeping what the server asked each time, without a limit: three 32 s waits
+    from API Priority and Fairness (its longest) would hold a tick or a reflector's thread for a
+    minute and a half where no stop reaches it. A wait up to :data:`LONGEST_WAIT_IN_CALL_S` (the
+    max-in-flight filter's 1 s, a restarting server's 5 s) is still waited for in the call; a longer
+    one returns the answer, and the caller gets it as
+    :attr:`extender.kube.errors.KubeApiError.retry_after_s` (a reflector waits at least that,
+    where a stop can interrupt it; the scaler and the warmer try again at their next tick).
+    """
+
+    def increment(self, method: str | None = None, url: str | None = None, response: BaseHTTPResponse | None = None,
+                  error: Exception | None = None, _pool: ConnectionPool | None = None,
+                  _stacktrace: TracebackType | None = None) -> Self:
+        wait = self.get_retry_after(response) if response is not None else None
+        if wait is not None and wait > LONGEST_WAIT_IN_CALL_S:
+            # with raise_on_status off, urllib3 hands the response back instead of raising this
+            reason = ResponseError(f"Retry-After {wait:g}s is too long to wait in a call")
+            raise MaxRetryError(_pool, url, reason) from reason  # type: ignore[arg-type]  # as urllib3 does
+        return super().increment(method, url, response, error, _pool, _stacktrace)
+
+
 def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any:
     """An official ``ApiClient``: in-cluster when running in a pod and no kubeconfig is given, else
     from the kubeconfig (``None``: ``$KUBECONFIG`` or ``~/.kube/config``)."""
@@ -184,6 +215,7 @@ def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any
                 why = f": {' '.join(str(exc).split())}" if isinstance(exc, yaml.YAMLError) else ""
                 raise KubeError(f"{action}: {where} is not a kubeconfig (a YAML mapping with clusters, users "
                                 f"and contexts){why}") from None
+    configuration.retries = _Retry(total=3, raise_on_status=False)
     return k8s.ApiClient(configuration=configuration)
 
 

@@ -9,6 +9,7 @@ The loop::
                                 later resume starts from there instead of an old, compacted RV)
     stream ends (timeout)    -> watch again from RV: nothing is missed, the server replays after RV
     stream cut / unreachable -> wait (exponential backoff with jitter), watch again from RV
+    429 Too Many Requests    -> the same, waiting at least the server's Retry-After
     410 Gone (RV compacted)  -> list again: on_replace gets the whole truth, so whatever happened
                                 while we were away (deletions included) is applied
     relist() (a new policy)  -> end the watch, list again: on_replace sees every object anew
@@ -27,7 +28,7 @@ from typing import Protocol
 from extender.core.backoff import Backoff
 from extender.core.errors import KubeError
 from extender.kube.client import JSON, Listing, Resource, WatchStream
-from extender.kube.errors import KubeGoneError
+from extender.kube.errors import KubeApiError, KubeGoneError
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class Reflector:
                 if self._relist.is_set():  # we ended the watch ourselves (:meth:`relist`)
                     continue
                 self.note(self.resource, "error")
-                delay = self.backoff.next()
+                delay = self.backoff.next(at_least=exc.retry_after_s if isinstance(exc, KubeApiError) else None)
                 log.warning("%s: %s; retrying in %.1fs", self.resource, exc, delay,
                             extra={"resource": self.resource, "error": str(exc), "retry_s": delay})
                 if stop.wait(delay):

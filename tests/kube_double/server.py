@@ -46,12 +46,15 @@ DEFAULT_WATCH_TIMEOUT_S = 1800.0
 
 @dataclass
 class Fault:
-    """Answer the next ``times`` matching requests with an error instead of serving them."""
+    """Answer the next ``times`` matching requests with an error instead of serving them, with
+    these ``headers`` and Status ``details`` (a 429's ``Retry-After`` and ``retryAfterSeconds``)."""
 
     verb: str
     resource: str
     code: int
     times: int = 1
+    headers: Mapping[str, str] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,11 +107,13 @@ class _Handler(BaseHTTPRequestHandler):
 
     # ---- writing -------------------------------------------------------------------------
 
-    def send_json(self, code: int, body: Any) -> None:
+    def send_json(self, code: int, body: Any, *, headers: Mapping[str, str] | None = None) -> None:
         data = json.dumps(body, separators=(",", ":")).encode()
         self.send_response(code)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.end_headers()
         self.wfile.write(data)
 
@@ -237,10 +242,12 @@ class KubeDouble:
         path.write_text(yaml.safe_dump(doc))
         return path
 
-    def fail(self, verb: str, resource: str, code: int, *, times: int = 1) -> None:
-        """Answer the next ``times`` requests with this verb on ``resource`` with ``code``."""
+    def fail(self, verb: str, resource: str, code: int, *, times: int = 1, headers: Mapping[str, str] | None = None,
+             details: Mapping[str, Any] | None = None) -> None:
+        """Answer the next ``times`` requests with this verb on ``resource`` with ``code`` (and
+        ``headers`` and Status ``details``)."""
         with self._lock:
-            self._options.faults.append(Fault(verb, resource, code, times))
+            self._options.faults.append(Fault(verb, resource, code, times, dict(headers or {}), dict(details or {})))
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -288,7 +295,7 @@ class KubeDouble:
         try:
             self._serve(h)
         except ApiError as exc:
-            h.send_json(exc.code, exc.status())
+            h.send_json(exc.code, exc.status(), headers=exc.headers)
         except (BrokenPipeError, ConnectionResetError):
             h.close_connection = True
         except Exception as exc:  # a bug in the double: answer 500 and keep serving
@@ -375,8 +382,9 @@ class KubeDouble:
                            f'"{what}"{group}' + (f' in the namespace "{route.namespace}"' if route.namespace else
                                                  " at the cluster scope"))
         if fault is not None:
-            raise ApiError(fault.code, "InternalError" if fault.code >= 500 else "Injected",
-                           f"injected failure for {verb} {route.kind.resource}")
+            reason = {429: "TooManyRequests"}.get(fault.code, "InternalError" if fault.code >= 500 else "Injected")
+            raise ApiError(fault.code, reason, f"injected failure for {verb} {route.kind.resource}", fault.details,
+                           headers=fault.headers)
         self._handle(h, route, verb, query, body)
 
     def _handle(self, h: _Handler, route: Route, verb: str, query: dict[str, str], body: Any) -> None:

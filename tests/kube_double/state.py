@@ -40,12 +40,14 @@ def resource_key(kind: Kind) -> str:
 class ApiError(Exception):
     """A request the server refuses; becomes a ``Status`` object with this code and reason."""
 
-    def __init__(self, code: int, reason: str, message: str, details: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, code: int, reason: str, message: str, details: Mapping[str, Any] | None = None, *,
+                 headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason
         self.message = message
         self.details = dict(details or {})
+        self.headers = dict(headers or {})
 
     def status(self) -> Obj:
         return status_object(self.code, self.reason, self.message, self.details)
