@@ -457,6 +457,43 @@ def test_node_labels_follow_readiness(cache: Path, clients: Clients, tmp_path: P
             kube.close()
 
 
+@pytest.mark.integration
+def test_node_labels_removed_or_lost_with_the_node_come_back_at_the_next_resync(
+        cache: Path, clients: Clients, tmp_path: Path) -> None:
+    """Someone removes the label, or the Node is deleted and registers again: the agent's idea of
+    the labels is stale, and only a fresh read can tell."""
+    ready = {"extender.io/llama3-8b.weights": "ready"}
+    with KubeDouble.running() as double:
+        double.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+        kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kc")))
+        clock = [0.0]
+        try:
+            a = Agent(AgentSettings(node_name=NODE, cache_root=cache, label_resync_s=600), clients.open,
+                      labeler=NodeLabeler(kube, NODE), monotonic=lambda: clock[0])
+            a.step()
+            assert kube.get_node(NODE)["metadata"].get("labels") == ready
+            kube.patch_node(NODE, {"metadata": {"labels": {"extender.io/llama3-8b.weights": None}}})
+            clock[0] = 599.0
+            gets = double.count("get", "nodes")
+            a.step()  # within the resync: no read, so nothing noticed
+            assert double.count("get", "nodes") == gets
+            assert not kube.get_node(NODE)["metadata"].get("labels")
+            clock[0] = 600.0
+            a.step()
+            assert kube.get_node(NODE)["metadata"]["labels"] == ready
+            double.remove("v1", "Node", NODE)
+            double.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
+            clock[0] = 1200.0
+            a.step()
+            assert kube.get_node(NODE)["metadata"].get("labels") == ready
+            patches = double.count("patch", "nodes")
+            clock[0] = 1800.0
+            a.step()  # a resync that finds the labels right sends nothing
+            assert double.count("patch", "nodes") == patches
+        finally:
+            kube.close()
+
+
 # ---- the command ---------------------------------------------------------------------------------
 
 COMMAND = ("import argparse, sys\n"

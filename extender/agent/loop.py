@@ -61,7 +61,7 @@ class Reporter(Protocol):
 class Labeler(Protocol):
     """Mirrors readiness onto the Node (``extender.kube.labels.NodeLabeler``)."""
 
-    def apply(self, ready: Iterable[str]) -> bool: ...
+    def apply(self, ready: Iterable[str], *, refresh: bool = False) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,9 @@ class AgentSettings:
     free_tolerance_bytes: int = 2**30
     #: Longest time between two full measurements of one compile or snapshot directory (its size).
     size_refresh_s: float = 300.0
+    #: Longest time between two reads of the Node's labels (``--label-nodes``): a label someone
+    #: removed, or a Node object deleted and registered again, is put back within it.
+    label_resync_s: float = 600.0
 
     def __post_init__(self) -> None:
         """Refuse a node name that is no Kubernetes name (:class:`InvalidValueError`) before any scan:
@@ -134,6 +137,7 @@ class Agent:
         self._last_write_at = float("-inf")
         self._last_report_at = float("-inf")
         self._labels_applied: frozenset[str] | None = None
+        self._labels_checked_at = float("-inf")
         self._outage = False
         #: Why the store refused the last report as too large (logged once), ``None`` after a write.
         self._oversize: str | None = None
@@ -332,13 +336,17 @@ class Agent:
         if self.labeler is None:
             return
         ready = scan.complete_workloads
-        if ready == self._labels_applied:
+        now = self.monotonic()
+        resync = now - self._labels_checked_at >= self.settings.label_resync_s
+        if ready == self._labels_applied and not resync:
             return
         try:
-            if self.labeler.apply(ready):
+            if self.labeler.apply(ready, refresh=resync):
                 self.stats.label_patches += 1
         except KubeError as exc:
             log.warning("node labels: %s; retrying after the next scan", exc,
                         extra={"node": self.settings.node_name, "error": str(exc)})
             return
         self._labels_applied = ready
+        if resync:
+            self._labels_checked_at = now

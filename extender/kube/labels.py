@@ -6,8 +6,10 @@ label cache-ready nodes. The scheduler extender does not read these labels; it r
 
 The agent owns only labels with the ``extender.io/`` prefix and the ``.weights`` suffix: it sets
 them for workloads with a complete weights directory and removes the ones that no longer hold.
-It learns the node's current labels once (GET) and then sends a JSON merge patch only when the set
-changes, so a steady node costs the API server nothing.
+It reads the node's current labels (GET) once, and again when asked (the agent asks every
+``label_resync_s``, ten minutes by default, so a label someone removed or a Node registered anew
+gets its labels back), and sends a JSON merge patch only when the set differs: a steady node costs
+the API server one GET per resync.
 """
 
 from __future__ import annotations
@@ -53,9 +55,10 @@ class NodeLabeler:
         self.node_name = node_name
         self._labels: dict[str, str] | None = None
 
-    def apply(self, ready: Iterable[str]) -> bool:
-        """Make the node's managed labels match ``ready``; True if a patch was sent. Raises KubeError."""
-        if self._labels is None:
+    def apply(self, ready: Iterable[str], *, refresh: bool = False) -> bool:
+        """Make the node's managed labels match ``ready``, reading them from the API first when
+        ``refresh`` (or not known yet); True if a patch was sent. Raises KubeError."""
+        if refresh or self._labels is None:
             node = self.client.get_node(self.node_name)
             self._labels = dict(node.get("metadata", {}).get("labels") or {})
         patch = label_patch(self._labels, ready)
