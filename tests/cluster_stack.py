@@ -2,12 +2,13 @@
 
 One stack per test session (:func:`tests.conftest.cluster_stack`):
 
-* the chart's ServiceAccounts, RBAC, warm namespace and PriorityClass (deploy/helm/extender,
-  rendered with ``agent.labelNodes``) applied for real;
+* the chart's ServiceAccounts, RBAC, admission policy, warm namespace and PriorityClass
+  (deploy/helm/extender, rendered with ``agent.labelNodes``) applied for real;
 * three KWOK nodes of two classes: ``gpu-a`` and ``gpu-b`` (g5.48xlarge, 8 GPUs, kubelet lists the
   vLLM image), ``gpu-c`` (g5.12xlarge, 4 GPUs, no image, no agent: it stays unknown, so cold);
 * a real Redis; ``extender sync`` authenticated as ServiceAccount ``extender-sync``; ``extender
-  agent`` for gpu-a and gpu-b on their own cache roots, labelling their Node as ``extender-agent``;
+  agent`` for gpu-a and gpu-b on their own cache roots, labelling their Node as ``extender-agent``
+  with the token of a pod on that node (the admission policy lets an agent label only its own Node);
   the scheduler extender (gunicorn) on a free loopback port.
 
 Each test brings its own kube-scheduler, workloads and namespace; the stack's Nodes and inventory are
@@ -37,7 +38,7 @@ from extender.state import InventoryStore, connect
 from tests import chart
 from tests.kube_double.waiting import wait_until
 from tests.net import free_port
-from tests.real_cluster import READY_DELAY_ANNOTATION, Cluster
+from tests.real_cluster import READY_DELAY_ANNOTATION, TOKEN_HOLDER_LABEL, Cluster
 from tests.test_agent_scan import sparse
 from tests.test_e2e_agent_scoring import COMMAND, env
 from tests.test_warm_e2e import AGENT_COMMAND
@@ -130,7 +131,7 @@ warming:
 
 #: What the stack applies of the chart: who may do what, and where warm Jobs go.
 ACCESS_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Namespace",
-                "PriorityClass"}
+                "PriorityClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 
 
 def access_documents(**values: str) -> list[dict[str, Any]]:
@@ -287,7 +288,8 @@ class Stack:
         def empty() -> bool:
             pods = self.cluster.get("pods", "--all-namespaces")["items"]
             return not [p for p in pods if p["spec"].get("nodeName") in NODES
-                        and p["status"].get("phase") not in ("Succeeded", "Failed")]
+                        and p["status"].get("phase") not in ("Succeeded", "Failed")
+                        and TOKEN_HOLDER_LABEL not in p["metadata"].get("labels", {})]
         wait(empty, "the nodes to be free of other tests' pods", report=self.cluster.report)
 
     def extender_calls(self) -> dict[tuple[str, str], float]:
@@ -331,13 +333,14 @@ def running(cluster: Cluster, redis: RedisServer, directory: Path, demand: Deman
     stack = Stack(cluster, redis, policy, free_port(), roots, InventoryStore(client), demand)
     try:
         sync_config = cluster.token_kubeconfig("kube-system", "extender-sync")
-        agent_config = cluster.token_kubeconfig("kube-system", "extender-agent")
         stack.python("sync", ["sync", "--policy", str(policy), "--kubeconfig", str(sync_config),
                               "--redis-url", redis.url])
         for name, root in roots.items():
             stack.python(f"agent-{name}", ["agent", "--node-name", name, "--cache-root", str(root),
                                            "--interval", "0.2", "--redis-url", redis.url, "--label-nodes",
-                                           "--kubeconfig", str(agent_config)], AGENT_COMMAND)
+                                           "--kubeconfig",
+                                           str(cluster.pod_token_kubeconfig("kube-system", "extender-agent", name))],
+                         AGENT_COMMAND)
         cluster.start("extender", [sys.executable, "-m", "extender.api.scheduler", "serve", "--policy", str(policy),
                                    "--bind", f"127.0.0.1:{stack.extender_port}", "--workers", "1",
                                    "--threads", "4", "--redis-url", redis.url, "--poll-interval", "0.1",

@@ -54,6 +54,9 @@ BUILD = ROOT / "scripts" / "build-cluster"
 #: (``{"gpu-a": "2.5s"}``), how long a pod bound to that node takes to become Ready. Tests fill it
 #: from the estimator's startup time on each node; a node it does not name means no delay.
 READY_DELAY_ANNOTATION = "extender.test/ready-after"
+#: The label of the pods that only hold a ServiceAccount token bound to their node
+#: (:meth:`Cluster.pod_token_kubeconfig`): they stay for the session and use no resources.
+TOKEN_HOLDER_LABEL = "extender.test/token-holder"
 #: Seconds a component has to become healthy (a setup bound, not a performance assertion).
 START_TIMEOUT_S = 120.0
 
@@ -398,6 +401,24 @@ class Cluster:
         """A kubeconfig that authenticates as a ServiceAccount (a token from the TokenRequest API)."""
         token = self.kubectl("create", "token", service_account, "-n", namespace, "--duration=2h").stdout.strip()
         path = self.directory / f"sa-{namespace}-{service_account}.kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig(self.server, self.pki.ca.cert, token=token)))
+        return path
+
+    def pod_token_kubeconfig(self, namespace: str, service_account: str, node: str) -> Path:
+        """A kubeconfig with the token a pod of ``service_account`` on ``node`` gets: bound to a pod
+        (``<service_account>-<node>``, created pinned there, KWOK runs it; labelled
+        :data:`TOKEN_HOLDER_LABEL`, it asks for no resources), so the API server adds the pod's node
+        name to the account's user info, as it does for a DaemonSet's pod."""
+        pod = f"{service_account}-{node}"
+        self.apply([{"apiVersion": "v1", "kind": "Pod",
+                     "metadata": {"name": pod, "namespace": namespace, "labels": {TOKEN_HOLDER_LABEL: "true"}},
+                     "spec": {"nodeName": node, "serviceAccountName": service_account,
+                              "automountServiceAccountToken": False,
+                              "tolerations": [{"operator": "Exists"}],
+                              "containers": [{"name": "main", "image": "registry.test/token-holder:1"}]}}])
+        token = self.kubectl("create", "token", service_account, "-n", namespace, "--duration=2h",
+                             "--bound-object-kind=Pod", f"--bound-object-name={pod}").stdout.strip()
+        path = self.directory / f"sa-{namespace}-{service_account}-{node}.kubeconfig"
         path.write_text(yaml.safe_dump(kubeconfig(self.server, self.pki.ca.cert, token=token)))
         return path
 

@@ -10,7 +10,9 @@
   the ServiceAccounts the chart binds; here each account's grants meet the real authorizer:
   what the components do is allowed (the sync fills the inventory, the agent labels its Node), and
   anything outside the grants is refused with 403, through kubectl and through our own client
-  (which must map it to :class:`KubeApiError` with the status). The warmer's and the scaler's calls
+  (which must map it to :class:`KubeApiError` with the status). The agent's grant on Nodes, which
+  RBAC cannot narrow to one, meets the chart's ValidatingAdmissionPolicy in the real admission
+  chain: its own Node's readiness labels only, with the token of its pod. The warmer's and the scaler's calls
   are exercised under their account in test_cluster_warming.py and test_cluster_scaling.py.
 
 The API double's RBAC evaluator (tests/test_rbac.py) stays for what the real server cannot tell us
@@ -107,6 +109,51 @@ def test_calls_outside_the_grants_are_refused(cluster_stack: Stack, account: str
     where = ["-n", namespace] if namespace else []
     done = cluster.kubectl(*call, *where, kubeconfig=config, check=False)
     assert done.returncode != 0 and "forbidden" in done.stderr.lower(), done.stderr
+
+
+#: (what gpu-a's agent runs with its pod's token, the refusal expected or None): RBAC grants get and
+#: patch of every Node; the chart's ValidatingAdmissionPolicy narrows them to its own readiness labels.
+AGENT_NODE_CHANGES = [
+    pytest.param(["label", "node", "gpu-a", "extender.io/deploy-test.weights=ready"], None, id="own-readiness-label"),
+    pytest.param(["label", "node", "gpu-b", "extender.io/deploy-test.weights=ready"],
+                 "the agent may change only the Node its pod runs on", id="another-nodes-label"),
+    pytest.param(["label", "node", "gpu-a", "extender.test/other=x"],
+                 "only extender.io/<workload>.weights labels", id="a-label-it-does-not-own"),
+    pytest.param(["label", "node", "gpu-a", "node.kubernetes.io/instance-type-"],
+                 "only extender.io/<workload>.weights labels", id="removing-a-label-it-does-not-own"),
+    pytest.param(["label", "node", "gpu-a", "extender.io/deploy-test=ready"],
+                 "only extender.io/<workload>.weights labels", id="its-prefix-without-the-suffix"),
+    pytest.param(["annotate", "node", "gpu-a", "extender.test/note=x"],
+                 "may not change a Node's spec, annotations", id="an-annotation"),
+    pytest.param(["taint", "node", "gpu-a", "extender.test/hold=x:NoSchedule"],
+                 "may not change a Node's spec, annotations", id="a-taint"),
+]
+
+
+@pytest.mark.parametrize(("call", "refusal"), AGENT_NODE_CHANGES)
+def test_an_agent_may_change_only_its_own_nodes_readiness_labels(cluster_stack: Stack, call: list[str],
+                                                                  refusal: str | None) -> None:
+    cluster = cluster_stack.cluster
+    config = cluster.pod_token_kubeconfig("kube-system", "extender-agent", "gpu-a")
+    before = cluster.get("node", call[2])["metadata"]
+    done = cluster.kubectl(*call, kubeconfig=config, check=False)
+    if refusal is None:
+        assert done.returncode == 0, done.stderr
+        cluster.kubectl("label", "node", call[2], "extender.io/deploy-test.weights-")
+        return
+    assert done.returncode != 0 and "Forbidden" in done.stderr and refusal in done.stderr, done.stderr
+    after = cluster.get("node", call[2])["metadata"]
+    assert (after.get("labels"), after.get("annotations")) == (before.get("labels"), before.get("annotations"))
+
+
+def test_an_agent_token_not_bound_to_a_pod_on_the_node_changes_nothing(cluster_stack: Stack) -> None:
+    """A token of the agent's account minted by hand carries no node name: RBAC lets it patch
+    every Node, the admission policy lets it patch none."""
+    cluster = cluster_stack.cluster
+    config = cluster.token_kubeconfig("kube-system", "extender-agent")
+    done = cluster.kubectl("label", "node", "gpu-a", "extender.io/deploy-test.weights=ready", kubeconfig=config,
+                           check=False)
+    assert done.returncode != 0 and "the agent may change only the Node its pod runs on" in done.stderr, done.stderr
 
 
 def test_our_client_reports_a_refusal_as_403(cluster_stack: Stack) -> None:
