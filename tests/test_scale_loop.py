@@ -481,6 +481,50 @@ def test_a_standby_writes_nothing(redis_server: RedisServer) -> None:
     assert len(DecisionStore(standby.client).records("qwen3", 100)) == records
 
 
+class StallCase(NamedTuple):
+    name: str
+    taken_by_another: bool  # during the stall another candidate took the lock (else it lay expired, unclaimed)
+
+
+STALLS = [StallCase("another-led-meanwhile", True), StallCase("lapsed-but-unclaimed", False)]
+
+
+@pytest.mark.parametrize("case", STALLS, ids=[c.name for c in STALLS])
+def test_the_listeners_run_only_if_no_one_else_led_during_the_tick(redis_server: RedisServer,
+                                                                   case: StallCase) -> None:
+    """The tick stalls past its lease after its last commit. Every commit was fenced, but the warmer
+    acts on the cluster, where no fence reaches: it must not run once another candidate led. A lease
+    that lapsed unclaimed is still this term (the fence did not move), and is renewed."""
+    rig = make_rig(redis_server.url, lambda t: 10.0)
+    told: list[int] = []
+    rig.loop.on_leader_tick.append(lambda report: told.append(report.token))
+    first = rig.tick(T0)
+    assert told == [first.token]
+    other = LeaderLock(rig.client, "b", ttl_s=3 * TICK, clock=lambda: int(rig.clock[0] * 1000))
+    commit = rig.loop.commit
+    committed: list[str] = []
+
+    def stalled(d: Any, token: int, now: float) -> Any:
+        result = commit(d, token, now)
+        committed.append(d.profile.name)
+        if len(committed) == len(rig.loop.profiles):  # after the last commit: every write went through
+            rig.clock[0] = now + 10 * TICK  # past the lease
+            if case.taken_by_another:
+                assert other.acquire().leader
+        return result
+
+    rig.loop.commit = stalled  # type: ignore[method-assign]
+    report = rig.tick(T0 + TICK)
+    assert report.leader and sorted(committed) == sorted(r.workload for r in report.results)
+    if case.taken_by_another:
+        assert report.fenced_out and "changed hands" in report.error
+        assert told == [first.token]
+    else:
+        assert not report.fenced_out and report.error == ""
+        assert told == [first.token, first.token]
+        assert rig.loop.lock.current() == ("a", first.token, int((T0 + 11 * TICK + 3 * TICK) * 1000))
+
+
 def test_a_bug_in_one_workload_does_not_stop_the_others(redis_server: RedisServer) -> None:
     def broken(t: float) -> float:
         raise RuntimeError("a bug in a signal source")

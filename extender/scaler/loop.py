@@ -25,6 +25,8 @@ decision made on it is a scale-down, it is made again as "not observed" (hold, f
 and the record says why. A workload whose pods cannot be listed is skipped this tick (its replica
 count is unknown, and a decision without it could only be wrong); the others go on. A fenced-out
 commit ends the tick at once: another scaler leads, and this one must not write anything more.
+The leader-tick listeners (the cache warmer) run only after the lease is renewed under the tick's
+own token: what they do happens outside Redis, where no fence stops a deposed leader.
 
 With ``calibration.mode: apply`` (and a ``calibration`` reader), each led tick first takes the
 calibrated policy (:class:`extender.state.observations.CalibratedPolicy`): the placement and the
@@ -279,12 +281,37 @@ class ScaleLoop:
                 results.append(_failed(profile.name, exc))
         results.sort(key=lambda r: order[r.workload])  # in the policy's order, as before sharing
         report = TickReport(now, True, lease.token, self.holder, tuple(results))
+        if self.on_leader_tick and not self._still_leading(lease.token):
+            self._lease_token = None
+            return dataclasses.replace(report, fenced_out=True, error="the lease changed hands before the "
+                                       "leader-tick listeners ran; they wait for the next led tick")
         for listener in self.on_leader_tick:
             try:
                 listener(report)
             except Exception:
                 log.exception("scaler: a leader-tick listener failed")
         return report
+
+    def _still_leading(self, token: int) -> bool:
+        """Renew the lease and say whether it is still the term ``token`` (logged when not).
+
+        The listeners act outside Redis (the cache warmer creates Jobs, taints Nodes), where no
+        fence can refuse a deposed leader's call. A tick that stalled after its last commit (or made
+        none: only keep-warm workloads) past its lease may meet a new leader's warmer on the same
+        nodes; renewing first also gives the listeners a whole lease of time to act in.
+        """
+        try:
+            lease = self.lock.acquire()
+        except ExtenderError as exc:
+            log.warning("scaler %s: cannot renew the lease before the leader-tick listeners: %s", self.holder, exc,
+                        extra={"identity": self.holder, "error": str(exc)})
+            return False
+        if lease.leader and lease.token == token:
+            return True
+        log.warning("scaler %s stepping down: the lease (token %d) changed hands during the tick (now %s, token "
+                    "%d); the listeners wait for the next led tick", self.holder, token, lease.holder, lease.token,
+                    extra={"identity": self.holder, "leader": lease.holder, "token": lease.token})
+        return False
 
     def step_down(self) -> None:
         """Release the lock if this candidate holds it (clean shutdown: a standby takes over next tick)."""
