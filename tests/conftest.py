@@ -3,7 +3,8 @@
 ``redis_server``: a fresh server per test on a free loopback TCP port, no persistence, with
 ``.url``, ``.kill()`` (SIGKILL, for outage tests) and ``.restart()`` (same port again).
 ``redis_url``: just its URL. ``embedded_data_dir``: a data directory for the embedded server,
-whose server is shut down at teardown however the test ended.
+whose server is shut down at teardown however the test ended. ``double``: the local API double
+(tests/kube_double) for one test, with bookmarks every 0.05 s; ``kube``: our client on it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from tests.net import free_port
 
 if TYPE_CHECKING:
     from extender.core.inventory import NodeState
+    from extender.kube.client import KubeClient
     from tests.cluster_stack import Stack
+    from tests.kube_double import KubeDouble
 from tests.real_cluster import Cluster, terminal
 
 #: Seconds a test server has to answer PING after it was started (a setup bound, not an assertion).
@@ -137,6 +140,27 @@ def decoded_records(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(store, "decode", counting)
     return decoded
+
+
+@pytest.fixture
+def double() -> Iterator[KubeDouble]:
+    """The local API double for one test, bookmarks every 0.05 s (watch tests need not wait for one)."""
+    from tests.kube_double import KubeDouble
+
+    with KubeDouble.running(bookmark_interval_s=0.05) as d:
+        yield d
+
+
+@pytest.fixture
+def kube(double: KubeDouble, tmp_path: Path) -> Iterator[KubeClient]:
+    """Our client on :func:`double`, from a kubeconfig file as a user's would be."""
+    from extender.kube.client import KubeClient
+
+    client = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kubeconfig")))
+    try:
+        yield client
+    finally:
+        client.close()
 
 
 @pytest.fixture

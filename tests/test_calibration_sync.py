@@ -114,12 +114,6 @@ def report_agent(reader: SourceStore, name: str, *, age_s: float, weights: bool,
         heartbeat=time.time() - age_s, ttl=ttl, images=VLLM))
 
 
-@pytest.fixture
-def double() -> Iterator[KubeDouble]:
-    with KubeDouble.running(bookmark_interval_s=0.05) as d:
-        yield d
-
-
 def test_sync_records_a_start_with_what_its_node_held_and_discards_what_it_cannot_trust(
     double: KubeDouble, redis_server: RedisServer, tmp_path: Path, client: Any
 ) -> None:

@@ -35,12 +35,6 @@ k8s_watch: Any = _watch
 
 
 @pytest.fixture
-def double() -> Iterator[KubeDouble]:
-    with KubeDouble.running(bookmark_interval_s=0.05) as d:
-        yield d
-
-
-@pytest.fixture
 def api(double: KubeDouble, tmp_path: Path) -> Iterator[Any]:
     """An ApiClient built from a kubeconfig file, exactly as a user's would be."""
     kubeconfig = double.write_kubeconfig(tmp_path / "kubeconfig")

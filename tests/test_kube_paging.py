@@ -56,20 +56,10 @@ def policy() -> Policy:
     return load_policy(POLICY_FILE)
 
 
-@pytest.fixture
-def double() -> Iterator[KubeDouble]:
-    with KubeDouble.running(bookmark_interval_s=0.05) as d:
-        yield d
-
-
-@pytest.fixture
-def kube(double: KubeDouble, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[KubeClient]:
+@pytest.fixture(autouse=True)
+def small_pages(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pages of :data:`PAGE` objects, so a handful of objects make several pages."""
     monkeypatch.setattr(kube_client, "PAGE_SIZE", PAGE)
-    client = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kubeconfig")))
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def node(name: str) -> dict[str, Any]:

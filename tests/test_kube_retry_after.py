@@ -10,8 +10,6 @@ the real API server cannot be made to throttle on demand.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
@@ -24,21 +22,6 @@ from tests.kube_double import KubeDouble
 from tests.kube_double.waiting import wait_until
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def double() -> Iterator[KubeDouble]:
-    with KubeDouble.running(bookmark_interval_s=0.05) as d:
-        yield d
-
-
-@pytest.fixture
-def kube(double: KubeDouble, tmp_path: Path) -> Iterator[KubeClient]:
-    client = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kubeconfig")))
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 class Case(NamedTuple):

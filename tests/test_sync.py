@@ -57,12 +57,6 @@ def policy() -> Policy:
 
 
 @pytest.fixture
-def double() -> Iterator[KubeDouble]:
-    with KubeDouble.running(bookmark_interval_s=0.05) as d:
-        yield d
-
-
-@pytest.fixture
 def reader(redis_server: RedisServer, tmp_path: Path) -> Iterator[SourceStore]:
     """The test's own view of the store (a separate client, as the extender's would be)."""
     client = connect(redis_server.url, tmp_path)

@@ -44,21 +44,6 @@ WEIGHTS_A = job_name("weights", "gpu-a", "weights:llm/v1")
 
 
 @pytest.fixture
-def double() -> Iterator[KubeDouble]:
-    with KubeDouble.running(bookmark_interval_s=0.05) as d:
-        yield d
-
-
-@pytest.fixture
-def kube(double: KubeDouble, tmp_path: Path) -> Iterator[KubeClient]:
-    client = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kubeconfig")))
-    try:
-        yield client
-    finally:
-        client.close()
-
-
-@pytest.fixture
 def store(redis_server: RedisServer, tmp_path: Path) -> Iterator[InventoryStore]:
     client = connect(redis_server.url, tmp_path)
     try:
