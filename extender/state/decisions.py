@@ -197,9 +197,9 @@ class DecisionStore:
                 text = m.decode() if isinstance(m, bytes) else m
                 at, n, *_ = text.split(" ")
                 entry = (float(at), int(n))
-                if not math.isfinite(entry[0]) or entry[1] < 0:
-                    raise ValueError(text)
             except ValueError:  # UnicodeDecodeError included
+                entry = None
+            if entry is None or not math.isfinite(entry[0]) or entry[1] < 0:
                 log.warning("recommendations of %s: unreadable entry %r; the stabilisation window starts anew, "
                             "so scale-downs wait for it to fill", workload, m[:80], extra={"workload": workload})
                 return []

@@ -76,7 +76,7 @@ class Sample:
         t, rate, queue, *_ = text.split(" ")
         sample = cls(float(t), float(rate), float(queue))
         if not (math.isfinite(sample.t) and math.isfinite(sample.rate) and math.isfinite(sample.queue)):
-            raise ValueError(f"not finite: {text!r}")
+            raise InvalidValueError(f"not finite: {text!r}")
         return sample
 
 
