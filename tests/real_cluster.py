@@ -313,9 +313,10 @@ class Cluster:
             "--controllers=*", "--use-service-account-credentials=true",
             f"--service-account-private-key-file={self.pki.sa_key}", f"--root-ca-file={self.pki.ca.cert}",
             "--horizontal-pod-autoscaler-sync-period=2s",
-            # the Job controller's own account of each sync (pods it counts, backoff delays): what a
-            # failing warm Job test needs to tell the controller's decision from the test's timing
-            "--vmodule=job_controller=4",
+            # the Job controller's own account of each sync (pods it counts, backoff delays) and of
+            # its expectations: what a failing warm Job test needs to tell the controller's decision
+            # from the test's timing
+            "--vmodule=job_controller=4,controller_utils=4",
         ])
         self.wait_for("kube-controller-manager /healthz", lambda: self._healthy(port))
 
