@@ -32,10 +32,10 @@ from typing import Any
 
 import redis
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from redis.client import NEVER_DECODE, Pipeline
+from redis.client import Pipeline
 
 from extender.core.errors import InvalidValueError, StateError
-from extender.state.errors import redis_errors
+from extender.state.errors import raw_reply, redis_errors
 from extender.state.lock import Stage
 
 log = logging.getLogger(__name__)
@@ -187,12 +187,9 @@ class DecisionStore:
         (what a new leader without a window does), where skipping the member alone could scale
         down early. The next commit replaces the key, so the window fills again from that tick.
         """
-        with redis_errors(f"reading the recommendations of {workload!r}"):
-            # raw bytes: a member that is not UTF-8 must spoil the window, not fail the read
-            raw: Any = self.client.execute_command(  # type: ignore[no-untyped-call]
-                "ZRANGE", self.recommendations_key(workload), 0, -1, **{NEVER_DECODE: True})
         out = []
-        for m in raw:
+        for m in raw_reply(self.client, f"reading the recommendations of {workload!r}",
+                           "ZRANGE", self.recommendations_key(workload), 0, -1):
             try:
                 text = m.decode() if isinstance(m, bytes) else m
                 at, n, *_ = text.split(" ")
@@ -225,10 +222,7 @@ class DecisionStore:
         reason. Raises :class:`StateError` (:class:`StoreUnavailableError`) only when Redis cannot
         be read.
         """
-        with redis_errors("reading the published scaler metrics"):
-            # raw bytes: a value that is not UTF-8 must spoil its own entry, not the whole reply
-            raw: Any = self.client.execute_command(  # type: ignore[no-untyped-call]
-                "HGETALL", self.published_key, **{NEVER_DECODE: True})
+        raw = raw_reply(self.client, "reading the published scaler metrics", "HGETALL", self.published_key)
         out: dict[str, Published | Unreadable] = {}
         for name, value in raw.items():
             key = name.decode(errors="replace") if isinstance(name, bytes) else str(name)

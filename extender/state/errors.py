@@ -17,8 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import redis
+from redis.client import NEVER_DECODE
 
 from extender.core.errors import StateError, StoreUnavailableError
 
@@ -32,3 +34,14 @@ def redis_errors(action: str) -> Iterator[None]:
         raise StoreUnavailableError(f"{action}: Redis is unavailable: {exc}") from exc
     except redis.RedisError as exc:
         raise StateError(f"{action}: {exc}") from exc
+
+
+def raw_reply(client: redis.Redis, action: str, *command: str | int | float) -> Any:
+    """One command's reply as the server sent it, bytes undecoded, errors mapped as :func:`redis_errors`.
+
+    For keys whose members a person, a tool or another release may have written: on a client that
+    decodes replies, one member that is not UTF-8 fails the whole reply before the reader sees any
+    of it, so the reader decodes each member itself and a bad one spoils only itself.
+    """
+    with redis_errors(action):
+        return client.execute_command(*command, **{NEVER_DECODE: True})  # type: ignore[no-untyped-call]

@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from redis.client import NEVER_DECODE, Pipeline
+from redis.client import Pipeline
 
 from extender.core.errors import InvalidValueError
-from extender.state.errors import redis_errors
+from extender.state.errors import raw_reply, redis_errors
 from extender.state.lock import Stage
 
 #: Seconds of history kept by default: three daily seasons (Holt-Winters starts after two).
@@ -101,10 +101,8 @@ class HistoryStore:
         """Samples in time order; with ``now``, only those within ``max_age_s`` before it and none
         after it (module docstring: a clock ahead of ours wrote those)."""
         low: float | str = "-inf" if now is None else now - self.max_age_s
-        with redis_errors(f"reading the demand history of {workload!r}"):
-            # raw bytes: a member that is not UTF-8 must spoil itself, not the whole reply
-            members: Any = self.client.execute_command(  # type: ignore[no-untyped-call]
-                "ZRANGEBYSCORE", self.key(workload), low, "+inf", **{NEVER_DECODE: True})
+        members = raw_reply(self.client, f"reading the demand history of {workload!r}",
+                            "ZRANGEBYSCORE", self.key(workload), low, "+inf")
         out: list[Sample] = []
         unreadable: list[str | bytes] = []
         for m in members:
