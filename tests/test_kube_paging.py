@@ -165,6 +165,38 @@ def test_a_list_that_fails_midway_leaves_the_view_as_it_was(
     assert set(view.nodes) == {"old"}
 
 
+def test_a_handler_that_stops_reading_midway_replaces_nothing(double: KubeDouble, kube: KubeClient,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    """``on_replace`` must read the whole list: one that returns early would swap in a partial view
+    and watch on from a resourceVersion it never reached, so the reflector refuses and lists again."""
+    for i in range(OBJECTS):
+        double.apply(node(f"n{i}"))
+    calls: list[str] = []
+
+    def first_only(items: Iterable[dict[str, Any]]) -> None:
+        calls.append(next(iter(items))["metadata"]["name"])
+
+    errors: list[str] = []
+    reflector = Reflector(kube, "nodes", on_replace=first_only, on_event=lambda etype, obj: None,
+                          backoff=Backoff(0.01, 0.02), note=lambda resource, what: errors.append(what))
+    stop = threading.Event()
+    thread = threading.Thread(target=reflector.run, args=(stop,))
+    caplog.set_level("WARNING", logger="extender.kube.reflector")
+    thread.start()
+    try:
+        wait_until(lambda: errors.count("error") >= 2, what="two refused partial lists")
+    finally:
+        stop.set()
+        reflector.interrupt()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert calls[:2] == ["n0", "n0"]  # each try lists anew from the first object
+    assert reflector.lists == 0 and not reflector.synced.is_set()
+    assert reflector.resource_version == ""  # no watch from a list that was never read to the end
+    assert ("listing nodes: the handler stopped reading after 1 object(s); a partial list cannot replace "
+            "the view") in caplog.text
+
+
 def test_an_expired_continue_token_lists_again_from_the_start(
     double: KubeDouble, kube: KubeClient, policy: Policy, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from extender.core.errors import SignalError
 from extender.kube.client import KubeClient
-from extender.scaler.observation import http_get
+from extender.scaler.observation import MAX_LOCATION, http_get
 from extender.scaler.pods import count_replicas, label_selector, workload_pods
 from extender.scaler.scrape import ScrapeSource
 from extender.scaler.serve import KubePodLister
@@ -202,3 +202,15 @@ def test_a_redirect_is_not_followed(status: str, headers: dict[str, str]) -> Non
     assert (observation.rate, observation.answered) == (None, 0)
     assert f"HTTP {code} redirect to {target!r} not followed" in observation.note
     assert "SECRET" not in observation.note
+
+
+def test_a_redirects_location_is_quoted_cut_to_its_first_characters() -> None:
+    """The pod chose the ``Location``: the error (and the observation's note) quotes at most
+    :data:`MAX_LOCATION` characters of it."""
+    port = free_port()
+    target = "http://127.0.0.9/" + "x" * 4000
+    reply = f"HTTP/1.1 302 Found\r\nLocation: {target}\r\nContent-Length: 0\r\n\r\n".encode()
+    with replying("127.0.0.2", port, reply), pytest.raises(SignalError) as raised:
+        http_get(f"http://127.0.0.2:{port}/metrics", 2.0)
+    assert f"redirect to {target[:MAX_LOCATION]!r} not followed" in str(raised.value)
+    assert len(str(raised.value)) < MAX_LOCATION + 200
