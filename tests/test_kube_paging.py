@@ -67,8 +67,8 @@ def node(name: str) -> dict[str, Any]:
             "status": {"allocatable": {"nvidia.com/gpu": "4"}, "capacity": {"nvidia.com/gpu": "4"}}}
 
 
-def pod(name: str) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "serving", "labels": LLAMA},
+def pod(name: str, namespace: str = "serving") -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": LLAMA},
             "spec": {"nodeName": "n0", "containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.11.0"}]},
             "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
 
@@ -227,6 +227,28 @@ def test_an_expired_continue_token_lists_again_from_the_start(
     assert not thread.is_alive()
     # page 1, page 2 refused with 410, then the three pages of the fresh list
     assert double.count("list", "nodes") == 5
+
+
+@pytest.mark.parametrize(("namespace", "listed"), [
+    pytest.param("serving", ["s0", "s1", "s2"], id="a-namespace-lists-only-its-own-pages"),
+    pytest.param(None, ["o0", "o1", "s0", "s1", "s2"], id="no-namespace-lists-every-namespace"),
+])
+def test_the_scaler_lists_pods_in_the_workload_s_namespace(double: KubeDouble, kube: KubeClient,
+                                                          namespace: str | None, listed: list[str]) -> None:
+    """A workload with ``autoscaling.namespace`` costs one namespaced list a tick, paged like any other."""
+    for i in range(3):
+        double.apply(pod(f"s{i}"))
+    for i in range(2):
+        double.apply(pod(f"o{i}", namespace="other"))
+    names = [p["metadata"]["name"] for p in KubePodLister(kube).list_pods("extender.io/workload=llama3-8b", namespace)]
+    assert sorted(names) == listed
+    lists = [r for r in double.requests if r.verb == "list" and r.resource == "pods"]
+    assert [r.namespace for r in lists] == [namespace] * -(-len(listed) // PAGE)
+
+
+def test_nodes_cannot_be_listed_in_a_namespace(kube: KubeClient) -> None:
+    with pytest.raises(KubeError, match=r"^listing nodes: nodes belong to no namespace$"):
+        kube.listing("nodes", namespace="serving")
 
 
 class _NotJson(BaseHTTPRequestHandler):

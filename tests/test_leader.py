@@ -153,7 +153,7 @@ class Steady:
 
 
 class OnePod:
-    def list_pods(self, label_selector: str) -> list[dict[str, object]]:
+    def list_pods(self, label_selector: str, namespace: str | None = None) -> list[dict[str, object]]:
         return [pod("qwen3-1", "10.0.0.1")] if label_selector == "extender.io/workload=qwen3" else []
 
 

@@ -93,8 +93,9 @@ class Cluster:
             self.pods.sort(key=lambda p: (p[1] <= self.now, p[0]))
             del self.pods[: len(self.pods) - n]
 
-    def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
-        if label_selector != "extender.io/workload=qwen3":
+    def list_pods(self, label_selector: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        # like the API server: qwen3's pods live in its autoscaling.namespace, and a list elsewhere misses them
+        if label_selector != "extender.io/workload=qwen3" or namespace != "default":
             return []
         if self.fail:
             raise KubeError("listing pods: 503 ServiceUnavailable")

@@ -112,7 +112,7 @@ def test_leader_tick_listeners_see_every_led_tick(redis_server: RedisServer) -> 
         raise RuntimeError("a listener's bug must not stop the scaler")
 
     class NoPods:
-        def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
+        def list_pods(self, label_selector: str, namespace: str | None = None) -> list[dict[str, Any]]:
             return []
 
     loop = ScaleLoop(policy=make_policy(), lock=LeaderLock(client, "a", ttl_s=45), history=HistoryStore(client),

@@ -91,7 +91,7 @@ class Cluster:
 
     replicas: dict[str, int] = field(default_factory=lambda: {"chat": 1, "batch": 1})
 
-    def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
+    def list_pods(self, label_selector: str, namespace: str | None = None) -> list[dict[str, Any]]:
         name = label_selector.removeprefix("extender.io/workload=")
         return [pod(f"{name}-{i}", f"10.1.0.{i}", uid=f"{name}-{i}", labels={"extender.io/workload": name})
                 for i in range(self.replicas.get(name, 0))]

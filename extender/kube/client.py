@@ -14,6 +14,7 @@ global default), so two clients in one process can point at two servers.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -240,8 +241,12 @@ class KubeClient:
     def close(self) -> None:
         self._api.close()
 
-    def _lister(self, resource: Resource) -> Any:
-        return self._core.list_node if resource == "nodes" else self._core.list_pod_for_all_namespaces
+    def _lister(self, resource: Resource, namespace: str | None = None) -> Any:
+        if resource == "nodes":
+            return self._core.list_node
+        if namespace is None:
+            return self._core.list_pod_for_all_namespaces
+        return functools.partial(self._core.list_namespaced_pod, namespace)
 
     def list(
         self, resource: Resource, *, field_selector: str | None = None, label_selector: str | None = None
@@ -255,10 +260,18 @@ class KubeClient:
         return [*listing], listing.resource_version
 
     def listing(
-        self, resource: Resource, *, field_selector: str | None = None, label_selector: str | None = None
+        self, resource: Resource, *, namespace: str | None = None, field_selector: str | None = None,
+        label_selector: str | None = None,
     ) -> Listing:
-        """Every matching object, fetched page by page as the caller iterates (:class:`Listing`)."""
-        return Listing(self._lister(resource), resource, field_selector=field_selector,
+        """Every matching object, fetched page by page as the caller iterates (:class:`Listing`).
+
+        ``namespace``: only that namespace's pods (one namespaced list, which a Role can grant);
+        ``None``: every namespace. Nodes have none.
+        """
+        if namespace is not None and resource == "nodes":
+            raise KubeError("listing nodes: nodes belong to no namespace")
+        what = resource if namespace is None else f"{resource} in namespace {namespace!r}"
+        return Listing(self._lister(resource, namespace), what, field_selector=field_selector,
                        label_selector=label_selector)
 
     def watch(

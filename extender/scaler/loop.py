@@ -379,7 +379,7 @@ class ScaleLoop:
         assert auto is not None and capacity is not None  # scaled_profiles() keeps only these
         assert self.tick_s is not None and self.hpa_sync_s is not None
         name = profile.name
-        pods = workload_pods(self.pods.list_pods(label_selector(profile)), profile, auto.namespace)
+        pods = workload_pods(self.pods.list_pods(label_selector(profile), auto.namespace), profile, auto.namespace)
         replicas = count_replicas(pods)
         observation = self.sources[name].observe(pods, now)
         estimator = self.estimator_policy

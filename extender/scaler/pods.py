@@ -1,8 +1,9 @@
 """A workload's pods as the scaler sees them: which to scrape, which are ready, which are still starting.
 
 Pods are listed through the Kubernetes API with the profile's ``match.labels`` as the label selector
-(annotations, which a selector cannot express, are checked here), optionally within the
-workload's ``autoscaling.namespace``. From each pod object only a few fields matter:
+(annotations, which a selector cannot express, are checked here), within the workload's
+``autoscaling.namespace`` when it names one (a namespaced list), else in every namespace. From each
+pod object only a few fields matter:
 
 * ``ready``: condition ``Ready=True`` (and not terminating): serving capacity now;
 * ``starting``: ``Pending``, or ``Running`` but not yet ready, and not terminating: capacity in
@@ -26,9 +27,9 @@ JSON = Mapping[str, Any]
 class PodLister(Protocol):
     """Lists pod objects (plain JSON, as the API server sends them) matching a label selector."""
 
-    def list_pods(self, label_selector: str) -> Iterable[Mapping[str, Any]]:
-        """Every pod in every namespace that matches ``label_selector``, iterated once (it may be
-        fetched page by page as it is read: keep only what is needed of each)."""
+    def list_pods(self, label_selector: str, namespace: str | None = None) -> Iterable[Mapping[str, Any]]:
+        """Every pod in ``namespace`` (``None``: in every namespace) that matches ``label_selector``,
+        iterated once (it may be fetched page by page as it is read: keep only what is needed of each)."""
         ...
 
 

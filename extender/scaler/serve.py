@@ -133,15 +133,16 @@ class ScaleSettings:
 
 
 class KubePodLister:
-    """:class:`~extender.scaler.pods.PodLister` over the official client (every namespace, one selector)."""
+    """:class:`~extender.scaler.pods.PodLister` over the official client (one selector, one namespace or all)."""
 
     def __init__(self, client: KubeClient) -> None:
         self.client = client
 
-    def list_pods(self, label_selector: str) -> Iterable[Mapping[str, Any]]:
-        """The matching pods page by page (a profile matched on annotations only lists every pod of
-        the cluster, each tick: :func:`~extender.scaler.pods.workload_pods` keeps only its own)."""
-        return self.client.listing("pods", label_selector=label_selector or None)
+    def list_pods(self, label_selector: str, namespace: str | None = None) -> Iterable[Mapping[str, Any]]:
+        """The matching pods page by page (a profile matched on annotations only, with no
+        ``autoscaling.namespace``, lists every pod of the cluster each tick:
+        :func:`~extender.scaler.pods.workload_pods` keeps only its own)."""
+        return self.client.listing("pods", namespace=namespace, label_selector=label_selector or None)
 
 
 class DelegatedReviews:
