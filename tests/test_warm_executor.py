@@ -10,7 +10,7 @@ where a test needs the store (eviction re-checks, the compile registry).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -25,6 +25,7 @@ from extender.scaler.loop import TickReport as ScalerTick
 from extender.scaler.serve import KubePodLister, ScaleSettings, build_loop
 from extender.state import InventoryStore, connect
 from extender.warm.jobspec import ACTION_ANNOTATION, action_job, format_time, job_name, publish_job_name
+from extender.warm.loop import TickReport as WarmTick
 from extender.warm.loop import WarmLoop
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
@@ -388,6 +389,46 @@ def test_a_concurrent_taint_change_is_retried_next_tick(double: KubeDouble, kube
     # not yet seen as handled: the next tick looks again (one GET) and taints it
     assert loop.tick(now + 1, snapshot=snap(policy, now + 1, node("gpu-new", now=now + 1))).tainted == ["gpu-new"]
     assert taints_of(double, "gpu-new") == [WARMING]
+
+
+class Pause(NamedTuple):
+    policy: dict[str, Any]  # load()'s overrides, {} for BASE
+    verb: str
+    resource: str
+    done: Callable[[WarmTick], bool]  # the tick did what the refused call was for
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(Pause({}, "create", "jobs", lambda r: r.started == [WEIGHTS_A]), id="a-job-create"),
+    pytest.param(Pause(TAINTING, "patch", "nodes", lambda r: r.tainted == ["gpu-a"]), id="a-node-taint"),
+])
+def test_a_pause_the_api_server_asks_for_is_kept(double: KubeDouble, kube: KubeClient, case: Pause,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """``429`` with ``Retry-After: 30`` (API Priority and Fairness at its busiest): the ticks within
+    those 30 s call the API server not once; the first tick after them does the work."""
+    policy = load(**case.policy) if case.policy else BASE
+    double.apply(kube_node("gpu-a", []))
+    now = time.time()  # the node is young at `now`: a tainting policy taints it
+    loop = WarmLoop(policy, None, kube)
+    double.fail(case.verb, case.resource, 429, headers={"Retry-After": "30"})
+    with caplog.at_level("WARNING", logger="extender.warm"):  # the loop's and the tainter's loggers
+        refused = loop.tick(now, ONE_LLM, snapshot=snap(policy, now, *two_nodes(now)))
+    assert refused.errors and not case.done(refused)
+    assert "; retrying in 30s, as the API server asked" in caplog.text
+    calls = len(double.requests)
+    for t in (now + 15, now + 29):
+        held = loop.tick(t, ONE_LLM, snapshot=snap(policy, t, *two_nodes(t)))
+        assert held.notes == [f"the API server asked for a pause: no call to it for {now + 30 - t:.0f}s more"]
+    assert len(double.requests) == calls
+    assert case.done(loop.tick(now + 31, ONE_LLM, snapshot=snap(policy, now + 31, *two_nodes(now + 31))))
+
+
+def test_a_clock_that_steps_back_does_not_stretch_a_pause(double: KubeDouble, kube: KubeClient) -> None:
+    loop = WarmLoop(BASE, None, kube)
+    double.fail("create", "jobs", 429, headers={"Retry-After": "30"})
+    assert loop.tick(NOW, ONE_LLM, snapshot=snap(BASE, NOW, *two_nodes(NOW))).errors
+    back = NOW - 3600  # an hour before the pause began: no pause the server asked for lasts that long
+    assert loop.tick(back, ONE_LLM, snapshot=snap(BASE, back, *two_nodes(back))).started == [WEIGHTS_A]
 
 
 def test_a_bad_expectation_is_reported_not_raised(double: KubeDouble, kube: KubeClient) -> None:

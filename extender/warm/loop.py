@@ -27,7 +27,9 @@ A tick, in order (each step's reason in docs/warming.md):
 
 Failures of the API server or the store never raise out of :meth:`WarmLoop.tick`: they are
 logged, counted and listed in the returned :class:`TickReport`, and the next tick tries again. The
-scaler's own work must not stop because warming could not run.
+scaler's own work must not stop because warming could not run. An API server that asks for a
+pause (``429`` or ``503`` with ``Retry-After``, as API Priority and Fairness and a restarting server
+do) gets it: no tick calls it again until that wait has passed.
 
 Calling it from the scaler's leader tick (the loop keeps its state between calls; build it once)::
 
@@ -53,7 +55,7 @@ from extender.core.errors import ExtenderError, KubeError, StateError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
 from extender.core.warming import KINDS, Action, Expectation, Plan, apply, plan
-from extender.kube.errors import KubeApiError
+from extender.kube.errors import MAX_RETRY_AFTER_S, KubeApiError
 from extender.warm.checks import node_class, present, published_snapshots, unsafe_evictions
 from extender.warm.executor import Executor, WarmKube, retry_delay
 from extender.warm.jobspec import (
@@ -68,7 +70,7 @@ from extender.warm.jobspec import (
 )
 from extender.warm.metrics import WarmMetrics
 from extender.warm.publish import candidates, unpublished
-from extender.warm.taints import NodeKube, NodeTainter
+from extender.warm.taints import NodeKube, NodeTainter, retry_note
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +185,8 @@ class WarmLoop:
         self._weightless: tuple[Policy, Policy] | None = None
         #: The leadership term (the scaler's fencing token) of the last tick, ``None`` before one.
         self._term: int | None = None
+        #: No tick calls the API server before this time (unix s): the end of the wait it last asked for.
+        self._api_pause_until = 0.0
 
     def set_policy(self, policy: Policy) -> None:
         """Use a reloaded policy from the next tick on (Jobs of a previous namespace are no longer seen)."""
@@ -225,6 +229,11 @@ class WarmLoop:
             self._term = term
         policy = self.policy
         report = TickReport(now=now, enabled=policy.warming.enabled, dry_run=dry_run)
+        # (a pause longer than any the server may ask for is the wall clock stepping back: dropped)
+        if not dry_run and now < self._api_pause_until <= now + MAX_RETRY_AFTER_S:
+            report.notes.append(f"the API server asked for a pause: no call to it for "
+                                f"{self._api_pause_until - now:.0f}s more")
+            return report
         try:
             snap = snapshot if snapshot is not None else self._load(now)
             views = self.executor.jobs() if self.executor is not None else []
@@ -254,6 +263,7 @@ class WarmLoop:
             changes = self.tainter.reconcile(policy, snap, now, published)
             report.tainted, report.untainted = changes.tainted, changes.untainted
             report.errors.extend(changes.errors)
+            self._pause(now, changes.retry_after_s)
         if not dry_run:
             self._observe(report, in_flight, publishing, now)
             self._observe_reserve(snap, now)
@@ -287,8 +297,15 @@ class WarmLoop:
         report.errors.append(f"{operation}: {exc}")
         if not dry_run:
             self.metrics.errors.labels(operation).inc()
-            log.warning("warm %s: %s; retrying next tick", operation, exc,
-                        extra={"operation": operation, "error": str(exc)})
+            wait = exc.retry_after_s if isinstance(exc, KubeApiError) else None
+            self._pause(report.now, wait)
+            log.warning("warm %s: %s; retrying %s", operation, exc, retry_note(wait),
+                        extra={"operation": operation, "error": str(exc), "retry_in_s": wait})
+
+    def _pause(self, now: float, wait_s: float | None) -> None:
+        """Make no call to the API server for ``wait_s`` from ``now`` (``None``: it asked for no pause)."""
+        if wait_s is not None:
+            self._api_pause_until = max(self._api_pause_until, now + wait_s)
 
     # ---- step 2: the Jobs that exist ------------------------------------------------------------
 

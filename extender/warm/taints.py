@@ -69,6 +69,11 @@ MARKER_ANNOTATION = "extender.io/warming-taint"
 TaintId = tuple[str, str]
 
 
+def retry_note(wait_s: float | None) -> str:
+    """When a failed call is tried again: the next tick, or after the pause the API server asked for."""
+    return "next tick" if wait_s is None else f"in {wait_s:g}s, as the API server asked"
+
+
 def taint_id(taint: Taint) -> TaintId:
     return taint.key, taint.effect
 
@@ -100,6 +105,8 @@ class TaintChanges:
     tainted: list[str] = field(default_factory=list)
     untainted: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    #: The wait the API server asked for with an error (``Retry-After``), if it did.
+    retry_after_s: float | None = None
 
 
 @dataclass
@@ -154,7 +161,9 @@ class NodeTainter:
         except KubeError as exc:
             self.metrics.errors.labels("taint").inc()
             run.changes.errors.append(f"node taints: {exc}")
-            log.warning("node taints: %s; retrying next tick", exc, extra={"error": str(exc)})
+            run.changes.retry_after_s = wait = exc.retry_after_s if isinstance(exc, KubeApiError) else None
+            log.warning("node taints: %s; retrying %s", exc, retry_note(wait),
+                        extra={"error": str(exc), "retry_in_s": wait})
         self.metrics.tainted.set(len(self.tracked))
         return run.changes
 
