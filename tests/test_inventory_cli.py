@@ -259,12 +259,19 @@ def test_show_of_an_unknown_node_is_an_error(run: Run, loaded: str) -> None:
     assert err == f"extender: node 'gpu-9' is not in the inventory at {loaded} (2 node(s) stored)\n"
 
 
-def test_show_warns_about_corrupt_records_and_shows_the_rest(run: Run, loaded: str, client: redis.Redis) -> None:
-    client.sadd("extender:nodes", "bad")
-    client.set("extender:node:bad", "{")
+@pytest.mark.parametrize(("name", "quoted"), [
+    pytest.param("bad", "'extender:node:bad'", id="a-plain-name"),
+    pytest.param("evil\n\x1b[31mred", "'extender:node:evil\\n\\x1b[31mred'", id="a-name-that-would-forge-a-line"),
+    pytest.param(b"bad\xff", "'extender:node:bad\\\\xff'", id="a-name-that-is-not-utf-8"),
+])
+def test_show_warns_about_corrupt_records_and_shows_the_rest(run: Run, loaded: str, client: redis.Redis,
+                                                              name: str | bytes, quoted: str) -> None:
+    client.sadd("extender:nodes", name)
+    client.set(b"extender:node:" + (name if isinstance(name, bytes) else name.encode()), "{")
     code, out, err = run("inventory", "show", "--redis-url", loaded)
     assert code == 0
-    assert "\nwarning: skipped corrupt record extender:node:bad: " in f"\n{err}"
+    (warning,) = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warning.startswith(f"warning: skipped corrupt record {quoted}: ")
     assert "2 node(s)" in out.splitlines()[0]
 
 

@@ -290,6 +290,37 @@ def test_a_record_under_a_name_that_is_no_node_name_is_skipped_and_logged_escape
     assert all("\x1b" not in r.getMessage() and "\n" not in r.getMessage() for r in caplog.records)
 
 
+class NotUtf8(NamedTuple):
+    write: Callable[[redis.Redis], object]
+    corrupt: dict[str, str]  # what load_all lists as skipped
+    registry: frozenset[str]
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(NotUtf8(lambda c: c.sadd("extender:nodes", b"bad\xff"),
+                         {"extender:node:bad\\xff": "listed in the node set but the record is missing"}, frozenset()),
+                 id="a-node-name"),
+    pytest.param(NotUtf8(lambda c: (c.sadd("extender:nodes", "bad"), c.set("extender:node:bad", b'{"name": "b\xff"}')),
+                         {"extender:node:bad": "Invalid JSON: invalid escape at line 1 column 13"}, frozenset()),
+                 id="a-record"),
+    pytest.param(NotUtf8(lambda c: c.hset("extender:heartbeats", b"good-1\xff", "5"), {}, frozenset()),
+                 id="a-heartbeat-field"),
+    pytest.param(NotUtf8(lambda c: c.sadd("extender:compile-registry", b"k\xff"), {}, frozenset({"k\\xff"})),
+                 id="a-compile-registry-key"),
+])
+def test_a_byte_that_is_not_utf_8_spoils_only_its_own_value(store: InventoryStore, client: redis.Redis,
+                                                            case: NotUtf8) -> None:
+    """Once, one such byte anywhere failed the whole load (a UnicodeDecodeError out of the reply):
+    every reader's inventory, and the agent's every write. It reads as its escape now, text that
+    names no record and is no JSON."""
+    store.put_many([node("good-1"), node("good-2")])
+    case.write(client)
+    _, records, registry = store.load_all()
+    assert [r.name for r in records] == ["good-1", "good-2"]
+    assert store.corrupt == case.corrupt
+    assert registry == case.registry
+
+
 def test_a_write_of_an_oversized_record_is_refused(store: InventoryStore) -> None:
     huge = node("big", images=[f"registry.example/image-{n}:" + "t" * 900 for n in range(1200)])
     with pytest.raises(StateError, match="larger than"):

@@ -147,12 +147,19 @@ def test_a_deleted_node_keeps_late_agent_reports_out_until_it_returns(sources: S
 
 
 @pytest.mark.integration
-def test_a_corrupt_stored_report_counts_as_absent(sources: SourceStore, caplog: pytest.LogCaptureFixture) -> None:
-    sources.client.hset(sources.key("n1"), "kube", "{not json")
+@pytest.mark.parametrize("stored", [
+    pytest.param("{not json", id="not-json"),
+    pytest.param(b"\xff\xfe", id="not-utf-8"),  # once a UnicodeDecodeError that ended the agent
+    pytest.param('{"gpus": "eight"}', id="schema-mismatch"),
+])
+def test_a_corrupt_stored_report_counts_as_absent(sources: SourceStore, caplog: pytest.LogCaptureFixture,
+                                                  stored: str | bytes) -> None:
+    sources.client.hset(sources.key("n1"), "kube", stored)
     with caplog.at_level(logging.WARNING):
         sources.report_agent("n1", AGENT)
     assert sources.store.get("n1") == merge("n1", AGENT, None)
-    assert "corrupt KubeReport" in caplog.text
+    (warning,) = [r.getMessage() for r in caplog.records if "corrupt KubeReport" in r.getMessage()]
+    assert "\n" not in warning  # one line: where and why, not pydantic's whole report
 
 
 @pytest.mark.integration

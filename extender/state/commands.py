@@ -106,7 +106,9 @@ def show(args: argparse.Namespace) -> int:
         else:
             version, nodes, registry = store.load_all()
             for key, reason in sorted(store.corrupt.items()):
-                report(f"warning: skipped corrupt record {key}: {reason}", level=logging.WARNING, key=key)
+                # quoted as Python quotes it: a name is anyone's text, and a line feed in it must not
+                # start a line of its own
+                report(f"warning: skipped corrupt record {key!r}: {reason}", level=logging.WARNING, key=key)
     finally:
         client.close()
     if args.json:

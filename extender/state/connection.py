@@ -48,12 +48,18 @@ def _retry() -> Retry:
 def connect(url: str | None, data_dir: str | Path, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> Client:
     """A checked client for ``url``, or for the embedded server of ``data_dir`` when ``url`` is empty.
 
-    Responses are decoded to ``str``. Raises :class:`StoreUnavailableError` when the server cannot
-    be reached (or refuses the credentials) and :class:`StateError` for an invalid URL or an
-    embedded server that cannot start.
+    Responses are decoded to ``str`` (a byte that is not UTF-8 as its ``\\xNN`` escape). Raises
+    :class:`StoreUnavailableError` when the server cannot be reached (or refuses the credentials)
+    and :class:`StateError` for an invalid URL or an embedded server that cannot start.
     """
     options: dict[str, object] = {
         "decode_responses": True,
+        # A byte that is not UTF-8 (written by hand or by another tool) reads as its escape, the four
+        # characters \xff: a name with it names no record, a record with it is not JSON, so each
+        # reader refuses only that value, as it refuses any corrupt one. Strict decoding would fail
+        # the whole reply (every record of a load with it), and escapes that stay text (unlike lone
+        # surrogates) can be printed, logged and sent back.
+        "encoding_errors": "backslashreplace",
         "socket_connect_timeout": timeout_s,
         "socket_timeout": timeout_s,
         "retry": _retry(),

@@ -39,9 +39,11 @@ def redis_errors(action: str) -> Iterator[None]:
 def raw_reply(client: redis.Redis, action: str, *command: str | int | float) -> Any:
     """One command's reply as the server sent it, bytes undecoded, errors mapped as :func:`redis_errors`.
 
-    For keys whose members a person, a tool or another release may have written: on a client that
-    decodes replies, one member that is not UTF-8 fails the whole reply before the reader sees any
-    of it, so the reader decodes each member itself and a bad one spoils only itself.
+    For keys whose members a person, a tool or another release may have written: the reader sees
+    each member's bytes as written and decodes each itself, so a bad one spoils only itself, and it
+    can name that member exactly to remove it (the demand history does). The client's own decoding
+    reads a byte that is not UTF-8 as its escape (:func:`extender.state.connection.connect`): text
+    that names no member.
     """
     with redis_errors(action):
         return client.execute_command(*command, **{NEVER_DECODE: True})  # type: ignore[no-untyped-call]

@@ -44,7 +44,7 @@ from extender.core.inventory import NodeState
 from extender.core.reports import AgentReport, KubeReport, Report, merge
 from extender.core.schema import read_stored
 from extender.state.errors import redis_errors
-from extender.state.store import Guard, InventoryStore, encode
+from extender.state.store import Guard, InventoryStore, corrupt_reason, encode
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def _load(model: type[AgentReport] | type[KubeReport], key: str, raw: str | byte
     try:
         return read_stored(model, raw)
     except (ValidationError, ValueError) as exc:
-        log.warning("ignoring corrupt %s report in %s: %s", model.__name__, key, exc)
+        log.warning("ignoring corrupt %s report in %s: %s", model.__name__, key, corrupt_reason(exc))
         return None
 
 

@@ -216,7 +216,8 @@ def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _reason(exc: ValueError) -> str:
+def corrupt_reason(exc: ValueError) -> str:
+    """Why a stored value was refused, in one line: pydantic's first error with where it is."""
     if isinstance(exc, ValidationError):
         first = exc.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -424,7 +425,7 @@ class InventoryStore:
         try:
             return with_beat(decode(name, raw), stored_beat(beat))
         except ValueError as exc:
-            raise StateError(f"inventory record {key} is corrupt: {_reason(exc)}") from exc
+            raise StateError(f"inventory record {key} is corrupt: {corrupt_reason(exc)}") from exc
 
     def names(self) -> frozenset[str]:
         """Names of every stored node."""
@@ -476,7 +477,7 @@ class InventoryStore:
                 decoded[name] = (raw, state)
                 records.append(with_beat(state, beats.get(name, 0.0)))
             except ValueError as exc:
-                corrupt[self.keys.node(name)] = _reason(exc)
+                corrupt[self.keys.node(name)] = corrupt_reason(exc)
         self._note_corrupt(corrupt)
         with self._lock:
             self._names_hint = sorted(members)
@@ -515,7 +516,7 @@ class InventoryStore:
             try:
                 changed[name] = with_beat(decode(name, raw), stored_beat(beat))
             except ValueError as exc:
-                corrupt[self.keys.node(name)] = _reason(exc)
+                corrupt[self.keys.node(name)] = corrupt_reason(exc)
         self._note_corrupt(corrupt)
         return _version(raw_version), changed, frozenset(_text(k) for k in raw_registry)
 
