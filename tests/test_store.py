@@ -498,6 +498,38 @@ def test_a_data_dir_too_long_for_a_socket_is_a_clear_error(tmp_path: Path) -> No
         connect(None, tmp_path / ("d" * 120))
 
 
+def _cannot_persist(client: redis.Redis) -> None:
+    """Make the server fail to write its RDB snapshot, as on a full or read-only disk: with a save
+    point configured, it then answers MISCONF to every write and to PING (nothing can be written
+    under /proc, even by root)."""
+    client.config_set("save", "3600 1")
+    client.config_set("stop-writes-on-bgsave-error", "yes")
+    client.config_set("dir", "/proc")
+    client.bgsave()
+    while client.info("persistence")["rdb_bgsave_in_progress"]:
+        time.sleep(0.01)
+    assert client.info("persistence")["rdb_last_bgsave_status"] == "err"
+
+
+def test_a_server_that_cannot_persist_is_unavailable_and_says_why(embedded_data_dir: Path) -> None:
+    """Once a ResponseError that no caller expected: a traceback from every command, and an agent
+    that exited where it retries through any other outage."""
+    client = connect(None, embedded_data_dir)
+    _cannot_persist(client)
+    with pytest.raises(StoreUnavailableError, match=r"^writing node records: Redis is unavailable: .*MISCONF "):
+        InventoryStore(client).put(node("a"))
+    client.close()
+    with pytest.raises(StoreUnavailableError, match=r"^embedded Redis at .*/redis\.sock refuses commands: MISCONF "):
+        connect(None, embedded_data_dir)
+
+
+def test_a_lock_file_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> None:
+    paths = embedded.paths_for(tmp_path / "data")
+    paths.lockfile.mkdir(parents=True)  # as a read-only data directory would refuse it: no traceback
+    with pytest.raises(StateError, match=r"^cannot open the lock file .*: Is a directory$"):
+        connect(None, tmp_path / "data")
+
+
 # ---- incremental reads: what changed since a version -----------------------------------------------
 
 

@@ -175,6 +175,9 @@ def probe(socket_path: Path) -> Probe:
         raise StoreUnavailableError(f"embedded Redis at {socket_path} does not answer") from exc
     except redis.ConnectionError:
         return "down"
+    except redis.RedisError as exc:
+        # MISCONF (its disk full or read-only) refuses even PING; another server would fare no better
+        raise StoreUnavailableError(f"embedded Redis at {socket_path} refuses commands: {exc}") from exc
     finally:
         client.close()
     return "up"
@@ -290,7 +293,11 @@ def _log_tail(paths: EmbeddedPaths, lines: int = 5) -> str:
 
 @contextmanager
 def _exclusive(lockfile: Path) -> Iterator[None]:
-    with lockfile.open("a") as handle:
+    try:
+        handle = lockfile.open("a")
+    except OSError as exc:  # a data directory that is read-only, or a directory in the lock's place
+        raise StateError(f"cannot open the lock file {lockfile}: {exc.strerror or exc}") from exc
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

@@ -5,7 +5,9 @@ fail open" without importing redis, so every Redis call in this package runs ins
 :func:`redis_errors`, which maps:
 
 * connection refused / reset, timeouts, AUTH failures, a server still loading its data
-  (``redis.ConnectionError`` and ``redis.TimeoutError`` and their subclasses)
+  (``redis.ConnectionError`` and ``redis.TimeoutError`` and their subclasses), and a server that
+  refuses commands until it can persist again (``MISCONF``: its disk is full or read-only; it
+  refuses even PING) or free memory (``OOM``)
   -> :class:`~extender.core.errors.StoreUnavailableError`;
 * anything else the server or client reports (``WRONGTYPE``, ``READONLY`` replica, a failed
   transaction) -> :class:`~extender.core.errors.StateError`.
@@ -30,10 +32,19 @@ def redis_errors(action: str) -> Iterator[None]:
     """Run a block of Redis calls, re-raising redis-py errors as ours; ``action`` starts the message."""
     try:
         yield
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
+    except (redis.ConnectionError, redis.TimeoutError, redis.OutOfMemoryError) as exc:
         raise StoreUnavailableError(f"{action}: Redis is unavailable: {exc}") from exc
     except redis.RedisError as exc:
+        if refuses_until_it_can_persist(exc):
+            raise StoreUnavailableError(f"{action}: Redis is unavailable: {exc}") from exc
         raise StateError(f"{action}: {exc}") from exc
+
+
+def refuses_until_it_can_persist(exc: redis.RedisError) -> bool:
+    """The server's ``MISCONF``: it cannot write its AOF or RDB file and takes no command until it can
+    (in a pipeline, redis-py puts the failed command before the server's words)."""
+    text = str(exc)
+    return isinstance(exc, redis.ResponseError) and (text.startswith("MISCONF ") or "caused error: MISCONF " in text)
 
 
 def raw_reply(client: redis.Redis, action: str, *command: str | int | float) -> Any:
