@@ -183,8 +183,14 @@ def test_connect_errors_are_ours(sentinels: SentinelSet, tmp_path: Path, url: st
 
 @pytest.mark.integration
 def test_no_sentinel_answering_is_unavailable(tmp_path: Path) -> None:
-    with pytest.raises(StoreUnavailableError):
-        connect(f"redis+sentinel://127.0.0.1:{free_port()}/{SERVICE}", tmp_path, timeout_s=1.0)
+    one, two = free_port(), free_port()
+    with pytest.raises(StoreUnavailableError) as raised:
+        connect(f"redis+sentinel://127.0.0.1:{one},127.0.0.1:{two}/{SERVICE}", tmp_path, timeout_s=1.0)
+    # the sentinels asked and what they failed with, not the thousand characters of each one's
+    # client settings that redis-py writes into its error
+    assert str(raised.value) == (
+        f"connecting to redis+sentinel://127.0.0.1:{one},127.0.0.1:{two}/{SERVICE}: Redis is unavailable: "
+        f"No master found for {SERVICE!r} (the sentinels failed with network:ConnectionError)")
 
 
 @pytest.mark.integration

@@ -74,7 +74,9 @@ def connect(url: str | None, data_dir: str | Path, *, timeout_s: float = DEFAULT
     else:
         socket_path = embedded.ensure_running(data_dir)
         client = redis.Redis(unix_socket_path=str(socket_path), **options)  # type: ignore[arg-type]
-    with redis_errors(f"connecting to {describe(client)}"):
+    # a sentinel URL's own hosts are where to look when no sentinel answers (its client knows the service only)
+    where = sentinel.redact(url) if url and sentinel.is_sentinel_url(url) else describe(client)
+    with redis_errors(f"connecting to {where}"):
         client.ping()
     return client
 

@@ -17,12 +17,14 @@ The redis exception is always chained as ``__cause__`` so logs keep the original
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import redis
 from redis.client import NEVER_DECODE
+from redis.sentinel import MasterNotFoundError
 
 from extender.core.errors import StateError, StoreUnavailableError
 
@@ -33,11 +35,27 @@ def redis_errors(action: str) -> Iterator[None]:
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError, redis.OutOfMemoryError) as exc:
-        raise StoreUnavailableError(f"{action}: Redis is unavailable: {exc}") from exc
+        raise StoreUnavailableError(f"{action}: Redis is unavailable: {_said(exc)}") from exc
     except redis.RedisError as exc:
         if refuses_until_it_can_persist(exc):
             raise StoreUnavailableError(f"{action}: Redis is unavailable: {exc}") from exc
         raise StateError(f"{action}: {exc}") from exc
+
+
+#: What one sentinel's failure is called inside redis-py's MasterNotFoundError, after that
+#: sentinel's client: ``...)> - network:ConnectionError`` (``ConnectionError('...')`` before redis-py 7).
+_SENTINEL_ERROR = re.compile(r"\)> - ([^,]+)")
+
+
+def _said(exc: redis.RedisError) -> str:
+    """What the error says, in a line: redis-py writes each sentinel's whole client (a thousand
+    characters of connection settings) into MasterNotFoundError; only what each failed with is kept."""
+    text = str(exc)
+    if not isinstance(exc, MasterNotFoundError):
+        return text
+    head, _, tried = text.partition(" : ")
+    errors = sorted(set(_SENTINEL_ERROR.findall(tried)))
+    return f"{head} (the sentinels failed with {', '.join(errors)})" if errors else head
 
 
 def refuses_until_it_can_persist(exc: redis.RedisError) -> bool:
