@@ -498,6 +498,30 @@ def test_a_data_dir_too_long_for_a_socket_is_a_clear_error(tmp_path: Path) -> No
         connect(None, tmp_path / ("d" * 120))
 
 
+def test_a_hung_server_costs_one_timeout_not_one_per_retry(redis_server: RedisServer,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused connection is retried (a restart, a failover); a read that timed out is not: the
+    server is hung, and each retry waited the whole timeout again (four in all)."""
+    client = connect(redis_server.url, "unused", timeout_s=0.2)
+    sent: list[bytes] = []
+    send = redis.connection.AbstractConnection.send_packed_command
+
+    def counted(self: redis.connection.AbstractConnection, command: Any, *args: Any, **kwargs: Any) -> None:
+        sent.append(command)
+        send(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "send_packed_command", counted)
+    assert redis_server.process is not None
+    redis_server.process.send_signal(signal.SIGSTOP)
+    try:
+        with pytest.raises(StoreUnavailableError, match="Timeout reading from"):
+            InventoryStore(client).version()
+    finally:
+        redis_server.process.send_signal(signal.SIGCONT)
+    assert len(sent) == 1
+    client.close()
+
+
 def _cannot_persist(client: redis.Redis) -> None:
     """Make the server fail to write its RDB snapshot, as on a full or read-only disk: with a save
     point configured, it then answers MISCONF to every write and to PING (nothing can be written
