@@ -250,8 +250,30 @@ def flag_problem(args: argparse.Namespace, environ: Mapping[str, str] | None = N
     can be checked without starting anything: tests check every container command the chart renders
     this way, with the container's environment as ``environ`` (default: this process's).
     """
+    environ = os.environ if environ is None else environ
+    if problem := store_problem(args, environ):
+        return problem
     check: FlagCheck | None = getattr(args, FLAG_CHECK, None)
-    return None if check is None else check(args, os.environ if environ is None else environ)
+    return None if check is None else check(args, environ)
+
+
+def store_problem(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """What is wrong with ``$REDIS_URL`` where a command of the store options would use it, or ``None``.
+
+    ``--redis-url`` is checked by argparse; the variable stands in for it when the flag is absent, so it
+    is refused the same way (a usage error) rather than by every connection attempt later, and the
+    message names the variable, since the command line has no URL in it.
+    """
+    if not hasattr(args, "redis_url") or args.redis_url:
+        return None
+    value = environ.get("REDIS_URL")
+    if not value:
+        return None
+    try:
+        redis_url(value)
+    except argparse.ArgumentTypeError as exc:
+        return f"$REDIS_URL (used as --redis-url is not given): {exc}"
+    return None
 
 
 #: Key prefix of every Redis key when --prefix is not given.

@@ -10,13 +10,20 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 import yaml
 
 from extender import __version__
-from extender.arguments import add_logging_options, add_store_options, deprecated_flags, subparsers_of
+from extender.arguments import (
+    add_logging_options,
+    add_store_options,
+    deprecated_flags,
+    store_problem,
+    subparsers_of,
+)
 from extender.core.cachekey import compile_cache_key_of
 from extender.core.caches import compile_key_material
 from extender.core.errors import DocumentError, ExtenderError, UnknownNameError
@@ -205,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(level, getattr(args, "log_format", "text"))
     for old, new in deprecated_flags(args):
         report(f"extender: {old} is deprecated; use {new}", level=logging.WARNING, flag=old, replacement=new)
+    # every command of the store options, whether or not it registered a check of its own
+    if problem := store_problem(args, os.environ):
+        report(f"extender {args.command}: {problem}")
+        return 2
     handler: Handler = args.handler
     try:
         return handler(args)

@@ -235,6 +235,9 @@ FROM_THE_CLUSTER = "<set by the kubelet>"
 #: What the kubelet writes for a downward-API field whose shape a command checks at start (the agent
 #: refuses a $NODE_NAME that is no node name).
 FIELD_VALUES = {"spec.nodeName": "gpu-node-1"}
+#: The same for a variable read from a Secret or a ConfigMap: the store URL is refused at start unless
+#: it is a Redis URL (the rendered Secret holds one; its host differs between installs).
+SECRET_VALUES = {"REDIS_URL": "redis://redis.example:6379/0"}
 
 
 def env_value(entry: Mapping[str, Any]) -> str:
@@ -242,7 +245,9 @@ def env_value(entry: Mapping[str, Any]) -> str:
     if "value" in entry:
         return str(entry["value"])
     field = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-    return FIELD_VALUES.get(field, FROM_THE_CLUSTER)
+    if field is not None:
+        return FIELD_VALUES.get(field, FROM_THE_CLUSTER)
+    return SECRET_VALUES.get(str(entry.get("name")), FROM_THE_CLUSTER)
 
 
 @dataclass(frozen=True)

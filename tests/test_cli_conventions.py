@@ -15,7 +15,15 @@ import pytest
 import redis
 
 from extender import cli
-from extender.arguments import DEFAULT_PREFIX, deprecated_flags, duration, duration_or_zero, size, subparsers_of
+from extender.arguments import (
+    DEFAULT_PREFIX,
+    deprecated_flags,
+    duration,
+    duration_or_zero,
+    flag_problem,
+    size,
+    subparsers_of,
+)
 from tests.conftest import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -271,6 +279,47 @@ def test_malformed_flags_are_usage_errors(case: BadFlag, capsys: pytest.CaptureF
                                  "redis+sentinel://s1:26379/mymaster"])
 def test_redis_urls_of_every_scheme_are_taken(url: str) -> None:
     assert PARSER.parse_args(["inventory", "show", "--redis-url", url]).redis_url == url
+
+
+class EnvUrl(NamedTuple):
+    id: str
+    argv: list[str]
+    environ: str
+    refused: bool
+
+
+#: $REDIS_URL stands in for --redis-url when the flag is absent, and is refused as the flag is (docs/cli.md):
+#: it used to reach the store unchecked (serve then failed open for ever; inventory show exited 1).
+ENV_URLS = [
+    EnvUrl("serve, another scheme", ["serve", "--policy", "p", "--bind", "127.0.0.1:18892"], "http://x:1", True),
+    EnvUrl("inventory show, another scheme", ["inventory", "show"], "http://u:secret@x:1", True),
+    EnvUrl("estimate, no scheme", ["estimate", "--policy", "p"], "localhost:6379", True),
+    EnvUrl("scale explain, no registered check", ["scale", "explain", "w"], "http://x:1", True),
+    EnvUrl("calibrate show", ["calibrate", "show", "--policy", "p"], "ftp://x", True),
+    EnvUrl("the flag wins over the variable", ["inventory", "show", "--redis-url", "redis://h:1"], "http://x:1",
+           False),
+    EnvUrl("a Redis URL is taken", ["inventory", "show"], "rediss://u:p@h:6380/0", False),
+    EnvUrl("empty means unset", ["inventory", "show"], "", False),
+]
+
+
+@pytest.mark.parametrize("case", ENV_URLS, ids=[c.id for c in ENV_URLS])
+def test_redis_url_from_the_environment_is_checked_as_the_flag(case: EnvUrl) -> None:
+    problem = flag_problem(PARSER.parse_args(case.argv), {"REDIS_URL": case.environ})
+    if not case.refused:
+        assert problem is None
+        return
+    assert problem is not None and problem.startswith("$REDIS_URL") and "not a Redis URL" in problem
+    assert "secret" not in problem
+
+
+@pytest.mark.parametrize("case", [c for c in ENV_URLS if c.refused], ids=[c.id for c in ENV_URLS if c.refused])
+def test_a_bad_redis_url_in_the_environment_is_a_usage_error(case: EnvUrl, capsys: pytest.CaptureFixture[str],
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", case.environ)
+    assert cli.main(case.argv) == 2
+    err = capsys.readouterr().err
+    assert "$REDIS_URL" in err and "not a Redis URL" in err and "secret" not in err
 
 
 def test_a_bad_unit_is_a_usage_error_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
