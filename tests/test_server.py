@@ -378,6 +378,11 @@ EXPLAIN_BAD_BODIES = [
     ("Nodes is a string", json.dumps({"Pod": pod(), "Nodes": "abc"}).encode(), "NodeList object"),
     ("nested 1,000 levels", b'{"metadata":' + b"[" * 1000 + b"]" * 1000 + b"}", "nested deeper"),
     ("lone surrogate", b'{"Pod":{},"NodeNames":["\\udfff"]}', "not valid JSON"),
+    # a null Pod was read as "no Pod key": the wrapper itself was explained as the pod (200)
+    ("Pod is null, with NodeNames", json.dumps({"Pod": None, "NodeNames": ["fast-warm"]}).encode(), "no Pod object"),
+    ("Pod is null, alone", json.dumps({"Pod": None}).encode(), "no Pod object"),
+    ("pod is null, in another case", json.dumps({"pod": None, "nodeNames": ["fast-warm"]}).encode(), "no Pod object"),
+    ("Pod is a string", json.dumps({"Pod": "x"}).encode(), "Pod must be an object"),
 ]
 
 

@@ -61,6 +61,7 @@ from extender.api.scheduler.wire import (
     encode_priorities,
     encode_uniform_priorities,
     get_ci,
+    has_ci,
     parse_args,
 )
 from extender.core.inventory import InventorySnapshot
@@ -278,8 +279,10 @@ def explain() -> Response:
         return _reply(400, encode_error("post a Pod object, or an ExtenderArgs body with Pod"))
     nodes: list[NodeInfo] | None = None
     pod_obj = get_ci(data, "Pod")
-    if pod_obj is None:
+    if not has_ci(data, "Pod"):  # a Pod object itself
         pod = PodInfo.from_object(data)
+    elif pod_obj is None:  # an ExtenderArgs body whose Pod is null, refused as /filter refuses it
+        return _reply(400, encode_error("body has no Pod object (ExtenderArgs.Pod)"))
     elif get_ci(data, "NodeNames") is None and get_ci(data, "Nodes") is None:
         if not isinstance(pod_obj, dict):
             return _reply(400, encode_error("Pod must be an object"))

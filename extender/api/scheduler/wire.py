@@ -47,6 +47,12 @@ def get_ci(obj: Mapping[str, Any], key: str) -> Any:
     return None
 
 
+def has_ci(obj: Mapping[str, Any], key: str) -> bool:
+    """``key`` is in ``obj`` as :func:`get_ci` matches it, whatever its value (``null`` included)."""
+    low = key.lower()
+    return key in obj or any(k.lower() == low for k in obj)
+
+
 def _str_map(value: Any) -> dict[str, str]:
     """Labels or annotations; anything that is not a string map counts as empty (not our input to police)."""
     if not isinstance(value, dict):
