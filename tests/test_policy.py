@@ -332,6 +332,18 @@ REFUSED = [
             "warming.resources.limits.cpu", "got a boolean"),
     Refused("requests above limits", "", "warming: {resources: {requests: {memory: 8Gi}, limits: {memory: 1Gi}}}\n",
             13, "warming.resources", "requests.memory (8Gi) is larger than limits.memory (1Gi)"),
+    # every offending resource in one message, not the first only (policy check lists every problem)
+    Refused("requests above limits for two resources", "", "warming: {resources: {requests: {cpu: '4', memory: 8Gi}, "
+            "limits: {cpu: '2', memory: 4Gi}}}\n", 13, "warming.resources",
+            "requests.cpu (4) is larger than limits.cpu (2); Kubernetes refuses such a Job; requests.memory (8Gi) "
+            "is larger than limits.memory (4Gi)"),
+    Refused("two extended resources without equal limits", "", "warming: {resources: {requests: {nvidia.com/gpu: 1, "
+            "example.com/fpga: 2}, limits: {example.com/fpga: 3}}}\n", 13, "warming.resources",
+            "requests.example.com/fpga (2) differs from limits.example.com/fpga (3): Kubernetes does not overcommit "
+            "extended resources and hugepages, they must be equal; requests.nvidia.com/gpu needs limits.nvidia.com/"),
+    Refused("two resource names without their domain", "", "warming: {resources: {limits: {gpu: 1, fpga: 1}}}\n", 13,
+            "warming.resources.limits", "'gpu' is not a container resource: cpu, memory, ephemeral-storage, "
+            "hugepages-<size>, or an extended resource with its domain (nvidia.com/gpu); 'fpga' is not a container"),
     # settings that are valid alone and contradict each other: the policy would silently do nothing
     Refused("a node class shadowed by an earlier one", "profiles:\n", "  - name: gpu-a-big\n"
             "    matchLabels: {node.kubernetes.io/instance-type: a, size: big}\n"

@@ -848,6 +848,7 @@ Quantity = Annotated[str, BeforeValidator(_quantity), WithJsonSchema({
 def _resource_names(resources: dict[str, str]) -> dict[str, str]:
     """Container resource names as Kubernetes takes them: a standard one (``cpu``, ``memory``,
     ``ephemeral-storage``, ``hugepages-<size>``) or an extended one with a domain (``nvidia.com/gpu``)."""
+    problems: list[str] = []
     for name in resources:
         problem = qualified_name_problem(name)
         if problem is None and "/" not in name and name not in _STANDARD_RESOURCES \
@@ -857,7 +858,9 @@ def _resource_names(resources: dict[str, str]) -> dict[str, str]:
         if problem is None and "kubernetes.io/" in name:
             problem = f"{name!r}: resources in the kubernetes.io domain are Kubernetes' own, not container resources"
         if problem is not None:
-            raise InvalidValueError(problem)
+            problems.append(problem)
+    if problems:  # every name at once: `policy check` lists every problem
+        raise InvalidValueError("; ".join(problems))
     return resources
 
 
@@ -881,18 +884,27 @@ class JobResources(Schema):
 
     @model_validator(mode="after")
     def _requests_within_limits(self) -> JobResources:
+        # every offending resource in one message (one error is what a model check can raise), so
+        # `policy check` lists them all rather than the first
+        problems: list[str] = []
         for name in sorted(self.requests):
-            if _overcommit_refused(name) and self.limits.get(name) is None:
-                raise InvalidValueError(f"requests.{name} needs limits.{name} equal to it: Kubernetes does not "
-                                        "overcommit extended resources and hugepages")
-            if _overcommit_refused(name) and parse_quantity(self.requests[name]) != parse_quantity(self.limits[name]):
-                raise InvalidValueError(f"requests.{name} ({self.requests[name]}) differs from limits.{name} "
-                                        f"({self.limits[name]}): Kubernetes does not overcommit extended resources "
-                                        "and hugepages, they must be equal")
+            if not _overcommit_refused(name):
+                continue
+            if self.limits.get(name) is None:
+                problems.append(f"requests.{name} needs limits.{name} equal to it: Kubernetes does not "
+                                "overcommit extended resources and hugepages")
+            elif parse_quantity(self.requests[name]) != parse_quantity(self.limits[name]):
+                problems.append(f"requests.{name} ({self.requests[name]}) differs from limits.{name} "
+                                f"({self.limits[name]}): Kubernetes does not overcommit extended resources "
+                                "and hugepages, they must be equal")
         for name in sorted(self.requests.keys() & self.limits.keys()):
+            if _overcommit_refused(name):  # reported above: they must be equal
+                continue
             if parse_quantity(self.requests[name]) > parse_quantity(self.limits[name]):
-                raise InvalidValueError(f"requests.{name} ({self.requests[name]}) is larger than limits.{name} "
-                                        f"({self.limits[name]}); Kubernetes refuses such a Job")
+                problems.append(f"requests.{name} ({self.requests[name]}) is larger than limits.{name} "
+                                f"({self.limits[name]}); Kubernetes refuses such a Job")
+        if problems:
+            raise InvalidValueError("; ".join(problems))
         return self
 
 
