@@ -520,7 +520,12 @@ def test_explain_covers_at_most_a_cluster_of_nodes(client: FlaskClient, monkeypa
     monkeypatch.setattr(verbs, "EXPLAIN_MAX_NODES", 2)
     named = client.post("/explain?nodes=a,b,c", data=json.dumps(pod()))
     assert named.status_code == 400
-    assert "the request names 3 nodes, more than one report covers (2)" in json.loads(named.data)["error"]
+    error = json.loads(named.data)["error"]
+    # the request named its nodes: it is told the limit, not to name them (?nodes=a,b)
+    assert "the request names 3 nodes, more than one report covers (2); ask about at most 2 a time" in error
+    assert "?nodes" not in error
+    body = client.post("/explain", data=json.dumps({"Pod": pod(), "NodeNames": ["a", "b", "c"]}))
+    assert body.status_code == 400 and "?nodes" not in json.loads(body.data)["error"]
     everything = client.post("/explain", data=json.dumps(pod()))
     assert everything.status_code == 400
     assert f"the inventory holds {len(fleet())} nodes" in json.loads(everything.data)["error"]

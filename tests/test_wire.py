@@ -1,4 +1,5 @@
-"""The wire encoders' escaping shortcut, against the regular expression and ``json`` as oracles."""
+"""The wire encoders' escaping shortcut, against the regular expression and ``json`` as oracles; the
+decoder's messages for bodies it refuses."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extender.api.scheduler.wire import _NEEDS_ESCAPE, encode_names, encode_uniform_priorities, plain
+from extender.api.scheduler.wire import (
+    _NEEDS_ESCAPE,
+    BadRequestError,
+    encode_names,
+    encode_uniform_priorities,
+    parse_args,
+    plain,
+)
 
 #: Text that reaches every branch: ASCII with control characters, quotes and backslashes, and beyond.
 names = st.lists(st.text(alphabet=st.characters(max_codepoint=0x3000, exclude_categories=["Cs"]), max_size=12),
@@ -57,3 +65,46 @@ def test_the_encoders_escape_whatever_needs_it(names: list[str]) -> None:
     for hint in (None, plain(names)):
         assert json.loads(encode_names(names, hint)) == names
         assert json.loads(encode_uniform_priorities(names, 0, hint)) == [{"Host": n, "Score": 0} for n in names]
+
+
+def _nodes(*items: object) -> bytes:
+    return json.dumps({"Pod": {}, "Nodes": {"items": list(items)}}).encode()
+
+
+GOOD = {"metadata": {"name": "a"}}
+
+#: A refused body's message names where the problem is (an index) and the JSON type found, never a
+#: Python type name; each row's words were missing before (a name of the wrong type read as no name).
+REFUSED = [
+    pytest.param(_nodes(GOOD, GOOD, GOOD, {"metadata": {"name": 5}}),
+                 "Nodes.items[3].metadata.name must be a non-empty string, got number", id="name-is-a-number"),
+    pytest.param(_nodes({"metadata": {"name": ""}}), "Nodes.items[0].metadata.name must be a non-empty string, "
+                 "got an empty string", id="name-is-empty"),
+    pytest.param(_nodes(GOOD, {"metadata": {}}), "Nodes.items[1] has no metadata.name", id="name-missing"),
+    pytest.param(_nodes(GOOD, {}), "Nodes.items[1] has no metadata.name", id="metadata-missing"),
+    pytest.param(_nodes({"metadata": ["a"]}), "Nodes.items[0].metadata must be an object, got array",
+                 id="metadata-is-an-array"),
+    pytest.param(_nodes(GOOD, "b"), "Nodes.items[1] is string", id="item-is-a-string"),
+    pytest.param(json.dumps({"Pod": {}, "Nodes": {"items": 7}}).encode(), "Nodes.items is number, not an array",
+                 id="items-is-a-number"),
+    pytest.param(json.dumps({"Pod": {}, "Nodes": "abc"}).encode(), "whose items are Node objects, got string",
+                 id="nodes-is-a-string"),
+    pytest.param(json.dumps({"Pod": {}, "NodeNames": ["a", None]}).encode(), "NodeNames[1] is null",
+                 id="a-null-name"),
+    pytest.param(json.dumps({"Pod": {}, "NodeNames": ["a", "b", True]}).encode(), "NodeNames[2] is boolean",
+                 id="a-boolean-name"),
+    pytest.param(json.dumps({"Pod": {}, "NodeNames": {"a": 1}}).encode(), "array of strings, got object",
+                 id="names-is-an-object"),
+    pytest.param(b"null", "got null", id="body-null"),
+    pytest.param(b"[]", "got array", id="body-array"),
+    pytest.param(b'"x"', "got string", id="body-string"),
+    pytest.param(b"5.5", "got number", id="body-number"),
+    pytest.param(b"false", "got boolean", id="body-boolean"),
+]
+
+
+@pytest.mark.parametrize(("body", "words"), REFUSED)
+def test_a_refused_body_says_where_and_what_json_type(body: bytes, words: str) -> None:
+    with pytest.raises(BadRequestError) as refused:
+        parse_args(body)
+    assert words in str(refused.value)

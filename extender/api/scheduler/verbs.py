@@ -191,8 +191,10 @@ class SchedulerService:
             named = nodes is not None
             nodes = nodes if nodes is not None else engine.all_nodes()
             if len(nodes) > EXPLAIN_MAX_NODES:
-                whose = "the request names" if named else "the inventory holds"
-                raise BadRequestError(f"{whose} {len(nodes)} nodes, more than one report covers "
+                if named:  # the request named them: ask for fewer, in more than one report
+                    raise BadRequestError(f"the request names {len(nodes)} nodes, more than one report covers "
+                                          f"({EXPLAIN_MAX_NODES}); ask about at most {EXPLAIN_MAX_NODES} a time")
+                raise BadRequestError(f"the inventory holds {len(nodes)} nodes, more than one report covers "
                                       f"({EXPLAIN_MAX_NODES}); name the nodes to explain (?nodes=a,b)")
             report = explain_report(engine, pod, nodes, now, fail_open=health.fail_open)
             report["snapshot"]["ageSeconds"] = round(health.age_s, 3)

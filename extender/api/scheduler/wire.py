@@ -47,6 +47,21 @@ def get_ci(obj: Mapping[str, Any], key: str) -> Any:
     return None
 
 
+def json_type(value: Any) -> str:
+    """The JSON name of a decoded value's type, for messages to a client that sent JSON, not Python."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object" if isinstance(value, dict) else type(value).__name__
+
+
 def has_ci(obj: Mapping[str, Any], key: str) -> bool:
     """``key`` is in ``obj`` as :func:`get_ci` matches it, whatever its value (``null`` included)."""
     low = key.lower()
@@ -102,12 +117,19 @@ class NodeInfo:
     images: tuple[str, ...]
 
     @classmethod
-    def from_object(cls, node: Mapping[str, Any]) -> NodeInfo:
-        """Read name, labels and ``status.images[].names`` of a Node object."""
+    def from_object(cls, node: Mapping[str, Any], where: str = "a node") -> NodeInfo:
+        """Read name, labels and ``status.images[].names`` of a Node object; ``where`` names the node in
+        a message (``Nodes.items[3]``)."""
         meta = get_ci(node, "metadata")
-        name = get_ci(meta, "name") if isinstance(meta, dict) else None
+        if not isinstance(meta, dict):
+            raise BadRequestError(f"{where} has no metadata.name" if meta is None else
+                                  f"{where}.metadata must be an object, got {json_type(meta)}")
+        name = get_ci(meta, "name")
+        if name is None:
+            raise BadRequestError(f"{where} has no metadata.name")
         if not isinstance(name, str) or not name:
-            raise BadRequestError("a node in Nodes.items has no metadata.name")
+            raise BadRequestError(f"{where}.metadata.name must be a non-empty string, got "
+                                  f"{'an empty string' if name == '' else json_type(name)}")
         status = get_ci(node, "status")
         images: list[str] = []
         raw = get_ci(status, "images") if isinstance(status, dict) else None
@@ -187,7 +209,7 @@ def parse_args(body: bytes) -> ExtenderArgs:
     """Decode an ``ExtenderArgs`` body; raises :class:`BadRequestError` naming the problem."""
     data = decode_json(body)
     if not isinstance(data, dict):
-        raise BadRequestError(f"body must be a JSON object (ExtenderArgs), got {type(data).__name__}")
+        raise BadRequestError(f"body must be a JSON object (ExtenderArgs), got {json_type(data)}")
     pod = get_ci(data, "Pod")
     if not isinstance(pod, dict):
         raise BadRequestError("body has no Pod object (ExtenderArgs.Pod)")
@@ -196,21 +218,27 @@ def parse_args(body: bytes) -> ExtenderArgs:
     escaped = b"\\" in body  # see ExtenderArgs.plain
     if names is not None:
         if not isinstance(names, list):
-            raise BadRequestError("NodeNames must be an array of strings")
+            raise BadRequestError(f"NodeNames must be an array of strings, got {json_type(names)}")
         try:
             "".join(names)  # C-speed type check: raises TypeError on any non-string
         except TypeError:
-            raise BadRequestError("NodeNames must be an array of strings") from None
+            at, bad = next((i, n) for i, n in enumerate(names) if not isinstance(n, str))
+            raise BadRequestError(f"NodeNames must be an array of strings: NodeNames[{at}] is "
+                                  f"{json_type(bad)}") from None
         return ExtenderArgs(PodInfo.from_object(pod), names, names, None, [], escaped)
     if nodes is not None:
+        shape = "Nodes must be a NodeList object whose items are Node objects"
         if not isinstance(nodes, dict):  # Go's decoder refuses anything but an object here
-            raise BadRequestError("Nodes must be a NodeList object whose items are Node objects")
+            raise BadRequestError(f"{shape}, got {json_type(nodes)}")
         items = get_ci(nodes, "items")
         if items is None:
             items = []
-        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
-            raise BadRequestError("Nodes must be a NodeList object whose items are Node objects")
-        infos = [NodeInfo.from_object(item) for item in items]
+        if not isinstance(items, list):
+            raise BadRequestError(f"{shape}: Nodes.items is {json_type(items)}, not an array")
+        for at, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise BadRequestError(f"{shape}: Nodes.items[{at}] is {json_type(item)}")
+        infos = [NodeInfo.from_object(item, f"Nodes.items[{at}]") for at, item in enumerate(items)]
         all_names = [n.name for n in infos]
         return ExtenderArgs(PodInfo.from_object(pod), all_names, None, items, infos, escaped)
     raise BadRequestError("body has neither NodeNames nor Nodes; nothing to filter or score")
