@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import re
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -65,17 +66,38 @@ def _clip(text: str, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+#: A path part written bare (``.name``); any other is quoted (``['extender.io/workload']``, ``['bad key!']``).
+_BARE_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
+
+#: pydantic's last location part when a mapping's key, not its value, failed validation.
+KEY_MARKER = "[key]"
+
+
 def format_path(loc: Iterable[str | int]) -> str:
-    """``('profiles', 1, 'weights', 'bytes')`` -> ``profiles[1].weights.bytes``."""
+    """``('profiles', 1, 'weights', 'bytes')`` -> ``profiles[1].weights.bytes``; a part that is no plain
+    name is quoted: ``('labels', 'bad key!')`` -> ``labels['bad key!']``."""
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif "." in part or "/" in part or not part:
+        elif not _BARE_PART.fullmatch(part):
             out += f"[{part!r}]"
         else:
             out += f".{part}" if out else part
     return out
+
+
+def _error_place(error: ErrorDetails, model: type[BaseModel]) -> tuple[str, str]:
+    """The path and message of one pydantic error; a key that failed is quoted in the path as the key
+    it is and the message says it is the key (pydantic marks it with a ``[key]`` part after it)."""
+    loc, message = tuple(error["loc"]), describe(error, model)
+    if error["type"] == "invalid_key":  # a key that is not text, reported at its mapping
+        return format_path(loc[:-1]), message
+    if len(loc) >= 2 and loc[-1] == KEY_MARKER:
+        key = error["input"]  # the key as read (a boolean key's location part is 1 or 0)
+        shown = repr(key) if isinstance(key, str) else _as_written(key)
+        return f"{format_path(loc[:-2])}[{shown}]", f"(the key) {message}"
+    return format_path(loc), message
 
 
 def compose(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
@@ -313,9 +335,7 @@ def validate(
         errors = exc.errors(include_url=False)
         within = {tuple(e["loc"][:i]) for e in errors for i in range(len(e["loc"]))}
         problems = [
-            # a key that is not text is reported at its mapping (pydantic's location is the key itself)
-            Problem(source, line_of(lines, tuple(e["loc"])),
-                    format_path(e["loc"][:-1] if e["type"] == "invalid_key" else e["loc"]), describe(e, model))
+            Problem(source, line_of(lines, tuple(e["loc"])), *_error_place(e, model))
             for e in errors
             # a list too short only because its items are invalid: pydantic counts the valid ones
             if not (e["type"] == "too_short" and tuple(e["loc"]) in within)
