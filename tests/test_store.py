@@ -504,7 +504,7 @@ def test_a_hung_server_costs_one_timeout_not_one_per_retry(redis_server: RedisSe
     server is hung, and each retry waited the whole timeout again (four in all)."""
     client = connect(redis_server.url, "unused", timeout_s=0.2)
     sent: list[bytes] = []
-    send = redis.connection.AbstractConnection.send_packed_command
+    send: Any = redis.connection.AbstractConnection.send_packed_command  # untyped in redis-py
 
     def counted(self: redis.connection.AbstractConnection, command: Any, *args: Any, **kwargs: Any) -> None:
         sent.append(command)
