@@ -547,6 +547,17 @@ def test_a_server_that_cannot_persist_is_unavailable_and_says_why(embedded_data_
         connect(None, embedded_data_dir)
 
 
+def test_a_server_out_of_memory_is_unavailable_and_says_why(store: InventoryStore, client: redis.Redis) -> None:
+    store.put(node("a"))
+    client.config_set("maxmemory", "1")  # under noeviction, the default: every write is refused
+    try:
+        with pytest.raises(StoreUnavailableError, match=r"^writing node records: Redis is unavailable: .*when used memory > 'maxmemory'"):
+            store.put(node("b"))
+        assert [r.name for r in store.load_all()[1]] == ["a"]  # reads are still served
+    finally:
+        client.config_set("maxmemory", "0")
+
+
 def test_a_lock_file_that_cannot_be_opened_is_a_clear_error(tmp_path: Path) -> None:
     paths = embedded.paths_for(tmp_path / "data")
     paths.lockfile.mkdir(parents=True)  # as a read-only data directory would refuse it: no traceback

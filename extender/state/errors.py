@@ -37,7 +37,7 @@ def redis_errors(action: str) -> Iterator[None]:
     except (redis.ConnectionError, redis.TimeoutError, redis.OutOfMemoryError) as exc:
         raise StoreUnavailableError(f"{action}: Redis is unavailable: {_said(exc)}") from exc
     except redis.RedisError as exc:
-        if refuses_until_it_can_persist(exc):
+        if _refuses_until_it_can_persist(exc):
             raise StoreUnavailableError(f"{action}: Redis is unavailable: {exc}") from exc
         raise StateError(f"{action}: {exc}") from exc
 
@@ -58,7 +58,7 @@ def _said(exc: redis.RedisError) -> str:
     return f"{head} (the sentinels failed with {', '.join(errors)})" if errors else head
 
 
-def refuses_until_it_can_persist(exc: redis.RedisError) -> bool:
+def _refuses_until_it_can_persist(exc: redis.RedisError) -> bool:
     """The server's ``MISCONF``: it cannot write its AOF or RDB file and takes no command until it can
     (in a pipeline, redis-py puts the failed command before the server's words)."""
     text = str(exc)
