@@ -23,6 +23,7 @@ from extender.layout import (
     COMPLETE,
     MANIFEST,
     Manifest,
+    adapter_dir,
     compile_dir,
     finish_from_disk,
     mark_complete,
@@ -75,6 +76,7 @@ class Case:
     weights: tuple[WeightsEntry, ...] = ()
     compile_keys: tuple[str, ...] = ()
     snapshots: tuple[str, ...] = ()
+    adapters: tuple[str, ...] = ()
     problems: tuple[tuple[str, str], ...] = ()  # (path relative to the root, kind)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -127,6 +129,33 @@ def _snapshots(root: Path) -> None:
     sparse(snapshot_dir(root, "llama3-8b", "main") / "pages.img", 20 * GiB)
     mark_complete(snapshot_dir(root, "llama3-8b", "main"))
     sparse(snapshot_dir(root, "qwen", "v1") / "pages.img", 1 * GiB)  # being written: no marker
+
+
+def _linked_markers(root: Path) -> None:
+    """Every kind's ``.complete`` a symbolic link, dangling or to a regular file: none counts."""
+    real = root / "elsewhere" / "marker"
+    sparse(real, 0)
+    d = make_weights(root, "w", "dangling", {"a": 100}, complete=False)
+    os.symlink("/nonexistent", d / COMPLETE)
+    d = make_weights(root, "w", "to-a-file", {"a": 100}, complete=False)
+    os.symlink(real, d / COMPLETE)
+    for i, (entry, target) in enumerate([(snapshot_dir(root, "s", "dangling"), Path("/nonexistent")),
+                                         (snapshot_dir(root, "s", "to-a-file"), real),
+                                         (adapter_dir(root, "a", "dangling"), Path("/nonexistent")),
+                                         (adapter_dir(root, "a", "to-a-file"), real)]):
+        sparse(entry / f"file-{i}", 10)
+        os.symlink(target, entry / COMPLETE)
+    sparse(snapshot_dir(root, "s", "real") / "pages.img", 10)  # the control row: a regular marker counts
+    mark_complete(snapshot_dir(root, "s", "real"))
+    sparse(adapter_dir(root, "a", "real") / "adapter.safetensors", 10)
+    mark_complete(adapter_dir(root, "a", "real"))
+
+
+def _marker_is_a_directory(root: Path) -> None:
+    d = make_weights(root, "w", "v1", {"a": 100}, complete=False)
+    (d / COMPLETE).mkdir()
+    sparse(snapshot_dir(root, "s", "v1") / "pages.img", 10)
+    (snapshot_dir(root, "s", "v1") / COMPLETE).mkdir()
 
 
 CASES = [
@@ -185,6 +214,13 @@ CASES = [
                   WeightsEntry("b", "v1", 29, False, 30))),
     Case("compile keys: present once a file exists anywhere inside", _compile, compile_keys=("ck1-full",)),
     Case("snapshots: present only with the marker", _snapshots, snapshots=("llama3-8b/main",)),
+    Case("a marker that is a symbolic link never counts, dangling or not",
+         _linked_markers,
+         weights=(WeightsEntry("w", "dangling", 99, False, 100), WeightsEntry("w", "to-a-file", 99, False, 100)),
+         snapshots=("s/real",), adapters=("a/real",)),
+    Case("a marker that is a directory never counts",
+         _marker_is_a_directory,
+         weights=(WeightsEntry("w", "v1", 99, False, 100),)),
 ]
 
 
@@ -197,6 +233,7 @@ def test_scan(tmp_path: Path, case: Case) -> None:
     assert result.weights == case.weights
     assert result.compile_keys == case.compile_keys
     assert result.snapshots == case.snapshots
+    assert result.adapters == case.adapters
     assert sorted((str(Path(p.path).relative_to(root)), p.kind) for p in result.problems) == sorted(case.problems)
 
 

@@ -383,7 +383,7 @@ def scan_weights(
         return None  # evicted while we looked: reported as a problem, not as an empty entry
     last_used = newest or None
     manifest, why = read_manifest(directory, manifests) if MANIFEST in top_names else (None, None)
-    marked = COMPLETE in top_names
+    marked = COMPLETE in top_names and _marked(walk, str(directory))
     if why is not None:
         walk.problem(directory / MANIFEST, "corrupt", why)
     if manifest is None:
@@ -528,9 +528,13 @@ def _entries(walk: Walk, top: Path, spec: KindSpec) -> Iterator[tuple[str, str]]
 
 
 def _marked(walk: Walk, path: str) -> bool:
-    """Does the entry carry its completion marker?"""
+    """Does the entry carry its completion marker, a regular file? A symbolic link in its place
+    (dangling or not) is not followed and does not count, like every link below the root."""
     try:
-        return os.path.lexists(os.path.join(path, COMPLETE))
-    except OSError as exc:  # pragma: no cover - lexists swallows most errors itself
+        st = os.lstat(os.path.join(path, COMPLETE))
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
         walk.os_problem(path, exc)
         return False
+    return stat.S_ISREG(st.st_mode)
