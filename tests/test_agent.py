@@ -190,6 +190,9 @@ MISHAPS = {
     "a-corrupt-agent-report-in-the-source-hash": Mishap(
         lambda reader, _, __: reader.client.hset(reader.key(NODE), "agent", "{not json")),
     "another-agent-wrote-under-the-same-name": Mishap(_another_agent_under_the_same_name),
+    # the node stays in the node set: only the record key is gone (redis-cli DEL behind the store's back)
+    "the-record-deleted-behind-the-store-s-back": Mishap(
+        lambda reader, _, __: reader.client.delete(reader.store.keys.node(NODE))),
 }
 
 

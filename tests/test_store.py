@@ -663,6 +663,20 @@ def test_a_deleted_node_takes_its_heartbeat_with_it(store: InventoryStore) -> No
     assert got is not None and got.heartbeat == 20.0
 
 
+@pytest.mark.parametrize("damage", [
+    pytest.param(lambda c: c.delete("extender:node:a"), id="record-deleted-behind-the-store-s-back"),
+    pytest.param(lambda c: (c.delete("extender:node:a"), c.hset("extender:node:a", "x", "1")),
+                 id="record-key-holds-a-hash"),
+])
+def test_a_heartbeat_for_a_node_listed_without_a_record_is_refused(
+        store: InventoryStore, client: redis.Redis, damage: Callable[[redis.Redis], object]) -> None:
+    store.put_many([node("a", heartbeat=10.0), node("b", heartbeat=10.0)])
+    damage(client)  # "a" stays in the node set
+    _, missing = store.beat_many({"a": 500.0, "b": 500.0})
+    assert missing == ["a"]  # its writer must write the whole record again
+    assert store.heartbeats_since(0)[1] == {"b": 500.0}
+
+
 def test_a_merged_record_keeps_the_later_heartbeat(store: InventoryStore) -> None:
     from extender.core.reports import AgentReport, KubeReport
     from extender.state.sources import SourceStore

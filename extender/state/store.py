@@ -122,19 +122,23 @@ return v
 """
 
 
-#: Records heartbeats of stored nodes: ARGV is name, time, field, digest, name, time, ... A name not in
-#: the node set is skipped (its record must be written whole first) and returned; so is one with a
-#: ``field`` (not empty) whose value, in the hash ``KEYS[5 + i]`` for the i-th such name, does not
-#: have the SHA-1 ``digest`` (the record no longer holds what the heartbeat vouches for). A heartbeat
+#: Records heartbeats of stored nodes: ARGV is name, time, field, digest, name, time, ...; ``KEYS[4 + j]``
+#: is the record key of the j-th name. A name not in the node set, or whose record key holds no
+#: string (deleted behind the store's back), is skipped (its record must be written whole first) and
+#: returned; so is one with a ``field`` (not empty) whose value, in the i-th guard hash (the keys
+#: after the record keys) for the i-th such name, does not have the SHA-1 ``digest`` (the record no
+#: longer holds what the heartbeat vouches for). A heartbeat
 #: never moves back, but a stored value that is not a number in [0, MAX_TIMESTAMP] counts as absent,
 #: as it does for readers (:func:`stored_beat`). Returns ``{sequence, skipped names...}``.
 _BEAT = """
 local seq = redis.call('INCR', KEYS[1])
 local skipped = {seq}
-local guard = 5
+local record = 5
+local guard = 5 + #ARGV / 4
 for i = 1, #ARGV, 4 do
   local name, t, field, digest = ARGV[i], tonumber(ARGV[i + 1]), ARGV[i + 2], ARGV[i + 3]
-  local ok = redis.call('SISMEMBER', KEYS[4], name) == 1
+  local ok = redis.call('SISMEMBER', KEYS[4], name) == 1 and redis.call('TYPE', KEYS[record]).ok == 'string'
+  record = record + 1
   if field ~= '' then
     local held = redis.call('HGET', KEYS[guard], field)
     guard = guard + 1
@@ -335,7 +339,8 @@ class InventoryStore:
         """Record heartbeats of stored nodes; returns ``(heartbeat sequence, names not stored)``.
 
         Leaves records and the inventory version alone (see the module docstring): an agent whose
-        disk did not change reports this way. A name that has no record, or whose :class:`Guard`
+        disk did not change reports this way. A name that has no record (not in the node set, or its
+        record key deleted or holding no string), or whose :class:`Guard`
         in ``guards`` does not hold, is not stored and comes back in the second item; its agent must
         write the whole record. A heartbeat older than the one stored is ignored.
         """
@@ -352,9 +357,11 @@ class InventoryStore:
                 guard_keys.append(guard.key)
         if not args:
             return self.beat_seq(), []
+        record_keys = [self.keys.node(name) for name in beats]
         with redis_errors("writing heartbeats"):
-            seq, *skipped = self.client.eval(_BEAT, 4 + len(guard_keys), self.keys.beat_seq, self.keys.beat_changes,
-                                             self.keys.heartbeats, self.keys.nodes, *guard_keys, *args)
+            seq, *skipped = self.client.eval(_BEAT, 4 + len(record_keys) + len(guard_keys), self.keys.beat_seq,
+                                             self.keys.beat_changes, self.keys.heartbeats, self.keys.nodes,
+                                             *record_keys, *guard_keys, *args)
         return int(seq), [_text(n) for n in skipped]
 
     def _write(self, action: str, commands: Callable[[Pipeline], Any], names: Iterable[str] = ()) -> int:
