@@ -95,8 +95,7 @@ class FakeClock:
 def agent(cache: Path, clients: Clients, **settings: Any) -> Agent:
     opts: dict[str, Any] = {"interval_s": 0.05, "ttl_s": 60.0, "backoff_initial_s": 0.02, "backoff_max_s": 0.1}
     opts.update(settings)
-    monotonic = opts.pop("monotonic", None)
-    kwargs: dict[str, Any] = {"monotonic": monotonic} if monotonic else {}
+    kwargs: dict[str, Any] = {k: opts.pop(k) for k in ("monotonic", "clock") if k in opts}
     return Agent(AgentSettings(node_name=NODE, cache_root=cache, **opts), clients.open, **kwargs)
 
 
@@ -213,6 +212,83 @@ def test_a_bare_heartbeat_only_keeps_this_agent_s_own_report_fresh(
     clock.now += 10
     a.step()  # the record holds this agent's report again: bare heartbeats are welcome
     assert a.stats.heartbeats == 1
+
+
+class ClockJump(NamedTuple):
+    """The wall clock runs a day ahead for the agent's first writes, then is set right."""
+
+    #: Bare heartbeats written while the clock was ahead (0: only the whole report was).
+    beats_ahead: int
+
+
+CLOCK_JUMPS = {
+    "the-last-write-ahead-was-a-bare-heartbeat": ClockJump(beats_ahead=2),
+    "the-last-write-ahead-was-the-whole-report": ClockJump(beats_ahead=0),
+}
+
+
+@pytest.mark.parametrize("row", CLOCK_JUMPS.values(), ids=CLOCK_JUMPS.keys())
+def test_a_clock_set_back_replaces_the_heartbeat_it_wrote_ahead(
+        cache: Path, clients: Clients, reader: SourceStore, row: ClockJump, caplog: pytest.LogCaptureFixture) -> None:
+    monotonic, wall = FakeClock(), FakeClock()
+    wall.now = 1_700_000_000.0 + 86_400  # a day ahead
+    a = agent(cache, clients, heartbeat_s=10.0, monotonic=monotonic, clock=wall, free_tolerance_bytes=2**62)
+    a.step()
+    for _ in range(row.beats_ahead):
+        monotonic.now += 10
+        wall.now += 10
+        a.step()
+    assert a.stats.heartbeats == row.beats_ahead
+    monotonic.now += 10
+    wall.now = 1_700_000_000.0  # set right (NTP): the clock went back a day
+    with caplog.at_level(logging.WARNING, logger="extender.agent.loop"):
+        a.step()
+    got = reader.store.get(NODE)
+    assert got is not None and got.heartbeat == wall.now  # not a day ahead: the node can go stale again
+    assert a.stats.heartbeats == row.beats_ahead  # the whole report, since a bare one never moves back
+    behind = [r.behind_s for r in caplog.records if hasattr(r, "behind_s")]
+    assert behind == [pytest.approx(86_400 + 10 * row.beats_ahead)]
+    monotonic.now += 10
+    wall.now += 10
+    a.step()  # the clock moves forward again: bare heartbeats as before
+    assert a.stats.heartbeats == row.beats_ahead + 1
+
+
+def _garble_record(reader: SourceStore) -> None:
+    reader.client.set(reader.store.keys.node(NODE), "garbage")  # the agent report in the source hash is intact
+
+
+class Idle(NamedTuple):
+    """What happens to the store while the agent has nothing new but heartbeats to send."""
+
+    befall: Callable[[SourceStore], object]
+
+
+IDLE = {
+    "nothing-else-free-space-drift-under-the-tolerance": Idle(lambda reader: None),
+    "the-merged-record-overwritten-with-garbage": Idle(_garble_record),
+}
+
+
+@pytest.mark.parametrize("row", IDLE.values(), ids=IDLE.keys())
+def test_an_idle_agent_writes_its_whole_report_every_full_report_s(
+        cache: Path, clients: Clients, reader: SourceStore, row: Idle) -> None:
+    clock = FakeClock()
+    # a TTL past the bound, so last-use times alone cannot send the whole report
+    a = agent(cache, clients, heartbeat_s=10.0, ttl_s=600.0, full_report_s=60.0, monotonic=clock,
+              free_tolerance_bytes=2**62)
+    a.step()
+    row.befall(reader)
+    for _ in range(5):  # 50 s of bare heartbeats, all taken: the agent report they vouch for is intact
+        clock.now += 10
+        a.step()
+    assert (a.stats.writes, a.stats.heartbeats) == (6, 5)
+    clock.now += 10
+    a.step()  # 60 s since the whole report
+    assert (a.stats.writes, a.stats.heartbeats) == (7, 5)
+    got = reader.store.get(NODE)
+    assert got is not None and a.last_written is not None
+    assert (got.nvme_free, got.heartbeat) == (a.last_written.nvme_free, a.last_written.heartbeat)
 
 
 def test_an_agent_restart_loses_nothing(cache: Path, clients: Clients, reader: SourceStore) -> None:

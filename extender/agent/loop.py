@@ -10,8 +10,11 @@ report (:class:`~extender.state.sources.AgentReport`) when
   still leave the node fresh), or
 * nothing was written yet since the agent started.
 
-So a scan that finds nothing new writes nothing unless the heartbeat is due, and every write is a
-whole report: a Redis that restarted empty is fully repaired by the next write.
+So a scan that finds nothing new writes nothing unless the heartbeat is due. A due heartbeat with
+nothing new is sent bare (the time only, :meth:`Agent.heartbeat_only`), except at least every
+``full_report_s`` and when the wall clock went back behind the last heartbeat written: then the
+whole report goes out. A store that refuses the bare heartbeat (it restarted empty, the record was
+deleted, or it holds another report) gets the whole report at once, so the next write repairs it.
 
 Outages: a failed write (Redis down, or not up yet when the agent starts) is retried with
 exponential backoff capped at ``backoff_max_s`` (well under the interval), so the report lands
@@ -76,8 +79,13 @@ class AgentSettings:
     heartbeat_s: float | None = None
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 5.0
-    #: Free-space drift that alone does not make a report "changed" (the heartbeat carries it later).
+    #: Free-space drift that alone does not make a report "changed": the whole report that is sent at
+    #: least every ``full_report_s`` carries it later.
     free_tolerance_bytes: int = 2**30
+    #: Longest time between two whole reports while only bare heartbeats are due: bounds how stale the
+    #: free space (drift under ``free_tolerance_bytes``) can get, and repairs a merged record that
+    #: was damaged behind the store's back (its agent report intact, so heartbeats are still taken).
+    full_report_s: float = 600.0
     #: Longest time between two full measurements of one compile or snapshot directory (its size).
     size_refresh_s: float = 300.0
     #: Longest time between two reads of the Node's labels (``--label-nodes``): a label someone
@@ -136,6 +144,8 @@ class Agent:
         self._reporter: Reporter | None = None
         self._last_write_at = float("-inf")
         self._last_report_at = float("-inf")
+        #: The wall-clock heartbeat of the last write, whole or bare (a clock that went back is below it).
+        self._last_beat = float("-inf")
         self._labels_applied: frozenset[str] | None = None
         self._labels_checked_at = float("-inf")
         self._outage = False
@@ -211,13 +221,16 @@ class Agent:
     def heartbeat_only(self, report: AgentReport) -> bool:
         """May ``report`` go out as a bare heartbeat (:meth:`Reporter.beat_agent`) instead of whole?
 
-        Yes when it holds what was last written (free space within the tolerance), and either its
-        last-use times are those written too or the last whole report is younger than the TTL: new
-        last-use times ride on a whole report once per TTL, soon enough for evictions measured in
-        minutes, while the heartbeats in between cost readers nothing to decode.
+        Yes when it holds what was last written (free space within the tolerance), the last whole
+        report is younger than ``full_report_s``, and either its last-use times are those written too
+        or the last whole report is younger than the TTL: new last-use times ride on a whole report
+        once per TTL, soon enough for evictions measured in minutes, while the heartbeats in between
+        cost readers nothing to decode.
         """
         last = self.last_written
         if last is None or self._tombstoned:
+            return False
+        if self.monotonic() - self._last_report_at >= self.settings.full_report_s:
             return False
         if not report.same_content(last.model_copy(update={"last_used": report.last_used}),
                                    free_tolerance=self.settings.free_tolerance_bytes):
@@ -228,20 +241,34 @@ class Agent:
         """Write ``report`` with a heartbeat of now; raises :class:`StateError` when the store fails.
 
         A report with nothing new (:meth:`heartbeat_only`) is sent as a bare heartbeat; when the
-        store has no record of the node, it is written whole after all.
+        store refuses it (no record of the node, or not this agent's report), it is written whole
+        after all. So is one stamped earlier than the last heartbeat written: the wall clock went
+        back, and a bare heartbeat never moves the stored one back, so only a whole report replaces
+        a heartbeat from a clock that ran ahead.
         """
         stamped = report.model_copy(update={"heartbeat": self.clock()})
+        node = self.settings.node_name
+        bare = self.heartbeat_only(report)
+        if bare and stamped.heartbeat < self._last_beat:
+            bare = False
+            log.warning("the clock went back %.3fs behind the last heartbeat written; writing the whole report "
+                        "to replace it", self._last_beat - stamped.heartbeat,
+                        extra={"node": node, "behind_s": self._last_beat - stamped.heartbeat})
         try:
             if self._reporter is None:
                 self._reporter = self.open_reporter()
-            if self.heartbeat_only(report) and self._reporter.beat_agent(self.settings.node_name, stamped.heartbeat):
-                if self.metrics is not None:
-                    self.metrics.wrote(True, stamped.heartbeat)
-                self._last_write_at = self.monotonic()
-                self.stats.writes += 1
-                self.stats.heartbeats += 1
-                return
-            version = self._reporter.report_agent(self.settings.node_name, stamped)
+            if bare:
+                if self._reporter.beat_agent(node, stamped.heartbeat):
+                    if self.metrics is not None:
+                        self.metrics.wrote(True, stamped.heartbeat)
+                    self._last_write_at = self.monotonic()
+                    self._last_beat = stamped.heartbeat
+                    self.stats.writes += 1
+                    self.stats.heartbeats += 1
+                    return
+                log.info("inventory store refused the heartbeat (the node's record is gone, or does not hold this "
+                         "agent's last report); writing the whole report", extra={"node": node})
+            version = self._reporter.report_agent(node, stamped)
         except StateError:
             self.stats.failed_writes += 1
             if self.metrics is not None:
@@ -250,6 +277,7 @@ class Agent:
         if self.metrics is not None:
             self.metrics.wrote(True, stamped.heartbeat)
         self.last_written = stamped
+        self._last_beat = stamped.heartbeat
         self._last_write_at = self._last_report_at = self.monotonic()
         self.stats.writes += 1
         if version is None and not self._tombstoned:
