@@ -227,6 +227,8 @@ UNIT_FLAGS = [
     Flag("scale lease", ["scale", "--lease-ttl", "45s"], "lease_ttl", 45.0),
     Flag("scale history", ["scale", "--history-max-age", "3d"], "history_max_age", 259_200.0),
     Flag("bare seconds still work", ["scale", "--tick", "15"], "tick", 15.0),
+    Flag("warm prepare abandoned after", ["warm", "prepare", "--root", "/c", "--cache", "weights:w/v",
+                                          "--abandoned-after", "1h"], "abandoned_after", 3600.0),
 ]
 
 
@@ -260,6 +262,12 @@ BAD_FLAGS = [
             "--now: 'nan' must be a finite number >= 0"),
     BadFlag("an infinite time", ["warm", "plan", "--policy", "p", "--now", "inf"],
             "--now: 'inf' must be a finite number"),
+    # pydantic's multi-line dump (a negative count), an OverflowError in the planner (past int64)
+    BadFlag("a negative expectation", ["warm", "plan", "--policy", "p", "--expect", "llm=-2"],
+            "--expect: 'llm=-2': replicas must be between 0 and 2147483647"),
+    BadFlag("an expectation past any replica count",
+            ["warm", "plan", "--policy", "p", "--expect", "llm=99999999999999999999"],
+            "replicas must be between 0 and 2147483647"),
     BadFlag("an infinite load scale", ["simulate", "s.yaml", "--load-scale", "inf"],
             "--load-scale: 'inf' must be a finite number > 0"),
     BadFlag("a time scale of zero", ["simulate", "s.yaml", "--time-scale", "0"],

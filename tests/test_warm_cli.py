@@ -52,10 +52,72 @@ def test_expectations_on_the_command_line(text: str, expected: Expectation) -> N
     assert warm_commands.parse_expectation(text) == expected
 
 
-@pytest.mark.parametrize("text", ["llm", "=2", "llm=two", "llm=-1", "llm=1@soon", "llm=1@-5s"])
-def test_bad_expectations_are_usage_errors(text: str) -> None:
-    with pytest.raises(argparse.ArgumentTypeError):
+#: Refused ``--expect`` values and what the one-line refusal says (pydantic's multi-line dump, or an
+#: OverflowError deep in the planner for a count past int64, were what came out before).
+BAD_EXPECTATIONS = [
+    pytest.param("llm", "expected WORKLOAD=N[@WITHIN]", id="no count"),
+    pytest.param("=2", "expected WORKLOAD=N[@WITHIN]", id="no workload"),
+    pytest.param("llm=two", "'two' is not a whole number of replicas", id="a count that is no number"),
+    pytest.param("llm=-1", "replicas must be between 0 and 2147483647", id="a negative count"),
+    pytest.param("llm=99999999999999999999", "replicas must be between 0 and 2147483647", id="past any int"),
+    pytest.param("llm=2147483648", "replicas must be between 0 and 2147483647", id="one past int32"),
+    pytest.param("llm=1@soon", "not a duration: 'soon'", id="a horizon that is no duration"),
+    pytest.param("llm=1@-5s", "duration cannot be negative", id="a negative horizon"),
+]
+
+
+@pytest.mark.parametrize(("text", "words"), BAD_EXPECTATIONS)
+def test_bad_expectations_are_usage_errors(text: str, words: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError) as refused:
         warm_commands.parse_expectation(text)
+    message = str(refused.value)
+    assert words in message and "\n" not in message
+
+
+@pytest.mark.integration
+def test_the_largest_expectation_plans(redis_server: RedisServer, tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    assert run(["warm", "plan", "--policy", str(policy), "--redis-url", redis_server.url,
+                "--expect", "llm=2147483647"]) == 0
+    assert "llm: 2147483647 replica(s)" in capsys.readouterr().out
+
+
+#: ``warm prepare --abandoned-after`` (or ``$WARM_ABANDONED_AFTER``, as the warm Job sets it): a duration
+#: typed as in a policy, and the bare seconds of a Job of any release (``{:g}``: ``1e+06`` for a long one).
+ABANDONED_AFTER = [
+    pytest.param(["--abandoned-after", "1h"], None, 3600.0, id="a duration"),
+    pytest.param(["--abandoned-after", "1h30m"], None, 5400.0, id="a compound duration"),
+    pytest.param([], "1h", 3600.0, id="a duration from the environment"),
+    pytest.param([], "5400", 5400.0, id="bare seconds as the Job sets them"),
+    pytest.param([], "1e+06", 1e6, id="a long bound as the Job formats it"),
+    pytest.param(["--abandoned-after", "90"], "1h", 90.0, id="the flag over the environment"),
+    pytest.param([], None, None, id="neither: keep them"),
+    pytest.param(["--abandoned-after", "0"], None, 2, id="zero"),
+    pytest.param(["--abandoned-after", "nan"], None, 2, id="not a number"),
+    pytest.param(["--abandoned-after", "-1h"], None, 2, id="negative"),
+    pytest.param(["--abandoned-after", "5M"], None, 2, id="minutes or months"),
+]
+
+
+@pytest.mark.parametrize(("flag", "env", "expected"), ABANDONED_AFTER)
+def test_abandoned_after_takes_a_duration(flag: list[str], env: str | None, expected: float | int | None,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``expected``: seconds, ``None`` (unset), or an ``int`` exit code (a usage error)."""
+    from extender.cli import build_parser
+
+    if env is None:
+        monkeypatch.delenv("WARM_ABANDONED_AFTER", raising=False)
+    else:
+        monkeypatch.setenv("WARM_ABANDONED_AFTER", env)
+    argv = ["warm", "prepare", "--root", "/cache", "--cache", "weights:llm/v1", *flag]
+    if isinstance(expected, int):
+        with pytest.raises(SystemExit) as exit_:
+            build_parser().parse_args(argv)
+        assert exit_.value.code == expected
+    else:
+        assert build_parser().parse_args(argv).abandoned_after == expected
 
 
 @pytest.mark.integration

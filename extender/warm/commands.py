@@ -3,7 +3,7 @@
     extender warm plan --policy FILE [--expect WORKLOAD=N[@WITHIN]]... [--kubeconfig F [--context C]]
                        [--now UNIX] [--json] [--redis-url URL | --data-dir DIR]
     extender warm status [--policy FILE | --namespace NS] [--kubeconfig F [--context C]] [--json]
-    extender warm prepare --root DIR --cache ID [--evict ID]... [--abandoned-after SECONDS]  (inside a warm Job)
+    extender warm prepare --root DIR --cache ID [--evict ID]... [--abandoned-after DURATION]  (inside a warm Job)
     extender warm finish --root DIR --cache ID [--source URI]       (inside a warm Job)
     extender warm publish --key KEY [--redis-url URL | --data-dir DIR]   (a sidecar that uploaded a key)
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -28,12 +29,13 @@ from extender.arguments import (
     add_kube_options,
     add_store_options,
     connect_from_args,
+    duration,
     finite_number,
     inventory_from_args,
     prefix_from_args,
 )
 from extender.core.cachekey import KEY_PATTERN
-from extender.core.errors import ExtenderError, InvalidValueError, UnitError
+from extender.core.errors import ExtenderError, UnitError
 from extender.core.policy import WarmRetry
 from extender.core.units import format_bytes, format_duration, parse_duration
 from extender.core.warming import Expectation
@@ -46,6 +48,8 @@ if TYPE_CHECKING:
 
 #: ``--expect W=N`` without ``@WITHIN``.
 DEFAULT_WITHIN_S = 600.0
+#: The most replicas ``--expect`` takes: Kubernetes keeps a replica count in an int32.
+MAX_EXPECTED_REPLICAS = 2**31 - 1
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -80,10 +84,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                      help="the cache entry to prepare (weights:W/V, compile:KEY, snapshot:W)")
     pre.add_argument("--evict", action="append", default=[], metavar="ID",
                      help="a cache to delete first to make room (repeatable)")
-    pre.add_argument("--abandoned-after", type=finite_number(0, above=True),
-                     default=os.environ.get(ABANDONED_AFTER_ENV), metavar="SECONDS",
+    pre.add_argument("--abandoned-after", type=abandoned_after,
+                     default=os.environ.get(ABANDONED_AFTER_ENV), metavar="DURATION",
                      help="delete other staging directories untouched for longer than this (activeDeadline + "
-                          f"retry.max: no Job can still write or resume them); default: ${ABANDONED_AFTER_ENV}, "
+                          "retry.max, as 1h30m or bare seconds, 5400: no Job can still write or resume them); "
+                          f"default: ${ABANDONED_AFTER_ENV}, "
                           "which the warm Job sets, else keep them")
     pre.set_defaults(handler=run_prepare)
 
@@ -101,16 +106,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def parse_expectation(text: str) -> Expectation:
-    """``llm=2@10m`` -> Expectation(llm, 2, 600 s)."""
+    """``llm=2@10m`` -> Expectation(llm, 2, 600 s). Every refusal is one line naming the part at fault."""
     workload, eq, rest = text.partition("=")
     count, at, within = rest.partition("@")
+    if not eq or not workload:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected WORKLOAD=N[@WITHIN]")
     try:
-        if not eq or not workload:
-            raise InvalidValueError("expected WORKLOAD=N[@WITHIN]")
-        return Expectation(workload=workload, replicas=int(count),
-                           within_s=parse_duration(within) if at else DEFAULT_WITHIN_S)
-    except (ValueError, UnitError) as exc:
+        replicas = int(count)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: {count!r} is not a whole number of replicas") from None
+    if not 0 <= replicas <= MAX_EXPECTED_REPLICAS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: replicas must be between 0 and {MAX_EXPECTED_REPLICAS} (a workload's replica count "
+            "is a 32-bit number in Kubernetes)")
+    try:
+        within_s = parse_duration(within) if at else DEFAULT_WITHIN_S
+    except UnitError as exc:
         raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from exc
+    return Expectation(workload=workload, replicas=replicas, within_s=within_s)
+
+
+def abandoned_after(text: str) -> float:
+    """``--abandoned-after``: a duration > 0 in the policy's units (``1h``, ``90m``), or bare seconds as the
+    warm Job writes them (``5400``, and ``1e+06`` from ``{:g}`` for a long one: a helper of this
+    release must read what a warmer of any release sets)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        return duration(text)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite duration longer than zero")
+    return seconds
 
 
 def compile_key(text: str) -> str:
