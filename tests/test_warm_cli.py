@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -82,6 +83,20 @@ def test_the_largest_expectation_plans(redis_server: RedisServer, tmp_path: Path
     assert run(["warm", "plan", "--policy", str(policy), "--redis-url", redis_server.url,
                 "--expect", "llm=2147483647"]) == 0
     assert "llm: 2147483647 replica(s)" in capsys.readouterr().out
+
+
+@pytest.mark.integration
+def test_plan_gives_no_advice_on_a_flag_it_does_not_take(redis_server: RedisServer, tmp_path: Path,
+                                                          caplog: pytest.LogCaptureFixture) -> None:
+    """The policy names no warming.helperImage: the scaler warns that its Jobs would run a placeholder
+    (pass --warm-helper-image); a dry run starts no Job, and has no such flag."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY)
+    assert "helperImage" not in POLICY
+    assert run(["warm", "plan", "--policy", str(policy), "--redis-url", redis_server.url,
+                "--expect", "llm=1"]) == 0
+    told = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not [m for m in told if "--warm-helper-image" in m or "placeholder" in m], told
 
 
 #: ``warm prepare --abandoned-after`` (or ``$WARM_ABANDONED_AFTER``, as the warm Job sets it): a duration

@@ -166,7 +166,7 @@ def run_plan(args: argparse.Namespace) -> int:
             kube = KubeClient.connect(args.kubeconfig, context=args.context)
         # as the scaler's warmer plans: with the calibration in effect
         policy = CalibratedPolicy(ObservationStore(client, prefix=prefix_from_args(args))).policy_for(policy)
-        loop = WarmLoop(policy, inventory_from_args(args, client), kube, instance="dry-run")
+        loop = WarmLoop(policy, inventory_from_args(args, client), kube, instance="dry-run", starts_jobs=False)
         report = loop.tick(now, args.expect, dry_run=True)
     finally:
         client.close()

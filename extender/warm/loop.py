@@ -157,7 +157,9 @@ class WarmLoop:
 
     ``store``: the inventory (snapshots when the caller passes none, eviction re-checks, the
     compile registry); ``kube``: ``None`` for a dry run that ignores Jobs in flight. ``registry``:
-    where the metrics go (the scaler's, so one ``/metrics`` serves both).
+    where the metrics go (the scaler's, so one ``/metrics`` serves both). ``starts_jobs``: ``False``
+    for a loop only ever ticked as a dry run (``extender warm plan``), which then says nothing about
+    the helper image its Jobs would run.
 
     Build it once and keep it: between ticks it remembers attempts, backoffs, the Events already
     sent and when each unpublished compile key was first seen (all recoverable from the Jobs after a
@@ -167,9 +169,11 @@ class WarmLoop:
 
     def __init__(self, policy: Policy, store: WarmStore | None, kube: Kube | None, *,
                  registry: CollectorRegistry | None = None, instance: str | None = None,
-                 helper_image: str | None = None) -> None:
+                 helper_image: str | None = None, starts_jobs: bool = True) -> None:
         self.helper_image = helper_image
-        self._placeholder_told = False
+        # ``extender warm plan`` builds a loop that only plans: no Job will run the helper image, and
+        # the flag that would set it is the scaler's, so the placeholder is not worth a warning there.
+        self._placeholder_told = not starts_jobs
         self.policy = policy = self._completed(policy)
         self.store = store
         self.kube = kube
