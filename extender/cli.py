@@ -125,7 +125,7 @@ def _cachekey(args: argparse.Namespace) -> int:
     key = compile_cache_key_of(material)
     if args.verbose:
         if current_logging()[1] == "json":
-            report("the inputs of the compile-cache key", level=logging.INFO, key=key, inputs=material)
+            report("the inputs of the compile-cache key", level=logging.INFO, always=True, key=key, inputs=material)
         else:
             print(json.dumps(material, indent=2, sort_keys=True), file=sys.stderr)
     print(key)

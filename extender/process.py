@@ -263,11 +263,18 @@ def configure_logging() -> None:
         setup_logging()
 
 
-def report(message: str, *, level: int = logging.ERROR, **extra: Any) -> None:
-    """Tell the person who ran the command ``message`` (stderr; a JSON record with ``--log-format json``)."""
+def report(message: str, *, level: int = logging.ERROR, always: bool = False, **extra: Any) -> None:
+    """Tell the person who ran the command ``message`` (stderr; a JSON record with ``--log-format json``).
+
+    ``always``: written whatever ``--log-level`` says, for what the person asked for by a flag
+    (``extender cachekey -v``), which the text format prints whatever the level too."""
     if not _current:
         setup_logging()
-    logging.getLogger(CLI_LOGGER).log(level, message, extra=extra)
+    logger = logging.getLogger(CLI_LOGGER)
+    if always and not logger.isEnabledFor(level):
+        logger.handle(logger.makeRecord(logger.name, level, "(report)", 0, message, (), None, extra=extra))
+    else:
+        logger.log(level, message, extra=extra)
 
 
 def report_problems(exc: DocumentError) -> None:

@@ -19,6 +19,7 @@ from extender.files import load_policy
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(str(p) for p in (ROOT / "policies").glob("*.yaml"))
 QWEN = str(ROOT / "policies" / "eks-p5-qwen3-moe.yaml")
+SNAPSHOT = str(ROOT / "policies" / "h200-b200-snapshot.yaml")
 
 BROKEN = """\
 apiVersion: extender.io/v1alpha1
@@ -117,6 +118,27 @@ def test_cachekey_depends_on_the_gpu(capsys: pytest.CaptureFixture[str]) -> None
         keys.append(capsys.readouterr().out.strip())
     assert all(k.startswith("ck1-") for k in keys)
     assert keys[0] != keys[1]
+
+
+@pytest.mark.parametrize("flags", [
+    pytest.param([], id="text"),
+    pytest.param(["--log-format", "json"], id="json"),
+    pytest.param(["--log-format", "json", "--log-level", "error"], id="json-quietest-level"),
+    pytest.param(["--log-level", "error"], id="text-quietest-level"),
+])
+def test_cachekey_verbose_prints_the_document_hashed(flags: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """README: -v prints the canonical document hashed, in either log format, whatever the log level
+    (in json it was an INFO record, dropped at cachekey's default level, warning)."""
+    argv = ["cachekey", "--policy", SNAPSHOT, "--workload", "dynamo-worker", "--node-class", "h200", "-v", *flags]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    if "json" in flags:
+        record = json.loads(err)  # one record, one line
+        document, key = record["inputs"], record["key"]
+    else:
+        document, key = json.loads(err), out.strip()
+    assert key == out.strip()
+    assert document["gpuProduct"] == "NVIDIA-H200" and document["modelId"] == "example/worker-model"
 
 
 def test_console_script_runs() -> None:
