@@ -27,8 +27,7 @@ from extender.arguments import (
 from extender.core.cachekey import compile_cache_key_of
 from extender.core.caches import compile_key_material
 from extender.core.errors import DocumentError, ExtenderError, UnknownNameError
-from extender.core.estimate import PHASES, breakdown
-from extender.core.policy import Policy
+from extender.core.estimate import PHASES, breakdown, estimate_pairs
 from extender.files import load_policy
 from extender.process import current_logging, report, report_problems, setup_logging
 
@@ -74,25 +73,13 @@ def _policy_schema(args: argparse.Namespace) -> int:
     return 0
 
 
-def _select(policy: Policy, workload: str | None, node_class: str | None) -> list[tuple[str, str]]:
-    profiles = [policy.profile(workload)] if workload else list(policy.profiles)
-    if node_class:
-        policy.node_class(node_class)  # unknown name -> clear error
-    pairs = []
-    for p in profiles:
-        for c in policy.classes_for(p):
-            if node_class is None or c.name == node_class:
-                pairs.append((p.name, c.name))
-    return pairs
-
-
 def _estimate(args: argparse.Namespace) -> int:
     if args.calibrated:
         from extender.state.calibration_commands import estimate_calibrated
 
         return estimate_calibrated(args)
     policy = load_policy(args.policy)
-    pairs = _select(policy, args.workload, args.node_class)
+    pairs = estimate_pairs(policy, args.workload, args.node_class)
     result: dict[str, dict[str, dict[str, dict[str, float]]]] = {}
     for workload, cls in pairs:
         table = breakdown(policy.profile(workload), policy.node_class(cls))

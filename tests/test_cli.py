@@ -19,6 +19,7 @@ from extender.files import load_policy
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted(str(p) for p in (ROOT / "policies").glob("*.yaml"))
 QWEN = str(ROOT / "policies" / "eks-p5-qwen3-moe.yaml")
+FLEET = str(ROOT / "policies" / "g5-pcie-fleet.yaml")
 SNAPSHOT = str(ROOT / "policies" / "h200-b200-snapshot.yaml")
 
 BROKEN = """\
@@ -102,8 +103,15 @@ def test_estimate_table_has_a_row_per_state(capsys: pytest.CaptureFixture[str]) 
         (["cachekey", "--policy", QWEN, "--workload", "qwen3-moe-default-loader", "--node-class", "p5.48xlarge"],
          "has no compile.key"),
         (["estimate", "--policy", "/nonexistent.yaml"], "cannot read"),
+        # it said "no (workload, node class) pairs to show: the policy has no profiles", exit 0
+        (["estimate", "--policy", FLEET, "--workload", "mixtral-61g", "--node-class", "g5.xlarge"],
+         "extender: workload 'mixtral-61g' does not run on node class 'g5.xlarge' (it runs on g5.12xlarge, "
+         "g5.48xlarge)"),
+        (["estimate", "--policy", FLEET, "--workload", "mixtral-61g", "--node-class", "g5.xlarge", "--json"],
+         "does not run on node class 'g5.xlarge'"),
     ],
-    ids=["unknown-workload", "unknown-class", "no-compile-key", "missing-file"],
+    ids=["unknown-workload", "unknown-class", "no-compile-key", "missing-file", "a-class-the-workload-skips",
+         "a-class-the-workload-skips-json"],
 )
 def test_clear_errors_exit_1(args: list[str], words: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(args) == 1

@@ -57,7 +57,8 @@ from enum import IntEnum
 import numpy as np
 from numpy.typing import NDArray
 
-from extender.core.policy import NodeClass, PhaseOverride, Profile
+from extender.core.errors import InvalidValueError
+from extender.core.policy import NodeClass, PhaseOverride, Policy, Profile
 
 F64 = NDArray[np.float64]
 
@@ -331,3 +332,24 @@ def breakdown(profile: Profile, node_class: NodeClass) -> dict[str, dict[str, fl
     )
     est = estimate(profile, [node_class], np.zeros(len(rows), dtype=np.intp), state)
     return {name: est.row(i) for i, name in enumerate(named)}
+
+
+def estimate_pairs(policy: Policy, workload: str | None, node_class: str | None) -> list[tuple[str, str]]:
+    """The ``(workload, node class)`` pairs ``extender estimate`` shows: every class each profile runs on,
+    narrowed to ``workload`` and ``node_class`` when given.
+
+    An unknown name raises :class:`UnknownNameError`; names that are known but make no pair (the
+    workload does not run on that class) raise :class:`InvalidValueError` saying where it does run,
+    rather than an empty table that reads as an empty policy.
+    """
+    profiles = [policy.profile(workload)] if workload else list(policy.profiles)
+    if node_class:
+        policy.node_class(node_class)  # unknown name -> clear error
+    pairs = [(p.name, c.name) for p in profiles for c in policy.classes_for(p) if node_class in (None, c.name)]
+    if pairs or not profiles:
+        return pairs
+    if workload:
+        runs_on = ", ".join(c.name for c in policy.classes_for(profiles[0]))
+        raise InvalidValueError(f"workload {workload!r} does not run on node class {node_class!r} "
+                                f"(it runs on {runs_on})")
+    raise InvalidValueError(f"no workload runs on node class {node_class!r} (every profile's nodeClasses leave it out)")

@@ -33,7 +33,7 @@ from extender.core.calibration import (
     calibrate,
     estimate_errors,
 )
-from extender.core.estimate import breakdown
+from extender.core.estimate import breakdown, estimate_pairs
 from extender.core.policy import Policy
 from extender.files import load_policy
 from extender.state.observations import ObservationStore, Stored, observations_of
@@ -105,13 +105,6 @@ def render_fit(policy: Policy, fit: Fit) -> str:
     return "\n".join(lines)
 
 
-def _pairs(policy: Policy, workload: str | None, node_class: str | None) -> list[tuple[str, str]]:
-    profiles = [policy.profile(workload)] if workload else list(policy.profiles)
-    if node_class:
-        policy.node_class(node_class)
-    return [(p.name, c.name) for p in profiles for c in policy.classes_for(p) if node_class in (None, c.name)]
-
-
 def _result(policy: Policy, stored: Stored, now: float) -> CalibrationResult:
     return calibrate(policy, stored.observations, now=now)
 
@@ -119,7 +112,7 @@ def _result(policy: Policy, stored: Stored, now: float) -> CalibrationResult:
 def estimate_calibrated(args: argparse.Namespace) -> int:
     """``extender estimate --calibrated``."""
     policy = load_policy(args.policy)
-    pairs = _pairs(policy, args.workload, args.node_class)
+    pairs = estimate_pairs(policy, args.workload, args.node_class)
     result = _result(policy, _read(args), time.time())
     out: dict[str, dict[str, Any]] = {}
     for workload, cls in pairs:
@@ -150,7 +143,7 @@ def show(args: argparse.Namespace) -> int:
     policy = load_policy(args.policy)
     now = time.time()
     stored = _read(args)
-    pairs = _pairs(policy, args.workload, args.node_class)
+    pairs = estimate_pairs(policy, args.workload, args.node_class)
     chosen = observations_of(stored, {w for w, _ in pairs}, {c for _, c in pairs})[: args.limit]
     errors = {id(o): e for o, e in zip(chosen, _errors(policy, chosen), strict=True)}
     result = _result(policy, stored, now)
