@@ -162,6 +162,41 @@ nodes:
         ],
         id="cross-field-errors",
     ),
+    # docs/inventory.md's example: the duplicate name was reported only once the schema passed
+    pytest.param(
+        """\
+nodes:
+  - name: gpu-1
+    gpus: -1
+  - name: gpu-2
+    gpus: 8
+  - name: gpu-3
+    imagez: []
+  - name: gpu-1
+""",
+        [
+            r"inv.yaml:3: nodes\[0\].gpus: must be >= 0, got -1",
+            r"inv.yaml:7: nodes\[2\].imagez: unknown field; did you mean 'images'\?",
+            r"inv.yaml:8: nodes\[3\].name: duplicate node name 'gpu-1' \(first at nodes\[0\], line 2\)",
+        ],
+        id="schema-and-cross-record-errors-at-once",
+    ),
+    pytest.param(
+        """\
+nodes:
+  - name: gpu-1
+    gpus: 8
+    gpusFree: 9
+  - name: gpu-2
+    gpus: -1
+    gpusFree: 9
+""",
+        [
+            r"inv.yaml:4: nodes\[0\].gpusFree: must be <= gpus \(8\), got 9",
+            r"inv.yaml:6: nodes\[1\].gpus: must be >= 0, got -1",
+        ],
+        id="free-beyond-total-beside-a-schema-error",
+    ),
     pytest.param(
         "nodes:\n  - name: a\n    gpus: 1\n    gpus: 2\n",
         [r"inv.yaml:4: nodes\[0\].gpus: duplicate key \(first set on line 3\)"],

@@ -14,7 +14,7 @@ import argparse
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from extender.arguments import add_store_options, connect_from_args, inventory_from_args
@@ -31,31 +31,54 @@ def parse_inventory(text: str, source: str) -> InventoryDocument:
     """Parse and check an inventory document; :class:`DocumentError` lists every problem with its line.
 
     Beyond the schema: node names must be unique, and free GPUs / free NVMe cannot exceed the totals.
+    These are checked even when the schema refuses some records, so one run reports every problem:
+    names on every record that has one, free against total on every record the schema accepts.
     """
     data, lines = compose(text, source)
-    document = validate(InventoryDocument, data, lines, source)
-    problems: list[Problem] = []
+    try:
+        document = validate(InventoryDocument, data, lines, source)
+    except DocumentError as exc:
+        problems, document = list(exc.problems), None
+    else:
+        problems = []
+    raw = data.get("nodes") if isinstance(data, dict) else None
+    records: list[Any] = raw if isinstance(raw, list) else []
     first_seen: dict[str, int] = {}
 
     def problem(index: int, field: str, message: str) -> None:
         loc = ("nodes", index, field)
         problems.append(Problem(source, line_of(lines, loc), f"nodes[{index}].{field}", message))
 
-    for i, node in enumerate(document.nodes):
-        if node.name in first_seen:
-            where = line_of(lines, ("nodes", first_seen[node.name], "name"))
-            problem(i, "name", f"duplicate node name {node.name!r} (first at nodes[{first_seen[node.name]}]"
+    for i, record in enumerate(records):
+        name = record.get("name") if isinstance(record, dict) else None
+        if not isinstance(name, str):
+            continue
+        if name in first_seen:
+            where = line_of(lines, ("nodes", first_seen[name], "name"))
+            problem(i, "name", f"duplicate node name {name!r} (first at nodes[{first_seen[name]}]"
                     + (f", line {where})" if where else ")"))
         else:
-            first_seen[node.name] = i
+            first_seen[name] = i
+    for i, node in enumerate(document.nodes) if document is not None else _valid_records(records):
         if node.gpus_free > node.gpus:
             problem(i, "gpusFree", f"must be <= gpus ({node.gpus}), got {node.gpus_free}")
         if node.nvme_free > node.nvme_total:
             problem(i, "nvmeFree", f"must be <= nvmeTotal ({format_bytes(node.nvme_total)}), "
                     f"got {format_bytes(node.nvme_free)}")
     if problems:
+        problems.sort(key=lambda p: (p.line or 0, p.path))
         raise DocumentError(problems)
+    assert document is not None
     return document
+
+
+def _valid_records(records: Sequence[Any]) -> Iterator[tuple[int, NodeState]]:
+    """``(index, node)`` of each record the schema accepts on its own (the others were reported)."""
+    for i, record in enumerate(records):
+        try:
+            yield i, NodeState.model_validate(record)
+        except ValueError:  # pydantic's ValidationError: already among the schema's problems
+            continue
 
 
 def stamp_heartbeats(nodes: Sequence[NodeState], now: float) -> list[NodeState]:
