@@ -153,11 +153,12 @@ class TextFormatter(logging.Formatter):
 
 
 class MessageFormatter(logging.Formatter):
-    """The message alone: what a command tells its user in text (its fields are for machines), its
-    control characters escaped (:func:`escape_controls`)."""
+    """The message alone: what a command tells its user in text (its fields are for machines), written
+    as :func:`one_record` writes a log record: control characters escaped and every further line
+    indented, so a line feed in a quoted name (a file's, a workload's) cannot start a line at the margin."""
 
     def format(self, record: logging.LogRecord) -> str:
-        return escape_controls(record.getMessage())
+        return one_record(record.getMessage())
 
 
 def _finite(value: Any) -> Any:

@@ -118,7 +118,11 @@ def test_text_puts_the_traceback_after_the_line_indented() -> None:
 
 MESSAGES = [
     ("plain", "extender: no such file p.yaml", "extender: no such file p.yaml"),
-    ("line feeds kept", "p.yaml:3: bad\np.yaml:4: worse", "p.yaml:3: bad\np.yaml:4: worse"),
+    # docs/cli.md: a line at the margin always starts a record, in a command's report too
+    ("a further line is indented", "p.yaml:3: bad\np.yaml:4: worse", "p.yaml:3: bad\n  p.yaml:4: worse"),
+    ("a line feed in a quoted name cannot forge a line", "'a\nb\x1b[31m.yaml': cannot read",
+     "'a\n  b\\x1b[31m.yaml': cannot read"),
+    ("lines already indented stay as they are", "problems:\n  p.yaml:3: bad", "problems:\n  p.yaml:3: bad"),
     ("terminal escape", "p.yaml:3: name 'a\x1b[2J' is bad", "p.yaml:3: name 'a\\x1b[2J' is bad"),
     ("carriage return", "a\rb", "a\\rb"),
 ]
@@ -267,6 +271,14 @@ def test_policy_check_problems_are_json_records(tmp_path: Path) -> None:
         ("ERROR", "extender.cli", str(bad), 5)
     assert bandwidth["problem"].startswith("ambiguous bandwidth '7GBps'")
     assert bandwidth["message"] == f"{bad}:5: nodeClasses[0].nvme.readBandwidth: {bandwidth['problem']}"
+
+
+def test_a_line_feed_in_a_file_name_starts_no_line_at_the_margin(tmp_path: Path) -> None:
+    """``extender policy check $'a\\nb\\x1b[31m.yaml'``: the name's second line began at the margin."""
+    checked = run_briefly(["policy", "check", "a\nb\x1b[31m.yaml"], tmp_path)
+    assert checked.returncode == 1
+    first, *rest = checked.stderr.splitlines()
+    assert first == "a" and rest == ["  b\\x1b[31m.yaml: cannot read: No such file or directory"]
 
 
 def test_estimate_and_its_errors(tmp_path: Path) -> None:
