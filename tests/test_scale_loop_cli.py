@@ -51,6 +51,12 @@ USAGE = [
     ("cert-without-key", ["scale", "--policy", "p.yaml", "--tls-cert", "c.pem"], 2, "go together"),
     ("two-modes", ["scale", "--policy", "p.yaml", "--once", "--no-loop"], 2, "exclude each other"),
     ("api-without-tls", ["scale", "--policy", "p.yaml"], 2, "served over TLS"),
+    # it was silently ignored: with the API, /metrics is on --bind
+    ("metrics-bind-beside-the-api", ["scale", "--policy", "p.yaml", "--no-loop", "--insecure-no-auth",
+                                     "--bind", "127.0.0.1:6443", "--metrics-bind", "127.0.0.1:9090"], 2,
+     "--metrics-bind goes with --no-metrics-api only"),
+    ("metrics-bind-with-once", ["scale", "--policy", "p.yaml", "--once", "--metrics-bind", "127.0.0.1:9090"], 2,
+     "--metrics-bind goes with --no-metrics-api only"),
     ("missing-policy-file", ["scale", "--policy", "/nonexistent/p.yaml", "--once"], 1, "cannot read"),
 ]
 

@@ -215,6 +215,10 @@ def check_scale_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> s
     modes = [m for m in ("once", "no_metrics_api", "no_loop") if getattr(args, m)]
     if len(modes) > 1:
         return "--once, --no-metrics-api and --no-loop exclude each other"
+    if args.metrics_bind and not args.no_metrics_api:
+        # it was ignored: with the API, /metrics is on --bind; --once serves nothing
+        return ("--metrics-bind goes with --no-metrics-api only (with the External Metrics API, /metrics "
+                "is served on --bind; --once serves nothing)")
     serving = not (args.once or args.no_metrics_api)
     if serving and not args.tls_cert and not args.insecure_no_auth:
         return ("the External Metrics API is served over TLS (give --tls-cert and --tls-key); "
