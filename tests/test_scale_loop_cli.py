@@ -91,6 +91,20 @@ def test_serving_checks_its_store_before_starting(tmp_path: Path, capsys: pytest
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(("flags", "out"), [
+    pytest.param([], "", id="text"),
+    pytest.param(["--json"], "null", id="json"),  # it printed null, exit 1, and nothing on stderr
+    pytest.param(["--json", "--last", "3"], "[]", id="json-last-3"),
+])
+def test_explain_without_a_decision_says_so_in_every_format(flags: list[str], out: str, redis_server: RedisServer,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["scale", "explain", "never-scaled", "--redis-url", redis_server.url, *flags]) == 1
+    captured = capsys.readouterr()
+    assert captured.out.strip() == out
+    assert captured.err.startswith("extender scale explain: no decision recorded for 'never-scaled'")
+
+
+@pytest.mark.integration
 def test_once_runs_one_tick_and_releases(cluster: tuple[KubeDouble, MetricsEndpoint, Path, Path],
                                          redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
     _, _, policy, kubeconfig = cluster

@@ -441,13 +441,14 @@ def _explain(args: argparse.Namespace) -> int:
     url, data_dir = _store(args)
     store = DecisionStore(connect(url, data_dir), prefix=prefix_from_args(args))
     records = store.records(args.workload, args.last)
-    if args.json:
+    if args.json:  # with none, still a document ([] or null) for a pipe, and the reason on stderr
         print(json.dumps(records if args.last > 1 else (records[0] if records else None), indent=2))
-        return 0 if records else 1
     if not records:
         report(f"extender scale explain: no decision recorded for {args.workload!r} (is 'extender scale' running "
                "with a policy that autoscales it, against this Redis?)", workload=args.workload)
         return 1
+    if args.json:
+        return 0
     try:
         text = render_record(records[0]) + ("\n\n" + render_table(records) if args.last > 1 else "")
     except (ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
