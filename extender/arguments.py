@@ -287,7 +287,7 @@ def add_store_options(parser: argparse.ArgumentParser) -> None:
         "--redis-url",
         type=redis_url,
         metavar="URL",
-        help="redis://, rediss:// or unix:// URL, credentials inside (default: $REDIS_URL; "
+        help="redis://, rediss://, unix:// or redis[s]+sentinel:// URL, credentials inside (default: $REDIS_URL; "
         "without either, an embedded Redis is started in --data-dir)",
     )
     group.add_argument(
