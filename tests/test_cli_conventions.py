@@ -285,6 +285,11 @@ BAD_FLAGS = [
     BadFlag("an expectation past any replica count",
             ["warm", "plan", "--policy", "p", "--expect", "llm=99999999999999999999"],
             "replicas must be between 0 and 2147483647"),
+    # exit 1 once the scenario was read, as if the input were wrong rather than the flag
+    BadFlag("an unknown --trace field", ["simulate", "s.yaml", "--trace", "r.csv,bogus=1"],
+            "--trace: r.csv,bogus=1: 'bogus=1' is not FIELD=VALUE with FIELD one of format, timeColumn"),
+    BadFlag("a --trace item without a value", ["simulate", "s.yaml", "--trace", "api=r.csv,loadScale"],
+            "'loadScale' is not FIELD=VALUE"),
     BadFlag("an infinite load scale", ["simulate", "s.yaml", "--load-scale", "inf"],
             "--load-scale: 'inf' must be a finite number > 0"),
     BadFlag("a time scale of zero", ["simulate", "s.yaml", "--time-scale", "0"],

@@ -355,7 +355,7 @@ BAD_TRACE_ARGS = [
                 "no workload 'nope' (known: svc, api)"),
     BadTraceArg("two traces for one workload", ("--trace", "api={rates}", "--trace", "api={rates}"),
                 InvalidValueError, "two traces for workload 'api'"),
-    BadTraceArg("unknown field", ("--trace", "api={rates},rate=x"), InvalidValueError, "'rate=x' is not FIELD=VALUE"),
+    # an unknown field is a usage error now: tests/test_cli_conventions.py
     BadTraceArg("bad field value", ("--trace", "api={rates},loadScale=-1"), InvalidValueError, "loadScale"),
     BadTraceArg("options without a trace", ("--time-column", "ts"), InvalidValueError, "only apply to a --trace"),
     # the file with the time column only: read as requests it would be 3 requests

@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
         description="Replay a scenario's demand on a simulated cluster through each strategy and compare "
                     "SLO attainment, queueing delay, cold starts, startup time and GPU-hours.")
     p.add_argument("scenario", metavar="SCENARIO.yaml", help="scenario file (fleet, workloads, demand)")
-    p.add_argument("--trace", metavar="[WORKLOAD=]CSV[,FIELD=VALUE...]", action="append", default=[],
+    p.add_argument("--trace", metavar="[WORKLOAD=]CSV[,FIELD=VALUE...]", action="append", default=[], type=trace_text,
                    help="replace WORKLOAD's demand (without WORKLOAD=: the first workload's) with this CSV "
                         f"trace; repeatable; FIELD: {', '.join(TRACE_FIELDS)} (as in a scenario's trace)")
     p.add_argument("--trace-format", choices=("auto", "requests", "rate"),
@@ -96,16 +96,35 @@ TRACE_OPTIONS = (("trace_format", "format"), ("time_column", "timeColumn"), ("ra
 TRACE_FIELDS = ("format", "timeColumn", "rateColumn", "loadScale", "timeScale", "credit")
 
 
-def _split_trace(text: str, names: list[str]) -> tuple[str, str, dict[str, str]]:
-    """``[WORKLOAD=]CSV[,field=value...]`` -> (workload, path, fields); see :func:`trace_specs`."""
+def _trace_fields(text: str) -> tuple[str, dict[str, str]]:
+    """``[WORKLOAD=]CSV[,field=value...]`` -> (``[WORKLOAD=]CSV``, fields); a file that exists under the
+    whole text is taken whole. :class:`InvalidValueError` for an item that is not ``FIELD=VALUE``."""
     head, *extra = [text] if _exists(text) else text.split(",")
     fields: dict[str, str] = {}
     for item in extra:
         key, sep, value = item.partition("=")
         if not sep or key.strip() not in TRACE_FIELDS:
-            raise InvalidValueError(f"--trace {text}: {item!r} is not FIELD=VALUE with FIELD one of "
-                                    f"{', '.join(TRACE_FIELDS)}")
+            raise InvalidValueError(f"{item!r} is not FIELD=VALUE with FIELD one of {', '.join(TRACE_FIELDS)}")
         fields[key.strip()] = value.strip()
+    return head, fields
+
+
+def trace_text(text: str) -> str:
+    """``--trace``: refuses a malformed ``,FIELD=VALUE`` item as a usage error (exit 2) before anything
+    runs; the workload's name is checked against the scenario once it is read (:func:`trace_specs`)."""
+    try:
+        _trace_fields(text)
+    except InvalidValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: {exc}") from None
+    return text
+
+
+def _split_trace(text: str, names: list[str]) -> tuple[str, str, dict[str, str]]:
+    """``[WORKLOAD=]CSV[,field=value...]`` -> (workload, path, fields); see :func:`trace_specs`."""
+    try:
+        head, fields = _trace_fields(text)
+    except InvalidValueError as exc:
+        raise InvalidValueError(f"--trace {text}: {exc}") from None
     name, sep, path = head.partition("=")
     if not sep or name not in names:
         if sep and not _exists(head):
