@@ -84,6 +84,11 @@ def duration_or_zero(text: str) -> float:
     return value if value > 0 else 0.0
 
 
+def comma_list(text: str) -> list[str]:
+    """The names of a comma-separated flag value, blanks around them dropped, each kept once, in order."""
+    return list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+
+
 def size(text: str) -> int:
     """A size >= 1 byte, in the policy's units: ``64MiB``, ``3.9GB``, ``512KiB``; ``4096`` is bytes."""
     try:

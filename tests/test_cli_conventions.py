@@ -272,6 +272,9 @@ BAD_FLAGS = [
     BadFlag("an unknown strategy", ["simulate", "s.yaml", "--strategies", "default,foo"],
             "--strategies: no strategy 'foo' (known: default, cache-aware"),
     BadFlag("no strategy at all", ["simulate", "s.yaml", "--strategies", " , "], "--strategies: empty (known:"),
+    # it once explained every node of the inventory, saying the inventory was empty
+    BadFlag("no node to explain", ["explain", "--policy", "p", "--pod", "pod.yaml", "--nodes", ","],
+            "--nodes: ',' names no node"),
     # a negative limit sliced the list from its end: --limit -5 listed every observation but five
     BadFlag("a negative limit", ["calibrate", "show", "--policy", "p", "--limit", "-5"], "--limit: '-5' must be >= 0"),
     # NaN and infinity reached the plan's model: exit 1 with pydantic's validation dump

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from extender.arguments import duration_or_zero, finite_number, whole_number
+from extender.arguments import comma_list, duration_or_zero, finite_number, whole_number
 from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.core.units import format_duration
 from extender.process import current_logging
@@ -175,12 +175,12 @@ def log_demand(prepared: Prepared) -> None:
 def strategy_names(text: str) -> list[str]:
     """``--strategies``: comma-separated strategy names, each once. An unknown name or an empty list
     is a usage error (exit 2, like every malformed flag), naming the known strategies."""
-    names = [n.strip() for n in text.split(",") if n.strip()]
+    names = comma_list(text)
     unknown = [n for n in names if n not in STRATEGIES]
     if unknown or not names:
         what = f"no strategy {unknown[0]!r}" if unknown else "empty"
         raise argparse.ArgumentTypeError(f"{what} (known: {', '.join(STRATEGIES)})")
-    return list(dict.fromkeys(names))
+    return names
 
 
 def _slug(name: str) -> str:

@@ -29,6 +29,7 @@ from extender.arguments import (
     add_store_options,
     add_tls_options,
     bind_address,
+    comma_list,
     data_dir_from_args,
     duration,
     flag_problem,
@@ -89,7 +90,8 @@ def register(subparsers: Any) -> None:
     explain.add_argument("--policy", required=True, metavar="FILE", help="policy file")
     explain.add_argument("--pod", required=True, metavar="POD.json",
                          help="a Pod (JSON or YAML), e.g. kubectl get pod -o json")
-    explain.add_argument("--nodes", metavar="a,b,c", help="only these nodes (default: every node in the inventory)")
+    explain.add_argument("--nodes", metavar="a,b,c", type=_node_names,
+                         help="only these nodes (default: every node in the inventory)")
     explain.add_argument("--json", action="store_true", help="print the report as JSON (same as GET /explain)")
     add_store_options(explain)
     explain.set_defaults(handler=_explain)
@@ -179,6 +181,13 @@ def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _node_names(text: str) -> list[str]:
+    """``--nodes``: comma-separated node names; one that names none is a usage error."""
+    if names := comma_list(text):
+        return names
+    raise argparse.ArgumentTypeError(f"{text!r} names no node")
+
+
 def _read_pod(path: str) -> dict[str, Any]:
     data, _ = compose(read_text(path), path)  # JSON is YAML; errors one line each, at their line
     if not isinstance(data, dict):
@@ -202,9 +211,7 @@ def _explain(args: argparse.Namespace) -> int:
     # as `serve` estimates: with the calibration in effect
     policy = CalibratedPolicy(ObservationStore(store.client, prefix=store.keys.prefix)).policy_for(policy)
     engine = Engine(policy, InventorySnapshot.build(policy, records, version=version, taken_at=now, registry=registry))
-    nodes = None
-    if args.nodes:
-        nodes = [NodeInfo(n.strip(), {}, ()) for n in args.nodes.split(",") if n.strip()]
+    nodes = [NodeInfo(n, {}, ()) for n in args.nodes] if args.nodes is not None else None
     report = explain_report(engine, pod, nodes, now)
     if args.json:
         print(json.dumps(report, indent=2))
