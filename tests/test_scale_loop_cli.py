@@ -119,6 +119,18 @@ def test_once_runs_one_tick_and_releases(cluster: tuple[KubeDouble, MetricsEndpo
     assert "leader second (fencing token 2)" in capsys.readouterr().out
 
 
+@pytest.mark.integration
+def test_once_fails_when_a_workload_got_no_decision(cluster: tuple[KubeDouble, MetricsEndpoint, Path, Path],
+                                                    redis_server: RedisServer,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """It exited 0 with every workload undecided: a script or a probe running it saw success."""
+    double, _, policy, kubeconfig = cluster
+    double.fail("list", "pods", 500)
+    assert cli.main(["scale", "--policy", str(policy), "--kubeconfig", str(kubeconfig),
+                     "--redis-url", redis_server.url, "--once"]) == 1
+    assert "qwen3: no decision: listing pods" in capsys.readouterr().out
+
+
 def test_leader_tick_listeners_see_every_led_tick(redis_server: RedisServer) -> None:
     from extender.scaler.loop import ScaleLoop
     from extender.state.decisions import DecisionStore

@@ -322,7 +322,8 @@ def _once(settings: Any) -> int:
             print(escape_controls(result.decision.explain()))
     if tick.fenced_out:
         print(f"stepped down: {tick.error}")
-    return 0
+    # a tick that decided nothing for some workload failed at what it was run for
+    return 1 if tick.fenced_out or any(r.decision is None for r in tick.results) else 0
 
 
 def _foreground(settings: Any, metrics_bind: str | None = None) -> int:
