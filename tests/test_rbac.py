@@ -56,6 +56,7 @@ Triple = tuple[str, str, str]  # (verb, API group, resource[/subresource])
 CLIENT_CALLS: dict[str, set[Triple]] = {
     "list_node": {("list", "", "nodes"), ("watch", "", "nodes")},
     "list_pod_for_all_namespaces": {("list", "", "pods"), ("watch", "", "pods")},
+    "list_namespaced_pod": {("list", "", "pods"), ("watch", "", "pods")},
     "read_node": {("get", "", "nodes")},
     "patch_node": {("patch", "", "nodes")},
     "list_namespaced_job": {("list", "batch", "jobs")},
@@ -69,7 +70,7 @@ CALLS_BY_USER: dict[str, set[str]] = {
     AGENT_USER: {"read_node", "patch_node"},
     WARMER_USER: {"list_namespaced_job", "create_namespaced_job", "delete_namespaced_job", "create_namespaced_event",
                   "list_node", "read_node", "patch_node",
-                  "list_pod_for_all_namespaces"},  # the scaler's own (SCALER_ONLY)
+                  "list_pod_for_all_namespaces", "list_namespaced_pod"},  # the scaler's own (SCALER_ONLY)
 }
 #: What the scaler itself (not its warmer) calls as the same account: its replicas, each tick
 #: (run for real in tests/test_external_metrics_deploy.py).
@@ -77,8 +78,9 @@ SCALER_ONLY: set[Triple] = {("list", "", "pods")}
 
 
 #: Methods a user calls only as a plain list: the warmer lists Nodes once at start (taint
-#: bookkeeping) and never watches them; the scaler lists its pods each tick.
-LIST_ONLY: dict[str, set[str]] = {WARMER_USER: {"list_node", "list_pod_for_all_namespaces"}}
+#: bookkeeping) and never watches them; the scaler lists its pods each tick (in the workload's
+#: namespace when it names one, else in all).
+LIST_ONLY: dict[str, set[str]] = {WARMER_USER: {"list_node", "list_pod_for_all_namespaces", "list_namespaced_pod"}}
 
 
 #: The chart with every grant the code can use: the agent labelling Nodes, the warmer tainting them.
