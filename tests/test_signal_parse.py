@@ -7,12 +7,13 @@ queue the source must report, and the arithmetic beside it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
-from extender.core.errors import SignalError, UnknownNameError
+from extender.core.errors import InvalidValueError, SignalError, UnknownNameError
 from extender.scaler.exposition import ENGINES, engine, read_sums
 from extender.scaler.observation import Fetcher
 from extender.scaler.pods import Pod, count_replicas, label_selector, parse_pod, workload_pods
@@ -57,8 +58,37 @@ def test_parse_rows(text: str, expected: float | None) -> None:
 
 
 def test_not_an_exposition_raises() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidValueError, match=r"^not a Prometheus exposition: "):
         read_sums("<html><body>404{</body></html>", ("vllm:request_success_total",))
+
+
+COUNTER = "# TYPE vllm:request_success_total counter\n"
+GAUGE = "# TYPE vllm:num_requests_waiting gauge\n"
+
+
+@pytest.mark.parametrize(("text", "refused"), [
+    # each once read as a zero, which the next good reading took for a counter reset
+    pytest.param(COUNTER + "vllm:request_success_total NaN\n", "counter vllm:request_success_total is nan, no count",
+                 id="a-nan-counter"),
+    pytest.param(COUNTER + "vllm:request_success_total +Inf\n", "is inf, no count", id="an-infinite-counter"),
+    pytest.param(COUNTER + 'vllm:request_success_total{r="stop"} 5\nvllm:request_success_total{r="x"} -2\n',
+                 'counter vllm:request_success_total{r="x"} is -2, no count', id="a-negative-counter"),
+    # Prometheus refuses it too; summed, it doubled the pod's demand
+    pytest.param(COUNTER + 'vllm:request_success_total{r="stop"} 5\nvllm:request_success_total{r="stop"} 5\n',
+                 'series vllm:request_success_total{r="stop"} is given twice', id="a-series-given-twice"),
+    pytest.param(COUNTER + f'vllm:request_success_total{{r="{"x" * 300}"}} -1\n', '{r="xxx', id="a-long-series-cut"),
+])
+def test_a_counter_that_is_no_count_spoils_the_reading(text: str, refused: str) -> None:
+    with pytest.raises(InvalidValueError, match=re.escape(refused)) as raised:
+        read_sums(text, ("vllm:request_success_total",), ("vllm:request_success_total",))
+    assert len(str(raised.value)) < 200
+
+
+def test_a_nan_gauge_is_skipped_beside_good_counters() -> None:
+    text = COUNTER + "vllm:request_success_total 5\n" + GAUGE + "vllm:num_requests_waiting NaN\n"
+    assert read_sums(text, ("vllm:request_success_total", "vllm:num_requests_waiting"),
+                     ("vllm:request_success_total",)) == {"vllm:request_success_total": 5.0,
+                                                          "vllm:num_requests_waiting": 0.0}
 
 
 def test_unknown_engine() -> None:
@@ -164,6 +194,19 @@ SCRIPTS: list[tuple[str, list[Tick]]] = [
         Tick(T0 + 110, [P1], {}, down={"10.0.0.2"}, rate=None, complete=False),
     ]),
     ("no-pods", [Tick(T0 + 100, [], {}, rate=None, complete=False)]),
+    # a NaN counter was a complete zero, and the recovery a reset: 1,200 requests of demand in 10 s
+    ("nan-counter-is-no-reading", [
+        Tick(T0 + 100, [P1], {"10.0.0.2": c(1000)}),
+        Tick(T0 + 110, [P1], {"10.0.0.2": c(float("nan"))}, rate=None, complete=False),
+        # the previous good sample is kept: (1200 - 1000) / 20 = 10
+        Tick(T0 + 120, [P1], {"10.0.0.2": c(1200)}, rate=10.0, complete=True),
+    ]),
+    # a negative counter raised out of the tick (a negative demand), then the same spike
+    ("negative-counter-is-no-reading", [
+        Tick(T0 + 100, [P1], {"10.0.0.2": c(1000)}),
+        Tick(T0 + 110, [P1], {"10.0.0.2": c(-50)}, rate=None, complete=False),
+        Tick(T0 + 120, [P1], {"10.0.0.2": c(1200)}, rate=10.0, complete=True),
+    ]),
     ("terminating-pod-not-scraped", [
         Tick(T0 + 100, [P1, DYING_P2], {"10.0.0.2": c(0), "10.0.0.3": c(0)}),
         Tick(T0 + 110, [P1, DYING_P2], {"10.0.0.2": c(100), "10.0.0.3": c(9999)}, rate=10.0, complete=True),

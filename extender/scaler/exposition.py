@@ -14,6 +14,11 @@ Parsing uses prometheus_client's own parser. A metric counts as *present* when i
 declared in the exposition, even with no samples yet (a labelled counter before its first
 request): that is a real zero. A family that is not there at all is *missing*, which the signal
 sources treat as "no observation" for that pod, never as zero load.
+
+A counter is a count: a sample of one that is NaN, infinite or negative makes the whole reading
+unusable, never a zero (which the next good reading would take for a counter reset, counting the
+pod's whole history as new demand). So does a series given twice (the same name and labels), which
+Prometheus refuses too. A NaN gauge is an engine's "not computed yet" and is skipped.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from types import MappingProxyType
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from extender.core.errors import UnknownNameError
+from extender.core.errors import InvalidValueError, UnknownNameError
 
 
 @dataclass(frozen=True)
@@ -68,21 +73,40 @@ def _family_names(sample_name: str) -> tuple[str, ...]:
     return (sample_name, sample_name.removesuffix("_total")) if sample_name.endswith("_total") else (sample_name,)
 
 
-def read_sums(text: str, names: Iterable[str]) -> dict[str, float | None]:
+def read_sums(text: str, names: Iterable[str], counters: Iterable[str] = ()) -> dict[str, float | None]:
     """Per wanted sample name: the sum over every series in ``text``, or ``None`` if the family is missing.
 
-    Non-finite sample values are skipped. Raises ``ValueError`` when the text is not a valid
-    exposition (a scrape of the wrong port).
+    ``counters``: the wanted names that are counters (rules in the module docstring); the others'
+    non-finite samples are skipped. Raises :class:`InvalidValueError` when the text is not a valid
+    exposition (a scrape of the wrong port), gives a series twice, or a counter a value that is no count.
     """
-    wanted = set(names)
+    wanted, counts = set(names), set(counters)
     sums: dict[str, float | None] = dict.fromkeys(wanted)
     declared = {f: n for n in wanted for f in _family_names(n)}
-    for family in text_string_to_metric_families(text):
+    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError as exc:
+        raise InvalidValueError(f"not a Prometheus exposition: {exc}") from None
+    for family in families:
         owner = declared.get(family.name)
         if owner is not None and sums[owner] is None:
             sums[owner] = 0.0
         for sample in family.samples:
-            # a NaN gauge (an engine's "not computed yet") says nothing; it must not poison the sum
-            if sample.name in wanted and math.isfinite(sample.value):
+            if sample.name not in wanted:
+                continue
+            series = (sample.name, frozenset(sample.labels.items()))
+            if series in seen:
+                raise InvalidValueError(f"series {_clip(sample.name, sample.labels)} is given twice")
+            seen.add(series)
+            if sample.name in counts and not (math.isfinite(sample.value) and sample.value >= 0):
+                raise InvalidValueError(f"counter {_clip(sample.name, sample.labels)} is {sample.value:g}, no count")
+            if math.isfinite(sample.value):  # a NaN gauge says nothing; it must not poison the sum
                 sums[sample.name] = (sums[sample.name] or 0.0) + float(sample.value)
     return sums
+
+
+def _clip(name: str, labels: Mapping[str, str]) -> str:
+    """A series as an exposition writes it, cut to 120 characters (it quotes what a pod answered)."""
+    text = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else "")
+    return text if len(text) <= 120 else text[:117] + "..."

@@ -137,9 +137,9 @@ class ScrapeSource:
             return _PodReading(None, None, 0.0, f"{pod.namespace}/{pod.name}: {body}")
         counters = (*self.rate_metrics, *self.request_metrics)
         try:
-            sums = read_sums(body, (*counters, *self.queue_metrics))
-        except ValueError as exc:
-            return _PodReading(None, None, 0.0, f"{pod.namespace}/{pod.name}: not a Prometheus exposition: {exc}")
+            sums = read_sums(body, (*counters, *self.queue_metrics), counters)
+        except InvalidValueError as exc:  # its previous sample is kept: the next good reading spans both ticks
+            return _PodReading(None, None, 0.0, f"{pod.namespace}/{pod.name}: {exc}")
         queue = sum(v for n in self.queue_metrics if (v := sums.get(n)) is not None)
         values = {n: v for n in counters if (v := sums.get(n)) is not None}
         missing = [n for n in self.rate_metrics if n not in values]
