@@ -38,6 +38,8 @@ Caches in other tools' layouts (Hugging Face hub caches that pods fill themselve
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
@@ -135,14 +137,43 @@ def adapter_dir(root: Path, workload: str, adapter: str) -> Path:
     return root / ADAPTERS / workload / adapter
 
 
+def _clear(name: str, dir_fd: int) -> None:
+    """Remove whatever is at ``name`` in the directory ``dir_fd`` (a file, a link: the link itself and
+    never what it points to; a directory with what is below it). Nothing there is fine."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    try:
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(name, dir_fd=dir_fd)  # symlink-attack resistant with a dir_fd (Linux)
+        else:
+            os.unlink(name, dir_fd=dir_fd)  # unlink never follows a link
+    except FileNotFoundError:
+        pass
+
+
 def _write_durably(path: Path, data: bytes) -> None:
-    """Write via a temporary name, fsync, rename: a reader sees the old file or the whole new one."""
-    tmp = path.with_name(_temporary(path.name))
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """Write via a temporary name, fsync, rename: a reader sees the old file or the whole new one.
+
+    The directory may be writable by others (serving pods share the cache root): whatever sits at
+    the temporary name is removed first (a link planted there, the link and not its target) and the
+    temporary is created afresh, never through a link (``O_EXCL | O_NOFOLLOW``). A name planted
+    again in between makes the write fail rather than write anywhere else.
+    """
+    tmp = _temporary(path.name)
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _clear(tmp, dir_fd)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
+                     dir_fd=dir_fd)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 def write_manifest(directory: Path, files: Iterable[tuple[str, int]], *, source: str = "") -> Manifest:

@@ -735,6 +735,41 @@ def test_a_symbolic_link_at_the_entry_or_its_staging_is_never_followed(tmp_path:
     assert sorted(p.name for p in outside.iterdir()) == [COMPLETE]  # nothing outside was written or removed
 
 
+class Planted(NamedTuple):
+    cache: str
+    name: str  # planted in the staging directory before finish, by whoever else writes the cache root
+    link: bool = True  # a link to a file outside the entry; else an empty directory
+
+
+PLANTED = [
+    pytest.param(Planted("weights:llm/v1", "..manifest.json.tmp"), id="weights: the manifest's temporary"),
+    pytest.param(Planted("weights:llm/v1", "..complete.tmp"), id="weights: the marker's temporary"),
+    pytest.param(Planted("snapshot:llm/v1", "..complete.tmp"), id="a snapshot's marker's temporary"),
+    pytest.param(Planted("adapter:llm/sql", "..complete.tmp"), id="an adapter's marker's temporary"),
+    pytest.param(Planted("weights:llm/v1", "..manifest.json.tmp", link=False),
+                 id="a directory at the manifest's temporary"),
+]
+
+
+@pytest.mark.parametrize("case", PLANTED)
+def test_finish_writes_its_markers_never_through_a_planted_link(tmp_path: Path, case: Planted) -> None:
+    """The serving pods can write the cache root: a link at the name finish writes a marker under
+    first made it overwrite the file it points to (another entry's weights) with the manifest."""
+    root, other = tmp_path / "root", tmp_path / "root" / "weights" / "other" / "v2" / "model.safetensors"
+    other.parent.mkdir(parents=True)
+    other.write_text("REAL")
+    staging = prepare(root, case.cache)
+    (staging / "a.bin").write_text("part")
+    if case.link:
+        (staging / case.name).symlink_to(other)
+    else:
+        (staging / case.name / "sub").mkdir(parents=True)
+    dest = finish(root, case.cache)
+    assert other.read_text() == "REAL"
+    assert not (dest / case.name).exists() and not (dest / case.name).is_symlink()
+    assert (dest / COMPLETE).is_file() and not (dest / COMPLETE).is_symlink()
+
+
 def test_finish_refuses_a_staging_link(tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     (outside / "f").parent.mkdir()
