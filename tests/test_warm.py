@@ -699,6 +699,42 @@ def test_a_staging_directory_no_job_can_resume_is_deleted(tmp_path: Path, case: 
     assert not any(".evicting" in p.name for p in tmp_path.rglob("*"))  # deleted, not left as a tomb
 
 
+class LinkedKind(NamedTuple):
+    links: tuple[str, ...]  # below the cache root, each pointing at the outside directory
+    outside: tuple[str, ...]  # below the outside directory: what the sweep would delete there
+
+
+LINKED_KINDS = [
+    pytest.param(LinkedKind(("compile",), (".db.evicting-1/data", ".old.warming/f")), id="a kind directory"),
+    pytest.param(LinkedKind(("compile", "snapshots"), (".db.evicting-1/data", ".old.warming/f")),
+                 id="two kinds to one place"),
+    pytest.param(LinkedKind(("weights/llm",), (".v0.evicting-1/data", ".v1.warming/f")),
+                 id="a workload directory below a kind"),
+]
+
+
+@pytest.mark.parametrize("case", LINKED_KINDS)
+def test_the_sweep_never_enters_a_linked_directory(tmp_path: Path, case: LinkedKind,
+                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """Tombs and abandoned staging directories are deleted only below the cache root: a pod that
+    links a kind's directory elsewhere must not make every prepare delete there."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    (root / "weights").mkdir(parents=True)
+    for name in case.outside:
+        (outside / name).parent.mkdir(parents=True, exist_ok=True)
+        (outside / name).write_text("IMPORTANT")
+    os.utime(outside / Path(case.outside[-1]).parent, (0, 0))  # abandoned long ago, were it ours
+    for link in case.links:
+        (root / link).parent.mkdir(parents=True, exist_ok=True)
+        (root / link).symlink_to(outside, target_is_directory=True)
+    with caplog.at_level("WARNING"):
+        prepare(root, "weights:other/v1", abandoned_after=3600)
+    assert sorted(p.relative_to(outside).as_posix() for p in outside.rglob("*") if p.is_file()) == \
+        sorted(case.outside)
+    if len(Path(case.links[0]).parts) == 1:  # a kind directory: said once, in one line
+        assert any("symbolic link: not swept" in r.getMessage() for r in caplog.records)
+
+
 class Linked(NamedTuple):
     id: str
     link: str  # below the cache root, pointing outside it

@@ -32,6 +32,7 @@ those of the container, where the node's cache root is mounted at :data:`CACHE_M
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -58,6 +59,7 @@ ABANDONED_AFTER_ENV = "WARM_ABANDONED_AFTER"
 TOMB = re.compile(rf"\..+{re.escape(EVICTING_SUFFIX)}-[0-9]+(-[0-9a-f]+)?")
 
 P = TypeVar("P", bound=PurePath)
+log = logging.getLogger(__name__)
 
 
 class StepError(ExtenderError):
@@ -176,7 +178,11 @@ def sweep(root: Path, *, abandoned_after: float | None = None, keep: Path | None
     cutoff = (time.time() if now is None else now) - abandoned_after if abandoned_after is not None else None
     for spec in caches.NVME_KINDS:
         assert spec.directory is not None
-        parents = [root / spec.directory]
+        top = root / spec.directory
+        if top.is_symlink():  # scandir would list, and the sweep delete, wherever it points
+            log.warning("%s is a symbolic link: not swept (the warmer does not leave the cache root %s)", top, root)
+            continue
+        parents = [top]
         for _ in spec.parts[:-1]:  # down to the directories that hold the entries
             parents = [entry for parent in parents for entry in _subdirectories(parent)
                        if not entry.name.startswith(".")]
