@@ -153,52 +153,61 @@ def _clear(name: str, dir_fd: int) -> None:
         pass
 
 
-def _write_durably(path: Path, data: bytes) -> None:
+def _write_durably(path: Path, data: bytes, *, dir_fd: int | None = None) -> None:
     """Write via a temporary name, fsync, rename: a reader sees the old file or the whole new one.
 
     The directory may be writable by others (serving pods share the cache root): whatever sits at
     the temporary name is removed first (a link planted there, the link and not its target) and the
     temporary is created afresh, never through a link (``O_EXCL | O_NOFOLLOW``). A name planted
-    again in between makes the write fail rather than write anywhere else.
+    again in between makes the write fail rather than write anywhere else. ``dir_fd``: the open
+    directory ``path`` names a file of (its ``path.parent`` then only names it in messages).
     """
     tmp = _temporary(path.name)
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if dir_fd is None else dir_fd
     try:
-        _clear(tmp, dir_fd)
+        _clear(tmp, parent)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
-                     dir_fd=dir_fd)
+                     dir_fd=parent)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.replace(tmp, path.name, src_dir_fd=parent, dst_dir_fd=parent)
     finally:
-        os.close(dir_fd)
+        if dir_fd is None:
+            os.close(parent)
 
 
-def write_manifest(directory: Path, files: Iterable[tuple[str, int]], *, source: str = "") -> Manifest:
-    """Write ``.manifest.json`` listing ``(relative path, size)`` pairs (before or while downloading)."""
+def write_manifest(directory: Path, files: Iterable[tuple[str, int]], *, source: str = "",
+                   dir_fd: int | None = None) -> Manifest:
+    """Write ``.manifest.json`` listing ``(relative path, size)`` pairs (before or while downloading).
+    ``dir_fd``: ``directory`` already open (then never looked up by its path again)."""
     manifest = Manifest.model_validate(
         {"source": source, "files": [{"path": p, "size": s} for p, s in files]}
     )
-    _write_durably(directory / MANIFEST, manifest.model_dump_json(by_alias=True, exclude_none=True).encode())
+    _write_durably(directory / MANIFEST, manifest.model_dump_json(by_alias=True, exclude_none=True).encode(),
+                   dir_fd=dir_fd)
     return manifest
 
 
-def mark_complete(directory: Path) -> None:
+def mark_complete(directory: Path, *, dir_fd: int | None = None) -> None:
     """Write the ``.complete`` marker: call only after every listed file is whole and synced."""
-    _write_durably(directory / COMPLETE, b"")
+    _write_durably(directory / COMPLETE, b"", dir_fd=dir_fd)
 
 
-def finish_from_disk(directory: Path, *, source: str = "") -> Manifest:
-    """List the files now in ``directory`` in a manifest and mark it complete (for writers and tests)."""
+def finish_from_disk(directory: Path, *, source: str = "", dir_fd: int | None = None) -> Manifest:
+    """List the files now in ``directory`` in a manifest and mark it complete (for writers and tests).
+
+    The walk enters no symbolic link to a directory. ``dir_fd``: ``directory`` already open (the walk
+    and the writes then go through it, and the path only names it in messages)."""
     files: list[tuple[str, int]] = []
-    for dirpath, _dirnames, filenames in os.walk(directory):
+    top: str | Path = "." if dir_fd is not None else directory
+    for dirpath, _dirnames, filenames, walked_fd in os.fwalk(top, dir_fd=dir_fd):
         for name in filenames:
-            full = Path(dirpath, name)
-            rel = full.relative_to(directory).as_posix()
+            rel = os.path.normpath(os.path.join(dirpath, name)) if dir_fd is not None \
+                else Path(dirpath, name).relative_to(directory).as_posix()
             if not is_metadata(rel):
-                files.append((rel, full.stat().st_size))
-    manifest = write_manifest(directory, sorted(files), source=source)
-    mark_complete(directory)
+                files.append((rel, os.stat(name, dir_fd=walked_fd).st_size))
+    manifest = write_manifest(directory, sorted(files), source=source, dir_fd=dir_fd)
+    mark_complete(directory, dir_fd=dir_fd)
     return manifest

@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -732,7 +733,94 @@ def test_the_sweep_never_enters_a_linked_directory(tmp_path: Path, case: LinkedK
     assert sorted(p.relative_to(outside).as_posix() for p in outside.rglob("*") if p.is_file()) == \
         sorted(case.outside)
     if len(Path(case.links[0]).parts) == 1:  # a kind directory: said once, in one line
-        assert any("symbolic link: not swept" in r.getMessage() for r in caplog.records)
+        told = [r.getMessage() for r in caplog.records]
+        assert any("is a symbolic link" in m and "not swept" in m for m in told), told
+
+
+class Swapped(NamedTuple):
+    step: str  # evict, prepare (evicting the entry) or finish
+    cache: str
+    swapped: str  # the directory below the root swapped for a link once the step's check passed
+
+
+SWAPPED = [
+    pytest.param(Swapped("evict", f"compile:{LLM_KEY}", "compile"), id="evict: the kind directory"),
+    pytest.param(Swapped("evict", "weights:llm/v1", "weights/llm"), id="evict: the workload directory"),
+    pytest.param(Swapped("prepare", f"compile:{LLM_KEY}", "compile"), id="prepare's eviction"),
+    pytest.param(Swapped("finish", f"compile:{LLM_KEY}", "compile"), id="finish: the kind directory"),
+    pytest.param(Swapped("finish", "weights:llm/v1", "weights/llm"), id="finish: the workload directory"),
+]
+
+
+def _tree(top: Path) -> dict[str, str]:
+    return {p.relative_to(top).as_posix(): p.read_text() if p.is_file() else "/" for p in sorted(top.rglob("*"))}
+
+
+@pytest.mark.parametrize("case", SWAPPED)
+def test_a_directory_swapped_for_a_link_after_the_check_is_never_followed(
+        tmp_path: Path, case: Swapped, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod that swaps a directory of the path for a link between the step's check and its rename
+    or deletion (a rename-exchange loop wins that race) must not make the step act outside the root."""
+    from extender.warm import steps
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    dest, staging = cache_path(outside, case.cache), staging_path(outside, case.cache)
+    for d in (dest, staging):  # what the link will show: an entry and its staging, both someone else's
+        d.mkdir(parents=True)
+        (d / "theirs").write_text("IMPORTANT")
+    (outside / case.swapped / ".keep").write_text("x")
+    before = _tree(outside)
+    (cache_path(root, case.cache) / "ours").parent.mkdir(parents=True)
+    (cache_path(root, case.cache) / "ours").write_text("ours")
+    (staging_path(root, case.cache) / "ours").parent.mkdir(parents=True)
+    (staging_path(root, case.cache) / "ours").write_text("ours")
+    real_check = steps.on_node
+
+    def check_then_swap(root_: Path, cache_id: str) -> Path:
+        checked = real_check(root_, cache_id)
+        if cache_id == case.cache and not (root / case.swapped).is_symlink():
+            os.rename(root / case.swapped, root / f".moved-{Path(case.swapped).name}")
+            (root / case.swapped).symlink_to(outside / case.swapped, target_is_directory=True)
+        return checked
+
+    monkeypatch.setattr(steps, "on_node", check_then_swap)
+    run: Callable[[], object] = {"evict": lambda: steps.evict(root, case.cache),
+           "prepare": lambda: steps.prepare(root, "snapshot:other/v1", [case.cache]),
+           "finish": lambda: steps.finish(root, case.cache)}[case.step]
+    with pytest.raises(StepError, match="is a symbolic link"):
+        run()
+    assert _tree(outside) == before
+
+
+class FileAt(NamedTuple):
+    file: str  # a regular file below the root, where a directory of ours goes
+    step: str  # evict, prepare or finish (after a prepare and a fetch)
+
+
+FILES_AT = [
+    pytest.param(FileAt(f"compile/{LLM_KEY}", "evict"), id="evict: the entry"),
+    pytest.param(FileAt(f"compile/{LLM_KEY}", "finish"), id="finish: the destination"),
+    pytest.param(FileAt(f"compile/.{LLM_KEY}.evicting-1-ab", "prepare"), id="a tomb that is a file"),
+    pytest.param(FileAt(f"compile/.{LLM_KEY}.warming", "prepare"), id="prepare: the staging name"),
+]
+
+
+@pytest.mark.parametrize("case", FILES_AT)
+def test_a_file_where_a_directory_goes_is_removed_not_left(tmp_path: Path, case: FileAt) -> None:
+    """A file at an entry's name failed (Not a directory) and left a tomb file no sweep freed; one at
+    the staging name (ours alone) failed every retry with File exists."""
+    (tmp_path / case.file).parent.mkdir(parents=True)
+    (tmp_path / case.file).write_text("x")
+    cache = f"compile:{LLM_KEY}"
+    if case.step == "evict":
+        assert evict(tmp_path, cache) is True
+    elif case.step == "prepare":
+        assert prepare(tmp_path, cache).is_dir()
+    else:
+        (prepare(tmp_path, cache) / "k").write_text("kernel")
+        assert (finish(tmp_path, cache) / "k").read_text() == "kernel"
+    left = sorted(p.name for p in (tmp_path / "compile").iterdir())
+    assert left == {"evict": [], "finish": [LLM_KEY]}.get(case.step, [f".{LLM_KEY}.warming"])
 
 
 class Linked(NamedTuple):

@@ -32,11 +32,14 @@ those of the container, where the node's cache root is mounted at :data:`CACHE_M
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import re
 import secrets
 import shutil
+import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path, PurePath
@@ -108,7 +111,10 @@ def on_node(root: Path, cache_id: str) -> Path:
     The steps rename, write and delete below that path; through a link (``compile -> /etc``, or the
     entry ``weights/llm/v1 -> /etc`` itself) they would rename, write and delete outside the cache
     root. The agent does not follow such links either. A link at the entry is not ours to remove
-    (someone put it there): the step fails and says where.
+    (someone put it there): the step fails and says where. This is the early check, made before
+    anything is done; the steps themselves then only act through directories they opened one
+    component at a time without following a link (:class:`_Entry`), so a directory swapped for a
+    link after this check is refused too, never followed.
     """
     dest = cache_path(root, cache_id)
     current = root
@@ -119,12 +125,85 @@ def on_node(root: Path, cache_id: str) -> Path:
     return dest
 
 
-def _no_link(staging: Path) -> Path:
-    """The staging directory, never through a link: one there (a staging name is ours alone) is
-    removed, the link itself and not what it points to, so the fetch writes below the cache root."""
-    if staging.is_symlink():
-        staging.unlink()
-    return staging
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _open_root(root: Path) -> int:
+    # the root itself is the mount the Job was given (it may be reached through links of its own)
+    try:
+        return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise StepError(f"the cache root {root} does not exist") from None
+    except NotADirectoryError:
+        raise StepError(f"the cache root {root} is not a directory") from None
+
+
+def _open_below(dir_fd: int, name: str, shown: Path, root: Path) -> int | None:
+    """``name`` in the open directory ``dir_fd``, opened as a directory without following a link;
+    ``None`` when nothing is there. A link (or anything else that is no directory) is refused."""
+    try:
+        return os.open(name, _DIRECTORY, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+            raise
+        st = _lstat(dir_fd, name)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise StepError(f"{shown} is a symbolic link: the warmer does not leave the cache root {root}") from None
+        raise StepError(f"{shown} is not a directory") from None
+
+
+def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+class _Entry:
+    """The directory that holds a cache entry (``weights/llm/`` of ``weights:llm/v1``), opened from
+    the root one component at a time, none of them through a link; every step acts on names in it
+    (``rename``, ``unlink``, ``rmtree`` with ``dir_fd``), so a directory swapped for a link
+    meanwhile cannot send a rename or a deletion outside the cache root.
+
+    ``fd`` is ``None`` when a directory on the way does not exist (and ``create`` was not asked).
+    """
+
+    def __init__(self, root: Path, cache_id: str, *, create: bool = False) -> None:
+        self.root, self.dest = root, cache_path(root, cache_id)
+        self.name = self.dest.name
+        self.staging = f".{self.name}{STAGING_SUFFIX}"
+        fd: int | None = _open_root(root)
+        shown = root
+        for part in self.dest.parent.relative_to(root).parts:
+            assert fd is not None
+            shown = shown / part
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o755, dir_fd=fd)
+            below = _open_below(fd, part, shown, root)
+            os.close(fd)
+            fd = below
+            if fd is None:
+                break
+        self.fd = fd
+
+    def __enter__(self) -> _Entry:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+
+    def refuse_link(self, name: str) -> os.stat_result | None:
+        """What is at ``name`` (``None``: nothing); a link there is refused, not ours to remove."""
+        assert self.fd is not None
+        st = _lstat(self.fd, name)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise StepError(f"{self.dest.parent / name} is a symbolic link: "
+                            f"the warmer does not leave the cache root {self.root}")
+        return st
 
 
 def evict(root: Path, cache_id: str) -> bool:
@@ -133,31 +212,44 @@ def evict(root: Path, cache_id: str) -> bool:
     Renamed out of sight first: a scan running meanwhile must not report a half-deleted tree as
     a partial cache, and the rename is atomic where the deletion of many files is not.
     """
-    return _remove(on_node(root, cache_id))
+    on_node(root, cache_id)
+    return _evict(root, cache_id)
 
 
-def _remove(path: Path) -> bool:
+def _evict(root: Path, cache_id: str) -> bool:
+    with _Entry(root, cache_id) as entry:
+        if entry.fd is None or entry.refuse_link(entry.name) is None:
+            return False
+        return _remove(entry.fd, entry.name)
+
+
+def _remove(dir_fd: int, name: str) -> bool:
     # the tomb's name is unique: every warm step runs as PID 1 of its container, so a pid alone would
     # name the tomb a killed step left behind, and renaming a directory onto a non-empty one fails
-    tomb = path.with_name(f".{path.name}{EVICTING_SUFFIX}-{os.getpid()}-{secrets.token_hex(4)}")
+    tomb = f".{name}{EVICTING_SUFFIX}-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        os.replace(path, tomb)
+        os.rename(name, tomb, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except FileNotFoundError:
         return False
-    _delete_tree(tomb)
+    _delete_tree(dir_fd, tomb)
     return True
 
 
-def _delete_tree(path: Path) -> None:
-    """Delete ``path`` and everything below it, alongside another step deleting the same tomb.
+def _delete_tree(dir_fd: int, name: str) -> None:
+    """Delete ``name`` in the open directory ``dir_fd`` and everything below it, alongside another
+    step deleting the same tomb; a file (or a link: the link itself) is unlinked.
 
     Two Jobs on one node may sweep the same tomb at once: a file the other deleted first stops
     :func:`shutil.rmtree` with ``FileNotFoundError``, so it lists again until the tree is gone
-    (each pass deletes what is left; nobody writes into a tomb).
+    (each pass deletes what is left; nobody writes into a tomb). With ``dir_fd``, ``rmtree`` opens
+    each directory without following a link (symlink-attack resistant on Linux).
     """
-    while os.path.lexists(path):
+    while (st := _lstat(dir_fd, name)) is not None:
         try:
-            shutil.rmtree(path)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(name, dir_fd=dir_fd)
+            else:
+                os.unlink(name, dir_fd=dir_fd)
         except FileNotFoundError:
             continue
 
@@ -172,73 +264,121 @@ def sweep(root: Path, *, abandoned_after: float | None = None, keep: Path | None
     instead of writing into a tree being deleted. Tombs and staging directories sit beside the
     entries, so the search is one listing of each kind's directory and of each directory between it
     and the entries (``weights/<w>/``), never a walk of the entries themselves; symbolic links are
-    not entered.
+    not entered (a kind's directory that is one is skipped, and said so).
     """
     swept: list[Path] = []
     cutoff = (time.time() if now is None else now) - abandoned_after if abandoned_after is not None else None
-    for spec in caches.NVME_KINDS:
-        assert spec.directory is not None
-        top = root / spec.directory
-        if top.is_symlink():  # scandir would list, and the sweep delete, wherever it points
-            log.warning("%s is a symbolic link: not swept (the warmer does not leave the cache root %s)", top, root)
-            continue
-        parents = [top]
-        for _ in spec.parts[:-1]:  # down to the directories that hold the entries
-            parents = [entry for parent in parents for entry in _subdirectories(parent)
-                       if not entry.name.startswith(".")]
-        for parent in parents:
-            for entry in _subdirectories(parent):
-                if TOMB.fullmatch(entry.name):
-                    _delete_tree(entry)
-                    swept.append(entry)
-                elif cutoff is not None and entry != keep and entry.name.startswith(".") \
-                        and entry.name.endswith(STAGING_SUFFIX) and _older(entry, cutoff):
-                    _remove(entry)
-                    swept.append(entry)
+    root_fd = _open_root(root)
+    try:
+        for spec in caches.NVME_KINDS:
+            assert spec.directory is not None
+            top = root / spec.directory
+            try:
+                top_fd = _open_below(root_fd, spec.directory, top, root)
+            except StepError as exc:  # scandir would list, and the sweep delete, wherever a link points
+                log.warning("%s: not swept", exc)
+                continue
+            if top_fd is None:
+                continue
+            parents = [(top_fd, top)]
+            for _ in spec.parts[:-1]:  # down to the directories that hold the entries
+                below: list[tuple[int, Path]] = []
+                for fd, path in parents:
+                    for name in _subdirectories(fd):
+                        if not name.startswith("."):
+                            try:
+                                sub = _open_below(fd, name, path / name, root)
+                            except StepError:  # swapped for a link since the listing: not entered
+                                sub = None
+                            if sub is not None:
+                                below.append((sub, path / name))
+                    os.close(fd)
+                parents = below
+            for fd, path in parents:
+                try:
+                    swept += _sweep_one(fd, path, cutoff, keep)
+                finally:
+                    os.close(fd)
+    finally:
+        os.close(root_fd)
     return swept
 
 
-def _older(path: Path, cutoff: float) -> bool:
-    try:
-        return path.lstat().st_mtime < cutoff
-    except FileNotFoundError:
-        return False
+def _sweep_one(dir_fd: int, path: Path, cutoff: float | None, keep: Path | None) -> list[Path]:
+    swept: list[Path] = []
+    with os.scandir(dir_fd) as it:
+        entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+    for name, is_dir in entries:
+        if TOMB.fullmatch(name):  # a tomb file too: an evicted entry may have been a file
+            _delete_tree(dir_fd, name)
+            swept.append(path / name)
+        elif cutoff is not None and is_dir and path / name != keep and name.startswith(".") \
+                and name.endswith(STAGING_SUFFIX) and _older(dir_fd, name, cutoff):
+            _remove(dir_fd, name)
+            swept.append(path / name)
+    return swept
 
 
-def _subdirectories(directory: Path) -> list[Path]:
-    try:
-        with os.scandir(directory) as it:
-            return [Path(e.path) for e in it if e.is_dir(follow_symlinks=False)]
-    except (FileNotFoundError, NotADirectoryError):
-        return []
+def _older(dir_fd: int, name: str, cutoff: float) -> bool:
+    st = _lstat(dir_fd, name)
+    return st is not None and st.st_mtime < cutoff
+
+
+def _subdirectories(dir_fd: int) -> list[str]:
+    with os.scandir(dir_fd) as it:
+        return [e.name for e in it if e.is_dir(follow_symlinks=False)]
 
 
 def prepare(root: Path, cache_id: str, evictions: Sequence[str] = (), *,
             abandoned_after: float | None = None) -> Path:
     """Sweep what killed or abandoned steps left (:func:`sweep`), evict ``evictions``, then return the
     staging directory for ``cache_id`` (created, or resumed), its modification time stamped now."""
-    targets = [on_node(root, e) for e in evictions]  # validate every id before deleting anything
+    for e in evictions:  # validate every id before deleting anything
+        on_node(root, e)
     kind, _ = parse_cache_id(cache_id)
-    dest = on_node(root, cache_id)
+    on_node(root, cache_id)
     staging = staging_path(root, cache_id)
+    os.close(_open_root(root))  # a missing root is refused, never created
     sweep(root, abandoned_after=abandoned_after, keep=staging)
-    for victim in targets:
-        _remove(victim)
-    _no_link(staging)
-    if not staging.is_dir():
-        staging.parent.mkdir(parents=True, exist_ok=True)
-        if kind == "weights" and dest.is_dir():
-            os.replace(dest, staging)  # keep the partial download: a resumable copy fetches only the rest
-            for name in (COMPLETE, MANIFEST):
-                (staging / name).unlink(missing_ok=True)
-        else:
-            staging.mkdir()
-    os.utime(staging)  # in use from now on (resumed or new): no sweep deletes it while a Job may write it
+    for victim in evictions:
+        _evict(root, victim)
+    with _Entry(root, cache_id, create=True) as entry:
+        assert entry.fd is not None
+        st = _lstat(entry.fd, entry.staging)
+        if st is not None and not stat.S_ISDIR(st.st_mode):
+            # a link or a file at the staging name (ours alone): removed, the link and not its target
+            os.unlink(entry.staging, dir_fd=entry.fd)
+            st = None
+        if st is None:
+            if kind == "weights" and _is_dir(entry.refuse_link(entry.name)):
+                # keep the partial download: a resumable copy fetches only the rest
+                os.rename(entry.name, entry.staging, src_dir_fd=entry.fd, dst_dir_fd=entry.fd)
+                staged = _open_below(entry.fd, entry.staging, staging, root)
+                assert staged is not None
+                try:
+                    for name in (COMPLETE, MANIFEST):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(name, dir_fd=staged)
+                finally:
+                    os.close(staged)
+            else:
+                os.mkdir(entry.staging, 0o755, dir_fd=entry.fd)
+        # in use from now on (resumed or new): no sweep deletes it while a Job may write it
+        os.utime(entry.staging, dir_fd=entry.fd, follow_symlinks=False)
     return staging
 
 
-def _has_file(directory: Path) -> bool:
-    return any(p.is_file() and not p.is_symlink() for p in directory.rglob("*"))
+def _is_dir(st: os.stat_result | None) -> bool:
+    return st is not None and stat.S_ISDIR(st.st_mode)
+
+
+def _has_file(dir_fd: int) -> bool:
+    return any(_is_file(walked, name) for _, _, files, walked in os.fwalk(".", dir_fd=dir_fd) for name in files)
+
+
+def _is_file(dir_fd: int, name: str) -> bool:
+    st = _lstat(dir_fd, name)
+    return st is not None and stat.S_ISREG(st.st_mode)
 
 
 def finish(root: Path, cache_id: str, *, source: str = "") -> Path:
@@ -249,21 +389,30 @@ def finish(root: Path, cache_id: str, *, source: str = "") -> Path:
     """
     kind, _ = parse_cache_id(cache_id)
     dest, staging = on_node(root, cache_id), staging_path(root, cache_id)
-    if staging.is_symlink():
-        raise StepError(f"{staging} is a symbolic link: the warmer does not leave the cache root {root}")
-    if not staging.is_dir() or not _has_file(staging):
-        raise StepError(f"{staging}: the fetch step left no files")
-    match kind:
-        case "weights":
-            (staging / COMPLETE).unlink(missing_ok=True)
-            finish_from_disk(staging, source=source)  # manifest of what is there, then the marker
-        case "snapshot" | "adapter":
-            mark_complete(staging)
-        case "compile" | "image":  # a compile cache is present once it holds a file; images never get here
-            pass
-        case _:
-            assert_never(kind)
-    if dest.exists():
-        _remove(dest)  # a partial entry written meanwhile: ours is whole
-    os.replace(staging, dest)
+    with _Entry(root, cache_id) as entry:
+        st = None if entry.fd is None else _lstat(entry.fd, entry.staging)
+        if st is not None and stat.S_ISLNK(st.st_mode):
+            raise StepError(f"{staging} is a symbolic link: the warmer does not leave the cache root {root}")
+        staged = None if entry.fd is None or not _is_dir(st) else _open_below(entry.fd, entry.staging, staging, root)
+        if entry.fd is None or staged is None:
+            raise StepError(f"{staging}: the fetch step left no files")
+        try:
+            if not _has_file(staged):
+                raise StepError(f"{staging}: the fetch step left no files")
+            match kind:
+                case "weights":
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(COMPLETE, dir_fd=staged)
+                    finish_from_disk(staging, source=source, dir_fd=staged)  # manifest, then the marker
+                case "snapshot" | "adapter":
+                    mark_complete(staging, dir_fd=staged)
+                case "compile" | "image":  # a compile cache is present once it holds a file; images never get here
+                    pass
+                case _:
+                    assert_never(kind)
+        finally:
+            os.close(staged)
+        if entry.refuse_link(entry.name) is not None:
+            _remove(entry.fd, entry.name)  # a partial entry written meanwhile: ours is whole
+        os.rename(entry.staging, entry.name, src_dir_fd=entry.fd, dst_dir_fd=entry.fd)
     return dest
