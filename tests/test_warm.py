@@ -566,7 +566,7 @@ def test_weights_land_whole_or_not_at_all(tmp_path: Path) -> None:
 def test_a_partial_download_is_resumed_not_fetched_again(tmp_path: Path) -> None:
     dest = weights_dir(tmp_path, "llm", "v1")
     sparse(dest / "a.safetensors", 100)
-    (dest / COMPLETE).write_bytes(b"")  # a stale marker from an older, broken writer
+    (dest / MANIFEST).write_bytes(b"{}")  # a stale manifest (without .complete, nothing serves it)
     staging = prepare(tmp_path, "weights:llm/v1")
     assert (staging / "a.safetensors").stat().st_size == 100
     assert not (staging / COMPLETE).exists() and not (staging / MANIFEST).exists()
@@ -575,6 +575,25 @@ def test_a_partial_download_is_resumed_not_fetched_again(tmp_path: Path) -> None
     finish(tmp_path, "weights:llm/v1")
     (entry,) = scan_cache(tmp_path).weights
     assert (entry.bytes, entry.complete) == (150, True)
+
+
+@pytest.mark.parametrize("marked", [
+    pytest.param(True, id="complete: left in service"),
+    pytest.param(False, id="partial: moved into staging"),
+])
+def test_a_complete_weights_entry_stays_in_service_while_it_is_fetched_again(tmp_path: Path, marked: bool) -> None:
+    """prepare moved a complete entry into staging too, taking it away for the whole fetch."""
+    dest = weights_dir(tmp_path, "llm", "v1")
+    sparse(dest / "a.safetensors", 100)
+    if marked:
+        (dest / COMPLETE).write_bytes(b"")
+    staging = prepare(tmp_path, "weights:llm/v1")
+    assert (dest / "a.safetensors").exists() is marked
+    assert sorted(p.name for p in staging.iterdir()) == ([] if marked else ["a.safetensors"])
+    sparse(staging / "b.safetensors", 50)
+    finish(tmp_path, "weights:llm/v1")
+    assert sorted(p.name for p in dest.iterdir()) == sorted(
+        [COMPLETE, MANIFEST, "b.safetensors"] + ([] if marked else ["a.safetensors"]))
 
 
 def test_evictions_happen_before_staging_and_are_atomic(tmp_path: Path) -> None:

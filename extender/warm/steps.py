@@ -350,7 +350,7 @@ def prepare(root: Path, cache_id: str, evictions: Sequence[str] = (), *,
             os.unlink(entry.staging, dir_fd=entry.fd)
             st = None
         if st is None:
-            if kind == "weights" and _is_dir(entry.refuse_link(entry.name)):
+            if kind == "weights" and _is_dir(entry.refuse_link(entry.name)) and _movable(entry, root):
                 # keep the partial download: a resumable copy fetches only the rest
                 os.rename(entry.name, entry.staging, src_dir_fd=entry.fd, dst_dir_fd=entry.fd)
                 staged = _open_below(entry.fd, entry.staging, staging, root)
@@ -366,6 +366,24 @@ def prepare(root: Path, cache_id: str, evictions: Sequence[str] = (), *,
         # in use from now on (resumed or new): no sweep deletes it while a Job may write it
         os.utime(entry.staging, dir_fd=entry.fd, follow_symlinks=False)
     return staging
+
+
+def _movable(entry: _Entry, root: Path) -> bool:
+    """Whether the weights entry may be moved into staging: not while it carries ``.complete`` (it is
+    in service; moving it would take it away for the whole fetch). Such an entry stays in place, the
+    fetch fills an empty staging directory, and ``finish`` replaces the entry in one rename."""
+    assert entry.fd is not None
+    dest = _open_below(entry.fd, entry.name, entry.dest, root)
+    if dest is None:
+        return False
+    try:
+        if _lstat(dest, COMPLETE) is None:
+            return True
+    finally:
+        os.close(dest)
+    log.warning("%s carries %s: left in place, in service; the fetch starts in an empty staging directory",
+                entry.dest, COMPLETE)
+    return False
 
 
 def _is_dir(st: os.stat_result | None) -> bool:
