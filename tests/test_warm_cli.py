@@ -9,7 +9,7 @@ import argparse
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -212,6 +212,26 @@ def test_prepare_and_finish_as_a_warm_job_runs_them(tmp_path: Path, capsys: pyte
     assert run(["warm", "finish", "--root", root, "--cache", "snapshot:llm/v1"]) == 1
     assert "left no files" in capsys.readouterr().err
     assert scan_cache(tmp_path).snapshots == ()
+
+
+LONG = "x" * 240  # a name the filesystem takes, whose tomb (25 characters longer) it does not
+
+
+@pytest.mark.parametrize(("setup", "argv", "said"), [
+    pytest.param(lambda root: None, ["prepare", "--cache", WEIGHTS_A, "--root", "{root}/typo"],
+                 "extender warm prepare: the cache root {root}/typo does not exist", id="a-missing-root"),
+    pytest.param(lambda root: (root / "weights" / "llm").mkdir(parents=True) or (root / "weights/llm" / LONG).mkdir(),
+                 ["prepare", "--cache", WEIGHTS_A, "--root", "{root}", "--evict", f"weights:llm/{LONG}"],
+                 f"extender warm prepare: {WEIGHTS_A} under {{root}}: File name too long ({LONG})",
+                 id="an-os-error-names-the-entry-and-the-file"),
+])
+def test_a_failed_node_step_says_what_and_where_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                            setup: Callable[[Path], object], argv: list[str],
+                                                            said: str) -> None:
+    setup(tmp_path)
+    assert run(["warm", *(a.format(root=tmp_path) for a in argv)]) == 1
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(said.format(root=tmp_path)), line
 
 
 @pytest.mark.integration

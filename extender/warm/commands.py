@@ -291,8 +291,8 @@ def run_prepare(args: argparse.Namespace) -> int:
 
     try:
         staging = prepare(args.root, args.cache, args.evict, abandoned_after=args.abandoned_after)
-    except OSError as exc:
-        say(f"extender warm prepare: {exc}", cache=args.cache)
+    except (OSError, ExtenderError) as exc:
+        say(f"extender warm prepare: {_step_failure(exc, args)}", cache=args.cache)
         return 1
     print(staging)
     return 0
@@ -304,10 +304,19 @@ def run_finish(args: argparse.Namespace) -> int:
     try:
         dest = finish(args.root, args.cache, source=args.source)
     except (OSError, ExtenderError) as exc:
-        say(f"extender warm finish: {exc}", cache=args.cache)
+        say(f"extender warm finish: {_step_failure(exc, args)}", cache=args.cache)
         return 1
     print(dest)
     return 0
+
+
+def _step_failure(exc: OSError | ExtenderError, args: argparse.Namespace) -> str:
+    """One line for a node step that failed: an operating-system error says which entry and root it
+    hit, and the file when it names one (``No space left on device`` alone says neither)."""
+    if not isinstance(exc, OSError):
+        return str(exc)
+    where = f" ({exc.filename})" if exc.filename is not None else ""
+    return f"{args.cache} under {args.root}: {exc.strerror or exc}{where}"
 
 
 def run_publish(args: argparse.Namespace) -> int:
