@@ -214,6 +214,21 @@ def test_prepare_and_finish_as_a_warm_job_runs_them(tmp_path: Path, capsys: pyte
     assert scan_cache(tmp_path).snapshots == ()
 
 
+@pytest.mark.parametrize(("env", "code", "said"), [
+    pytest.param("", 0, None, id="empty-means-unset"),
+    pytest.param("bogus", 2, "extender warm prepare: $WARM_ABANDONED_AFTER (used as --abandoned-after is not given): "
+                 "not a duration: 'bogus'", id="a-bad-value-names-the-variable"),
+])
+def test_the_abandoned_after_variable_is_read_as_the_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str], *, env: str,
+                                                          code: int, said: str | None) -> None:
+    """It was argparse's string default: an empty one was refused, a bad one blamed the flag."""
+    monkeypatch.setenv("WARM_ABANDONED_AFTER", env)
+    assert run(["warm", "prepare", "--root", str(tmp_path), "--cache", WEIGHTS_A]) == code
+    err = capsys.readouterr().err
+    assert (said is None and err == "") or (said is not None and err.startswith(said)), err
+
+
 LONG = "x" * 240  # a name the filesystem takes, whose tomb (25 characters longer) it does not
 
 

@@ -22,6 +22,7 @@ import math
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -85,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     pre.add_argument("--evict", action="append", default=[], metavar="ID",
                      help="a cache to delete first to make room (repeatable)")
     pre.add_argument("--abandoned-after", type=abandoned_after,
-                     default=os.environ.get(ABANDONED_AFTER_ENV), metavar="DURATION",
+                     default=_abandoned_after_from_env(), metavar="DURATION",
                      help="delete other staging directories untouched for longer than this (activeDeadline + "
                           "retry.max, as 1h30m or bare seconds, 5400: no Job can still write or resume them); "
                           f"default: ${ABANDONED_AFTER_ENV}, "
@@ -137,6 +138,25 @@ def abandoned_after(text: str) -> float:
     if not (math.isfinite(seconds) and seconds > 0):
         raise argparse.ArgumentTypeError(f"{text!r} must be a finite duration longer than zero")
     return seconds
+
+
+@dataclass(frozen=True)
+class _BadEnvironment:
+    """A variable standing in for a flag whose value the flag would refuse (told when the command runs)."""
+
+    problem: str
+
+
+def _abandoned_after_from_env() -> float | _BadEnvironment | None:
+    """``--abandoned-after``'s default: ``$WARM_ABANDONED_AFTER`` read as the flag would be; unset or
+    empty: ``None``. Parsed here, not by argparse, whose error would blame a flag nobody gave."""
+    text = os.environ.get(ABANDONED_AFTER_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        return abandoned_after(text)
+    except argparse.ArgumentTypeError as exc:
+        return _BadEnvironment(f"${ABANDONED_AFTER_ENV} (used as --abandoned-after is not given): {exc}")
 
 
 def compile_key(text: str) -> str:
@@ -289,6 +309,9 @@ def run_status(args: argparse.Namespace) -> int:
 def run_prepare(args: argparse.Namespace) -> int:
     from extender.warm.steps import prepare
 
+    if isinstance(args.abandoned_after, _BadEnvironment):
+        say(f"extender warm prepare: {args.abandoned_after.problem}", cache=args.cache)
+        return 2
     try:
         staging = prepare(args.root, args.cache, args.evict, abandoned_after=args.abandoned_after)
     except (OSError, ExtenderError) as exc:
