@@ -269,6 +269,19 @@ BAD_ENTRIES = [Bad(*row) for row in [
     ("not-json", b"{broken", "Invalid JSON"),
     ("not-utf-8", b"\xff\xfe", "Invalid JSON"),
     ("not-an-object", b"[1, 2]", "Input should be an object"),
+    # replica counts outside Kubernetes' int32: no float() overflow (a 500), no silent 0 for a negative
+    ("desired-401-digits", b'{"desired":' + b"9" * 401 + b',"load":1,"unit":"x","t":1,"window":1,"token":1}',
+     "desired: Input should be less than or equal to 2147483647"),
+    ("desired-past-int64", b'{"desired":9223372036854775808,"load":1,"unit":"x","t":1,"window":1,"token":1}',
+     "desired: Input should be less than or equal to 2147483647"),
+    ("desired-past-int32", b'{"desired":2147483648,"load":1,"unit":"x","t":1,"window":1,"token":1}',
+     "desired: Input should be less than or equal to 2147483647"),
+    ("desired-negative", b'{"desired":-7,"load":1,"unit":"x","t":1,"window":1,"token":1}',
+     "desired: Input should be greater than or equal to 0"),
+    ("standby-401-digits", b'{"desired":1,"load":1,"unit":"x","t":1,"window":1,"token":1,"standby":'
+     + b"9" * 401 + b"}", "standby: Input should be less than or equal to 2147483647"),
+    ("standby-negative", b'{"desired":1,"load":1,"unit":"x","t":1,"window":1,"token":1,"standby":-1}',
+     "standby: Input should be greater than or equal to 0"),
 ]]
 
 

@@ -318,6 +318,42 @@ def test_an_unreadable_entry_spoils_only_its_own_workload(row: Spoiled, redis_se
         assert running.server.board.healthy is True
 
 
+#: (id, the JSON of llama's entry with a replica count out of 0..2**31-1, the words of the DATA_LOSS)
+OUT_OF_RANGE = [
+    pytest.param('{"desired":' + "9" * 401 + ',"load":1,"unit":"requests/s","t":1,"window":1,"token":1}',
+                 "desired: Input should be less than or equal to 2147483647", id="desired-401-digits"),
+    pytest.param('{"desired":9223372036854775808,"load":1,"unit":"requests/s","t":1,"window":1,"token":1}',
+                 "desired: Input should be less than or equal to 2147483647", id="desired-past-int64"),
+    pytest.param('{"desired":-7,"load":1,"unit":"requests/s","t":1,"window":1,"token":1}',
+                 "desired: Input should be greater than or equal to 0", id="desired-negative"),
+    pytest.param('{"desired":1,"load":1,"unit":"requests/s","t":1,"window":1,"token":1,"standby":' + "9" * 401 + "}",
+                 "standby: Input should be less than or equal to 2147483647", id="standby-401-digits"),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("entry", "words"), OUT_OF_RANGE)
+def test_a_replica_count_out_of_range_is_data_loss(entry: str, words: str, redis_server: RedisServer,
+                                                   tmp_path: Path) -> None:
+    # KEDA's value is an int64 and Kubernetes' replicas an int32: a count outside them was no
+    # UNKNOWN ("Value out of range", an OverflowError) and a negative one no silent 0, but unreadable
+    client = connect(redis_server.url, tmp_path)
+    client.hset(DecisionStore(client).published_key, "llama", entry)
+    client.close()
+    with serving(settings(), redis_server.url, tmp_path) as running, \
+            grpc.insecure_channel(running.address) as channel:
+        keda = stub(channel)
+        for metric in (METRIC_NAME, STANDBY_METRIC):
+            with pytest.raises(grpc.RpcError) as raised:
+                keda.GetMetrics(pb.GetMetricsRequest(
+                    scaledObjectRef=ref("ml", {"workload": "llama", "metric": metric}), metricName=metric))
+            assert raised.value.code() == grpc.StatusCode.DATA_LOSS, raised.value.details()
+            assert words in (raised.value.details() or "")
+        with pytest.raises(grpc.RpcError) as raised:
+            keda.IsActive(ref("ml", {"workload": "llama"}))
+        assert raised.value.code() == grpc.StatusCode.DATA_LOSS, raised.value.details()
+
+
 # ---- Redis down: UNAVAILABLE, health NOT_SERVING, back when it is back ---------------------------------
 
 

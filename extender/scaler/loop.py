@@ -74,7 +74,7 @@ from extender.files import PolicyFile
 from extender.scaler.observation import Fetcher, Observation, PastSource, SignalSource, http_get
 from extender.scaler.pods import PodLister, Replicas, count_replicas, label_selector, workload_pods
 from extender.scaler.signals import build_source
-from extender.state.decisions import DecisionStore, Published
+from extender.state.decisions import MAX_REPLICAS, DecisionStore, Published
 from extender.state.history import HistoryStore, Sample
 from extender.state.lock import LeaderLock
 from extender.state.observations import CalibratedPolicy
@@ -424,9 +424,11 @@ class ScaleLoop:
         expectation = (Expectation.from_decision(decision) if d.ahead is None
                        else Expectation.ahead(decision, d.ahead.upper, d.ahead.horizon_s))
         standby = standby_replicas(expectation, desired=decision.desired, current=decision.current)
-        published = Published(desired=decision.published, load=load if math.isfinite(load) else 0.0,
+        # never publish a count the readers refuse (decisions.MAX_REPLICAS: Kubernetes' int32)
+        published = Published(desired=min(decision.published, MAX_REPLICAS),
+                              load=load if math.isfinite(load) else 0.0,
                               unit=capacity.unit, t=now, window=max(1, round(self.tick_s)), token=token,
-                              standby=standby)
+                              standby=min(standby, MAX_REPLICAS))
         record = decision_record(decision, observation, replicas, placement, published=published,
                                  source=self.sources[name].name, holder=self.holder, token=token, pods=d.pods)
         self.lock.commit(

@@ -44,20 +44,24 @@ log = logging.getLogger(__name__)
 DEFAULT_KEEP = 300
 #: Unix seconds of 10000-01-01: a decision time must be before it to be served as ``metav1.Time``.
 _LAST_TIME = 253_402_300_800.0
+#: The most replicas a published entry may hold: Kubernetes' replica type is an int32, and KEDA's
+#: metric value an int64. A larger (or negative) count is no decision of ours: unreadable, not served.
+MAX_REPLICAS = 2**31 - 1
 
 
 class _PublishedJson(BaseModel):
-    """The JSON of one published entry, checked: finite numbers, a time that is a date."""
+    """The JSON of one published entry, checked: finite numbers, a time that is a date, replica
+    counts in ``0..MAX_REPLICAS``."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
-    desired: int
+    desired: int = Field(ge=0, le=MAX_REPLICAS)
     load: float
     unit: str
     t: float = Field(ge=0, lt=_LAST_TIME)
     window: int = Field(ge=0)
     token: int
-    standby: int = 0
+    standby: int = Field(default=0, ge=0, le=MAX_REPLICAS)
 
 
 @dataclass(frozen=True)
