@@ -37,7 +37,7 @@ from extender.scaler.scrape import ScrapeSource
 from extender.scaler.serve import KubePodLister
 from tests.kube_double import KubeDouble
 from tests.kube_double.waiting import wait_until
-from tests.net import free_port
+from tests.net import dripping, free_port
 from tests.prometheus_tools import prometheus_tool
 from tests.scaler_policy import make_policy
 from tests.vllm_endpoint import MetricsEndpoint, pod, serving
@@ -227,6 +227,26 @@ def test_unreachable_prometheus_is_no_observation() -> None:
     obs = source.observe([], time.time())
     assert (obs.rate, obs.complete) == (None, False)
     assert "rate query" in obs.note
+
+
+#: A Prometheus that sends its reply a byte every 0.05 s (4 s in all): every read is within the timeout.
+SLOW_PROMETHEUS = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 80\r\n\r\n", b" " * 80)
+
+
+@pytest.mark.parametrize("call", [pytest.param("observe", id="instant-query"),
+                                  pytest.param("past", id="range-query-budget")])
+def test_a_prometheus_that_answers_a_byte_at_a_time_is_given_up_on(call: str) -> None:
+    # the instant query's timeout and the range queries' budget bound the whole reply, not each read
+    port = free_port()
+    source = PrometheusSource(url=f"http://127.0.0.1:{port}", query="vector(1)", queue_query=None, timeout_s=0.5)
+    with dripping("127.0.0.1", port, *SLOW_PROMETHEUS):
+        if call == "observe":
+            obs = source.observe([], time.time())
+            assert (obs.rate, obs.complete, obs.answered) == (None, False, 0)
+            assert "rate query: GET " in obs.note and "timed out" in obs.note, obs.note
+        else:
+            with pytest.raises(SignalError, match=r"timed out: no whole reply within 0\.5s"):
+                source.past(time.time() - 600, time.time(), 15.0, budget_s=0.5)
 
 
 def test_scrape_source_agrees_through_the_api_double(pods_and_prometheus: tuple[list[MetricsEndpoint], Prometheus],

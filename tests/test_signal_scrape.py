@@ -23,7 +23,7 @@ from extender.scaler.pods import count_replicas, label_selector, workload_pods
 from extender.scaler.scrape import ScrapeSource
 from extender.scaler.serve import KubePodLister
 from tests.kube_double import KubeDouble
-from tests.net import free_port
+from tests.net import dripping, free_port
 from tests.scaler_policy import make_policy
 from tests.vllm_endpoint import Counters, MetricsEndpoint, pod, serving, vllm_text
 
@@ -214,3 +214,39 @@ def test_a_redirects_location_is_quoted_cut_to_its_first_characters() -> None:
         http_get(f"http://127.0.0.2:{port}/metrics", 2.0)
     assert f"redirect to {target[:MAX_LOCATION]!r} not followed" in str(raised.value)
     assert len(str(raised.value)) < MAX_LOCATION + 200
+
+
+# ---- a pod that answers a byte at a time ------------------------------------------------------------------
+
+#: The whole fetch must end within this (a test value; the policy's signal.timeout defaults to 2 s).
+FETCH_TIMEOUT_S = 0.5
+
+#: (what the server sends at once, then a byte every 0.05 s: 4 s in all, each read well within the timeout)
+SLOW_REPLIES = [
+    pytest.param(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 80\r\n\r\n", b"#" * 80,
+                 id="body-a-byte-at-a-time"),
+    pytest.param(b"", b"HTTP/1.1 200 OK\r\nX-Pad: " + b"a" * 40 + b"\r\nContent-Length: 0\r\n\r\n",
+                 id="headers-a-byte-at-a-time"),
+    pytest.param(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", b"1\r\n#\r\n" * 12 + b"0\r\n\r\n",
+                 id="chunks-a-byte-at-a-time"),
+]
+
+
+@pytest.mark.parametrize(("prefix", "drip"), SLOW_REPLIES)
+def test_a_pod_that_answers_a_byte_at_a_time_is_a_missing_reading(prefix: bytes, drip: bytes) -> None:
+    # urllib's timeout bounds each socket read: a byte a second held `scale --once` past 40 s with a
+    # 2 s signal.timeout. The whole fetch is bounded now, and the pod is one missing reading.
+    port = free_port()
+    profile = make_policy(port=port).profile("qwen3")
+    pods = workload_pods([pod("qwen3-a", "127.0.0.2"), pod("qwen3-b", "127.0.0.3")], profile, "default")
+    source = ScrapeSource.for_profile(profile)
+    source.timeout_s = FETCH_TIMEOUT_S
+    good = _exposition("text/plain; version=0.0.4", Counters(requests=1000.0))
+    url = f"http://127.0.0.3:{port}/metrics"
+    with replying("127.0.0.2", port, good), dripping("127.0.0.3", port, prefix, drip):
+        with pytest.raises(SignalError) as raised:
+            http_get(url, FETCH_TIMEOUT_S)
+        observation = source.observe(pods, T0)
+    assert str(raised.value) == f"GET {url}: timed out: no whole reply within {FETCH_TIMEOUT_S:.3g}s"
+    assert (observation.expected, observation.answered) == (2, 1)
+    assert f"default/qwen3-b: GET {url}: timed out" in observation.note

@@ -11,9 +11,13 @@ missing data) and the history gets a gap, not a zero.
 from __future__ import annotations
 
 import codecs
+import functools
 import http.client
+import io
 import reprlib
+import socket
 import ssl
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -73,6 +77,113 @@ MAX_BODY_BYTES = 16 * 2**20
 MAX_LOCATION = 256
 
 
+def _left(deadline: float) -> float:
+    """Seconds until ``deadline`` (``time.monotonic()``); a :class:`TimeoutError` once it has passed."""
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("timed out")
+    return left
+
+
+class _DeadlineReader(io.RawIOBase):
+    """The socket's bytes, each read waiting at most until the deadline.
+
+    A socket's timeout bounds one read: a server that sends a byte a second never trips it. Setting
+    it to the time left before every read bounds them all together, headers and body alike.
+    """
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        super().__init__()
+        self._sock = sock
+        self._raw = sock.makefile("rb", buffering=0)  # holds a reference: the connection closes its socket early
+        self._deadline = deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self._sock.settimeout(_left(self._deadline))
+        got: int | None = self._raw.readinto(buffer)
+        return got or 0
+
+    def close(self) -> None:
+        if not self.closed:
+            self._raw.close()
+        super().close()
+
+
+class _DeadlineSocket:
+    """A connected socket whose sends and reads all end by ``deadline``; everything else is the socket's."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self._sock = sock
+        self._deadline = deadline
+
+    def makefile(self, mode: str = "rb", *_: Any, **__: Any) -> io.BufferedReader:
+        return io.BufferedReader(_DeadlineReader(self._sock, self._deadline))
+
+    def sendall(self, data: Any) -> None:
+        self._sock.settimeout(_left(self._deadline))  # sendall's timeout is already one for the whole send
+        self._sock.sendall(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+def _connect_by(deadline: float) -> Any:
+    """``socket.create_connection`` with the time left as its timeout, left on the socket for TLS's handshake."""
+
+    def create(address: tuple[str, int], timeout: Any = None, source_address: Any = None,
+               **kwargs: Any) -> socket.socket:
+        sock = socket.create_connection(address, _left(deadline), source_address, **kwargs)
+        sock.settimeout(_left(deadline))
+        return sock
+
+    return create
+
+
+class _DeadlineHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+        self._create_connection = _connect_by(deadline)
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock = _DeadlineSocket(self.sock, self._deadline)
+
+
+class _DeadlineHTTPSConnection(http.client.HTTPSConnection):
+    def __init__(self, *args: Any, deadline: float, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._deadline = deadline
+        self._create_connection = _connect_by(deadline)
+
+    def connect(self) -> None:
+        super().connect()  # TCP, then the TLS handshake, whose timeout covers all of it (ssl's own)
+        self.sock = _DeadlineSocket(self.sock, self._deadline)
+
+
+class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
+    def __init__(self, deadline: float) -> None:
+        super().__init__()
+        self._deadline = deadline
+
+    def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(functools.partial(_DeadlineHTTPConnection, deadline=self._deadline), req)
+
+
+class _DeadlineHTTPSHandler(urllib.request.HTTPSHandler):
+    def __init__(self, deadline: float, context: ssl.SSLContext | None) -> None:
+        super().__init__(context=context)
+        self._deadline = deadline
+        self._https_context = context
+
+    def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
+        return self.do_open(functools.partial(_DeadlineHTTPSConnection, deadline=self._deadline), req,
+                            context=self._https_context)
+
+
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
     """Follows no redirect: the 3xx reply is raised as the ``HTTPError`` it is (:func:`http_get`)."""
 
@@ -95,6 +206,11 @@ def http_get(url: str, timeout_s: float, *, headers: Mapping[str, str] | None = 
     note); urllib's redirect handler also sends the request's headers, a Prometheus bearer token or
     basic-auth password among them, to whatever host the ``Location`` names, over plain HTTP too.
 
+    ``timeout_s`` bounds the whole fetch: connecting, the TLS handshake, sending, the headers and the
+    body. (urllib's own timeout bounds each socket read, so a server sending a byte a second held
+    the fetch, and the scaler's tick, for as long as it liked.) Running out of it is a
+    :class:`SignalError` saying the fetch timed out.
+
     Every way the server can fail is a :class:`SignalError` naming the URL, a reply that is no
     HTTP/1 included (``http.client.HTTPException``: an HTTP/2-only or binary port, a broken chunked
     body): one pod's odd port is that pod's missing reading, not an unexpected error that costs the
@@ -103,7 +219,9 @@ def http_get(url: str, timeout_s: float, *, headers: Mapping[str, str] | None = 
     """
     request = urllib.request.Request(
         url, headers={"Accept": "text/plain, application/json;q=0.9, */*;q=0.1", **(headers or {})})
-    opener = urllib.request.build_opener(_NoRedirects, urllib.request.HTTPSHandler(context=context))
+    deadline = time.monotonic() + timeout_s
+    opener = urllib.request.build_opener(_NoRedirects, _DeadlineHTTPHandler(deadline),
+                                         _DeadlineHTTPSHandler(deadline, context))
     try:
         with opener.open(request, timeout=timeout_s) as response:
             body: bytes = response.read(MAX_BODY_BYTES + 1)
@@ -115,6 +233,8 @@ def http_get(url: str, timeout_s: float, *, headers: Mapping[str, str] | None = 
                               "(the scaler reads the address it is given)") from exc
         raise SignalError(f"GET {url}: HTTP {exc.code} {exc.reason}") from exc
     except (urllib.error.URLError, TimeoutError, OSError, ValueError) as exc:
+        if isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError):
+            raise SignalError(f"GET {url}: timed out: no whole reply within {timeout_s:.3g}s") from exc
         raise SignalError(f"GET {url}: {getattr(exc, 'reason', None) or exc}") from exc
     except http.client.HTTPException as exc:
         # repr: the server's bytes escaped, and cut, since a status line can be 64 KiB of anything
