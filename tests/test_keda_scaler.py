@@ -354,6 +354,45 @@ def test_a_replica_count_out_of_range_is_data_loss(entry: str, words: str, redis
         assert raised.value.code() == grpc.StatusCode.DATA_LOSS, raised.value.details()
 
 
+# ---- a caller's long strings: quoted cut short, the right status code back --------------------------------
+
+#: (ScaledObject namespace, name, trigger metadata, metricName, the status, words of its message)
+LONG_STRINGS = [
+    pytest.param("default", "so", {"workload": "qwen3"}, "m" * 3_000_000, grpc.StatusCode.NOT_FOUND,
+                 "no metric 'mmmm", id="metric-name-of-3m-characters"),
+    pytest.param("default", "so", {"workload": "w" * 1_000_000}, METRIC_NAME, grpc.StatusCode.INVALID_ARGUMENT,
+                 "is longer than a name", id="workload-of-1m-characters"),
+    pytest.param("default", "so", {"workload": "qwen3", "namespace": "n" * 1_000_000}, METRIC_NAME,
+                 grpc.StatusCode.INVALID_ARGUMENT, "is not a namespace name", id="trigger-namespace-of-1m-characters"),
+    pytest.param("n" * 1_000_000, "so", {"workload": "qwen3"}, METRIC_NAME, grpc.StatusCode.NOT_FOUND,
+                 "no autoscaled workload 'qwen3' in namespace 'nnnn", id="scaledobject-namespace-of-1m-characters"),
+    pytest.param("default", "s" * 1_000_000, {"workload": "nosuch"}, METRIC_NAME, grpc.StatusCode.NOT_FOUND,
+                 "no autoscaled workload 'nosuch'", id="scaledobject-name-of-1m-characters"),
+    pytest.param("default", "so", {f"key-{i}": "" for i in range(50_000)}, METRIC_NAME,
+                 grpc.StatusCode.INVALID_ARGUMENT, "(+49990 more)", id="50000-metadata-keys"),
+]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("namespace", "name", "metadata", "metric", "code", "words"), LONG_STRINGS)
+def test_a_callers_long_strings_are_quoted_cut_short(  # noqa: PLR0917 (one table row)
+        namespace: str, name: str, metadata: dict[str, str], metric: str, code: grpc.StatusCode, words: str,
+        redis_server: RedisServer, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    # all of the string went into the status message (past gRPC's metadata limit: the client got
+    # RESOURCE_EXHAUSTED), the log line and the set of messages logged once (the same text)
+    with serving(settings(), redis_server.url, tmp_path) as running, \
+            grpc.insecure_channel(running.address) as channel, pytest.raises(grpc.RpcError) as raised:
+        stub(channel).GetMetrics(pb.GetMetricsRequest(scaledObjectRef=ref(namespace, metadata, name=name),
+                                                      metricName=metric))
+    details = raised.value.details() or ""
+    assert raised.value.code() == code, details[:300]
+    assert words in details, details
+    assert len(details) < 2000
+    assert "more characters)" in details or "more)" in details
+    logged = [r.getMessage() for r in caplog.records if r.name.startswith("extender.keda")]
+    assert logged and all(len(line) < 2000 for line in logged)
+
+
 # ---- Redis down: UNAVAILABLE, health NOT_SERVING, back when it is back ---------------------------------
 
 

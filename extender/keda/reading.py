@@ -24,11 +24,11 @@ the two paths scale a workload alike:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails
 
 from extender.core.errors import ExtenderError, InvalidValueError, UnknownNameError
@@ -47,10 +47,45 @@ TARGET_SIZE = 1
 #: Trigger metadata keys we read; KEDA passes every key of the trigger, its own included.
 METADATA_KEYS = ("workload", "namespace", "metric")
 
+#: Characters of a caller's string quoted in a status message or a log line; the rest is counted,
+#: not copied (a 3,000,000-character metric name made a status message past gRPC's metadata limit,
+#: RESOURCE_EXHAUSTED instead of NOT_FOUND, and a log line as long).
+MAX_QUOTED = 100
+#: Trigger metadata keys listed in a message (KEDA passes a handful; the caller chooses how many).
+MAX_KEYS_LISTED = 10
+
+
+def cut(value: str) -> str:
+    """``value``'s first :data:`MAX_QUOTED` characters, and how many more there were."""
+    if len(value) <= MAX_QUOTED:
+        return value
+    return f"{value[:MAX_QUOTED]}... (+{len(value) - MAX_QUOTED} more characters)"
+
+
+def quoted(value: str) -> str:
+    """``repr`` of ``value``'s first :data:`MAX_QUOTED` characters, and how many more there were."""
+    if len(value) <= MAX_QUOTED:
+        return repr(value)
+    return f"{value[:MAX_QUOTED]!r} (+{len(value) - MAX_QUOTED} more characters)"
+
+
+def _listed(keys: Collection[str]) -> str:
+    names = [quoted(k) if len(k) > MAX_QUOTED else k for k in sorted(keys)[:MAX_KEYS_LISTED]]
+    more = len(keys) - len(names)
+    return ", ".join(names) + (f" (+{more} more)" if more else "") if names else "none"
+
+
+def _short(value: object) -> object:
+    """A name is at most 63 characters: refuse a longer one before :data:`Name`'s check quotes all of it."""
+    if isinstance(value, str) and len(value) > 63:
+        raise InvalidValueError(f"{quoted(value)} is longer than a name (at most 63 characters)")
+    return value
+
+
 def _namespace(value: str) -> str:
     if len(value) > 63 or not DNS_LABEL.match(value):
-        raise InvalidValueError(f"{value!r} is not a namespace name (a DNS label: lowercase letters, digits and '-', "
-                         "at most 63 characters)")
+        raise InvalidValueError(f"{quoted(value)} is not a namespace name (a DNS label: lowercase letters, digits "
+                                "and '-', at most 63 characters)")
     return value
 
 
@@ -63,7 +98,7 @@ class TriggerMetadata(BaseModel):
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    workload: Name
+    workload: Annotated[Name, BeforeValidator(_short)]
     namespace: Annotated[str, AfterValidator(_namespace)] | None = None
     metric: MetricName = METRIC_NAME
 
@@ -108,12 +143,12 @@ def resolve(name: str, namespace: str, metadata: Mapping[str, str], workloads: M
     :class:`~extender.core.errors.UnknownNameError` when no autoscaled workload of that name is
     served in the namespace.
     """
-    where = f"ScaledObject {namespace or '?'}/{name or '?'}"
+    where = f"ScaledObject {cut(namespace) or '?'}/{cut(name) or '?'}"
     try:
         meta = TriggerMetadata.model_validate(dict(metadata))
     except ValidationError as exc:
         problems = "; ".join(_problem(e) for e in exc.errors())
-        given = ", ".join(sorted(metadata)) or "none"
+        given = _listed(metadata.keys())
         raise TriggerError(f"{where}: trigger metadata: {problems} (keys given: {given}; "
                            f"we read {', '.join(METADATA_KEYS)})") from None
     scope = meta.namespace or namespace
@@ -122,7 +157,7 @@ def resolve(name: str, namespace: str, metadata: Mapping[str, str], workloads: M
         # name only what that namespace may see, never other namespaces' workloads
         names = ", ".join(w for w, s in sorted(workloads.items()) if s.namespace is None or s.namespace == scope)
         raise UnknownNameError(f"{where}: no autoscaled workload {meta.workload!r} in namespace "
-                               f"{scope or '(none given)'!r} (served there: {names or 'nothing'})")
+                               f"{quoted(scope) if scope else '(none given)'} (served there: {names or 'nothing'})")
     return Target(workload=meta.workload, namespace=scope, scaled_object=where, metric=meta.metric)
 
 
@@ -136,7 +171,7 @@ def _problem(error: ErrorDetails) -> str:
 def check_metric(target: Target, metric_name: str) -> None:
     """Raise :class:`~extender.core.errors.UnknownNameError` unless ``metric_name`` is the target's."""
     if metric_name != target.metric:
-        raise UnknownNameError(f"{target.scaled_object}: no metric {metric_name!r} (served: {target.metric})")
+        raise UnknownNameError(f"{target.scaled_object}: no metric {quoted(metric_name)} (served: {target.metric})")
 
 
 @dataclass(frozen=True)
