@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from extender.core.errors import InvalidValueError, UnitError
 from extender.core.images import check_reference
-from extender.core.units import parse_bytes, parse_duration
+from extender.core.units import format_duration, parse_bytes, parse_duration
 from extender.process import LOG_FORMATS, LOG_LEVELS
 
 if TYPE_CHECKING:
@@ -82,6 +82,17 @@ def duration_or_zero(text: str) -> float:
     except UnitError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return value if value > 0 else 0.0
+
+
+def duration_or_zero_up_to(maximum: float) -> Callable[[str], float]:
+    """An argparse type: :func:`duration_or_zero`, at most ``maximum`` seconds (the bound of the field the
+    flag sets, so that a flag that overrides a checked field is checked the same way)."""
+    def parse(text: str) -> float:
+        value = duration_or_zero(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {format_duration(maximum)}")
+        return value
+    return parse
 
 
 def comma_list(text: str) -> list[str]:

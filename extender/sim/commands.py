@@ -31,14 +31,14 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from extender.arguments import comma_list, duration_or_zero, finite_number, whole_number
+from extender.arguments import comma_list, duration_or_zero_up_to, finite_number, whole_number
 from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.core.units import format_duration
 from extender.process import current_logging
 from extender.process import report as tell
 from extender.sim.progress import Progress
 from extender.sim.report import Report, build, markdown, table, to_json
-from extender.sim.scenario import Scenario, TraceSpec, load_scenario
+from extender.sim.scenario import MAX_SPAN_S, Scenario, TraceSpec, load_scenario
 from extender.sim.simulation import Prepared, RunResult, prepare, simulate
 from extender.sim.strategies import STRATEGIES
 from extender.sim.traces import demand_summary
@@ -73,9 +73,10 @@ def register(subparsers: Any) -> None:
                    help=f"comma-separated subset of {','.join(STRATEGIES)} (default: the scenario's)")
     p.add_argument("--seed", type=whole_number(0), metavar="N",
                    help="override the scenario's seed (a whole number >= 0)")
-    p.add_argument("--history", type=duration_or_zero, metavar="DURATION",
+    p.add_argument("--history", type=duration_or_zero_up_to(MAX_SPAN_S), metavar="DURATION",
                    help="override the scenario's history: demand the scaler has seen before t = 0 (1d: a "
-                        "scaler that has run for a day; 0: one installed at t = 0)")
+                        "scaler that has run for a day; 0: one installed at t = 0; at most "
+                        f"{format_duration(MAX_SPAN_S)}, as in a scenario)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     p.add_argument("--out", metavar="DIR", help="also write report.md, summary.json and PNG plots here")
     p.set_defaults(handler=run)
