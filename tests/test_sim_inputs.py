@@ -179,6 +179,9 @@ BAD_TRACES = [
     BadTrace("a number among ISO times", "timestamp\n2024-01-01T00:00:00\n5\n", 2, "from its earliest row (line 3)"),
     BadTrace("a rate past the bound", "timestamp,rate\n0,1\n60,1e308\n", 3, "rate 1e+308 is more than"),
     BadTrace("duplicate column", "ts,rate,Rate\n0,1,2\n", 1, "column 'Rate' is in the header twice"),
+    # numpy read the column as 64-byte strings: a padded timestamp lost its last digits (3000 read as 30)
+    BadTrace("timestamp padded past 64 characters", "timestamp\n0\n" + " " * 62 + "3000\n", 3,
+             "the timestamp field is 66 characters long, more than the 64"),
     BadTrace("lines ended by CR alone", "timestamp,rate\r0,1\r60,2\r", 1, "CR alone"),
 ]
 

@@ -21,7 +21,8 @@ column is ``timeColumn`` or the first of ``timestamp``, ``time``, ``ts``, ``t`` 
 
 A column name may appear once in the header (any letter case). Every data row must have as many
 columns as the header (blank lines and ``#`` comments are skipped); a row with fewer or more is an
-error at its line, in both kinds of file.
+error at its line, in both kinds of file. A timestamp field is at most :data:`MAX_TIME_FIELD` (64)
+characters, padding included: a longer one is an error at its line, never read cut.
 
 Reading is vectorised: the file is read in blocks of about 32 MiB and each block is parsed by
 ``numpy.loadtxt`` and converted with ``astype`` (``datetime64[ns]`` or ``float64``); there is no
@@ -103,6 +104,9 @@ BLOCK_BYTES = 32 * 2**20
 MAX_LINE_BYTES = 2**20
 #: The longest a trace may span on the simulation clock (after ``timeScale``): 366 days.
 MAX_SPAN_S = 366 * 86400.0
+#: The longest timestamp field (characters, blanks and padding included, quotes not): numpy reads the
+#: column into fixed-width strings, so a longer field is refused at its line rather than cut.
+MAX_TIME_FIELD = 64
 #: The highest rate (requests/s) a rate trace may give after ``loadScale`` and ``timeScale``.
 MAX_RATE = 1e9
 #: The most requests a request trace may give after ``loadScale`` (2 GiB of arrival times).
@@ -298,6 +302,12 @@ def _is_iso(text: str) -> bool:
     return not np.isnat(value)
 
 
+def _unquoted(field: str) -> str:
+    """A field as numpy.loadtxt stores it: without its quotes (``_fields`` already drops them when the
+    line has any, so only a split field may still have them)."""
+    return field[1:-1] if len(field) >= 2 and field[0] == field[-1] == '"' else field
+
+
 def _fields(line: str) -> list[str]:
     """A row's fields (quotes honoured only when the line has one: the common case stays a split)."""
     if '"' not in line:
@@ -332,7 +342,11 @@ def _bad_line(text: str, first_line: int, layout: _Layout, numeric: bool, source
         fields = _fields(line)
         if len(fields) != layout.ncols:
             return Problem(source, line_no, "", f"the row has {len(fields)} columns, the header has {layout.ncols}")
-        ts = fields[layout.time_col].strip().strip('"')
+        field = fields[layout.time_col]
+        if len(field) > MAX_TIME_FIELD and len(_unquoted(field)) > MAX_TIME_FIELD:
+            return Problem(source, line_no, "", f"the timestamp field is {len(_unquoted(field))} characters long, "
+                                                f"more than the {MAX_TIME_FIELD} a timestamp may have")
+        ts = field.strip().strip('"')
         if numeric and not _is_number(ts):
             return Problem(source, line_no, "", f"timestamp {ts!r} is not a number of seconds (like the first row's)")
         if not numeric and not _is_iso(ts):
@@ -352,12 +366,17 @@ def _parse_block(text: str, first_line: int, layout: _Layout, numeric: bool,
                  source: str) -> tuple[NDArray[np.int64] | F64, F64 | None]:
     """Timestamps (int64 ns for ISO, float seconds for numbers) and rates of one block of rows."""
     cols = (layout.time_col,) if layout.rate_col is None else (layout.time_col, layout.rate_col)
-    dtype = [("t", "S64")] if layout.rate_col is None else [("t", "S64"), ("r", "f8")]
+    time = ("t", f"S{MAX_TIME_FIELD}")
+    dtype = [time] if layout.rate_col is None else [time, ("r", "f8")]
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # an empty block warns; timezone offsets warn
             rows = np.loadtxt(io.StringIO(text), delimiter=",", usecols=cols, dtype=dtype, ndmin=1,
                               quotechar='"')
+            if len(rows) and int(np.char.str_len(rows["t"]).max()) >= MAX_TIME_FIELD:  # perhaps cut: look
+                long = _bad_line(text, first_line, layout, numeric, source)
+                if long is not None:
+                    raise TraceError([long])
             raw = np.char.strip(rows["t"])
             ts: NDArray[np.int64] | F64
             if numeric:
