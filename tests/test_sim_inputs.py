@@ -376,6 +376,12 @@ BAD_SCENARIOS = [
                 "expected a finite number"),
     BadScenario("infinite bursts", GOOD.replace("base: 1", "base: 1, bursts: {perDay: .inf}"), 12,
                 "workloads[0].demand.synthetic.bursts.perDay", "expected a finite number"),
+    # the HPA's target (capacity x targetUtilization) rounded to 0 milli-units: ZeroDivisionError in the run
+    BadScenario("capacity below a milli-unit",
+                GOOD.replace("  - name: llama3-8b\n", "  - name: llama3-8b\n    capacity: 1e-300\n"),
+                11, "workloads[0].capacity", "must be >= 0.001"),
+    BadScenario("targetUtilization below a milli-unit", GOOD + "hpa: {targetUtilization: 1e-13}\n", 13,
+                "hpa.targetUtilization", "must be >= 0.001"),
     # a run of 100,000 days, or of 1 ms ticks, allocated past memory or ran for hours before failing
     BadScenario("duration over 366 days", GOOD.replace("slo:", "duration: 100000d\nslo:"), 4, "duration",
                 "must be <= 31622400"),
@@ -416,6 +422,13 @@ def test_the_good_scenario_and_the_bundled_ones_load(tmp_path: Path) -> None:
         if path.name.endswith("-policy.yaml"):
             continue
         assert load_scenario(path).scenario.strategies
+
+
+def test_a_profile_capacity_below_a_milli_unit_is_refused_in_the_scenario(tmp_path: Path) -> None:
+    """The profile's capacity stands in for the workload's: below 0.001 requests/s the HPA's target rounded
+    to 0 milli-units (ZeroDivisionError once the run started)."""
+    (tmp_path / "policy.yaml").write_text(POLICY.replace("perReplica: 4,", "perReplica: 1e-300,", 1))
+    assert_scenario_error(tmp_path / "s.yaml", GOOD, "workloads[0]", 10, "capacity.perReplica of 1e-300 requests/s")
 
 
 def test_a_policy_error_is_reported_in_the_policy_file(tmp_path: Path) -> None:

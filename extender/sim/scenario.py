@@ -61,6 +61,11 @@ PositiveDuration = Annotated[Duration, Field(gt=0)]
 Span = Annotated[Duration, Field(gt=0, le=MAX_SPAN_S)]
 #: A step of the clock: at least :data:`MIN_TICK_S`, at most a day.
 Step = Annotated[Duration, Field(ge=MIN_TICK_S, le=86400.0)]
+#: The least ``capacity`` (requests/s per replica) and ``hpa.targetUtilization``: the HPA's target,
+#: their product, rounds up to whole milli-units (extender.sim.hpa.to_milli), so with both at least
+#: this it is at least 1 milli, never 0 (a division by zero in the HPA's replica count).
+MIN_CAPACITY = 0.001
+MIN_TARGET_UTILIZATION = 0.001
 #: Bounds of ``loadScale`` and ``timeScale`` (a trace's own rates and span are checked when it is read).
 MAX_SCALE = 1e9
 CacheName = CacheKind
@@ -150,7 +155,7 @@ class Workload(ReplicaBounds):
 
     name: Name
     demand: DemandSpec
-    capacity: Annotated[float, Field(gt=0, allow_inf_nan=False), BeforeValidator(plain_number)] | None = None
+    capacity: Annotated[float, Field(ge=MIN_CAPACITY, allow_inf_nan=False), BeforeValidator(plain_number)] | None = None
     max_replicas: Int = Field(default=1000, ge=1)
     initial_replicas: Annotated[int, Field(ge=0), BeforeValidator(plain_number)] | None = None
 
@@ -272,7 +277,7 @@ class HpaSpec(Schema):
     """The stock HPA of the ``hpa`` strategies: ``targetUtilization`` is the share of one replica's
     capacity its ``AverageValue`` target is set to (1: scale only when replicas are full)."""
 
-    target_utilization: Float = Field(default=1.0, gt=0, le=1)
+    target_utilization: Float = Field(default=1.0, ge=MIN_TARGET_UTILIZATION, le=1)
 
 
 class Rollout(Schema):
@@ -389,6 +394,10 @@ def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
             elif profile.capacity.unit != "requests/s":
                 out.append((("workloads", i), f"profile {w.name!r} gives its capacity in {profile.capacity.unit}; "
                                               "the simulator counts requests: set capacity (requests/s) here"))
+            elif profile.capacity.per_replica < MIN_CAPACITY:
+                out.append((("workloads", i), f"profile {w.name!r} gives a capacity.perReplica of "
+                                              f"{profile.capacity.per_replica:g} requests/s, less than the "
+                                              f"{MIN_CAPACITY:g} the simulator takes: set capacity here"))
     out += _check_max_nodes(scenario, policy)
     for g, group in enumerate(scenario.cluster.nodes):
         cls = classes.get(group.node_class)
