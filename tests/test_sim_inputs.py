@@ -352,6 +352,8 @@ BAD_SCENARIOS = [
                 "workloads[0].demand", "exactly one of trace and synthetic"),
     BadScenario("bad duration", GOOD.replace("1h", "1 fortnight"), 12, "workloads[0].demand.synthetic.duration",
                 "not a duration"),
+    # it ran nothing and printed an empty table (and `{}` with --json), exit 0; --strategies '' is refused
+    BadScenario("no strategy", GOOD + "strategies: []\n", 13, "strategies", "should have at least 1 item"),
     BadScenario("unknown strategy", GOOD + "strategies: [default, psychic]\n", 13, "strategies[1]",
                 "no strategy 'psychic'"),
     BadScenario("missing trace file", GOOD.replace("synthetic: {duration: 1h, base: 1}", "trace: {path: gone.csv}"),

@@ -341,7 +341,7 @@ class Scenario(Schema):
     slo: Slo
     cluster: Cluster
     workloads: tuple[Workload, ...] = Field(min_length=1)
-    strategies: tuple[str, ...] = STRATEGY_NAMES
+    strategies: tuple[str, ...] = Field(default=STRATEGY_NAMES, min_length=1)
     scheduler: SchedulerSpec = SchedulerSpec()
     hpa: HpaSpec = HpaSpec()
     rollouts: tuple[Rollout, ...] = ()
