@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from typing import NamedTuple
 
@@ -512,6 +513,17 @@ def test_long_runs_are_plotted_in_days(case: Axis) -> None:
     x, label = time_axis(case.n_ticks, case.tick_s)
     assert label == case.label and len(x) == case.n_ticks
     assert x[0] == 0.0 and x[-1] == pytest.approx(case.last)
+
+
+def test_a_startup_plot_without_pods_writes_no_warning(tmp_path: Path) -> None:
+    """With no pod placed matplotlib warned (plain text on stderr, even with --log-format json) that the
+    legend had nothing to show."""
+    from extender.sim.plots import startup_plot
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = startup_plot([], tmp_path / "startup.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_gpu_plot_data_is_the_gpu_hours(fleet_day: tuple[Prepared, list[RunResult]]) -> None:
