@@ -580,6 +580,17 @@ DEMANDS = [
                Arrivals(np.arange(120, dtype=np.float64) * 5, np.full(120, 10.0), True, 5.0, 1200.0, "trace q.csv"),
                600.0, "demand w: 1,200 requests over 10.0 min, mean 2/s, peak 2/s (busiest minute); "
                       "from trace q.csv, read as rows of rates; the run cuts it from 20.0 min"),
+    # 20-minute blocks (a 1 h tick) of 2, 4, 2 requests/s: a block counted whole in the minute it starts
+    # said 80/s
+    DemandCase("blocks longer than a minute",
+               Arrivals(np.arange(3, dtype=np.float64) * 1200, np.array([2400.0, 4800.0, 2400.0]), True, 1200.0,
+                        3600.0, "synthetic"),
+               3600.0, "demand w: 9,600 requests over 60.0 min, mean 2.67/s, peak 4/s (busiest minute); "
+                       "from synthetic"),
+    # 40 s blocks of a constant 2/s: a minute holding two block starts said 2.67/s
+    DemandCase("blocks across minute boundaries",
+               Arrivals(np.arange(90, dtype=np.float64) * 40, np.full(90, 80.0), True, 40.0, 3600.0, "synthetic"),
+               3600.0, "demand w: 7,200 requests over 60.0 min, mean 2/s, peak 2/s (busiest minute); from synthetic"),
     DemandCase("short synthetic",
                Arrivals(np.arange(12, dtype=np.float64) * 5, np.full(12, 1.0), True, 5.0, 60.0, "synthetic"),
                600.0, "demand w: 12 requests over 10.0 min, mean 0.02/s, peak 0.2/s (busiest minute); "

@@ -608,9 +608,9 @@ class DemandSummary:
     """The demand a workload will replay, as loaded (printed before a run so a misread trace shows).
 
     ``requests`` = the sum of the packets' weights; ``mean_rps`` = requests / ``duration_s``;
-    ``peak_rps`` = the most requests in one minute of the simulation clock / 60 (packets counted at
-    their start). ``span_s``: how long the demand itself lasts (a trace's span), which the line
-    mentions when the run cuts it or outlasts it.
+    ``peak_rps`` = the most requests in one minute of the simulation clock / 60 (a request counted
+    at its arrival, a fluid packet spread evenly over the minutes it covers). ``span_s``: how long the
+    demand itself lasts (a trace's span), which the line mentions when the run cuts it or outlasts it.
     """
 
     workload: str
@@ -642,14 +642,32 @@ class DemandSummary:
 PEAK_WINDOW_S = 60.0
 
 
+def _fluid_per_window(times: F64, weights: F64, bin_s: float, window_s: float) -> F64:
+    """Requests per window ``[k window_s, (k + 1) window_s)`` of fluid packets, each ``weights[j]`` spread
+    evenly over ``[times[j], times[j] + bin_s)``: a packet longer than a window (a tick over 3 minutes)
+    counted whole in the window it starts in made the busiest minute several times the rate."""
+    first = np.floor(times / window_s).astype(np.int64)
+    n = int(np.floor((float(times.max()) + bin_s) / window_s)) + 2
+    out = np.zeros(n)
+    ends = times + bin_s
+    for k in range(math.ceil(bin_s / window_s) + 1):  # the k-th window each packet reaches; no loop over packets
+        lo = np.maximum(times, (first + k) * window_s)
+        hi = np.minimum(ends, (first + k + 1) * window_s)
+        out += np.bincount(first + k, weights=weights * (np.clip(hi - lo, 0.0, None) / bin_s), minlength=n)[:n]
+    return out
+
+
 def demand_summary(workload: str, arrivals: Arrivals, duration_s: float) -> DemandSummary:
     """What :class:`DemandSummary` says about ``arrivals`` over ``[0, duration_s)``."""
     total = arrivals.total
-    if len(arrivals.times):
+    if not len(arrivals.times):
+        peak = 0.0
+    elif arrivals.fluid and arrivals.bin_s > 0:
+        peak = float(_fluid_per_window(arrivals.times, arrivals.weights, arrivals.bin_s, PEAK_WINDOW_S).max()) \
+            / PEAK_WINDOW_S
+    else:
         minute = np.floor(arrivals.times / PEAK_WINDOW_S).astype(np.int64)
         peak = float(np.bincount(minute, weights=arrivals.weights).max()) / PEAK_WINDOW_S
-    else:
-        peak = 0.0
     kind: Literal["requests", "rate"] = "rate" if arrivals.fluid else "requests"
     mean = total / duration_s if duration_s > 0 else math.nan
     return DemandSummary(workload, arrivals.description, kind, total, duration_s, mean, peak, arrivals.span_s)
