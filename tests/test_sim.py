@@ -356,18 +356,14 @@ BAD_TRACE_ARGS = [
                 "no workload 'nope' (known: svc, api)"),
     BadTraceArg("two traces for one workload", ("--trace", "api={rates}", "--trace", "api={rates}"),
                 InvalidValueError, "two traces for workload 'api'"),
-    # an unknown field is a usage error now: tests/test_cli_conventions.py
-    BadTraceArg("bad field value", ("--trace", "api={rates},loadScale=-1"), InvalidValueError, "loadScale"),
-    BadTraceArg("options without a trace", ("--time-column", "ts"), InvalidValueError, "only apply to a --trace"),
+    # an unknown field, a value its field refuses and an empty file name are usage errors now:
+    # tests/test_cli_conventions.py; options without a trace: test_cli_trace_options_without_a_trace
     # the file with the time column only: read as requests it would be 3 requests
     BadTraceArg("ambiguous trace", ("--trace", "api={rates}", "--time-column", "timestamp_s"), TraceError,
                 "read as requests (one per row) the file is 3 requests over 20.0 min"),
     # Path.exists() raised OSError (ENAMETOOLONG) on Python 3.11: a traceback instead of the file's problem
     BadTraceArg("a name too long for the system", ("--trace", "api=" + "a" * 5000), TraceError,
                 "cannot read: File name too long"),
-    BadTraceArg("infinite timeScale", ("--trace", "api={rates},timeScale=inf"), InvalidValueError, "timeScale"),
-    BadTraceArg("loadScale past the bound", ("--trace", "api={rates},loadScale=1e12"), InvalidValueError,
-                "loadScale"),
     BadTraceArg("a FIFO", ("--trace", "api={fifo}"), TraceError, "not a regular file"),
 ]
 
@@ -382,6 +378,18 @@ def test_cli_bad_trace_arguments(tmp_path: Path, case: BadTraceArg) -> None:
     with pytest.raises(case.error) as info:
         cli(str(scenario), *(a.format(rates=rates, fifo=fifo) for a in case.args))
     assert case.message in str(info.value)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    # exit 1 with "--time-scale only apply to a --trace file": a usage error, and not grammatical
+    pytest.param(("--time-scale", "2"), "--time-scale applies only to a --trace file", id="one option"),
+    pytest.param(("--time-column", "ts", "--load-scale", "2"), "--time-column and --load-scale apply only to a "
+                 "--trace file", id="two options"),
+])
+def test_cli_trace_options_without_a_trace_are_a_usage_error(tmp_path: Path, args: tuple[str, ...], message: str,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(str(write_tiny(tmp_path)), *args) == 2
+    assert f"extender simulate: {message}" in capsys.readouterr().err
 
 
 class BadSeed(NamedTuple):

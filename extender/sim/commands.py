@@ -26,12 +26,14 @@ import argparse
 import dataclasses
 import logging
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from extender.arguments import comma_list, duration_or_zero_up_to, finite_number, whole_number
+from extender.arguments import FLAG_CHECK, comma_list, duration_or_zero_up_to, finite_number, flag_problem, whole_number
+from extender.core.document import describe, format_path
 from extender.core.errors import InvalidValueError, UnknownNameError
 from extender.core.units import format_duration
 from extender.process import current_logging
@@ -79,7 +81,17 @@ def register(subparsers: Any) -> None:
                         f"{format_duration(MAX_SPAN_S)}, as in a scenario)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
     p.add_argument("--out", metavar="DIR", help="also write report.md, summary.json and PNG plots here")
-    p.set_defaults(handler=run)
+    p.set_defaults(handler=run, **{FLAG_CHECK: check_flags})
+
+
+def check_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> str | None:
+    """What ``simulate`` refuses to start with (exit 2), or ``None``: the options of every ``--trace``
+    file given without one."""
+    given = [f"--{attr.replace('_', '-')}" for attr, _ in TRACE_OPTIONS if getattr(args, attr, None) is not None]
+    if given and not args.trace:
+        verb = "applies" if len(given) == 1 else "apply"
+        return f"{' and '.join(given)} {verb} only to a --trace file, and none is given"
+    return None
 
 
 def _exists(path: str) -> bool:
@@ -110,13 +122,26 @@ def _trace_fields(text: str) -> tuple[str, dict[str, str]]:
     return head, fields
 
 
+def _field_problems(exc: ValidationError) -> str:
+    """A trace spec's validation errors in a line: ``field: message; ...``."""
+    return "; ".join(f"{format_path(e['loc'])}: {describe(e, TraceSpec)}" for e in exc.errors())
+
+
 def trace_text(text: str) -> str:
-    """``--trace``: refuses a malformed ``,FIELD=VALUE`` item as a usage error (exit 2) before anything
-    runs; the workload's name is checked against the scenario once it is read (:func:`trace_specs`)."""
+    """``--trace``: refuses, as a usage error (exit 2) before anything runs, a malformed ``,FIELD=VALUE``
+    item, a value its field does not take, and a text that names no file; the workload's name is
+    checked against the scenario once it is read (:func:`trace_specs`)."""
     try:
-        _trace_fields(text)
+        head, fields = _trace_fields(text)
     except InvalidValueError as exc:
         raise argparse.ArgumentTypeError(f"{text}: {exc}") from None
+    _, sep, path = head.partition("=")
+    if not head or (sep and not path and not _exists(head)):
+        raise argparse.ArgumentTypeError(f"{text!r} names no file: expected [WORKLOAD=]CSV")
+    try:
+        TraceSpec.model_validate({**fields, "path": head})
+    except ValidationError as exc:
+        raise argparse.ArgumentTypeError(f"{text}: {_field_problems(exc)}") from None
     return text
 
 
@@ -147,9 +172,8 @@ def trace_specs(args: argparse.Namespace, scenario: Scenario) -> dict[str, Trace
     """
     names = [w.name for w in scenario.workloads]
     options = {field: getattr(args, attr) for attr, field in TRACE_OPTIONS if getattr(args, attr, None) is not None}
-    if options and not args.trace:
-        raise InvalidValueError(f"--{'/--'.join(a.replace('_', '-') for a, f in TRACE_OPTIONS if f in options)} "
-                                "only apply to a --trace file")
+    if problem := check_flags(args, {}):  # run() refuses it first; kept for callers of this function alone
+        raise InvalidValueError(problem)
     specs: dict[str, TraceSpec] = {}
     for text in args.trace:
         name, path, fields = _split_trace(text, names)
@@ -160,8 +184,7 @@ def trace_specs(args: argparse.Namespace, scenario: Scenario) -> dict[str, Trace
         try:
             specs[name] = TraceSpec.model_validate({**base, **options, **fields, "path": path})
         except ValidationError as exc:
-            wrong = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise InvalidValueError(f"--trace {text}: {wrong}") from None
+            raise InvalidValueError(f"--trace {text}: {_field_problems(exc)}") from None
     return specs
 
 
@@ -264,6 +287,9 @@ def output_dir(text: str) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     """The ``simulate`` command."""
+    if problem := flag_problem(args):
+        tell(f"extender simulate: {problem}")
+        return 2
     out: Path | None = None
     if args.out:
         from extender.sim import plots
