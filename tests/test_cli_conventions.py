@@ -302,6 +302,9 @@ BAD_FLAGS = [
             "--trace: r.csv,loadScale=0: loadScale: must be > 0"),
     BadFlag("a --trace timeScale past the bound", ["simulate", "s.yaml", "--trace", "api=r.csv,timeScale=1e12"],
             "timeScale: must be <= 1000000000"),
+    # NaN from a flag's text failed the upper bound: "Input should be less than or equal to 1000000000"
+    BadFlag("a NaN --trace loadScale", ["simulate", "s.yaml", "--trace", "r.csv,loadScale=nan"],
+            "loadScale: expected a finite number, got 'nan'"),
     BadFlag("an empty --trace", ["simulate", "s.yaml", "--trace", ""], "--trace: '' names no file"),
     BadFlag("a --trace workload without a file", ["simulate", "s.yaml", "--trace", "api="],
             "--trace: 'api=' names no file"),

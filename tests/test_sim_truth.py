@@ -45,6 +45,10 @@ def test_a_start_takes_the_worlds_time_and_the_strategy_believes_the_policy(tmp_
     pytest.param("  factors:\n    - factors: {engine: 0}", "truth.factors[0].factors.engine", "must be > 0",
                  id="zero-factor"),
     pytest.param("  noise: -1", "truth.noise", "must be >= 0", id="negative-noise"),
+    # NaN failed the upper bound first: "must be <= 1.0, got nan", as if it were a number too large
+    pytest.param("  noise: .nan", "truth.noise", "expected a finite number, got nan", id="nan-noise"),
+    pytest.param("  factors:\n    - factors: {weightsRemote: .nan}", "truth.factors[0].factors.weightsRemote",
+                 "expected a finite number, got nan", id="nan-factor"),
 ])
 def test_truth_errors_are_located(tmp_path: Path, truth: str, path: str, words: str) -> None:
     scenario = write_tiny(tmp_path)

@@ -43,6 +43,10 @@ class Schema(BaseModel):
     )
 
 
+#: What ``float()`` reads as NaN or infinity.
+_NOT_FINITE = frozenset({"nan", "inf", "infinity"})
+
+
 def plain_number(value: Any) -> Any:
     """``value`` unless it is a boolean, NaN, infinity or larger than :data:`MAX_NUMBER` (pydantic then parses it)."""
     if isinstance(value, bool):
@@ -50,6 +54,8 @@ def plain_number(value: Any) -> Any:
                                 "yes, no, on and off as booleans)")
     if isinstance(value, float) and not math.isfinite(value):
         raise InvalidValueError(f"expected a finite number, got {value!r}")
+    if isinstance(value, str) and value.strip().lower().lstrip("+-") in _NOT_FINITE:  # a flag's text: pydantic
+        raise InvalidValueError(f"expected a finite number, got {value.strip()!r}")    # would parse it to NaN
     if isinstance(value, int | float) and abs(value) > MAX_NUMBER:
         shown = f"{value:.3g}" if isinstance(value, float) else f"a number of {len(str(abs(value)))} digits"
         raise InvalidValueError(f"{shown} is out of range: a number here is at most 10^15 in size")

@@ -50,7 +50,7 @@ from extender.core.calibration import (
 from extender.core.document import Loc
 from extender.core.estimate import CacheState, ClassTable, CompileCache, estimate
 from extender.core.policy import Name, NodeClass, Policy, Profile
-from extender.core.schema import Schema
+from extender.core.schema import Float, Schema
 from extender.core.scoring import Scale, scale_for
 from extender.core.warming import Action
 
@@ -59,7 +59,7 @@ F64 = NDArray[np.float64]
 #: Simulated seconds between two refits of a calibrated strategy's belief (when starts were seen).
 REFIT_EVERY_S = 900.0
 
-Factor = Annotated[float, Field(gt=0, le=1000)]
+Factor = Annotated[Float, Field(gt=0, le=1000)]
 _WORDS = {int(CompileCache.ABSENT): "absent", int(CompileCache.REGISTRY): "registry", int(CompileCache.LOCAL): "local"}
 
 
@@ -75,7 +75,7 @@ class Truth(Schema):
     """How the simulated world's startups differ from the policy's estimates (module docstring)."""
 
     #: Standard deviation of the log of each start's noise factor (0.05: about 5 %).
-    noise: float = Field(default=0.0, ge=0, le=1)
+    noise: Float = Field(default=0.0, ge=0, le=1)
     factors: tuple[TruthRule, ...] = ()
 
 
