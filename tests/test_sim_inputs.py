@@ -182,6 +182,8 @@ BAD_TRACES = [
     # numpy read the column as 64-byte strings: a padded timestamp lost its last digits (3000 read as 30)
     BadTrace("timestamp padded past 64 characters", "timestamp\n0\n" + " " * 62 + "3000\n", 3,
              "the timestamp field is 66 characters long, more than the 64"),
+    # numpy's "Found an unquoted embedded newline", without a line: the slow path splits at a bare CR too
+    BadTrace("rows ended by CR alone after an LF header", "timestamp\n1\r2\r3\r4\n", 2, "CR alone"),
     BadTrace("lines ended by CR alone", "timestamp,rate\r0,1\r60,2\r", 1, "CR alone"),
 ]
 

@@ -104,6 +104,8 @@ BLOCK_BYTES = 32 * 2**20
 MAX_LINE_BYTES = 2**20
 #: The longest a trace may span on the simulation clock (after ``timeScale``): 366 days.
 MAX_SPAN_S = 366 * 86400.0
+#: What a file with lines ended by CR alone is told, at the first such line.
+CR_ALONE = "the lines end with CR alone: save the file with LF (or CRLF) line ends"
 #: The longest timestamp field (characters, blanks and padding included, quotes not): numpy reads the
 #: column into fixed-width strings, so a longer field is refused at its line rather than cut.
 MAX_TIME_FIELD = 64
@@ -362,6 +364,15 @@ def _bad_line(text: str, first_line: int, layout: _Layout, numeric: bool, source
     return None
 
 
+def _bare_cr(text: str, first_line: int, source: str) -> Problem | None:
+    """The line of the first CR not followed by LF in a block, said as a CR-only header is: the slow
+    path splits lines at a bare CR too, so it would find nothing wrong and numpy's words had no line."""
+    at = re.search(r"\r(?!\n)", text)
+    if at is None:
+        return None
+    return Problem(source, first_line + text.count("\n", 0, at.start()), "", CR_ALONE)
+
+
 def _parse_block(text: str, first_line: int, layout: _Layout, numeric: bool,
                  source: str) -> tuple[NDArray[np.int64] | F64, F64 | None]:
     """Timestamps (int64 ns for ISO, float seconds for numbers) and rates of one block of rows."""
@@ -392,7 +403,7 @@ def _parse_block(text: str, first_line: int, layout: _Layout, numeric: bool,
         if not ok:
             raise InvalidValueError("non-finite or negative value")
     except ValueError as exc:
-        problem = _bad_line(text, first_line, layout, numeric, source)
+        problem = _bare_cr(text, first_line, source) or _bad_line(text, first_line, layout, numeric, source)
         if problem is None:  # numpy disagreed with the slow path: report numpy's words, without a line
             problem = Problem(source, None, "", f"cannot parse the rows from line {first_line}: {exc}")
         raise TraceError([problem]) from exc
@@ -437,8 +448,7 @@ def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
         if not header.strip():
             raise TraceError([Problem(source, None, "", "the file is empty: expected a header line and rows")])
         if "\r" in header.rstrip("\r\n"):
-            raise TraceError([Problem(source, 1, "", "the lines end with CR alone: save the file with LF (or CRLF) "
-                                                     "line ends")])
+            raise TraceError([Problem(source, 1, "", CR_ALONE)])
         columns = _header(header)
         layout = _layout(columns, spec, source)
         times: list[NDArray[np.int64] | F64] = []
