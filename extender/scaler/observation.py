@@ -149,19 +149,12 @@ class _DeadlineHTTPConnection(http.client.HTTPConnection):
         self._create_connection = _connect_by(deadline)
 
     def connect(self) -> None:
-        super().connect()
+        super().connect()  # for https: TCP, then the TLS handshake, whose timeout covers all of it (ssl's own)
         self.sock = _DeadlineSocket(self.sock, self._deadline)
 
 
-class _DeadlineHTTPSConnection(http.client.HTTPSConnection):
-    def __init__(self, *args: Any, deadline: float, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._deadline = deadline
-        self._create_connection = _connect_by(deadline)
-
-    def connect(self) -> None:
-        super().connect()  # TCP, then the TLS handshake, whose timeout covers all of it (ssl's own)
-        self.sock = _DeadlineSocket(self.sock, self._deadline)
+class _DeadlineHTTPSConnection(_DeadlineHTTPConnection, http.client.HTTPSConnection):
+    """The same, over TLS (``connect`` reaches :class:`http.client.HTTPSConnection`'s through the MRO)."""
 
 
 class _DeadlineHTTPHandler(urllib.request.HTTPHandler):
