@@ -276,6 +276,7 @@ BAD_FLAGS = [
     BadFlag("an unknown strategy", ["simulate", "s.yaml", "--strategies", "default,foo"],
             "--strategies: no strategy 'foo' (known: default, cache-aware"),
     BadFlag("no strategy at all", ["simulate", "s.yaml", "--strategies", " , "], "--strategies: empty (known:"),
+    BadFlag("an empty report directory", ["simulate", "s.yaml", "--out", ""], "--out: empty"),  # wrote nothing, exit 0
     # it once explained every node of the inventory, saying the inventory was empty
     BadFlag("no node to explain", ["explain", "--policy", "p", "--pod", "pod.yaml", "--nodes", ","],
             "--nodes: ',' names no node"),

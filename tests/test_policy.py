@@ -274,6 +274,9 @@ REFUSED = [
     Refused("a python tag", "", "metadata: {name: !!python/object:os.system x}\n", 13, "metadata.name",
             "unsupported YAML tag '!!python/object:os.system'"),
     Refused("a tag on a mapping", "", "metadata: !custom {name: x}\n", 13, "metadata", "unsupported YAML tag"),
+    # printed as the title of every report: a line feed or an escape in it forged lines on stdout
+    Refused("a control character in the name", "", 'metadata: {name: "a\\nb\\u001b[31m"}\n', 13, "metadata.name",
+            "match pattern"),
     Refused("an integer of 5000 digits", "", f"    priority: {DIGITS}\n", 13, "profiles[0].priority",
             "thousands of digits"),
     Refused("a malformed !!int", "", "    priority: !!int twelve\n", 13, "profiles[0].priority",

@@ -1116,8 +1116,8 @@ class Warming(Schema):
 class Metadata(Schema):
     """Identification only."""
 
-    #: The policy's name (shown in reports).
-    name: str = ""
+    #: The policy's name (shown in reports, so one line of printable text: no control characters).
+    name: str = Field(default="", max_length=253, pattern=r"^[^\x00-\x1f\x7f]*$")
     #: Free text.
     description: str = ""
 

@@ -80,7 +80,8 @@ def register(subparsers: Any) -> None:
                         "scaler that has run for a day; 0: one installed at t = 0; at most "
                         f"{format_duration(MAX_SPAN_S)}, as in a scenario)")
     p.add_argument("--json", action="store_true", help="print the figures as JSON instead of a table")
-    p.add_argument("--out", metavar="DIR", help="also write report.md, summary.json and PNG plots here")
+    p.add_argument("--out", metavar="DIR", type=_report_dir,
+                   help="also write report.md, summary.json and PNG plots here")
     p.set_defaults(handler=run, **{FLAG_CHECK: check_flags})
 
 
@@ -92,6 +93,13 @@ def check_flags(args: argparse.Namespace, environ: Mapping[str, str]) -> str | N
         verb = "applies" if len(given) == 1 else "apply"
         return f"{' and '.join(given)} {verb} only to a --trace file, and none is given"
     return None
+
+
+def _report_dir(text: str) -> str:
+    """``--out``: a directory name; an empty one (it wrote nothing, silently, exit 0) is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty: name a directory for the report")
+    return text
 
 
 def _exists(path: str) -> bool:
