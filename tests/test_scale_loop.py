@@ -41,7 +41,7 @@ from extender.scaler.loop import LoopThread, ScaleLoop, TickReport, unfilled_spa
 from extender.scaler.observation import Observation
 from extender.scaler.pods import Pod
 from extender.state import InventoryStore, connect
-from extender.state.decisions import DecisionStore
+from extender.state.decisions import MAX_REPLICAS, DecisionStore
 from extender.state.history import HistoryStore, Sample
 from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
@@ -325,6 +325,15 @@ def test_a_spike_scales_up_at_once_and_down_after_the_window(redis_server: Redis
     assert down.desired == 1
     held = [d for d in decisions if spike_at < d.inputs.now_s < down.inputs.now_s]
     assert all(d.desired == 10 for d in held)
+
+
+def test_a_need_past_any_replica_count_is_published_at_the_largest_readers_take(redis_server: RedisServer) -> None:
+    """1e12 requests/s at 4 per replica needs 2.5e11 replicas, past Kubernetes' int32: published as
+    such, the entry would be unreadable (a 404 to the HPA, DATA_LOSS to KEDA); it is published capped."""
+    rig = make_rig(redis_server.url, lambda t: 1e12, **FLAT)
+    (decision,) = rig.run(1)
+    assert decision.published > MAX_REPLICAS
+    assert DecisionStore(rig.client).published()["qwen3"].desired == MAX_REPLICAS
 
 
 def test_after_a_pause_longer_than_the_window_nothing_is_removed_until_a_window_follows(
