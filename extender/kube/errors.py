@@ -38,6 +38,12 @@ class KubeApiError(KubeError):
         self.retry_after_s = retry_after_s
 
 
+def asked_wait_s(exc: BaseException) -> float | None:
+    """The wait the API server asked for with ``exc`` (``Retry-After``), or ``None`` (it asked for none,
+    or ``exc`` is no answer of the API server)."""
+    return exc.retry_after_s if isinstance(exc, KubeApiError) else None
+
+
 class KubeGoneError(KubeApiError):
     """``410 Gone``: the resourceVersion is too old (compacted); the client must list again."""
 

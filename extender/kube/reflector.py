@@ -28,7 +28,7 @@ from typing import Protocol
 from extender.core.backoff import Backoff
 from extender.core.errors import KubeError
 from extender.kube.client import JSON, Listing, Resource, WatchStream
-from extender.kube.errors import KubeApiError, KubeGoneError
+from extender.kube.errors import KubeGoneError, asked_wait_s
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ class Reflector:
                 if self._relist.is_set():  # we ended the watch ourselves (:meth:`relist`)
                     continue
                 self.note(self.resource, "error")
-                delay = self.backoff.next(at_least=exc.retry_after_s if isinstance(exc, KubeApiError) else None)
+                delay = self.backoff.next(at_least=asked_wait_s(exc))
                 log.warning("%s: %s; retrying in %.1fs", self.resource, exc, delay,
                             extra={"resource": self.resource, "error": str(exc), "retry_s": delay})
                 if stop.wait(delay):

@@ -55,7 +55,7 @@ from extender.core.errors import ExtenderError, KubeError, StateError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
 from extender.core.warming import KINDS, Action, Expectation, Plan, apply, plan
-from extender.kube.errors import MAX_RETRY_AFTER_S, KubeApiError
+from extender.kube.errors import MAX_RETRY_AFTER_S, KubeApiError, asked_wait_s
 from extender.warm.checks import node_class, present, published_snapshots, unsafe_evictions
 from extender.warm.executor import Executor, WarmKube, retry_delay
 from extender.warm.jobspec import (
@@ -301,7 +301,7 @@ class WarmLoop:
         report.errors.append(f"{operation}: {exc}")
         if not dry_run:
             self.metrics.errors.labels(operation).inc()
-            wait = exc.retry_after_s if isinstance(exc, KubeApiError) else None
+            wait = asked_wait_s(exc)
             self._pause(report.now, wait)
             log.warning("warm %s: %s; retrying %s", operation, exc, retry_note(wait),
                         extra={"operation": operation, "error": str(exc), "retry_in_s": wait})

@@ -38,7 +38,7 @@ from extender.core.errors import KubeError
 from extender.core.inventory import InventorySnapshot
 from extender.core.policy import Policy, Taint
 from extender.kube.client import JSON, Listing, Resource
-from extender.kube.errors import KubeApiError
+from extender.kube.errors import KubeApiError, asked_wait_s
 from extender.warm.checks import keep_warm_profiles, node_warm
 from extender.warm.jobspec import parse_time
 from extender.warm.metrics import WarmMetrics
@@ -161,7 +161,7 @@ class NodeTainter:
         except KubeError as exc:
             self.metrics.errors.labels("taint").inc()
             run.changes.errors.append(f"node taints: {exc}")
-            run.changes.retry_after_s = wait = exc.retry_after_s if isinstance(exc, KubeApiError) else None
+            run.changes.retry_after_s = wait = asked_wait_s(exc)
             log.warning("node taints: %s; retrying %s", exc, retry_note(wait),
                         extra={"error": str(exc), "retry_in_s": wait})
         self.metrics.tainted.set(len(self.tracked))
