@@ -137,20 +137,27 @@ def adapter_dir(root: Path, workload: str, adapter: str) -> Path:
     return root / ADAPTERS / workload / adapter
 
 
-def _clear(name: str, dir_fd: int) -> None:
-    """Remove whatever is at ``name`` in the directory ``dir_fd`` (a file, a link: the link itself and
-    never what it points to; a directory with what is below it). Nothing there is fine."""
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-    except FileNotFoundError:
-        return
-    try:
-        if stat.S_ISDIR(st.st_mode):
-            shutil.rmtree(name, dir_fd=dir_fd)  # symlink-attack resistant with a dir_fd (Linux)
-        else:
-            os.unlink(name, dir_fd=dir_fd)  # unlink never follows a link
-    except FileNotFoundError:
-        pass
+def delete_at(dir_fd: int, name: str) -> None:
+    """Delete ``name`` in the open directory ``dir_fd`` and everything below it; a file (or a link:
+    the link itself, never what it points to) is unlinked. Nothing there is fine.
+
+    With ``dir_fd``, :func:`shutil.rmtree` opens each directory without following a link
+    (symlink-attack resistant on Linux). Two warm steps on one node may delete the same tree at once:
+    a file the other deleted first stops ``rmtree`` with ``FileNotFoundError``, so it looks again
+    until the tree is gone (each pass deletes what is left; nobody writes into it).
+    """
+    while True:
+        try:
+            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        try:
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(name, dir_fd=dir_fd)
+            else:
+                os.unlink(name, dir_fd=dir_fd)
+        except FileNotFoundError:
+            continue
 
 
 def _write_durably(path: Path, data: bytes, *, dir_fd: int | None = None) -> None:
@@ -165,7 +172,7 @@ def _write_durably(path: Path, data: bytes, *, dir_fd: int | None = None) -> Non
     tmp = _temporary(path.name)
     parent = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC) if dir_fd is None else dir_fd
     try:
-        _clear(tmp, parent)
+        delete_at(parent, tmp)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644,
                      dir_fd=parent)
         with os.fdopen(fd, "wb") as f:

@@ -38,7 +38,6 @@ import logging
 import os
 import re
 import secrets
-import shutil
 import stat
 import time
 from collections.abc import Sequence
@@ -48,7 +47,7 @@ from typing import TypeVar, assert_never
 from extender.core import caches
 from extender.core.caches import SPECS, CacheKind, split_name
 from extender.core.errors import ExtenderError, InvalidValueError, UnknownNameError
-from extender.layout import COMPLETE, MANIFEST, finish_from_disk, mark_complete
+from extender.layout import COMPLETE, MANIFEST, delete_at, finish_from_disk, mark_complete
 
 #: Where the warm Job's containers see the node's cache root.
 CACHE_MOUNT = "/cache"
@@ -231,27 +230,8 @@ def _remove(dir_fd: int, name: str) -> bool:
         os.rename(name, tomb, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except FileNotFoundError:
         return False
-    _delete_tree(dir_fd, tomb)
+    delete_at(dir_fd, tomb)
     return True
-
-
-def _delete_tree(dir_fd: int, name: str) -> None:
-    """Delete ``name`` in the open directory ``dir_fd`` and everything below it, alongside another
-    step deleting the same tomb; a file (or a link: the link itself) is unlinked.
-
-    Two Jobs on one node may sweep the same tomb at once: a file the other deleted first stops
-    :func:`shutil.rmtree` with ``FileNotFoundError``, so it lists again until the tree is gone
-    (each pass deletes what is left; nobody writes into a tomb). With ``dir_fd``, ``rmtree`` opens
-    each directory without following a link (symlink-attack resistant on Linux).
-    """
-    while (st := _lstat(dir_fd, name)) is not None:
-        try:
-            if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(name, dir_fd=dir_fd)
-            else:
-                os.unlink(name, dir_fd=dir_fd)
-        except FileNotFoundError:
-            continue
 
 
 def sweep(root: Path, *, abandoned_after: float | None = None, keep: Path | None = None,
@@ -310,7 +290,7 @@ def _sweep_one(dir_fd: int, path: Path, cutoff: float | None, keep: Path | None)
         entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
     for name, is_dir in entries:
         if TOMB.fullmatch(name):  # a tomb file too: an evicted entry may have been a file
-            _delete_tree(dir_fd, name)
+            delete_at(dir_fd, name)
             swept.append(path / name)
         elif cutoff is not None and is_dir and path / name != keep and name.startswith(".") \
                 and name.endswith(STAGING_SUFFIX) and _older(dir_fd, name, cutoff):
@@ -338,8 +318,7 @@ def prepare(root: Path, cache_id: str, evictions: Sequence[str] = (), *,
     kind, _ = parse_cache_id(cache_id)
     on_node(root, cache_id)
     staging = staging_path(root, cache_id)
-    os.close(_open_root(root))  # a missing root is refused, never created
-    sweep(root, abandoned_after=abandoned_after, keep=staging)
+    sweep(root, abandoned_after=abandoned_after, keep=staging)  # a missing root is refused there, never created
     for victim in evictions:
         _evict(root, victim)
     with _Entry(root, cache_id, create=True) as entry:
