@@ -18,6 +18,7 @@ import yaml
 
 from extender import __version__
 from extender.arguments import (
+    FLAG_CHECK,
     add_logging_options,
     add_store_options,
     deprecated_flags,
@@ -199,8 +200,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_logging(level, getattr(args, "log_format", "text"))
     for old, new in deprecated_flags(args):
         report(f"extender: {old} is deprecated; use {new}", level=logging.WARNING, flag=old, replacement=new)
-    # every command of the store options, whether or not it registered a check of its own
-    if problem := store_problem(args, os.environ):
+    # a command with a check of its own runs it, this one included, first thing in its handler
+    # (arguments.flag_problem); the others of the store options get this one here
+    if getattr(args, FLAG_CHECK, None) is None and (problem := store_problem(args, os.environ)):
         report(f"extender {args.command}: {problem}")
         return 2
     handler: Handler = args.handler

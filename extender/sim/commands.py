@@ -180,8 +180,6 @@ def trace_specs(args: argparse.Namespace, scenario: Scenario) -> dict[str, Trace
     """
     names = [w.name for w in scenario.workloads]
     options = {field: getattr(args, attr) for attr, field in TRACE_OPTIONS if getattr(args, attr, None) is not None}
-    if problem := check_flags(args, {}):  # run() refuses it first; kept for callers of this function alone
-        raise InvalidValueError(problem)
     specs: dict[str, TraceSpec] = {}
     for text in args.trace:
         name, path, fields = _split_trace(text, names)
