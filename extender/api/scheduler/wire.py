@@ -117,17 +117,17 @@ class NodeInfo:
     images: tuple[str, ...]
 
     @classmethod
-    def from_object(cls, node: Mapping[str, Any], where: str = "a node") -> NodeInfo:
-        """Read name, labels and ``status.images[].names`` of a Node object; ``where`` names the node in
-        a message (``Nodes.items[3]``)."""
+    def from_object(cls, node: Mapping[str, Any], index: int | None = None) -> NodeInfo:
+        """Read name, labels and ``status.images[].names`` of a Node object; ``index``: its place in
+        ``Nodes.items``, named in a message (built only then: this runs once per node per request)."""
         meta = get_ci(node, "metadata")
-        if not isinstance(meta, dict):
-            raise BadRequestError(f"{where} has no metadata.name" if meta is None else
-                                  f"{where}.metadata must be an object, got {json_type(meta)}")
-        name = get_ci(meta, "name")
-        if name is None:
-            raise BadRequestError(f"{where} has no metadata.name")
+        name = get_ci(meta, "name") if isinstance(meta, dict) else None
         if not isinstance(name, str) or not name:
+            where = "a node" if index is None else f"Nodes.items[{index}]"
+            if meta is not None and not isinstance(meta, dict):
+                raise BadRequestError(f"{where}.metadata must be an object, got {json_type(meta)}")
+            if name is None:
+                raise BadRequestError(f"{where} has no metadata.name")
             raise BadRequestError(f"{where}.metadata.name must be a non-empty string, got "
                                   f"{'an empty string' if name == '' else json_type(name)}")
         status = get_ci(node, "status")
@@ -238,7 +238,7 @@ def parse_args(body: bytes) -> ExtenderArgs:
         for at, item in enumerate(items):
             if not isinstance(item, dict):
                 raise BadRequestError(f"{shape}: Nodes.items[{at}] is {json_type(item)}")
-        infos = [NodeInfo.from_object(item, f"Nodes.items[{at}]") for at, item in enumerate(items)]
+        infos = [NodeInfo.from_object(item, at) for at, item in enumerate(items)]
         all_names = [n.name for n in infos]
         return ExtenderArgs(PodInfo.from_object(pod), all_names, None, items, infos, escaped)
     raise BadRequestError("body has neither NodeNames nor Nodes; nothing to filter or score")
