@@ -81,7 +81,7 @@ from pydantic import ConfigDict, Field, model_validator
 from extender.core.errors import InvalidValueError
 from extender.core.estimate import STATES, CacheState, ClassTable, CompileCache, estimate
 from extender.core.policy import NodeClass, PhaseOverride, Policy, Profile
-from extender.core.schema import Schema
+from extender.core.schema import Schema, Text
 
 F64 = NDArray[np.float64]
 
@@ -110,7 +110,6 @@ CompileWord = Literal["absent", "registry", "local"]
 _COMPILE = {"absent": CompileCache.ABSENT, "registry": CompileCache.REGISTRY, "local": CompileCache.LOCAL}
 Seconds = Annotated[float, Field(ge=0, le=1e11, allow_inf_nan=False)]
 Amount = Annotated[float, Field(ge=0, le=2.0**60, allow_inf_nan=False)]
-Text = Annotated[str, Field(max_length=1024, pattern=r"^[^\x00-\x1f\x7f]*$")]
 
 
 class Observation(Schema):

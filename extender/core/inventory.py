@@ -27,7 +27,7 @@ from extender.core.estimate import CacheState, ClassTable, CompileCache
 from extender.core.images import names_for, normalise_all
 from extender.core.k8snames import DNS_SUBDOMAIN_PATTERN
 from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
-from extender.core.schema import Schema
+from extender.core.schema import Schema, Text
 from extender.core.units import Bytes, Duration
 
 #: Seconds an agent report stays valid when the record does not say (agents report every 15 s by
@@ -53,14 +53,10 @@ MAX_TIMESTAMP = 1e11
 MAX_TTL_S = MAX_TIMESTAMP
 #: Entries of one list or map in a record (images, weights, keys, labels, usage).
 MAX_ENTRIES = 4096
-#: Characters of one string in a record (image references with a digest are about 150).
-MAX_TEXT = 1024
 #: The stored JSON of one record; larger ones are refused on write and skipped on read.
 MAX_RECORD_BYTES = 1 << 20
 
 NodeName = Annotated[str, Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=DNS_SUBDOMAIN_PATTERN)]
-#: Printable text: no control characters (NUL, newline, terminal escapes), bounded length.
-Text = Annotated[str, Field(max_length=MAX_TEXT, pattern=r"^[^\x00-\x1f\x7f]*$")]
 Count = Annotated[int, Field(ge=0, le=MAX_GPUS)]
 StoredBytes = Annotated[Bytes, Field(ge=0, le=MAX_BYTES)]
 Timestamp = Annotated[float, Field(ge=0, le=MAX_TIMESTAMP, allow_inf_nan=False)]

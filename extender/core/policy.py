@@ -48,7 +48,7 @@ from extender.core.k8snames import (
     optional_qualified_name,
     qualified_name_problem,
 )
-from extender.core.schema import Float, Int, Schema, plain_number
+from extender.core.schema import Float, Int, Schema, Text, plain_number
 from extender.core.shell import heredoc_at, script_positions
 from extender.core.units import QUANTITY_PATTERN, Bandwidth, Bytes, format_duration, parse_quantity
 from extender.core.units import Duration as AnyDuration
@@ -1117,7 +1117,7 @@ class Metadata(Schema):
     """Identification only."""
 
     #: The policy's name (shown in reports, so one line of printable text: no control characters).
-    name: str = Field(default="", max_length=253, pattern=r"^[^\x00-\x1f\x7f]*$")
+    name: Text = ""
     #: Free text.
     description: str = ""
 

@@ -46,14 +46,13 @@ from extender.core.inventory import (
     NodeName,
     NodeState,
     StoredBytes,
-    Text,
     TextMap,
     Texts,
     TimeMap,
     Timestamp,
     Ttl,
 )
-from extender.core.schema import Schema
+from extender.core.schema import Schema, Text
 
 #: Bytes of a stored record the agent's report may fill. The rest is left to the sync's part
 #: (labels and kubelet's image names: a few KiB to a few tens of KiB on real nodes), so a merged

@@ -69,6 +69,12 @@ Int = Annotated[int, BeforeValidator(plain_number)]
 #: A number typed by a person: not a boolean, finite, at most :data:`MAX_NUMBER` in size.
 Float = Annotated[float, BeforeValidator(plain_number), Field(allow_inf_nan=False)]
 
+#: Characters of one stored or shown text (an image reference with its digest is about 150).
+MAX_TEXT = 1024
+#: Printable text: no control character (NUL, a line feed, a terminal escape), bounded length; for
+#: names and labels that are stored, shown in reports and logged.
+Text = Annotated[str, Field(max_length=MAX_TEXT, pattern=r"^[^\x00-\x1f\x7f]*$")]
+
 
 def read_stored(model: type[M], raw: str | bytes | Mapping[str, Any]) -> M:
     """``raw``, JSON that a release of ours stored (a Redis record, a Job annotation; as text or
