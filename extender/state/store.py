@@ -127,9 +127,9 @@ return v
 #: string (deleted behind the store's back), is skipped (its record must be written whole first) and
 #: returned; so is one with a ``field`` (not empty) whose value, in the i-th guard hash (the keys
 #: after the record keys) for the i-th such name, does not have the SHA-1 ``digest`` (the record no
-#: longer holds what the heartbeat vouches for). A heartbeat
-#: never moves back, but a stored value that is not a number in [0, MAX_TIMESTAMP] counts as absent,
-#: as it does for readers (:func:`stored_beat`). Returns ``{sequence, skipped names...}``.
+#: longer holds what the heartbeat vouches for). A heartbeat never moves back, but a stored value
+#: that is not a number in [0, MAX_TIMESTAMP] counts as absent, as it does for readers
+#: (:func:`stored_beat`). Returns ``{sequence, skipped names...}``.
 _BEAT = """
 local seq = redis.call('INCR', KEYS[1])
 local skipped = {seq}
@@ -340,9 +340,9 @@ class InventoryStore:
 
         Leaves records and the inventory version alone (see the module docstring): an agent whose
         disk did not change reports this way. A name that has no record (not in the node set, or its
-        record key deleted or holding no string), or whose :class:`Guard`
-        in ``guards`` does not hold, is not stored and comes back in the second item; its agent must
-        write the whole record. A heartbeat older than the one stored is ignored.
+        record key deleted or holding no string), or whose :class:`Guard` in ``guards`` does not
+        hold, is not stored and comes back in the second item; its agent must write the whole record.
+        A heartbeat older than the one stored is ignored.
         """
         guards = guards or {}
         args: list[str | float] = []
