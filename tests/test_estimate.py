@@ -11,7 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extender.core.estimate import PHASES, CacheState, CompileCache, breakdown, estimate
+from extender.core.errors import InvalidValueError
+from extender.core.estimate import PHASES, CacheState, CompileCache, breakdown, estimate, estimate_pairs
 from extender.core.policy import NodeClass, Policy, Profile
 from extender.core.units import parse_bandwidth
 from extender.files import load_policy
@@ -359,3 +360,35 @@ def test_snapshot_path_queue(image: bool, adapter: bool, queue_s: float) -> None
               queued_bytes=100e9, adapters=1, adapters_present=adapter)
     assert row["restore_s"] == pytest.approx(6.0)
     assert row["queue_s"] == pytest.approx(queue_s)
+
+
+# ---- the pairs `extender estimate` shows -----------------------------------------------------------
+
+
+def _fleet_without_xlarge() -> Policy:
+    """The g5 fleet with llama3-8b kept off g5.xlarge too: then no profile runs there."""
+    fleet = load_policy(ROOT / "policies" / "g5-pcie-fleet.yaml")
+    profiles = tuple(p.model_copy(update={"node_classes": ("g5.12xlarge", "g5.48xlarge")}) for p in fleet.profiles)
+    return fleet.model_copy(update={"profiles": profiles})
+
+
+@pytest.mark.parametrize(("workload", "node_class", "pairs", "refused"), [
+    pytest.param("mixtral-61g", None, [("mixtral-61g", "g5.12xlarge"), ("mixtral-61g", "g5.48xlarge")], None,
+                 id="a-workload-on-every-class-it-runs-on"),
+    pytest.param("mixtral-61g", "g5.xlarge", None,
+                 "workload 'mixtral-61g' does not run on node class 'g5.xlarge' (it runs on g5.12xlarge, g5.48xlarge)",
+                 id="a-class-the-workload-skips"),
+    # an empty table read as an empty policy
+    pytest.param(None, "g5.xlarge", None,
+                 "no workload runs on node class 'g5.xlarge' (every profile's nodeClasses leave it out)",
+                 id="a-class-every-workload-skips"),
+])
+def test_the_pairs_estimate_shows(workload: str | None, node_class: str | None,
+                                  pairs: list[tuple[str, str]] | None, refused: str | None) -> None:
+    policy = _fleet_without_xlarge()
+    if refused is None:
+        assert estimate_pairs(policy, workload, node_class) == pairs
+    else:
+        with pytest.raises(InvalidValueError) as raised:
+            estimate_pairs(policy, workload, node_class)
+        assert str(raised.value) == refused
