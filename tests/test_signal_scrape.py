@@ -13,6 +13,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -214,6 +215,67 @@ def test_a_redirects_location_is_quoted_cut_to_its_first_characters() -> None:
         http_get(f"http://127.0.0.2:{port}/metrics", 2.0)
     assert f"redirect to {target[:MAX_LOCATION]!r} not followed" in str(raised.value)
     assert len(str(raised.value)) < MAX_LOCATION + 200
+
+
+# ---- a hostname whose lookup hangs, fails or gives several addresses -------------------------------------
+
+#: A name only the resolver below knows (a real resolver cannot be made to hang on demand).
+HOST = "prometheus.monitoring.test"
+
+
+@contextmanager
+def resolver(monkeypatch: pytest.MonkeyPatch, answer: list[str] | BaseException | None) -> Iterator[threading.Event]:
+    """``socket.getaddrinfo`` for :data:`HOST`: ``answer``'s addresses, its error, or (None) no answer
+    until the event yielded is set; numeric addresses go to the real one."""
+    real = socket.getaddrinfo
+    release = threading.Event()
+
+    def lookup(host: str, port: int, *args: Any, **kwargs: Any) -> list[Any]:
+        if host != HOST or kwargs.get("flags", 0) & socket.AI_NUMERICHOST:
+            return real(host, port, *args, **kwargs)
+        if answer is None:
+            release.wait(30)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        if isinstance(answer, BaseException):
+            raise answer
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port)) for ip in answer]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    try:
+        yield release
+    finally:
+        release.set()
+
+
+#: (row, what the resolver does, the error the fetch raises, or None when it reads the reply)
+LOOKUPS = [
+    pytest.param(None, r"timed out: no whole reply within 0\.5s", id="lookup-never-answers"),
+    pytest.param(socket.gaierror(socket.EAI_NONAME, "Name or service not known"), "Name or service not known",
+                 id="name-unknown"),
+    pytest.param(["127.0.0.2"], None, id="one-address"),
+    pytest.param(["127.0.0.4", "127.0.0.2"], None, id="first-address-refuses"),
+    pytest.param(["127.0.0.4"], "Connection refused", id="every-address-refuses"),
+]
+
+
+@pytest.mark.parametrize(("answer", "error"), LOOKUPS)
+def test_the_fetch_deadline_bounds_the_lookup_of_a_hostname(monkeypatch: pytest.MonkeyPatch,
+                                                           answer: list[str] | BaseException | None,
+                                                           error: str | None) -> None:
+    # getaddrinfo has no timeout: with the cluster's DNS down a Prometheus hostname held the tick for
+    # the resolver's own retries (5 s and more per search domain), whatever signal.timeout said
+    port = free_port()
+    url = f"http://{HOST}:{port}/metrics"
+    with replying("127.0.0.2", port, _exposition("text/plain", Counters(requests=7.0))), \
+            resolver(monkeypatch, answer) as release:
+        if error is None:
+            assert "vllm:request_success_total" in http_get(url, FETCH_TIMEOUT_S)
+            return
+        with pytest.raises(SignalError, match=error) as raised:
+            http_get(url, FETCH_TIMEOUT_S)
+        # given up on while the lookup still hung, not after it ended
+        assert not release.is_set()
+    assert str(raised.value).startswith(f"GET {url}: ")
 
 
 # ---- a pod that answers a byte at a time ------------------------------------------------------------------

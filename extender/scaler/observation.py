@@ -11,12 +11,14 @@ missing data) and the history gets a gap, not a zero.
 from __future__ import annotations
 
 import codecs
+import concurrent.futures
 import functools
 import http.client
 import io
 import reprlib
 import socket
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -130,14 +132,54 @@ class _DeadlineSocket:
         return getattr(self._sock, name)
 
 
+def _resolve(host: str, port: int, deadline: float) -> list[tuple[str, int]]:
+    """The addresses of ``host`` as numeric ``(address, port)``, looked up by ``deadline``.
+
+    ``getaddrinfo`` takes no timeout: with the cluster's DNS down, glibc retries each name of the
+    pod's search list for 5 s or more apiece, and a Prometheus hostname held the scaler's tick that
+    long. The lookup runs on a daemon thread instead, and a late one is left to end in its own time
+    (its answer unused): :class:`TimeoutError`. An address given as numbers needs no thread.
+    """
+    try:
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except socket.gaierror:
+        answer: concurrent.futures.Future[list[Any]] = concurrent.futures.Future()
+
+        def look_up() -> None:
+            try:
+                answer.set_result(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+            except OSError as exc:
+                answer.set_exception(exc)
+
+        threading.Thread(target=look_up, name=f"resolve {host}", daemon=True).start()
+        try:
+            found = answer.result(timeout=_left(deadline))
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"timed out looking up {host}") from None
+    return [(str(sockaddr[0]), int(sockaddr[1])) for *_, sockaddr in found]
+
+
 def _connect_by(deadline: float) -> Any:
-    """``socket.create_connection`` with the time left as its timeout, left on the socket for TLS's handshake."""
+    """``socket.create_connection`` bounded by ``deadline``, the lookup included (:func:`_resolve`).
+
+    Each address found is tried in turn with the time left as its timeout, which stays on the
+    socket for TLS's handshake; the last address's error is the one raised.
+    """
 
     def create(address: tuple[str, int], timeout: Any = None, source_address: Any = None,
                **kwargs: Any) -> socket.socket:
-        sock = socket.create_connection(address, _left(deadline), source_address, **kwargs)
-        sock.settimeout(_left(deadline))
-        return sock
+        error: OSError = OSError(f"no address for {address[0]}")
+        for numeric in _resolve(*address, deadline):
+            try:
+                sock = socket.create_connection(numeric, _left(deadline), source_address, **kwargs)
+            except TimeoutError:
+                raise
+            except OSError as exc:
+                error = exc
+                continue
+            sock.settimeout(_left(deadline))
+            return sock
+        raise error
 
     return create
 
