@@ -176,7 +176,15 @@ BAD_TRACES = [
     BadTrace("span past float64", "timestamp\n-1e308\n1e308\n", 3, "beyond float64's range"),
     BadTrace("span over 366 days", "timestamp,rate\n0,1\n31708800,1\n", 3, "more than the 366.0 d"),
     # numpy reads '5' as the year 5: a number among ISO times was a silent span of two millennia
-    BadTrace("a number among ISO times", "timestamp\n2024-01-01T00:00:00\n5\n", 2, "from its earliest row (line 3)"),
+    BadTrace("a number among ISO times", "timestamp\n2024-01-01T00:00:00\n5\n", 3,
+             "timestamp '5' is outside the times a trace may hold"),
+    # datetime64[ns] ends in 1677 and 2262, and numpy wrapped a time beyond without a word
+    BadTrace("an ISO time past 2262", "timestamp\n9999-01-01T00:00:00\n9999-01-01T00:01:00\n", 2,
+             "timestamp '9999-01-01T00:00:00' is outside the times a trace may hold, 1677-09-21T00:12:44 to"),
+    BadTrace("an ISO time before 1677", "timestamp,rate\n2024-01-01,1\n1500-01-01,1\n", 3,
+             "'1500-01-01' is outside the times a trace may hold"),
+    BadTrace("the last second datetime64[ns] holds", "timestamp\n2262-04-11T23:47:14\n2262-04-11T23:47:16.5\n",
+             3, "outside the times a trace may hold"),
     BadTrace("a rate past the bound", "timestamp,rate\n0,1\n60,1e308\n", 3, "rate 1e+308 is more than"),
     BadTrace("duplicate column", "ts,rate,Rate\n0,1,2\n", 1, "column 'Rate' is in the header twice"),
     # numpy read the column as 64-byte strings: a padded timestamp lost its last digits (3000 read as 30)

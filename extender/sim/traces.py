@@ -304,6 +304,22 @@ def _is_iso(text: str) -> bool:
     return not np.isnat(value)
 
 
+#: The ISO times a trace may hold: those ``datetime64[ns]`` (int64 nanoseconds since 1970) can, less
+#: a second at either end. numpy wraps a time outside them without a word: 9999-01-01 read as
+#: 1815-03-31, 1500-01-01 as 2084-07-20.
+ISO_RANGE = ("1677-09-21T00:12:44", "2262-04-11T23:47:15")
+
+
+def _iso_in_range(text: NDArray[np.bytes_] | str) -> NDArray[np.bool_]:
+    """Per time: is it within :data:`ISO_RANGE` (read to the second, where nothing wraps)."""
+    first, last = (np.datetime64(t, "s") for t in ISO_RANGE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # timezone offsets warn
+        seconds = np.asarray(text).astype("datetime64[s]")
+    in_range: NDArray[np.bool_] = (seconds >= first) & (seconds <= last)
+    return in_range
+
+
 def _unquoted(field: str) -> str:
     """A field as numpy.loadtxt stores it: without its quotes (``_fields`` already drops them when the
     line has any, so only a split field may still have them)."""
@@ -353,6 +369,9 @@ def _bad_line(text: str, first_line: int, layout: _Layout, numeric: bool, source
             return Problem(source, line_no, "", f"timestamp {ts!r} is not a number of seconds (like the first row's)")
         if not numeric and not _is_iso(ts):
             return Problem(source, line_no, "", f"timestamp {ts!r} is not an ISO-8601 time (like the first row's)")
+        if not numeric and not _iso_in_range(ts).all():
+            return Problem(source, line_no, "", f"timestamp {ts!r} is outside the times a trace may hold, "
+                                                f"{ISO_RANGE[0]} to {ISO_RANGE[1]}")
         if layout.rate_col is not None:
             rate = fields[layout.rate_col].strip().strip('"')
             if not _is_number(rate):
@@ -395,7 +414,7 @@ def _parse_block(text: str, first_line: int, layout: _Layout, numeric: bool,
                 ok = bool(np.isfinite(ts).all())
             else:
                 stamps = raw.astype("datetime64[ns]")
-                ok = not bool(np.isnat(stamps).any())
+                ok = not bool(np.isnat(stamps).any()) and bool(_iso_in_range(raw).all())
                 ts = stamps.astype(np.int64)
             rates = rows["r"].astype(np.float64) if layout.rate_col is not None else None
             if rates is not None and not bool((np.isfinite(rates) & (rates >= 0)).all()):
