@@ -397,6 +397,11 @@ BAD_SCENARIOS = [
     # a run of 100,000 days, or of 1 ms ticks, allocated past memory or ran for hours before failing
     BadScenario("duration over 366 days", GOOD.replace("slo:", "duration: 100000d\nslo:"), 4, "duration",
                 "must be <= 31622400"),
+    # each group was capped, the sum was not: five full groups took 16 s and 2 GB before the run began
+    BadScenario("more nodes than a scenario may hold in all",
+                GOOD.replace("      count: 2\n", "      count: 60000\n    - nodeClass: g5.xlarge\n"
+                                                 "      name: pool\n      count: 1\n      maxCount: 40001\n"),
+                12, "cluster.nodes[1].maxCount", "can hold 100001 nodes, more than the 100000"),
     BadScenario("millisecond tick", GOOD.replace("slo:", "tick: 1ms\nslo:"), 4, "tick", "must be >= 1"),
     BadScenario("history over 366 days", GOOD.replace("slo:", "history: 400d\nslo:"), 4, "history",
                 "must be <= 31622400"),

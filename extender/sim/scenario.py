@@ -66,6 +66,9 @@ Step = Annotated[Duration, Field(ge=MIN_TICK_S, le=86400.0)]
 #: this it is at least 1 milli, never 0 (a division by zero in the HPA's replica count).
 MIN_CAPACITY = 0.001
 MIN_TARGET_UTILIZATION = 0.001
+#: The most nodes a group, and all groups together, can hold (``count``, or ``maxCount`` for a pool):
+#: each node is a row of the simulated world's arrays and of every strategy's copy of them.
+MAX_NODES = 100_000
 #: Bounds of ``loadScale`` and ``timeScale`` (a trace's own rates and span are checked when it is read).
 MAX_SCALE = 1e9
 CacheName = CacheKind
@@ -200,11 +203,11 @@ class NodeGroup(Schema):
     """
 
     node_class: str = Field(min_length=1)
-    count: Int = Field(ge=0, le=100_000)
+    count: Int = Field(ge=0, le=MAX_NODES)
     name: Name | None = None
     warm: tuple[WarmSpec, ...] = ()
-    min_count: Annotated[int, Field(ge=0, le=100_000), BeforeValidator(plain_number)] | None = None
-    max_count: Annotated[int, Field(ge=1, le=100_000), BeforeValidator(plain_number)] | None = None
+    min_count: Annotated[int, Field(ge=0, le=MAX_NODES), BeforeValidator(plain_number)] | None = None
+    max_count: Annotated[int, Field(ge=1, le=MAX_NODES), BeforeValidator(plain_number)] | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> NodeGroup:
@@ -372,6 +375,20 @@ def _check_max_nodes(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]
     return out
 
 
+def _check_total_nodes(scenario: Scenario) -> list[tuple[Loc, str]]:
+    """All groups together hold at most :data:`MAX_NODES`, as one does (five full groups took 2 GB),
+    said at the group that goes past it."""
+    total = 0
+    for g, group in enumerate(scenario.cluster.nodes):
+        total += group.ceiling
+        if total > MAX_NODES:
+            field = "maxCount" if group.max_count is not None else "count"
+            return [(("cluster", "nodes", g, field),
+                     f"the groups up to this one can hold {total} nodes, more than the {MAX_NODES} a scenario "
+                     "may have in all")]
+    return []
+
+
 def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
     """Problems that need the policy (or span fields), as ``(location, message)`` pairs."""
     out: list[tuple[Loc, str]] = []
@@ -399,6 +416,7 @@ def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
                                               f"{profile.capacity.per_replica:g} requests/s, less than the "
                                               f"{MIN_CAPACITY:g} the simulator takes: set capacity here"))
     out += _check_max_nodes(scenario, policy)
+    out += _check_total_nodes(scenario)
     for g, group in enumerate(scenario.cluster.nodes):
         cls = classes.get(group.node_class)
         if cls is None:
