@@ -24,7 +24,7 @@ from extender.scaler.pods import count_replicas, label_selector, workload_pods
 from extender.scaler.scrape import ScrapeSource
 from extender.scaler.serve import KubePodLister
 from tests.kube_double import KubeDouble
-from tests.net import dripping, free_port
+from tests.net import dripping, free_port, recording
 from tests.scaler_policy import make_policy
 from tests.vllm_endpoint import Counters, MetricsEndpoint, pod, serving, vllm_text
 
@@ -139,35 +139,6 @@ def test_a_pod_whose_port_is_no_http1_is_a_missing_reading(reply: bytes | None, 
 
 
 # ---- a pod that answers with a redirect -------------------------------------------------------------------
-
-
-@contextmanager
-def recording(host: str, port: int, reply: bytes) -> Iterator[list[bytes]]:
-    """A TCP server on ``host:port`` that answers ``reply`` to every request, keeping each request
-    it was sent (the bytes of its first read)."""
-    seen: list[bytes] = []
-    server = socket.create_server((host, port))
-    server.settimeout(0.2)
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = server.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                seen.append(conn.recv(65536))
-                conn.sendall(reply)
-
-    thread = threading.Thread(target=run, name="recording", daemon=True)
-    thread.start()
-    try:
-        yield seen
-    finally:
-        stop.set()
-        thread.join(5)
-        server.close()
 
 
 #: (name, the redirect's status line, the headers the fetch sends)
