@@ -26,6 +26,7 @@ from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
 from extender.core.errors import DocumentError, Problem
+from extender.core.quoting import quote
 
 Loc = tuple[str | int, ...]
 M = TypeVar("M", bound=BaseModel)
@@ -60,10 +61,6 @@ def _yaml_type(value: Any) -> str:
     if isinstance(value, datetime.date):
         return "a date"
     return "a number" if isinstance(value, int | float) else f"a {type(value).__name__}"
-
-
-def _clip(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 #: A path part written bare (``.name``); any other is quoted (``['extender.io/workload']``, ``['bad key!']``).
@@ -140,7 +137,7 @@ def compose(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
         except ValueError as exc:  # int() of more than 4300 digits, a malformed !!int or !!timestamp
             kind = n.tag.rsplit(":", 1)[-1]
             message = ("an integer of thousands of digits, far larger than any field takes" if "digits" in str(exc)
-                       else f"YAML cannot read {_clip(str(n.value))!r} as {kind}")
+                       else f"YAML cannot read {quote(str(n.value), 40)} as {kind}")
         problems.append(Problem(source, n.start_mark.line + 1, format_path(loc), message))
         return None
 

@@ -40,6 +40,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
 from extender.core.errors import UnitError
+from extender.core.quoting import quote
 
 _DECIMAL = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15}
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
@@ -99,13 +100,9 @@ N = TypeVar("N", int, float, Decimal)
 def _at_most(number: N, limit: int, value: Any, what: str, limit_text: str) -> N:
     """``number`` (what ``value`` parsed to), or a :class:`UnitError` when it is above ``limit``."""
     if number > limit:
-        shown = _clip(value) if isinstance(value, str) else _clip(repr(value))
-        raise UnitError(f"{what} {shown!r} is larger than {limit_text}, the most any field takes")
+        shown = quote(value if isinstance(value, str) else repr(value), 40)
+        raise UnitError(f"{what} {shown} is larger than {limit_text}, the most any field takes")
     return number
-
-
-def _clip(text: str, limit: int = 40) -> str:
-    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
 
 
 def _reject_plain_number(value: Any, what: str) -> None:
@@ -277,7 +274,7 @@ def parse_quantity(value: Any) -> Decimal:
     m = _K8S_QUANTITY.match(value)
     if not m:
         hint = " (a size here is 4Gi or 4G, Kubernetes' spelling, not 4GB)" if value.endswith("B") else ""
-        raise UnitError(f"not a Kubernetes quantity: {_clip(value)!r}; use e.g. '500m', '2', '4Gi'{hint}")
+        raise UnitError(f"not a Kubernetes quantity: {quote(value, 40)}; use e.g. '500m', '2', '4Gi'{hint}")
     number = Decimal(m["num"])
     exact = number.scaleb(int(m["exp"])) if m["exp"] else number * _K8S_SUFFIXES[m["suffix"] or ""]
     return _at_most(exact, MAX_QUANTITY, value, "quantity", "2**63 - 1")

@@ -34,6 +34,7 @@ from pydantic_core import ErrorDetails
 from extender.core.errors import ExtenderError, InvalidValueError, UnknownNameError
 from extender.core.k8snames import DNS_LABEL
 from extender.core.policy import Name, Policy
+from extender.core.quoting import clip, quote
 from extender.scaler.loop import scaled_profiles
 from extender.state.decisions import Published, Unreadable
 
@@ -55,22 +56,8 @@ MAX_QUOTED = 100
 MAX_KEYS_LISTED = 10
 
 
-def cut(value: str) -> str:
-    """``value``'s first :data:`MAX_QUOTED` characters, and how many more there were."""
-    if len(value) <= MAX_QUOTED:
-        return value
-    return f"{value[:MAX_QUOTED]}... (+{len(value) - MAX_QUOTED} more characters)"
-
-
-def quoted(value: str) -> str:
-    """``repr`` of ``value``'s first :data:`MAX_QUOTED` characters, and how many more there were."""
-    if len(value) <= MAX_QUOTED:
-        return repr(value)
-    return f"{value[:MAX_QUOTED]!r} (+{len(value) - MAX_QUOTED} more characters)"
-
-
 def _listed(keys: Collection[str]) -> str:
-    names = [quoted(k) if len(k) > MAX_QUOTED else k for k in sorted(keys)[:MAX_KEYS_LISTED]]
+    names = [quote(k, MAX_QUOTED) if len(k) > MAX_QUOTED else k for k in sorted(keys)[:MAX_KEYS_LISTED]]
     more = len(keys) - len(names)
     return ", ".join(names) + (f" (+{more} more)" if more else "") if names else "none"
 
@@ -78,14 +65,14 @@ def _listed(keys: Collection[str]) -> str:
 def _short(value: object) -> object:
     """A name is at most 63 characters: refuse a longer one before :data:`Name`'s check quotes all of it."""
     if isinstance(value, str) and len(value) > 63:
-        raise InvalidValueError(f"{quoted(value)} is longer than a name (at most 63 characters)")
+        raise InvalidValueError(f"{quote(value, MAX_QUOTED)} is longer than a name (at most 63 characters)")
     return value
 
 
 def _namespace(value: str) -> str:
     if len(value) > 63 or not DNS_LABEL.match(value):
-        raise InvalidValueError(f"{quoted(value)} is not a namespace name (a DNS label: lowercase letters, digits "
-                                "and '-', at most 63 characters)")
+        raise InvalidValueError(f"{quote(value, MAX_QUOTED)} is not a namespace name (a DNS label: lowercase "
+                                "letters, digits and '-', at most 63 characters)")
     return value
 
 
@@ -143,7 +130,7 @@ def resolve(name: str, namespace: str, metadata: Mapping[str, str], workloads: M
     :class:`~extender.core.errors.UnknownNameError` when no autoscaled workload of that name is
     served in the namespace.
     """
-    where = f"ScaledObject {cut(namespace) or '?'}/{cut(name) or '?'}"
+    where = f"ScaledObject {clip(namespace, MAX_QUOTED) or '?'}/{clip(name, MAX_QUOTED) or '?'}"
     try:
         meta = TriggerMetadata.model_validate(dict(metadata))
     except ValidationError as exc:
@@ -156,8 +143,9 @@ def resolve(name: str, namespace: str, metadata: Mapping[str, str], workloads: M
     if served is None or (served.namespace is not None and served.namespace != scope):
         # name only what that namespace may see, never other namespaces' workloads
         names = ", ".join(w for w, s in sorted(workloads.items()) if s.namespace is None or s.namespace == scope)
-        raise UnknownNameError(f"{where}: no autoscaled workload {meta.workload!r} in namespace "
-                               f"{quoted(scope) if scope else '(none given)'} (served there: {names or 'nothing'})")
+        shown = quote(scope, MAX_QUOTED) if scope else "(none given)"
+        raise UnknownNameError(f"{where}: no autoscaled workload {meta.workload!r} in namespace {shown} "
+                               f"(served there: {names or 'nothing'})")
     return Target(workload=meta.workload, namespace=scope, scaled_object=where, metric=meta.metric)
 
 
@@ -171,7 +159,8 @@ def _problem(error: ErrorDetails) -> str:
 def check_metric(target: Target, metric_name: str) -> None:
     """Raise :class:`~extender.core.errors.UnknownNameError` unless ``metric_name`` is the target's."""
     if metric_name != target.metric:
-        raise UnknownNameError(f"{target.scaled_object}: no metric {quoted(metric_name)} (served: {target.metric})")
+        raise UnknownNameError(f"{target.scaled_object}: no metric {quote(metric_name, MAX_QUOTED)} "
+                               f"(served: {target.metric})")
 
 
 @dataclass(frozen=True)

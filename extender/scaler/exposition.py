@@ -31,6 +31,7 @@ from types import MappingProxyType
 from prometheus_client.parser import text_string_to_metric_families
 
 from extender.core.errors import InvalidValueError, UnknownNameError
+from extender.core.quoting import clip
 
 
 @dataclass(frozen=True)
@@ -97,16 +98,16 @@ def read_sums(text: str, names: Iterable[str], counters: Iterable[str] = ()) -> 
                 continue
             series = (sample.name, frozenset(sample.labels.items()))
             if series in seen:
-                raise InvalidValueError(f"series {_clip(sample.name, sample.labels)} is given twice")
+                raise InvalidValueError(f"series {_series(sample.name, sample.labels)} is given twice")
             seen.add(series)
             if sample.name in counts and not (math.isfinite(sample.value) and sample.value >= 0):
-                raise InvalidValueError(f"counter {_clip(sample.name, sample.labels)} is {sample.value:g}, no count")
+                raise InvalidValueError(f"counter {_series(sample.name, sample.labels)} is {sample.value:g}, no count")
             if math.isfinite(sample.value):  # a NaN gauge says nothing; it must not poison the sum
                 sums[sample.name] = (sums[sample.name] or 0.0) + float(sample.value)
     return sums
 
 
-def _clip(name: str, labels: Mapping[str, str]) -> str:
+def _series(name: str, labels: Mapping[str, str]) -> str:
     """A series as an exposition writes it, cut to 120 characters (it quotes what a pod answered)."""
     text = name + ("{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items())) + "}" if labels else "")
-    return text if len(text) <= 120 else text[:117] + "..."
+    return clip(text, 120)
