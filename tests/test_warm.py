@@ -44,7 +44,18 @@ from extender.warm.jobspec import (
 )
 from extender.warm.loop import WarmLoop
 from extender.warm.publish import candidates, unpublished
-from extender.warm.steps import StepError, cache_path, evict, finish, prepare, staging_path
+from extender.warm.steps import (
+    NAME_MAX,
+    TOMB,
+    StepError,
+    cache_path,
+    evict,
+    finish,
+    prepare,
+    staging_name,
+    staging_path,
+    tomb_name,
+)
 from extender.warm.templates import env_name, render
 from tests.gpu_policy import GPU_LLM_POLICY
 from tests.test_agent_scan import sparse
@@ -938,6 +949,109 @@ def test_cache_ids_that_would_leave_the_cache_root_are_refused(tmp_path: Path, b
     with pytest.raises(StepError):
         prepare(tmp_path, "snapshot:llm/v1", [bad])
     assert not (tmp_path / "snapshots").exists()  # nothing was done
+
+
+def _bytes(name: str) -> int:
+    return len(os.fsencode(name))
+
+
+class LongName(NamedTuple):
+    kind: CacheKind
+    name: str  # the entry's last part: a weights or snapshot version, an adapter's name
+    whole: bool  # its staging name is still ``.<name>.warming``, as every release wrote it
+
+
+LONG_NAMES = [
+    pytest.param(LongName("weights", "v", True), id="1 byte"),
+    pytest.param(LongName("weights", "v" * 200, True), id="200 bytes"),
+    pytest.param(LongName("weights", "v" * 230, True), id="230 bytes: its tomb did not fit with a pid of 5 digits"),
+    pytest.param(LongName("weights", "v" * 240, True), id="240 bytes: its tomb never fit"),
+    pytest.param(LongName("weights", "v" * 246, True), id="246 bytes: the longest whose whole staging name fits"),
+    pytest.param(LongName("weights", "v" * 247, False), id="247 bytes: the first shortened staging name"),
+    pytest.param(LongName("weights", "v" * 255, False), id="255 bytes: the longest name the check takes"),
+    pytest.param(LongName("weights", "é" * 120, True), id="120 two-byte characters: 240 bytes"),
+    pytest.param(LongName("weights", "é" * 127, False), id="127 two-byte characters: 254 bytes"),
+    pytest.param(LongName("weights", "€" * 85, False), id="85 three-byte characters: 255 bytes"),
+    pytest.param(LongName("weights", "a" + "\N{GRINNING FACE}" * 63, False),
+                 id="four-byte characters: 253 bytes, cut where a character would be split"),
+    pytest.param(LongName("snapshot", "快照" * 42 + "-v1", False), id="a snapshot: 255 bytes of CJK and ASCII"),
+    pytest.param(LongName("adapter", "s" * 255, False), id="an adapter: 255 bytes"),
+]
+
+
+@pytest.mark.parametrize("case", LONG_NAMES)
+def test_every_name_the_check_takes_is_staged_finished_evicted_and_swept(tmp_path: Path, case: LongName) -> None:
+    """A name of up to 255 bytes passed the check, but its tomb ``.<name>.evicting-<pid>-<hex>`` (about
+    25 bytes longer) and its staging name (9 longer) did not fit a directory entry: such an entry,
+    left by an older release or another tool, could never be evicted, and a staging directory of a
+    246-byte name made every later sweep fail on its tomb."""
+    cache = f"{case.kind}:llm/{case.name}"
+    dest = cache_path(tmp_path, cache)
+    if case.kind == "weights":
+        sparse(dest / "a.bin", 10)  # a partial entry already on disk
+    staging = prepare(tmp_path, cache)
+    assert staging.name.startswith(".") and staging.name.endswith(".warming") and _bytes(staging.name) <= NAME_MAX
+    assert (staging.name == f".{case.name}.warming") is case.whole
+    assert staging == staging_path(tmp_path, cache) and prepare(tmp_path, cache) == staging  # resumed
+    assert not dest.exists() and sorted(p.name for p in staging.iterdir()) == (["a.bin"] if case.kind == "weights"
+                                                                              else [])
+    sparse(staging / "b.bin", 5)
+    hidden = scan_cache(tmp_path)
+    assert (hidden.weights, hidden.snapshots, hidden.adapters) == ((), (), ())  # staging: seen by nobody
+    assert finish(tmp_path, cache) == dest
+    found = scan_cache(tmp_path)
+    match case.kind:
+        case "weights":
+            assert [(w.version, w.bytes, w.complete) for w in found.weights] == [(case.name, 15, True)]
+        case "snapshot":
+            assert found.snapshots == (f"llm/{case.name}",)
+        case _:
+            assert found.adapters == (f"llm/{case.name}",)
+    assert evict(tmp_path, cache) is True
+    assert list(dest.parent.iterdir()) == []
+    # what killed and abandoned steps leave for this name, in every form: all swept by the next prepare
+    stale = prepare(tmp_path, cache)
+    sparse(stale / "c.bin", 1)
+    os.utime(stale, (0, 0))  # stamped long ago: abandoned
+    tombs = {tomb_name(case.name), tomb_name(stale.name)}  # an eviction's, a sweep's
+    tombs |= {t for t in (f".{case.name}.evicting-1", f".{case.name}.evicting-1-0a1b2c3d") if _bytes(t) <= NAME_MAX}
+    for tomb in tombs:
+        assert TOMB.fullmatch(tomb) and _bytes(tomb) <= NAME_MAX
+        sparse(dest.parent / tomb / "sub" / "f", 1)
+    prepare(tmp_path, f"{case.kind}:llm/other", abandoned_after=3600)
+    assert [p.name for p in dest.parent.iterdir()] == [staging_name("other")]
+
+
+def test_long_names_that_share_their_start_keep_their_own_staging(tmp_path: Path) -> None:
+    """A shortened staging name carries a digest of the whole name: two entries are never fetched
+    into one directory. Its ``..`` start keeps it apart from every whole one (an entry's name never
+    starts with ``.``)."""
+    first, second = "v" * 250 + "-a", "v" * 250 + "-b"
+    staged = {name: prepare(tmp_path, f"weights:llm/{name}") for name in (first, second)}
+    assert staged[first] != staged[second]
+    for name, staging in staged.items():
+        (staging / "f").write_text(name)
+    for name in staged:
+        assert (finish(tmp_path, f"weights:llm/{name}") / "f").read_text() == name
+    short = staging_name(first)
+    assert short.startswith("..")
+    with pytest.raises(StepError, match="not a plain directory name"):  # the one name whose whole form it is
+        cache_path(tmp_path, f"weights:llm/{short[1:-len('.warming')]}")
+
+
+@pytest.mark.parametrize(("name", "said"), [
+    pytest.param("v" * 256, "'vvv", id="256 bytes"),
+    pytest.param("é" * 128, "takes 256 bytes: a directory name takes at most 255",
+                 id="128 two-byte characters: 256 bytes, which the old check counted as 128"),
+    pytest.param("\N{GRINNING FACE}" * 64, "takes 256 bytes", id="64 four-byte characters"),
+    pytest.param("v\ud800", "cannot be encoded", id="a lone surrogate: no file name at all"),
+])
+def test_a_name_longer_than_a_directory_entry_takes_is_refused_before_anything_is_done(
+        tmp_path: Path, name: str, said: str) -> None:
+    with pytest.raises(StepError, match=re.escape(said)) as refused:
+        prepare(tmp_path, "snapshot:llm/v1", [f"weights:llm/{name}"])
+    assert "\n" not in str(refused.value) and "version" in str(refused.value)
+    assert list(tmp_path.iterdir()) == []  # nothing was done
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,11 +6,14 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -229,24 +232,40 @@ def test_the_abandoned_after_variable_is_read_as_the_flag(tmp_path: Path, monkey
     assert (said is None and err == "") or (said is not None and err.startswith(said)), err
 
 
-LONG = "x" * 240  # a name the filesystem takes, whose tomb (25 characters longer) it does not
+def _no_space_for_staging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``mkdir`` of the staging directory fails as on a full disk (root cannot be stopped by chmod)."""
+    real = os.mkdir
+
+    def mkdir(path: str, *args: Any, **kwargs: Any) -> None:
+        if path == ".v1.warming":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+        real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
 
 
 @pytest.mark.parametrize(("setup", "argv", "said"), [
-    pytest.param(lambda root: None, ["prepare", "--cache", WEIGHTS_A, "--root", "{root}/typo"],
+    pytest.param(lambda root, _: None, ["prepare", "--cache", WEIGHTS_A, "--root", "{root}/typo"],
                  "extender warm prepare: the cache root {root}/typo does not exist", id="a-missing-root"),
-    pytest.param(lambda root: (root / "weights" / "llm").mkdir(parents=True) or (root / "weights/llm" / LONG).mkdir(),
-                 ["prepare", "--cache", WEIGHTS_A, "--root", "{root}", "--evict", f"weights:llm/{LONG}"],
-                 f"extender warm prepare: {WEIGHTS_A} under {{root}}: File name too long ({LONG})",
+    pytest.param(lambda _, monkeypatch: _no_space_for_staging(monkeypatch),
+                 ["prepare", "--cache", WEIGHTS_A, "--root", "{root}"],
+                 f"extender warm prepare: {WEIGHTS_A} under {{root}}: No space left on device (.v1.warming)",
                  id="an-os-error-names-the-entry-and-the-file"),
+    pytest.param(lambda root, _: None, ["prepare", "--cache", WEIGHTS_A, "--root", "{root}",
+                                        "--evict", "weights:llm/" + "é" * 128],
+                 "extender warm prepare: version 'éééé", id="a-name-too-long-in-bytes-names-the-limit"),
 ])
 def test_a_failed_node_step_says_what_and_where_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                                            setup: Callable[[Path], object], argv: list[str],
-                                                            said: str) -> None:
-    setup(tmp_path)
+                                                            monkeypatch: pytest.MonkeyPatch, *,
+                                                            setup: Callable[[Path, pytest.MonkeyPatch], object],
+                                                            argv: list[str], said: str) -> None:
+    setup(tmp_path, monkeypatch)
+    capsys.readouterr()
     assert run(["warm", *(a.format(root=tmp_path) for a in argv)]) == 1
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(said.format(root=tmp_path)), line
+    if "--evict" in argv:
+        assert line.endswith("(128 characters) takes 256 bytes: a directory name takes at most 255"), line
 
 
 @pytest.mark.integration

@@ -6,7 +6,8 @@ warm Job never writes where a reader looks:
 
     prepare   evict each planned victim: rename it to ``.<name>.evicting-<pid>-<hex>`` (one atomic step:
               the agent stops reporting it at once), then delete the tree; then make the staging
-              directory ``.<name>.warming`` beside the destination. For weights, an existing
+              directory ``.<name>.warming`` beside the destination (both shortened when the name is
+              too long for them to fit a directory entry: :func:`derived_name`). For weights, an existing
               partial destination is moved into staging first, so a resumable copy tool (``aws s3
               sync``, ``gsutil rsync``) fetches only the missing bytes.
     fetch     the team's template writes into ``{{staging}}``.
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import logging
 import os
 import re
@@ -56,9 +58,15 @@ EVICTING_SUFFIX = ".evicting"
 #: The environment variable that gives ``extender warm prepare`` its ``--abandoned-after`` (the warm
 #: Job sets it: a helper of an older release ignores a variable, where an unknown flag fails).
 ABANDONED_AFTER_ENV = "WARM_ABANDONED_AFTER"
-#: A tomb's name: ``.<name>.evicting-<pid>-<hex>`` (an older helper wrote ``-<pid>`` alone). A staging
+#: A tomb's name: ``.<name>.evicting-<pid>-<hex>`` (an older helper wrote ``-<pid>`` alone), or its
+#: shortened form ``..<start of name>~<digest>.evicting-<pid>-<hex>`` (:func:`derived_name`). A staging
 #: name ends in ``.warming`` and a cache entry's name never starts with ``.``, so neither matches.
 TOMB = re.compile(rf"\..+{re.escape(EVICTING_SUFFIX)}-[0-9]+(-[0-9a-f]+)?")
+#: The longest name of one directory entry, in bytes of the file system's encoding (``NAME_MAX`` of
+#: ext4, XFS, btrfs and the other file systems a cache root lives on).
+NAME_MAX = 255
+#: Hex digits of SHA-256 over the whole name that a shortened derived name carries (64 bits).
+DIGEST_HEX = 16
 
 P = TypeVar("P", bound=PurePath)
 log = logging.getLogger(__name__)
@@ -70,10 +78,60 @@ class StepError(ExtenderError):
 
 def _safe(name: str, what: str) -> str:
     # a cache id becomes a path below the cache root: it must never climb out of it or hide in a
-    # staging name the agent ignores
-    if not name or "/" in name or "\0" in name or name.startswith(".") or len(name) > 255:
+    # staging name the agent ignores, and it must fit one directory entry (counted in bytes, as the
+    # file system counts: 'é' takes two)
+    if not name or "/" in name or "\0" in name or name.startswith("."):
         raise StepError(f"{what} {name!r} is not a plain directory name")
+    shown = repr(name) if len(name) <= 64 else f"{name[:48]!r}... ({len(name)} characters)"
+    try:
+        size = len(os.fsencode(name))
+    except UnicodeEncodeError:
+        raise StepError(f"{what} {shown} is no file name: it cannot be encoded as one") from None
+    if size > NAME_MAX:
+        raise StepError(f"{what} {shown} takes {size} bytes: a directory name takes at most {NAME_MAX}")
     return name
+
+
+def derived_name(name: str, suffix: str) -> str:
+    """The name beside the entry ``name`` that ends in ``suffix`` (its staging directory, its tomb),
+    made to fit in :data:`NAME_MAX` bytes, so that every name :func:`cache_path` accepts can be
+    staged, evicted and swept.
+
+    ``.<name><suffix>`` when that fits, as every release wrote it. Otherwise
+    ``..<start>~<digest><suffix>``: ``<digest>`` is the first :data:`DIGEST_HEX` hex digits of SHA-256
+    over the name's bytes, and ``<start>`` the longest start of the name, in whole characters, that
+    leaves the whole at most :data:`NAME_MAX` bytes (``255 - len("..~") - 16 - len(suffix)`` bytes or
+    a little less). Two long names that share their start still get different names, and the
+    leading ``..`` keeps the two forms apart: an entry's name never starts with ``.``, so the whole
+    form of one entry is never the shortened form of another. Both forms start with ``.`` (the
+    agent ignores them) and end in ``suffix`` (the sweep recognises them by it).
+    """
+    whole = f".{name}{suffix}"
+    if len(os.fsencode(whole)) <= NAME_MAX:
+        return whole
+    tail = f"~{hashlib.sha256(os.fsencode(name)).hexdigest()[:DIGEST_HEX]}{suffix}"
+    room = NAME_MAX - len(os.fsencode(f"..{tail}"))
+    end = 0
+    for ch in name:
+        room -= len(os.fsencode(ch))
+        if room < 0:
+            break
+        end += 1
+    return f"..{name[:end]}{tail}"
+
+
+def staging_name(name: str) -> str:
+    """The staging directory's name beside the entry ``name``: ``.<name>.warming``, or its shortened
+    form (:func:`derived_name`)."""
+    return derived_name(name, STAGING_SUFFIX)
+
+
+def tomb_name(name: str) -> str:
+    """A unique name to rename ``name`` to before deleting it: ``.<name>.evicting-<pid>-<hex>``, or its
+    shortened form (:func:`derived_name`)."""
+    # unique: every warm step runs as PID 1 of its container, so a pid alone would name the tomb a
+    # killed step left behind, and renaming a directory onto a non-empty one fails
+    return derived_name(name, f"{EVICTING_SUFFIX}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def parse_cache_id(cache_id: str) -> tuple[CacheKind, str]:
@@ -100,7 +158,7 @@ def cache_path(root: P, cache_id: str) -> P:
 def staging_path(root: P, cache_id: str) -> P:
     """The staging directory an action fills before it is renamed onto :func:`cache_path`."""
     dest = cache_path(root, cache_id)
-    return dest.with_name(f".{dest.name}{STAGING_SUFFIX}")
+    return dest.with_name(staging_name(dest.name))
 
 
 def on_node(root: Path, cache_id: str) -> Path:
@@ -172,7 +230,7 @@ class _Entry:
     def __init__(self, root: Path, cache_id: str, *, create: bool = False) -> None:
         self.root, self.dest = root, cache_path(root, cache_id)
         self.name = self.dest.name
-        self.staging = f".{self.name}{STAGING_SUFFIX}"
+        self.staging = staging_name(self.name)
         fd: int | None = _open_root(root)
         shown = root
         for part in self.dest.parent.relative_to(root).parts:
@@ -223,9 +281,7 @@ def _evict(root: Path, cache_id: str) -> bool:
 
 
 def _remove(dir_fd: int, name: str) -> bool:
-    # the tomb's name is unique: every warm step runs as PID 1 of its container, so a pid alone would
-    # name the tomb a killed step left behind, and renaming a directory onto a non-empty one fails
-    tomb = f".{name}{EVICTING_SUFFIX}-{os.getpid()}-{secrets.token_hex(4)}"
+    tomb = tomb_name(name)
     try:
         os.rename(name, tomb, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except FileNotFoundError:
