@@ -22,6 +22,11 @@ Rules the agent relies on:
   present (each file's length, capped at its listed size) and is never reported complete, even if
   the bytes add up (the cap is one byte short of the manifest's total).
 * A manifest lists each path once; one that repeats a path is corrupt (its sizes would count twice).
+* A weights directory holds regular files and directories only. The agent neither follows nor
+  counts a symbolic link (to a file or a directory, or dangling) or any other special file, so
+  :func:`finish_from_disk` refuses to seal a directory holding one, naming it: listed, it would
+  read as missing at every scan and the entry would never be complete; left out, the entry would
+  be complete while a reader follows the link out of it.
 * A writer that preallocates files must write under a name the manifest does not list and rename
   when done: the agent counts a listed file's length as present bytes.
 * Names starting with ``.`` at the workload, version, key or snapshot level are staging areas and
@@ -46,7 +51,7 @@ from typing import Literal
 
 from pydantic import ConfigDict, Field, field_validator
 
-from extender.core.errors import InvalidValueError
+from extender.core.errors import ExtenderError, InvalidValueError
 from extender.core.schema import Schema
 
 WEIGHTS = "weights"
@@ -59,6 +64,11 @@ MAX_MANIFEST_BYTES = 32 << 20
 COMPLETE = ".complete"
 #: Our own files inside a weights directory; never counted as model bytes.
 METADATA = frozenset({MANIFEST, COMPLETE})
+
+
+class LayoutError(ExtenderError):
+    """A directory holds what the layout does not allow where a writer seals it (a symbolic link in a
+    weights directory)."""
 
 
 def _temporary(name: str) -> str:
@@ -205,16 +215,44 @@ def mark_complete(directory: Path, *, dir_fd: int | None = None) -> None:
 def finish_from_disk(directory: Path, *, source: str = "", dir_fd: int | None = None) -> Manifest:
     """List the files now in ``directory`` in a manifest and mark it complete (for writers and tests).
 
-    The walk enters no symbolic link to a directory. ``dir_fd``: ``directory`` already open (the walk
-    and the writes then go through it, and the path only names it in messages)."""
+    Each file's size is its own (``lstat``): nothing is followed. A symbolic link anywhere below (to a
+    file, to a directory, dangling) or a special file (FIFO, socket, device) raises
+    :class:`LayoutError` naming it, before anything is written: the agent would not count it (see
+    the module docstring). Our own files at the top (:func:`is_metadata`) are neither listed nor
+    checked: the writes replace whatever is at their names, a link itself.
+
+    ``dir_fd``: ``directory`` already open (the walk and the writes then go through it, and the path
+    only names it in messages); otherwise it is opened once here, so the walk and the writes act on
+    one directory.
+    """
+    if dir_fd is None:
+        opened = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            return finish_from_disk(directory, source=source, dir_fd=opened)
+        finally:
+            os.close(opened)
     files: list[tuple[str, int]] = []
-    top: str | Path = "." if dir_fd is not None else directory
-    for dirpath, _dirnames, filenames, walked_fd in os.fwalk(top, dir_fd=dir_fd):
+    for dirpath, dirnames, filenames, walked_fd in os.fwalk(".", dir_fd=dir_fd):
+        # top-down: a link to a directory is listed among the directories, refused before the walk
+        # would come to it (it would not enter it, and the link would stay out of the manifest)
+        for name in dirnames:
+            if stat.S_ISLNK(os.stat(name, dir_fd=walked_fd, follow_symlinks=False).st_mode):
+                raise _not_sealable(directory, os.path.normpath(os.path.join(dirpath, name)),
+                                    "is a symbolic link (to a directory)")
         for name in filenames:
-            rel = os.path.normpath(os.path.join(dirpath, name)) if dir_fd is not None \
-                else Path(dirpath, name).relative_to(directory).as_posix()
-            if not is_metadata(rel):
-                files.append((rel, os.stat(name, dir_fd=walked_fd).st_size))
+            rel = os.path.normpath(os.path.join(dirpath, name))
+            if is_metadata(rel):  # ours: replaced by the writes below, whatever is there (a link: itself)
+                continue
+            st = os.stat(name, dir_fd=walked_fd, follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                raise _not_sealable(directory, rel, "is a symbolic link" if stat.S_ISLNK(st.st_mode)
+                                    else "is not a regular file")
+            files.append((rel, st.st_size))
     manifest = write_manifest(directory, sorted(files), source=source, dir_fd=dir_fd)
     mark_complete(directory, dir_fd=dir_fd)
     return manifest
+
+
+def _not_sealable(directory: Path, rel: str, what: str) -> LayoutError:
+    return LayoutError(f"{directory / rel} {what}: a weights directory holds regular files and directories only, "
+                       "and the agent neither follows nor counts this")

@@ -22,7 +22,9 @@ from extender.agent.scan import CacheScan, ManifestCache, WeightsEntry, scan_cac
 from extender.layout import (
     COMPLETE,
     MANIFEST,
+    LayoutError,
     Manifest,
+    ManifestFile,
     adapter_dir,
     compile_dir,
     finish_from_disk,
@@ -96,6 +98,15 @@ def _symlinks(root: Path) -> None:
     sparse(root / "elsewhere" / "big", 10 * GiB)
     os.symlink(root / "elsewhere" / "big", d / "link-to-big")
     os.symlink(root / "elsewhere", d / "link-to-dir")
+
+
+def _manifest_listing_a_link(root: Path) -> None:
+    """What ``finish_from_disk`` wrote before it refused links: the link listed at its target's size."""
+    d = make_weights(root, "w", "v1", {"a": 100}, manifest=False, complete=False)
+    sparse(root / "elsewhere" / "big", 10 * GiB)
+    os.symlink(root / "elsewhere" / "big", d / "big")
+    write_manifest(d, [("a", 100), ("big", 10 * GiB)])
+    mark_complete(d)
 
 
 def _staging(root: Path) -> None:
@@ -206,6 +217,10 @@ CASES = [
     Case("symbolic links are neither followed nor counted",
          _symlinks,
          weights=(WeightsEntry("w", "v1", 100, True, 100),)),
+    Case("a manifest listing a symbolic link: the link is not followed, so never complete",
+         _manifest_listing_a_link,
+         weights=(WeightsEntry("w", "v1", 100, False, 100 + 10 * GiB),),
+         problems=(("weights/w/v1", "inconsistent"),)),
     Case("staging directories and stray files are ignored", _staging),
     Case("two versions of one workload, two workloads",
          lambda root: [make_weights(root, "a", "v1", {"x": 10}), make_weights(root, "a", "v2", {"x": 20}),
@@ -261,6 +276,44 @@ def test_finish_from_disk_writes_a_manifest_of_what_is_there(tmp_path: Path) -> 
     assert (d / COMPLETE).exists()
     assert Manifest.model_validate_json((d / MANIFEST).read_bytes()) == manifest
     assert scan_cache(tmp_path).weights == (WeightsEntry("w", "v1", 3 * GiB + 10, True, 3 * GiB + 10),)
+
+
+@pytest.mark.parametrize(("at", "make", "said"), [
+    pytest.param("secret", lambda p, out: p.symlink_to(out / "big"), "is a symbolic link",
+                 id="a link to a file outside the directory"),
+    pytest.param("gone", lambda p, out: p.symlink_to(out / "absent"), "is a symbolic link", id="a dangling link"),
+    pytest.param("sub/models", lambda p, out: p.symlink_to(out, target_is_directory=True),
+                 "is a symbolic link (to a directory)", id="a link to a directory"),
+    pytest.param("pipe", lambda p, out: os.mkfifo(p), "is not a regular file", id="a FIFO"),
+])
+def test_finish_from_disk_refuses_what_the_agent_would_not_count(tmp_path: Path, at: str,
+                                                                 make: Callable[[Path, Path], object],
+                                                                 said: str) -> None:
+    """It stat-ed through a link: the manifest recorded the target's size (``/etc/shadow``, a huge file
+    elsewhere), which the scan, never following a link, then found missing at every pass."""
+    outside = tmp_path / "elsewhere"
+    sparse(outside / "big", 10 * GiB)
+    d = weights_dir(tmp_path / "cache", "w", "v1")
+    sparse(d / "a", 100)
+    (d / at).parent.mkdir(parents=True, exist_ok=True)
+    make(d / at, outside)
+    with pytest.raises(LayoutError) as refused:
+        finish_from_disk(d)
+    assert str(refused.value).startswith(f"{d / at} {said}: ")
+    assert not (d / MANIFEST).exists() and not (d / COMPLETE).exists()  # nothing sealed
+    (d / at).unlink()
+    assert finish_from_disk(d).files == (ManifestFile(path="a", size=100),)
+    assert scan_cache(tmp_path / "cache").weights == (WeightsEntry("w", "v1", 100, True, 100),)
+
+
+def test_finish_from_disk_through_a_path_lists_and_writes_one_directory(tmp_path: Path) -> None:
+    """Given a path that is a link to the directory, the walk did not enter it while the writes went
+    through it: an empty manifest marked complete, which the agent reported as whole weights of 0 bytes."""
+    real = weights_dir(tmp_path, "w", "v1")
+    sparse(real / "a", 100)
+    (tmp_path / "named").symlink_to(real, target_is_directory=True)
+    assert finish_from_disk(tmp_path / "named").files == (ManifestFile(path="a", size=100),)
+    assert scan_cache(tmp_path).weights == (WeightsEntry("w", "v1", 100, True, 100),)
 
 
 # ---- errors injected at the syscall, on real trees ---------------------------------------------

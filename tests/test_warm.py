@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 import pytest
 
-from extender.agent.scan import scan_cache
+from extender.agent.scan import WeightsEntry, scan_cache
 from extender.core.caches import CacheKind, cache_id, compile_key
 from extender.core.errors import PolicyError
 from extender.core.inventory import InventorySnapshot, NodeState
@@ -1052,6 +1052,52 @@ def test_a_name_longer_than_a_directory_entry_takes_is_refused_before_anything_i
         prepare(tmp_path, "snapshot:llm/v1", [f"weights:llm/{name}"])
     assert "\n" not in str(refused.value) and "version" in str(refused.value)
     assert list(tmp_path.iterdir()) == []  # nothing was done
+
+
+class FetchedLink(NamedTuple):
+    at: str  # below the staging directory
+    target: str  # what the link points to ({outside}: a directory beside the cache root); "": a FIFO
+    said: str
+
+
+FETCHED_LINKS = [
+    pytest.param(FetchedLink("secret", "{outside}/secret", "is a symbolic link"), id="to a file outside the entry"),
+    pytest.param(FetchedLink("gone", "{outside}/absent", "is a symbolic link"), id="dangling"),
+    pytest.param(FetchedLink("models", "{outside}", "is a symbolic link (to a directory)"), id="to a directory"),
+    pytest.param(FetchedLink("sub/deeper/secret", "{outside}/secret", "is a symbolic link"), id="nested"),
+    pytest.param(FetchedLink("alias.bin", "a.bin", "is a symbolic link"), id="to a file inside the entry"),
+    pytest.param(FetchedLink("pipe", "", "is not a regular file"), id="a FIFO"),
+]
+
+
+@pytest.mark.parametrize("case", FETCHED_LINKS)
+def test_finish_refuses_weights_holding_a_link_and_names_it(tmp_path: Path, case: FetchedLink) -> None:
+    """The manifest recorded the size of whatever a link pointed to (``/etc/shadow``, a huge file
+    elsewhere), and the agent, which neither follows nor counts a link, then found the entry short of
+    that file at every scan: never complete. Refused now, naming the file; nothing is sealed and
+    nothing is lost, and the fetch fixed seals."""
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    sparse(outside / "secret", 5 * GB)
+    root.mkdir()
+    staging = prepare(root, "weights:llm/v1")
+    sparse(staging / "a.bin", 10)
+    where = staging / case.at
+    where.parent.mkdir(parents=True, exist_ok=True)
+    if case.target:
+        where.symlink_to(case.target.format(outside=outside))
+    else:
+        os.mkfifo(where)
+    with pytest.raises(StepError) as refused:
+        finish(root, "weights:llm/v1")
+    assert str(refused.value).startswith(f"{where} {case.said}: a weights directory holds regular files")
+    assert "\n" not in str(refused.value)
+    assert not weights_dir(root, "llm", "v1").exists() and scan_cache(root).weights == ()
+    assert (staging / "a.bin").is_file() and (where.is_symlink() or where.exists())  # kept, to be resumed
+    assert not (staging / MANIFEST).exists() and not (staging / COMPLETE).exists()
+    assert (outside / "secret").stat().st_size == 5 * GB
+    where.unlink()
+    finish(root, "weights:llm/v1")
+    assert scan_cache(root).weights == (WeightsEntry("llm", "v1", 10, True, 10),)
 
 
 # ---------------------------------------------------------------------------------------------

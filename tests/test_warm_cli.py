@@ -244,6 +244,12 @@ def _no_space_for_staging(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(os, "mkdir", mkdir)
 
 
+def _linked_fetch(root: Path) -> None:
+    assert run(["warm", "prepare", "--root", str(root), "--cache", WEIGHTS_A]) == 0
+    sparse(root / "weights/llm/.v1.warming/a.bin", 10)
+    (root / "weights/llm/.v1.warming/shadow").symlink_to("/etc/shadow")
+
+
 @pytest.mark.parametrize(("setup", "argv", "said"), [
     pytest.param(lambda root, _: None, ["prepare", "--cache", WEIGHTS_A, "--root", "{root}/typo"],
                  "extender warm prepare: the cache root {root}/typo does not exist", id="a-missing-root"),
@@ -254,6 +260,9 @@ def _no_space_for_staging(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.param(lambda root, _: None, ["prepare", "--cache", WEIGHTS_A, "--root", "{root}",
                                         "--evict", "weights:llm/" + "é" * 128],
                  "extender warm prepare: version 'éééé", id="a-name-too-long-in-bytes-names-the-limit"),
+    pytest.param(lambda root, _: _linked_fetch(root), ["finish", "--cache", WEIGHTS_A, "--root", "{root}"],
+                 "extender warm finish: {root}/weights/llm/.v1.warming/shadow is a symbolic link: ",
+                 id="a-fetched-link-is-named"),
 ])
 def test_a_failed_node_step_says_what_and_where_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                             monkeypatch: pytest.MonkeyPatch, *,

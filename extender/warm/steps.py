@@ -49,7 +49,7 @@ from typing import TypeVar, assert_never
 from extender.core import caches
 from extender.core.caches import SPECS, CacheKind, split_name
 from extender.core.errors import ExtenderError, InvalidValueError, UnknownNameError
-from extender.layout import COMPLETE, MANIFEST, delete_at, finish_from_disk, mark_complete
+from extender.layout import COMPLETE, MANIFEST, LayoutError, delete_at, finish_from_disk, mark_complete
 
 #: Where the warm Job's containers see the node's cache root.
 CACHE_MOUNT = "/cache"
@@ -456,7 +456,10 @@ def finish(root: Path, cache_id: str, *, source: str = "") -> Path:
                 case "weights":
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(COMPLETE, dir_fd=staged)
-                    finish_from_disk(staging, source=source, dir_fd=staged)  # manifest, then the marker
+                    try:  # manifest, then the marker; a link in the fetched tree is refused, naming it
+                        finish_from_disk(staging, source=source, dir_fd=staged)
+                    except LayoutError as exc:
+                        raise StepError(str(exc)) from None
                 case "snapshot" | "adapter":
                     mark_complete(staging, dir_fd=staged)
                 case "compile" | "image":  # a compile cache is present once it holds a file; images never get here
