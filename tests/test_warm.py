@@ -1012,7 +1012,10 @@ def test_every_name_the_check_takes_is_staged_finished_evicted_and_swept(tmp_pat
     # what killed and abandoned steps leave for this name, in every form: all swept by the next prepare
     stale = prepare(tmp_path, cache)
     sparse(stale / "c.bin", 1)
-    os.utime(stale, (0, 0))  # stamped long ago: abandoned
+    os.utime(stale, (0, 0))  # stamped long ago
+    assert prepare(tmp_path, cache, abandoned_after=3600) == stale  # its own Job's: kept, resumed
+    assert (stale / "c.bin").is_file()
+    os.utime(stale, (0, 0))  # and now abandoned
     tombs = {tomb_name(case.name), tomb_name(stale.name)}  # an eviction's, a sweep's
     tombs |= {t for t in (f".{case.name}.evicting-1", f".{case.name}.evicting-1-0a1b2c3d") if _bytes(t) <= NAME_MAX}
     for tomb in tombs:
