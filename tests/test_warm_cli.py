@@ -274,7 +274,7 @@ def test_a_failed_node_step_says_what_and_where_in_one_line(tmp_path: Path, caps
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(said.format(root=tmp_path)), line
     if "--evict" in argv:
-        assert line.endswith("(128 characters) takes 256 bytes: a directory name takes at most 255"), line
+        assert line.endswith("(+64 more characters) takes 256 bytes: a directory name takes at most 255"), line
 
 
 @pytest.mark.integration

@@ -49,6 +49,7 @@ from typing import TypeVar, assert_never
 from extender.core import caches
 from extender.core.caches import SPECS, CacheKind, split_name
 from extender.core.errors import ExtenderError, InvalidValueError, UnknownNameError
+from extender.core.quoting import quote
 from extender.layout import COMPLETE, MANIFEST, LayoutError, delete_at, finish_from_disk, mark_complete
 
 #: Where the warm Job's containers see the node's cache root.
@@ -82,7 +83,7 @@ def _safe(name: str, what: str) -> str:
     # file system counts: 'é' takes two)
     if not name or "/" in name or "\0" in name or name.startswith("."):
         raise StepError(f"{what} {name!r} is not a plain directory name")
-    shown = repr(name) if len(name) <= 64 else f"{name[:48]!r}... ({len(name)} characters)"
+    shown = quote(name, 64)
     try:
         size = len(os.fsencode(name))
     except UnicodeEncodeError:
