@@ -311,6 +311,28 @@ def test_estimate_errors_compare_the_estimate_with_the_duration() -> None:
     assert errors[0].estimated_s == pytest.approx(calibrated_seconds(QWEN, "warm"))
 
 
+LORA = load_policy(ROOT / "scenarios" / "lora-tenants-policy.yaml")  # preloads 8 adapters
+
+
+@pytest.mark.parametrize(("policy", "workload", "node_class", "adapters", "estimated"), [
+    pytest.param(LORA, "llama3-8b-tenants", "g5.12xlarge", 8, True, id="as-many-adapters-as-preloaded-now"),
+    pytest.param(LORA, "llama3-8b-tenants", "g5.12xlarge", 0, False, id="recorded-before-adapters-were-preloaded"),
+    pytest.param(LORA, "llama3-8b-tenants", "g5.12xlarge", 9, False, id="recorded-when-one-more-was-preloaded"),
+    pytest.param(QWEN, WORKLOAD, CLASS, 1, False, id="recorded-when-the-profile-had-adapters"),
+    pytest.param(QWEN, WORKLOAD, CLASS, 0, True, id="no-adapters-then-or-now"),
+])
+def test_estimate_errors_leave_out_starts_of_another_adapter_count(
+        policy: Policy, workload: str, node_class: str, adapters: int, estimated: bool) -> None:
+    # `extender calibrate show` and the start metrics pass every stored start; one recorded before a
+    # change of lora.preload has another number of adapter columns than the estimator builds
+    start = Observation(pod="p", workload=workload, node="n", node_class=node_class, scheduled_at=0.0,
+                        ready_at=100.0, adapters=(True,) * adapters)
+    errors = estimate_errors(policy, [start])
+    assert len(errors) == (1 if estimated else 0)
+    if estimated:
+        assert math.isfinite(errors[0].estimated_s) and errors[0].observed_s == 100.0
+
+
 # ---- the policy section -----------------------------------------------------------------------------
 
 

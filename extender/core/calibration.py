@@ -555,13 +555,17 @@ def estimate_errors(policy: Policy, observations: Sequence[Observation]) -> list
     """The estimate ``policy`` gives each observed start (its node's state then) against its duration.
 
     For metrics: pass the policy the components used (``effective_policy``) and each new start.
-    Starts of a workload or class the policy does not know are left out.
+    Starts of a workload or class the policy does not know are left out, and so are starts recorded
+    with another number of preloaded adapters than the profile has now (``lora.preload`` or the
+    adapters changed since): the estimator has no column for their adapters, or lacks some.
     """
     out: list[EstimateError] = []
     for o in observations:
         try:
             profile, node_class = policy.profile(o.workload), policy.node_class(o.node_class)
         except KeyError:
+            continue
+        if len(o.adapters) != len(profile.preloaded_adapters):
             continue
         est = estimate(profile, [node_class], np.zeros(1, dtype=np.intp), cache_state([o]))
         out.append(EstimateError(o.workload, o.node_class, float(est.total_s[0]), o.total_s))
