@@ -141,7 +141,8 @@ UNITS = """\
   `4G` (a plain number is accepted, as in a pod spec; `4GB` is not a quantity).
 * **numbers**: NaN and infinity (`.nan`, `.inf`) are refused everywhere, and so is a boolean where a
   number is expected: YAML reads unquoted `yes`, `no`, `on`, `off`, `true` and `false` as booleans.
-  A plain number is at most 10^15 in size, a size at most `1024PiB`, a bandwidth at most `1PB/s`.
+  A plain number is at most 10^15 in size, a size at most `1024PiB`, a bandwidth at most `1PB/s`
+  and, unless 0, at least `0.001B/s`.
 """
 
 

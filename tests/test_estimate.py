@@ -3,6 +3,7 @@ and monotonicity properties."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -295,6 +296,27 @@ def test_more_bandwidth_never_makes_it_slower(case: tuple[Policy, Any, CacheStat
     before = estimate(policy.profiles[0], policy.node_classes, idx, state).total_s
     after = estimate(faster.profiles[0], faster.node_classes, idx, state).total_s
     assert np.all(after <= before * (1 + 1e-12) + 1e-9)
+
+
+def test_the_slowest_rates_and_largest_sizes_a_policy_takes_give_finite_estimates() -> None:
+    # every bandwidth at the least the units take (0.001B/s), every size at the most (1024PiB); a
+    # rate of 1e-300B/s was accepted and made the estimate infinite (the scaler's horizon unbuildable)
+    slow = {"nic": "0.001B/s", "objectStorePerStream": "0.001B/s", "imagePull": "0.001B/s"}
+    huge = "1024PiB"
+    policy = Policy.model_validate({
+        "apiVersion": "extender.io/v1alpha1", "kind": "Policy",
+        "nodeClasses": [{"name": "c", "matchLabels": {"k": "c"}, "gpu": {"product": "H100", "count": 8},
+                         "nvme": {"capacity": huge, "readBandwidth": "0.001B/s"}, "network": slow}],
+        "profiles": [{"name": "w", "match": {"labels": {"app": "w"}}, "image": {"reference": "img:1", "size": huge},
+                      "weights": {"source": "s3://m/w/", "version": "v1", "bytes": huge, "loaderConcurrency": 1},
+                      "compile": {"cold": "365d", "warm": "365d", "artifactBytes": huge},
+                      "graphCapture": "365d", "engineInit": "365d", "snapshot": {"bytes": huge, "restore": "365d"},
+                      "lora": {"adapters": [{"name": "a", "source": "s3://m/a/", "bytes": huge}], "load": "365d"}}],
+    })
+    p, c = policy.profiles[0], policy.node_classes[0]
+    for state in ({}, {"compile": CompileCache.REGISTRY, "queued_bytes": 2.0**60, "snapshot": True}):
+        row = one(p, c, adapters=1, **state)
+        assert all(math.isfinite(v) and v >= 0 for v in row.values()), row
 
 
 def test_registry_fetch_is_not_chosen_behind_a_long_queue() -> None:

@@ -297,6 +297,9 @@ REFUSED = [
             "larger than 1024PiB"),
     Refused("a bandwidth past 1PB/s", "capacity: 3800GB}", "capacity: 3800GB, readBandwidth: 9000PB/s}", 7,
             "nodeClasses[0].nvme.readBandwidth", "larger than 1PB/s"),
+    # every download at such a rate took forever: the estimate was infinite, the horizon unbuildable
+    Refused("a bandwidth of almost nothing", "capacity: 3800GB}", "capacity: 3800GB, readBandwidth: 1e-300B/s}", 7,
+            "nodeClasses[0].nvme.readBandwidth", "below 0.001B/s"),
     Refused("an infinite capacity", "", "    capacity: {perReplica: .inf}\n", 13, "profiles[0].capacity.perReplica",
             "expected a finite number, got inf"),
     Refused("a NaN smoothing constant", "", "scaling: {alpha: .nan}\n", 13, "scaling.alpha",

@@ -56,6 +56,9 @@ BANDWIDTHS = [
     ("fractional-gbps", "5.96Gbps", 745e6),  # the EKS model-loading report's serial-stream figure
     ("p5-nic", "3200Gbps", 400e9),
     ("exponent", "3.2e3Gbps", 400e9),
+    ("the-least-rate-above-zero", "0.001B/s", 0.001),
+    ("one-bit-per-second", "1bps", 0.125),
+    ("zero-stays-allowed", "0B/s", 0.0),  # a schema that needs more says > 0 itself
 ]
 
 
@@ -103,6 +106,10 @@ ERRORS = [
     ("bandwidth-number", parse_bandwidth, 40, "needs a unit"),
     ("bandwidth-wrong-case", parse_bandwidth, "40gbps", "letter case"),
     ("bandwidth-unknown", parse_bandwidth, "40furlongs", "unknown bandwidth unit"),
+    # a download at such a rate lasts forever: size / rate overflowed to infinity in the estimator
+    ("bandwidth-near-zero", parse_bandwidth, "1e-300B/s", "below 0.001B/s"),
+    ("bandwidth-just-below-the-least", parse_bandwidth, "0.0009B/s", "below 0.001B/s"),
+    ("bandwidth-underflowing-a-float", parse_bandwidth, "1e-999Gbps", "below 0.001B/s"),
     ("months-or-minutes", parse_duration, "5M", "ambiguous"),
     ("negative-duration", parse_duration, "-3s", "negative"),
     ("word-duration", parse_duration, "5 mins", "not a duration"),

@@ -44,7 +44,7 @@ operator would not restore a snapshot that is slower than a normal start; it als
 estimate monotone: more cache never makes a start slower (a property test holds us to it).
 
 Units: bytes, bytes per second, seconds. Every phase is finite and non-negative for a valid policy
-(bandwidths are validated > 0).
+(bandwidths are validated at least 0.001 bytes/s, sizes at most 2^60 bytes).
 """
 
 from __future__ import annotations

@@ -23,7 +23,10 @@ Rules (each exists because the other reading is a real, costly mistake):
 * Negative quantities are rejected everywhere; zero is allowed (schemas add ``> 0`` where needed).
 * So are NaN, infinity and values past :data:`MAX_BYTES`, :data:`MAX_BANDWIDTH` and
   :data:`MAX_DURATION_S`: ``.inf`` or a 5000-digit number is a typo, and it broke arithmetic
-  (``int(inf)``) far from the file that held it.
+  (``int(inf)``) far from the file that held it. A rate above zero but below
+  :data:`MIN_BANDWIDTH` (0.001 bytes per second) is refused for the same reason: ``1e-300B/s``
+  made every download it timed last forever (``size / rate`` overflowed to infinity), so startup
+  estimates and the horizons built on them were no longer numbers.
 
 ``format_bytes``/``format_bandwidth``/``format_duration`` render a value back to the shortest
 spelling that parses to exactly the same value, so ``extender policy show`` output reads like a
@@ -72,6 +75,9 @@ DURATION_UNITS: dict[str, Decimal] = {
 MAX_BYTES = 2**60
 #: Largest rate in bytes per second (1 PB/s, 8 Pbps): a thousand times the fastest NIC sold.
 MAX_BANDWIDTH = 10**15
+#: Smallest rate above zero in bytes per second: with it, :data:`MAX_BYTES` take about 10^21
+#: seconds, a finite number, where a rate of 1e-300 B/s made a download last forever.
+MIN_BANDWIDTH = Decimal("0.001")
 #: Longest duration in seconds (about 3,000 years, the inventory's longest TTL); a policy allows less.
 MAX_DURATION_S = 10**11
 
@@ -155,7 +161,10 @@ def parse_bandwidth(value: Any) -> float:
         raise UnitError(f"expected a bandwidth such as '40Gbps' or '7GB/s', got {type(value).__name__}")
     number, unit = _split(value, "bandwidth")
     if unit in BANDWIDTH_UNITS:
-        return float(_at_most(number * BANDWIDTH_UNITS[unit], MAX_BANDWIDTH, value, "bandwidth", "1PB/s"))
+        rate = _at_most(number * BANDWIDTH_UNITS[unit], MAX_BANDWIDTH, value, "bandwidth", "1PB/s")
+        if 0 < rate < MIN_BANDWIDTH:
+            raise UnitError(f"bandwidth {quote(value, 40)} is above zero but below 0.001B/s, the least any field takes")
+        return float(rate)
     if unit.endswith("Bps"):
         raise UnitError(
             f"ambiguous bandwidth {value!r}: write {number}{unit[:-3]}B/s for bytes "
