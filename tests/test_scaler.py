@@ -150,6 +150,14 @@ ROWS = [
     Row("from-zero", {"demand": 3.0, "ready": 0, "min_replicas": 0}, 1, "scale-up"),
     # to zero with min 0, after the window
     Row("to-zero", {"demand": 0.0, "ready": 1, "min_replicas": 0, "recent": covered(1)}, 0, "scale-down"),
+    # needs past what a float holds are the most replicas (MAX_NEED), then maxReplicas: they were a
+    # ZeroDivisionError (capacity x targetUtilization underflowed to 0) or a ValueError (ceil of inf - inf)
+    Row("usable-capacity-underflows", {"capacity": 1e-200, "target_utilization": 1e-200}, 20, "scale-up"),
+    Row("usable-capacity-underflows-no-demand",
+        {"demand": 0.0, "ready": 1, "capacity": 1e-200, "target_utilization": 1e-200}, 1, "hold"),
+    Row("reactive-need-overflows", {"demand": 1e300, "capacity": 1e-10}, 20, "scale-up"),
+    Row("queue-drain-overflows", {"queue": 1e300, "queue_drain_s": 1e-10}, 20, "scale-up"),
+    Row("forecast-need-overflows", {"forecast": fc(1e300), "capacity": 1e-10}, 20, "scale-up"),
 ]
 
 

@@ -441,6 +441,8 @@ def test_expectation_from_a_decision() -> None:
     pytest.param(30.0, 1.0, 1, 1, 2, id="an-exact-multiple-does-not-round-up"),  # 3, not 4
     pytest.param(30.0, 1.0, 3, 6, 0, id="more-running-than-needed"),
     pytest.param(0.0, 1.0, 0, 0, 0, id="no-demand"),
+    # 1e308 / (10 x 1e-300) overflowed to infinity, and ceil(inf) raised: now the most, then maxReplicas
+    pytest.param(1e308, 1e-300, 3, 2, 18, id="a-need-past-what-a-float-holds"),
 ])
 def test_look_ahead(upper: float, utilization: float, desired: int, current: int, replicas: int) -> None:
     got = look_ahead("llm", upper, capacity=10.0, target_utilization=utilization, desired=desired,

@@ -14,6 +14,7 @@ The rules (docs/scaler.md; docs/prior-art.md Part B for the failures they avoid)
     r_reactive = (demand + queue / queue_drain_s) / usable              serve arrivals now and
                                                                         drain the backlog in time
     r_forecast = forecast.upper / usable            demand one horizon ahead, at the upper quantile
+                                                    (each need at most MAX_NEED replicas)
     r          = max(r_reactive, r_forecast)        the forecast can only raise (a floor)
     candidate  = ceil(r)
     recommendation = current      if current > 0 and |1 - candidate / current| <= tolerance
@@ -255,6 +256,20 @@ class Decision(_Model):
         return "\n".join(lines)
 
 
+#: The most replicas a fractional need says (2**53, above the largest ``maxReplicas``, 10**15, so the
+#: clamp is what it was): a demand over a capacity small enough overflowed to infinity (1e300 over
+#: 1e-10) and capacity x targetUtilization could underflow to 0 (1e-200 each), both accepted by the
+#: policy; the decision then failed with a ValueError or a ZeroDivisionError every tick.
+MAX_NEED = float(2**53)
+
+
+def replicas_for(amount: float, usable: float) -> float:
+    """``amount / usable`` replicas (``usable = capacity x target_utilization``), at most :data:`MAX_NEED`."""
+    if usable <= 0.0:  # underflowed: any demand at all is the most
+        return MAX_NEED if amount > 0.0 else 0.0
+    return min(amount / usable, MAX_NEED)
+
+
 def _ceil(x: float) -> int:
     return max(0, math.ceil(x - _CEIL_SLACK * max(1.0, abs(x))))
 
@@ -285,9 +300,9 @@ def _numbers(i: DecisionInputs) -> _Numbers:
     """The decision's numbers (rules in the module docstring); :func:`decide` adds the reasons."""
     current = i.ready + i.starting
     usable = i.capacity * i.target_utilization
-    reactive = None if i.demand is None else (i.demand + i.queue / i.queue_drain_s) / usable
-    fc = None if i.forecast is None else i.forecast.upper / usable
-    fc_point = None if i.forecast is None else i.forecast.point / usable
+    reactive = None if i.demand is None else replicas_for(i.demand + i.queue / i.queue_drain_s, usable)
+    fc = None if i.forecast is None else replicas_for(i.forecast.upper, usable)
+    fc_point = None if i.forecast is None else replicas_for(i.forecast.point, usable)
 
     driver: Driver
     if reactive is None:

@@ -112,7 +112,7 @@ from extender.core.estimate import CacheState, ClassTable, CompileCache, estimat
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.placement import on_new_node
 from extender.core.policy import NodeClass, Policy, Profile
-from extender.core.scaler import Decision
+from extender.core.scaler import Decision, replicas_for
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -188,6 +188,7 @@ def look_ahead(workload: str, upper: float, *, capacity: float, target_utilizati
     neither run nor start yet, and never fewer than the decision orders now::
 
         need     = min(max(ceil(upper / (capacity x targetUtilization)), desired), maxReplicas)
+                                                    (the quotient at most scaler.MAX_NEED)
         replicas = max(need - current, 0)            current = ready + starting
 
     ``upper``: the forecast's upper quantile at ``within_s`` (:func:`look_ahead_s` and the horizon
@@ -195,7 +196,7 @@ def look_ahead(workload: str, upper: float, *, capacity: float, target_utilizati
     best node; looking one cold start (and a node's provisioning) ahead is what gives the warmer
     time to stage before the replicas exist. The simulator's warmer uses the same function.
     """
-    need = min(max(math.ceil(upper / (capacity * target_utilization) - 1e-9), desired), max_replicas)
+    need = min(max(math.ceil(replicas_for(upper, capacity * target_utilization) - 1e-9), desired), max_replicas)
     return Expectation(workload=workload, replicas=max(need - current, 0), within_s=within_s)
 
 
