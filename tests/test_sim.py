@@ -85,6 +85,16 @@ def write_tiny(tmp_path: Path) -> Path:
     return path
 
 
+def test_a_target_utilization_that_underflows_asks_for_the_most_replicas(tmp_path: Path) -> None:
+    # capacity x targetUtilization underflowed to 0 (both accepted: each only needs to be > 0) and the
+    # claim's reactive need became NaN: a traceback mid-run; it is now the most the workload takes
+    path = write_tiny(tmp_path)
+    (tmp_path / "policy.yaml").write_text(TINY_POLICY + "scaling: {targetUtilization: 1e-320}\n")
+    (run,) = simulate(prepare(load_scenario(path)), ["predictive"])
+    tl = run.workloads[0].timeline
+    assert (tl.ready + tl.starting + tl.pending).max() == 2  # maxReplicas
+
+
 def test_tiny_step_matches_hand_computation(tmp_path: Path) -> None:
     prepared = prepare(load_scenario(write_tiny(tmp_path)))
     # 300 s of trace (4 rows of 60 s + the last one) at 15 s ticks

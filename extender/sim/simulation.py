@@ -49,7 +49,7 @@ from extender.core.errors import Problem
 from extender.core.estimate import CacheState, estimate
 from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.policy import Policy, Profile, ReplicaBounds, Scaling
-from extender.core.scaler import DecisionInputs, Recommendation, horizon, prune, recommend
+from extender.core.scaler import DecisionInputs, Recommendation, horizon, prune, recommend, replicas_for
 from extender.core.scoring import NodeInputs, Scale, WarmSlots, evaluate, larger_warm, scale_for
 from extender.core.sharing import Claim, claim, share
 from extender.core.units import format_duration
@@ -897,7 +897,8 @@ class Run:
                 s.hist_v[k + len(s.setup.history)] = demand
                 desired, expectation = self._decide(s, k, demand, queued)
                 scaling = self.policy.scaling
-                reactive = (demand + queued / scaling.queue_drain) / (s.setup.capacity * scaling.target_utilization)
+                reactive = replicas_for(demand + queued / scaling.queue_drain,
+                                        s.setup.capacity * scaling.target_utilization)
                 claims.append(claim(s.setup.profile, minimum=s.setup.min_replicas, reactive=reactive,
                                     current=len(s.pods), desired=desired))
                 if expectation is not None:
