@@ -12,7 +12,7 @@ from extender.core.caches import adapter_key, weights_key
 from extender.core.errors import InvalidValueError
 from extender.core.estimate import CompileCache
 from extender.core.images import check_reference, normalise, repository
-from extender.core.inventory import InventorySnapshot, NodeState
+from extender.core.inventory import InventorySnapshot, NodeState, next_freshness_change
 from extender.core.policy import Policy
 from extender.files import load_policy
 
@@ -119,6 +119,62 @@ def test_stale_and_unknown_records_are_cold(policy: Policy) -> None:
     # bytes in flight still count against a stale node: it is no faster for being unknown
     assert state.queued_bytes.tolist() == [5e9, 5e9, 0.0]
     assert snap.fresh(NOW).tolist() == [True, False, False]
+
+
+#: (id, heartbeat minus the reader's now, fresh?) with a TTL of 60 s: fresh while the heartbeat is
+#: within the TTL of the reader's clock in either direction, bounds included.
+WINDOW = [
+    pytest.param(-30.0, True, id="behind-within-ttl"),
+    pytest.param(-60.0, True, id="behind-exactly-at-ttl"),
+    pytest.param(-60.5, False, id="behind-beyond-ttl"),
+    pytest.param(0.0, True, id="at-the-readers-now"),
+    pytest.param(30.0, True, id="ahead-within-ttl"),
+    pytest.param(60.0, True, id="ahead-exactly-at-ttl"),
+    # used to be fresh until the reader's clock caught up: an hour, however long ago the agent died
+    pytest.param(60.5, False, id="ahead-beyond-ttl"),
+    pytest.param(3600.0, False, id="ahead-an-hour"),
+]
+
+
+@pytest.mark.parametrize(("offset", "fresh"), WINDOW)
+def test_fresh_while_the_heartbeat_is_within_the_ttl_either_way(policy: Policy, offset: float, fresh: bool) -> None:
+    record = node("n", heartbeat=NOW + offset, ttl="60s")
+    assert record.fresh(NOW) is fresh
+    assert InventorySnapshot.build(policy, [record]).fresh(NOW).tolist() == [fresh, False]  # and the sentinel
+
+
+#: An agent whose clock ran an hour ahead wrote its last report at reader time 0 and died:
+#: (id, reader seconds since, fresh?). Fresh only in the two TTLs around its stamp, stale for good after.
+DEAD_AHEAD = [
+    pytest.param(0.0, False, id="just-died-stale-ahead"),
+    pytest.param(3539.0, False, id="still-more-than-a-ttl-ahead"),
+    pytest.param(3540.0, True, id="reader-clock-reaches-the-window"),
+    pytest.param(3660.0, True, id="last-second-of-the-window"),
+    pytest.param(3661.0, False, id="stale-behind-for-good"),
+    pytest.param(86400.0, False, id="a-day-later"),
+]
+
+
+@pytest.mark.parametrize(("since", "fresh"), DEAD_AHEAD)
+def test_a_dead_agent_ahead_is_fresh_at_most_two_ttls(policy: Policy, since: float, fresh: bool) -> None:
+    record = node("n", heartbeat=NOW + 3600, ttl="60s")
+    assert record.fresh(NOW + since) is fresh
+    assert InventorySnapshot.build(policy, [record]).fresh(NOW + since).tolist() == [fresh, False]
+
+
+@pytest.mark.parametrize(("beats", "now", "expected"), [
+    pytest.param([NOW - 10, NOW - 30], NOW, NOW + 30, id="the-first-fresh-row-to-expire"),
+    pytest.param([NOW - 10, NOW + 600], NOW, NOW + 50, id="an-expiry-before-a-row-ahead-turns-fresh"),
+    pytest.param([NOW - 59, NOW + 100], NOW, NOW + 1, id="expiry-first-by-a-second"),
+    pytest.param([NOW - 3600, NOW + 100], NOW, NOW + 40, id="a-row-ahead-turns-fresh-first"),
+    pytest.param([NOW + 100], NOW + 40, NOW + 160, id="at-its-turn-the-row-ahead-is-fresh-and-expires-next"),
+    pytest.param([NOW - 3600], NOW, float("inf"), id="a-stale-row-behind-never-changes-by-the-clock"),
+    pytest.param([], NOW, float("inf"), id="empty"),
+])
+def test_next_freshness_change(policy: Policy, beats: list[float], now: float, expected: float) -> None:
+    records = [node(f"n{i}", heartbeat=b, ttl="60s") for i, b in enumerate(beats)]
+    snap = InventorySnapshot.build(policy, records)
+    assert next_freshness_change(snap, now) == expected
 
 
 def test_per_profile_state_is_computed_once(policy: Policy) -> None:

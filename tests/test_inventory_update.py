@@ -45,7 +45,7 @@ records = st.builds(
     st.sampled_from([0, 10**9, 10**11]),
     st.lists(st.sampled_from(KEYS), max_size=2, unique=True),
     st.booleans(),
-    st.sampled_from([0.0, NOW - 1, NOW - 3600]),
+    st.sampled_from([0.0, NOW - 1, NOW - 3600, NOW + 30, NOW + 3600]),  # ahead: within the TTL, beyond it
     st.integers(0, 8),
     st.sampled_from([0, 5 * 10**9]),
 )
@@ -132,8 +132,8 @@ def test_rows_after_an_update(changes: dict[str, str | None], order: list[str]) 
 
 
 #: A batch of bare heartbeats: names the snapshot may or may not hold, times older or newer than its own.
-beat_batches = st.dictionaries(st.sampled_from([*NAMES, "not-held"]), st.sampled_from([0.0, NOW - 3600, NOW - 1, NOW]),
-                               max_size=6)
+beat_batches = st.dictionaries(st.sampled_from([*NAMES, "not-held"]),
+                               st.sampled_from([0.0, NOW - 3600, NOW - 1, NOW, NOW + 3600]), max_size=6)
 
 
 def merged(start: list[NodeState], beats: dict[str, float]) -> list[NodeState]:
@@ -196,3 +196,30 @@ def test_heartbeats_that_change_no_freshness_keep_the_score_tables() -> None:
     back = engine.with_heartbeats(engine.snapshot.with_heartbeats({"node-0": NOW}, taken_at=NOW), NOW)
     assert back.table(PROFILE, NOW).fragments is not engine.table(PROFILE, NOW).fragments  # rescored
     assert back.table(PROFILE, NOW).fresh[0]
+
+
+def test_a_table_is_rebuilt_when_a_row_ahead_turns_fresh_and_again_when_it_expires() -> None:
+    # A heartbeat more than a TTL ahead of the clock is stale (cold); it turns fresh as the clock
+    # reaches heartbeat - ttl. The tables used to be kept until the next fresh row expired, so
+    # the node stayed cold past that instant (and, before the window, it was fresh from the start).
+    from extender.api.scheduler.engine import Engine
+
+    warm = {"labels": {"nvidia.com/gpu.product": "NVIDIA-H200"}, "images": [IMAGE],
+            "weights": {weights_key(PROFILE.name, PROFILE.weights.version): PROFILE.weights.bytes}}
+    start = [NodeState.model_validate({"name": "steady", "heartbeat": NOW, "ttl": 3600, **warm}),
+             NodeState.model_validate({"name": "ahead", "heartbeat": NOW + 600, "ttl": 60, **warm})]
+    snapshot = InventorySnapshot.build(POLICY, start, taken_at=NOW)
+    engine = Engine(POLICY, snapshot)
+    engine.warm(NOW)
+    table = engine.table(PROFILE, NOW)
+    assert table.valid_until == NOW + 540  # the row ahead turns fresh before "steady" expires
+    cold = table.evaluation.score[1]
+    assert cold < table.evaluation.score[0]  # stale ahead: cold, though its record is as warm
+    assert engine.table(PROFILE, NOW + 539) is table
+    for t, fresh, until in [(NOW + 540, True, NOW + 660), (NOW + 661, False, NOW + 3600)]:
+        rebuilt = engine.table(PROFILE, t)
+        assert rebuilt is not table and bool(rebuilt.fresh[1]) is fresh and rebuilt.valid_until == until
+        assert bool(rebuilt.evaluation.score[1] > cold) is fresh
+        oracle = Engine(POLICY, snapshot).table(PROFILE, t)  # a table built at that instant
+        assert dict(rebuilt.fragments) == dict(oracle.fragments) and rebuilt.failing == oracle.failing
+        table = rebuilt

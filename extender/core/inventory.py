@@ -5,15 +5,31 @@
 once, so that a scheduling request is index lookups and vector arithmetic, never a Python loop
 over node records.
 
-Freshness: every record carries the time of its last report (``heartbeat``, unix seconds) and a
-``ttl``. A record older than its TTL is *unknown*, and unknown means cold: the estimator sees no
-image, no weights, no compile cache and no snapshot on that node, and the scorer never gives it a
-warm score on stale news. Node class and free resources of a stale record are still used (they
-change slowly and are better than nothing), but nothing that would make it look warm.
+Freshness: every record carries the time of its last report (``heartbeat``, unix seconds, on the
+writer's clock) and a ``ttl``. A record is fresh at the reader's time ``now`` while the heartbeat
+lies within the TTL of ``now`` in either direction::
+
+    fresh(now)  <=>  heartbeat - ttl <= now <= heartbeat + ttl      (|now - heartbeat| <= ttl)
+
+A record outside that window is *unknown*, and unknown means cold: the estimator sees no image, no
+weights, no compile cache and no snapshot on that node, and the scorer never gives it a warm score
+on stale news. Node class and free resources of a stale record are still used (they change slowly
+and are better than nothing), but nothing that would make it look warm.
+
+Why both directions: a heartbeat ahead of the reader's clock (an agent whose clock runs fast) would
+otherwise stay fresh until the reader's clock caught up, however long after the agent died; with the
+window, a dead agent's record goes stale at most one TTL after its last report by either clock. The
+price is that a live agent whose clock runs more than a TTL ahead is stale too ("stale ahead" in
+``extender inventory show``): its reports cannot be told from a dead agent's, so clocks must agree
+to within the TTL (NTP does, by orders of magnitude). A record ahead by more than its TTL turns
+fresh as the reader's clock reaches ``heartbeat - ttl``, and stale again after ``heartbeat + ttl``;
+:func:`next_freshness_change` gives the first such instant, for readers that keep results until
+freshness changes.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Annotated, Any
@@ -108,8 +124,13 @@ class NodeState(Schema):
     cache_bytes: BytesMap = {}
 
     def fresh(self, now: float) -> bool:
-        """True while the last report is younger than the TTL."""
-        return now - self.heartbeat <= self.ttl
+        """Is the heartbeat within the TTL of ``now``: ``heartbeat - ttl <= now <= heartbeat + ttl``?
+
+        That is ``|now - heartbeat| <= ttl`` (module docstring: a heartbeat ahead of ``now`` by more
+        than the TTL is stale too), written with the two bounds because they are the instants a
+        reader's cached freshness expires at (:func:`next_freshness_change`), computed the same way.
+        """
+        return self.heartbeat - self.ttl <= now <= self.heartbeat + self.ttl
 
 
 class InventoryDocument(Schema):
@@ -345,8 +366,9 @@ class InventorySnapshot:
         return Lookup(index=index, known=index != sentinel)
 
     def fresh(self, now: float) -> NDArray[np.bool_]:
-        """Per row: is the record younger than its TTL (the sentinel never is)."""
-        ok = (now - self.heartbeat) <= self.ttl
+        """Per row: ``heartbeat - ttl <= now <= heartbeat + ttl``, as :meth:`NodeState.fresh` (the
+        sentinel never is fresh). The heartbeat column is what counts, not the records' own."""
+        ok = (self.heartbeat - self.ttl <= now) & (now <= self.heartbeat + self.ttl)
         ok[-1] = False
         return ok
 
@@ -407,6 +429,25 @@ class InventorySnapshot:
         """Cache state of the given rows for ``profile``, with stale and unknown rows made cold."""
         full, table = self.cache_state(profile)
         return full.take(rows).cold_where(~self.fresh(now)[rows]), table
+
+
+def next_freshness_change(snapshot: InventorySnapshot, now: float) -> float:
+    """The first unix second at or after which a row's freshness may differ from what it is at ``now``.
+
+    ``min(min over fresh rows of heartbeat + ttl, min over rows ahead of heartbeat - ttl)``, where a
+    row is ahead when ``now < heartbeat - ttl`` (a heartbeat more than a TTL in the future: it turns
+    fresh at ``heartbeat - ttl``). A row stale because its heartbeat is older than ``now - ttl`` never
+    turns fresh by the clock alone, only by a new heartbeat. ``inf`` when no row will change. At
+    ``heartbeat + ttl`` the row is still fresh (the bound is inclusive), so a reader that recomputes
+    then recomputes a little early, never late; at ``heartbeat - ttl`` the row is fresh already.
+    """
+    n = len(snapshot)
+    beat, ttl = snapshot.heartbeat[:n], snapshot.ttl[:n]
+    opens, closes = beat - ttl, beat + ttl
+    fresh = (opens <= now) & (now <= closes)
+    ahead = now < opens
+    changes = np.concatenate([closes[fresh], opens[ahead]])
+    return float(changes.min()) if len(changes) else math.inf
 
 
 def _columns(policy: Policy, classes: tuple[NodeClass, ...],

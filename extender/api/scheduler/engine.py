@@ -11,7 +11,9 @@ with numpy and keeps the results as
   unless a failing name is among the candidates.
 
 Those results depend on the clock only through record freshness, so they stay valid until the next
-record's heartbeat expires (``valid_until``) and are rebuilt after that.
+row's freshness changes (``valid_until``: a fresh record's heartbeat expires, or one stamped more
+than its TTL ahead of the clock comes within it; :func:`next_freshness_change`) and are rebuilt
+after that.
 
 A rebuild redoes the vector arithmetic for every row (cheap) but re-encodes only the rows whose
 score moved: an engine made for a snapshot that :meth:`InventorySnapshot.update` patched starts
@@ -26,7 +28,6 @@ estimator on just those rows.
 
 from __future__ import annotations
 
-import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -38,7 +39,7 @@ from numpy.typing import NDArray
 from extender.api.scheduler.wire import NodeInfo, PodInfo, fragments_for, priority_fragment
 from extender.core.estimate import PHASES
 from extender.core.images import names_for, normalise, repository
-from extender.core.inventory import InventorySnapshot
+from extender.core.inventory import InventorySnapshot, next_freshness_change
 from extender.core.policy import UNKNOWN_CLASS, Policy, Profile
 from extender.core.scoring import (
     MAX_SCORE,
@@ -77,7 +78,8 @@ class ProfileTable:
     fragments: _Fragments
     #: name -> row, for rows that fail a hard rule (the sentinel never does: no evidence).
     failing: dict[str, int]
-    #: Wall-clock second after which some fresh record has gone stale and this table is outdated.
+    #: Wall-clock second from which a row's freshness may differ from :attr:`fresh` (a fresh record
+    #: expired, or one stamped ahead came within its TTL): the table is rebuilt from then on.
     valid_until: float
     _reasons: dict[int, str]
     #: Which rows were fresh when the table was built (its scores depend on the clock only through this).
@@ -189,14 +191,14 @@ class Engine:
             fragments = _Fragments(dict(zip(self._names, fragments_for(self._names, scores[:n]), strict=True)),
                                    scores[n])
         failing = {self._names[i]: int(i) for i in np.flatnonzero(ev.judgement.verdict[:n])}
-        return ProfileTable(profile, ev, fragments, failing, _valid_until(snap, fresh), {}, fresh)
+        return ProfileTable(profile, ev, fragments, failing, next_freshness_change(snap, now), {}, fresh)
 
     def with_heartbeats(self, snapshot: InventorySnapshot, now: float) -> Engine:
         """The engine of ``snapshot``, which is this engine's snapshot with later heartbeats.
 
         (:meth:`InventorySnapshot.with_heartbeats`.) A table whose rows are fresh exactly as when it
-        was built scores every row as before: it is kept, valid until the next fresh row's new
-        expiry. A table where a heartbeat brought a stale row back (or the clock made one stale) is
+        was built scores every row as before: it is kept, valid until the next freshness change
+        under the new heartbeats. A table where a heartbeat brought a stale row back (or the clock made one stale) is
         rebuilt from the old one on first use, re-encoding only the rows whose score moved. So a
         batch of heartbeats costs a freshness mask per profile, not a scoring pass.
         """
@@ -204,7 +206,7 @@ class Engine:
         fresh = snapshot.fresh(now)
         for name, table in self._tables.items():
             if np.array_equal(table.fresh, fresh):
-                engine._tables[name] = replace(table, valid_until=_valid_until(snapshot, fresh))
+                engine._tables[name] = replace(table, valid_until=next_freshness_change(snapshot, now))
                 engine._previous.pop(name, None)
         return engine
 
@@ -380,9 +382,3 @@ def explain_report(
     report["nodes"] = engine.explain(profile, nodes if nodes is not None else engine.all_nodes(), now)
     return report
 
-
-def _valid_until(snapshot: InventorySnapshot, fresh: NDArray[np.bool_]) -> float:
-    """The first wall-clock second at which a row fresh in ``fresh`` goes stale: ``min(heartbeat + ttl)``."""
-    n = len(snapshot)
-    expiry = (snapshot.heartbeat + snapshot.ttl)[:n][fresh[:n]]
-    return float(expiry.min()) if len(expiry) else math.inf
