@@ -334,13 +334,17 @@ class StartCase(NamedTuple):
 
 
 #: What the observer trusts (maxInventoryAge 60 s): a node is as fresh as its agent's latest heartbeat,
-#: bare ones included (as every reader of the inventory sees it); a start whose Ready precedes its
+#: bare ones included (as every reader of the inventory sees it), within 60 s of the clock either
+#: way (a report age below 0: stamped ahead by a clock that runs fast); a start whose Ready precedes its
 #: PodScheduled (skewed clocks) is discarded with its own reason, never stored as a 0 s start.
 START_CASES = [
     StartCase("a fresh whole report", 2.0, None, 30.0, 1, {}),
     StartCase("an old whole report kept fresh by bare heartbeats", 300.0, 2.0, 30.0, 1, {}),
     StartCase("an old whole report and no heartbeat since", 300.0, None, 30.0, 0, {"stale inventory": 1}),
     StartCase("a bare heartbeat older than maxInventoryAge", 300.0, 120.0, 30.0, 0, {"stale inventory": 1}),
+    StartCase("a whole report stamped ahead within maxInventoryAge", -30.0, None, 30.0, 1, {}),
+    # the agent's clock runs ahead: it was trusted however far, as if the report were brand new
+    StartCase("a whole report stamped ahead beyond maxInventoryAge", -120.0, None, 30.0, 0, {"stale inventory": 1}),
     StartCase("Ready before PodScheduled (skewed clocks)", 2.0, None, -10.0, 0, {"ready before scheduled": 1}),
     StartCase("Ready at PodScheduled", 2.0, None, 0.0, 1, {}),
 ]

@@ -19,7 +19,10 @@ import redis
 from extender import cli
 from extender.core.inventory import NodeState
 from extender.state import InventoryStore, connect
-from extender.state.commands import age, human_bytes, register, stamp_heartbeats
+from extender.state.commands import age, freshness, human_bytes, register, stamp_heartbeats
+
+#: The reader's clock of the rendering tests (unix seconds).
+NOW = 1_000_000.0
 
 VALID_YAML = """\
 apiVersion: extender.io/v1alpha1
@@ -369,3 +372,21 @@ def test_human_bytes(n: int, shown: str) -> None:
 )
 def test_age(seconds: float, shown: str) -> None:
     assert age(seconds) == shown
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "shown"),
+    [
+        pytest.param(0.0, "stale never", id="never-reported"),
+        pytest.param(NOW - 12, "fresh 12s", id="behind-within-ttl"),
+        pytest.param(NOW - 60, "fresh 60s", id="behind-exactly-at-ttl"),
+        pytest.param(NOW - 300, "stale 5m", id="behind-beyond-ttl"),
+        pytest.param(NOW + 0.4, "fresh 0s", id="ahead-by-under-a-second"),
+        pytest.param(NOW + 20, "fresh ahead 20s", id="ahead-within-ttl"),
+        pytest.param(NOW + 60, "fresh ahead 60s", id="ahead-exactly-at-ttl"),
+        # a dead agent's clock ran ahead: it used to show "fresh 0s" until ours caught up
+        pytest.param(NOW + 300, "stale ahead 5m", id="ahead-beyond-ttl"),
+    ],
+)
+def test_freshness_says_how_far_ahead_a_heartbeat_is(heartbeat: float, shown: str) -> None:
+    assert freshness(NodeState(name="n", heartbeat=heartbeat, ttl=60), NOW) == shown

@@ -12,7 +12,7 @@ from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy, parse_policy
 from extender.core.scaler import DecisionInputs, decide, horizon
 from extender.core.sharing import Claim, FleetCapacity, apply_share, claim, fleet_capacity, share
-from extender.scaler.loop import fresh_nodes
+from extender.scaler.loop import fresh_nodes, freshness
 from extender.sim.errors import ScenarioError
 from extender.sim.scenario import load_scenario
 from tests.scaler_policy import policy_text
@@ -223,3 +223,18 @@ def test_the_loop_counts_fresh_inventory_records_only() -> None:
     assert nodes == [("a10g", 4), ("h100", 8)]  # the stale record is left out; the class gives the GPUs
     got = fleet_capacity(policy, [policy.profile("llama")], nodes)
     assert got.gpus == 4 + 2 * 4  # the stale node's slot counts as headroom up to maxNodes 3
+
+
+@pytest.mark.parametrize(("heartbeat", "fresh"), [
+    pytest.param(950.0, True, id="behind-within-ttl"),
+    pytest.param(900.0, False, id="behind-beyond-ttl"),
+    pytest.param(1050.0, True, id="ahead-within-ttl"),
+    # a dead agent's clock ran ahead: it counted as fresh until the leader's clock caught up
+    pytest.param(5000.0, False, id="ahead-beyond-ttl"),
+])
+def test_the_loop_judges_freshness_within_the_ttl_either_way(heartbeat: float, fresh: bool) -> None:
+    policy = sized_policy(a10g=3)
+    record = NodeState(name="n", nodeClass="a10g", gpus=4, heartbeat=heartbeat, ttl=60)
+    snapshot = InventorySnapshot.build(policy, [record])
+    assert fresh_nodes(snapshot, 1000.0) == ([("a10g", 4)] if fresh else [])
+    assert freshness(snapshot, 1000.0) == ((1, 0) if fresh else (0, 1))  # extender_scaler_inventory_nodes

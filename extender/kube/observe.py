@@ -222,9 +222,13 @@ class StartObserver:
             return "seen late"
         if record is None:
             return "stale inventory"
-        age = max(0.0, now - record.heartbeat)
-        if record.heartbeat <= 0 or age > min(record.ttl, settings.max_inventory_age):
+        # fresh by the record's rule (|now - heartbeat| <= ttl, extender.core.inventory) with the
+        # smaller of its TTL and maxInventoryAge: a heartbeat stamped ahead of our clock by more
+        # than that is no better news than one as far behind
+        window = min(record.ttl, settings.max_inventory_age)
+        if record.heartbeat <= 0 or not record.heartbeat - window <= now <= record.heartbeat + window:
             return "stale inventory"
+        age = max(0.0, now - record.heartbeat)
         snapshot = InventorySnapshot.build(self.policy, [record], registry=registry)
         node_class = snapshot.classes[int(snapshot.class_index[0])]
         if node_class.name == UNKNOWN_CLASS.name:

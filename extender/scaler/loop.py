@@ -543,6 +543,9 @@ def unfilled_span(samples: Sequence[Sample], horizon: float, now: float, step: f
 def freshness(snapshot: InventorySnapshot, now: float) -> tuple[int, int]:
     """(fresh, stale) records among the nodes of a policy node class.
 
+    Fresh as :meth:`InventorySnapshot.fresh` says: a heartbeat within its TTL of ``now`` either
+    way, so a record stamped more than a TTL ahead (a fast clock) counts as stale.
+
     The sync records every node of the cluster, CPU and control-plane nodes included, and no agent
     runs there (the chart's DaemonSet selects GPU nodes), so their records never have an agent's
     heartbeat: counted as stale, they would keep ExtenderInventoryStale firing on a healthy

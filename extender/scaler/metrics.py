@@ -116,8 +116,8 @@ class ScalerMetrics:
                                        ["workload"], registry=r)
         self.inventory_nodes = Gauge("extender_scaler_inventory_nodes",
                                      "Nodes of a policy node class in the inventory the leader read, by freshness "
-                                     "(stale: the agent's report outlived its TTL, or none came).", ["freshness"],
-                                     registry=r)
+                                     "(stale: the agent's report outlived its TTL, is stamped more than its TTL "
+                                     "ahead of the leader's clock, or none came).", ["freshness"], registry=r)
         self._pending: dict[str, deque[_Pending]] = {}
         #: Per workload, (tick, demand) observed since the earliest window a pending forecast reads.
         self._seen: dict[str, deque[tuple[float, float]]] = {}

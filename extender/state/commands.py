@@ -189,10 +189,21 @@ def age(seconds: float) -> str:
 
 
 def freshness(node: NodeState, now: float) -> str:
-    """``fresh 12s`` / ``stale 5m`` (age of the last report), ``stale never`` without any report."""
+    """``fresh 12s`` / ``stale 5m`` (age of the last report), ``stale never`` without any report.
+
+    A heartbeat in the future (the writer's clock runs ahead of ours) says how far: ``fresh ahead
+    20s`` within the TTL, ``stale ahead 5m`` beyond it (:meth:`NodeState.fresh`: the record is then
+    cold). Less than a second ahead on a fresh record is shown as age ``0s``: clocks that agree to a
+    fraction of a second are no news.
+    """
     if node.heartbeat <= 0:
         return "stale never"
-    return f"{'fresh' if node.fresh(now) else 'stale'} {age(now - node.heartbeat)}"
+    fresh = node.fresh(now)
+    state = "fresh" if fresh else "stale"
+    behind = now - node.heartbeat
+    if behind >= 0 or (fresh and behind > -1):
+        return f"{state} {age(behind)}"
+    return f"{state} ahead {age(-behind)}"
 
 
 def render_table(nodes: Sequence[NodeState], now: float) -> str:
