@@ -645,6 +645,42 @@ def test_a_bare_heartbeat_decodes_no_record_and_brings_a_stale_node_back(
     assert engine is not None and engine.snapshot.heartbeat[engine.snapshot.positions["gpu-fast-warm"]] == now + 1
 
 
+def test_a_whole_report_replaces_a_heartbeat_stamped_ahead_also_in_a_rebuild(
+        policy_file: Path, redis_server: RedisServer, tmp_path: Path) -> None:
+    # The refresher kept every bare heartbeat read since its last full read and put them back on
+    # any rebuild, also one the store had dropped when a whole report replaced it: a heartbeat
+    # from a clock that ran an hour ahead then made the node stale ahead (cold) again after a
+    # policy change, until the next full read.
+
+    client = connect(redis_server.url, tmp_path / "unused")
+    writer = InventoryStore(client)
+    now = time.time()
+    start = [r.model_copy(update={"ttl": 60.0}) if r.name == "gpu-fast-warm" else r for r in records(now)]
+    writer.replace(start, [])
+    refresher = hand_driven_refresher(policy_file, client)
+    refresher.refresh_once(now)
+    profile = refresher.policy.profiles[0]
+
+    def fresh_and_score(t: float) -> tuple[bool, float]:
+        engine = refresher.engine
+        assert engine is not None
+        row = engine.snapshot.positions["gpu-fast-warm"]
+        return bool(engine.snapshot.fresh(t)[row]), float(engine.table(profile, t).evaluation.score[row])
+
+    fresh, warm_score = fresh_and_score(now)
+    assert fresh
+    writer.beat_many({"gpu-fast-warm": now + 3600})  # the agent's clock jumped an hour ahead
+    refresher.refresh_once(now + 1)
+    fresh, score = fresh_and_score(now + 1)
+    assert not fresh and score < warm_score  # stale ahead: cold
+    writer.put(start[0].model_copy(update={"heartbeat": now + 2}))  # set right, it writes whole
+    refresher.refresh_once(now + 2)
+    assert fresh_and_score(now + 2) == (True, warm_score)
+    refresher._policy_dirty = True  # a rebuild from the records held
+    refresher.refresh_once(now + 3)
+    assert fresh_and_score(now + 3) == (True, warm_score)
+
+
 def test_a_store_that_restarted_empty_is_read_whole_at_once(
         policy_file: Path, redis_server: RedisServer, tmp_path: Path) -> None:
     # Its change log starts again below our version: asking it for "changes since" finds nothing,

@@ -189,6 +189,11 @@ class Refresher:
                 else:  # only what was written since our version: a changed record costs one record
                     loaded, changed, registry = store.changes_since(self._version)
                     self._last_load = t
+                    # a record written whole says its own heartbeat (the store dropped the bare one,
+                    # and the record read carries any later): one kept here would outlive it in a
+                    # rebuild, as a heartbeat from a clock that ran ahead, stale ahead for good
+                    for name in changed:
+                        self._beats.pop(name, None)
                     if not self._patch(t, changed, registry, loaded):
                         self._rebuild(t, _apply(self._records, changed), registry, loaded)
                 self._rebuild_cost = time.perf_counter() - started
