@@ -285,6 +285,27 @@ def test_show_json_is_a_document_load_accepts(run: Run, loaded: str, client: red
     assert store.load_all()[:2] == (version + 1, before)
 
 
+def test_show_json_of_a_record_with_free_above_total_loads_back(run: Run, loaded: str, client: redis.Redis,
+                                                                  tmp_path: Path) -> None:
+    # Another writer stored free space above the total: show --json printed it as stored and load
+    # refused it ("nodes[2].nvmeFree: must be <= nvmeTotal"), so the backup could not be restored.
+    client.set("extender:node:gpu-3", json.dumps({"name": "gpu-3", "gpus": 4, "gpusFree": 8, "nvmeTotal": 10**12,
+                                                  "nvmeFree": 2 * 10**12, "heartbeat": 1.0}))
+    client.sadd("extender:nodes", "gpu-3")
+    code, out, err = run("inventory", "show", "--json", "--redis-url", loaded)
+    assert code == 0
+    assert "gpu-3" in err and "nvmeFree 2TB above nvmeTotal 1TB" in err  # what was cut is said
+    shown = json.loads(out)["nodes"][2]
+    assert (shown["name"], shown["gpusFree"], shown["nvmeFree"]) == ("gpu-3", 4, "1TB")
+    code, back, err = run("inventory", "load", write(tmp_path, "backup.json", out), "--replace", "--redis-url", loaded)
+    assert (code, err) == (0, ""), err
+    assert "replaced the inventory with 3 node(s)" in back
+    restored = InventoryStore(client).get("gpu-3")
+    assert restored is not None and (restored.gpus_free, restored.nvme_free) == (4, 10**12)
+    code, again, _ = run("inventory", "show", "--json", "--redis-url", loaded)
+    assert json.loads(again)["nodes"] == json.loads(out)["nodes"]  # and the restored store shows the same
+
+
 def test_show_node_json_is_the_record(run: Run, loaded: str) -> None:
     code, out, _ = run("inventory", "show", "gpu-2", "--json", "--redis-url", loaded)
     assert code == 0

@@ -290,6 +290,47 @@ def test_a_record_under_a_name_that_is_no_node_name_is_skipped_and_logged_escape
     assert all("\x1b" not in r.getMessage() and "\n" not in r.getMessage() for r in caplog.records)
 
 
+#: (stored by another writer, read as (gpusFree, nvmeFree), what the warning says or None for none)
+OVER_TOTALS = [
+    pytest.param({"gpus": 8, "gpusFree": 3, "nvmeTotal": 10**12, "nvmeFree": 10**11}, (3, 10**11), None,
+                 id="within-the-totals"),
+    pytest.param({"gpus": 8, "gpusFree": 8, "nvmeTotal": 10**12, "nvmeFree": 10**12}, (8, 10**12), None,
+                 id="exactly-the-totals"),
+    pytest.param({"nvmeTotal": 10**12, "nvmeFree": 2 * 10**12}, (0, 10**12), "nvmeFree 2TB above nvmeTotal 1TB",
+                 id="nvme-free-above-total"),
+    pytest.param({"nvmeFree": 5 * 10**9}, (0, 0), "nvmeFree 5GB above nvmeTotal 0B", id="nvme-free-without-total"),
+    pytest.param({"gpus": 4, "gpusFree": 8}, (4, 0), "gpusFree 8 above gpus 4", id="gpus-free-above-gpus"),
+    pytest.param({"gpus": 4, "gpusFree": 8, "nvmeTotal": 10**12, "nvmeFree": 2 * 10**12}, (4, 10**12),
+                 "gpusFree 8 above gpus 4 and nvmeFree 2TB above nvmeTotal 1TB", id="both"),
+]
+
+
+@pytest.mark.parametrize(("stored", "read", "warned"), OVER_TOTALS)
+def test_free_above_its_total_is_read_as_the_total(store: InventoryStore, client: redis.Redis,
+                                                     caplog: pytest.LogCaptureFixture, *, stored: dict[str, Any],
+                                                     read: tuple[int, int], warned: str | None) -> None:
+    # Nothing of ours writes such a record, but another writer can: it was served as stored (more
+    # free than the node has) and `inventory show --json` of it was refused by `inventory load`.
+    store.put(node("other"))
+    client.set("extender:node:n", json.dumps({"name": "n", "heartbeat": 1.0, **stored}))
+    client.sadd("extender:nodes", "n")
+    client.zadd("extender:inventory:changes", {"n": store.version()})  # as the store's schema asks
+    with caplog.at_level(logging.WARNING, logger="extender.state.store"):
+        got = store.get("n")
+        _, records, _ = store.load_all()
+        _, changed, _ = store.changes_since(0)
+    assert store.corrupt == {}  # served, not skipped
+    changed_n = changed["n"]
+    assert got is not None and changed_n is not None
+    for record in (got, records[0], changed_n):
+        assert record.name == "n" and (record.gpus_free, record.nvme_free) == read
+    messages = [r.getMessage() for r in caplog.records]
+    if warned is None:
+        assert messages == []
+    else:
+        assert messages == [f"inventory record of node 'n' says {warned}: read as the total"] * 3
+
+
 class NotUtf8(NamedTuple):
     write: Callable[[redis.Redis], object]
     corrupt: dict[str, str]  # what load_all lists as skipped

@@ -44,7 +44,7 @@ from extender.core.images import names_for, normalise_all
 from extender.core.k8snames import DNS_SUBDOMAIN_PATTERN
 from extender.core.policy import UNKNOWN_CLASS, NodeClass, Policy, Profile
 from extender.core.schema import Schema, Text
-from extender.core.units import Bytes, Duration
+from extender.core.units import Bytes, Duration, format_bytes
 
 #: Seconds an agent report stays valid when the record does not say (agents report every 15 s by
 #: default, so four missed reports in a row make a node unknown).
@@ -131,6 +131,27 @@ class NodeState(Schema):
         reader's cached freshness expires at (:func:`next_freshness_change`), computed the same way.
         """
         return self.heartbeat - self.ttl <= now <= self.heartbeat + self.ttl
+
+
+def within_totals(state: NodeState) -> tuple[NodeState, tuple[str, ...]]:
+    """``state`` with free GPUs and free NVMe cut to their totals, and a phrase for each value cut.
+
+    ``gpus_free <= gpus`` and ``nvme_free <= nvme_total`` hold in every record this project writes
+    (:func:`extender.core.reports.merge` cuts them, ``extender inventory load`` refuses a file that
+    breaks them), but another writer may store a record that does not. Read as stored, its node
+    would be scored with more free space than it has, and ``inventory show --json`` would print
+    what ``inventory load`` refuses, so a backup could not be restored. Readers take
+    ``free = min(free, total)`` instead, the same cut merge makes, and say what they cut.
+    """
+    cut: dict[str, Any] = {}
+    said: list[str] = []
+    if state.gpus_free > state.gpus:
+        cut["gpus_free"] = state.gpus
+        said.append(f"gpusFree {state.gpus_free} above gpus {state.gpus}")
+    if state.nvme_free > state.nvme_total:
+        cut["nvme_free"] = state.nvme_total
+        said.append(f"nvmeFree {format_bytes(state.nvme_free)} above nvmeTotal {format_bytes(state.nvme_total)}")
+    return (state.model_copy(update=cut) if cut else state), tuple(said)
 
 
 class InventoryDocument(Schema):

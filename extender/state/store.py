@@ -61,7 +61,7 @@ from pydantic import ValidationError
 from redis.client import Pipeline
 
 from extender.core.errors import InvalidValueError, OversizedRecordError, StateError
-from extender.core.inventory import MAX_RECORD_BYTES, MAX_TIMESTAMP, NodeState
+from extender.core.inventory import MAX_RECORD_BYTES, MAX_TIMESTAMP, NodeState, within_totals
 from extender.core.schema import read_stored
 from extender.state.errors import redis_errors
 
@@ -190,12 +190,20 @@ def decode(name: str, raw: str | bytes) -> NodeState:
     The size is checked before parsing, so an oversized record costs a reader nothing. Fields this
     release does not know (a newer one wrote the record, during a rolling upgrade or after a
     rollback) are ignored, not a reason to skip the node (:func:`extender.core.schema.read_stored`).
+    Free GPUs or free NVMe above their totals (stored by another writer) are read as the totals,
+    with a warning (:func:`extender.core.inventory.within_totals`): every reader then serves and
+    shows the same record, and ``inventory show --json`` stays loadable.
     """
     if len(raw) > MAX_RECORD_BYTES:
         raise InvalidValueError(f"record is {len(raw)} bytes, larger than the {MAX_RECORD_BYTES} byte limit")
     state = read_stored(NodeState, raw)
     if state.name != name:
         raise InvalidValueError(f"record is stored under node {name!r} but names node {state.name!r}")
+    state, cut = within_totals(state)
+    if cut:
+        # %r: a node name is whatever a writer stored (line feeds, escapes)
+        log.warning("inventory record of node %r says %s: read as the total", name, " and ".join(cut),
+                    extra={"node": name})
     return state
 
 
