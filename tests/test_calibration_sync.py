@@ -205,8 +205,11 @@ def test_starts_from_stale_inventory_are_discarded(client: Any, age: float, ttl:
                           started_at=now, ready_at=now + 30))
     observer.flush(InventoryStore(client), store)
     stored = store.read()
-    heartbeat_age = now - (now - age)  # as stored: unix seconds lose the last bits of a small age
-    trusted = agent and heartbeat_age <= min(ttl, max_age)
+    # the freshness window of every reader (heartbeat - w <= now <= heartbeat + w, w the smaller of
+    # the TTL and maxInventoryAge), on the heartbeat as stored: unix seconds lose the last bits of
+    # a small age, so at the bound only the window's own arithmetic says which side it falls
+    beat, window = now - age, min(ttl, max_age)
+    trusted = agent and beat - window <= now <= beat + window
     assert len(stored.observations) == (1 if trusted else 0)
     assert heard == list(stored.observations)
     assert stored.discarded == ({} if trusted else {"stale inventory": 1})
