@@ -785,8 +785,9 @@ class Calibration(Schema):
     window: Int = Field(default=200, ge=1, le=10_000)
     #: Observations older than this are dropped.
     max_age: Annotated[Duration, Field(gt=0)] = 7 * 86_400.0
-    #: A start is observed only if the node's inventory record was younger than this (and than its
-    #: TTL) when the pod was scheduled: older news may not be what the pod found.
+    #: A start is observed only if the node's inventory record was within this (and its TTL) of the
+    #: sync's clock, either way, when the pod was scheduled: older news may not be what the pod found,
+    #: and a heartbeat stamped further ahead comes from a clock that cannot be trusted.
     max_inventory_age: Annotated[Duration, Field(gt=0)] = 60.0
     #: The sync must see the new pod within this of its PodScheduled time (else it may have changed
     #: the node's caches before they were read).

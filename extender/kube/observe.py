@@ -8,8 +8,9 @@ compile cache, snapshot, bytes in flight) and, when the pod turns Ready, stores 
 
 A start is *not* recorded (and counted by reason in ``<p>:calibration:discarded``) when:
 
-* ``stale inventory``: the node's record was older than ``calibration.maxInventoryAge`` or its own
-  TTL when read (a silent agent: the record is not what the pod found), or the node has none;
+* ``stale inventory``: the node's heartbeat was further than ``calibration.maxInventoryAge`` or its
+  own TTL from the sync's clock when read, behind (a silent agent: the record is not what the pod
+  found) or ahead (a clock that cannot be trusted), or the node has none;
 * ``seen late``: the sync first saw the pod more than ``calibration.captureWithin`` after its
   ``PodScheduled`` time (the sync was restarting or lagging: the pod may already have changed its
   node's caches), or the pod has no ``PodScheduled`` time;
