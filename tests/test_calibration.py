@@ -23,6 +23,7 @@ from extender.core.calibration import (
     WARM,
     Fit,
     Observation,
+    PolicyValues,
     apply_calibration,
     box_ridge,
     cache_state,
@@ -34,7 +35,7 @@ from extender.core.calibration import (
 )
 from extender.core.errors import PolicyError
 from extender.core.estimate import STATES, CacheState, breakdown, estimate
-from extender.core.policy import Policy, parse_policy
+from extender.core.policy import Policy, cross_check, parse_policy
 from extender.files import load_policy
 from tests.calibration_world import STARTS, factors, round_robin, starts, true_seconds, world
 
@@ -301,6 +302,34 @@ def test_the_applied_fit_is_a_per_class_override_built_on_existing_ones() -> Non
     assert override.graph_capture == pytest.approx(17 * fit.factor("engine"))
     assert override.image_pull is None  # factor 1: nothing written
     assert policy.profile(WORKLOAD).overrides[CLASS].engine_init == 40.0  # the base policy is untouched
+
+
+#: (row, factors) whose compile values cross: the warm compile fitted above the cold one, each factor
+#: within its bounds, or the cold one fitted below the policy's warm compile
+CROSSED = [
+    pytest.param({"compileWarm": 4.0, "compileCold": 0.25}, id="warm-up-cold-down"),
+    pytest.param({"compileCold": 0.05}, id="cold-alone-below-the-warm"),
+    pytest.param({"compileWarm": 0.5, "compileCold": 0.03}, id="both-down-cold-further"),
+    pytest.param({"compileWarm": 2.0}, id="warm-up-within-the-cold"),
+]
+
+
+@pytest.mark.parametrize("moved", CROSSED)
+def test_an_applied_fit_never_makes_a_warm_compile_slower_than_a_cold_one(moved: dict[str, float]) -> None:
+    # the override said warm > cold: the estimator cut it silently, `calibrate show` printed the uncut
+    # value, and the override copied into a policy failed `policy check`
+    policy = load_policy(ROOT / "policies/eks-p5-qwen3-moe.yaml")
+    m = factors(**moved)
+    fit = Fit(WORKLOAD, CLASS, 9, tuple(m), (0.0,) * 7, (0.05,) * 7, (4.0,) * 7, 0, 0, 0, 0, True)
+    applied = apply_calibration(policy, [fit])
+    assert cross_check(applied) == []
+    override = applied.profile(WORKLOAD).overrides[CLASS]
+    base = PolicyValues.of(policy.profile(WORKLOAD), policy.node_class(CLASS))
+    shown = base.scaled(m)
+    cold = override.compile_cold if override.compile_cold is not None else base.compile_cold_s
+    warm = override.compile_warm if override.compile_warm is not None else base.compile_warm_s
+    assert (cold, warm) == pytest.approx((shown.compile_cold_s, shown.compile_warm_s))
+    assert warm == pytest.approx(min(base.compile_warm_s * m[WARM], base.compile_cold_s * m[COLD]))
 
 
 def test_estimate_errors_compare_the_estimate_with_the_duration() -> None:

@@ -452,10 +452,16 @@ class PolicyValues:
                    float(t.compile_warm_s[0]), float(t.graph_s[0]), float(t.init_s[0]), float(t.restore_s[0]))
 
     def scaled(self, factors: Sequence[float]) -> PolicyValues:
-        """The values with each parameter's seconds multiplied by its factor (bandwidths divided)."""
+        """The values with each parameter's seconds multiplied by its factor (bandwidths divided).
+
+        The warm compile is at most the cold one, ``min(warm x m_warm, cold x m_cold)``, as the
+        estimator reads it (:class:`~extender.core.estimate.ClassTable`) and as a policy must say
+        it: factors each within their bounds (compileWarm x4, compileCold x0.25) can cross them.
+        """
         f = factors
+        cold = self.compile_cold_s * f[COLD]
         return PolicyValues(self.image_pull_bps / f[IMAGE], self.remote_bps / f[REMOTE], self.local_bps / f[LOCAL],
-                            self.compile_cold_s * f[COLD], self.compile_warm_s * f[WARM], self.graph_s * f[ENGINE],
+                            cold, min(self.compile_warm_s * f[WARM], cold), self.graph_s * f[ENGINE],
                             self.init_s * f[ENGINE], self.restore_s * f[RESTORE])
 
     def value(self, j: int) -> float:
@@ -490,7 +496,7 @@ def _override(profile: Profile, node_class: NodeClass, factors: Sequence[float])
         update["nvme_read"] = new.local_bps  # = nvme_bps / m: local_bps is the NVMe read here
     if moved(COLD):
         update["compile_cold"] = new.compile_cold_s
-    if moved(WARM):
+    if moved(WARM) or new.compile_warm_s != base.compile_warm_s:  # a cold compile fitted below it cuts it
         update["compile_warm"] = new.compile_warm_s
     if moved(ENGINE):
         update["graph_capture"] = new.graph_s
