@@ -499,6 +499,23 @@ def test_a_registered_taint_is_released_when_taint_until_warm_is_off(double: Kub
     assert report.untainted == ["gpu-registered"] and taints_of(double, "gpu-registered") == []
 
 
+@pytest.mark.parametrize(("taint_until_warm", "errors"), [
+    pytest.param(False, 0, id="off-a-forbidden-list-ends-the-search"),
+    pytest.param(True, 2, id="on-a-forbidden-list-is-an-error-each-tick"),
+])
+def test_a_warmer_not_granted_the_node_list(double: KubeDouble, kube: KubeClient, taint_until_warm: bool,
+                                           errors: int) -> None:
+    # the chart's warmer.taintNodes: false grants no Node API ("the warmer then calls no Node API"),
+    # yet the start-up list for old taints was a 403, a warning and an error count at every tick
+    policy = load(**TAINTING) if taint_until_warm else load(keepWarm=["llm"])
+    double.fail("list", "nodes", 403, times=100)
+    loop = WarmLoop(policy, None, kube)
+    now = time.time()
+    reports = [loop.tick(now + i, snapshot=snap(policy, now + i)) for i in range(2)]
+    assert sum(len([e for e in r.errors if "node taints" in e]) for r in reports) == errors
+    assert double.count("list", "nodes") == (1 if not taint_until_warm else 2)
+
+
 class Left(NamedTuple):
     id: str
     node_exists: bool  # the API server still has the node the inventory no longer lists

@@ -144,9 +144,7 @@ class NodeTainter:
             return run.changes  # nothing of ours on any node, nothing to put
         try:
             if not self._listed:
-                for node in self.kube.listing("nodes"):  # page by page: only names and taints are kept
-                    self._first_sight(run, node, tainting=tainting)
-                self._listed = True
+                self._list_nodes(run, tainting=tainting)
             for record in snapshot.nodes if tainting else ():
                 if record.name not in self.seen:
                     try:
@@ -166,6 +164,24 @@ class NodeTainter:
                         extra={"error": str(exc), "retry_in_s": wait})
         self.metrics.tainted.set(len(self.tracked))
         return run.changes
+
+    def _list_nodes(self, run: _Pass, *, tainting: bool) -> None:
+        """The start-up list of every Node, for the taints a warmer put before (page by page: only
+        names and taints are kept).
+
+        Without ``taintUntilWarm`` the list only looks for taints left from when it was on, and a
+        warmer not granted the list (the chart's ``warmer.taintNodes: false``) can have left none: a
+        403 then ends the search, where retried it was a warning and an error count every tick.
+        """
+        try:
+            for node in self.kube.listing("nodes"):
+                self._first_sight(run, node, tainting=tainting)
+        except KubeApiError as exc:
+            if tainting or exc.status != 403:
+                raise
+            log.info("node taints: not allowed to list Nodes (%s); taintUntilWarm is off, so no taint of "
+                     "ours is looked for", exc, extra={"error": str(exc)})
+        self._listed = True
 
     def _first_sight(self, run: _Pass, node: JSON, *, tainting: bool) -> None:
         meta = node.get("metadata") or {}
