@@ -210,7 +210,7 @@ def _default_text(schema: dict[str, Any], required: bool) -> str:
     value = schema["default"]
     if value is None:
         return "unset"
-    if isinstance(value, dict) and value:
+    if isinstance(value, dict) and value and any(_refs(schema)):  # a section's defaults are listed there
         return "see its section"
     return f"`{json.dumps(value, ensure_ascii=False)}`"
 

@@ -143,3 +143,11 @@ def test_every_field_has_a_meaning_and_defaults_read_as_written() -> None:
     scaling = schema["$defs"]["Scaling"]["properties"]
     assert (scaling["tick"]["default"], scaling["season"]["default"]) == ("15s", "1d")
     assert schema["$defs"]["Nvme"]["properties"]["readBandwidth"]["default"] == "7GB/s"
+
+
+def test_a_default_is_shown_unless_its_section_lists_it() -> None:
+    # a map's default (a warm Job's requests and limits) read "see its section", and no section gave it
+    reference = reference_markdown()
+    for row in (line for line in reference.splitlines() if "| see its section |" in line):
+        assert "](#" in row.split("|")[2] and "](#units)" not in row.split("|")[2], row
+    assert '| `{"cpu": "100m", "memory": "256Mi"}` |' in reference
