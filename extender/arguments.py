@@ -257,6 +257,9 @@ FlagCheck = Callable[[argparse.Namespace, Mapping[str, str]], "str | None"]
 
 #: Where a subcommand's parser keeps its :data:`FlagCheck` (``set_defaults(flag_check=...)``).
 FLAG_CHECK = "flag_check"
+#: Set true (``set_defaults``) by a short action of a long-running command (``scale explain``): it
+#: logs at WARNING by default, as every short command does, not at its command's INFO.
+SHORT_ACTION = "short_action"
 
 
 def flag_problem(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> str | None:

@@ -19,6 +19,7 @@ import yaml
 from extender import __version__
 from extender.arguments import (
     FLAG_CHECK,
+    SHORT_ACTION,
     add_logging_options,
     add_store_options,
     deprecated_flags,
@@ -193,10 +194,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def default_level(args: argparse.Namespace) -> str:
+    """The log level without ``--log-level``: ``info`` for :data:`INFO_BY_DEFAULT` (but a short action
+    of one, :data:`~extender.arguments.SHORT_ACTION`), ``warning`` for the rest."""
+    return "info" if args.command in INFO_BY_DEFAULT and not getattr(args, SHORT_ACTION, False) else "warning"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``extender`` console script."""
     args = build_parser().parse_args(argv)
-    level = getattr(args, "log_level", None) or ("info" if args.command in INFO_BY_DEFAULT else "warning")
+    level = getattr(args, "log_level", None) or default_level(args)
     setup_logging(level, getattr(args, "log_format", "text"))
     for old, new in deprecated_flags(args):
         report(f"extender: {old} is deprecated; use {new}", level=logging.WARNING, flag=old, replacement=new)

@@ -471,3 +471,16 @@ def test_a_kubeconfig_that_cannot_be_used_is_one_line(command: list[str], case: 
     err = capsys.readouterr().err
     assert err.startswith("extender: loading the Kubernetes client configuration: ") and case.words in err, err
     assert str(kubeconfig) in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(("argv", "level"), [
+    pytest.param(["serve", "--policy", "p.yaml"], "info", id="serve-runs-until-stopped"),
+    pytest.param(["scale"], "info", id="scale-loop"),
+    pytest.param(["simulate", "s.yaml"], "info", id="simulate-reports-its-demand-at-info"),
+    # it logged "starting embedded Redis" at info, the scale loop's level, where short commands warn
+    pytest.param(["scale", "explain", "llm"], "warning", id="scale-explain-is-short"),
+    pytest.param(["policy", "check", "p.yaml"], "warning", id="policy-check"),
+    pytest.param(["inventory", "show"], "warning", id="inventory-show"),
+])
+def test_the_default_log_level(argv: list[str], level: str) -> None:
+    assert cli.default_level(cli.build_parser().parse_args(argv)) == level

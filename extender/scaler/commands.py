@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from extender.arguments import (
     FLAG_CHECK,
+    SHORT_ACTION,
     add_kube_options,
     add_renamed,
     add_store_options,
@@ -134,7 +135,7 @@ def register(subparsers: Any) -> None:
     explain.add_argument("--redis-url", type=redis_url, default=argparse.SUPPRESS, metavar="URL", help="as for scale")
     explain.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR", help="as for scale")
     explain.add_argument("--prefix", default=argparse.SUPPRESS, metavar="PREFIX", help="as for scale")
-    explain.set_defaults(handler=_explain, **{FLAG_CHECK: None})
+    explain.set_defaults(handler=_explain, **{FLAG_CHECK: None, SHORT_ACTION: True})
 
 
 # ---- helpers -------------------------------------------------------------------------------------
