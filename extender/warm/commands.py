@@ -36,6 +36,7 @@ from extender.arguments import (
     prefix_from_args,
 )
 from extender.core.cachekey import KEY_PATTERN
+from extender.core.caches import NVME_KINDS
 from extender.core.errors import ExtenderError, UnitError
 from extender.core.policy import WarmRetry
 from extender.core.units import format_bytes, format_duration, parse_duration
@@ -79,10 +80,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     s.add_argument("--json", action="store_true", help="print the Jobs as JSON")
     s.set_defaults(handler=run_status)
 
+    ids = ", ".join(f"{k.kind}:{'/'.join(p.upper() for p in k.parts)}" for k in NVME_KINDS)
     pre = sub.add_parser("prepare", help="(inside a warm Job) evict, then create or resume the staging directory")
     pre.add_argument("--root", required=True, type=Path, metavar="DIR", help="the node's cache root")
     pre.add_argument("--cache", required=True, metavar="ID",
-                     help="the cache entry to prepare (weights:W/V, compile:KEY, snapshot:W)")
+                     help=f"the cache entry to prepare ({ids})")
     pre.add_argument("--evict", action="append", default=[], metavar="ID",
                      help="a cache to delete first to make room (repeatable)")
     pre.add_argument("--abandoned-after", type=abandoned_after,
