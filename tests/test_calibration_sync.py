@@ -376,3 +376,83 @@ def test_what_a_start_found_and_when_it_was_ready_decide_whether_it_is_recorded(
     assert len(stored.observations) == case.recorded and stored.discarded == case.discarded
     assert [o.total_s for o in stored.observations] == [case.duration_s] * case.recorded
     assert not observer.pending()
+
+
+# ---- a pod's life between the writer's passes ---------------------------------------------------------
+
+#: What the view hands the observer: a pod as seen (``PodFacts``), or ``str``: the pod of that key gone.
+Event = PodFacts | str
+T = 1.8e9  # the observer's clock
+POD = "serving/web-0"
+
+
+def seen(uid: str, where: str, *, ready: float | None = None) -> PodFacts:
+    """The pod ``POD`` (a StatefulSet's: one name, a new uid each time it is created) as the view sees it."""
+    return PodFacts(POD, where, 1, WORKLOAD, "running" if ready is not None else "starting", uid=uid,
+                    scheduled_at=T - 2, started_at=T - 1 if ready is not None else None, ready_at=ready)
+
+
+class LifeCase(NamedTuple):
+    id: str
+    #: Events before the writer's first pass, while it reads the nodes of new starts (the view's thread
+    #: runs meanwhile), and before its second pass.
+    before: list[Event]
+    during_read: list[Event]
+    after: list[Event]
+    #: (node, weights bytes found there, seconds to Ready) of each recorded start of ``POD``.
+    recorded: list[tuple[str, float, float]]
+    discarded: dict[str, int]
+
+
+FULL = float(SUGGEST.profile(WORKLOAD).weights.bytes)
+#: n1 holds the workload's weights, n2 nothing; both records are fresh.
+LIFE_CASES = [
+    LifeCase("Ready before the first pass", [seen("u1", "n1"), seen("u1", "n1", ready=T + 40)], [], [],
+             [("n1", FULL, 42.0)], {}),
+    LifeCase("deleted before Ready", [seen("u1", "n1")], [], [POD], [], {"deleted before ready": 1}),
+    LifeCase("replaced under its name before Ready", [seen("u1", "n1")], [], [seen("u2", "n2")], [],
+             {"deleted before ready": 1}),
+    # the first node's record, read for the pod that went, was once given to the pod that replaced it
+    LifeCase("replaced on another node while its first node was read", [seen("u1", "n1")],
+             [POD, seen("u2", "n2")], [seen("u2", "n2", ready=T + 40)], [("n2", 0.0, 42.0)],
+             {"deleted before ready": 1}),
+]
+
+
+@pytest.mark.parametrize("case", LIFE_CASES, ids=[c.id for c in LIFE_CASES])
+def test_what_a_pods_life_between_two_passes_records(client: Any, case: LifeCase,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import extender.kube.observe as observe_module
+
+    client.flushdb()
+    sources = SourceStore(InventoryStore(client))
+    sources.report_kube({n: node_report() for n in ("n1", "n2")})
+    held = {weights_key(WORKLOAD, SUGGEST.profile(WORKLOAD).weights.version): int(FULL)}
+    sources.report_agent("n1", AgentReport(weights=held, heartbeat=T - 1, ttl=600, images=VLLM))
+    sources.report_agent("n2", AgentReport(heartbeat=T - 1, ttl=600, images=VLLM))
+    observer = StartObserver(SUGGEST, clock=lambda: T)
+    store = ObservationStore(client)
+
+    def play(events: list[Event]) -> None:
+        for event in events:
+            observer.gone(event) if isinstance(event, str) else observer.pod(event)
+
+    from extender.state.observations import read_nodes as real_read
+    meanwhile = list(case.during_read)
+
+    def read_while_the_view_moves(inventory: InventoryStore, names: Any) -> Any:
+        read = real_read(inventory, names)
+        play(meanwhile)
+        meanwhile.clear()
+        return read
+
+    monkeypatch.setattr(observe_module, "read_nodes", read_while_the_view_moves)
+    play(case.before)
+    observer.flush(InventoryStore(client), store)
+    play(case.after)
+    observer.flush(InventoryStore(client), store)
+    observer.flush(InventoryStore(client), store)
+    stored = store.read()
+    assert [(o.pod, o.node, o.weights_bytes, o.total_s) for o in stored.observations] == \
+        [(POD, *start) for start in case.recorded]
+    assert stored.discarded == case.discarded

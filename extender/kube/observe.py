@@ -163,15 +163,15 @@ class StartObserver:
         now = self.clock()
         with self._lock:
             to_read = [s for s in self._starts.values() if s.found is None]
-        found: dict[str, dict[str, Any] | str] = {}
+        found: list[tuple[_Start, dict[str, Any] | str]] = []
         if to_read:
             records, registry = read_nodes(inventory, {s.node for s in to_read})
-            for s in to_read:
-                found[s.key] = self._found(s, records.get(s.node), registry, now)
+            found = [(s, self._found(s, records.get(s.node), registry, now)) for s in to_read]
         with self._lock:
-            for key, result in found.items():
-                start = self._starts.get(key)
-                if start is None:
+            for start, result in found:
+                # the start read for, not whatever the name holds now: a pod replaced under its name
+                # meanwhile (a StatefulSet's, maybe on another node) is a new start, its node not read yet
+                if self._starts.get(start.key) is not start:
                     continue
                 if isinstance(result, str):
                     self._discard(start, result)
