@@ -20,6 +20,8 @@ A start is *not* recorded (and counted by reason in ``<p>:calibration:discarded`
   skewed between the control plane's components): its duration cannot be known.
 
 A pod first seen already Ready (the sync restarted) is not a start this sync saw, and is ignored.
+A start that turned Ready is recorded even when its pod is deleted, or replaced under its name by a
+new pod (a StatefulSet's), before the writer's next pass.
 The pending starts live in memory: a restart of the sync loses the ones in flight.
 
 The view (:class:`extender.kube.sync.ClusterView`) calls :meth:`StartObserver.pod` and
@@ -80,6 +82,9 @@ class StartObserver:
     #: Pods (key -> uid) already recorded, discarded or first seen Ready: a later readiness flap
     #: or a repeated event is not a new start.
     _known: dict[str, str] = field(default_factory=dict, repr=False)
+    #: Ready starts whose pod went away (deleted, or replaced under its name by a new pod) before the
+    #: writer recorded them: still recorded, and no longer in ``_starts``, which follows the name.
+    _finished: list[_Start] = field(default_factory=list, repr=False)
     _discarded: dict[str, int] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     #: Observations recorded so far (tests and logs read it).
@@ -101,7 +106,7 @@ class StartObserver:
         with self._lock:
             start = self._starts.get(facts.key)
             if start is not None and start.uid != facts.uid:  # same name, new pod: the old one is gone
-                self._discard(start, "deleted before ready", remember=False)
+                self._end(start)
                 start = None
             if facts.key in self._known and self._known[facts.key] != facts.uid:
                 del self._known[facts.key]
@@ -109,7 +114,7 @@ class StartObserver:
                 if facts.key in self._known or facts.state != "starting":
                     self._known[facts.key] = facts.uid
                     return
-                if len(self._starts) >= MAX_PENDING:
+                if len(self._starts) + len(self._finished) >= MAX_PENDING:
                     self._count("too many pending")
                     return
                 start = _Start(facts.key, facts.uid, facts.workload, facts.node, facts.scheduled_at, self.clock())
@@ -127,8 +132,8 @@ class StartObserver:
         with self._lock:
             self._known.pop(key, None)
             start = self._starts.get(key)
-            if start is not None and start.ready_at is None:  # once Ready, the writer records it
-                self._discard(start, "deleted before ready", remember=False)
+            if start is not None:
+                self._end(start)
 
     def keep_only(self, keys: set[str]) -> None:
         """After a relist: pods not listed are gone."""
@@ -140,13 +145,34 @@ class StartObserver:
     def pending(self) -> bool:
         """True when the writer has something to read or record."""
         with self._lock:
-            return bool(self._discarded) or any(s.found is None or s.ready_at is not None
-                                                for s in self._starts.values())
+            return bool(self._discarded) or any(s.found is None or s.ready_at is not None for s in self._all())
+
+    def _all(self) -> list[_Start]:
+        return [*self._starts.values(), *self._finished]
+
+    def _follows(self, start: _Start) -> bool:
+        """Is ``start`` still followed (not recorded, discarded or replaced by a pod's new start)?"""
+        return self._starts.get(start.key) is start or any(f is start for f in self._finished)
+
+    def _end(self, start: _Start) -> None:
+        """The pod of a followed start is gone: before Ready it is discarded; once Ready the writer records it."""
+        if start.ready_at is None:
+            self._discard(start, "deleted before ready", remember=False)
+        else:
+            del self._starts[start.key]
+            self._finished.append(start)
+
+    def _drop(self, start: _Start, *, remember: bool) -> None:
+        """Stop following ``start``; ``remember``: its pod, if still there, is no new start."""
+        if self._starts.get(start.key) is start:
+            del self._starts[start.key]
+            if remember:
+                self._known[start.key] = start.uid
+        else:  # its pod went away: nothing to remember
+            self._finished = [f for f in self._finished if f is not start]
 
     def _discard(self, start: _Start, reason: str, *, remember: bool = True) -> None:
-        self._starts.pop(start.key, None)
-        if remember:
-            self._known[start.key] = start.uid
+        self._drop(start, remember=remember)
         self._count(reason)
 
     def _count(self, reason: str) -> None:
@@ -162,7 +188,7 @@ class StartObserver:
         """
         now = self.clock()
         with self._lock:
-            to_read = [s for s in self._starts.values() if s.found is None]
+            to_read = [s for s in self._all() if s.found is None]
         found: list[tuple[_Start, dict[str, Any] | str]] = []
         if to_read:
             records, registry = read_nodes(inventory, {s.node for s in to_read})
@@ -171,13 +197,13 @@ class StartObserver:
             for start, result in found:
                 # the start read for, not whatever the name holds now: a pod replaced under its name
                 # meanwhile (a StatefulSet's, maybe on another node) is a new start, its node not read yet
-                if self._starts.get(start.key) is not start:
+                if not self._follows(start):
                     continue
                 if isinstance(result, str):
                     self._discard(start, result)
                 else:
                     start.found = result
-            done = [s for s in self._starts.values() if s.found is not None and s.ready_at is not None]
+            done = [s for s in self._all() if s.found is not None and s.ready_at is not None]
             discarded = dict(self._discarded)
         observations: list[Observation] = []
         for s in done:
@@ -197,9 +223,7 @@ class StartObserver:
             store.append(observations, discarded, now=now)
         with self._lock:
             for s in done:
-                if self._starts.get(s.key) is s:
-                    del self._starts[s.key]
-                    self._known[s.key] = s.uid
+                self._drop(s, remember=True)
             for reason, count in discarded.items():
                 left = self._discarded.get(reason, 0) - count
                 if left > 0:
