@@ -402,8 +402,12 @@ class LifeCase(NamedTuple):
     #: (node, weights bytes found there, seconds to Ready) of each recorded start of ``POD``.
     recorded: list[tuple[str, float, float]]
     discarded: dict[str, int]
+    #: Starts followed at once, at most (``observe.MAX_PENDING``), when not the default.
+    max_pending: int | None = None
 
 
+#: Another pod starting, on n1.
+OTHER = PodFacts("serving/other-0", "n1", 1, WORKLOAD, "starting", uid="o1", scheduled_at=T - 2)
 FULL = float(SUGGEST.profile(WORKLOAD).weights.bytes)
 #: n1 holds the workload's weights, n2 nothing; both records are fresh.
 LIFE_CASES = [
@@ -425,6 +429,10 @@ LIFE_CASES = [
     LifeCase("Ready, replaced, and the replacement Ready too before the second pass", [seen("u1", "n1")], [],
              [seen("u1", "n1", ready=T + 40), seen("u2", "n2"), seen("u2", "n2", ready=T + 60)],
              [("n1", FULL, 42.0), ("n2", 0.0, 62.0)], {}),
+    # each status update of a pod not followed for want of room counted it again
+    LifeCase("a start over the pending bound, its pod updated three times, then Ready",
+             [OTHER, seen("u1", "n1"), seen("u1", "n1"), seen("u1", "n1")], [], [seen("u1", "n1", ready=T + 40)],
+             [], {"too many pending": 1}, max_pending=1),
     # the first node's record, read for the pod that went, was once given to the pod that replaced it
     LifeCase("replaced on another node while its first node was read", [seen("u1", "n1")],
              [POD, seen("u2", "n2")], [seen("u2", "n2", ready=T + 40)], [("n2", 0.0, 42.0)],
@@ -460,6 +468,8 @@ def test_what_a_pods_life_between_two_passes_records(client: Any, case: LifeCase
         return read
 
     monkeypatch.setattr(observe_module, "read_nodes", read_while_the_view_moves)
+    if case.max_pending is not None:
+        monkeypatch.setattr(observe_module, "MAX_PENDING", case.max_pending)
     play(case.before)
     observer.flush(InventoryStore(client), store)
     play(case.after)

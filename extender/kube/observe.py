@@ -17,7 +17,10 @@ A start is *not* recorded (and counted by reason in ``<p>:calibration:discarded`
 * ``unknown node class``: no policy class matches the node;
 * ``deleted before ready``: the pod went away (or failed) before Ready;
 * ``ready before scheduled``: the pod's ``Ready`` time precedes its ``PodScheduled`` time (clocks
-  skewed between the control plane's components): its duration cannot be known.
+  skewed between the control plane's components): its duration cannot be known;
+* ``too many pending``: :data:`MAX_PENDING` starts are followed already; the pod is not followed
+  (counted once, not at each of its updates);
+* ``unreadable``: the start does not make a valid observation (a time outside what one holds).
 
 A pod first seen already Ready (the sync restarted) is not a start this sync saw, and is ignored.
 A start that turned Ready is recorded even when its pod is deleted, or replaced under its name by a
@@ -115,6 +118,7 @@ class StartObserver:
                     self._known[facts.key] = facts.uid
                     return
                 if len(self._starts) + len(self._finished) >= MAX_PENDING:
+                    self._known[facts.key] = facts.uid  # counted once: its next updates are no new start
                     self._count("too many pending")
                     return
                 start = _Start(facts.key, facts.uid, facts.workload, facts.node, facts.scheduled_at, self.clock())
