@@ -434,6 +434,15 @@ def vllm_started(root: Path) -> None:
     (rank / "triton_cache").mkdir()
 
 
+def vllm_compiled_unprefixed(root: Path, *, finished: bool = True) -> None:
+    """Releases before the per-prefix directory (v0.8 among them): vLLM's files straight in the rank directory."""
+    rank = root / "torch_compile_cache" / HASH / "rank_0_0"
+    sparse(rank / "computation_graph.py", 40000)
+    sparse(rank / "inductor_cache" / "fxgraph" / "ab" / "entry", 5000)
+    if finished:
+        sparse(rank / "vllm_compile_cache.py", 1200)
+
+
 def vllm_aot(root: Path, *, nested: bool = True) -> None:
     base = root / "torch_compile_cache" / "torch_aot_compile" if nested else root / "torch_aot_compile"
     sparse(base / ("b" * 64) / "rank_0_0" / "model", 80000)
@@ -470,6 +479,10 @@ COMPILE_CASES: dict[str, tuple[Callable[[Path], None], bool]] = {
     "vllm-root-is-key": (lambda r: vllm_compiled(key_dir(r)), True),
     "vllm-beside-inductor": (beside_inductor(vllm_compiled), True),
     "vllm-compile-died": (lambda r: vllm_started(key_dir(r) / "vllm"), False),
+    # the index straight in the rank directory was never looked for: a finished compile counted as none
+    "vllm-index-in-rank-dir-earlier-release": (lambda r: vllm_compiled_unprefixed(key_dir(r) / "vllm"), True),
+    "vllm-compile-died-earlier-release": (
+        lambda r: vllm_compiled_unprefixed(key_dir(r) / "vllm", finished=False), False),
     # vLLM's tree decides: the Inductor file beside it is what the dead compile left too
     "vllm-compile-died-beside-inductor": (beside_inductor(vllm_started), False),
     "vllm-empty-index": (empty_index, False),

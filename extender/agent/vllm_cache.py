@@ -16,6 +16,9 @@ What vLLM writes under ``VLLM_CACHE_ROOT`` (default ``~/.cache/vllm``, or ``$XDG
         cache_key_factors.json, computation_graph.py       written before compiling starts
         vllm_compile_cache.py                              the index of compiled graphs, written after
         ...                                                artifacts of the standalone compiler
+    torch_compile_cache/<hash>/rank_<r>_<dp>/vllm_compile_cache.py
+                                                           earlier releases (v0.8 among them): the
+                                                           same files, without the <prefix>/ level
     torch_compile_cache/<hash>/rank_<r>_<dp>/inductor_cache/, triton_cache/
                                                            Inductor's and Triton's caches, redirected
                                                            there (vllm/compilation/compiler_interface.py)
@@ -95,7 +98,8 @@ def compiled(vllm_root: str, on_error: OnError) -> bool:
         if os.path.basename(hash_dir) == AOT_TREE:
             continue
         for rank in _ranks(hash_dir, on_error):
-            if any(_nonempty_file(os.path.join(p, INDEX_FILE)) for p in _subdirs(rank, on_error)):
+            # <prefix>/ below the rank directory; earlier releases put the index in the rank directory
+            if any(_nonempty_file(os.path.join(p, INDEX_FILE)) for p in (rank, *_subdirs(rank, on_error))):
                 return True
     for aot in (os.path.join(tree, AOT_TREE), os.path.join(vllm_root, AOT_TREE)):
         for hash_dir in _subdirs(aot, on_error):
