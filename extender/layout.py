@@ -218,8 +218,9 @@ def finish_from_disk(directory: Path, *, source: str = "", dir_fd: int | None = 
     Each file's size is its own (``lstat``): nothing is followed. A symbolic link anywhere below (to a
     file, to a directory, dangling) or a special file (FIFO, socket, device) raises
     :class:`LayoutError` naming it, before anything is written: the agent would not count it (see
-    the module docstring). Our own files at the top (:func:`is_metadata`) are neither listed nor
-    checked: the writes replace whatever is at their names, a link itself.
+    the module docstring). So does a file whose path is not UTF-8: a manifest (JSON text) cannot
+    list it. Our own files at the top (:func:`is_metadata`) are neither listed nor checked: the
+    writes replace whatever is at their names, a link itself.
 
     ``dir_fd``: ``directory`` already open (the walk and the writes then go through it, and the path
     only names it in messages); otherwise it is opened once here, so the walk and the writes act on
@@ -243,6 +244,9 @@ def finish_from_disk(directory: Path, *, source: str = "", dir_fd: int | None = 
             rel = os.path.normpath(os.path.join(dirpath, name))
             if is_metadata(rel):  # ours: replaced by the writes below, whatever is there (a link: itself)
                 continue
+            if not _is_text(rel):
+                raise _not_sealable(directory, rel, "is not a UTF-8 name",
+                                    "a manifest is JSON text and cannot list it; rename it")
             st = os.stat(name, dir_fd=walked_fd, follow_symlinks=False)
             if not stat.S_ISREG(st.st_mode):
                 raise _not_sealable(directory, rel, "is a symbolic link" if stat.S_ISLNK(st.st_mode)
@@ -253,6 +257,20 @@ def finish_from_disk(directory: Path, *, source: str = "", dir_fd: int | None = 
     return manifest
 
 
-def _not_sealable(directory: Path, rel: str, what: str) -> LayoutError:
-    return LayoutError(f"{directory / rel} {what}: a weights directory holds regular files and directories only, "
-                       "and the agent neither follows nor counts this")
+def _is_text(name: str) -> bool:
+    """Is ``name`` (as the OS gave it: bytes that are not UTF-8 are lone surrogates) UTF-8 text?"""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_ONLY_FILES = ("a weights directory holds regular files and directories only, and the agent neither follows nor "
+               "counts this")
+
+
+def _not_sealable(directory: Path, rel: str, what: str, why: str = _ONLY_FILES) -> LayoutError:
+    # a name that is not UTF-8 is shown by its bytes (\xff), so the message stays printable text
+    shown = os.fsencode(directory / rel).decode("utf-8", "backslashreplace")
+    return LayoutError(f"{shown} {what}: {why}")

@@ -285,6 +285,11 @@ def test_finish_from_disk_writes_a_manifest_of_what_is_there(tmp_path: Path) -> 
     pytest.param("sub/models", lambda p, out: p.symlink_to(out, target_is_directory=True),
                  "is a symbolic link (to a directory)", id="a link to a directory"),
     pytest.param("pipe", lambda p, out: os.mkfifo(p), "is not a regular file", id="a FIFO"),
+    # pydantic's ValidationError escaped the warm Job's finish as a traceback
+    pytest.param("tok\udcff.json", lambda p, out: p.write_bytes(b"{}"), "is not a UTF-8 name",
+                 id="a file name that is not UTF-8"),
+    pytest.param("sub\udcfe/b", lambda p, out: p.write_bytes(b"b"), "is not a UTF-8 name",
+                 id="a directory name that is not UTF-8"),
 ])
 def test_finish_from_disk_refuses_what_the_agent_would_not_count(tmp_path: Path, at: str,
                                                                  make: Callable[[Path, Path], object],
@@ -299,7 +304,8 @@ def test_finish_from_disk_refuses_what_the_agent_would_not_count(tmp_path: Path,
     make(d / at, outside)
     with pytest.raises(LayoutError) as refused:
         finish_from_disk(d)
-    assert str(refused.value).startswith(f"{d / at} {said}: ")
+    shown = os.fsencode(d / at).decode("utf-8", "backslashreplace")  # the bytes of a name no text holds
+    assert str(refused.value).startswith(f"{shown} {said}: ")
     assert not (d / MANIFEST).exists() and not (d / COMPLETE).exists()  # nothing sealed
     (d / at).unlink()
     assert finish_from_disk(d).files == (ManifestFile(path="a", size=100),)
