@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -479,3 +480,38 @@ def test_what_a_pods_life_between_two_passes_records(client: Any, case: LifeCase
     assert [(o.pod, o.node, o.weights_bytes, o.total_s) for o in stored.observations] == \
         [(POD, *start) for start in case.recorded]
     assert stored.discarded == case.discarded
+
+
+@pytest.mark.parametrize(("edit", "recorded", "discarded"), [
+    # the new observer saw the pod again in the relist, past captureWithin: 'seen late', the start lost
+    pytest.param("captureWithin: 30s", [("n1", FULL, 242.0)], {}, id="an-edit-keeps-the-start-in-flight"),
+    pytest.param(None, [], {}, id="a-workload-no-longer-profiled-is-let-go"),
+])
+def test_a_policy_edit_mid_start_loses_nothing(client: Any, edit: str | None,
+                                               recorded: list[tuple[str, float, float]],
+                                               discarded: dict[str, int]) -> None:
+    client.flushdb()
+    sources = SourceStore(InventoryStore(client))
+    sources.report_kube({"n1": node_report()})
+    held = {weights_key(WORKLOAD, SUGGEST.profile(WORKLOAD).weights.version): int(FULL)}
+    sources.report_agent("n1", AgentReport(weights=held, heartbeat=T - 1, ttl=600, images=VLLM))
+    now = [T]
+    observer = StartObserver(SUGGEST, clock=lambda: now[0])
+    store = ObservationStore(client)
+    observer.pod(seen("u1", "n1"))
+    observer.flush(InventoryStore(client), store)  # the node read: what the start found
+    now[0] = T + 200  # the edit lands well past captureWithin
+    if edit is not None:
+        edited = parse_policy(POLICY_TEXT + "calibration: {mode: suggest, " + edit + ", maxInventoryAge: 2m}\n")
+    else:
+        edited = parse_policy(POLICY_TEXT.replace(f"name: {WORKLOAD}", "name: renamed", 1)
+                              + "calibration: {mode: suggest}\n")
+    observer = observer.carried_into(edited)
+    # the relist that follows an edit; the view gives a pod no profile matches no workload
+    workload = WORKLOAD if edit is not None else None
+    observer.pod(replace(seen("u1", "n1"), workload=workload))
+    observer.pod(replace(seen("u1", "n1", ready=T + 240), workload=workload))
+    observer.flush(InventoryStore(client), store)
+    stored = store.read()
+    assert [(o.node, o.weights_bytes, o.total_s) for o in stored.observations] == recorded
+    assert stored.discarded == discarded

@@ -100,6 +100,24 @@ class StartObserver:
     def enabled(self) -> bool:
         return self.policy.calibration.mode != "off"
 
+    def carried_into(self, policy: Policy) -> StartObserver:
+        """A new observer for ``policy`` that goes on where this one is: a policy edit must not lose
+        the starts in flight (seen again in the relist that follows the edit, past
+        ``captureWithin``, each was discarded as ``seen late``).
+
+        It takes the starts of workloads ``policy`` still profiles, with what their nodes held when
+        read, the pods already known, and the discard counts not yet written. Call it under the
+        view's lock, so that no pod event falls between the two.
+        """
+        profiled = {p.name for p in policy.profiles}
+        new = StartObserver(policy, clock=self.clock)
+        with self._lock:
+            new._starts = {k: s for k, s in self._starts.items() if s.workload in profiled}
+            new._finished = [s for s in self._finished if s.workload in profiled]
+            new._known = dict(self._known)
+            new._discarded = dict(self._discarded)
+        return new
+
     # ---- from the view (under its lock, no I/O) ----------------------------------------------------
 
     def pod(self, facts: PodFacts) -> None:

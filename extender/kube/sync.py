@@ -28,8 +28,8 @@ Policy edits: with a :class:`~extender.files.PolicyFile` the writer loop polls t
 to a workload profile, and the view holds only what the old policy made of the objects, so both
 reflectors list again: the view is rebuilt from the whole truth under the new policy, and the
 writer stores only the reports that came out different. An invalid edit keeps the last good
-policy (logged once by the watcher). The start observer is rebuilt for the new policy (starts it
-was following are followed again from their pods in the new list).
+policy (logged once by the watcher). The start observer is rebuilt for the new policy and takes over
+the starts in flight of the workloads it still profiles (:meth:`StartObserver.carried_into`).
 
 Redis outages: the writer keeps what it could not write marked dirty and retries with backoff. A
 Redis that came back empty is noticed from its version counter or its heartbeat sequence going
@@ -406,13 +406,15 @@ class ClusterSync:
         policy = self.policy_file.poll().policy
         if policy is None:
             return False
-        observer = StartObserver(policy) if policy.calibration.mode != "off" else None
         metrics = self.metrics
         if metrics is not None:
             metrics.set_policy(policy)
-            if observer is not None:
-                observer.on_recorded.append(lambda starts: metrics.starts(starts, self._estimator_policy()))
         with self.view.cond:
+            observer = None
+            if policy.calibration.mode != "off":  # the starts in flight go on being followed
+                observer = StartObserver(policy) if self.observer is None else self.observer.carried_into(policy)
+                if metrics is not None:
+                    observer.on_recorded.append(lambda starts: metrics.starts(starts, self._estimator_policy()))
             self.policy = policy
             self.observer = observer
             self.view.policy = policy
