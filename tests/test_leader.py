@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -202,6 +202,51 @@ def test_a_paused_leader_is_fenced_out_when_it_wakes(client: object) -> None:
     assert decisions.published()["qwen3"].token == 2
     # and at its next tick it sees b and stands by
     assert (a.tick().leader, a.tick().holder) == (False, "b")
+
+
+class LostData(NamedTuple):
+    name: str
+    wipe: str  # how the store lost its data: "restart" (no persistence) or "flushall"
+    taker: str  # who takes the lock next: "standby" (saw a's token), "fresh" (started after), "a" (itself)
+
+
+LOST_DATA = [
+    LostData("restarted-empty-the-standby-takes-over", "restart", "standby"),
+    LostData("flushall-the-standby-takes-over", "flushall", "standby"),
+    LostData("restarted-empty-a-candidate-started-since-takes-over", "restart", "fresh"),
+    LostData("flushall-the-leader-itself-takes-again", "flushall", "a"),
+]
+
+
+@pytest.mark.parametrize("case", LOST_DATA, ids=[c.name for c in LOST_DATA])
+def test_a_store_that_lost_its_data_hands_out_no_token_a_leader_still_holds(redis_server: RedisServer,
+                                                                           case: LostData) -> None:
+    """The fence counted from 1 again after Redis lost its data: a new leader got the token a
+    deposed one was still writing under, and both leaders' writes were accepted (a's stale decision
+    published over b's); a replica that led again under its old number kept its warmer's term."""
+    now = [T0]
+    clients = [connect(redis_server.url, "/nonexistent") for _ in range(3)]
+    a, b = loop(clients[0], "a", now), loop(clients[1], "b", now)
+    assert (a.tick(now[0]).token, b.tick(now[0]).leader) == (1, False)
+    now[0] = T0 + 15
+    lease = a.lock.acquire()
+    draft = a.draft(a.profiles[0], now[0], None)  # a is in the middle of its tick ...
+    if case.wipe == "restart":  # ... when the store loses everything
+        redis_server.restart()
+    else:
+        clients[2].flushall()
+    taker = {"standby": b, "fresh": loop(clients[2], "c", now), "a": a}[case.taker]
+    report = taker.tick(now[0])
+    assert report.leader
+    if case.taker == "a":
+        assert report.token != lease.token  # a new term: the warmer starts over, as after any other leader
+        return
+    decisions = DecisionStore(clients[1])
+    with pytest.raises(FencedOutError):
+        a.commit(draft, lease.token, now[0])
+    (record,) = decisions.records("qwen3", 100)
+    assert record["holder"] == taker.holder
+    assert decisions.published()["qwen3"].token == report.token
 
 
 def test_under_contention_commits_never_go_back_to_an_older_token(redis_server: RedisServer) -> None:

@@ -20,8 +20,17 @@ Protocol, every tick of every candidate (:meth:`LeaderLock.acquire`, one Lua scr
 * it is someone else's and not expired: stand by;
 * it is free or expired: ``token = INCR fence``, take it.
 
+The fence never goes back as far as a candidate can tell: each candidate remembers the highest
+token it has seen (its own, or the holder's while it stood by) and the script first raises a fence
+below that to it. A Redis that lost its data (restarted empty, ``FLUSHALL``) would otherwise count
+from 1 again and hand a new leader the very token a deposed one still holds, whose writes the fence
+would then accept, and the warmer of a replica that led again under its old number would take it
+for the same term.
+
 Every write the leader makes goes through :meth:`LeaderLock.commit`: ``WATCH fence``, check that
-it equals our token, then ``MULTI .. EXEC`` the writes. A takeover between the check and EXEC
+it equals our token and that the lock names us as its holder (a candidate that started after the
+store lost its data has seen no token to carry forward, and may be given ours), then ``MULTI ..
+EXEC`` the writes. A takeover between the check and EXEC
 changes the fence, EXEC aborts, and :class:`~extender.core.errors.FencedOutError` tells the old
 leader to step down.
 
@@ -66,6 +75,10 @@ if cur[1] == ARGV[1] and cur[2] == fence then
 end
 if cur[1] and tonumber(cur[3]) and tonumber(cur[3]) > now then
   return {0, tonumber(cur[2]), tonumber(cur[3]), now, cur[1]}
+end
+local seen = tonumber(ARGV[4])
+if seen and (tonumber(fence) or 0) < seen then
+  redis.call('SET', KEYS[2], seen)
 end
 local token = redis.call('INCR', KEYS[2])
 redis.call('HSET', KEYS[1], 'holder', ARGV[1], 'token', token, 'expires', now + ttl, 'acquired', now)
@@ -126,6 +139,8 @@ class LeaderLock:
         self.ttl_ms = max(1, round(ttl_s * 1000))
         self.keys = LockKeys(prefix)
         self._clock = clock
+        #: The highest fencing token this candidate has seen (module docstring: the fence never goes back).
+        self._seen = 0
         self._acquire: Any = client.register_script(_ACQUIRE)
         self._release: Any = client.register_script(_RELEASE)
 
@@ -133,11 +148,13 @@ class LeaderLock:
         """Take, renew or fail to take the lock (rules in the module docstring)."""
         now = "" if self._clock is None else str(int(self._clock()))
         with redis_errors("acquiring the scaler lock"):
-            reply = self._acquire(keys=[self.keys.leader, self.keys.fence], args=[self.holder, self.ttl_ms, now])
+            reply = self._acquire(keys=[self.keys.leader, self.keys.fence],
+                                  args=[self.holder, self.ttl_ms, now, self._seen])
         try:
             won, token, expires, at = (int(x) for x in reply[:4])
         except (TypeError, ValueError, IndexError) as exc:
             raise StateError(f"acquiring the scaler lock: unexpected reply {reply!r}") from exc
+        self._seen = max(self._seen, token)
         holder = self.holder if won else _text(reply[4]) if len(reply) > 4 else ""
         return Lease(bool(won), token, expires, at, holder)
 
@@ -162,7 +179,8 @@ class LeaderLock:
         return int(value) if value is not None else 0
 
     def commit(self, token: int, *stages: Stage, action: str = "committing") -> None:
-        """Apply ``stages`` in one MULTI/EXEC if and only if ``token`` is still the fence.
+        """Apply ``stages`` in one MULTI/EXEC if and only if ``token`` is still the fence and the
+        lock still names this candidate.
 
         Raises :class:`FencedOutError` (nothing applied) when another candidate took the lock.
         """
@@ -175,6 +193,11 @@ class LeaderLock:
                     raise FencedOutError(f"{action}: fencing token {token} is stale (current: "
                                          f"{int(current) if current is not None else 'none'}); "
                                          "another scaler leads now")
+                holder: Any = pipe.hget(self.keys.leader, "holder")
+                if holder is None or _text(holder) != self.holder:
+                    raise FencedOutError(f"{action}: the lock is held by "
+                                         f"{_text(holder) if holder is not None else 'no one'} under token "
+                                         f"{token}, not {self.holder}; another scaler leads now")
                 pipe.multi()
                 for stage in stages:
                     stage(pipe)
