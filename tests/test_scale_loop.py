@@ -33,7 +33,7 @@ from extender.core.caches import weights_key
 from extender.core.errors import KubeError, SignalError
 from extender.core.forecast import refit_phase
 from extender.core.inventory import NodeState
-from extender.core.policy import Policy
+from extender.core.policy import Policy, parse_policy
 from extender.core.scaler import Decision
 from extender.core.warming import Expectation
 from extender.files import PolicyFile, policy_version
@@ -387,6 +387,23 @@ def test_an_incomplete_observation_is_a_lower_bound(redis_server: RedisServer) -
     noted = [d for d in decisions if any("is a lower bound, so no scale-down" in r for r in d.reasons)]
     assert noted and noted[0].inputs.now_s - (T0 + 9 * TICK) >= 300  # the last high one left the window
     assert noted[0].driver == "unobserved" and noted[0].recommendation == 10  # held: recorded as the current count
+
+
+@pytest.mark.parametrize(("demand", "complete", "reason"), [
+    pytest.param(None, False, "no observation this tick", id="no-pod-answers"),
+    pytest.param(8.0, False, "is a lower bound, so no scale-down", id="some-pods-answer"),
+])
+def test_more_replicas_than_a_lowered_max_are_decided_on_any_observation(
+        redis_server: RedisServer, demand: float | None, complete: bool, reason: str) -> None:
+    # an edit lowered maxReplicas below the running count (or a rollout's surge passed it): the
+    # decision is the bound, with or without a rate; with none it was a TypeError and no decision
+    rig = make_rig(redis_server.url, lambda t: 40.0 if t < T0 + 3 * TICK else demand,
+                   complete=lambda t: t < T0 + 3 * TICK or complete, **FLAT)
+    assert rig.run(3)[-1].desired == 10
+    rig.loop.set_policy(parse_policy(policy_text(**FLAT).replace("maxReplicas: 40", "maxReplicas: 6"), "p.yaml"))
+    (decision,) = rig.run(1, start=T0 + 3 * TICK)
+    assert (decision.action, decision.desired) == ("scale-down", 6)
+    assert any(reason in r for r in decision.reasons), decision.reasons
 
 
 def test_a_workload_whose_pods_cannot_be_listed_is_skipped(redis_server: RedisServer) -> None:

@@ -401,7 +401,9 @@ class ScaleLoop:
             forecast=fc, horizon=h, ready=replicas.ready, starting=replicas.starting, recent=recent,
         )
         decision = decide(inputs)
-        if decision.action == "scale-down" and not observation.complete:
+        # a rate is a lower bound only when there is one: without, decide() already held (a
+        # scale-down then comes from a lowered maxReplicas alone)
+        if decision.action == "scale-down" and not observation.complete and observation.rate is not None:
             held = decide(inputs.model_copy(update={"demand": None, "queue": 0.0}))
             note = (f"observation incomplete ({observation.note or 'not every ready pod answered'}): "
                     f"{observation.rate:g} {capacity.unit} is a lower bound, so no scale-down this tick")
