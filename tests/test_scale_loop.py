@@ -40,6 +40,7 @@ from extender.files import PolicyFile, policy_version
 from extender.scaler.loop import LoopThread, ScaleLoop, TickReport, unfilled_span
 from extender.scaler.observation import Observation
 from extender.scaler.pods import Pod
+from extender.scaler.scrape import ScrapeSource
 from extender.state import InventoryStore, connect
 from extender.state.decisions import MAX_REPLICAS, DecisionStore
 from extender.state.history import HistoryStore, Sample
@@ -47,7 +48,7 @@ from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
 from tests.scaler_policy import make_policy, policy_text
 from tests.test_signal_prometheus import past_demand, running_prometheus
-from tests.vllm_endpoint import pod
+from tests.vllm_endpoint import Counters, pod, vllm_text
 
 pytestmark = pytest.mark.integration
 
@@ -144,7 +145,8 @@ def make_rig(redis_url: str, demand: Callable[[float], float | None], *, holder:
     loop = ScaleLoop(policy=p, lock=LeaderLock(client, holder, ttl_s=3 * p.scaling.tick,
                                                clock=lambda: int(clock[0] * 1000)),
                      history=HistoryStore(client), decisions=DecisionStore(client), pods=c,
-                     inventory=InventoryStore(client), sources={"qwen3": source})
+                     inventory=InventoryStore(client), sources={"qwen3": source},
+                     monotonic=lambda: clock[0])  # the rig's time: a tick takes none unless a test stalls it
     return Rig(p, loop, c, clock, client)
 
 
@@ -308,6 +310,44 @@ def test_a_step_counts_starting_replicas_and_does_not_cascade(redis_server: Redi
     starting = [d.inputs.starting for d in after[:9]]
     assert starting[0] == 0 and all(s == 9 for s in starting[1:8])  # 120 s of starting replicas counted
     assert after[-1].inputs.ready == 10 and after[-1].inputs.starting == 0
+
+
+class ScrapeStall(NamedTuple):
+    name: str
+    where: str  # what took long, before the scrape: "pod-list" (the API server), "lock" (a slow Redis)
+
+
+STALLS_BEFORE_SCRAPE = [ScrapeStall("a-slow-pod-list", "pod-list"), ScrapeStall("a-slow-lock-renewal", "lock")]
+
+
+@pytest.mark.parametrize("case", STALLS_BEFORE_SCRAPE, ids=[c.name for c in STALLS_BEFORE_SCRAPE])
+def test_a_stall_before_the_scrape_leaves_a_steady_rate_steady(redis_server: RedisServer, case: ScrapeStall) -> None:
+    """Ten pods serve a steady 40 requests/s; one tick, something before the scrape takes 10 s. The
+    counters' growth was divided by the time between tick starts: 66.7 requests/s (17 replicas at
+    once, held by the stabilisation window for five minutes), then 13.3."""
+    rig = make_rig(redis_server.url, lambda t: None, **FLAT)
+    rig.cluster.scale_to(10, ready=True)
+    clock = rig.clock
+
+    def fetch(url: str, timeout_s: float, **_: Any) -> str:
+        return vllm_text(Counters(requests=4.0 * (clock[0] - T0)))  # what each pod has served by now
+
+    rig.loop.sources["qwen3"] = ScrapeSource.for_profile(rig.policy.profile("qwen3"), fetch)
+    stall = {"at": T0 + 5 * TICK}
+    list_pods, acquire = rig.cluster.list_pods, rig.loop.lock.acquire
+
+    def slow(call: Callable[..., Any], where: str) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if case.where == where and clock[0] == stall["at"]:
+                clock[0] += 10.0
+            return call(*args, **kwargs)
+        return run
+
+    rig.cluster.list_pods = slow(list_pods, "pod-list")  # type: ignore[method-assign]
+    rig.loop.lock.acquire = slow(acquire, "lock")  # type: ignore[method-assign]
+    decisions = rig.run(12)
+    assert [d.inputs.demand for d in decisions[1:]] == pytest.approx([40.0] * 11)
+    assert all(d.desired == 10 for d in decisions)
 
 
 def test_a_spike_scales_up_at_once_and_down_after_the_window(redis_server: RedisServer) -> None:

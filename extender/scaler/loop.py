@@ -162,6 +162,9 @@ class ScaleLoop:
     tick_s: float | None = None
     hpa_sync_s: float | None = None
     clock: Callable[[], float] = time.time
+    #: Seconds that only go forward: how long the tick has run when a workload's pods are scraped
+    #: (:meth:`draft`), so a rate spans the time between two scrapes, not between two tick starts.
+    monotonic: Callable[[], float] = time.monotonic
     #: Called after every tick this candidate led to the end (e.g. the cache warmer, which acts on
     #: the leader only); an exception is logged and does not stop the loop.
     on_leader_tick: list[Callable[[TickReport], None]] = field(default_factory=list)
@@ -228,7 +231,7 @@ class ScaleLoop:
         """
         started = time.monotonic()
         now = self.clock() if now is None else now
-        report = self._tick(now)
+        report = self._tick(now, self.monotonic())
         extra: dict[str, Any] = {"duration_s": time.monotonic() - started}
         snapshot = self._snapshot
         if report.leader and snapshot is not None and self.inventory is not None:
@@ -236,7 +239,7 @@ class ScaleLoop:
             extra.update(fresh_nodes=fresh, stale_nodes=stale)
         return dataclasses.replace(report, **extra)
 
-    def _tick(self, now: float) -> TickReport:
+    def _tick(self, now: float, started: float) -> TickReport:
         try:
             lease = self.lock.acquire()
         except ExtenderError as exc:
@@ -258,7 +261,7 @@ class ScaleLoop:
         drafts: list[_Draft] = []
         for profile in self.profiles:
             try:
-                drafts.append(self.draft(profile, now, snapshot))
+                drafts.append(self.draft(profile, now, snapshot, started=started))
             except Exception as exc:
                 results.append(_failed(profile.name, exc))
         try:
@@ -373,15 +376,25 @@ class ScaleLoop:
         return [dataclasses.replace(d, decision=apply_share(d.decision, c, granted[c.workload], capacity))
                 for d, c in zip(drafts, claims, strict=True)]
 
-    def draft(self, profile: Profile, now: float, snapshot: InventorySnapshot | None) -> _Draft:
-        """Observe, forecast and decide for one workload (nothing written yet)."""
+    def draft(self, profile: Profile, now: float, snapshot: InventorySnapshot | None, *,
+              started: float | None = None) -> _Draft:
+        """Observe, forecast and decide for one workload (nothing written yet).
+
+        The source observes at ``now`` plus what the tick has run so far (``monotonic() - started``,
+        the tick's :attr:`monotonic` start; none given: ``now``): a slow pod list, a slow store or an
+        earlier workload's silent pods put off the scrape, and a counter's rate must be divided by
+        the time it really counted (``rate = (c_k - c_k-1) / (t_k - t_k-1)``, both scrape times),
+        not by the tick (a 10 s stall read a steady 40 requests/s as 66.7, then 13.3). The sample
+        is stored at ``now``, on the tick's grid.
+        """
         auto, capacity = profile.autoscaling, profile.capacity
         assert auto is not None and capacity is not None  # scaled_profiles() keeps only these
         assert self.tick_s is not None and self.hpa_sync_s is not None
         name = profile.name
         pods = workload_pods(self.pods.list_pods(label_selector(profile), auto.namespace), profile, auto.namespace)
         replicas = count_replicas(pods)
-        observation = self.sources[name].observe(pods, now)
+        seen_at = now if started is None else now + max(0.0, self.monotonic() - started)
+        observation = self.sources[name].observe(pods, seen_at)
         estimator = self.estimator_policy
         placement = next_replica(estimator, estimator.profile(name), snapshot, now)
         h = horizon(placement.startup_s, self.tick_s, self.hpa_sync_s, node=placement.node,
