@@ -646,6 +646,34 @@ def test_an_edited_policy_file_is_taken_from_the_next_tick(redis_server: RedisSe
     assert watcher.version == policy_version(path.read_text())
 
 
+@pytest.mark.parametrize(("edit", "kept"), [
+    pytest.param(lambda text: text.replace("maxReplicas: 8", "maxReplicas: 9"), True, id="another-workloads-bound"),
+    pytest.param(lambda text: text.replace("maxReplicas: 40", "maxReplicas: 30"), True, id="its-own-bound"),
+    pytest.param(lambda text: text.replace("quantile: 0.51", "quantile: 0.6"), True, id="the-scaling-section"),
+    pytest.param(lambda text: text.replace('"port": 8000', '"port": 8001'), False, id="its-own-signal"),
+])
+def test_a_policy_edit_keeps_what_a_scrape_source_learnt(redis_server: RedisServer, edit: Callable[[str], str],
+                                                         kept: bool) -> None:
+    """Every edit built every workload's source anew: a scrape source forgot each pod's previous
+    counters, so the next tick had no rate for any workload (no observation, a hole in the history)."""
+    text = policy_text(**FLAT)
+    rig = make_rig(redis_server.url, lambda t: None, **FLAT)
+    rig.cluster.scale_to(2, ready=True)
+
+    def fetch(url: str, timeout_s: float, **_: Any) -> str:
+        return vllm_text(Counters(requests=4.0 * (rig.clock[0] - T0)))
+
+    loop = ScaleLoop(policy=parse_policy(text, "p.yaml"), lock=rig.loop.lock, history=rig.loop.history,
+                     decisions=rig.loop.decisions, pods=rig.cluster, fetch=fetch, monotonic=lambda: rig.clock[0])
+    rig.loop = loop
+    assert [d.inputs.demand for d in rig.run(3)] == [None, 8.0, 8.0]
+    assert edit(text) != text
+    loop.set_policy(parse_policy(edit(text), "p.yaml"))
+    (after,) = rig.run(1, start=T0 + 3 * TICK)
+    assert (after.inputs.demand == 8.0) is kept
+    assert (rig.loop.history.read("qwen3")[-1].t == T0 + 3 * TICK) is kept
+
+
 def test_each_workload_refits_at_its_own_phase_of_the_period(redis_server: RedisServer) -> None:
     # the refits of many workloads spread over the hour instead of landing in one tick; the phase is
     # a function of the name and the policy, so a restarted or newly elected scaler keeps it

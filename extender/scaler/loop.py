@@ -73,7 +73,7 @@ from extender.core.warming import Expectation, look_ahead_s, standby_replicas
 from extender.files import PolicyFile
 from extender.scaler.observation import Fetcher, Observation, PastSource, SignalSource, http_get
 from extender.scaler.pods import PodLister, Replicas, count_replicas, label_selector, workload_pods
-from extender.scaler.signals import build_source
+from extender.scaler.signals import build_source, source_inputs
 from extender.state.decisions import MAX_REPLICAS, DecisionStore, Published
 from extender.state.history import HistoryStore, Sample
 from extender.state.lock import LeaderLock
@@ -197,13 +197,18 @@ class ScaleLoop:
         scaling = self.policy.scaling
         self.tick_s = self._fixed_tick if self._fixed_tick is not None else scaling.tick
         self.hpa_sync_s = self._fixed_hpa_sync if self._fixed_hpa_sync is not None else scaling.hpa_sync_delay
-        self.profiles = scaled_profiles(self.policy)
+        self.profiles = profiles = scaled_profiles(self.policy)
         # one set per workload: each refits at its own phase of the period (forecast.refit_phase)
         base = ForecastParams.from_scaling(scaling)
         self.params = {p.name: base.for_workload(p.name) for p in self.profiles}
         #: The policy placements and horizons are estimated with (:meth:`_calibrate`).
         self.estimator_policy = self.policy
-        self.sources = {p.name: self._preset_sources.get(p.name) or build_source(p, self.fetch) for p in self.profiles}
+        # a source built from the same signal and capacity is kept: a scrape source's previous
+        # counters are what its next rate is measured against (a new one observes nothing for a tick)
+        built = {name: (inputs, self.sources[name]) for name, inputs in getattr(self, "_source_inputs", {}).items()}
+        self._source_inputs = {p.name: source_inputs(p) for p in profiles}
+        self.sources = {p.name: self._preset_sources.get(p.name) or _kept(built.get(p.name), source_inputs(p))
+                        or build_source(p, self.fetch) for p in profiles}
         self._snapshot = None  # built for the old node classes
 
     def set_policy(self, policy: Policy) -> None:
@@ -497,6 +502,11 @@ class ScaleLoop:
             return None
         return forecast(self.policy.scaling.forecaster, [s.t for s in samples], [s.rate for s in samples],
                         horizon_s, self.params[name], now_s=now)
+
+
+def _kept(built: tuple[object, SignalSource] | None, inputs: object) -> SignalSource | None:
+    """The source built before, if it was built from ``inputs`` (:func:`source_inputs`)."""
+    return built[1] if built is not None and built[0] == inputs else None
 
 
 def _failed(workload: str, exc: Exception) -> WorkloadResult:

@@ -9,7 +9,9 @@
 
 Adding a source is one module implementing :class:`~extender.scaler.observation.SignalSource`
 and one row here (the policy's ``SignalSourceName`` literal lists the same names; a test checks
-that the two agree).
+that the two agree). A factory reads the profile's ``autoscaling.signal`` and ``capacity`` only
+(:func:`source_inputs`): the scale loop keeps a source, and what it learnt (a pod's previous
+counters), across a policy edit that changed neither.
 """
 
 from __future__ import annotations
@@ -45,3 +47,9 @@ def build_source(profile: Profile, fetch: Fetcher = http_get) -> SignalSource:
     if profile.autoscaling is None:
         raise InvalidValueError(f"profile {profile.name!r} has no autoscaling section")
     return source_factory(profile.autoscaling.signal.source)(profile, fetch)
+
+
+def source_inputs(profile: Profile) -> tuple[object, object]:
+    """What :func:`build_source` builds ``profile``'s source from: its ``autoscaling.signal`` and its
+    ``capacity`` (the unit chooses the counters). Equal inputs build an equal source."""
+    return (profile.autoscaling.signal if profile.autoscaling is not None else None), profile.capacity
