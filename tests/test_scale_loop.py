@@ -41,6 +41,7 @@ from extender.scaler.loop import LoopThread, ScaleLoop, TickReport, unfilled_spa
 from extender.scaler.observation import Observation
 from extender.scaler.pods import Pod
 from extender.scaler.scrape import ScrapeSource
+from extender.scaler.serve import ScaleSettings, build_loop
 from extender.state import InventoryStore, connect
 from extender.state.decisions import MAX_REPLICAS, DecisionStore
 from extender.state.history import HistoryStore, Sample
@@ -672,6 +673,29 @@ def test_a_policy_edit_keeps_what_a_scrape_source_learnt(redis_server: RedisServ
     (after,) = rig.run(1, start=T0 + 3 * TICK)
     assert (after.inputs.demand == 8.0) is kept
     assert (rig.loop.history.read("qwen3")[-1].t == T0 + 3 * TICK) is kept
+
+
+class NoPods:
+    def list_pods(self, label_selector: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        return []
+
+
+@pytest.mark.parametrize(("tick_flag", "lease_flag", "tick", "lease"), [
+    pytest.param(None, None, 60.0, 180.0, id="the-policy-s-tick-and-three-ticks-of-lease"),
+    pytest.param(30.0, None, 30.0, 90.0, id="a-tick-flag-stays"),
+    pytest.param(None, 100.0, 60.0, 100.0, id="a-lease-ttl-flag-stays"),
+])
+def test_extender_scale_takes_an_edited_tick_with_its_lease(
+        redis_server: RedisServer, tick_flag: float | None, lease_flag: float | None, tick: float,
+        lease: float) -> None:
+    # as `extender scale` builds its loop; scaling.tick goes from 15s to 60s in the file
+    settings = ScaleSettings(policy=make_policy(tick="15s"), redis_url=redis_server.url, tick_s=tick_flag,
+                             lease_ttl_s=lease_flag)
+    loop = build_loop(settings, connect(redis_server.url, "/nonexistent"), pods=NoPods())  # type: ignore[arg-type]
+    loop.set_policy(make_policy(tick="60s"))
+    assert loop.tick_s == tick
+    taken = loop.lock.acquire()  # a lease shorter than the tick lapses between two renewals
+    assert (taken.expires_ms - taken.now_ms) / 1000 == lease
 
 
 def test_each_workload_refits_at_its_own_phase_of_the_period(redis_server: RedisServer) -> None:

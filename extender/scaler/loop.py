@@ -86,6 +86,8 @@ log = logging.getLogger(__name__)
 BACKFILL_MIN_STEPS = 20
 #: After a backfill (or a failed one), the same workload is not tried again for this long.
 BACKFILL_RETRY_S = 600.0
+#: The leader's lease, in ticks, unless ``--lease-ttl`` fixes it: a standby leads within this many.
+LEASE_TICKS = 3.0
 
 
 class InventoryReader(Protocol):
@@ -172,6 +174,9 @@ class ScaleLoop:
     on_policy: list[Callable[[Policy], None]] = field(default_factory=list)
     #: Reads the observed starts: with ``calibration.mode: apply`` the estimates use the fit.
     calibration: CalibratedPolicy | None = None
+    #: The lock's lease in ticks, kept so when an edit changes the tick (``extender scale`` without
+    #: ``--lease-ttl``: :data:`LEASE_TICKS`); ``None``: the lock keeps the lease it was made with.
+    lease_ticks: float | None = None
     #: Called with the policy the estimator uses (the base policy, or its calibration) whenever it
     #: changes, before the tick that first uses it (the cache warmer plans with it).
     on_estimator_policy: list[Callable[[Policy], None]] = field(default_factory=list)
@@ -197,6 +202,8 @@ class ScaleLoop:
         scaling = self.policy.scaling
         self.tick_s = self._fixed_tick if self._fixed_tick is not None else scaling.tick
         self.hpa_sync_s = self._fixed_hpa_sync if self._fixed_hpa_sync is not None else scaling.hpa_sync_delay
+        if self.lease_ticks is not None:  # a lease shorter than a longer tick would lapse between renewals
+            self.lock.set_ttl(self.lease_ticks * self.tick_s)
         self.profiles = profiles = scaled_profiles(self.policy)
         # one set per workload: each refits at its own phase of the period (forecast.refit_phase)
         base = ForecastParams.from_scaling(scaling)

@@ -46,7 +46,7 @@ from extender.core.policy import Policy
 from extender.files import PolicyFile
 from extender.kube.client import KubeClient
 from extender.kube.delegation import Delegation
-from extender.scaler.loop import LoopThread, ScaleLoop, TickReport, scaled_profiles
+from extender.scaler.loop import LEASE_TICKS, LoopThread, ScaleLoop, TickReport, scaled_profiles
 from extender.scaler.metrics import ScalerMetrics
 from extender.state import InventoryStore, connect
 from extender.state.decisions import DecisionStore
@@ -103,7 +103,7 @@ class ScaleSettings:
     kube_context: str | None = None
     #: Seconds between ticks; ``None``: the policy's ``scaling.tick``.
     tick_s: float | None = None
-    #: Seconds a leader's lock lives without renewal; ``None``: three ticks.
+    #: Seconds a leader's lock lives without renewal; ``None``: three ticks, following the policy's tick.
     lease_ttl_s: float | None = None
     identity: str = field(default_factory=default_identity)
     run_loop: bool = True
@@ -129,7 +129,7 @@ class ScaleSettings:
 
     @property
     def lease_ttl(self) -> float:
-        return self.lease_ttl_s if self.lease_ttl_s is not None else 3 * self.tick
+        return self.lease_ttl_s if self.lease_ttl_s is not None else LEASE_TICKS * self.tick
 
 
 class KubePodLister:
@@ -184,7 +184,10 @@ def build_loop(settings: ScaleSettings, client: Any, pods: KubePodLister | None 
         decisions=DecisionStore(client, prefix=settings.prefix),
         pods=pods,
         inventory=inventory,
-        tick_s=settings.tick,
+        # only a --tick is fixed: the policy's scaling.tick, and the lease of three ticks with it,
+        # follow its edits (a tick fixed here kept the first policy's until a restart)
+        tick_s=settings.tick_s,
+        lease_ticks=LEASE_TICKS if settings.lease_ttl_s is None else None,
         calibration=CalibratedPolicy(ObservationStore(client, prefix=settings.prefix)),
     )
     if kube is not None:

@@ -132,17 +132,21 @@ class LeaderLock:
                  clock: Clock | None = None) -> None:
         if not holder:
             raise InvalidValueError("a lock holder needs a non-empty identity")
-        if ttl_s <= 0:
-            raise InvalidValueError(f"lock ttl must be > 0 seconds, got {ttl_s}")
         self.client = client
         self.holder = holder
-        self.ttl_ms = max(1, round(ttl_s * 1000))
+        self.set_ttl(ttl_s)
         self.keys = LockKeys(prefix)
         self._clock = clock
         #: The highest fencing token this candidate has seen (module docstring: the fence never goes back).
         self._seen = 0
         self._acquire: Any = client.register_script(_ACQUIRE)
         self._release: Any = client.register_script(_RELEASE)
+
+    def set_ttl(self, ttl_s: float) -> None:
+        """Make each later take or renewal last ``ttl_s`` (the lease of the scaler follows its tick)."""
+        if not ttl_s > 0:
+            raise InvalidValueError(f"lock ttl must be > 0 seconds, got {ttl_s}")
+        self.ttl_ms = max(1, round(ttl_s * 1000))
 
     def acquire(self) -> Lease:
         """Take, renew or fail to take the lock (rules in the module docstring)."""
