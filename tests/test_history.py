@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from extender.core.errors import FencedOutError, StateError, StoreUnavailableError
@@ -25,6 +26,8 @@ SAMPLES = [
     ("plain", Sample(1000.5, 4.25, 3.0)),
     ("zero", Sample(0.0, 0.0, 0.0)),
     ("tiny-and-huge", Sample(1.7e9, 1e-12, 1e12)),
+    # a time from numpy (np.arange) encoded as 'np.float64(...)': Redis refused the whole append
+    ("numpy-scalars", Sample(np.float64(1.7e9), np.float64(4.25), np.float64(0.5))),
 ]
 
 
@@ -206,3 +209,11 @@ def test_published_values_round_trip(parts: tuple[HistoryStore, DecisionStore, L
     assert decisions.published() == {"qwen3": value}
     with pytest.raises(ValueError):
         decisions.stage_published("qwen3", Published(1, math.nan, "requests/s", 1.0, 15, token))
+
+
+def test_samples_of_numpy_scalars_are_stored(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
+    # redis-py sends a numpy score as its repr, 'np.float64(30.0)', and Redis refused the whole append
+    history, _, lock, token = parts
+    samples = [Sample(t, t / 10) for t in np.arange(10.0, 40.0, 10.0)]
+    lock.commit(token, history.stage_append("w", samples, now=np.float64(30.0)))
+    assert history.read("w") == [Sample(10.0, 1.0), Sample(20.0, 2.0), Sample(30.0, 3.0)]

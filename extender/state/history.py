@@ -66,7 +66,9 @@ class Sample:
     queue: float = 0.0
 
     def encode(self) -> str:
-        return f"{self.t!r} {self.rate!r} {self.queue!r}"
+        """``"t rate queue"``, each the shortest text that reads back exactly (``float``'s repr: a
+        numpy scalar's repr is ``np.float64(...)``, which Redis refused as a score)."""
+        return f"{float(self.t)!r} {float(self.rate)!r} {float(self.queue)!r}"
 
     @classmethod
     def decode(cls, member: str | bytes) -> Sample:
@@ -136,7 +138,7 @@ class HistoryStore:
             if s.t > now:
                 raise InvalidValueError(f"a history sample cannot be dated after now ({now!r}), got {s}")
         key = self.key(workload)
-        members = {s.encode(): s.t for s in samples}
+        members = {s.encode(): float(s.t) for s in samples}  # a numpy score would be sent as its repr
         cutoff = now - self.max_age_s
         keep = self.max_points
         unreadable = self._unreadable.pop(workload, [])
@@ -146,8 +148,8 @@ class HistoryStore:
                 pipe.zrem(key, *unreadable)
             if members:
                 pipe.zadd(key, members)
-            pipe.zremrangebyscore(key, "-inf", f"({cutoff!r}")
-            pipe.zremrangebyscore(key, f"({now!r}", "+inf")
+            pipe.zremrangebyscore(key, "-inf", f"({float(cutoff)!r}")
+            pipe.zremrangebyscore(key, f"({float(now)!r}", "+inf")
             pipe.zremrangebyrank(key, 0, -(keep + 1))
 
         return stage
