@@ -37,7 +37,7 @@ from extender.core.policy import Policy, parse_policy
 from extender.core.scaler import Decision
 from extender.core.warming import Expectation
 from extender.files import PolicyFile, policy_version
-from extender.scaler.loop import LoopThread, ScaleLoop, TickReport, unfilled_span
+from extender.scaler.loop import LoopThread, ScaleLoop, TickReport, since_last_break, unfilled_span
 from extender.scaler.observation import Observation
 from extender.scaler.pods import Pod
 from extender.scaler.scrape import ScrapeSource
@@ -319,6 +319,39 @@ class ScrapeStall(NamedTuple):
 
 
 STALLS_BEFORE_SCRAPE = [ScrapeStall("a-slow-pod-list", "pod-list"), ScrapeStall("a-slow-lock-renewal", "lock")]
+
+
+DAY = 86_400.0
+
+
+@pytest.mark.parametrize(("times", "now", "kept"), [
+    pytest.param([], T0, [], id="no-samples"),
+    pytest.param([T0, T0 + TICK], T0 + 2 * TICK, [T0, T0 + TICK], id="no-hole"),
+    pytest.param([T0, T0 + 3 * 3600], T0 + 3 * 3600 + TICK, [T0, T0 + 3 * 3600], id="hours-are-the-gap-rules"),
+    pytest.param([T0, T0 + DAY], T0 + DAY + TICK, [T0, T0 + DAY], id="exactly-a-season-is-no-break"),
+    pytest.param([T0, T0 + 2 * DAY, T0 + 2 * DAY + TICK], T0 + 2 * DAY + 2 * TICK, [T0 + 2 * DAY, T0 + 2 * DAY + TICK],
+                 id="two-days-down-then-samples"),
+    pytest.param([T0, T0 + TICK], T0 + 2 * DAY, [], id="two-days-down-up-to-now"),
+    pytest.param([T0, T0 + 2 * DAY, T0 + 5 * DAY], T0 + 5 * DAY + TICK, [T0 + 5 * DAY], id="the-newest-break-counts"),
+])
+def test_a_hole_longer_than_a_season_restarts_the_series(times: list[float], now: float, kept: list[float]) -> None:
+    samples = [Sample(t, 1.0) for t in times]
+    assert [s.t for s in since_last_break(samples, now, DAY)] == kept
+
+
+def test_a_scaler_back_after_days_does_not_scale_to_the_old_level(redis_server: RedisServer) -> None:
+    # a day of 50-150 requests/s, the scalers down for two days, then 10 requests/s on 3 replicas:
+    # the smoother carried the old level across the hole and the first tick scaled to 25 replicas
+    noise = np.random.default_rng(1).normal(0.0, 3.0, int(DAY / TICK))
+    day = [Sample(T0 + t, 100.0 + 50.0 * math.sin(2 * math.pi * t / DAY) + e)
+           for t, e in zip(np.arange(0.0, DAY, TICK), noise, strict=True)]
+    back = T0 + 3 * DAY - 3600
+    rig = make_rig(redis_server.url, lambda t: 10.0, forecaster="auto", cluster=Cluster(120.0, now=back))
+    rig.cluster.scale_to(3, ready=True)
+    rig.loop.lock.commit(rig.loop.lock.acquire().token, rig.loop.history.stage_append("qwen3", day, now=day[-1].t))
+    for k in range(6):
+        (result,) = [r for r in rig.tick(back + k * TICK).results if r.workload == "qwen3"]
+        assert result.decision is not None and result.decision.desired <= 3, (k, result.decision)
 
 
 @pytest.mark.parametrize("case", STALLS_BEFORE_SCRAPE, ids=[c.name for c in STALLS_BEFORE_SCRAPE])

@@ -505,6 +505,7 @@ class ScaleLoop:
         return past
 
     def _forecast(self, name: str, samples: Sequence[Sample], horizon_s: float, now: float) -> Forecast | None:
+        samples = since_last_break(samples, now, self.policy.scaling.season)
         if not samples:
             return None
         return forecast(self.policy.scaling.forecaster, [s.t for s in samples], [s.rate for s in samples],
@@ -543,6 +544,24 @@ class _Draft:
     ahead: Forecast | None = None
     #: How many of ``new`` came from the source's past (:meth:`ScaleLoop._backfill`).
     backfilled: int = 0
+
+
+def since_last_break(samples: Sequence[Sample], now: float, season_s: float) -> Sequence[Sample]:
+    """The samples after the newest hole longer than a season (``season_s``), up to ``now``.
+
+    A smoother carries its level and trend through a hole step by step: across the days a scaler
+    was down (or its source silent), a history of 100 requests/s forecast 89 (upper 97) for a demand
+    of 10 that had come back, 25 replicas at once, and a Holt trend ran to an upper quantile of 521.
+    What came before such a hole says nothing of the level after it, and it is no season either, so
+    the series restarts after it; a hole up to ``now`` leaves nothing, and the decision is then
+    reactive until samples come in. Shorter holes (a restart, a silent source for hours) are left to
+    the forecaster's gap rule::
+
+        ends = t_0 .. t_n-1, now;   i = max{ i : ends_i - ends_i-1 > season }   ->   samples[i:]
+    """
+    ends = np.fromiter((s.t for s in samples), dtype=np.float64, count=len(samples))
+    breaks = np.flatnonzero(np.diff(np.append(ends, now)) > season_s)
+    return samples[int(breaks[-1]) + 1:] if len(breaks) else samples
 
 
 def unfilled_span(samples: Sequence[Sample], horizon: float, now: float, step: float,
