@@ -222,7 +222,8 @@ class ScaleLoop:
         """Decide with ``policy`` from the next tick on: workloads, sources, forecaster, horizon.
 
         Demand history lives in Redis, so nothing learnt is lost; a workload the new policy no
-        longer autoscales is simply not decided any more (its last published value ages out).
+        longer autoscales is simply not decided any more (its history, decisions and last published
+        value stay in Redis: nothing ages out).
         """
         self.policy = policy
         self._derive()

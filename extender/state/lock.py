@@ -198,10 +198,12 @@ class LeaderLock:
                                          f"{int(current) if current is not None else 'none'}); "
                                          "another scaler leads now")
                 holder: Any = pipe.hget(self.keys.leader, "holder")
-                if holder is None or _text(holder) != self.holder:
-                    raise FencedOutError(f"{action}: the lock is held by "
-                                         f"{_text(holder) if holder is not None else 'no one'} under token "
-                                         f"{token}, not {self.holder}; another scaler leads now")
+                if holder is None:
+                    raise FencedOutError(f"{action}: the lock is held by no one under token {token} (the store "
+                                         "lost it or it was released); leading again takes it anew")
+                if _text(holder) != self.holder:
+                    raise FencedOutError(f"{action}: the lock is held by {_text(holder)} under token {token}, "
+                                         f"not {self.holder}; another scaler leads now")
                 pipe.multi()
                 for stage in stages:
                     stage(pipe)
