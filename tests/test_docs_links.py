@@ -49,3 +49,30 @@ def test_relative_links_resolve(page: Path) -> None:
         elif fragment and dest.suffix == ".md" and fragment not in anchors(dest):
             broken.append(f"{number}: {target}: no heading #{fragment} in {dest.name}")
     assert not broken, f"{page.relative_to(ROOT)}:\n" + "\n".join(broken)
+
+
+#: A test named in a page: ``tests/test_x.py::test_name``, or ``::test_name`` for one more test of
+#: the file named last in that paragraph or table row (with a test, or alone: ``tests/test_x.py``).
+TEST_REF = re.compile(r"`(tests/[\w/]+\.py)(?:::(\w+))?`|`::(\w+)`")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_test_a_page_names_exists(page: Path) -> None:
+    # the reliability table promises each behaviour by the tests that hold it: a renamed or removed
+    # test left its row naming nothing, and no one would notice
+    missing, module = [], None
+    for number, line in enumerate(page.read_text().splitlines(), 1):
+        if not line.strip() or line.startswith("|"):  # a paragraph or a table row names its own file
+            module = None
+        for path, first, more in TEST_REF.findall(line):
+            module, name = path or module, first or more
+            if not name:
+                continue
+            if module is None:
+                missing.append(f"{number}: ::{name} names no file before it")
+                continue
+            source = ROOT / module
+            defined = rf"^\s*(async )?def {name}\(|^class {name}\b"
+            if not source.exists() or not re.search(defined, source.read_text(), re.M):
+                missing.append(f"{number}: {module}::{name}")
+    assert not missing, f"{page.relative_to(ROOT)}: tests named that do not exist:\n" + "\n".join(missing)
