@@ -203,10 +203,10 @@ class Engine:
         batch of heartbeats costs a freshness mask per profile, not a scoring pass.
         """
         engine = Engine(self.policy, snapshot, previous=self, names=self._names)
-        fresh = snapshot.fresh(now)
+        fresh, valid_until = snapshot.fresh(now), next_freshness_change(snapshot, now)
         for name, table in self._tables.items():
             if np.array_equal(table.fresh, fresh):
-                engine._tables[name] = replace(table, valid_until=next_freshness_change(snapshot, now))
+                engine._tables[name] = replace(table, valid_until=valid_until)
                 engine._previous.pop(name, None)
         return engine
 
