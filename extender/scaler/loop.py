@@ -181,6 +181,9 @@ class ScaleLoop:
     #: changes, before the tick that first uses it (the cache warmer plans with it).
     on_estimator_policy: list[Callable[[Policy], None]] = field(default_factory=list)
     _snapshot: InventorySnapshot | None = field(default=None, init=False, repr=False)
+    #: Per workload: what its signal source was built from (:func:`source_inputs`), and the source.
+    _built: dict[str, tuple[tuple[object, object], SignalSource]] = field(default_factory=dict, init=False,
+                                                                       repr=False)
     #: The store's (version, heartbeat sequence) the snapshot was read at: bare heartbeats move only the second.
     _read_at: tuple[int, int] | None = field(default=None, init=False, repr=False)
     _told: Policy | None = field(default=None, init=False, repr=False)
@@ -212,10 +215,13 @@ class ScaleLoop:
         self.estimator_policy = self.policy
         # a source built from the same signal and capacity is kept: a scrape source's previous
         # counters are what its next rate is measured against (a new one observes nothing for a tick)
-        built = {name: (inputs, self.sources[name]) for name, inputs in getattr(self, "_source_inputs", {}).items()}
-        self._source_inputs = {p.name: source_inputs(p) for p in profiles}
-        self.sources = {p.name: self._preset_sources.get(p.name) or _kept(built.get(p.name), source_inputs(p))
-                        or build_source(p, self.fetch) for p in profiles}
+        before, self._built = self._built, {}
+        for p in profiles:
+            if p.name not in self._preset_sources:
+                inputs, kept = source_inputs(p), before.get(p.name)
+                self._built[p.name] = (inputs, kept[1] if kept is not None and kept[0] == inputs
+                                       else build_source(p, self.fetch))
+        self.sources = {p.name: self._preset_sources.get(p.name) or self._built[p.name][1] for p in profiles}
         self._snapshot = None  # built for the old node classes
 
     def set_policy(self, policy: Policy) -> None:
@@ -416,9 +422,11 @@ class ScaleLoop:
         past = self._backfill(name, samples, now)
         new = [Sample(now, observation.rate, observation.queue)] if observation.rate is not None else []
         seen = (sorted([*past, *samples], key=lambda s: s.t) if past else samples) + new
-        fc = self._forecast(name, seen, h.seconds, now)
+        series = since_last_break(seen, now, self.policy.scaling.season)
+        times, rates = [s.t for s in series], [s.rate for s in series]
+        fc = self._forecast(name, times, rates, h.seconds, now)
         far = horizon(look_ahead_s(estimator, estimator.profile(name)), self.tick_s, self.hpa_sync_s)
-        ahead = self._forecast(name, seen, far.seconds, now)
+        ahead = self._forecast(name, times, rates, far.seconds, now)
         recent = tuple(Recommendation(at_s=a, replicas=n) for a, n in self.decisions.recommendations(name))
         scaling = self.policy.scaling
         inputs = DecisionInputs.for_policy(
@@ -505,17 +513,11 @@ class ScaleLoop:
                  extra={"workload": name, "samples": len(past)})
         return past
 
-    def _forecast(self, name: str, samples: Sequence[Sample], horizon_s: float, now: float) -> Forecast | None:
-        samples = since_last_break(samples, now, self.policy.scaling.season)
-        if not samples:
+    def _forecast(self, name: str, times: list[float], rates: list[float], horizon_s: float,
+                  now: float) -> Forecast | None:
+        if not times:
             return None
-        return forecast(self.policy.scaling.forecaster, [s.t for s in samples], [s.rate for s in samples],
-                        horizon_s, self.params[name], now_s=now)
-
-
-def _kept(built: tuple[object, SignalSource] | None, inputs: object) -> SignalSource | None:
-    """The source built before, if it was built from ``inputs`` (:func:`source_inputs`)."""
-    return built[1] if built is not None and built[0] == inputs else None
+        return forecast(self.policy.scaling.forecaster, times, rates, horizon_s, self.params[name], now_s=now)
 
 
 def _failed(workload: str, exc: Exception) -> WorkloadResult:
