@@ -249,6 +249,37 @@ def test_a_store_that_lost_its_data_hands_out_no_token_a_leader_still_holds(redi
     assert decisions.published()["qwen3"].token == report.token
 
 
+#: (row, what happens to the store after "a" took token 1, the refusal a's commit under token 1 gets)
+REFUSALS = [
+    pytest.param("b-took-over", "fencing token 1 is stale (current: 2); another scaler leads now", id="stale-token"),
+    pytest.param("flushed-then-a-fresh-candidate-took-1",
+                 "the lock is held by c under token 1, not a; another scaler leads now", id="same-token-other-holder"),
+    pytest.param("lock-key-lost", "the lock is held by no one under token 1 (the store lost it or it was released); "
+                                  "leading again takes it anew", id="held-by-no-one"),
+]
+
+
+@pytest.mark.parametrize(("event", "refusal"), REFUSALS)
+def test_a_refused_commit_says_why(redis_server: RedisServer, event: str, refusal: str) -> None:
+    # after a FLUSHALL the refusal said "another scaler leads now" whether one did or not
+    client = connect(redis_server.url, "/nonexistent")
+    now = [T0]
+    clock = lambda: ms(now[0])  # noqa: E731
+    a = LeaderLock(client, "a", ttl_s=45, clock=clock)
+    assert a.acquire().token == 1
+    if event == "b-took-over":
+        now[0] = T0 + 60  # a's lease ran out
+        assert LeaderLock(client, "b", ttl_s=45, clock=clock).acquire().token == 2
+    elif event == "flushed-then-a-fresh-candidate-took-1":
+        client.flushall()
+        assert LeaderLock(client, "c", ttl_s=45, clock=clock).acquire().token == 1
+    else:
+        client.delete(a.keys.leader)
+    with pytest.raises(FencedOutError) as refused:
+        a.commit(1, action="committing")
+    assert str(refused.value) == f"committing: {refusal}"
+
+
 def test_under_contention_commits_never_go_back_to_an_older_token(redis_server: RedisServer) -> None:
     clients = [connect(redis_server.url, "/nonexistent") for _ in range(3)]
     loops = [loop(c, f"s{i}", None, ttl_s=0.15, tick_s=0.01, pause_s=0.2) for i, c in enumerate(clients)]
