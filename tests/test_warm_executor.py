@@ -9,6 +9,7 @@ where a test needs the store (eviction re-checks, the compile registry).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -503,17 +504,20 @@ def test_a_registered_taint_is_released_when_taint_until_warm_is_off(double: Kub
     pytest.param(False, 0, id="off-a-forbidden-list-ends-the-search"),
     pytest.param(True, 2, id="on-a-forbidden-list-is-an-error-each-tick"),
 ])
-def test_a_warmer_not_granted_the_node_list(double: KubeDouble, kube: KubeClient, taint_until_warm: bool,
-                                           errors: int) -> None:
+def test_a_warmer_not_granted_the_node_list(double: KubeDouble, kube: KubeClient, caplog: pytest.LogCaptureFixture,
+                                           taint_until_warm: bool, errors: int) -> None:
     # the chart's warmer.taintNodes: false grants no Node API ("the warmer then calls no Node API"),
     # yet the start-up list for old taints was a 403, a warning and an error count at every tick
     policy = load(**TAINTING) if taint_until_warm else load(keepWarm=["llm"])
     double.fail("list", "nodes", 403, times=100)
     loop = WarmLoop(policy, None, kube)
     now = time.time()
-    reports = [loop.tick(now + i, snapshot=snap(policy, now + i)) for i in range(2)]
+    with caplog.at_level(logging.INFO, logger="extender.warm.taints"):
+        reports = [loop.tick(now + i, snapshot=snap(policy, now + i)) for i in range(2)]
     assert sum(len([e for e in r.errors if "node taints" in e]) for r in reports) == errors
     assert double.count("list", "nodes") == (1 if not taint_until_warm else 2)
+    said = [r for r in caplog.records if "not allowed to list Nodes" in r.getMessage()]
+    assert [r.levelno for r in said] == ([] if taint_until_warm else [logging.INFO])  # once, at info
 
 
 class Left(NamedTuple):
