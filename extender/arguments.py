@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,20 @@ from extender.process import LOG_FORMATS, LOG_LEVELS
 if TYPE_CHECKING:
     from extender.state.connection import Client
     from extender.state.store import InventoryStore
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, reading an argument that starts with ``-`` and a digit as a value.
+
+    Stock argparse takes only plain negative numbers (``-5``, ``-.5``) for values, so ``--interval -5s``
+    failed with "expected one argument", as if the value were missing. Here ``-5s`` reaches the
+    option's type, which says what is wrong with it. No option of ours starts with ``-`` and a digit,
+    so nothing else changes. Subparsers inherit the class (``add_subparsers`` builds ``type(self)``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = re.compile(r"^-\.?\d")
 
 
 def finite_number(minimum: float, *, above: bool = False) -> Callable[[str], float]:

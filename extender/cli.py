@@ -20,6 +20,7 @@ from extender import __version__
 from extender.arguments import (
     FLAG_CHECK,
     SHORT_ACTION,
+    Parser,
     add_logging_options,
     add_store_options,
     deprecated_flags,
@@ -123,7 +124,7 @@ def _cachekey(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser for every subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="extender", description="Cache-warmth-aware scheduling and predictive pre-scaling for inference pods."
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")

@@ -18,6 +18,7 @@ import redis
 from extender import cli
 from extender.arguments import (
     DEFAULT_PREFIX,
+    Parser,
     _Renamed,
     deprecated_flags,
     duration,
@@ -55,6 +56,14 @@ def test_the_walk_sees_every_command() -> None:
     assert len(list(subparsers_of(PARSER))) == len(COMMANDS) - 1
     assert {"extender serve", "extender agent", "extender sync", "extender scale", "extender scale explain",
             "extender simulate", "extender policy check", "extender estimate", "extender warm plan"} <= LEAVES.keys()
+
+
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_command_reads_a_dash_and_digit_as_a_value(name: str) -> None:
+    # a subcommand built by another class would read '--interval -5s' as a missing value again
+    assert isinstance(COMMANDS[name], Parser)
+    assert COMMANDS[name]._negative_number_matcher.match("-5s")
+    assert not COMMANDS[name]._has_negative_number_optionals  # no option of ours looks like a value
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
@@ -280,6 +289,11 @@ BAD_FLAGS = [
     # it once explained every node of the inventory, saying the inventory was empty
     BadFlag("no node to explain", ["explain", "--policy", "p", "--pod", "pod.yaml", "--nodes", ","],
             "--nodes: ',' names no node"),
+    # argparse read '-5s' as an option and said the value was missing ("expected one argument")
+    BadFlag("a negative duration with a unit", ["agent", "--cache-root", "/c", "--interval", "-5s"],
+            "--interval: duration cannot be negative: '-5s'"),
+    BadFlag("a negative fraction with a unit", ["agent", "--cache-root", "/c", "--ttl", "-.5m"],
+            "--ttl: duration cannot be negative: '-.5m'"),
     # a negative limit sliced the list from its end: --limit -5 listed every observation but five
     BadFlag("a negative limit", ["calibrate", "show", "--policy", "p", "--limit", "-5"], "--limit: '-5' must be >= 0"),
     # NaN and infinity reached the plan's model: exit 1 with pydantic's validation dump

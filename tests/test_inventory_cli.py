@@ -17,6 +17,7 @@ import pytest
 import redis
 
 from extender import cli
+from extender.arguments import Parser
 from extender.core.inventory import NodeState
 from extender.state import InventoryStore, connect
 from extender.state.commands import age, freshness, human_bytes, register, stamp_heartbeats
@@ -60,7 +61,7 @@ Run = Callable[..., tuple[int, str, str]]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="extender")
+    parser = Parser(prog="extender")
     register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     return parser
 

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from extender.agent import commands as agent_commands
+from extender.arguments import Parser
 from extender.files import load_policy
 from extender.kube import commands as sync_commands
 from extender.kube.client import KubeClient
@@ -111,7 +112,7 @@ def container_args(kind: str, name: str, **values: str) -> tuple[dict[str, Any],
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="extender")
+    p = Parser(prog="extender")
     sub = p.add_subparsers(dest="command", required=True)
     agent_commands.register(sub)
     sync_commands.register(sub)

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from extender.agent.scan import scan_cache
+from extender.arguments import Parser
 from extender.core.errors import DocumentError, ExtenderError
 from extender.core.warming import Expectation
 from extender.kube.client import KubeClient
@@ -35,7 +36,7 @@ WEIGHTS_A = "weights:llm/v1"
 
 def run(argv: Sequence[str]) -> int:
     """What ``extender.cli.main`` does with a ``warm`` command."""
-    parser = argparse.ArgumentParser(prog="extender")
+    parser = Parser(prog="extender")
     warm_commands.register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(list(argv))
     try:

@@ -21,7 +21,6 @@ weights, the next tick confirms the Job and deletes it, and:
 
 from __future__ import annotations
 
-import argparse
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from extender.arguments import Parser
 from extender.core.estimate import estimate
 from extender.core.inventory import InventorySnapshot
 from extender.core.policy import Policy, parse_policy
@@ -81,7 +81,7 @@ def best_horizon(policy: Policy, store: InventoryStore, now: float) -> Horizon:
 def run_job(job: dict[str, Any], root: Path, helper: str, source: str = "s3://models/big/") -> None:
     """Do on ``root`` what the Job's containers would do on its node (cache root mounted at /cache);
     the fetch step (the team's ``aws s3 sync <source> <staging>``) writes eight 25 GB shards."""
-    parser = argparse.ArgumentParser()
+    parser = Parser()
     warm_commands.register(parser.add_subparsers())
     pod = job["spec"]["template"]["spec"]
     for c in [*pod.get("initContainers", []), *pod["containers"]]:

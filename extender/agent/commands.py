@@ -32,6 +32,7 @@ from extender.agent.hub import HubCaches
 from extender.agent.loop import Agent, AgentSettings, Labeler
 from extender.arguments import (
     FLAG_CHECK,
+    Parser,
     add_kube_options,
     add_metrics_bind_option,
     add_store_options,
@@ -48,7 +49,7 @@ from extender.process import configure_logging, report, stop_on_signals
 from extender.state.sources import SourceStore
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     """Add ``agent`` to the ``extender`` command line."""
     p = subparsers.add_parser("agent", help="node agent: scan the node's cache root, report it to the inventory")
     p.add_argument("--node-name", default=None, metavar="NAME", help="this node's name (default: $NODE_NAME)")

@@ -15,7 +15,7 @@ import argparse
 import threading
 from typing import Any
 
-from extender.arguments import add_kube_options, add_metrics_bind_option, add_store_options, inventory_from_args
+from extender.arguments import Parser, add_kube_options, add_metrics_bind_option, add_store_options, inventory_from_args
 from extender.files import PolicyFile, read_policy
 from extender.kube.client import KubeClient
 from extender.kube.objects import DEFAULT_GPU_RESOURCE
@@ -24,7 +24,7 @@ from extender.process import configure_logging, stop_on_signals
 from extender.state.sources import SourceStore
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     """Add ``sync`` to the ``extender`` command line."""
     p = subparsers.add_parser("sync", help="list-watch Nodes and Pods into the inventory")
     p.add_argument("--policy", required=True, metavar="FILE", help="policy file (node classes, workload profiles)")

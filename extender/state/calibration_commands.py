@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from extender.arguments import add_store_options, connect_from_args, prefix_from_args, whole_number
+from extender.arguments import Parser, add_store_options, connect_from_args, prefix_from_args, whole_number
 from extender.core.calibration import (
     BANDWIDTH_PARAMETERS,
     PARAMETERS,
@@ -188,7 +188,7 @@ def _errors(policy: Policy, observations: Sequence[Observation]) -> list[float |
     return out
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     """Add ``calibrate`` to the ``extender`` command line."""
     cal = subparsers.add_parser("calibrate", help="observed replica starts and the phase times fitted to them")
     actions = cal.add_subparsers(dest="calibrate_command", required=True, metavar="ACTION")

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from extender.arguments import add_store_options, connect_from_args, inventory_from_args
+from extender.arguments import Parser, add_store_options, connect_from_args, inventory_from_args
 from extender.core.document import compose, line_of, validate
 from extender.core.errors import DocumentError, Problem, UnknownNameError
 from extender.core.inventory import InventoryDocument, NodeState
@@ -247,7 +247,7 @@ def render_details(node: NodeState) -> str:
 # ---- argparse wiring -------------------------------------------------------------------------------
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     """Add ``inventory load`` and ``inventory show`` to the top-level ``extender`` parser."""
     inventory = subparsers.add_parser("inventory", help="load or show node states in the inventory store (Redis)")
     actions = inventory.add_subparsers(dest="inventory_command", required=True, metavar="ACTION")

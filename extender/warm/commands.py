@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from extender.arguments import (
+    Parser,
     add_kube_options,
     add_store_options,
     connect_from_args,
@@ -54,7 +55,7 @@ DEFAULT_WITHIN_S = 600.0
 MAX_EXPECTED_REPLICAS = 2**31 - 1
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     """Add ``warm`` to the ``extender`` command line."""
     warm = subparsers.add_parser("warm", help="cache warmer: dry-run plan, Jobs in flight, steps run by warm Jobs")
     sub = warm.add_subparsers(dest="warm_command", required=True, metavar="ACTION")
