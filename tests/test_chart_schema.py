@@ -320,6 +320,7 @@ BAD: list[Any] = [
     pytest.param({"metrics.keda.port": "-1"}, "/metrics/keda/port", id="keda-port-negative"),
     pytest.param({"metrics.keda.healthPort": "70000"}, "/metrics/keda/healthPort", id="keda-health-port-too-high"),
     pytest.param({"agent.cachePath": "mnt/nvme"}, "/agent/cachePath", id="cache-path-relative"),
+    pytest.param({"agent.cachePathType": "File"}, "/agent/cachePathType", id="cache-path-type-not-a-directory"),
     pytest.param({"agent.hubCaches": "{hf-hub}"}, "/agent/hubCaches/0", id="hub-cache-relative"),
     pytest.param({"redis.url": "http://redis:6379"}, "/redis/url", id="redis-url-scheme"),
     # fixed sets the templates choose among
