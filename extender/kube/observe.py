@@ -159,10 +159,15 @@ class StartObserver:
 
     def keep_only(self, keys: set[str]) -> None:
         """After a relist: pods not listed are gone."""
-        with self._lock:
-            tracked = set(self._starts) | set(self._known)
-        for key in tracked - keys:
+        for key in self.tracked() - keys:
             self.gone(key)
+
+    def tracked(self) -> set[str]:
+        """The pods (``namespace/name``) held by name: starts followed and pods known (recorded,
+        discarded, first seen Ready). A pod deleted is in neither, whatever the writer was doing:
+        a Ready start whose pod went is recorded from ``_finished``, which holds no name."""
+        with self._lock:
+            return set(self._starts) | set(self._known)
 
     def pending(self) -> bool:
         """True when the writer has something to read or record."""
