@@ -58,16 +58,25 @@ def rfc3339(t: float) -> str:
 
 
 def serving_pod(name: str, node_name: str, *, scheduled: float | None, ready: float | None = None,
-                uid: str = "") -> dict[str, Any]:
-    """A llama3-8b pod bound to ``node_name``: PodScheduled at ``scheduled``, Ready at ``ready`` (or not yet)."""
+                uid: str = "", restarted: float | None = None) -> dict[str, Any]:
+    """A llama3-8b pod bound to ``node_name``: PodScheduled at ``scheduled``, Ready at ``ready`` (or not yet);
+    with ``restarted``, its container ran once before and was started again then (kubelet's restart)."""
     conditions = []
     if scheduled is not None:
         conditions.append({"type": "PodScheduled", "status": "True", "lastTransitionTime": rfc3339(scheduled)})
     conditions.append({"type": "Ready", "status": str(ready is not None),
                        **({"lastTransitionTime": rfc3339(ready)} if ready is not None else {})})
-    status: dict[str, Any] = {"phase": "Running" if ready is not None else "Pending", "conditions": conditions}
+    running = ready is not None or restarted is not None
+    status: dict[str, Any] = {"phase": "Running" if running else "Pending", "conditions": conditions}
     if scheduled is not None:
-        status["containerStatuses"] = [{"name": "vllm", "state": {"running": {"startedAt": rfc3339(scheduled + 2)}}}]
+        container: dict[str, Any] = {"name": "vllm", "restartCount": 0,
+                                     "state": {"running": {"startedAt": rfc3339(scheduled + 2)}}}
+        if restarted is not None:
+            container.update(restartCount=1, state={"running": {"startedAt": rfc3339(restarted)}},
+                             lastState={"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                                                       "startedAt": rfc3339(scheduled + 2),
+                                                       "finishedAt": rfc3339(restarted - 1)}})
+        status["containerStatuses"] = [container]
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": "serving", "labels": LLAMA, "uid": uid or f"uid-{name}"},
             "spec": {"nodeName": node_name, "containers": [
@@ -164,6 +173,34 @@ def test_sync_records_a_start_with_what_its_node_held_and_discards_what_it_canno
     assert sample("extender_replica_startup_estimate_seconds_sum") == pytest.approx(truth.estimated_s)
     assert sample("extender_replica_startup_estimate_ratio_sum") == pytest.approx(truth.estimated_s / o.total_s)
     assert sample("extender_replica_startup_estimate_ratio_count") == 1.0
+
+
+def test_a_sync_started_while_a_replica_restarts_counts_it_as_no_start(
+    double: KubeDouble, redis_server: RedisServer, tmp_path: Path, client: Any
+) -> None:
+    """A replica Ready for an hour whose engine was just killed is starting again when a restarted sync
+    lists it: that is no new start, recorded or discarded (it was counted 'seen late'); a start the
+    sync saw late, listed beside it, still is."""
+    reader = SourceStore(InventoryStore(client))
+    store = ObservationStore(client)
+    double.apply(node("warm-a", G5_12, gpus=4))
+    now = time.time()
+    double.apply(serving_pod("flapping", "warm-a", scheduled=now - 3600, restarted=now - 20))
+    double.apply(serving_pod("late", "warm-a", scheduled=now - 120))  # never Ready, first seen 2 min on
+    with running_sync(double, redis_server.url, tmp_path, SUGGEST):
+        wait_until(lambda: reader.store.names() == {"warm-a"}, what="the node")
+        report_agent(reader, "warm-a", age_s=1, weights=True)
+        wait_until(lambda: store.read().discarded, what="the first pass's discards")
+        assert store.read().discarded == {"seen late": 1}
+        # Ready again, a readiness flap after it, and a new start on the node behind them
+        double.apply(serving_pod("flapping", "warm-a", scheduled=now - 3600, restarted=now - 20, ready=now + 5))
+        double.apply(serving_pod("flapping", "warm-a", scheduled=now - 3600, restarted=now - 20))
+        double.apply(serving_pod("fresh", "warm-a", scheduled=now))
+        double.apply(serving_pod("fresh", "warm-a", scheduled=now, ready=now + 30))
+        wait_until(lambda: store.read().observations, what="the new start recorded")
+    stored = store.read()
+    assert [o.pod for o in stored.observations] == ["serving/fresh"]
+    assert stored.discarded == {"seen late": 1}
 
 
 def test_sync_observes_nothing_when_calibration_is_off(
@@ -446,6 +483,13 @@ LIFE_CASES = [
     LifeCase("deleted and replaced while its start was written", [seen("u1", "n1"), seen("u1", "n1", ready=T + 40)],
              [], [seen("u2", "n2", ready=T + 60)], [("n1", FULL, 42.0), ("n2", 0.0, 62.0)], {},
              during_write=(POD, seen("u2", "n2"))),
+    # a replica starting again when the sync first saw it (the sync restarted) was counted 'seen late'
+    LifeCase("first seen starting again (a container of it ran before), then Ready",
+             [replace(seen("u1", "n1"), restarted=True)], [], [replace(seen("u1", "n1", ready=T + 40), restarted=True)],
+             [], {}),
+    LifeCase("followed from its start, a container restarted before Ready: the start counts", [seen("u1", "n1")], [],
+             [replace(seen("u1", "n1"), restarted=True), replace(seen("u1", "n1", ready=T + 40), restarted=True)],
+             [("n1", FULL, 42.0)], {}),
     LifeCase("a new pod started and deleted while a discard was written", [seen("u1", "n1")], [POD], [], [],
              {"deleted before ready": 2}, during_write=(seen("u2", "n2"), POD)),
 ]

@@ -140,6 +140,8 @@ def pod(
     gpus: list[str] | None = None,
     init_gpus: list[str] | None = None,
     deleting: bool = False,
+    statuses: list[dict[str, Any]] | None = None,
+    init_statuses: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     def containers(values: list[str] | None) -> list[dict[str, Any]]:
         return [{"name": f"c{i}", "resources": {"limits": {"nvidia.com/gpu": v}}} for i, v in enumerate(values or [])]
@@ -151,8 +153,14 @@ def pod(
         "apiVersion": "v1", "kind": "Pod", "metadata": meta,
         "spec": {"nodeName": node_name, "containers": containers(gpus) or [{"name": "c"}],
                  "initContainers": containers(init_gpus)},
-        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+                   "containerStatuses": statuses, "initContainerStatuses": init_statuses},
     }
+
+
+RUNNING = {"running": {"startedAt": "2025-01-01T00:10:00Z"}}
+ENDED = {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}
+STARTED_AT = 1735690200.0  # 2025-01-01T00:10:00Z
 
 
 LLAMA = {"extender.io/workload": "llama3-8b"}
@@ -185,6 +193,23 @@ POD_CASES = [
     PodCase("unbound: nothing", pod(node_name="", labels=LLAMA), None),
     PodCase("succeeded: nothing", pod(labels=LLAMA, phase="Succeeded"), None),
     PodCase("failed: nothing", pod(labels=LLAMA, phase="Failed"), None),
+    # a container that ran before: the pod is starting again, not for the first time (calibration)
+    PodCase("a container restarted: restarted",
+            pod(labels=LLAMA, phase="Running", statuses=[{"restartCount": 2, "state": RUNNING, "lastState": ENDED}]),
+            PodFacts("ml/p", "n1", 0, "llama3-8b", "starting", started_at=STARTED_AT, restarted=True)),
+    PodCase("a last terminated state with no count yet: restarted",
+            pod(labels=LLAMA, phase="Running", statuses=[{"restartCount": 0, "state": {}, "lastState": ENDED}]),
+            PodFacts("ml/p", "n1", 0, "llama3-8b", "starting", restarted=True)),
+    PodCase("an init container retried: restarted",
+            pod(labels=LLAMA, init_statuses=[{"restartCount": 1, "state": RUNNING}]),
+            PodFacts("ml/p", "n1", 0, "llama3-8b", "starting", restarted=True)),
+    PodCase("an init container that ran to its end once: not restarted",
+            pod(labels=LLAMA, phase="Running", init_statuses=[{"restartCount": 0, "state": ENDED}],
+                statuses=[{"restartCount": 0, "state": RUNNING}]),
+            PodFacts("ml/p", "n1", 0, "llama3-8b", "starting", started_at=STARTED_AT)),
+    PodCase("null counts and states read as absent: not restarted",
+            pod(labels=LLAMA, statuses=[{"restartCount": None, "state": None, "lastState": None}]),
+            PodFacts("ml/p", "n1", 0, "llama3-8b", "starting")),
 ]
 
 

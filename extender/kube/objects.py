@@ -105,16 +105,21 @@ class RunningState(_Api):
 
 class ContainerState(_Api):
     running: RunningState | None = None
+    #: Only its presence is read (in ``lastState``: the container ran and ended before this one).
+    terminated: dict[str, Any] | None = None
 
 
 class ContainerStatus(_Api):
     state: ContainerState = ContainerState()
+    last_state: ContainerState = ContainerState()
+    restart_count: int = 0
 
 
 class PodStatus(_Api):
     phase: str = "Pending"
     conditions: list[PodCondition] = []
     container_statuses: list[ContainerStatus] = []
+    init_container_statuses: list[ContainerStatus] = []
 
 
 class Pod(_Api):
@@ -161,7 +166,10 @@ class PodFacts:
 
     The times (unix seconds, ``None`` when the status does not say) are what calibration observes
     (:mod:`extender.kube.observe`): the ``PodScheduled`` and ``Ready`` conditions' last transitions,
-    and the earliest ``startedAt`` of a running container.
+    and the earliest ``state.running.startedAt`` of the app containers running now (a container
+    restarted gives its restart's time). ``restarted``: a container of the pod, init containers
+    included, ran before the current one (``restartCount`` above 0, or a ``lastState.terminated``):
+    the pod is starting *again*, after a crash, an OOM kill or its node's reboot.
     """
 
     key: str  # namespace/name
@@ -173,6 +181,7 @@ class PodFacts:
     scheduled_at: float | None = None
     started_at: float | None = None
     ready_at: float | None = None
+    restarted: bool = False
 
 
 def _parse(model: type[Node] | type[Pod], raw: Mapping[str, Any]) -> Any:
@@ -266,6 +275,8 @@ def pod_facts(raw: Mapping[str, Any], policy: Policy, gpu_resource: str = DEFAUL
     conditions = {c.type: c for c in pod.status.conditions}
     started = [t for c in pod.status.container_statuses
                if c.state.running is not None and (t := timestamp(c.state.running.started_at)) is not None]
+    restarted = any(c.restart_count > 0 or c.last_state.terminated is not None
+                    for c in (*pod.status.container_statuses, *pod.status.init_container_statuses))
     return PodFacts(
         key=f"{pod.metadata.namespace}/{pod.metadata.name}",
         node=pod.spec.node_name,
@@ -276,6 +287,7 @@ def pod_facts(raw: Mapping[str, Any], policy: Policy, gpu_resource: str = DEFAUL
         scheduled_at=_transition(conditions.get("PodScheduled")),
         started_at=min(started) if started else None,
         ready_at=_transition(conditions.get("Ready")) if state == "running" else None,
+        restarted=restarted,
     )
 
 

@@ -1,10 +1,10 @@
 """Calibration's observations: ``extender sync`` follows each new replica from binding to Ready.
 
-For every pod of a workload profile that the sync first sees *starting* (bound, not yet Ready), the
-observer reads its node's inventory record at once (the state the pod found: image, weights bytes,
-compile cache, snapshot, bytes in flight) and, when the pod turns Ready, stores an
-:class:`~extender.core.calibration.Observation` with the pod's ``PodScheduled``, container
-``startedAt`` and ``Ready`` times (:mod:`extender.state.observations`).
+For every pod of a workload profile that the sync first sees *starting* (bound, not yet Ready, and
+no container of it ran before), the observer reads its node's inventory record at once (the state
+the pod found: image, weights bytes, compile cache, snapshot, bytes in flight) and, when the pod
+turns Ready, stores an :class:`~extender.core.calibration.Observation` with the pod's
+``PodScheduled``, container ``startedAt`` and ``Ready`` times (:mod:`extender.state.observations`).
 
 A start is *not* recorded (and counted by reason in ``<p>:calibration:discarded``) when:
 
@@ -13,7 +13,9 @@ A start is *not* recorded (and counted by reason in ``<p>:calibration:discarded`
   found) or ahead (a clock that cannot be trusted), or the node has none;
 * ``seen late``: the sync first saw the pod more than ``calibration.captureWithin`` after its
   ``PodScheduled`` time (the sync was restarting or lagging: the pod may already have changed its
-  node's caches), or the pod has no ``PodScheduled`` time;
+  node's caches), or the pod has no ``PodScheduled`` time. A replica that was Ready and only failed
+  its readiness probe (no container restarted) when a restarted sync first lists it lands here
+  too: nothing in its status says it was Ready before;
 * ``unknown node class``: no policy class matches the node;
 * ``deleted before ready``: the pod went away (or failed) before Ready;
 * ``ready before scheduled``: the pod's ``Ready`` time precedes its ``PodScheduled`` time (clocks
@@ -22,7 +24,13 @@ A start is *not* recorded (and counted by reason in ``<p>:calibration:discarded`
   (counted once, not at each of its updates);
 * ``unreadable``: the start does not make a valid observation (a time outside what one holds).
 
-A pod first seen already Ready (the sync restarted) is not a start this sync saw, and is ignored.
+A pod first seen already Ready (the sync restarted) is not a start this sync saw, and is ignored;
+so is a pod first seen starting *again*: a container of it ran before (``restartCount`` above 0 or a
+``lastState.terminated``: a replica caught after a crash, an OOM kill or its node's reboot while
+the sync restarted). Neither is counted as a discard: the discard counts are of new starts. (A
+start first seen after a container of it crashed, never Ready yet, is ignored with them: nothing
+tells the two apart, and its image was pulled before the node was read, so not what it found.) A
+later readiness flap or restart of a pod followed, recorded or ignored is no new start either.
 A start that turned Ready is recorded even when its pod is deleted, or replaced under its name by a
 new pod (a StatefulSet's), before the writer's next pass.
 The pending starts live in memory: a restart of the sync loses the ones in flight.
@@ -132,7 +140,9 @@ class StartObserver:
             if facts.key in self._known and self._known[facts.key] != facts.uid:
                 del self._known[facts.key]
             if start is None:
-                if facts.key in self._known or facts.state != "starting":
+                # first seen Ready, or starting again (a container of it ran before): no start this
+                # sync saw from its beginning, and no discard either (module docstring)
+                if facts.key in self._known or facts.state != "starting" or facts.restarted:
                     self._known[facts.key] = facts.uid
                     return
                 if len(self._starts) + len(self._finished) >= MAX_PENDING:
