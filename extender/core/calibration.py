@@ -115,8 +115,8 @@ Amount = Annotated[float, Field(ge=0, le=2.0**60, allow_inf_nan=False)]
 class Observation(Schema):
     """One replica's start: where, what its node held for it when it was scheduled, and its times.
 
-    Times are unix seconds from the pod's status (``PodScheduled`` and ``Ready`` conditions,
-    the first container's ``startedAt``). ``imageReference`` and ``weightsVersion`` are the
+    Times are unix seconds from the pod's status as the sync saw it turn Ready (each field says
+    which part of it). ``imageReference`` and ``weightsVersion`` are the
     profile's when the start was observed: a fit uses only starts of the image and weights the
     profile names now (a new engine version may compile for longer; its old starts say nothing).
     """
@@ -138,8 +138,15 @@ class Observation(Schema):
     adapters: tuple[bool, ...] = ()
     #: Age of the node's inventory record when the state above was read.
     inventory_age: Seconds = 0.0
+    #: The ``PodScheduled`` condition's last transition.
     scheduled_at: Seconds
+    #: The earliest ``state.running.startedAt`` among the pod's app containers running when the sync
+    #: saw it Ready (init containers and sidecars not counted): the start of the containers of that
+    #: moment, so after a container restarted before Ready (a crash, an OOM kill) the restart's
+    #: time, not the pod's first container start; ``None`` when the status gave none. Stored for
+    #: reading a start, never fitted: the fit takes ``readyAt - scheduledAt`` alone.
     started_at: Seconds | None = None
+    #: The ``Ready`` condition's last transition (the sync's clock if the status gave none).
     ready_at: Seconds
 
     @model_validator(mode="after")
