@@ -17,7 +17,8 @@ the cache warmer (write)::
 
 Rules the agent relies on:
 
-* A weights directory is complete only when ``.complete`` exists, the manifest parses and every
+* A weights directory is complete only when ``.complete`` is a regular file (:func:`marked_complete`:
+  a link, a directory or a FIFO of that name is no marker), the manifest parses and every
   listed file is on disk with exactly its listed size. Anything less counts the bytes actually
   present (each file's length, capped at its listed size) and is never reported complete, even if
   the bytes add up (the cap is one byte short of the manifest's total).
@@ -205,6 +206,22 @@ def write_manifest(directory: Path, files: Iterable[tuple[str, int]], *, source:
     _write_durably(directory / MANIFEST, manifest.model_dump_json(by_alias=True, exclude_none=True).encode(),
                    dir_fd=dir_fd)
     return manifest
+
+
+def marked_complete(directory: str | os.PathLike[str], *, dir_fd: int | None = None) -> bool:
+    """Does the entry ``directory`` carry its completion marker, ``.complete`` as a regular file?
+
+    The one test of the marker, for the agent (is the entry whole?) and the warmer (is it in
+    service?). The marker is looked at, never followed: a symbolic link at its name (dangling, or to
+    a regular file), a directory, a FIFO or any other kind of file is no marker. ``dir_fd``: the
+    directory ``directory`` is relative to (``"."`` for the open entry itself). Nothing at the name
+    is ``False``; any other failure to look (the entry vanished, permission) raises ``OSError``.
+    """
+    try:
+        st = os.stat(os.path.join(directory, COMPLETE), dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(st.st_mode)
 
 
 def mark_complete(directory: Path, *, dir_fd: int | None = None) -> None:

@@ -26,7 +26,7 @@ from extender.core.errors import PolicyError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy, parse_policy
 from extender.core.warming import MAX_EVICTIONS, Action, Eviction
-from extender.layout import COMPLETE, MANIFEST, weights_dir
+from extender.layout import COMPLETE, MANIFEST, weights_dir, write_manifest
 from extender.warm.checks import node_warm, present, unsafe_evictions
 from extender.warm.executor import retry_delay
 from extender.warm.jobspec import (
@@ -588,16 +588,41 @@ def test_a_partial_download_is_resumed_not_fetched_again(tmp_path: Path) -> None
     assert (entry.bytes, entry.complete) == (150, True)
 
 
-@pytest.mark.parametrize("marked", [
-    pytest.param(True, id="complete: left in service"),
-    pytest.param(False, id="partial: moved into staging"),
-])
-def test_a_complete_weights_entry_stays_in_service_while_it_is_fetched_again(tmp_path: Path, marked: bool) -> None:
-    """prepare moved a complete entry into staging too, taking it away for the whole fetch."""
+def _no_marker(at: Path) -> None:
+    pass
+
+
+def _dangling_link(at: Path) -> None:
+    at.symlink_to(at.parent / "absent")
+
+
+def _link_to_a_file(at: Path) -> None:
+    (at.parent.parent / "elsewhere").write_bytes(b"")
+    at.symlink_to(at.parent.parent / "elsewhere")
+
+
+MARKERS = [
+    pytest.param(lambda at: at.write_bytes(b""), True, id="a regular .complete: left in service"),
+    pytest.param(_no_marker, False, id="no .complete: moved into staging"),
+    # prepare judged the marker by lstat alone, so each of these kept an entry the agent calls
+    # partial in place, and the fetch started over in an empty staging directory
+    pytest.param(lambda at: at.mkdir(), False, id="a directory .complete: moved into staging"),
+    pytest.param(_dangling_link, False, id="a dangling link .complete: moved into staging"),
+    pytest.param(_link_to_a_file, False, id="a link to a file .complete: moved into staging"),
+    pytest.param(os.mkfifo, False, id="a FIFO .complete: moved into staging"),
+]
+
+
+@pytest.mark.parametrize(("make", "marked"), MARKERS)
+def test_a_complete_weights_entry_stays_in_service_while_it_is_fetched_again(
+        tmp_path: Path, make: Callable[[Path], object], marked: bool) -> None:
+    """prepare moved a complete entry into staging too, taking it away for the whole fetch. What is
+    complete is what the agent says is: the two read the marker alike."""
     dest = weights_dir(tmp_path, "llm", "v1")
     sparse(dest / "a.safetensors", 100)
-    if marked:
-        (dest / COMPLETE).write_bytes(b"")
+    write_manifest(dest, [("a.safetensors", 100)])
+    make(dest / COMPLETE)
+    assert [w.complete for w in scan_cache(tmp_path).weights] == [marked]
     staging = prepare(tmp_path, "weights:llm/v1")
     assert (dest / "a.safetensors").exists() is marked
     assert sorted(p.name for p in staging.iterdir()) == ([] if marked else ["a.safetensors"])
@@ -605,6 +630,7 @@ def test_a_complete_weights_entry_stays_in_service_while_it_is_fetched_again(tmp
     finish(tmp_path, "weights:llm/v1")
     assert sorted(p.name for p in dest.iterdir()) == sorted(
         [COMPLETE, MANIFEST, "b.safetensors"] + ([] if marked else ["a.safetensors"]))
+    assert (dest / COMPLETE).is_file() and not (dest / COMPLETE).is_symlink()
 
 
 def test_evictions_happen_before_staging_and_are_atomic(tmp_path: Path) -> None:

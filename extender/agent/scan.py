@@ -49,6 +49,7 @@ from extender.layout import (
     MAX_MANIFEST_BYTES,
     Manifest,
     is_metadata,
+    marked_complete,
 )
 
 #: ``unstorable``: found, but a record cannot hold it (a name with control characters, too many
@@ -528,13 +529,10 @@ def _entries(walk: Walk, top: Path, spec: KindSpec) -> Iterator[tuple[str, str]]
 
 
 def _marked(walk: Walk, path: str) -> bool:
-    """Does the entry carry its completion marker, a regular file? A symbolic link in its place
-    (dangling or not) is not followed and does not count, like every link below the root."""
+    """Does the entry carry its completion marker (:func:`extender.layout.marked_complete`: a regular
+    file, never a link followed, a directory or a FIFO)? A failure to look is a problem, and no marker."""
     try:
-        st = os.lstat(os.path.join(path, COMPLETE))
-    except FileNotFoundError:
-        return False
+        return marked_complete(path)
     except OSError as exc:
         walk.os_problem(path, exc)
         return False
-    return stat.S_ISREG(st.st_mode)

@@ -50,7 +50,15 @@ from extender.core import caches
 from extender.core.caches import SPECS, CacheKind, split_name
 from extender.core.errors import ExtenderError, InvalidValueError, UnknownNameError
 from extender.core.quoting import quote
-from extender.layout import COMPLETE, MANIFEST, LayoutError, delete_at, finish_from_disk, mark_complete
+from extender.layout import (
+    COMPLETE,
+    MANIFEST,
+    LayoutError,
+    delete_at,
+    finish_from_disk,
+    mark_complete,
+    marked_complete,
+)
 
 #: Where the warm Job's containers see the node's cache root.
 CACHE_MOUNT = "/cache"
@@ -391,10 +399,9 @@ def prepare(root: Path, cache_id: str, evictions: Sequence[str] = (), *,
                 os.rename(entry.name, entry.staging, src_dir_fd=entry.fd, dst_dir_fd=entry.fd)
                 staged = _open_below(entry.fd, entry.staging, staging, root)
                 assert staged is not None
-                try:
+                try:  # whatever is at their names: a '.complete' that is no marker may be a directory
                     for name in (COMPLETE, MANIFEST):
-                        with contextlib.suppress(FileNotFoundError):
-                            os.unlink(name, dir_fd=staged)
+                        delete_at(staged, name)
                 finally:
                     os.close(staged)
             else:
@@ -405,15 +412,19 @@ def prepare(root: Path, cache_id: str, evictions: Sequence[str] = (), *,
 
 
 def _movable(entry: _Entry, root: Path) -> bool:
-    """Whether the weights entry may be moved into staging: not while it carries ``.complete`` (it is
+    """Whether the weights entry may be moved into staging: not while it carries its marker (it is
     in service; moving it would take it away for the whole fetch). Such an entry stays in place, the
-    fetch fills an empty staging directory, and ``finish`` replaces the entry in one rename."""
+    fetch fills an empty staging directory, and ``finish`` replaces the entry in one rename.
+
+    The marker is judged as the agent judges it (:func:`extender.layout.marked_complete`): a
+    ``.complete`` that is a link, a directory or a FIFO is none, the agent reports the entry partial,
+    and so it is moved and resumed like any partial download."""
     assert entry.fd is not None
     dest = _open_below(entry.fd, entry.name, entry.dest, root)
     if dest is None:
         return False
     try:
-        if _lstat(dest, COMPLETE) is None:
+        if not marked_complete(".", dir_fd=dest):  # as the agent judges it: only a regular file is a marker
             return True
     finally:
         os.close(dest)
@@ -455,8 +466,7 @@ def finish(root: Path, cache_id: str, *, source: str = "") -> Path:
                 raise StepError(f"{staging}: the fetch step left no files")
             match kind:
                 case "weights":
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(COMPLETE, dir_fd=staged)
+                    delete_at(staged, COMPLETE)  # what the fetch left there, a directory too
                     try:  # manifest, then the marker; a link in the fetched tree is refused, naming it
                         finish_from_disk(staging, source=source, dir_fd=staged)
                     except LayoutError as exc:
