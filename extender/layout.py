@@ -23,6 +23,8 @@ Rules the agent relies on:
   present (each file's length, capped at its listed size) and is never reported complete, even if
   the bytes add up (the cap is one byte short of the manifest's total).
 * A manifest lists each path once; one that repeats a path is corrupt (its sizes would count twice).
+  One that lists no files is corrupt too: marked complete, it would be whole weights of 0 bytes, so
+  :func:`finish_from_disk` refuses to seal a directory that holds no file to list.
 * A weights directory holds regular files and directories only. The agent neither follows nor
   counts a symbolic link (to a file or a directory, or dangling) or any other special file, so
   :func:`finish_from_disk` refuses to seal a directory holding one, naming it: listed, it would
@@ -125,6 +127,15 @@ class Manifest(_Model):
             if f.path in seen:
                 raise InvalidValueError(f"{f.path!r} is listed more than once")
             seen.add(f.path)
+        return value
+
+    @field_validator("files")
+    @classmethod
+    def _some_file(cls, value: tuple[ManifestFile, ...]) -> tuple[ManifestFile, ...]:
+        """Refuse an empty list: with its marker it would read as whole weights of 0 bytes (ready to
+        the node labels, and preferred to a hub cache that holds the real files)."""
+        if not value:
+            raise InvalidValueError("lists no files; weights of 0 bytes are never complete")
         return value
 
     @property
@@ -236,8 +247,9 @@ def finish_from_disk(directory: Path, *, source: str = "", dir_fd: int | None = 
     file, to a directory, dangling) or a special file (FIFO, socket, device) raises
     :class:`LayoutError` naming it, before anything is written: the agent would not count it (see
     the module docstring). So does a file whose path is not UTF-8: a manifest (JSON text) cannot
-    list it. Our own files at the top (:func:`is_metadata`) are neither listed nor checked: the
-    writes replace whatever is at their names, a link itself.
+    list it, and a directory with no file to list (only our own files, or empty directories). Our
+    own files at the top (:func:`is_metadata`) are neither listed nor checked: the writes replace
+    whatever is at their names, a link itself.
 
     ``dir_fd``: ``directory`` already open (the walk and the writes then go through it, and the path
     only names it in messages); otherwise it is opened once here, so the walk and the writes act on
@@ -269,6 +281,9 @@ def finish_from_disk(directory: Path, *, source: str = "", dir_fd: int | None = 
                 raise _not_sealable(directory, rel, "is a symbolic link" if stat.S_ISLNK(st.st_mode)
                                     else "is not a regular file")
             files.append((rel, st.st_size))
+    if not files:  # an empty manifest is corrupt (see the module docstring): never written
+        raise _not_sealable(directory, ".", "holds no file to list",
+                            "a manifest listing none would be whole weights of 0 bytes")
     manifest = write_manifest(directory, sorted(files), source=source, dir_fd=dir_fd)
     mark_complete(directory, dir_fd=dir_fd)
     return manifest

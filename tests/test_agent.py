@@ -361,6 +361,23 @@ def test_a_damaged_cache_is_reported_around_the_damage(cache: Path, clients: Cli
     assert len(corrupt) == 1  # logged once, not on every scan
 
 
+def test_weights_whose_manifest_lists_no_files_are_partial_and_said_so(
+        cache: Path, clients: Clients, caplog: pytest.LogCaptureFixture) -> None:
+    """Another writer's empty manifest with a marker made the weights whole at 0 bytes: ready to the
+    node labels, with nothing logged."""
+    d = weights_dir(cache, "qwen", "v1")
+    d.mkdir(parents=True)
+    (d / ".manifest.json").write_text('{"files": []}')
+    mark_complete(d)
+    a = agent(cache, clients)
+    with caplog.at_level(logging.WARNING, logger="extender.agent.loop"):
+        a.step()
+    assert a.stats.last_scan is not None and "qwen" not in a.stats.last_scan.complete_workloads
+    said = [(r.levelno, r.cache_path) for r in caplog.records  # type: ignore[attr-defined]
+            if "lists no files" in r.getMessage()]
+    assert said == [(logging.WARNING, str(d / ".manifest.json"))]
+
+
 class Unstorable(NamedTuple):
     """Something in the cache root a record cannot hold, what the agent says of it, and what it reports."""
 

@@ -129,6 +129,13 @@ def _manifest_listing_a_path_twice(root: Path) -> None:
     (d / MANIFEST).write_text(json.dumps({"files": [entry, entry, entry]}))
 
 
+def _manifest_listing_no_files(root: Path) -> None:
+    """Another writer's empty manifest and its marker, beside a file it does not list: whole weights
+    of 0 bytes, ready to the node labels, until the manifest said that much was corrupt."""
+    d = make_weights(root, "w", "v1", {"a": 100}, manifest=False, complete=True)
+    (d / MANIFEST).write_text(json.dumps({"files": []}))
+
+
 def _manifest_being_written(root: Path) -> None:
     """The shards are whole and the loader is between writing the manifest and renaming it."""
     make_weights(root, "w", "v1", {"a": 100, "b": 50}, manifest=False, complete=False)
@@ -213,6 +220,10 @@ CASES = [
     Case("a manifest listing a path twice is corrupt, never complete at a multiple of its size",
          _manifest_listing_a_path_twice,
          weights=(WeightsEntry("w", "v1", 1000, False, None),),
+         problems=(("weights/w/v1/.manifest.json", "corrupt"), ("weights/w/v1", "inconsistent"))),
+    Case("a manifest listing no files is corrupt, never complete at 0 bytes",
+         _manifest_listing_no_files,
+         weights=(WeightsEntry("w", "v1", 100, False, None),),
          problems=(("weights/w/v1/.manifest.json", "corrupt"), ("weights/w/v1", "inconsistent"))),
     Case("symbolic links are neither followed nor counted",
          _symlinks,
@@ -310,6 +321,24 @@ def test_finish_from_disk_refuses_what_the_agent_would_not_count(tmp_path: Path,
     (d / at).unlink()
     assert finish_from_disk(d).files == (ManifestFile(path="a", size=100),)
     assert scan_cache(tmp_path / "cache").weights == (WeightsEntry("w", "v1", 100, True, 100),)
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda d: None, id="an empty directory"),
+    pytest.param(lambda d: (d / "sub" / "deeper").mkdir(parents=True), id="empty directories only"),
+    pytest.param(lambda d: (d / MANIFEST).write_text('{"files": []}'), id="only a manifest of its own"),
+    pytest.param(lambda d: (d / f".{COMPLETE}.tmp").write_bytes(b""), id="only a marker being written"),
+])
+def test_finish_from_disk_refuses_a_directory_with_no_file_to_list(tmp_path: Path,
+                                                                   make: Callable[[Path], object]) -> None:
+    """It sealed an empty manifest with its marker: the agent reported whole weights of 0 bytes."""
+    d = weights_dir(tmp_path, "w", "v1")
+    d.mkdir(parents=True)
+    make(d)
+    with pytest.raises(LayoutError, match=f"^{d} holds no file to list: "):
+        finish_from_disk(d)
+    assert not (d / COMPLETE).exists()
+    assert scan_cache(tmp_path).complete_workloads == frozenset()
 
 
 def test_finish_from_disk_through_a_path_lists_and_writes_one_directory(tmp_path: Path) -> None:

@@ -969,6 +969,17 @@ def test_finish_refuses_an_empty_fetch(tmp_path: Path) -> None:
     assert scan_cache(tmp_path).compile_keys == ()
 
 
+def test_finish_refuses_weights_that_are_only_a_manifest(tmp_path: Path) -> None:
+    """A fetch that copied a bucket's manifest alone passed the any-file check, and finish sealed an
+    empty manifest with its marker: whole weights of 0 bytes to the agent."""
+    staging = prepare(tmp_path, "weights:llm/v1")
+    (staging / MANIFEST).write_text('{"files": [{"path": "a.safetensors", "size": 100}]}')
+    with pytest.raises(StepError, match="holds no file to list"):
+        finish(tmp_path, "weights:llm/v1")
+    assert not (staging / COMPLETE).exists() and not weights_dir(tmp_path, "llm", "v1").exists()
+    assert scan_cache(tmp_path).weights == ()
+
+
 @pytest.mark.parametrize("bad", ["weights:../etc/v1", "weights:llm", "weights:llm/.hidden", "compile:a/b",
                                  "snapshot:", "snapshot:llm", "image:nginx", "model:llm", "weights"])
 def test_cache_ids_that_would_leave_the_cache_root_are_refused(tmp_path: Path, bad: str) -> None:
