@@ -45,10 +45,11 @@ Caches in other tools' layouts (Hugging Face hub caches that pods fill themselve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -182,6 +183,68 @@ def delete_at(dir_fd: int, name: str) -> None:
             continue
 
 
+#: How :func:`walk_at` opens every directory it enters, relative to its parent: only a directory
+#: (``O_DIRECTORY``), never through a link (``O_NOFOLLOW``), and never waiting (``O_NONBLOCK``).
+_WALKED = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+#: One directory of a walk: ``(its path from ".", names of directories, names of the rest, its fd)``.
+Walked = tuple[str, list[str], list[str], int]
+
+
+def walk_at(dir_fd: int) -> Iterator[Walked]:
+    """Walk the tree of the open directory ``dir_fd`` top-down, as ``os.fwalk(".", dir_fd=dir_fd)``
+    does, but opening no directory that could make it wait.
+
+    Yields what ``os.fwalk`` yields: the path from ``"."`` (``"./sub"``), the names of the entries
+    that are directories (a link to a directory among them, as ``os.fwalk`` lists it, though it is
+    never entered), the names of the rest (files, links, special files), and an fd of the directory,
+    open until the walk moves on. Removing a name from the directory names in place skips it.
+
+    ``os.fwalk`` (CPython 3.11) opened each directory with plain ``O_RDONLY``: a FIFO put in place of
+    a directory between the listing and the open made the open wait for a writer that never comes
+    (the warm Job hung until its deadline). Here each directory is opened relative to its parent
+    with ``O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK``, so a FIFO, a file or a link swapped in fails at
+    once (``ENOTDIR``, ``ELOOP``) and is skipped, as ``os.fwalk`` skips a directory that vanished
+    or cannot be opened. Recursive, holding one fd per level, as ``os.fwalk`` does.
+    """
+    top = os.open(".", _WALKED, dir_fd=dir_fd)
+    try:
+        yield from _walk_below(".", top)
+    finally:
+        os.close(top)
+
+
+def _walk_below(path: str, fd: int) -> Iterator[Walked]:
+    directories, rest = _listing(fd)
+    yield path, directories, rest, fd
+    for name in directories:
+        try:
+            below = os.open(name, _WALKED, dir_fd=fd)
+        except OSError:  # vanished, unreadable, or no directory any more (a FIFO, a file, a link)
+            continue
+        try:
+            yield from _walk_below(os.path.join(path, name), below)
+        finally:
+            os.close(below)
+
+
+def _listing(fd: int) -> tuple[list[str], list[str]]:
+    """``(directory names, other names)`` of the open directory ``fd``, told apart as ``os.fwalk``
+    tells them: a link to a directory among the directories, a dangling link among the rest, and an
+    entry that vanished before it could be told apart left out."""
+    directories: list[str] = []
+    rest: list[str] = []
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            try:
+                (directories if entry.is_dir() else rest).append(entry.name)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    if entry.is_symlink():
+                        rest.append(entry.name)
+    return directories, rest
+
+
 def _write_durably(path: Path, data: bytes, *, dir_fd: int | None = None) -> None:
     """Write via a temporary name, fsync, rename: a reader sees the old file or the whole new one.
 
@@ -262,7 +325,7 @@ def finish_from_disk(directory: Path, *, source: str = "", dir_fd: int | None = 
         finally:
             os.close(opened)
     files: list[tuple[str, int]] = []
-    for dirpath, dirnames, filenames, walked_fd in os.fwalk(".", dir_fd=dir_fd):
+    for dirpath, dirnames, filenames, walked_fd in walk_at(dir_fd):
         # top-down: a link to a directory is listed among the directories, refused before the walk
         # would come to it (it would not enter it, and the link would stay out of the manifest)
         for name in dirnames:

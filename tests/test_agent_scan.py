@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -30,6 +32,7 @@ from extender.layout import (
     finish_from_disk,
     mark_complete,
     snapshot_dir,
+    walk_at,
     weights_dir,
     write_manifest,
 )
@@ -349,6 +352,148 @@ def test_finish_from_disk_through_a_path_lists_and_writes_one_directory(tmp_path
     (tmp_path / "named").symlink_to(real, target_is_directory=True)
     assert finish_from_disk(tmp_path / "named").files == (ManifestFile(path="a", size=100),)
     assert scan_cache(tmp_path).weights == (WeightsEntry("w", "v1", 100, True, 100),)
+
+
+# ---- the walk of a tree through open directories ----------------------------------------------
+
+
+def _nested(d: Path) -> None:
+    sparse(d / "a", 1)
+    sparse(d / "sub" / "b", 1)
+    sparse(d / "sub" / "deeper" / "c", 1)
+    (d / "empty").mkdir()
+
+
+def _links(d: Path) -> None:
+    _nested(d)
+    (d / "to-dir").symlink_to(d / "sub", target_is_directory=True)
+    (d / "to-file").symlink_to(d / "a")
+    (d / "dangling").symlink_to(d / "absent")
+    (d / "sub" / "up").symlink_to(d, target_is_directory=True)  # a loop, were it followed
+
+
+def _special(d: Path) -> None:
+    _nested(d)
+    os.mkfifo(d / "sub" / "pipe")
+    with socket.socket(socket.AF_UNIX) as s:
+        s.bind(str(d / "sock"))
+
+
+Walk = list[tuple[str, list[str], list[str]]]
+
+
+@pytest.mark.parametrize("build", [
+    pytest.param(lambda d: None, id="an empty directory"),
+    pytest.param(_nested, id="files and nested directories"),
+    pytest.param(_links, id="links to a directory, a file, nothing, and up the tree"),
+    pytest.param(_special, id="a FIFO and a socket"),
+])
+@pytest.mark.parametrize("prune", [pytest.param(False, id="whole"), pytest.param(True, id="'sub' pruned")])
+def test_walk_at_yields_what_os_fwalk_yields(tmp_path: Path, build: Callable[[Path], object], prune: bool) -> None:
+    """The walk replaced ``os.fwalk`` under ``finish_from_disk`` and the warm steps: the same tree, told
+    apart the same way (a link to a directory among the directories, never entered)."""
+    d = tmp_path / "tree"
+    d.mkdir()
+    build(d)
+
+    def walked(walk: Iterator[tuple[str, list[str], list[str], int]]) -> Walk:
+        seen = []
+        for path, dirs, files, _ in walk:
+            if prune and "sub" in dirs:
+                dirs.remove("sub")
+            seen.append((path, sorted(dirs), sorted(files)))
+        return sorted(seen)
+
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert walked(walk_at(fd)) == walked(os.fwalk(".", dir_fd=fd))
+    finally:
+        os.close(fd)
+
+
+T = TypeVar("T")
+
+
+class _Listed:
+    """A listing read whole before the directory changed, handed out afterwards."""
+
+    def __init__(self, entries: list[os.DirEntry[str]]) -> None:
+        self._entries = entries
+
+    def __iter__(self) -> Iterator[os.DirEntry[str]]:
+        return iter(self._entries)
+
+    def __enter__(self) -> _Listed:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def fifo_after_listing(monkeypatch: pytest.MonkeyPatch, directory: Path, name: str) -> Path:
+    """The next listing of ``directory`` (by path or fd, by anyone: ``os.fwalk`` lists through
+    ``os.scandir`` too) is read whole, and then its subdirectory ``name`` becomes a FIFO: a walk
+    that opens what it listed meets the FIFO where it saw a directory. Returns the FIFO's path."""
+    real = os.scandir
+    target = os.stat(directory)
+    fifo = directory / name
+    swapped: list[bool] = []
+
+    def scandir(path: Any = ".") -> Any:
+        try:
+            st = os.fstat(path) if isinstance(path, int) else os.stat(path)
+        except OSError:
+            return real(path)
+        if swapped or not os.path.samestat(st, target):
+            return real(path)
+        swapped.append(True)
+        with real(path) as it:
+            entries = list(it)
+        shutil.rmtree(fifo)
+        os.mkfifo(fifo)
+        return _Listed(entries)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    return fifo
+
+
+def without_hanging(call: Callable[[], T], fifo: Path) -> T:
+    """``call()``, in a thread: a hang detector, not a timing test. Still running after 10 s, it is
+    blocked opening ``fifo`` for reading; a writer opening it lets it go, and the test fails."""
+    returned: list[T] = []
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            returned.append(call())
+        except BaseException as exc:  # handed to the test's thread
+            raised.append(exc)
+
+    t = threading.Thread(target=run, name="walk", daemon=True)
+    t.start()
+    t.join(10)
+    if t.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # the reader waiting in open() goes on
+        t.join(10)
+        pytest.fail(f"blocked opening {fifo}, a FIFO found where a directory was listed")
+    if raised:
+        raise raised[0]
+    return returned[0]
+
+
+def test_finish_from_disk_skips_a_directory_swapped_for_a_fifo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``os.fwalk`` opened each directory with plain O_RDONLY: a FIFO put in place of one after the
+    listing blocked the open, and the warm Job with it until its deadline. Now it is skipped, as a
+    directory that vanished after the listing is."""
+    d = weights_dir(tmp_path, "w", "v1")
+    sparse(d / "a", 100)
+    sparse(d / "sub" / "b", 10)
+    fifo = fifo_after_listing(monkeypatch, d, "sub")
+    manifest = without_hanging(lambda: finish_from_disk(d), fifo)
+    assert manifest.files == (ManifestFile(path="a", size=100),)
 
 
 # ---- errors injected at the syscall, on real trees ---------------------------------------------

@@ -58,7 +58,7 @@ from extender.warm.steps import (
 )
 from extender.warm.templates import env_name, render
 from tests.gpu_policy import GPU_LLM_POLICY
-from tests.test_agent_scan import sparse
+from tests.test_agent_scan import fifo_after_listing, sparse, without_hanging
 
 GB = 10**9
 NOW = 1_700_000_000.0
@@ -967,6 +967,20 @@ def test_finish_refuses_an_empty_fetch(tmp_path: Path) -> None:
     with pytest.raises(StepError, match="no files"):
         finish(tmp_path, f"compile:{LLM_KEY}")
     assert scan_cache(tmp_path).compile_keys == ()
+
+
+@pytest.mark.parametrize("kind", ["weights", "snapshot"])
+def test_finish_does_not_hang_on_a_directory_swapped_for_a_fifo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                kind: CacheKind) -> None:
+    """The look for any fetched file walked with ``os.fwalk``, which opened each directory with plain
+    O_RDONLY: a FIFO put in place of the only directory after the listing blocked the Job until its
+    deadline. Now that directory is skipped, as one that vanished, and nothing was fetched."""
+    ident = "weights:llm/v1" if kind == "weights" else "snapshot:llm/v1"
+    staging = prepare(tmp_path, ident)
+    sparse(staging / "shards" / "a.safetensors", 100)
+    fifo = fifo_after_listing(monkeypatch, staging, "shards")
+    with pytest.raises(StepError, match="the fetch step left no files"):
+        without_hanging(lambda: finish(tmp_path, ident), fifo)
 
 
 def test_finish_refuses_weights_that_are_only_a_manifest(tmp_path: Path) -> None:

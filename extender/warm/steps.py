@@ -58,6 +58,7 @@ from extender.layout import (
     finish_from_disk,
     mark_complete,
     marked_complete,
+    walk_at,
 )
 
 #: Where the warm Job's containers see the node's cache root.
@@ -438,7 +439,7 @@ def _is_dir(st: os.stat_result | None) -> bool:
 
 
 def _has_file(dir_fd: int) -> bool:
-    return any(_is_file(walked, name) for _, _, files, walked in os.fwalk(".", dir_fd=dir_fd) for name in files)
+    return any(_is_file(walked, name) for _, _, files, walked in walk_at(dir_fd) for name in files)
 
 
 def _is_file(dir_fd: int, name: str) -> bool:
