@@ -49,7 +49,7 @@ import contextlib
 import os
 import shutil
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -191,7 +191,7 @@ _WALKED = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CL
 Walked = tuple[str, list[str], list[str], int]
 
 
-def walk_at(dir_fd: int) -> Iterator[Walked]:
+def walk_at(dir_fd: int, *, on_error: Callable[[str, OSError], None] | None = None) -> Iterator[Walked]:
     """Walk the tree of the open directory ``dir_fd`` top-down, as ``os.fwalk(".", dir_fd=dir_fd)``
     does, but opening no directory that could make it wait.
 
@@ -204,26 +204,29 @@ def walk_at(dir_fd: int) -> Iterator[Walked]:
     a directory between the listing and the open made the open wait for a writer that never comes
     (the warm Job hung until its deadline). Here each directory is opened relative to its parent
     with ``O_DIRECTORY | O_NOFOLLOW | O_NONBLOCK``, so a FIFO, a file or a link swapped in fails at
-    once (``ENOTDIR``, ``ELOOP``) and is skipped, as ``os.fwalk`` skips a directory that vanished
-    or cannot be opened. Recursive, holding one fd per level, as ``os.fwalk`` does.
+    once (``ENOTDIR``, ``ELOOP``). Such a directory, or one that vanished or cannot be opened, is
+    skipped, as ``os.fwalk`` skips it, after ``on_error(its path from ".", the error)`` if given
+    (which may raise to end the walk). Recursive, holding one fd per level, as ``os.fwalk`` does.
     """
     top = os.open(".", _WALKED, dir_fd=dir_fd)
     try:
-        yield from _walk_below(".", top)
+        yield from _walk_below(".", top, on_error)
     finally:
         os.close(top)
 
 
-def _walk_below(path: str, fd: int) -> Iterator[Walked]:
+def _walk_below(path: str, fd: int, on_error: Callable[[str, OSError], None] | None) -> Iterator[Walked]:
     directories, rest = _listing(fd)
     yield path, directories, rest, fd
     for name in directories:
         try:
             below = os.open(name, _WALKED, dir_fd=fd)
-        except OSError:  # vanished, unreadable, or no directory any more (a FIFO, a file, a link)
+        except OSError as exc:  # vanished, unreadable, or no directory any more (a FIFO, a file, a link)
+            if on_error is not None:
+                on_error(os.path.join(path, name), exc)
             continue
         try:
-            yield from _walk_below(os.path.join(path, name), below)
+            yield from _walk_below(os.path.join(path, name), below, on_error)
         finally:
             os.close(below)
 
@@ -310,7 +313,9 @@ def finish_from_disk(directory: Path, *, source: str = "", dir_fd: int | None = 
     file, to a directory, dangling) or a special file (FIFO, socket, device) raises
     :class:`LayoutError` naming it, before anything is written: the agent would not count it (see
     the module docstring). So does a file whose path is not UTF-8: a manifest (JSON text) cannot
-    list it, and a directory with no file to list (only our own files, or empty directories). Our
+    list it, a directory with no file to list (only our own files, or empty directories), and a
+    directory below that cannot be entered (unreadable, or swapped for something else after it was
+    listed): a manifest sealed without its files would be whole weights with files missing. Our
     own files at the top (:func:`is_metadata`) are neither listed nor checked: the writes replace
     whatever is at their names, a link itself.
 
@@ -324,8 +329,12 @@ def finish_from_disk(directory: Path, *, source: str = "", dir_fd: int | None = 
             return finish_from_disk(directory, source=source, dir_fd=opened)
         finally:
             os.close(opened)
+    def unentered(rel: str, exc: OSError) -> None:  # its files would be left out of a manifest sealed whole
+        raise _not_sealable(directory, os.path.normpath(rel), f"cannot be entered ({exc.strerror})",
+                            "the manifest would leave out what it holds; the tree changed or is unreadable")
+
     files: list[tuple[str, int]] = []
-    for dirpath, dirnames, filenames, walked_fd in walk_at(dir_fd):
+    for dirpath, dirnames, filenames, walked_fd in walk_at(dir_fd, on_error=unentered):
         # top-down: a link to a directory is listed among the directories, refused before the walk
         # would come to it (it would not enter it, and the link would stay out of the manifest)
         for name in dirnames:

@@ -484,16 +484,19 @@ def without_hanging(call: Callable[[], T], fifo: Path) -> T:
     return returned[0]
 
 
-def test_finish_from_disk_skips_a_directory_swapped_for_a_fifo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_finish_from_disk_refuses_a_directory_swapped_for_a_fifo(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """``os.fwalk`` opened each directory with plain O_RDONLY: a FIFO put in place of one after the
-    listing blocked the open, and the warm Job with it until its deadline. Now it is skipped, as a
-    directory that vanished after the listing is."""
+    listing blocked the open, and the warm Job with it until its deadline. Now the open fails at
+    once, and nothing is sealed: a manifest without ``sub/b`` would be whole weights missing a file."""
     d = weights_dir(tmp_path, "w", "v1")
     sparse(d / "a", 100)
     sparse(d / "sub" / "b", 10)
     fifo = fifo_after_listing(monkeypatch, d, "sub")
-    manifest = without_hanging(lambda: finish_from_disk(d), fifo)
-    assert manifest.files == (ManifestFile(path="a", size=100),)
+    with pytest.raises(LayoutError, match=r"/sub cannot be entered \(Not a directory\): the manifest would leave out"):
+        without_hanging(lambda: finish_from_disk(d), fifo)
+    assert not (d / MANIFEST).exists() and not (d / COMPLETE).exists()
+
 
 
 # ---- errors injected at the syscall, on real trees ---------------------------------------------
