@@ -1,9 +1,10 @@
 """Every metric the code registers, built in this process, and the metric names a PromQL expression reads.
 
 :func:`registered` builds each process's metric classes on fresh registries (the scheduler
-extender's, the scaler's and its warmer's, the agent's, the sync's, the KEDA scaler's, build info and
-process collectors), for the scaler tests' policy, and returns every sample name they expose:
-``_total``, ``_bucket``, ``_count``, ``_sum`` included. tests/test_metrics_exposition.py checks the
+extender's, the scaler's with its warmer's and its External Metrics API's, the agent's, the
+sync's, the KEDA scaler's, build info and process collectors), for the scaler tests' policy, and
+returns every sample name they expose: ``_total``, ``_bucket``, ``_count``, ``_sum`` included, and
+the name of a gauge whose series appear only with events. tests/test_metrics_exposition.py checks the
 same families against the real processes. :func:`metric_names` walks a parsed PromQL expression
 (``promql-parser``, the Rust parser's Python binding) for the names of its vector selectors.
 """
@@ -19,8 +20,10 @@ import promql_parser
 from prometheus_client import CollectorRegistry
 
 from extender.agent.metrics import AgentMetrics
+from extender.api.external_metrics.metrics import ServedMetrics
 from extender.keda.metrics import KedaMetrics
 from extender.kube.metrics import SyncMetrics
+from extender.scaler.loop import scaled_profiles
 from extender.scaler.metrics import ScalerMetrics
 from extender.telemetry.build import add_build_info, add_process_collectors
 from extender.warm.metrics import WarmMetrics
@@ -43,6 +46,7 @@ def registered() -> frozenset[str]:
     add_process_collectors(scale)
     ScalerMetrics(scale, policy)
     WarmMetrics(scale).set_policy(policy)
+    ServedMetrics(scale, [profile.name for profile in scaled_profiles(policy)])
     registries.append(scale)
     for build in (AgentMetrics, KedaMetrics):
         r = CollectorRegistry()
@@ -55,6 +59,8 @@ def registered() -> frozenset[str]:
     for r in registries:
         for family in r.collect():
             names.update(s.name for s in family.samples)
+            if family.type == "gauge":  # a labelled gauge whose series come with events has no sample yet
+                names.add(family.name)
             if family.type == "histogram":
                 names.update(f"{family.name}{suffix}" for suffix in ("_bucket", "_count", "_sum"))
     return frozenset(names)

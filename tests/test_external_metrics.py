@@ -16,6 +16,7 @@ import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.parser import text_string_to_metric_families
 from werkzeug.datastructures import Headers
 
 from extender.api.external_metrics.app import (
@@ -39,6 +40,7 @@ from extender.api.external_metrics.auth import (
     parse_list,
 )
 from extender.api.external_metrics.label_selector import Selector, SelectorError, parse_selector
+from extender.api.external_metrics.metrics import STATES, ServedMetrics
 from extender.core.errors import StateError, StoreUnavailableError
 from extender.state import connect
 from extender.state.decisions import DecisionStore, Published, Unreadable
@@ -317,6 +319,143 @@ def test_a_store_that_cannot_be_read_is_503(redis_server: RedisServer, tmp_path:
     code, body, _ = get(app, DESIRED, "workload=qwen3")
     assert (code, body["reason"]) == (503, "ServiceUnavailable")
     assert "the scaler's metrics cannot be read" in body["message"]
+
+
+# ---- what was served, per workload: the decision's time and window, and the "0" of none ---------------
+
+#: A series of the served metrics: (sample name, sorted label pairs).
+Series = tuple[str, tuple[tuple[str, str], ...]]
+TIME, WINDOW, SERVED = ("extender_external_metrics_decision_timestamp_seconds",
+                        "extender_external_metrics_decision_window_seconds", "extender_external_metrics_served_total")
+
+
+def served_series(client: FlaskClient) -> dict[Series, float]:
+    """The ``extender_external_metrics_*`` samples of the app's own ``/metrics`` (``_created`` left out)."""
+    text = client.get("/metrics").get_data(as_text=True)
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name.startswith("extender_external_metrics_") and not s.name.endswith("_created")}
+
+
+def expected_series(dated: Mapping[str, tuple[float, int]], counts: Mapping[tuple[str, str], float],
+                    workloads: Mapping[str, str | None] = WORKLOADS) -> dict[Series, float]:
+    """Every counter of ``workloads`` (0 unless in ``counts``) and the gauges of the ``dated`` workloads."""
+    out: dict[Series, float] = {(SERVED, (("state", state), ("workload", w))): counts.get((w, state), 0.0)
+                                for w in workloads for state in STATES}
+    for w, (t, window) in dated.items():
+        out[(TIME, (("workload", w),))] = t
+        out[(WINDOW, (("workload", w),))] = float(window)
+    return out
+
+
+class Ask(NamedTuple):
+    """One request: what the published hash holds first (``None``: as it is), and the reply's code."""
+
+    stored: Mapping[str, bytes] | None
+    namespace: str
+    selector: str
+    code: int
+    metric: str = "extender-desired-replicas"
+
+
+class Served(NamedTuple):
+    """One row: requests in order, then the gauges (workload -> decision time, window) and counts expected."""
+
+    id: str
+    asks: list[Ask]
+    dated: Mapping[str, tuple[float, int]]
+    counts: Mapping[tuple[str, str], float]
+
+
+QWEN = PUBLISHED["qwen3"].encode().encode()
+NEWER = Published(desired=6, load=20.0, unit="requests/s", t=NOW - 2, window=30, token=4).encode().encode()
+#: Names no policy lists: each is a 404, and none may become a label value.
+MADE_UP = [f"w{i:03d}-{'x' * (i % 7 + 1)}" for i in range(200)]
+
+SERVED_ROWS = [Served(*row) for row in [
+    ("decided-exports-its-time", [Ask({"qwen3": QWEN}, "default", "workload=qwen3", 200)] * 2,
+     {"qwen3": (NOW - 10, 15)}, {("qwen3", "decided"): 2}),
+    ("every-metric-counts", [Ask({"qwen3": QWEN}, "default", "workload=qwen3", 200, m) for m in
+                             ("extender-desired-replicas", "extender-forecast-load", "extender-standby-replicas")],
+     {"qwen3": (NOW - 10, 15)}, {("qwen3", "decided"): 3}),
+    ("undecided-counts-and-has-no-time", [Ask({}, "ml", "workload=llama", 200)] * 3, {}, {("llama", "undecided"): 3}),
+    ("one-reply-two-workloads", [Ask({"anywhere": QWEN}, "ml", "workload in (anywhere,llama)", 200)],
+     {"anywhere": (NOW - 10, 15)}, {("anywhere", "decided"): 1, ("llama", "undecided"): 1}),
+    ("a-newer-decision-replaces-the-time", [Ask({"qwen3": QWEN}, "default", "workload=qwen3", 200),
+                                            Ask({"qwen3": NEWER}, "default", "workload=qwen3", 200)],
+     {"qwen3": (NOW - 2, 30)}, {("qwen3", "decided"): 2}),
+    # the decision vanished (a flushed Redis): no time is left standing for a decision no longer served
+    ("a-lost-decision-drops-the-time", [Ask({"qwen3": QWEN}, "default", "workload=qwen3", 200),
+                                        Ask({}, "default", "workload=qwen3", 200)],
+     {}, {("qwen3", "decided"): 1, ("qwen3", "undecided"): 1}),
+    ("made-up-names-add-no-series",
+     [Ask({"qwen3": QWEN}, "default", f"workload={name}", 404) for name in MADE_UP]
+     + [Ask(None, "default", f"workload in ({MADE_UP[0]},{MADE_UP[1]})", 404),
+        Ask(None, "default", f"workload in (qwen3,{MADE_UP[2]})", 200)],
+     {"qwen3": (NOW - 10, 15)}, {("qwen3", "decided"): 1}),
+    ("another-namespace-s-workload-is-not-served", [Ask({"qwen3": QWEN}, "ml", "workload=qwen3", 404)], {}, {}),
+    ("an-unknown-metric-is-not-served", [Ask({"qwen3": QWEN}, "default", "workload=qwen3", 404, "queue_depth")],
+     {}, {}),
+    # a 404 serves nothing, the readable workload of the same selector included
+    ("an-unreadable-entry-is-not-served", [Ask({"llama": b"{broken", "anywhere": QWEN}, "ml",
+                                               "workload in (anywhere,llama)", 404)], {}, {}),
+]]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("row", SERVED_ROWS, ids=[r.id for r in SERVED_ROWS])
+def test_what_was_served_is_measured_per_workload(row: Served, redis_server: RedisServer, tmp_path: Path) -> None:
+    client = connect(redis_server.url, tmp_path)
+    store = DecisionStore(client)
+    registry = CollectorRegistry()
+    app = create_app(ExternalMetricsApi(published=store.published_entries, workloads=WORKLOADS,
+                                        auth=Authenticator(AuthConfig(insecure=True)), clock=lambda: NOW,
+                                        registry=registry, served_metrics=ServedMetrics(registry, WORKLOADS)))
+    c = app.test_client()
+    assert served_series(c) == expected_series({}, {})  # every counter from the start, no time yet
+    for ask in row.asks:
+        if ask.stored is not None:
+            client.delete(store.published_key)
+            for workload, raw in ask.stored.items():
+                client.hset(store.published_key, workload, raw)
+        code, body, _ = get(c, f"namespaces/{ask.namespace}/{ask.metric}", ask.selector)
+        assert code == ask.code, body
+    assert served_series(c) == expected_series(row.dated, row.counts)
+    client.close()
+
+
+def test_a_policy_edit_drops_the_times_of_the_workloads_it_no_longer_serves() -> None:
+    registry = CollectorRegistry()
+    api = ExternalMetricsApi(published=lambda: PUBLISHED, workloads=WORKLOADS, clock=lambda: NOW,
+                             auth=Authenticator(AuthConfig(insecure=True)), registry=registry,
+                             served_metrics=ServedMetrics(registry, WORKLOADS))
+    c = create_app(api).test_client()
+    assert get(c, DESIRED, "workload=qwen3")[0] == 200
+    edited: dict[str, str | None] = {"llama": "ml", "new": "default"}
+    api.set_workloads(edited)
+    assert get(c, DESIRED, "workload=qwen3")[0] == 404  # no longer served ...
+    # ... so no time of it stays behind (an alert would age it for ever); counters stay, as counters do
+    assert served_series(c) == expected_series({}, {("qwen3", "decided"): 1}, {**WORKLOADS, **edited})
+
+
+#: (id, what is recorded in order, workloads whose gauges are left): the recorder alone, without the app.
+RECORDS: list[tuple[str, list[tuple[str, Published | None]], set[str]]] = [
+    ("a-name-the-policy-does-not-list", [("intruder", PUBLISHED["qwen3"]), ("intruder", None)], set()),
+    ("decided-then-undecided", [("qwen3", PUBLISHED["qwen3"]), ("qwen3", None)], set()),
+    ("undecided-then-decided", [("qwen3", None), ("qwen3", PUBLISHED["qwen3"])], {"qwen3"}),
+]
+
+
+@pytest.mark.parametrize(("records", "dated"), [r[1:] for r in RECORDS], ids=[r[0] for r in RECORDS])
+def test_the_recorder_labels_only_the_policy_s_workloads(records: list[tuple[str, Published | None]],
+                                                         dated: set[str]) -> None:
+    registry = CollectorRegistry()
+    metrics = ServedMetrics(registry, WORKLOADS)
+    for workload, value in records:
+        metrics.record(workload, value)
+    labelled = {s.labels["workload"] for f in registry.collect() for s in f.samples if "workload" in s.labels}
+    assert labelled == set(WORKLOADS)
+    timed = {s.labels["workload"] for f in registry.collect() for s in f.samples if s.name == TIME}
+    assert timed == dated
 
 
 # ---- what a 404 names: the workloads of the namespace asked about, never another's ---------------

@@ -96,6 +96,8 @@ SERIES_AT_START = [
     ("decision-forecast-up", "scale", "extender_scaler_decisions_total",
      {"workload": "llama", "action": "scale-up", "driver": "forecast"}),
     ("workload-errors", "scale", "extender_scaler_workload_errors_total", {"workload": "llama"}),
+    ("served-undecided", "scale", "extender_external_metrics_served_total",
+     {"workload": "llama", "state": "undecided"}),
     ("agent-failed-report", "agent", "extender_agent_reports_total", {"result": "failed"}),
     ("agent-adapter-bytes", "agent", "extender_agent_cache_bytes", {"kind": "adapter"}),
     ("sync-relist", "sync", "extender_sync_relists_total", {"resource": "pods"}),

@@ -266,3 +266,73 @@ def test_an_api_only_scaler_follows_policy_edits(redis_server: RedisServer, tmp_
         assert code_in("default") == 404
     finally:
         stop(process, SETTLE_S)
+
+
+@pytest.mark.integration
+def test_an_api_only_scaler_measures_what_it_served(redis_server: RedisServer, tmp_path: Path) -> None:
+    # the process as deployed (gunicorn, create_worker_app's wiring, the policy watch): the time of
+    # the decision served, the "0" of a workload without one, no series for a name the policy does
+    # not list, and a workload the edited policy drops leaves no time behind
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from extender.state.decisions import DecisionStore, Published
+    from tests.test_fault_reload import ConfigMapVolume
+
+    client = connect(redis_server.url, tmp_path)
+    store = DecisionStore(client)
+    decided = Published(desired=3, load=11.0, unit="requests/s", t=1_735_732_790.0, window=15, token=1)
+    client.hset(store.published_key, "qwen3", decided.encode())
+    volume = ConfigMapVolume(tmp_path / "config")
+    volume.publish(policy_text())
+    port = free_port()
+    log = tmp_path / "scale.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "extender.scaler", "scale", "--policy", str(volume.path), "--no-loop",
+             "--redis-url", redis_server.url, "--bind", f"127.0.0.1:{port}", "--insecure-no-auth",
+             "--kubeconfig", str(tmp_path / "unused-kubeconfig")],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    base = f"http://127.0.0.1:{port}"
+
+    def ask(namespace: str, workload: str) -> int:
+        url = (f"{base}/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/extender-desired-replicas"
+               f"?labelSelector=workload%3D{workload}")
+        try:
+            return get_json(url)[0]
+        except (urllib.error.URLError, ConnectionError):
+            return -1
+
+    def served() -> dict[tuple[str, str, str], float]:
+        """(sample, workload, state) -> value of the API's own families on its /metrics."""
+        with urllib.request.urlopen(f"{base}/metrics", timeout=2) as r:
+            text = r.read().decode()
+        return {(s.name, s.labels["workload"], s.labels.get("state", "")): s.value
+                for f in text_string_to_metric_families(text) for s in f.samples
+                if s.name.startswith("extender_external_metrics_")}
+
+    def until(check: Any, what: str) -> None:
+        def done() -> bool:
+            assert process.poll() is None, log.read_text()[-3000:]
+            return bool(check())
+
+        wait_until(done, timeout_s=SETTLE_S, what=what, interval_s=0.1, report=lambda: log.read_text()[-3000:])
+
+    counter = "extender_external_metrics_served_total"
+    try:
+        until(lambda: ask("default", "qwen3") == 200, "qwen3 served")
+        assert [ask("ml", "llama"), ask("ml", "llama"), ask("default", "made-up")] == [200, 200, 404]
+        assert served() == {
+            ("extender_external_metrics_decision_timestamp_seconds", "qwen3", ""): decided.t,
+            ("extender_external_metrics_decision_window_seconds", "qwen3", ""): 15.0,
+            (counter, "qwen3", "decided"): 1.0, (counter, "qwen3", "undecided"): 0.0,
+            (counter, "llama", "decided"): 0.0, (counter, "llama", "undecided"): 2.0,
+        }
+        volume.publish(policy_text().replace("name: qwen3", "name: qwen4"))
+        until(lambda: ask("default", "qwen4") == 200, "the edited policy taken")
+        assert {k: v for k, v in served().items() if k[1] != "llama"} == {
+            (counter, "qwen3", "decided"): 1.0, (counter, "qwen3", "undecided"): 0.0,  # counters stay
+            (counter, "qwen4", "decided"): 0.0, (counter, "qwen4", "undecided"): 1.0,
+        }
+    finally:
+        stop(process, SETTLE_S)
+        client.close()

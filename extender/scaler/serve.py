@@ -41,6 +41,7 @@ from prometheus_client import CollectorRegistry
 
 from extender.api.external_metrics.app import ExternalMetricsApi, create_app
 from extender.api.external_metrics.auth import Access, AuthConfig, Authenticator, User, ca_subjects
+from extender.api.external_metrics.metrics import ServedMetrics
 from extender.core.errors import ExtenderError
 from extender.core.policy import Policy
 from extender.files import PolicyFile
@@ -245,11 +246,12 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
                       leader=report.holder if report else None, token=report.token if report else None)
         return runner.alive(), detail
 
-    api = ExternalMetricsApi(published=decisions.published_entries, workloads=workload_namespaces(settings.policy),
-                             auth=auth, ready=ready, registry=registry)
+    workloads = workload_namespaces(settings.policy)
+    api = ExternalMetricsApi(published=decisions.published_entries, workloads=workloads, auth=auth, ready=ready,
+                             registry=registry, served_metrics=ServedMetrics(registry, workloads))
 
     def take(policy: Policy) -> None:
-        api.workloads = workload_namespaces(policy)
+        api.set_workloads(workload_namespaces(policy))
 
     watch: PolicyWatch | None = None
     if settings.run_loop:

@@ -27,12 +27,15 @@ metric                          value                             HPA target
 ==============================  ================================  ==================================
 
 A workload the scaler has not decided for yet is served as one item with value ``"0"`` (an empty
-list is an error to the HPA). A selector that matches no autoscaled workload of the namespace is a
-``404``: a typo in an HPA must show up as ``FailedGetExternalMetric``, not as a silent zero; its
-message lists the workloads served in that namespace only. A selected workload whose published
-entry cannot be decoded (:class:`~extender.state.decisions.Unreadable`) is a ``404`` too, saying
-so: there is no value to serve for it, and the HPA keeps its replicas; the other workloads are
-served as usual. ``503`` is for a store that cannot be read at all.
+list is an error to the HPA). That, and a decision served however old, are silent to the HPA, so
+each item served is recorded (:mod:`extender.api.external_metrics.metrics`: the served decision's
+time and window per workload, and the items served without one; docs/monitoring.md). A selector
+that matches no autoscaled workload of the namespace is a ``404``: a typo in an HPA must show up as
+``FailedGetExternalMetric``, not as a silent zero; its message lists the workloads served in that
+namespace only. A selected workload whose published entry cannot be decoded
+(:class:`~extender.state.decisions.Unreadable`) is a ``404`` too, saying so: there is no value to
+serve for it, and the HPA keeps its replicas; the other workloads are served as usual. ``503`` is
+for a store that cannot be read at all.
 Values are Kubernetes quantity strings in milli-units (``"3"``, ``"1500m"``), which is the
 precision the HPA reads them in (``MilliValue``).
 """
@@ -54,6 +57,7 @@ from werkzeug.exceptions import HTTPException
 
 from extender.api.external_metrics.auth import Access, Authenticator, AuthError, User
 from extender.api.external_metrics.label_selector import SelectorError, parse_selector
+from extender.api.external_metrics.metrics import ServedMetrics
 from extender.core.errors import ExtenderError
 from extender.state.decisions import Published, Unreadable
 
@@ -131,7 +135,8 @@ class ExternalMetricsApi:
 
     ``published`` reads every workload's values (``DecisionStore.published_entries``; may raise
     our errors, answered with 503). ``workloads`` maps each autoscaled workload to its namespace
-    (``None``: served in every namespace).
+    (``None``: served in every namespace); change it with :meth:`set_workloads`, which keeps
+    ``served_metrics`` to the same workloads.
     """
 
     published: Callable[[], Mapping[str, Published | Unreadable]]
@@ -141,6 +146,14 @@ class ExternalMetricsApi:
     ready: Callable[[], tuple[bool, dict[str, Any]]] | None = None
     #: What ``/metrics`` serves (the scaler's and its warmer's families); ``None``: 404.
     registry: CollectorRegistry | None = None
+    #: Where each item served is recorded (on :attr:`registry`, usually); ``None``: nowhere.
+    served_metrics: ServedMetrics | None = None
+
+    def set_workloads(self, workloads: Mapping[str, str | None]) -> None:
+        """Serve ``workloads`` from now on (a policy edit), and label the served metrics with them alone."""
+        self.workloads = workloads
+        if self.served_metrics is not None:
+            self.served_metrics.set_workloads(workloads)
 
 
 bp = Blueprint("external_metrics", __name__)
@@ -233,6 +246,8 @@ def metric_values(namespace: str, metric: str) -> Response:
         else:
             item.update(timestamp=rfc3339(value.t), window=value.window, value=format_quantity(value_of(value)))
         items.append(item)
+        if api.served_metrics is not None:  # w is the policy's: a name a client made up was a 404 above
+            api.served_metrics.record(w, value if isinstance(value, Published) else None)
     return _json({"kind": "ExternalMetricValueList", "apiVersion": GROUP_VERSION, "metadata": {}, "items": items})
 
 
