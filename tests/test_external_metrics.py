@@ -141,8 +141,12 @@ WORKLOADS: dict[str, str | None] = {"qwen3": "default", "llama": "ml", "anywhere
 
 def make_app(published: Callable[[], Mapping[str, Published | Unreadable]] = lambda: PUBLISHED,
              auth: Authenticator | None = None) -> Flask:
+    """The app as the scaler builds it: it records what it serves (so every test, and the fuzzer of
+    tests/test_fault_wire.py, goes through the recorder too) and serves that at ``/metrics``."""
+    registry = CollectorRegistry()
     return create_app(ExternalMetricsApi(published=published, workloads=WORKLOADS,
-                                         auth=auth or Authenticator(AuthConfig(insecure=True)), clock=lambda: NOW))
+                                         auth=auth or Authenticator(AuthConfig(insecure=True)), clock=lambda: NOW,
+                                         registry=registry, served_metrics=ServedMetrics(registry, WORKLOADS)))
 
 
 @pytest.fixture

@@ -20,6 +20,7 @@ from urllib.parse import quote
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import RedisServer
 from tests.net import free_port
@@ -34,6 +35,7 @@ from tests.test_extender_integration import (
     vllm_pod,
     wait_ready,
 )
+from tests.test_external_metrics import WORKLOADS
 from tests.test_external_metrics import make_app as metrics_app
 from tests.test_scoring import POLICY
 
@@ -228,6 +230,11 @@ def test_external_metrics_requests_never_get_a_5xx(prefix: str, parts: list[str]
         or body.get("status") == "ok", body
     if body["kind"] == "Status":
         assert body["code"] == resp.status_code
+    # whatever the selector named, the app's own series are labelled with the policy's workloads only
+    text = client.get("/metrics").get_data(as_text=True)
+    labelled = {s.labels["workload"] for f in text_string_to_metric_families(text) for s in f.samples
+                if "workload" in s.labels}
+    assert labelled == set(WORKLOADS)
 
 
 def test_the_suite_can_fail() -> None:
