@@ -9,7 +9,9 @@ so rates are exact.
 from __future__ import annotations
 
 import socket
+import ssl
 import threading
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,12 +21,14 @@ import pytest
 
 from extender.core.errors import SignalError
 from extender.kube.client import KubeClient
+from extender.scaler import observation
 from extender.scaler.observation import MAX_LOCATION, http_get
 from extender.scaler.pods import count_replicas, label_selector, workload_pods
 from extender.scaler.scrape import ScrapeSource
 from extender.scaler.serve import KubePodLister
 from tests.kube_double import KubeDouble
-from tests.net import dripping, free_port, recording
+from tests.net import accepting, dripping, free_port, recording
+from tests.pki import Pki, make_pki
 from tests.scaler_policy import make_policy
 from tests.vllm_endpoint import Counters, MetricsEndpoint, pod, serving, vllm_text
 
@@ -283,3 +287,85 @@ def test_a_pod_that_answers_a_byte_at_a_time_is_a_missing_reading(prefix: bytes,
     assert str(raised.value) == f"GET {url}: timed out: no whole reply within {FETCH_TIMEOUT_S:.3g}s"
     assert (observation.expected, observation.answered) == (2, 1)
     assert f"default/qwen3-b: GET {url}: timed out" in observation.note
+
+
+# ---- every fetch through one opener, each with its own deadline and TLS context ----------------------------
+
+QUICK = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 6\r\n\r\nquick\n"
+#: Twenty bytes of body, one every 0.05 s: a whole reply needs about a second.
+SLOW_PREFIX, SLOW_DRIP = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: 20\r\n\r\n", b"#" * 20
+
+
+@pytest.fixture(scope="module")
+def server_pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+@contextmanager
+def tls_replying(port: int, pki: Pki, reply: bytes) -> Iterator[None]:
+    """An https server on 127.0.0.1 (``pki``'s serving certificate) answering ``reply`` to every request."""
+    served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    served.load_cert_chain(pki.server.cert, pki.server.key)
+
+    def answer(conn: socket.socket, _stop: threading.Event) -> None:
+        with served.wrap_socket(conn, server_side=True) as tls:  # a client that distrusts it: an OSError
+            tls.recv(65536)
+            tls.sendall(reply)
+
+    with accepting("127.0.0.1", port, answer):
+        yield
+
+
+#: One fetch: the server asked, its timeout in s, its TLS context, the words of its error (None: it reads).
+Fetch = tuple[str, float, str | None, str | None]
+#: (row, fetches in order);
+#: each fetch after the first must keep its own deadline and context, not the previous fetch's
+ONE_OPENER = [
+    pytest.param([("quick", 0.5, None, None), ("slow", 5.0, None, None)], id="a-long-deadline-after-a-short-one"),
+    pytest.param([("quick", 5.0, None, None), ("slow", 0.5, None, r"timed out: no whole reply within 0\.5s")],
+                 id="a-short-deadline-after-a-long-one"),
+    pytest.param([("tls", 2.0, "system", "CERTIFICATE_VERIFY_FAILED"), ("tls", 2.0, "server-ca", None)],
+                 id="a-trusting-context-after-a-distrusting-one"),
+    pytest.param([("tls", 2.0, "server-ca", None), ("tls", 2.0, "system", "CERTIFICATE_VERIFY_FAILED")],
+                 id="a-distrusting-context-after-a-trusting-one"),
+]
+
+
+@pytest.mark.parametrize("fetches", ONE_OPENER)
+def test_each_fetch_keeps_its_own_deadline_and_context(server_pki: Pki, fetches: list[Fetch]) -> None:
+    # the fetches share one opener (building one per fetch was 0.4-0.6 ms, a third of a tick's two
+    # Prometheus queries); what differs per fetch travels with its request
+    quick, slow, tls = free_port(), free_port(), free_port()
+    urls = {"quick": f"http://127.0.0.2:{quick}/metrics", "slow": f"http://127.0.0.3:{slow}/metrics",
+            "tls": f"https://127.0.0.1:{tls}/api/v1/query"}
+    contexts = {None: None, "system": ssl.create_default_context(),
+                "server-ca": ssl.create_default_context(cafile=str(server_pki.server_ca.cert))}
+    with replying("127.0.0.2", quick, QUICK), dripping("127.0.0.3", slow, SLOW_PREFIX, SLOW_DRIP), \
+            tls_replying(tls, server_pki, QUICK):
+        for server, timeout_s, context, error in fetches:
+            if error is None:
+                assert http_get(urls[server], timeout_s, context=contexts[context]) in ("quick\n", "#" * 20)
+                continue
+            with pytest.raises(SignalError, match=error) as raised:
+                http_get(urls[server], timeout_s, context=contexts[context])
+            assert str(raised.value).startswith(f"GET {urls[server]}: ")
+
+
+def test_fetches_build_one_opener_between_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # urllib's build_opener reads the environment's proxies and lists every handler's methods: done per
+    # fetch it added about 0.8 ms to a tick's two Prometheus queries (BENCHMARKS.md, the backfill section)
+    built = []
+
+    def counted(*handlers: Any) -> urllib.request.OpenerDirector:
+        built.append(handlers)
+        return real(*handlers)
+
+    real = urllib.request.build_opener
+    monkeypatch.setattr(urllib.request, "build_opener", counted)
+    observation._opener.cache_clear()
+    port = free_port()
+    with replying("127.0.0.2", port, QUICK):
+        got = [http_get(f"http://127.0.0.2:{port}/metrics", 2.0) for _ in range(3)]
+    observation._opener.cache_clear()  # the next fetch builds one with the real build_opener
+    assert got == ["quick\n"] * 3
+    assert len(built) == 1
