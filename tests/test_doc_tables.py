@@ -53,8 +53,9 @@ def _console_example(text: str, command: str) -> tuple[list[str], list[str]]:
     return shlex.split(lines[start].removeprefix("$ "))[1:], lines[start + 1:end]
 
 
-#: Console examples whose output is deterministic (the policy alone): ``(doc, command)``.
-EXAMPLES = [pytest.param("README.md", "extender estimate", id="README.md: extender estimate")]
+#: Console examples whose output is deterministic (the policy alone, or nothing): ``(doc, command)``.
+EXAMPLES = [pytest.param("README.md", "extender estimate", id="README.md: extender estimate"),
+            pytest.param("docs/inventory.md", "extender inventory acl", id="docs/inventory.md: extender inventory acl")]
 
 
 @pytest.mark.parametrize(("doc", "command"), EXAMPLES)
