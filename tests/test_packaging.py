@@ -20,6 +20,7 @@ from extender import __version__
 from extender.cli import main
 from extender.core.policy import parse_policy
 from extender.kube.objects import STANDBY_LABEL
+from extender.state.acl import ROLES
 from extender.state.sentinel import parse as parse_sentinel
 from tests import chart
 
@@ -84,6 +85,11 @@ def test_chart_and_package_versions_agree() -> None:
         pytest.param({"metrics.mode": "keda", "metrics.keda.healthPort": "9090"},
                      "metrics.keda.healthPort must differ from metrics.keda.port", id="keda-health-port"),
         pytest.param({"agent.hubCaches": "{hf-hub}"}, "agent.hubCaches[0] must be an absolute path", id="hub-cache"),
+        # the chart's own Redis keeps no ACL file: users made in it would be gone at its next restart
+        pytest.param({"redis.secret.keyPerComponent": "true", "redis.secret.create": "false"},
+                     "redis.secret.keyPerComponent needs redis.mode=url", id="user-keys-with-the-charts-redis"),
+        pytest.param({"redis.mode": "url", "redis.url": "redis://r:6379", "redis.secret.keyPerComponent": "true"},
+                     "and redis.secret.create=false", id="user-keys-in-a-secret-the-chart-makes"),
         # keda-scaler refuses --metrics-bind on its --listen port (exit 2)
         pytest.param({"metrics.mode": "keda", "monitoring.ports.keda": "9090"},
                      "monitoring.ports.keda must differ from metrics.keda.port", id="keda-metrics-port"),
@@ -102,6 +108,31 @@ def test_bad_values_are_refused_with_the_value_named(values: dict[str, str], mes
     and with ``--skip-schema-validation`` (values.schema.json: tests/test_chart_schema.py)."""
     done = chart.helm_template(values, check=False, flags=["--skip-schema-validation"])
     assert done.returncode != 0 and message in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("values", [
+    pytest.param({}, id="one-key"),
+    pytest.param({"redis.mode": "url", "redis.secret.create": "false", "redis.secret.keyPerComponent": "true"},
+                 id="a-key-per-component"),
+])
+@pytest.mark.parametrize("scheduler", ["self-managed", "second-scheduler"])
+def test_each_component_reads_redis_url_from_its_key(values: dict[str, str], scheduler: str) -> None:
+    """``redis.secret.keyPerComponent``: each workload its own Redis user (docs/inventory.md)."""
+    done = chart.helm_template({**values, "mode": scheduler, "metrics.mode": "keda"})
+    read: dict[str, str] = {}
+    for doc, _ in chart.chunks(done.stdout):
+        if doc["kind"] not in ("Deployment", "DaemonSet"):
+            continue
+        for c in doc["spec"]["template"]["spec"]["containers"]:
+            for env in c.get("env", []):
+                if env["name"] == "REDIS_URL":
+                    ref = env["valueFrom"]["secretKeyRef"]
+                    assert ref["name"] == "extender-redis"
+                    read[c["name"]] = ref["key"]
+    users = {"agent": "agent", "sync": "sync", "extender": "extender", "scaler": "scaler", "keda-scaler": "keda"}
+    assert read.keys() == users.keys()
+    assert read == ({c: f"url-{u}" for c, u in users.items()} if values else dict.fromkeys(users, "url"))
+    assert set(users.values()) <= {r.name for r in ROLES}  # each key names a user `extender inventory acl` prints
 
 
 def test_the_chart_policy_is_valid_and_the_same_file_kustomize_reads() -> None:

@@ -47,11 +47,13 @@ imagePullSecrets:
 {{- end }}
 {{- end }}
 
-{{/* REDIS_URL from the Secret extender-redis (both Redis modes). */}}
+{{/* REDIS_URL from the Secret extender-redis (both Redis modes): key url, or url-<user> with
+redis.secret.keyPerComponent (each component its own Redis user: `extender inventory acl`).
+Called with (dict "root" $ "user" "agent"). */}}
 {{- define "extender.redisEnv" -}}
 - name: REDIS_URL
   valueFrom:
-    secretKeyRef: {name: extender-redis, key: url}
+    secretKeyRef: {name: extender-redis, key: {{ if .root.Values.redis.secret.keyPerComponent }}url-{{ .user }}{{ else }}url{{ end }}}
 {{- end }}
 
 {{/* The policy volume (a directory mount: a subPath mount would never see an edit). */}}

@@ -23,7 +23,7 @@
     - --request-budget={{ .Values.extender.requestBudget }}
     - --metrics-bind=0.0.0.0:{{ .Values.monitoring.ports.extender }}
   env:
-    {{- include "extender.redisEnv" . | nindent 4 }}
+    {{- include "extender.redisEnv" (dict "root" . "user" "extender") | nindent 4 }}
   ports:
     - {name: http, containerPort: {{ $port }}, protocol: TCP}
     - {name: metrics, containerPort: {{ .Values.monitoring.ports.extender }}, protocol: TCP}
