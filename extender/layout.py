@@ -46,8 +46,8 @@ Caches in other tools' layouts (Hugging Face hub caches that pods fill themselve
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import shutil
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -164,23 +164,41 @@ def delete_at(dir_fd: int, name: str) -> None:
     """Delete ``name`` in the open directory ``dir_fd`` and everything below it; a file (or a link:
     the link itself, never what it points to) is unlinked. Nothing there is fine.
 
-    With ``dir_fd``, :func:`shutil.rmtree` opens each directory without following a link
-    (symlink-attack resistant on Linux). Two warm steps on one node may delete the same tree at once:
-    a file the other deleted first stops ``rmtree`` with ``FileNotFoundError``, so it looks again
-    until the tree is gone (each pass deletes what is left; nobody writes into it).
+    Each directory is opened relative to its parent as :func:`walk_at` opens it (``O_DIRECTORY |
+    O_NOFOLLOW | O_NONBLOCK``): a link is never followed, and a FIFO swapped in for a directory is
+    unlinked at once. (:func:`shutil.rmtree` of CPython 3.11 looks at an entry, then opens it with
+    plain ``O_RDONLY``: a FIFO put there in between made it wait for a writer that never comes.)
+    Two warm steps on one node may delete the same tree at once: whatever the other deleted first
+    is simply gone; an entry swapped between a file and a directory under us is looked at again.
     """
     while True:
         try:
-            st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        except FileNotFoundError:
+            _delete_below(dir_fd, name)
             return
-        try:
-            if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(name, dir_fd=dir_fd)
-            else:
-                os.unlink(name, dir_fd=dir_fd)
-        except FileNotFoundError:
+        except (IsADirectoryError, NotADirectoryError):  # it changed kind under us: look again
             continue
+
+
+def _delete_below(dir_fd: int, name: str) -> None:
+    try:
+        fd = os.open(name, _WALKED, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTDIR, errno.ELOOP):  # ELOOP: a link, which O_NOFOLLOW refuses
+            raise
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dir_fd)  # a file, a link itself, a FIFO, a socket
+        return
+    try:
+        with os.scandir(fd) as entries:
+            names = [e.name for e in entries]
+        for below in names:
+            _delete_below(fd, below)
+    finally:
+        os.close(fd)
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(name, dir_fd=dir_fd)
 
 
 #: How :func:`walk_at` opens every directory it enters, relative to its parent: only a directory

@@ -29,6 +29,7 @@ from extender.layout import (
     ManifestFile,
     adapter_dir,
     compile_dir,
+    delete_at,
     finish_from_disk,
     mark_complete,
     snapshot_dir,
@@ -497,6 +498,65 @@ def test_finish_from_disk_refuses_a_directory_swapped_for_a_fifo(tmp_path: Path,
         without_hanging(lambda: finish_from_disk(d), fifo)
     assert not (d / MANIFEST).exists() and not (d / COMPLETE).exists()
 
+
+
+def _tree(root: Path, more: Callable[[Path], object] = lambda sub: None) -> None:
+    """Files, a nested and an empty directory; ``more(root / "sub")`` adds to it."""
+    sparse(root / "a", 10)
+    sparse(root / "sub" / "deeper" / "b", 10)
+    (root / "empty").mkdir()
+    more(root / "sub")
+
+
+DELETED: list[Any] = [
+    pytest.param(_tree, id="a-tree"),
+    pytest.param(lambda p: sparse(p, 10), id="a-file"),
+    pytest.param(os.mkfifo, id="a-fifo"),
+    pytest.param(lambda p: p.symlink_to(p.parent / "outside"), id="a-link-to-a-directory"),
+    pytest.param(lambda p: p.symlink_to(p.parent / "nowhere"), id="a-dangling-link"),
+    pytest.param(lambda p: _tree(p, lambda sub: (sub / "out").symlink_to(p.parent / "outside")), id="a-link-below"),
+    pytest.param(lambda p: _tree(p, lambda sub: os.mkfifo(sub / "pipe")), id="a-fifo-below"),
+    pytest.param(lambda p: None, id="nothing-there"),
+]
+
+
+@pytest.mark.parametrize("build", DELETED)
+def test_delete_at_deletes_the_entry_and_nothing_a_link_points_to(tmp_path: Path,
+                                                                  build: Callable[[Path], object]) -> None:
+    sparse(tmp_path / "outside" / "kept", 10)
+    build(tmp_path / "entry")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        delete_at(fd, "entry")
+    finally:
+        os.close(fd)
+    assert not os.path.lexists(tmp_path / "entry")
+    assert (tmp_path / "outside" / "kept").stat().st_size == 10
+
+
+def test_delete_at_does_not_hang_on_a_directory_swapped_for_a_fifo(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """``shutil.rmtree`` (CPython 3.11) looked at each entry, then opened it with plain O_RDONLY: a FIFO
+    put in place of a directory in between blocked the open, and the warm Job until its deadline."""
+    _tree(tmp_path / "entry")
+    fifo = tmp_path / "entry" / "sub"
+    real = os.open
+    swapped: list[bool] = []
+
+    def open_(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+        if path == "sub" and not swapped:  # the look said directory; a FIFO is there by the open
+            swapped.append(True)
+            shutil.rmtree(fifo)
+            os.mkfifo(fifo)
+        return real(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", open_)
+    fd = real(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        without_hanging(lambda: delete_at(fd, "entry"), fifo)
+    finally:
+        os.close(fd)
+    assert swapped and not os.path.lexists(tmp_path / "entry")
 
 
 # ---- errors injected at the syscall, on real trees ---------------------------------------------

@@ -231,7 +231,7 @@ def _lstat(dir_fd: int, name: str) -> os.stat_result | None:
 class _Entry:
     """The directory that holds a cache entry (``weights/llm/`` of ``weights:llm/v1``), opened from
     the root one component at a time, none of them through a link; every step acts on names in it
-    (``rename``, ``unlink``, ``rmtree`` with ``dir_fd``), so a directory swapped for a link
+    (``rename``, ``unlink``, :func:`extender.layout.delete_at`), so a directory swapped for a link
     meanwhile cannot send a rename or a deletion outside the cache root.
 
     ``fd`` is ``None`` when a directory on the way does not exist (and ``create`` was not asked).
