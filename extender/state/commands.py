@@ -27,7 +27,7 @@ from extender.arguments import (
     prefix_from_args,
 )
 from extender.core.document import compose, line_of, validate
-from extender.core.errors import DocumentError, Problem, UnknownNameError
+from extender.core.errors import DocumentError, InvalidValueError, Problem, UnknownNameError
 from extender.core.inventory import InventoryDocument, NodeState
 from extender.core.units import format_bytes
 from extender.files import read_text
@@ -160,12 +160,21 @@ def show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _redis_version(text: str) -> tuple[int, int]:
+    """``--redis-version``'s type: :func:`extender.state.acl.redis_version`, a bad one a usage error."""
+    try:
+        return acl_rules.redis_version(text)
+    except InvalidValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def acl(args: argparse.Namespace) -> int:
-    """``inventory acl [--prefix P] [--component NAME] [--format setuser|aclfile]``: one user per line, no password."""
+    """``inventory acl [--prefix P] [--component NAME] [--format setuser|aclfile] [--redis-version V]``: one
+    user per line, no password."""
     prefix = prefix_from_args(args)
     names = [args.component] if args.component else [r.name for r in acl_rules.ROLES]
     line = acl_rules.aclfile_line if args.format == "aclfile" else acl_rules.setuser_line
-    lines = [line(prefix, name) for name in names]  # every line checked before any is printed
+    lines = [line(prefix, name, args.redis_version) for name in names]  # every line checked before any is printed
     print("\n".join(lines))
     return 0
 
@@ -300,7 +309,8 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
         description="Print one ACL user per component (agent, sync, extender, scaler, keda, publish, cli): the "
         "keys under --prefix it may touch and the commands it may send, as ACL SETUSER commands for redis-cli "
         "or as lines of an ACL file. No line holds a password: a new user cannot log in until you give it one "
-        "(ACL SETUSER NAME >PASSWORD), and applying the lines again keeps it. See docs/inventory.md.",
+        "(ACL SETUSER NAME >PASSWORD), and applying the lines again keeps it. With --redis-version 7.0 (for Redis 7 "
+        "and later), the keys a component only reads are granted read-only. See docs/inventory.md.",
     )
     acl_parser.add_argument("--component", choices=[r.name for r in acl_rules.ROLES],
                             help="print only this component's user (default: all)")
@@ -310,4 +320,9 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     acl_parser.add_argument("--prefix", metavar="PREFIX",
                             help=f"prefix of every Redis key, as the components are given it "
                             f"(default: {DEFAULT_PREFIX})")
+    acl_parser.add_argument("--redis-version", metavar="VERSION", type=_redis_version,
+                            default=acl_rules.OLDEST,
+                            help="the oldest Redis the users will be created on (default: 6.2, which every "
+                            "version since accepts); from 7.0, the keys a component only reads are granted "
+                            "read-only (%%R~), which Redis 6.2 refuses")
     acl_parser.set_defaults(handler=acl)
