@@ -2,8 +2,8 @@
 
 :func:`registered` builds each process's metric classes on fresh registries (the scheduler
 extender's, the scaler's with its warmer's and its External Metrics API's, the agent's, the
-sync's, the KEDA scaler's, build info and process collectors), for the scaler tests' policy, and
-returns every sample name they expose: ``_total``, ``_bucket``, ``_count``, ``_sum`` included, and
+sync's, the KEDA scaler's, build info and process collectors), for the scaler
+tests' policy, and returns every sample name they expose: ``_total``, ``_bucket``, ``_count``, ``_sum`` included, and
 the name of a gauge whose series appear only with events. tests/test_metrics_exposition.py checks the
 same families against the real processes. :func:`metric_names` walks a parsed PromQL expression
 (``promql-parser``, the Rust parser's Python binding) for the names of its vector selectors.
@@ -20,12 +20,12 @@ import promql_parser
 from prometheus_client import CollectorRegistry
 
 from extender.agent.metrics import AgentMetrics
-from extender.api.external_metrics.metrics import ServedMetrics
 from extender.keda.metrics import KedaMetrics
 from extender.kube.metrics import SyncMetrics
 from extender.scaler.loop import scaled_profiles
 from extender.scaler.metrics import ScalerMetrics
 from extender.telemetry.build import add_build_info, add_process_collectors
+from extender.telemetry.served import ServedMetrics
 from extender.warm.metrics import WarmMetrics
 from tests.scaler_policy import make_policy
 
@@ -46,12 +46,15 @@ def registered() -> frozenset[str]:
     add_process_collectors(scale)
     ScalerMetrics(scale, policy)
     WarmMetrics(scale).set_policy(policy)
-    ServedMetrics(scale, [profile.name for profile in scaled_profiles(policy)])
+    workloads = [profile.name for profile in scaled_profiles(policy)]
+    ServedMetrics(scale, "external-metrics", workloads)
     registries.append(scale)
-    for build in (AgentMetrics, KedaMetrics):
-        r = CollectorRegistry()
-        build(r)
-        registries.append(r)
+    agent = CollectorRegistry()
+    AgentMetrics(agent)
+    registries.append(agent)
+    keda = CollectorRegistry()
+    KedaMetrics(keda)
+    registries.append(keda)
     sync = CollectorRegistry()
     SyncMetrics(sync, policy)
     registries.append(sync)

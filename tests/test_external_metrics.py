@@ -40,10 +40,10 @@ from extender.api.external_metrics.auth import (
     parse_list,
 )
 from extender.api.external_metrics.label_selector import Selector, SelectorError, parse_selector
-from extender.api.external_metrics.metrics import STATES, ServedMetrics
 from extender.core.errors import StateError, StoreUnavailableError
 from extender.state import connect
 from extender.state.decisions import DecisionStore, Published, Unreadable
+from extender.telemetry.served import STATES, Api, ServedMetrics
 from tests.conftest import RedisServer
 
 # ---- label selectors -----------------------------------------------------------------------------
@@ -137,6 +137,8 @@ def test_timestamps_are_rfc3339_utc() -> None:
 NOW = 1_735_732_800.0  # 2025-01-01T12:00:00Z
 PUBLISHED = {"qwen3": Published(desired=5, load=17.5, unit="requests/s", t=NOW - 10, window=15, token=3, standby=2)}
 WORKLOADS: dict[str, str | None] = {"qwen3": "default", "llama": "ml", "anywhere": None}
+#: The ``api`` label of what this app serves (extender.telemetry.served).
+API: Api = "external-metrics"
 
 
 def make_app(published: Callable[[], Mapping[str, Published | Unreadable]] = lambda: PUBLISHED,
@@ -146,7 +148,7 @@ def make_app(published: Callable[[], Mapping[str, Published | Unreadable]] = lam
     registry = CollectorRegistry()
     return create_app(ExternalMetricsApi(published=published, workloads=WORKLOADS,
                                          auth=auth or Authenticator(AuthConfig(insecure=True)), clock=lambda: NOW,
-                                         registry=registry, served_metrics=ServedMetrics(registry, WORKLOADS)))
+                                         registry=registry, served_metrics=ServedMetrics(registry, API, WORKLOADS)))
 
 
 @pytest.fixture
@@ -329,25 +331,25 @@ def test_a_store_that_cannot_be_read_is_503(redis_server: RedisServer, tmp_path:
 
 #: A series of the served metrics: (sample name, sorted label pairs).
 Series = tuple[str, tuple[tuple[str, str], ...]]
-TIME, WINDOW, SERVED = ("extender_external_metrics_decision_timestamp_seconds",
-                        "extender_external_metrics_decision_window_seconds", "extender_external_metrics_served_total")
+TIME, WINDOW, SERVED = ("extender_served_decision_timestamp_seconds", "extender_served_decision_window_seconds",
+                        "extender_served_values_total")
 
 
 def served_series(client: FlaskClient) -> dict[Series, float]:
-    """The ``extender_external_metrics_*`` samples of the app's own ``/metrics`` (``_created`` left out)."""
+    """The ``extender_served_*`` samples of the app's own ``/metrics`` (``_created`` left out)."""
     text = client.get("/metrics").get_data(as_text=True)
     return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text)
-            for s in f.samples if s.name.startswith("extender_external_metrics_") and not s.name.endswith("_created")}
+            for s in f.samples if s.name.startswith("extender_served_") and not s.name.endswith("_created")}
 
 
 def expected_series(dated: Mapping[str, tuple[float, int]], counts: Mapping[tuple[str, str], float],
                     workloads: Mapping[str, str | None] = WORKLOADS) -> dict[Series, float]:
     """Every counter of ``workloads`` (0 unless in ``counts``) and the gauges of the ``dated`` workloads."""
-    out: dict[Series, float] = {(SERVED, (("state", state), ("workload", w))): counts.get((w, state), 0.0)
+    out: dict[Series, float] = {(SERVED, (("api", API), ("state", state), ("workload", w))): counts.get((w, state), 0.0)
                                 for w in workloads for state in STATES}
     for w, (t, window) in dated.items():
-        out[(TIME, (("workload", w),))] = t
-        out[(WINDOW, (("workload", w),))] = float(window)
+        out[(TIME, (("api", API), ("workload", w)))] = t
+        out[(WINDOW, (("api", API), ("workload", w)))] = float(window)
     return out
 
 
@@ -413,7 +415,7 @@ def test_what_was_served_is_measured_per_workload(row: Served, redis_server: Red
     registry = CollectorRegistry()
     app = create_app(ExternalMetricsApi(published=store.published_entries, workloads=WORKLOADS,
                                         auth=Authenticator(AuthConfig(insecure=True)), clock=lambda: NOW,
-                                        registry=registry, served_metrics=ServedMetrics(registry, WORKLOADS)))
+                                        registry=registry, served_metrics=ServedMetrics(registry, API, WORKLOADS)))
     c = app.test_client()
     assert served_series(c) == expected_series({}, {})  # every counter from the start, no time yet
     for ask in row.asks:
@@ -431,7 +433,7 @@ def test_a_policy_edit_drops_the_times_of_the_workloads_it_no_longer_serves() ->
     registry = CollectorRegistry()
     api = ExternalMetricsApi(published=lambda: PUBLISHED, workloads=WORKLOADS, clock=lambda: NOW,
                              auth=Authenticator(AuthConfig(insecure=True)), registry=registry,
-                             served_metrics=ServedMetrics(registry, WORKLOADS))
+                             served_metrics=ServedMetrics(registry, API, WORKLOADS))
     c = create_app(api).test_client()
     assert get(c, DESIRED, "workload=qwen3")[0] == 200
     edited: dict[str, str | None] = {"llama": "ml", "new": "default"}
@@ -453,7 +455,7 @@ RECORDS: list[tuple[str, list[tuple[str, Published | None]], set[str]]] = [
 def test_the_recorder_labels_only_the_policy_s_workloads(records: list[tuple[str, Published | None]],
                                                          dated: set[str]) -> None:
     registry = CollectorRegistry()
-    metrics = ServedMetrics(registry, WORKLOADS)
+    metrics = ServedMetrics(registry, API, WORKLOADS)
     for workload, value in records:
         metrics.record(workload, value)
     labelled = {s.labels["workload"] for f in registry.collect() for s in f.samples if "workload" in s.labels}

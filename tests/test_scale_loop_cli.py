@@ -308,7 +308,7 @@ def test_an_api_only_scaler_measures_what_it_served(redis_server: RedisServer, t
             text = r.read().decode()
         return {(s.name, s.labels["workload"], s.labels.get("state", "")): s.value
                 for f in text_string_to_metric_families(text) for s in f.samples
-                if s.name.startswith("extender_external_metrics_")}
+                if s.name.startswith("extender_served_") and s.labels["api"] == "external-metrics"}
 
     def until(check: Any, what: str) -> None:
         def done() -> bool:
@@ -317,13 +317,13 @@ def test_an_api_only_scaler_measures_what_it_served(redis_server: RedisServer, t
 
         wait_until(done, timeout_s=SETTLE_S, what=what, interval_s=0.1, report=lambda: log.read_text()[-3000:])
 
-    counter = "extender_external_metrics_served_total"
+    counter = "extender_served_values_total"
     try:
         until(lambda: ask("default", "qwen3") == 200, "qwen3 served")
         assert [ask("ml", "llama"), ask("ml", "llama"), ask("default", "made-up")] == [200, 200, 404]
         assert served() == {
-            ("extender_external_metrics_decision_timestamp_seconds", "qwen3", ""): decided.t,
-            ("extender_external_metrics_decision_window_seconds", "qwen3", ""): 15.0,
+            ("extender_served_decision_timestamp_seconds", "qwen3", ""): decided.t,
+            ("extender_served_decision_window_seconds", "qwen3", ""): 15.0,
             (counter, "qwen3", "decided"): 1.0, (counter, "qwen3", "undecided"): 0.0,
             (counter, "llama", "decided"): 0.0, (counter, "llama", "undecided"): 2.0,
         }

@@ -41,7 +41,6 @@ from prometheus_client import CollectorRegistry
 
 from extender.api.external_metrics.app import ExternalMetricsApi, create_app
 from extender.api.external_metrics.auth import Access, AuthConfig, Authenticator, User, ca_subjects
-from extender.api.external_metrics.metrics import ServedMetrics
 from extender.core.errors import ExtenderError
 from extender.core.policy import Policy
 from extender.files import PolicyFile
@@ -55,6 +54,7 @@ from extender.state.history import DEFAULT_MAX_AGE_S, DEFAULT_MAX_POINTS, Histor
 from extender.state.lock import LeaderLock
 from extender.state.observations import CalibratedPolicy, ObservationStore
 from extender.telemetry.build import add_build_info, add_process_collectors
+from extender.telemetry.served import ServedMetrics
 from extender.warm.loop import WarmLoop
 
 log = logging.getLogger(__name__)
@@ -248,7 +248,7 @@ def create_worker_app(settings: ScaleSettings) -> Flask:
 
     workloads = workload_namespaces(settings.policy)
     api = ExternalMetricsApi(published=decisions.published_entries, workloads=workloads, auth=auth, ready=ready,
-                             registry=registry, served_metrics=ServedMetrics(registry, workloads))
+                             registry=registry, served_metrics=ServedMetrics(registry, "external-metrics", workloads))
 
     def take(policy: Policy) -> None:
         api.set_workloads(workload_namespaces(policy))

@@ -28,11 +28,11 @@ metric                          value                             HPA target
 
 A workload the scaler has not decided for yet is served as one item with value ``"0"`` (an empty
 list is an error to the HPA). That, and a decision served however old, are silent to the HPA, so
-each item served is recorded (:mod:`extender.api.external_metrics.metrics`: the served decision's
-time and window per workload, and the items served without one; docs/monitoring.md). A selector
-that matches no autoscaled workload of the namespace is a ``404``: a typo in an HPA must show up as
-``FailedGetExternalMetric``, not as a silent zero; its message lists the workloads served in that
-namespace only. A selected workload whose published entry cannot be decoded
+each item served is recorded (:mod:`extender.telemetry.served`, ``api="external-metrics"``: the
+served decision's time and window per workload, and the items served without one;
+docs/monitoring.md). A selector that matches no autoscaled workload of the namespace is a ``404``:
+a typo in an HPA must show up as ``FailedGetExternalMetric``, not as a silent zero; its message
+lists the workloads served in that namespace only. A selected workload whose published entry cannot be decoded
 (:class:`~extender.state.decisions.Unreadable`) is a ``404`` too, saying so: there is no value to
 serve for it, and the HPA keeps its replicas; the other workloads are served as usual. ``503`` is
 for a store that cannot be read at all.
@@ -57,9 +57,9 @@ from werkzeug.exceptions import HTTPException
 
 from extender.api.external_metrics.auth import Access, Authenticator, AuthError, User
 from extender.api.external_metrics.label_selector import SelectorError, parse_selector
-from extender.api.external_metrics.metrics import ServedMetrics
 from extender.core.errors import ExtenderError
 from extender.state.decisions import Published, Unreadable
+from extender.telemetry.served import ServedMetrics
 
 GROUP = "external.metrics.k8s.io"
 VERSION = "v1beta1"
