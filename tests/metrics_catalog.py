@@ -2,11 +2,12 @@
 
 :func:`registered` builds each process's metric classes on fresh registries (the scheduler
 extender's, the scaler's with its warmer's and its External Metrics API's, the agent's, the
-sync's, the KEDA scaler's, build info and process collectors), for the scaler
-tests' policy, and returns every sample name they expose: ``_total``, ``_bucket``, ``_count``, ``_sum`` included, and
-the name of a gauge whose series appear only with events. tests/test_metrics_exposition.py checks the
-same families against the real processes. :func:`metric_names` walks a parsed PromQL expression
-(``promql-parser``, the Rust parser's Python binding) for the names of its vector selectors.
+sync's, the KEDA scaler's with what it served, build info and process collectors), for the scaler
+tests' policy, and returns every sample name they expose: ``_total``, ``_bucket``, ``_count``,
+``_sum`` included, and the name of a gauge whose series appear only with events.
+tests/test_metrics_exposition.py checks the same families against the real processes.
+:func:`metric_names` walks a parsed PromQL expression (``promql-parser``, the Rust parser's Python
+binding) for the names of its vector selectors.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ def registered() -> frozenset[str]:
     registries.append(agent)
     keda = CollectorRegistry()
     KedaMetrics(keda)
+    ServedMetrics(keda, "keda", workloads)
     registries.append(keda)
     sync = CollectorRegistry()
     SyncMetrics(sync, policy)

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +36,7 @@ from extender.keda.server import LIVENESS_SERVICE, KedaServer, KedaSettings, Tls
 from extender.state import connect
 from extender.state.decisions import DecisionStore, Published
 from extender.state.lock import LeaderLock
+from extender.telemetry.served import STATES
 from tests.conftest import RedisServer
 from tests.kube_double.waiting import wait_until
 from tests.net import free_port
@@ -255,6 +256,157 @@ def counted(running: Running, method: str) -> dict[str, float]:
 
     wait_for(lambda: bool(counts()), f"the {method} call counted")
     return counts()
+
+
+# ---- what GetMetrics served, per workload: the decision's time and window, and the 0 of none -------
+
+#: A series of the served metrics: (sample name, sorted label pairs).
+Series = tuple[str, tuple[tuple[str, str], ...]]
+TIME, WINDOW, SERVED = ("extender_served_decision_timestamp_seconds", "extender_served_decision_window_seconds",
+                        "extender_served_values_total")
+#: The workloads the policy autoscales (``batch`` is not): the only label values allowed.
+AUTOSCALED = ("qwen3", "llama")
+#: Names no policy lists, asked for in a namespace: each is NOT_FOUND, and none may become a label value.
+MADE_UP = [f"w{i:03d}-{'x' * (i % 7 + 1)}" for i in range(100)]
+
+
+def served_series(running: Running) -> dict[Series, float]:
+    """The ``extender_served_*`` samples of the server's registry (``_created`` left out)."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in running.server.registry.collect()
+            for s in f.samples if s.name.startswith("extender_served_") and not s.name.endswith("_created")}
+
+
+def expected_served(dated: Mapping[str, Published], counts: Mapping[tuple[str, str], float],
+                    workloads: Iterable[str] = AUTOSCALED) -> dict[Series, float]:
+    """Every counter of ``workloads`` (0 unless in ``counts``), and the gauges of the ``dated`` workloads."""
+    out: dict[Series, float] = {(SERVED, (("api", "keda"), ("state", state), ("workload", w))):
+                                counts.get((w, state), 0.0) for w in workloads for state in STATES}
+    for w, decision in dated.items():
+        out[(TIME, (("api", "keda"), ("workload", w)))] = decision.t
+        out[(WINDOW, (("api", "keda"), ("workload", w)))] = decision.window
+    return out
+
+
+class Ask(NamedTuple):
+    """One call: which, the ScaledObject's namespace, its trigger's metadata, GetMetrics' metricName."""
+
+    call: str
+    namespace: str
+    metadata: dict[str, str]
+    metric: str = METRIC_NAME
+
+
+def asked(client: Any, ask: Ask) -> None:
+    """Make the call; a refusal (NOT_FOUND, ...) is part of the row, not a failure."""
+    target = ref(ask.namespace, ask.metadata)
+    try:
+        if ask.call == "GetMetrics":
+            client.GetMetrics(pb.GetMetricsRequest(scaledObjectRef=target, metricName=ask.metric))
+        elif ask.call == "IsActive":
+            client.IsActive(target)
+        else:
+            stream = client.StreamIsActive(target)
+            next(stream)
+            stream.cancel()
+    except grpc.RpcError:
+        pass
+
+
+QWEN, LLAMA = Ask("GetMetrics", "default", {"workload": "qwen3"}), Ask("GetMetrics", "ml", {"workload": "llama"})
+
+
+class Recorded(NamedTuple):
+    """One row: what is published, the calls in order, the workloads left with a decision time, the counts."""
+
+    id: str
+    published: dict[str, tuple[int, float]]  # workload -> (desired, age in seconds)
+    asks: list[Ask]
+    dated: set[str]
+    counts: Mapping[tuple[str, str], float]  # (workload, state) -> values served
+
+
+RECORDED = [Recorded(*row) for row in [
+    ("decided-exports-its-time", {"qwen3": (7, FRESH)}, [QWEN, QWEN], {"qwen3"}, {("qwen3", "decided"): 2}),
+    # served however old, and said to be that old
+    ("a-week-old-decision-exports-its-time", {"qwen3": (4, WEEK_S)}, [QWEN], {"qwen3"}, {("qwen3", "decided"): 1}),
+    ("undecided-counts-and-has-no-time", {"qwen3": (7, FRESH)}, [LLAMA] * 3, set(), {("llama", "undecided"): 3}),
+    ("decided-and-undecided-side-by-side", {"qwen3": (7, FRESH)}, [QWEN, LLAMA], {"qwen3"},
+     {("qwen3", "decided"): 1, ("llama", "undecided"): 1}),
+    # the placeholders' ScaledObject reads the same decision: its value counts for the workload too
+    ("the-standby-metric-counts", {"qwen3": (7, FRESH)},
+     [Ask("GetMetrics", "default", STANDBY, STANDBY_METRIC)], {"qwen3"}, {("qwen3", "decided"): 1}),
+    ("namespace-from-metadata", {"llama": (3, FRESH)}, [Ask("GetMetrics", "default", {"workload": "llama",
+                                                                                        "namespace": "ml"})],
+     {"llama"}, {("llama", "decided"): 1}),
+    # KEDA asks GetMetrics then IsActive at each poll: the poll is counted once, by GetMetrics
+    ("is-active-and-streams-are-not-counted", {"qwen3": (7, FRESH)},
+     [Ask("IsActive", "default", {"workload": "qwen3"}), Ask("IsActive", "ml", {"workload": "llama"}),
+      Ask("StreamIsActive", "default", {"workload": "qwen3"}), Ask("StreamIsActive", "ml", {"workload": "llama"})],
+     set(), {}),
+    ("made-up-names-add-no-series", {"qwen3": (7, FRESH)},
+     [Ask("GetMetrics", "default", {"workload": name}) for name in MADE_UP]
+     + [Ask("IsActive", "default", {"workload": name}) for name in MADE_UP[:10]] + [QWEN],
+     {"qwen3"}, {("qwen3", "decided"): 1}),
+    ("a-workload-of-another-namespace-is-not-served", {"llama": (3, FRESH)},
+     [Ask("GetMetrics", "default", {"workload": "llama"})], set(), {}),
+    ("a-profile-not-autoscaled-is-not-served", {}, [Ask("GetMetrics", "default", {"workload": "batch"})], set(), {}),
+    ("an-unknown-metric-is-not-served", {"qwen3": (7, FRESH)},
+     [Ask("GetMetrics", "default", {"workload": "qwen3"}, f"s0-{METRIC_NAME}")], set(), {}),
+    ("a-malformed-trigger-is-not-served", {}, [Ask("GetMetrics", "default", {"workload": "Qwen_3"}),
+                                               Ask("GetMetrics", "default", {})], set(), {}),
+]]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("row", RECORDED, ids=[r.id for r in RECORDED])
+def test_what_get_metrics_served_is_measured_per_workload(row: Recorded, redis_server: RedisServer,
+                                                          tmp_path: Path) -> None:
+    publish(redis_server.url, tmp_path, row.published)
+    client = connect(redis_server.url, tmp_path)
+    stored = DecisionStore(client).published_entries()
+    client.close()
+    with serving(settings(), redis_server.url, tmp_path) as running, \
+            grpc.insecure_channel(running.address) as channel:
+        assert served_series(running) == expected_served({}, {})  # every counter from the start, no time yet
+        keda = stub(channel)
+        for ask in row.asks:
+            asked(keda, ask)
+        dated = {w: v for w, v in stored.items() if w in row.dated and isinstance(v, Published)}
+        assert set(dated) == row.dated
+        assert served_series(running) == expected_served(dated, row.counts)
+
+
+@pytest.mark.integration
+def test_an_unreadable_entry_is_not_measured(redis_server: RedisServer, tmp_path: Path) -> None:
+    publish(redis_server.url, tmp_path, {"qwen3": (7, FRESH)})
+    client = connect(redis_server.url, tmp_path)
+    client.hset(DecisionStore(client).published_key, "llama", BAD_ENTRY)
+    client.close()
+    with serving(settings(), redis_server.url, tmp_path) as running, \
+            grpc.insecure_channel(running.address) as channel:
+        asked(stub(channel), LLAMA)  # DATA_LOSS: no value served, nothing recorded
+        assert served_series(running) == expected_served({}, {})
+
+
+@pytest.mark.integration
+def test_a_policy_edit_drops_the_time_of_a_workload_no_longer_served(redis_server: RedisServer,
+                                                                     tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text())
+    publish(redis_server.url, tmp_path, {"qwen3": (5, FRESH)})
+    keda = KedaSettings(policy=make_policy(), listen="127.0.0.1:0", watch_interval_s=0.02, grace_s=1.0,
+                        policy_path=policy)
+    with serving(keda, redis_server.url, tmp_path) as running, grpc.insecure_channel(running.address) as channel:
+        asked(stub(channel), QWEN)
+        assert (TIME, (("api", "keda"), ("workload", "qwen3"))) in served_series(running)
+        renamed = policy.with_name("renamed.yaml")
+        renamed.write_text(policy_text().replace("name: qwen3", "name: qwen4"))
+        renamed.replace(policy)  # an atomic swap, as kubelet updates a ConfigMap volume
+        wait_for(lambda: "qwen4" in running.server.board.workloads, "the edited policy taken")
+        asked(stub(channel), QWEN)  # NOT_FOUND now
+        # no time stays behind for qwen3 (an alert would age it for ever); its counters stay, as counters do
+        assert served_series(running) == expected_served({}, {("qwen3", "decided"): 1},
+                                                         ("qwen3", "qwen4", "llama"))
 
 
 # ---- one unreadable published entry: DATA_LOSS for its own workload, the others as usual -------------

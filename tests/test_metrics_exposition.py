@@ -107,6 +107,8 @@ SERIES_AT_START = [
     ("estimate-ratio", "sync", "extender_replica_startup_estimate_ratio_count",
      {"workload": "llama", "node_class": "a10g"}),
     ("keda-not-found", "keda-scaler", "extender_keda_requests_total", {"method": "GetMetrics", "code": "NOT_FOUND"}),
+    ("keda-served-undecided", "keda-scaler", "extender_served_values_total",
+     {"api": "keda", "workload": "llama", "state": "undecided"}),
 ]
 
 

@@ -1,7 +1,9 @@
 """Prometheus metrics of ``extender keda-scaler`` (served by ``--metrics-bind``).
 
 Calls are counted by method and gRPC status code (``OK`` or the code the call was aborted with);
-unary calls are timed. Every labelled series exists from the start.
+unary calls are timed. Every labelled series exists from the start. What ``GetMetrics`` served, per
+workload (the age of its decision, the ``0`` of none), is recorded in the families the External
+Metrics API shares (:mod:`extender.telemetry.served`, ``api="keda"``).
 """
 
 from __future__ import annotations

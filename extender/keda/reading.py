@@ -166,11 +166,12 @@ def check_metric(target: Target, metric_name: str) -> None:
 @dataclass(frozen=True)
 class Reading:
     """What one ScaledObject is told: ``replicas`` (desired, or standby placeholders), whether the
-    target is ``active``, and the decision time (``None``: not decided yet)."""
+    target is ``active``, and the decision they come from (``None``: not decided yet; its ``t`` and
+    ``window`` are what :class:`~extender.telemetry.served.ServedMetrics` records)."""
 
     replicas: int
     active: bool
-    decided_at: float | None
+    decision: Published | None
 
 
 def read(target: Target, workloads: Mapping[str, Served],
@@ -183,11 +184,10 @@ def read(target: Target, workloads: Mapping[str, Served],
     if isinstance(value, Unreadable):
         raise UnreadableDecisionError(f"{target.scaled_object}: {value.reason}; no value until the scaler's "
                                       "next decision for it")
-    decided_at = value.t if value is not None else None
     if target.metric == STANDBY_METRIC:
         standby = max(0, value.standby) if value is not None else 0
-        return Reading(replicas=standby, active=standby > 0, decided_at=decided_at)
+        return Reading(replicas=standby, active=standby > 0, decision=value)
     desired = max(0, value.desired) if value is not None else 0
     served = workloads.get(target.workload)
     floor = served.min_replicas if served is not None else 0
-    return Reading(replicas=desired, active=max(desired, floor) > 0, decided_at=decided_at)
+    return Reading(replicas=desired, active=max(desired, floor) > 0, decision=value)

@@ -46,6 +46,7 @@ from extender.keda.reading import served_workloads
 from extender.keda.service import SERVICE_NAME, Board, ExternalScalerService, PublishedSource
 from extender.telemetry.build import add_build_info, add_process_collectors
 from extender.telemetry.endpoint import MetricsEndpoint
+from extender.telemetry.served import ServedMetrics
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +154,8 @@ class KedaServer:
         self.source = source
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         self.metrics = KedaMetrics(self.registry)
+        #: What ``GetMetrics`` served, per workload of the policy (kept to its edits by the board).
+        self.served = ServedMetrics(self.registry, "keda", served_workloads(settings.policy))
         self.port = 0
         self._server: grpc.aio.Server | None = None
         self._health_server: grpc.aio.Server | None = None
@@ -182,9 +185,11 @@ class KedaServer:
         self._health = health.aio.HealthServicer()
         await self._health.set(LIVENESS_SERVICE, health_pb2.HealthCheckResponse.SERVING)
         self._board = Board(served_workloads(settings.policy), self.source, interval_s=settings.watch_interval_s,
-                            policy_file=policy_file, on_health=self._set_health)
+                            policy_file=policy_file, on_health=self._set_health,
+                            on_workloads=self.served.set_workloads)
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
-        pb_grpc.add_ExternalScalerServicer_to_server(ExternalScalerService(self._board, self.metrics), server)
+        pb_grpc.add_ExternalScalerServicer_to_server(ExternalScalerService(self._board, self.metrics, self.served),
+                                                     server)
         self.metrics.workloads.set_function(lambda: len(self.board.workloads))
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         self.port = _bind(server, settings.listen, server_credentials(settings.tls) if settings.tls else None)

@@ -17,6 +17,16 @@ workload the policy does not autoscale in that namespace (or a metric name we do
 answered as usual), ``UNAVAILABLE`` when Redis cannot be read. KEDA shows the message in its log and the
 ScaledObject's events; its HPA then keeps the replicas it has, as with the External Metrics API.
 
+Each ``GetMetrics`` answered is recorded (:class:`~extender.telemetry.served.ServedMetrics`,
+``api="keda"``): the time and window of the decision served per workload, and the values served
+without one, as the External Metrics API records its items. ``GetMetrics`` is the value KEDA's HPA
+scales on, and KEDA asks for it at every ``pollingInterval`` (its ``GetMetricsAndActivity`` calls
+``GetMetrics``, then ``IsActive``), at zero replicas too, and for each read of the HPA through
+KEDA's metrics server. ``IsActive`` and ``StreamIsActive`` are not recorded: the polled
+``IsActive`` follows a ``GetMetrics`` that already counted that poll (counting both would double
+every rate, and the KEDA scaler's would not compare with the External Metrics API's), a stream
+sends only when the answer changes (no rate to read), and neither carries a value the HPA uses.
+
 The unary calls read Redis on every call, as the External Metrics API does. Streams share one
 :class:`Board`: a task that reads the published hash every ``interval_s`` (one ``HGETALL`` for every
 open stream together), takes policy edits (:class:`~extender.files.PolicyFile`) and wakes the
@@ -56,6 +66,7 @@ from extender.keda.reading import (
     served_workloads,
 )
 from extender.state.decisions import Published, Unreadable
+from extender.telemetry.served import ServedMetrics
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +85,21 @@ class Board:
 
     :meth:`run` polls every ``interval_s``; ``generation`` goes up whenever the workloads or the
     published values changed, or the board closed. ``published`` is ``None`` until the first good
-    read and while reads fail. ``on_health`` hears ``True``/``False`` when reads start or stop working.
+    read and while reads fail. ``on_health`` hears ``True``/``False`` when reads start or stop working;
+    ``on_workloads`` hears the served workloads whenever a policy edit changes them (the recorder of
+    what ``GetMetrics`` served labels those alone).
     """
 
     def __init__(self, workloads: Mapping[str, Served], source: PublishedSource, *, interval_s: float = 1.0,
                  policy_file: PolicyFile | None = None,
-                 on_health: Callable[[bool], Awaitable[None]] | None = None) -> None:
+                 on_health: Callable[[bool], Awaitable[None]] | None = None,
+                 on_workloads: Callable[[Mapping[str, Served]], None] | None = None) -> None:
         self.workloads: Mapping[str, Served] = dict(workloads)
         self.source = source
         self.interval_s = interval_s
         self.policy_file = policy_file
         self.on_health = on_health
+        self.on_workloads = on_workloads
         self.published: Mapping[str, Published | Unreadable] | None = None
         self.healthy: bool | None = None
         self.generation = 0
@@ -106,6 +121,8 @@ class Board:
                 workloads = served_workloads(outcome.policy)
                 changed = workloads != self.workloads
                 self.workloads = workloads
+                if changed and self.on_workloads is not None:
+                    self.on_workloads(workloads)
         published: Mapping[str, Published | Unreadable] | None
         try:
             published = await asyncio.to_thread(self.source.published_entries)
@@ -154,9 +171,11 @@ Context = grpc.aio.ServicerContext
 class ExternalScalerService(pb_grpc.ExternalScalerServicer):
     """The four calls of KEDA's external scaler (module docstring)."""
 
-    def __init__(self, board: Board, metrics: KedaMetrics | None = None) -> None:
+    def __init__(self, board: Board, metrics: KedaMetrics | None = None, served: ServedMetrics | None = None) -> None:
         self.board = board
         self.metrics = metrics or KedaMetrics(CollectorRegistry())
+        #: Where each ``GetMetrics`` value is recorded (module docstring); ``None``: nowhere.
+        self.served = served
         self._told: set[str] = set()
 
     # ---- helpers -------------------------------------------------------------------------------
@@ -218,6 +237,8 @@ class ExternalScalerService(pb_grpc.ExternalScalerServicer):
         reading = await self._read(target, await self._published(context), context)
         value = pb.MetricValue(metricName=target.metric, metricValue=reading.replicas,
                                metricValueFloat=float(reading.replicas))
+        if self.served is not None:  # the policy's name (resolve refused any other); a name dropped since is ignored
+            self.served.record(target.workload, reading.decision)
         return pb.GetMetricsResponse(metricValues=[value])
 
     async def IsActive(self, request: pb.ScaledObjectRef,  # noqa: N802
