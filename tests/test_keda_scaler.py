@@ -376,12 +376,17 @@ def test_what_get_metrics_served_is_measured_per_workload(row: Recorded, redis_s
         assert served_series(running) == expected_served(dated, row.counts)
 
 
-@pytest.mark.integration
-def test_an_unreadable_entry_is_not_measured(redis_server: RedisServer, tmp_path: Path) -> None:
-    publish(redis_server.url, tmp_path, {"qwen3": (7, FRESH)})
-    client = connect(redis_server.url, tmp_path)
+def publish_with_llama_unreadable(redis_url: str, tmp_path: Path) -> None:
+    """qwen3 decided (7), llama's entry one no decoder takes (:data:`BAD_ENTRY`)."""
+    publish(redis_url, tmp_path, {"qwen3": (7, FRESH)})
+    client = connect(redis_url, tmp_path)
     client.hset(DecisionStore(client).published_key, "llama", BAD_ENTRY)
     client.close()
+
+
+@pytest.mark.integration
+def test_an_unreadable_entry_is_not_measured(redis_server: RedisServer, tmp_path: Path) -> None:
+    publish_with_llama_unreadable(redis_server.url, tmp_path)
     with serving(settings(), redis_server.url, tmp_path) as running, \
             grpc.insecure_channel(running.address) as channel:
         asked(stub(channel), LLAMA)  # DATA_LOSS: no value served, nothing recorded
@@ -440,10 +445,7 @@ SPOILED = [Spoiled(*row) for row in [
 @pytest.mark.parametrize("row", SPOILED, ids=[r.id for r in SPOILED])
 def test_an_unreadable_entry_spoils_only_its_own_workload(row: Spoiled, redis_server: RedisServer,
                                                           tmp_path: Path) -> None:
-    publish(redis_server.url, tmp_path, {"qwen3": (7, FRESH)})
-    client = connect(redis_server.url, tmp_path)
-    client.hset(DecisionStore(client).published_key, "llama", BAD_ENTRY)
-    client.close()
+    publish_with_llama_unreadable(redis_server.url, tmp_path)
     with serving(settings(), redis_server.url, tmp_path) as running, \
             grpc.insecure_channel(running.address) as channel:
         keda = stub(channel)

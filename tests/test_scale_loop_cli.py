@@ -223,6 +223,17 @@ def test_a_policy_that_autoscales_nothing_is_refused(tmp_path: Path, capsys: pyt
     assert f"extender scale: {policy} has no profile with an autoscaling section" in err and "nothing to scale" in err
 
 
+def api_only(policy: Path, redis_url: str, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """``extender scale --no-loop`` (the External Metrics API alone, as deployed: gunicorn) on ``port``,
+    its output in ``log``."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "extender.scaler", "scale", "--policy", str(policy), "--no-loop",
+             "--redis-url", redis_url, "--bind", f"127.0.0.1:{port}", "--insecure-no-auth",
+             "--kubeconfig", str(log.parent / "unused-kubeconfig")],
+            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
 @pytest.mark.integration
 def test_an_api_only_scaler_follows_policy_edits(redis_server: RedisServer, tmp_path: Path) -> None:
     # `extender scale --no-loop` read the policy once: a workload moved to another namespace was
@@ -233,12 +244,7 @@ def test_an_api_only_scaler_follows_policy_edits(redis_server: RedisServer, tmp_
     volume.publish(policy_text())
     port = free_port()
     log = tmp_path / "scale.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "extender.scaler", "scale", "--policy", str(volume.path), "--no-loop",
-             "--redis-url", redis_server.url, "--bind", f"127.0.0.1:{port}", "--insecure-no-auth",
-             "--kubeconfig", str(tmp_path / "unused-kubeconfig")],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = api_only(volume.path, redis_server.url, port, log)
 
     def code_in(namespace: str) -> int:
         url = (f"http://127.0.0.1:{port}/apis/external.metrics.k8s.io/v1beta1/namespaces/{namespace}/"
@@ -286,12 +292,7 @@ def test_an_api_only_scaler_measures_what_it_served(redis_server: RedisServer, t
     volume.publish(policy_text())
     port = free_port()
     log = tmp_path / "scale.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "extender.scaler", "scale", "--policy", str(volume.path), "--no-loop",
-             "--redis-url", redis_server.url, "--bind", f"127.0.0.1:{port}", "--insecure-no-auth",
-             "--kubeconfig", str(tmp_path / "unused-kubeconfig")],
-            cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    process = api_only(volume.path, redis_server.url, port, log)
     base = f"http://127.0.0.1:{port}"
 
     def ask(namespace: str, workload: str) -> int:
