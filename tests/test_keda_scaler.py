@@ -393,14 +393,19 @@ def test_an_unreadable_entry_is_not_measured(redis_server: RedisServer, tmp_path
         assert served_series(running) == expected_served({}, {})
 
 
+def watched_policy(redis_url: str, tmp_path: Path) -> tuple[Path, KedaSettings]:
+    """qwen3 decided (5), and settings whose policy is a file the server follows (edit it to change it)."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(policy_text())
+    publish(redis_url, tmp_path, {"qwen3": (5, FRESH)})
+    return policy, KedaSettings(policy=make_policy(), listen="127.0.0.1:0", watch_interval_s=0.02, grace_s=1.0,
+                                policy_path=policy)
+
+
 @pytest.mark.integration
 def test_a_policy_edit_drops_the_time_of_a_workload_no_longer_served(redis_server: RedisServer,
                                                                      tmp_path: Path) -> None:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_text())
-    publish(redis_server.url, tmp_path, {"qwen3": (5, FRESH)})
-    keda = KedaSettings(policy=make_policy(), listen="127.0.0.1:0", watch_interval_s=0.02, grace_s=1.0,
-                        policy_path=policy)
+    policy, keda = watched_policy(redis_server.url, tmp_path)
     with serving(keda, redis_server.url, tmp_path) as running, grpc.insecure_channel(running.address) as channel:
         asked(stub(channel), QWEN)
         assert (TIME, (("api", "keda"), ("workload", "qwen3"))) in served_series(running)
@@ -614,11 +619,7 @@ def test_stream_sends_at_once_then_each_change_only(redis_server: RedisServer, t
 
 @pytest.mark.integration
 def test_stream_ends_not_found_when_the_policy_drops_the_workload(redis_server: RedisServer, tmp_path: Path) -> None:
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(policy_text())
-    publish(redis_server.url, tmp_path, {"qwen3": (5, FRESH)})
-    keda = KedaSettings(policy=make_policy(), listen="127.0.0.1:0", watch_interval_s=0.02, grace_s=1.0,
-                        policy_path=policy)
+    policy, keda = watched_policy(redis_server.url, tmp_path)
     with serving(keda, redis_server.url, tmp_path) as running, grpc.insecure_channel(running.address) as channel:
         client = stub(channel)
         stream = client.StreamIsActive(ref("default", {"workload": "qwen3"}))
