@@ -59,12 +59,32 @@ computed from the design alone (unit weights, paths of the policy): it grows wit
 observations that involve the parameter and with their variety (collinear columns share what they
 teach), never with how well they happen to agree, so more observations never lower it.
 
+Engine phase times. A start may also carry what vLLM logged of its phases
+(:attr:`Observation.phases`, read by :mod:`extender.core.enginelog`). Each phase it measured adds
+one row in only that phase's columns, with no offset, on the start's path at the current factors::
+
+    W_i = a_i,weightsRemote m_weightsRemote + a_i,weightsLocal m_weightsLocal     weights load
+    C_i = a_i,compileCold m_compileCold + a_i,compileWarm m_compileWarm           torch.compile
+    E_i = a_i,engine m_engine              E_i = initEngine - compile (graph capture + the rest)
+
+scaled relatively like the totals' rows, by the policy's seconds of that phase on that start
+``Q_i = sum over the row's columns of a_ij`` (factors 1, the policy's path): ``x_ij = a_ij / Q_i``,
+``y = W_i / Q_i`` (``C_i``, ``E_i``). They join the sums of the weighted problem above; their Huber
+weights are computed the same way, each kind of row (totals, weights, compile, engine) with its own
+robust scale, as each is measured with its own noise (a capture is logged in whole seconds). A row
+is left out when ``Q_i`` is 0 (the policy gives the start no such phase: a snapshot restore) or
+the current path gives it no seconds; a compile row when vLLM's cache hit or miss disagrees with
+the estimator's path (it would measure the other compile); and an engine row when the start
+compiles but its log gave no compile time (``initEngine`` holds the compile). ``confidence`` takes the rows into
+``X`` (policy paths): a phase row weighs like a start made of that phase alone.
+
 Identifiability (docs/calibration.md): graph capture and engine init always occur together and are
-one factor (``engine``), split in the policy's proportions; a fleet that is always warm never
-pulls an image, streams weights or compiles from scratch, so those factors keep the policy's value
-and a confidence of 0; and warm compile, local weights and engine, always seen together in warm
-starts, are told apart only by the prior: a discrepancy no observation can attribute is shared
-among them equally in seconds.
+one factor (``engine``), split in the policy's proportions (the logged capture time is kept, not
+fitted apart); a fleet that is always warm never pulls an image, streams weights or compiles from
+scratch, so those factors keep the policy's value and a confidence of 0; and warm compile, local
+weights and engine, always seen together in warm starts, are told apart from totals only by the
+prior (a discrepancy no observation can attribute is shared among them equally in seconds), and by
+the engine phase times of the starts that report them.
 """
 
 from __future__ import annotations
@@ -78,6 +98,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import ConfigDict, Field, model_validator
 
+from extender.core.enginelog import EnginePhases
 from extender.core.errors import InvalidValueError
 from extender.core.estimate import STATES, CacheState, ClassTable, CompileCache, estimate
 from extender.core.policy import NodeClass, PhaseOverride, Policy, Profile
@@ -148,6 +169,9 @@ class Observation(Schema):
     started_at: Seconds | None = None
     #: The ``Ready`` condition's last transition (the sync's clock if the status gave none).
     ready_at: Seconds
+    #: What the engine logged of its phases (:mod:`extender.core.enginelog`); ``None`` when its log
+    #: was not read. Each phase it gives is one more row of the fit (module docstring).
+    phases: EnginePhases | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> Observation:
@@ -306,6 +330,81 @@ def _bounds(policy: Policy, profile: Profile, node_class: NodeClass) -> tuple[F6
     return lo, hi
 
 
+#: The kinds of phase rows, and the columns each is an equation in.
+PHASE_COLUMNS: tuple[tuple[int, ...], ...] = ((REMOTE, LOCAL), (COLD, WARM), (ENGINE,))
+WEIGHTS_ROW, COMPILE_ROW, ENGINE_ROW = range(len(PHASE_COLUMNS))
+
+
+@dataclass(frozen=True)
+class PhaseRows:
+    """The engine phase times of a fit's starts as rows (module docstring, "Engine phase times").
+
+    One entry per measured phase: the start it is of (``start``, a row of the design), its kind,
+    the seconds vLLM logged, ``Q_i`` (the policy's seconds of that phase on that start) and, for
+    compile rows, vLLM's cache hit (1), miss (0) or unknown (-1).
+    """
+
+    start: NDArray[np.intp]
+    kind: NDArray[np.intp]
+    seconds: F64
+    scale: F64
+    cached: NDArray[np.int8]
+
+    @classmethod
+    def of(cls, observations: Sequence[Observation], policy_columns: F64) -> PhaseRows:
+        """The rows of the starts' measured phases whose policy seconds ``Q_i`` are positive."""
+        rows: list[tuple[int, int, float, float, int]] = []
+        for i, o in enumerate(observations):
+            phases = o.phases
+            if phases is None:
+                continue
+            cached = -1 if phases.compile_cached is None else int(phases.compile_cached)
+            compiles = float(policy_columns[i, list(PHASE_COLUMNS[COMPILE_ROW])].sum()) > 0
+            # initEngine holds the compile: without its time, the engine's seconds are not known
+            engine = phases.engine_s if phases.compile is not None or not compiles else None
+            for kind, seconds in ((WEIGHTS_ROW, phases.weights_load), (COMPILE_ROW, phases.compile),
+                                  (ENGINE_ROW, engine)):
+                scale = float(policy_columns[i, list(PHASE_COLUMNS[kind])].sum())
+                if seconds is not None and scale > 0:
+                    rows.append((i, kind, seconds, scale, cached))
+        return cls(np.array([r[0] for r in rows], dtype=np.intp), np.array([r[1] for r in rows], dtype=np.intp),
+                   np.array([r[2] for r in rows], dtype=np.float64), np.array([r[3] for r in rows], dtype=np.float64),
+                   np.array([r[4] for r in rows], dtype=np.int8))
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def rows(self, columns: F64) -> tuple[F64, F64, NDArray[np.bool_]]:
+        """``x``, ``y`` and which rows count, with the design's ``columns`` (its paths)."""
+        x = np.zeros((len(self), columns.shape[1]))
+        for kind, cols in enumerate(PHASE_COLUMNS):
+            mine = self.kind == kind
+            for j in cols:
+                x[mine, j] = columns[self.start[mine], j]
+        live = x.sum(axis=1) > 0
+        warm_path = columns[self.start, WARM] > 0
+        disagrees = (self.kind == COMPILE_ROW) & (self.cached >= 0) & ((self.cached == 1) != warm_path)
+        live &= ~disagrees
+        return x / self.scale[:, None], self.seconds / self.scale, live
+
+
+def _huber(residual: F64) -> tuple[float, F64]:
+    """The robust scale of ``residual`` and their Huber weights (module docstring)."""
+    scale = max(1.4826 * float(np.median(np.abs(residual))), NOISE_FLOOR)
+    cut = HUBER_C * scale
+    return scale, np.where(np.abs(residual) <= cut, 1.0, cut / np.maximum(np.abs(residual), 1e-300))
+
+
+def _phase_weights(rows: PhaseRows, residual: F64, live: NDArray[np.bool_]) -> F64:
+    """Huber weights of the phase rows, each kind with its own scale; 0 for rows that do not count."""
+    weights = np.zeros(len(rows))
+    for kind in range(len(PHASE_COLUMNS)):
+        mine = (rows.kind == kind) & live
+        if mine.any():
+            weights[mine] = _huber(residual[mine])[1]
+    return weights
+
+
 def box_ridge(q: F64, b: F64, lo: F64, hi: F64, start: F64, *, sweeps: int = 500) -> F64:
     """``argmin 1/2 m^T Q m - b^T m`` over ``lo <= m <= hi`` by coordinate descent (Q positive definite).
 
@@ -348,6 +447,7 @@ def fit_pair(policy: Policy, profile: Profile, node_class: NodeClass, observatio
     observed = np.array([o.total_s for o in observations], dtype=np.float64)
     base = design(profile, node_class, state)
     prior_total = np.maximum(base.total(ones), 1e-6)
+    phase_rows = PhaseRows.of(observations, base.columns)
     m = ones.copy()
     rounds = 0
     scale = NOISE_FLOOR
@@ -357,17 +457,24 @@ def fit_pair(policy: Policy, profile: Profile, node_class: NodeClass, observatio
         x = d.columns / prior_total[:, None]
         y = (observed - d.offset) / prior_total
         residual = y - x @ m
-        scale = max(1.4826 * float(np.median(np.abs(residual))), NOISE_FLOOR)
-        cut = HUBER_C * scale
-        weights = np.where(np.abs(residual) <= cut, 1.0, cut / np.maximum(np.abs(residual), 1e-300))
+        scale, weights = _huber(residual)
         q = (x * weights[:, None]).T @ x + np.diag(lam)
         b = (x * weights[:, None]).T @ y + lam * ones
+        if len(phase_rows):
+            xp, yp, live = phase_rows.rows(d.columns)
+            wp = _phase_weights(phase_rows, yp - xp @ m, live)
+            q = q + (xp * wp[:, None]).T @ xp
+            b = b + (xp * wp[:, None]).T @ yp
         new = box_ridge(q, b, lo, hi, m)
         step = float(np.max(np.abs(new - m)))
         m = new
         if step < TOLERANCE:
             break
-    conf = confidence(base.columns / prior_total[:, None], lam)
+    x_conf = base.columns / prior_total[:, None]
+    if len(phase_rows):
+        xp, _, live = phase_rows.rows(base.columns)
+        x_conf = np.vstack([x_conf, xp[live]])
+    conf = confidence(x_conf, lam)
     fitted = design(profile, node_class, state, m).total(m)
     error_policy = float(np.median(np.abs(prior_total - observed) / np.maximum(observed, 1e-6)))
     error_fit = float(np.median(np.abs(fitted - observed) / np.maximum(observed, 1e-6)))

@@ -53,9 +53,15 @@ def _text(value: str | bytes) -> str:
 
 
 def encode(observation: Observation) -> str:
-    """The stored form: camelCase JSON with sorted keys (equal observations are equal members)."""
-    return json.dumps(observation.model_dump(mode="python", by_alias=True), separators=(",", ":"),
-                      sort_keys=True, allow_nan=False)
+    """The stored form: camelCase JSON with sorted keys (equal observations are equal members).
+
+    ``phases`` is left out when ``None``, so a start without engine phase times is stored as a
+    release without them stores it (the same member, whichever release wrote it).
+    """
+    data = observation.model_dump(mode="python", by_alias=True)
+    if data.get("phases") is None:
+        data.pop("phases", None)
+    return json.dumps(data, separators=(",", ":"), sort_keys=True, allow_nan=False)
 
 
 @dataclass(frozen=True)
