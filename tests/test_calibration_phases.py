@@ -89,15 +89,20 @@ def test_an_always_warm_fleet_is_separated_by_its_phase_times() -> None:
 
 
 @pytest.mark.parametrize(("kinds", "learnt"), [
-    pytest.param(frozenset({"weights"}), LOCAL, id="weights-load-alone"),
-    pytest.param(frozenset({"compile"}), WARM, id="compile-alone"),
-    pytest.param(frozenset({"engine"}), ENGINE, id="engine-init-alone"),
+    pytest.param(frozenset({"weights"}), LOCAL, id="weights-load"),
+    pytest.param(frozenset({"compile"}), WARM, id="compile"),
+    pytest.param(frozenset({"compile", "engine"}), ENGINE, id="engine-init-with-the-compile-it-holds"),
 ])
 def test_each_phase_time_teaches_its_own_factor(kinds: frozenset[str], learnt: int) -> None:
     true_world = world(QWEN, WORKLOAD, CLASS, WARM_TRUTH)
     observed = starts(QWEN, true_world, WORKLOAD, CLASS, ["warm"] * 60, noise=0.0)
-    got = fit_of(with_phases(observed, WARM_TRUTH, kinds=kinds))
-    assert got[learnt] == pytest.approx(WARM_TRUTH[learnt], rel=0.06), PARAMETERS[learnt]
+    got = calibrate(APPLY, with_phases(observed, WARM_TRUTH, kinds=kinds)).fits[(WORKLOAD, CLASS)]
+    assert got.factors[learnt] == pytest.approx(WARM_TRUTH[learnt], rel=0.06), PARAMETERS[learnt]
+    # the same starts without that phase's time (the engine's needs the compile's: it holds it)
+    fewer = frozenset({"compile"}) if learnt == ENGINE else frozenset()
+    without = calibrate(APPLY, with_phases(observed, WARM_TRUTH, kinds=fewer)).fits[(WORKLOAD, CLASS)]
+    assert abs(without.factors[learnt] - WARM_TRUTH[learnt]) > abs(got.factors[learnt] - WARM_TRUTH[learnt])
+    assert got.confidence[learnt] > without.confidence[learnt]
 
 
 def test_a_mixed_fleet_with_phase_times_recovers_every_factor() -> None:

@@ -75,8 +75,8 @@ robust scale, as each is measured with its own noise (a capture is logged in who
 is left out when ``Q_i`` is 0 (the policy gives the start no such phase: a snapshot restore) or
 the current path gives it no seconds; a compile row when vLLM's cache hit or miss disagrees with
 the estimator's path (it would measure the other compile); and an engine row when the start
-compiles but its log gave no compile time (``initEngine`` holds the compile). ``confidence`` takes the rows into
-``X`` (policy paths): a phase row weighs like a start made of that phase alone.
+compiles but its log gave no compile time (``initEngine`` holds the compile). ``confidence``
+takes the rows into ``X`` (policy paths): a phase row weighs like a start made of that phase alone.
 
 Identifiability (docs/calibration.md): graph capture and engine init always occur together and are
 one factor (``engine``), split in the policy's proportions (the logged capture time is kept, not
