@@ -595,6 +595,25 @@ class FilterRules(Schema):
     require_startup_within_slo: bool = False
 
 
+#: The most of an engine's log the sync reads: 64 MiB.
+MAX_ENGINE_LOG_BYTES = 64 * 1024 * 1024
+
+
+class EngineLog(Schema):
+    """Read the phase times the engine logs as it starts (extender.core.enginelog) into each observed start.
+
+    Only with ``calibration.mode`` other than ``off``. When a replica turns Ready, ``extender sync``
+    reads the first ``limitBytes`` of this container's log (the API server's ``pods/log``; the chart
+    grants it only with ``sync.readEngineLogs``) and stores the phases it finds with the start.
+    A log that cannot be read leaves the start recorded without them (docs/calibration.md).
+    """
+
+    #: The engine's container in the workload's pods (the vLLM server's).
+    container: DnsLabel
+    #: The most of the log read, from its beginning (the startup lines come first).
+    limit_bytes: Bytes = Field(default=1024 * 1024, ge=4096, le=MAX_ENGINE_LOG_BYTES)
+
+
 class Profile(Schema):
     """A workload: how to recognise its pods and everything that decides how fast they start."""
 
@@ -625,6 +644,9 @@ class Profile(Schema):
     #: Share of a fleet too small for every workload's desired replicas (extender.core.sharing):
     #: higher goes first within each round; every observed load is served before any forecast.
     priority: Int = Field(default=0, ge=0, le=1000)
+    #: Calibration reads the phase times this workload's engine logs (opt-in: logs may hold secrets,
+    #: and reading them needs the ``pods/log`` grant); unset: starts are fitted from their totals.
+    engine_log: EngineLog | None = None
 
     @model_validator(mode="after")
     def _slo_rule_needs_slo(self) -> Profile:
