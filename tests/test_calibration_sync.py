@@ -5,6 +5,7 @@ the extender's refresher and the scaler take, and the two commands that show it.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
@@ -19,13 +20,15 @@ from prometheus_client import CollectorRegistry
 from extender import cli
 from extender.core.caches import weights_key
 from extender.core.calibration import PARAMETERS, Observation, effective_policy, estimate_errors
+from extender.core.enginelog import EnginePhases, parse_engine_log
 from extender.core.estimate import breakdown
 from extender.core.policy import Policy, parse_policy
 from extender.core.reports import AgentReport, KubeReport
 from extender.core.scoring import scale_for
+from extender.kube.client import KubeClient
 from extender.kube.metrics import SyncMetrics
 from extender.kube.objects import PodFacts
-from extender.kube.observe import StartObserver
+from extender.kube.observe import LOG_RESULTS, EngineLogs, StartObserver
 from extender.state import InventoryStore, connect
 from extender.state.observations import CalibratedPolicy, ObservationStore
 from extender.state.sources import SourceStore
@@ -588,3 +591,133 @@ def test_a_policy_edit_mid_start_loses_nothing(client: Any, edit: str | None,
     stored = store.read()
     assert [(o.node, o.weights_bytes, o.total_s) for o in stored.observations] == recorded
     assert stored.discarded == discarded
+
+
+# ---- the engine's log -----------------------------------------------------------------------------
+
+#: A vLLM V1 server's startup, as it logs it (one engine core), then a request served.
+VLLM_STARTUP = """\
+INFO 11-02 09:14:01 [__init__.py:239] Automatically detected platform cuda.
+(EngineCore_DP0 pid=812) INFO 11-02 09:14:41 [gpu_model_runner.py:2653] Model loading took 15.2 GiB memory and 31.402117 seconds
+(EngineCore_DP0 pid=812) INFO 11-02 09:15:05 [backends.py:218] Compiling a graph for dynamic shape takes 17.40 s
+(EngineCore_DP0 pid=812) INFO 11-02 09:15:10 [monitor.py:34] torch.compile takes 23.42 s in total
+(EngineCore_DP0 pid=812) INFO 11-02 09:15:25 [gpu_model_runner.py:3480] Graph capturing finished in 11 secs, took 0.61 GiB
+(EngineCore_DP0 pid=812) INFO 11-02 09:15:25 [core.py:210] init engine (profile, create kv cache, warmup model) took 43.87 seconds
+(APIServer pid=700) INFO 11-02 09:15:27 [api_server.py:1880] Starting vLLM API server 0 on http://0.0.0.0:8000
+"""  # noqa: E501 (log lines as vLLM writes them)
+#: What it holds: the phases a start read from it must carry.
+STARTUP_PHASES = EnginePhases(weights_load=31.402117, compile=23.42, compile_cached=False, graph_capture=11.0,
+                              init_engine=43.87)
+#: A request line, repeated to make a log longer than its limit.
+SERVED = '(APIServer pid=700) INFO 11-02 09:16:00 [logger.py:41] "POST /v1/completions HTTP/1.1" 200 OK\n'
+
+
+class LogCase(NamedTuple):
+    id: str
+    #: The profile's ``engineLog`` (YAML flow mapping), or None: not set.
+    engine_log: str | None
+    #: Text served as the ``vllm`` container's log of each pod (None: none, the container not started).
+    log: str | None
+    #: Status the API double answers every log read with instead (e.g. 403 without the grant).
+    fault: int | None
+    #: Log reads the API double served, and the phases each recorded start carries.
+    reads: int
+    phases: EnginePhases | None
+    #: extender_sync_engine_logs_total by result (the rest 0), and the warnings logged.
+    results: dict[str, float]
+    warnings: int
+
+
+#: Two starts Ready in one writer's pass, each with its own log. Whatever the read gives, both
+#: starts are recorded; a cause of failure is warned about once, not once per pod.
+LOG_CASES = [
+    LogCase("phases from a vLLM startup log", "{container: vllm}", VLLM_STARTUP, None, 2, STARTUP_PHASES,
+            {"read": 2}, 0),
+    LogCase("engineLog not set: no log read", None, VLLM_STARTUP, None, 0, None, {}, 0),
+    LogCase("403 without the pods/log grant", "{container: vllm}", VLLM_STARTUP, 403, 2, None, {"forbidden": 2}, 1),
+    LogCase("a container the pods have not (400)", "{container: engine}", VLLM_STARTUP, None, 2, None,
+            {"missing": 2}, 1),
+    LogCase("the pods are gone (404)", "{container: vllm}", VLLM_STARTUP, 404, 2, None, {"missing": 2}, 1),
+    LogCase("the API server fails (500)", "{container: vllm}", VLLM_STARTUP, 500, 2, None, {"failed": 2}, 1),
+    LogCase("a log without phase times", "{container: vllm}", SERVED * 3, None, 2, None, {"empty": 2}, 0),
+    LogCase("a log longer than limitBytes: its beginning is read", "{container: vllm, limitBytes: 4KiB}",
+            VLLM_STARTUP + SERVED * 200, None, 2, STARTUP_PHASES, {"read": 2}, 1),
+    LogCase("limitBytes cutting through the startup: the lines before are read",
+            "{container: vllm, limitBytes: 4KiB}", SERVED * 40 + VLLM_STARTUP, None, 2,
+            parse_engine_log((SERVED * 40 + VLLM_STARTUP)[:4096].rpartition("\n")[0]), {"read": 2}, 1),
+]
+
+
+def engine_log_policy(engine_log: str | None) -> Policy:
+    """The fleet's policy, calibrating, with ``engineLog`` set on llama3-8b (when given)."""
+    text = POLICY_TEXT
+    if engine_log is not None:
+        marker = "    capacity: {perReplica: 4, unit: requests/s}\n"
+        assert text.count(marker) >= 1
+        text = text.replace(marker, marker + f"    engineLog: {engine_log}\n", 1)
+    return parse_policy(text + "calibration: {mode: suggest, maxInventoryAge: 60s}\n")
+
+
+@pytest.mark.parametrize("case", LOG_CASES, ids=[c.id for c in LOG_CASES])
+def test_a_start_carries_the_phase_times_its_engine_logged(client: Any, double: KubeDouble, kube: Any,
+                                                            caplog: pytest.LogCaptureFixture, case: LogCase) -> None:
+    client.flushdb()
+    policy = engine_log_policy(case.engine_log)
+    assert (policy.profile(WORKLOAD).engine_log is not None) is (case.engine_log is not None)
+    now = time.time()
+    agent = SourceStore(InventoryStore(client))
+    agent.report_kube({"n1": node_report()})
+    agent.report_agent("n1", AgentReport(heartbeat=now, ttl=600, images=VLLM))
+    pods = ("p", "q")
+    for name in pods:
+        double.apply(serving_pod(name, "n1", scheduled=now - 10))
+        if case.log is not None:
+            double.set_log("serving", name, "vllm", case.log)
+    if case.fault is not None:
+        double.fail("get", "pods", case.fault, times=len(pods))
+    metrics = SyncMetrics(CollectorRegistry(), policy)
+    observer = StartObserver(policy, clock=lambda: now, engine_logs=EngineLogs(kube, count=metrics.engine_log))
+    store = ObservationStore(client)
+    for state in ("starting", "running"):
+        for name in pods:
+            observer.pod(PodFacts(f"serving/{name}", "n1", 1, WORKLOAD, state, uid=name, scheduled_at=now - 10,
+                                  started_at=now - 8, ready_at=now if state == "running" else None))
+        with caplog.at_level(logging.WARNING, logger="extender.kube.observe"):
+            observer.flush(InventoryStore(client), store)
+    stored = store.read()
+    assert sorted(o.pod for o in stored.observations) == ["serving/p", "serving/q"] and not stored.discarded
+    assert [o.phases for o in stored.observations] == [case.phases] * 2
+    assert sum(1 for r in double.requests if r.subresource == "log") == case.reads
+    counts = {result: metrics.registry.get_sample_value("extender_sync_engine_logs_total", {"result": result})
+              for result in LOG_RESULTS}
+    assert counts == {result: case.results.get(result, 0.0) for result in LOG_RESULTS}
+    warned = [r for r in caplog.records if r.name == "extender.kube.observe" and r.levelno == logging.WARNING]
+    assert len(warned) == case.warnings, [r.getMessage() for r in warned]
+    if case.fault == 403:
+        assert "sync.readEngineLogs" in warned[0].getMessage()
+
+
+def test_reads_after_one_unanswered_wait_for_the_next_pass(client: Any, double: KubeDouble, tmp_path: Path) -> None:
+    """An API server that does not answer costs one pass one timeout: the other starts of the pass
+    are recorded without reading (``skipped``)."""
+    client.flushdb()
+    policy = engine_log_policy("{container: vllm}")
+    now = time.time()
+    agent = SourceStore(InventoryStore(client))
+    agent.report_kube({"n1": node_report()})
+    agent.report_agent("n1", AgentReport(heartbeat=now, ttl=600, images=VLLM))
+    kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "kubeconfig")))
+    double.stop()  # nothing listens any more: connection refused
+    results: list[str] = []
+    observer = StartObserver(policy, clock=lambda: now, engine_logs=EngineLogs(kube, count=results.append))
+    store = ObservationStore(client)
+    try:
+        for state in ("starting", "running"):
+            for name in ("p", "q", "r"):
+                observer.pod(PodFacts(f"serving/{name}", "n1", 1, WORKLOAD, state, uid=name, scheduled_at=now - 10,
+                                      started_at=now - 8, ready_at=now if state == "running" else None))
+            observer.flush(InventoryStore(client), store)
+    finally:
+        kube.close()
+    assert results == ["unreachable", "skipped", "skipped"]
+    assert len(store.read().observations) == 3

@@ -29,13 +29,13 @@ import pytest
 
 from extender.agent import commands as agent_commands
 from extender.arguments import Parser
-from extender.files import load_policy
 from extender.kube import commands as sync_commands
 from extender.kube.client import KubeClient
 from extender.kube.errors import KubeApiError
 from extender.kube.labels import NodeLabeler
 from extender.kube.sync import ClusterSync, SyncSettings
 from extender.state import InventoryStore, connect
+from extender.state.observations import ObservationStore
 from extender.state.sources import SourceStore
 from tests import chart
 from tests.conftest import RedisServer
@@ -64,10 +64,11 @@ CLIENT_CALLS: dict[str, set[Triple]] = {
     "create_namespaced_job": {("create", "batch", "jobs")},
     "delete_namespaced_job": {("delete", "batch", "jobs")},
     "create_namespaced_event": {("create", "", "events")},
+    "read_namespaced_pod_log": {("get", "", "pods/log")},
 }
 #: Which component makes which call.
 CALLS_BY_USER: dict[str, set[str]] = {
-    SYNC_USER: {"list_node", "list_pod_for_all_namespaces"},
+    SYNC_USER: {"list_node", "list_pod_for_all_namespaces", "read_namespaced_pod_log"},
     AGENT_USER: {"read_node", "patch_node"},
     WARMER_USER: {"list_namespaced_job", "create_namespaced_job", "delete_namespaced_job", "create_namespaced_event",
                   "list_node", "read_node", "patch_node",
@@ -84,13 +85,15 @@ SCALER_ONLY: set[Triple] = {("list", "", "pods")}
 LIST_ONLY: dict[str, set[str]] = {WARMER_USER: {"list_node", "list_pod_for_all_namespaces", "list_namespaced_pod"}}
 
 
-#: The chart with every grant the code can use: the agent labelling Nodes, the warmer tainting them.
+#: The chart with every grant the code can use: the agent labelling Nodes, the warmer tainting them,
+#: the sync reading engine logs.
 LABELLING = {"agent__labelNodes": "true"}
+EVERYTHING = {**LABELLING, "sync__readEngineLogs": "true"}
 
 
 @pytest.fixture(scope="module")
 def authorizer() -> Authorizer:
-    return Authorizer(chart.rendered(**LABELLING))
+    return Authorizer(chart.rendered(**EVERYTHING))
 
 
 def granted(authorizer: Authorizer, user: str) -> set[Triple]:
@@ -200,6 +203,27 @@ def pod(name: str, node_name: str) -> dict[str, Any]:
             "status": {"phase": "Pending"}}
 
 
+def engine_log_sync(kube: KubeClient, sources: SourceStore) -> ClusterSync:
+    """A sync whose policy calibrates and reads llama3-8b's engine log (container ``vllm``)."""
+    from tests.test_calibration_sync import engine_log_policy
+
+    return ClusterSync(kube, lambda: sources, engine_log_policy("{container: vllm}"),
+                       SyncSettings(watch_timeout_s=60, backoff_initial_s=0.02, backoff_max_s=0.1))
+
+
+def start_with_a_log(double: KubeDouble, sources: SourceStore, name: str, node_name: str) -> None:
+    """A llama3-8b replica on ``node_name`` (its agent reporting) that starts, logs and turns Ready."""
+    from extender.core.reports import AgentReport
+    from tests.test_calibration_sync import VLLM_STARTUP, serving_pod
+    from tests.test_sync import VLLM
+
+    sources.report_agent(node_name, AgentReport(heartbeat=time.time(), ttl=600, images=VLLM))
+    now = time.time()
+    double.apply(serving_pod(name, node_name, scheduled=now))
+    double.set_log("serving", name, "vllm", VLLM_STARTUP)
+    double.apply(serving_pod(name, node_name, scheduled=now, ready=now + 5))
+
+
 @pytest.mark.integration
 def test_every_call_is_allowed_and_every_grant_is_used(
     enforcing: KubeDouble, authorizer: Authorizer, redis_server: RedisServer, tmp_path: Path
@@ -211,8 +235,8 @@ def test_every_call_is_allowed_and_every_grant_is_used(
     sync_kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "sync.kubeconfig", token="sync-token")))
     agent_kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "agent.kubeconfig", token="agent-token")))
     sources = SourceStore(InventoryStore(client))
-    sync = ClusterSync(sync_kube, lambda: sources, load_policy(ROOT / "policies" / "g5-pcie-fleet.yaml"),
-                       SyncSettings(watch_timeout_s=60, backoff_initial_s=0.02, backoff_max_s=0.1))
+    sync = engine_log_sync(sync_kube, sources)
+    observations = ObservationStore(client)
     thread = threading.Thread(target=sync.run)
     thread.start()
     try:
@@ -225,6 +249,9 @@ def test_every_call_is_allowed_and_every_grant_is_used(
         wait_until(lambda: sync.nodes.lists >= 2 and sync.pods.lists >= 2, what="relists")
         double.apply(node("gpu-b", G5_12))
         wait_until(lambda: sources.store.names() == {"gpu-a", "gpu-b"}, what="a watched change")
+        start_with_a_log(double, sources, "p2", "gpu-a")  # a recorded start: its engine's log read
+        wait_until(lambda: [o.phases is not None for o in observations.read().observations] == [True],
+                   what="the start recorded with its engine's phases")
 
         labeler = NodeLabeler(agent_kube, "gpu-a")
         assert labeler.apply(["llama3-8b"])  # get + patch
@@ -255,6 +282,43 @@ def test_a_call_outside_the_grants_is_refused(enforcing: KubeDouble, tmp_path: P
         assert excinfo.value.status == 403
     finally:
         kube.close()
+
+
+@pytest.mark.integration
+def test_without_the_log_grant_starts_are_recorded_without_phases(redis_server: RedisServer, tmp_path: Path,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """The chart's default (sync.readEngineLogs off) with a policy that asks for engine logs: the API
+    server refuses each read (403), every start is still recorded, and the cause is warned about once."""
+    values = {k: v for k, v in EVERYTHING.items() if k != "sync__readEngineLogs"}
+    chart_default = Authorizer(chart.rendered(**values))
+    with KubeDouble.running(bookmark_interval_s=0.05, authorizer=chart_default,
+                            tokens={"sync-token": SYNC_USER}) as double:
+        double.apply(node("gpu-a", G5_12))
+        client = connect(redis_server.url, tmp_path)
+        kube = KubeClient.connect(str(double.write_kubeconfig(tmp_path / "sync.kubeconfig", token="sync-token")))
+        sources = SourceStore(InventoryStore(client))
+        observations = ObservationStore(client)
+        sync = engine_log_sync(kube, sources)
+        thread = threading.Thread(target=sync.run)
+        thread.start()
+        try:
+            wait_until(lambda: sources.store.names() == {"gpu-a"}, what="the first list")
+            with caplog.at_level("WARNING", logger="extender.kube.observe"):
+                for name in ("p1", "p2"):
+                    start_with_a_log(double, sources, name, "gpu-a")
+                wait_until(lambda: len(observations.read().observations) == 2, what="both starts recorded")
+            recorded = observations.read().observations
+        finally:
+            sync.stop()
+            thread.join(timeout=30)
+            kube.close()
+            client.close()
+        assert not thread.is_alive()
+        refused = [r for r in double.requests if r.subresource == "log"]
+    assert len(refused) == 2 and not any(chart_default.allowed(r) for r in refused)
+    assert [o.phases for o in recorded] == [None, None]
+    warned = [r.getMessage() for r in caplog.records if r.name == "extender.kube.observe"]
+    assert len(warned) == 1 and "403" in warned[0] and "sync.readEngineLogs" in warned[0], warned
 
 
 @pytest.mark.integration

@@ -49,6 +49,9 @@ Resource = Literal["nodes", "pods"]
 CONNECT_TIMEOUT_S = 10.0
 #: Seconds to wait for one reply to a plain request (list pages included).
 REQUEST_TIMEOUT_S = 60.0
+#: Seconds to wait for each read of a container's log (:meth:`KubeClient.read_pod_log`): calibration
+#: records a start without its engine's phases rather than hold the sync's writer.
+LOG_TIMEOUT_S = 5.0
 #: Objects per list page: big clusters are listed in pages rather than one huge response.
 PAGE_SIZE = 500
 #: The longest ``Retry-After`` waited for inside one call, in seconds (see :class:`_Retry`).
@@ -298,6 +301,32 @@ class KubeClient:
         """JSON merge patch (RFC 7386) of a Node: ``None`` values delete keys (labels, annotations)."""
         return self._read(f"patching node {name!r}", lambda **kw: self._core.patch_node(
             name, dict(patch), _content_type="application/merge-patch+json", **kw))
+
+    def read_pod_log(self, namespace: str, name: str, *, container: str, limit_bytes: int,
+                     timeout_s: float = LOG_TIMEOUT_S) -> tuple[str, bool]:
+        """The first ``limit_bytes`` of a container's log, and whether it may go on (``pods/log``).
+
+        The server is asked for ``limitBytes`` and the reply is read only that far, whatever it
+        sends: a log is never held whole. When it was cut, the text ends at its last complete line
+        (a line cut mid-number must not be read as a smaller number). Undecodable bytes become
+        U+FFFD. Errors are mapped (a 403 without the grant, a 404 pod, a 400 for a container the
+        pod has not, or not yet started); ``timeout_s`` bounds each read of the reply.
+        """
+        action = f"reading the log of container {container!r} of pod {namespace}/{name}"
+        with kube_errors(action):
+            response = self._core.read_namespaced_pod_log(
+                name, namespace, container=container, limit_bytes=limit_bytes, _preload_content=False,
+                _request_timeout=(CONNECT_TIMEOUT_S, timeout_s))
+            try:
+                data = response.read(limit_bytes + 1)
+            finally:
+                response.release_conn()
+        # the server stops at about limitBytes: a reply that reached it may have been cut
+        cut = len(data) >= limit_bytes
+        if cut:
+            data = data[:limit_bytes]
+            data = data[: data.rfind(b"\n") + 1]
+        return bytes(data).decode("utf-8", "replace"), cut
 
     # ---- the cache warmer: Jobs in its namespace, Events about them ------------------------------
 

@@ -10,6 +10,9 @@ the start.
 * Node problems: nodes the API server lists that the sync cannot read (their last facts and
   records are kept), nodes whose report left out what a record cannot hold (labels, image
   names), and nodes whose report the store refuses (the merged record is over its size limit).
+* Engine logs: reads of a new replica's engine log for its phase times (profiles that set
+  ``engineLog``), by result (:data:`extender.kube.observe.LOG_RESULTS`): a start is recorded
+  whatever the result, with the phase times only when ``read``.
 * Lag: seconds from a change reaching the writer (the view marks a node dirty) to the store
   confirming the write that carries it.
 * Estimator truth, for each new replica whose start the calibration observer records
@@ -29,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from extender.core.calibration import Observation, estimate_errors
 from extender.core.policy import Policy
+from extender.kube.observe import LOG_RESULTS
 
 RESOURCES = ("nodes", "pods")
 #: Kinds of ``extender_sync_node_problems`` (module docstring).
@@ -70,6 +74,9 @@ class SyncMetrics:
                                    "Nodes whose record cannot be what the API server says, by kind (unreadable: "
                                    "last facts kept; trimmed: what a record cannot hold left out; refused: the "
                                    "store refuses the report).", ["kind"], registry=r)
+        self.engine_logs = Counter("extender_sync_engine_logs_total",
+                                   "Reads of a new replica's engine log for its phase times (profiles with "
+                                   "engineLog), by result.", ["result"], registry=r)
         self.startup = Histogram("extender_replica_startup_seconds",
                                  "Observed seconds from a new replica's scheduling to Ready.",
                                  ["workload", "node_class"], buckets=STARTUP_BUCKETS, registry=r)
@@ -89,6 +96,8 @@ class SyncMetrics:
             self.writes.labels(result)
         for kind in NODE_PROBLEMS:
             self.node_problems.labels(kind)
+        for result in LOG_RESULTS:
+            self.engine_logs.labels(result)
         self.synced.set(0)
         self.set_policy(policy)
 
@@ -123,6 +132,10 @@ class SyncMetrics:
             self.watch_errors.labels(resource).inc()
         elif what in EVENT_TYPES:
             self.events.labels(resource, what).inc()
+
+    def engine_log(self, result: str) -> None:
+        """From the start observer: one engine log read (a result of :data:`extender.kube.observe.LOG_RESULTS`)."""
+        self.engine_logs.labels(result).inc()
 
     def wrote(self, ok: bool, *, lag_s: float | None = None, at: float = 0.0) -> None:
         self.writes.labels("ok" if ok else "failed").inc()

@@ -35,6 +35,18 @@ A start that turned Ready is recorded even when its pod is deleted, or replaced 
 new pod (a StatefulSet's), before the writer's next pass.
 The pending starts live in memory: a restart of the sync loses the ones in flight.
 
+Engine logs: for a workload whose profile sets ``engineLog``, the writer reads the first
+``engineLog.limitBytes`` of the engine container's log when it records a start that turned Ready
+(:class:`EngineLogs`, one ``pods/log`` GET per start, at most :data:`~extender.kube.client.LOG_TIMEOUT_S`
+per read of the reply) and stores the phase times :func:`~extender.core.enginelog.parse_engine_log`
+finds in it as the observation's ``phases``. Reading the log is never a reason to lose a start: one
+that cannot be read (``403`` without the ``pods/log`` grant, a pod already gone, a container the
+pod has not, a timeout) is recorded without phases, and a warning is logged once for each cause
+(again only after a read worked), never per pod. After a read that got no answer at all (the API
+server unreachable, a timeout) the other starts of the same pass are recorded without reading, so
+one pass waits for one timeout at most. Each read is counted by result
+(``extender_sync_engine_logs_total``, :data:`LOG_RESULTS`).
+
 The view (:class:`extender.kube.sync.ClusterView`) calls :meth:`StartObserver.pod` and
 :meth:`StartObserver.gone` under its lock (no I/O); the sync's writer thread calls
 :meth:`StartObserver.flush`, which does the Redis reads and writes.
@@ -50,9 +62,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from extender.core.calibration import CompileWord, Observation
+from extender.core.enginelog import EnginePhases, parse_engine_log
+from extender.core.errors import KubeError
 from extender.core.estimate import CompileCache
 from extender.core.inventory import InventorySnapshot, NodeState
-from extender.core.policy import UNKNOWN_CLASS, Policy
+from extender.core.policy import UNKNOWN_CLASS, EngineLog, Policy
+from extender.kube.client import LOG_TIMEOUT_S, KubeClient
+from extender.kube.errors import KubeApiError, KubeUnreachableError
 from extender.kube.objects import PodFacts
 from extender.state.observations import ObservationStore, read_nodes
 from extender.state.store import InventoryStore
@@ -69,6 +85,78 @@ READY_BEFORE_SCHEDULED = "ready before scheduled"
 MAX_PENDING = 100_000
 
 
+#: Results of reading an engine's log (``extender_sync_engine_logs_total{result}``): ``read`` (phase
+#: times found), ``empty`` (read, none found), ``forbidden`` (403: no ``pods/log`` grant), ``missing``
+#: (404 or 400: the pod is gone, or has no such container, or it has not started), ``unreachable``
+#: (no answer: a timeout, a connection refused or cut), ``failed`` (any other error status),
+#: ``skipped`` (not tried: an earlier read of the same pass got no answer).
+LOG_RESULTS = ("read", "empty", "forbidden", "missing", "unreachable", "failed", "skipped")
+
+
+@dataclass
+class EngineLogs:
+    """Reads the engine phase times of recorded starts from their containers' logs (module docstring).
+
+    Shared by every observer of one sync (a policy edit keeps what was warned about).
+    """
+
+    kube: KubeClient
+    #: Called with each read's result (one of :data:`LOG_RESULTS`), e.g. a metric's ``inc``.
+    count: Callable[[str], None] | None = None
+    timeout_s: float = LOG_TIMEOUT_S
+    #: Causes already warned about: a failure's until a read works, ``cut`` until a log is read whole.
+    _warned: set[str] = field(default_factory=set, repr=False)
+
+    def read(self, pod_key: str, setting: EngineLog, *, skip: bool = False) -> tuple[EnginePhases | None, str]:
+        """The phases in the log of ``pod_key`` (``namespace/name``) and the read's result."""
+        if skip:
+            return self._done(None, "skipped")
+        namespace, _, name = pod_key.partition("/")
+        try:
+            text, cut = self.kube.read_pod_log(namespace, name, container=setting.container,
+                                               limit_bytes=setting.limit_bytes, timeout_s=self.timeout_s)
+        except KubeApiError as exc:
+            result = {403: "forbidden", 404: "missing", 400: "missing"}.get(exc.status or 0, "failed")
+            return self._done(None, result, exc)
+        except KubeUnreachableError as exc:
+            return self._done(None, "unreachable", exc)
+        except KubeError as exc:
+            return self._done(None, "failed", exc)
+        # a failure's cause is warned about again once it comes back; a cut log, once it was not cut
+        self._warned &= {"cut"} if cut else set()
+        if cut:
+            self._warn("cut", f"the log of {pod_key} is longer than engineLog.limitBytes "
+                              f"({setting.limit_bytes}); only its beginning is read")
+        phases = parse_engine_log(text)
+        return self._done(None, "empty") if phases.empty else self._done(phases, "read")
+
+    def _done(self, phases: EnginePhases | None, result: str,
+              exc: KubeError | None = None) -> tuple[EnginePhases | None, str]:
+        if exc is not None:
+            hint = " (grant it with the chart's sync.readEngineLogs)" if result == "forbidden" else ""
+            self._warn(result, f"cannot read an engine's log, so starts are recorded without its phase "
+                               f"times{hint}: {exc}")
+        if self.count is not None:
+            self.count(result)
+        return phases, result
+
+    def _warn(self, cause: str, message: str) -> None:
+        if cause not in self._warned:
+            self._warned.add(cause)
+            log.warning("calibration: %s", message, extra={"cause": cause})
+
+    def read_all(self, starts: list[tuple[str, EngineLog]]) -> list[EnginePhases | None]:
+        """The phases of each ``(pod, setting)``, in order; after a read that got no answer, the rest
+        are not tried."""
+        out: list[EnginePhases | None] = []
+        unanswered = False
+        for pod_key, setting in starts:
+            phases, result = self.read(pod_key, setting, skip=unanswered)
+            unanswered = unanswered or result == "unreachable"
+            out.append(phases)
+        return out
+
+
 @dataclass
 class _Start:
     key: str
@@ -81,6 +169,9 @@ class _Start:
     found: dict[str, Any] | None = None
     started_at: float | None = None
     ready_at: float | None = None
+    #: What the engine's log said of its phases, once read (``log_read``; writer only).
+    phases: EnginePhases | None = None
+    log_read: bool = False
 
 
 @dataclass
@@ -89,6 +180,8 @@ class StartObserver:
 
     policy: Policy
     clock: Callable[[], float] = time.time
+    #: Reads the engine's log of a start whose profile sets ``engineLog``; ``None``: never read.
+    engine_logs: EngineLogs | None = None
     _starts: dict[str, _Start] = field(default_factory=dict, repr=False)
     #: Pods (key -> uid) already recorded, discarded or first seen Ready: a later readiness flap
     #: or a repeated event is not a new start.
@@ -118,7 +211,7 @@ class StartObserver:
         view's lock, so that no pod event falls between the two.
         """
         profiled = {p.name for p in policy.profiles}
-        new = StartObserver(policy, clock=self.clock)
+        new = StartObserver(policy, clock=self.clock, engine_logs=self.engine_logs)
         with self._lock:
             new._starts = {k: s for k, s in self._starts.items() if s.workload in profiled}
             new._finished = [s for s in self._finished if s.workload in profiled]
@@ -242,6 +335,7 @@ class StartObserver:
                     start.found = result
             done = [s for s in self._all() if s.found is not None and s.ready_at is not None]
             discarded = dict(self._discarded)
+        self._read_logs(done)
         observations: list[Observation] = []
         for s in done:
             assert s.found is not None and s.ready_at is not None and s.scheduled_at is not None
@@ -252,7 +346,7 @@ class StartObserver:
                 observations.append(Observation.model_validate({
                     **s.found, "pod": s.key, "workload": s.workload, "node": s.node,
                     "scheduledAt": s.scheduled_at, "startedAt": s.started_at,
-                    "readyAt": s.ready_at}))
+                    "readyAt": s.ready_at, "phases": s.phases}))
             except ValueError as exc:
                 log.warning("calibration: cannot record the start of %s: %s", s.key, exc)
                 discarded["unreadable"] = discarded.get("unreadable", 0) + 1
@@ -274,6 +368,21 @@ class StartObserver:
             except Exception:
                 log.exception("calibration: a listener of recorded starts failed")
         return len(observations)
+
+    def _read_logs(self, done: list[_Start]) -> None:
+        """Read the engine's log of each start to record whose profile sets ``engineLog`` (once per start)."""
+        if self.engine_logs is None:
+            return
+        wanted: list[tuple[_Start, EngineLog]] = []
+        for s in done:
+            if s.log_read or s.scheduled_at is None or s.ready_at is None or s.ready_at < s.scheduled_at:
+                continue
+            setting = self.policy.profile(s.workload).engine_log
+            if setting is not None:
+                wanted.append((s, setting))
+        found = self.engine_logs.read_all([(s.key, setting) for s, setting in wanted])
+        for (s, _), phases in zip(wanted, found, strict=True):
+            s.phases, s.log_read = phases, True
 
     def _found(self, start: _Start, record: NodeState | None, registry: frozenset[str],
                now: float) -> dict[str, Any] | str:

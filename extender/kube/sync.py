@@ -53,7 +53,7 @@ from extender.files import PolicyFile
 from extender.kube.client import JSON, KubeClient
 from extender.kube.metrics import SyncMetrics
 from extender.kube.objects import DEFAULT_GPU_RESOURCE, NodeFacts, PodFacts, fitted_kube_report, node_facts, pod_facts
-from extender.kube.observe import StartObserver
+from extender.kube.observe import EngineLogs, StartObserver
 from extender.kube.reflector import DEFAULT_WATCH_TIMEOUT_S, Reflector
 from extender.state.observations import CalibratedPolicy, ObservationStore
 from extender.state.sources import SourceStore
@@ -286,7 +286,10 @@ class ClusterSync:
         #: Policies taken from the file since start (logs and tests).
         self.policy_reloads = 0
         #: Follows new replicas for calibration (``None`` with ``calibration.mode: off``).
-        self.observer = StartObserver(policy) if policy.calibration.mode != "off" else None
+        #: Reads new replicas' engine logs for profiles that set ``engineLog`` (extender.kube.observe).
+        self.engine_logs = EngineLogs(kube, count=metrics.engine_log if metrics is not None else None)
+        self.observer = StartObserver(policy, engine_logs=self.engine_logs) \
+            if policy.calibration.mode != "off" else None
         self.view = ClusterView(policy, settings.gpu_resource, self.observer)
         self.policy = policy
         self.open_sources = open_sources
@@ -412,7 +415,8 @@ class ClusterSync:
         with self.view.cond:
             observer = None
             if policy.calibration.mode != "off":  # the starts in flight go on being followed
-                observer = StartObserver(policy) if self.observer is None else self.observer.carried_into(policy)
+                observer = StartObserver(policy, engine_logs=self.engine_logs) if self.observer is None \
+                    else self.observer.carried_into(policy)
                 if metrics is not None:
                     observer.on_recorded.append(lambda starts: metrics.starts(starts, self._estimator_policy()))
             self.policy = policy

@@ -26,7 +26,8 @@ class Kind:
     kind: str
     namespaced: bool
     #: Subresources with their own write path; "status" means writes to the main resource keep the
-    #: stored status and writes to /status change nothing else (the real server's split).
+    #: stored status and writes to /status change nothing else (the real server's split); "log" is
+    #: read-only (a pod's container logs, :meth:`tests.kube_double.server.KubeDouble.set_log`).
     subresources: tuple[str, ...] = ()
 
     @property
@@ -40,7 +41,7 @@ class Kind:
 
 KINDS: tuple[Kind, ...] = (
     Kind("", "v1", "nodes", "Node", namespaced=False, subresources=("status",)),
-    Kind("", "v1", "pods", "Pod", namespaced=True, subresources=("status",)),
+    Kind("", "v1", "pods", "Pod", namespaced=True, subresources=("status", "log")),
     Kind("", "v1", "events", "Event", namespaced=True),
     Kind("batch", "v1", "jobs", "Job", namespaced=True, subresources=("status",)),
     Kind("coordination.k8s.io", "v1", "leases", "Lease", namespaced=True),

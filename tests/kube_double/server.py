@@ -153,6 +153,8 @@ class KubeDouble:
         self._continues: dict[str, tuple[list[Obj], int]] = {}
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        #: Container logs served at ``pods/<name>/log``: (namespace, pod, container) -> text.
+        self._logs: dict[tuple[str, str, str], str] = {}
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -248,6 +250,12 @@ class KubeDouble:
         ``headers`` and Status ``details``)."""
         with self._lock:
             self._options.faults.append(Fault(verb, resource, code, times, dict(headers or {}), dict(details or {})))
+
+    def set_log(self, namespace: str, pod: str, container: str, text: str) -> None:
+        """What ``GET .../pods/<pod>/log?container=<container>`` serves (a container of the pod's spec
+        with no log set is answered as the real server answers one not started: 400)."""
+        with self._lock:
+            self._logs[(namespace, pod, container)] = text
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -389,6 +397,9 @@ class KubeDouble:
 
     def _handle(self, h: _Handler, route: Route, verb: str, query: dict[str, str], body: Any) -> None:
         kind, ns, name, sub = route.kind, route.namespace, route.name, route.subresource
+        if sub == "log":
+            self._log(h, route, verb, query)
+            return
         if verb == "watch":
             self._watch(h, route, query)
             return
@@ -422,6 +433,38 @@ class KubeDouble:
                               "metadata": {"resourceVersion": str(self.state.revision)}, "items": gone})
         else:
             raise ApiError(405, "MethodNotAllowed", f"{verb} is not supported")
+
+    def _log(self, h: _Handler, route: Route, verb: str, query: dict[str, str]) -> None:
+        """A container's log as the real server sends it: plain text, the first ``limitBytes``; a
+        missing pod is 404, a container the pod has not (or none named when it has several) 400."""
+        ns, name = route.namespace, route.name
+        if verb != "get" or ns is None or name is None:
+            raise ApiError(405, "MethodNotAllowed", f"{verb} is not supported on pods/log")
+        pod = self.state.get(route.kind, ns, name)
+        names = [c.get("name") for c in pod.get("spec", {}).get("containers", [])]
+        container = query.get("container") or (names[0] if len(names) == 1 else "")
+        if not container:
+            raise ApiError(400, "BadRequest", f"a container name must be specified for pod {name}, choose one of: "
+                           f"{names}")
+        if container not in names:
+            raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {name}")
+        with self._lock:
+            text = self._logs.get((ns, name, container))
+        if text is None:
+            raise ApiError(400, "BadRequest",
+                           f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating')
+        data = text.encode()
+        try:
+            limit = int(query.get("limitBytes") or 0)
+        except ValueError as exc:
+            raise ApiError(400, "BadRequest", f"invalid limitBytes {query.get('limitBytes')!r}") from exc
+        if limit > 0:
+            data = data[:limit]
+        h.send_response(200)
+        h.send_header("Content-Type", "text/plain")
+        h.send_header("Content-Length", str(len(data)))
+        h.end_headers()
+        h.wfile.write(data)
 
     def _watch(self, h: _Handler, route: Route, query: dict[str, str]) -> None:
         kind, ns = route.kind, route.namespace
