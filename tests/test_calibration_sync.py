@@ -697,7 +697,8 @@ def test_a_start_carries_the_phase_times_its_engine_logged(client: Any, double: 
         assert "sync.readEngineLogs" in warned[0].getMessage()
 
 
-def test_reads_after_one_unanswered_wait_for_the_next_pass(client: Any, double: KubeDouble, tmp_path: Path) -> None:
+def test_after_a_read_without_answer_the_pass_reads_no_more_logs(client: Any, double: KubeDouble,
+                                                                 tmp_path: Path) -> None:
     """An API server that does not answer costs one pass one timeout: the other starts of the pass
     are recorded without reading (``skipped``)."""
     client.flushdb()
