@@ -317,10 +317,16 @@ class KubeClient:
             response = self._core.read_namespaced_pod_log(
                 name, namespace, container=container, limit_bytes=limit_bytes, _preload_content=False,
                 _request_timeout=(CONNECT_TIMEOUT_S, timeout_s))
+            data = b""
             try:
                 data = response.read(limit_bytes + 1)
             finally:
-                response.release_conn()
+                # the rest of a reply longer than asked for is never read: its connection is closed,
+                # not handed back to the pool with bytes pending
+                if len(data) <= limit_bytes:
+                    response.release_conn()
+                else:
+                    response.close()
         # the server stops at about limitBytes: a reply that reached it may have been cut
         cut = len(data) >= limit_bytes
         if cut:
