@@ -722,3 +722,33 @@ def test_after_a_read_without_answer_the_pass_reads_no_more_logs(client: Any, do
         kube.close()
     assert results == ["unreachable", "skipped", "skipped"]
     assert len(store.read().observations) == 3
+
+
+class PodLogCase(NamedTuple):
+    id: str
+    text: str | bytes
+    limit: int
+    #: Whether the server stops at ``limitBytes`` (a proxy or an old server may not).
+    honored: bool
+    expected: tuple[str, bool]
+
+
+LINE = "x" * 99 + "\n"  # 100 bytes
+POD_LOG_CASES = [
+    PodLogCase("shorter than the limit", LINE * 3, 4096, True, (LINE * 3, False)),
+    PodLogCase("exactly the limit, ending a line", LINE * 41, 4100, True, (LINE * 41, True)),
+    PodLogCase("cut by the server mid-line", LINE * 100, 4150, True, (LINE * 41, True)),
+    PodLogCase("the server ignores limitBytes", LINE * 100, 4150, False, (LINE * 41, True)),
+    PodLogCase("one line longer than the limit", "y" * 10_000 + "\n", 4096, True, ("", True)),
+    PodLogCase("bytes that are not UTF-8 become U+FFFD", b"caf\xc3\n", 4096, True, ("caf\ufffd\n", False)),
+]
+
+
+@pytest.mark.parametrize("case", POD_LOG_CASES, ids=[c.id for c in POD_LOG_CASES])
+def test_a_pod_log_is_read_up_to_its_limit_and_last_whole_line(double: KubeDouble, kube: KubeClient,
+                                                               case: PodLogCase) -> None:
+    double.apply(serving_pod("p", "n1", scheduled=time.time()))
+    double.set_log("serving", "p", "vllm", case.text, honor_limit=case.honored)
+    assert kube.read_pod_log("serving", "p", container="vllm", limit_bytes=case.limit) == case.expected
+    # the connection is still good (a longer reply's was closed, not pooled with bytes pending)
+    assert kube.read_pod_log("serving", "p", container="vllm", limit_bytes=case.limit) == case.expected

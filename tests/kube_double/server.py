@@ -154,7 +154,9 @@ class KubeDouble:
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         #: Container logs served at ``pods/<name>/log``: (namespace, pod, container) -> text.
-        self._logs: dict[tuple[str, str, str], str] = {}
+        self._logs: dict[tuple[str, str, str], str | bytes] = {}
+        #: Logs served whole whatever ``limitBytes`` asks (:meth:`set_log`).
+        self._unlimited: set[tuple[str, str, str]] = set()
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -251,11 +253,17 @@ class KubeDouble:
         with self._lock:
             self._options.faults.append(Fault(verb, resource, code, times, dict(headers or {}), dict(details or {})))
 
-    def set_log(self, namespace: str, pod: str, container: str, text: str) -> None:
+    def set_log(self, namespace: str, pod: str, container: str, text: str | bytes, *, honor_limit: bool = True) -> None:
         """What ``GET .../pods/<pod>/log?container=<container>`` serves (a container of the pod's spec
-        with no log set is answered as the real server answers one not started: 400)."""
+        with no log set is answered as the real server answers one not started: 400); with
+        ``honor_limit`` false, the whole text whatever ``limitBytes`` says (a server or proxy that
+        ignores it)."""
         with self._lock:
             self._logs[(namespace, pod, container)] = text
+            if honor_limit:
+                self._unlimited.discard((namespace, pod, container))
+            else:
+                self._unlimited.add((namespace, pod, container))
 
     def clear_faults(self) -> None:
         with self._lock:
@@ -450,15 +458,16 @@ class KubeDouble:
             raise ApiError(400, "BadRequest", f"container {container} is not valid for pod {name}")
         with self._lock:
             text = self._logs.get((ns, name, container))
+            unlimited = (ns, name, container) in self._unlimited
         if text is None:
             raise ApiError(400, "BadRequest",
                            f'container "{container}" in pod "{name}" is waiting to start: ContainerCreating')
-        data = text.encode()
+        data = text if isinstance(text, bytes) else text.encode()
         try:
             limit = int(query.get("limitBytes") or 0)
         except ValueError as exc:
             raise ApiError(400, "BadRequest", f"invalid limitBytes {query.get('limitBytes')!r}") from exc
-        if limit > 0:
+        if limit > 0 and not unlimited:
             data = data[:limit]
         h.send_response(200)
         h.send_header("Content-Type", "text/plain")
