@@ -1,7 +1,7 @@
-"""Reading the phase times out of a vLLM startup log (pure): every format we read, workers, garbage.
+"""Reading the phase times out of a vLLM or SGLang startup log (pure): every format we read, workers, garbage.
 
-The log lines below are written for these tests in the formats of vLLM's own logger calls (the
-module docstring names the files); the numbers and model names are made up.
+The log lines below are written for these tests in the formats of vLLM's and SGLang's own logger
+calls (the module docstring names the files); the numbers and model names are made up.
 """
 
 from __future__ import annotations
@@ -95,6 +95,66 @@ INFO 02-02 02:02:40 monitor.py:33] torch.compile takes 41.50 s in total
 """
 
 
+SGL_NEW_TP2 = """\
+[2026-02-03 10:00:01] server_args=ServerArgs(model_path='org/model-d', tp_size=2)
+[2026-02-03 10:00:09 TP0] Load weight begin. avail mem=78.10 GB
+[2026-02-03 10:00:09 TP1] Load weight begin. avail mem=78.10 GB
+[2026-02-03 10:00:40 TP1] Load weight end. elapsed=31.20 s, type=LlamaForCausalLM, avail mem=62.50 GB, mem usage=15.60 GB.
+[2026-02-03 10:00:41 TP0] Load weight end. elapsed=32.45 s, type=LlamaForCausalLM, quant=fp8, avail mem=62.40 GB, mem usage=15.70 GB.
+[2026-02-03 10:00:42 TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: 411200, K size: 25.10 GB, V size: 25.10 GB
+[2026-02-03 10:00:42 TP0] Memory pool end. avail mem=10.20 GB
+[2026-02-03 10:00:43 TP0] Capture target decode CUDA graph begin. backend=full, num_tokens_per_req=1, bs=[1, 2, 4, 8], avail mem=10.10 GB
+[2026-02-03 10:00:55 TP1] Capture target decode CUDA graph end. elapsed=12.40 s, mem usage=0.70 GB, avail mem=9.40 GB.
+[2026-02-03 10:00:56 TP0] Capture target decode CUDA graph end. elapsed=12.85 s, mem usage=0.71 GB, avail mem=9.39 GB.
+[2026-02-03 10:00:57 TP0] max_total_num_tokens=411200, chunked_prefill_size=8192, available_gpu_mem=9.39 GB
+[2026-02-03 10:01:05] The server is fired up and ready to roll!
+"""  # noqa: E501 (log lines as SGLang writes them)
+
+SGL_OLD_ONE_GPU = """\
+[2025-03-10 08:00:05] Load weight begin. avail mem=23.40 GB
+[2025-03-10 08:00:30] Load weight end. type=Qwen2ForCausalLM, dtype=torch.bfloat16, avail mem=8.90 GB
+[2025-03-10 08:00:31] Memory pool end. avail mem=2.10 GB
+[2025-03-10 08:00:31] Capture cuda graph begin. This can take up to several minutes. avail mem=2.00 GB
+[2025-03-10 08:00:39] Capture cuda graph end. Time elapsed: 7.84 s. mem usage=0.40 GB. avail mem=1.60 GB.
+"""
+
+SGL_PIECEWISE = """\
+[2025-11-20 12:00:40] Load weight end. elapsed=9.10 s, type=Qwen3ForCausalLM, avail mem=60.00 GB, mem usage=16.00 GB.
+[2025-11-20 12:00:50] Capture cuda graph end. Time elapsed: 5.38 s. mem usage=0.60 GB. avail mem=23.56 GB.
+[2025-11-20 12:00:50] Capture piecewise CUDA graph begin. avail mem=23.56 GB
+[2025-11-20 12:00:59] Compiling a graph for dynamic shape takes 9.20 s
+[2025-11-20 12:01:08] Capture piecewise CUDA graph end. Time elapsed: 18.18 s. mem usage=2.32 GB. avail mem=21.24 GB.
+"""
+
+SGL_SPECULATIVE_DP = """\
+[2026-04-01 09:00:30 DP0 TP0 EP0] Load weight end. elapsed=40.00 s, type=DeepseekV3ForCausalLM, avail mem=20.00 GB, mem usage=60.00 GB.
+[2026-04-01 09:00:31 DP1 TP1 EP1] Load weight end. elapsed=41.00 s, type=DeepseekV3ForCausalLM, avail mem=20.00 GB, mem usage=60.00 GB.
+[2026-04-01 09:00:34 DP0 TP0 EP0] Load weight end. elapsed=3.50 s, type=DeepseekV3ForCausalLMNextN, avail mem=19.00 GB, mem usage=1.00 GB.
+[2026-04-01 09:00:34 DP1 TP1 EP1] Load weight end. elapsed=1.50 s, type=DeepseekV3ForCausalLMNextN, avail mem=19.00 GB, mem usage=1.00 GB.
+[2026-04-01 09:00:50 DP0 TP0 EP0] Capture target verify CUDA graph end. elapsed=10.00 s, mem usage=1.10 GB, avail mem=17.90 GB.
+[2026-04-01 09:00:50 DP1 TP1 EP1] Capture target verify CUDA graph end. elapsed=11.00 s, mem usage=1.10 GB, avail mem=17.90 GB.
+[2026-04-01 09:00:53 DP0 TP0 EP0] Capture draft decode CUDA graph end. elapsed=2.00 s, mem usage=0.20 GB, avail mem=17.70 GB.
+[2026-04-01 09:00:55 DP0 TP0 EP0] Capture draft extend CUDA graph end. step=0, elapsed=1.50 s, mem usage=0.10 GB, avail mem=17.60 GB.
+"""  # noqa: E501 (log lines as SGLang writes them)
+
+SGL_EAGLE_OLD = """\
+[2025-06-01 07:00:10] Capture cuda graph end. Time elapsed: 20.00 s. mem usage=1.00 GB. avail mem=9.00 GB.
+[2025-06-01 07:00:14] Capture draft cuda graph end. Time elapsed: 4.00 s. mem usage=0.30 GB. avail mem=8.70 GB.
+[2025-06-01 07:00:16] Capture draft extend cuda graph end. Time elapsed: 2.25 s. mem usage=0.20 GB. avail mem=8.50 GB.
+"""
+
+SGL_TP2_NOISE = """\
+[2025-05-05 05:05:05 TP0] Load weight end. type=LlamaForCausalLM, dtype=torch.float16, avail mem=30.00 GB, mem usage=14.00 GB.
+[2025-05-05 05:05:05 TP1] Load weight end. type=LlamaForCausalLM, dtype=torch.float16, avail mem=30.00 GB, mem usage=14.00 GB.
+[2025-05-05 05:05:06 TP0] Memory pool end. avail mem=5.00 GB
+[2025-05-05 05:05:06 TP1] Capture cuda graph begin. This can take up to several minutes. avail mem=5.00 GB
+[2025-05-05 05:05:07 TP0] Init torch distributed ends. elapsed=1.25 s, mem usage=0.10 GB
+[2025-05-05 05:05:20 TP0] Capture cuda graph end. Time elapsed: 13.00 s. mem usage=0.50 GB. avail mem=4.50 GB.
+[2025-05-05 05:05:21 TP1] Capture cuda graph end. Time elapsed: 14.00 s. mem usage=0.50 GB. avail mem=4.50 GB.
+[2025-05-05 05:05:30] The server is fired up and ready to roll!
+"""  # noqa: E501 (log lines as SGLang writes them)
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     pytest.param(V1_TP1_COLD, EnginePhases(weights_load=31.402117, compile=23.42, compile_cached=False,
                                            graph_capture=11.0, init_engine=43.87),
@@ -116,6 +176,18 @@ INFO 02-02 02:02:40 monitor.py:33] torch.compile takes 41.50 s in total
                  id="one-worker-compiled-from-scratch-so-not-cached"),
     pytest.param(AOT_HIT, EnginePhases(compile=2.89, compile_cached=True), id="aot-cache-hit"),
     pytest.param(V0_COMPILE_SHAPES, EnginePhases(compile=41.5, compile_cached=False), id="v0-compile-per-shape"),
+    pytest.param(SGL_NEW_TP2, EnginePhases(weights_load=32.45, graph_capture=12.85),
+                 id="sglang-two-tp-ranks-take-the-slowest"),
+    pytest.param(SGL_OLD_ONE_GPU, EnginePhases(graph_capture=7.84),
+                 id="sglang-old-weight-line-is-memory-not-time"),
+    pytest.param(SGL_PIECEWISE, EnginePhases(weights_load=9.1, compile=9.2, compile_cached=False,
+                                             graph_capture=5.38 + 18.18),
+                 id="sglang-piecewise-capture-adds-to-decode-capture-compile-read-in-vllm-words"),
+    pytest.param(SGL_SPECULATIVE_DP, EnginePhases(weights_load=43.5, graph_capture=13.5),
+                 id="sglang-dp-tp-ep-ranks-target-plus-draft-add-up-in-a-rank"),
+    pytest.param(SGL_EAGLE_OLD, EnginePhases(graph_capture=26.25), id="sglang-old-draft-captures-add-up"),
+    pytest.param(SGL_TP2_NOISE, EnginePhases(graph_capture=14.0),
+                 id="sglang-memory-only-and-distributed-init-lines-ignored"),
 ])
 def test_phases_of_real_format_logs(text: str, expected: EnginePhases) -> None:
     got = parse_engine_log(text)
@@ -136,6 +208,19 @@ def test_phases_of_real_format_logs(text: str, expected: EnginePhases) -> None:
     pytest.param("Model loading took and 12.0 seconds", "weights_load", id="truncated"),
     pytest.param("model loading took 1 GiB memory and 12.0 seconds", "weights_load", id="other-case"),
     pytest.param("Graph capturing finished in 12", "graph_capture", id="cut-off"),
+    pytest.param("[2026-01-01 00:00:00 TP0] Load weight end. elapsed=nan s, type=X", "weights_load",
+                 id="sglang-nan-load"),
+    pytest.param("Load weight end. elapsed=0.00 s, type=X", "weights_load", id="sglang-zero-load"),
+    pytest.param("Load weight end. type=X, dtype=torch.bfloat16, avail mem=8.90 GB", "weights_load",
+                 id="sglang-load-memory-only"),
+    pytest.param("Capture cuda graph end. Time elapsed: -2.00 s.", "graph_capture", id="sglang-negative-capture"),
+    pytest.param("Capture target decode CUDA graph end. elapsed=inf s, mem usage=0.1 GB", "graph_capture",
+                 id="sglang-inf-capture"),
+    pytest.param("Capture cuda graph begin. This can take up to several minutes. avail mem=2.00 GB",
+                 "graph_capture", id="sglang-capture-begin-has-no-time"),
+    pytest.param("Capture cuda graph end. avail mem=2.00 GB", "graph_capture", id="sglang-capture-end-without-time"),
+    pytest.param("Capture a b c d graph end. elapsed=3.00 s", "graph_capture", id="sglang-capture-four-words"),
+    pytest.param("capture cuda graph end. Time elapsed: 3.00 s", "graph_capture", id="sglang-other-case"),
 ])
 def test_garbled_numbers_and_lines_are_ignored(line: str, field: str) -> None:
     assert getattr(parse_engine_log(line), field) is None
@@ -170,6 +255,30 @@ def test_logs_without_phases_give_none(text: str) -> None:
 def test_carriage_returns_split_lines_like_newlines() -> None:
     text = "Capturing CUDA graphs: 50%\rCapturing CUDA graphs: 100%\rGraph capturing finished in 7 secs, took 1 GiB"
     assert parse_engine_log(text).graph_capture == 7.0
+
+
+@pytest.mark.parametrize(("text", "weights"), [
+    pytest.param("[2026-01-01 00:00:01 TP0] Load weight end. elapsed=5.00 s, type=X\n"
+                 "[2026-01-01 00:00:02 TP0] Load weight end. elapsed=6.00 s, type=Y\n", 11.0,
+                 id="one-rank-parts-add-up"),
+    pytest.param("[2026-01-01 00:00:01 TP0] Load weight end. elapsed=5.00 s, type=X\n"
+                 "[2026-01-01 00:00:02 TP1] Load weight end. elapsed=6.00 s, type=X\n", 6.0,
+                 id="two-ranks-slowest"),
+    pytest.param("[2026-01-01 00:00:01 DP0 TP0] Load weight end. elapsed=5.00 s, type=X\n"
+                 "[2026-01-01 00:00:02 DP1 TP0] Load weight end. elapsed=6.00 s, type=X\n", 6.0,
+                 id="same-tp-rank-other-dp-rank-is-another-process"),
+    pytest.param("[01-01 00:00:01 TP0] Load weight end. elapsed=5.00 s, type=X\n"
+                 "[01-01 00:00:02 TP1] Load weight end. elapsed=6.00 s, type=X\n", 6.0,
+                 id="stamp-without-a-year"),
+    pytest.param("[2026-01-01 00:00:01] Load weight end. elapsed=5.00 s, type=X\n"
+                 "Load weight end. elapsed=6.00 s, type=X\n", 11.0,
+                 id="a-stamp-without-ranks-is-the-main-process"),
+    pytest.param("[2026-01-01 00:00:01 tp0] Load weight end. elapsed=5.00 s, type=X\n"
+                 "[2026-01-01 00:00:02 tp1] Load weight end. elapsed=6.00 s, type=X\n", 11.0,
+                 id="lower-case-is-not-a-rank-tag"),
+])
+def test_sglang_rank_tags_are_processes(text: str, weights: float) -> None:
+    assert parse_engine_log(text).weights_load == weights
 
 
 def test_process_tags_without_a_pid_are_the_main_process() -> None:

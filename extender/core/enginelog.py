@@ -1,7 +1,10 @@
-"""The phase times a vLLM server reports as it starts, read from its log's text (pure).
+"""The phase times a vLLM or SGLang server reports as it starts, read from its log's text (pure).
 
-Calibration (:mod:`extender.core.calibration`) sees a start's total; vLLM itself logs how long
-some of its phases took. :func:`parse_engine_log` reads those lines and gives :class:`EnginePhases`:
+Calibration (:mod:`extender.core.calibration`) sees a start's total; the engine itself logs how long
+some of its phases took. :func:`parse_engine_log` reads those lines, of either engine (a log is one
+engine's, and no line below is written by both except where said), and gives :class:`EnginePhases`.
+
+vLLM:
 
 ==================  ===============================================================================
 phase               the lines read (the vLLM file that logs them, and which engine)
@@ -36,6 +39,37 @@ phase               the lines read (the vLLM file that logs them, and which engi
                     cache allocation and the warm-up (where graphs are captured).
 ==================  ===============================================================================
 
+SGLang (the files named are under ``python/sglang/srt/``; SGLang logs no engine-init span, so
+``initEngine`` stays unknown and so does :attr:`EnginePhases.engine_s`):
+
+==================  ===============================================================================
+phase               the lines read (the SGLang file that logs them)
+==================  ===============================================================================
+``weightsLoad``     ``Load weight end. elapsed=<s> s, type=<class>, ...`` (``model_executor/
+                    model_runner.py``, later releases; a speculative-decoding draft model logs its
+                    own after the target's). Earlier releases log ``Load weight end. type=<class>,
+                    dtype=<dtype>, avail mem=<mem> GB``: memory, no time, not read.
+``compile``         the piecewise backend (``model_executor/compilation/backend.py``) logs
+                    ``Compiling a graph for dynamic shape takes <s> s`` in vLLM's words, read as
+                    above (so ``compileCached`` is false; SGLang logs no cache hit). Plain
+                    ``--enable-torch-compile`` compiles inside the graph capture and logs no time
+                    of its own.
+``graphCapture``    ``Capture cuda graph end. Time elapsed: <s> s. ...`` (earlier
+                    ``model_executor/model_runner.py``; ``cuda`` may be ``cpu`` or ``npu``, and the
+                    speculative worker's ``Capture draft cuda graph end.`` and ``Capture draft
+                    extend cuda graph end.`` have the same tail), ``Capture piecewise CUDA graph
+                    end. Time elapsed: <s> s. ...`` (``model_runner.py``; its span holds the
+                    piecewise compile above), and ``Capture <target|draft> <decode|verify|prefill|
+                    extend> CUDA graph end. [step=<k>, ]elapsed=<s> s, ...`` (later
+                    ``model_executor/device_graphs.py`` and the speculative workers). What is read
+                    is ``Capture``, one to three words, ``graph end.``, then either tail.
+==================  ===============================================================================
+
+Each SGLang line is prefixed by ``[<date> <time>]`` and, in a scheduler process, its ranks:
+``[2025-01-02 03:04:05 TP1]``, ``[... DP0 TP1 EP1]`` (``managers/scheduler.py`` builds the tag from
+the DP, PP, TP, EP and other rank ids that are in use; ``utils/common.py`` puts it in the stamp). Those
+ranks are SGLang's workers below; a stamp without ranks (one GPU) is the main process's.
+
 Workers. With tensor (or data) parallelism each worker process logs its own load, compile and
 capture, prefixed by its process tag (``(Worker_TP1 pid=123)``, ``(VllmWorkerProcess pid=123)``,
 ``(RayWorkerWrapper pid=123)``, ``(EngineCore_DP0 pid=123)``; lines without a tag are the main
@@ -52,8 +86,8 @@ What is not read: a line that matches no format, and a number that does not pars
 is not positive or is above :data:`MAX_PHASE_S` (the whole line is then ignored, as if garbled).
 A phase no line gives is ``None``.
 
-The formats were checked against copies of vLLM's source (the files named above, V0 and V1 engines
-across releases); "earlier" and "later" are as far as we can date them. A format vLLM changes in a
+The formats were checked against copies of vLLM's and SGLang's source (the files named above, across
+releases); "earlier" and "later" are as far as we can date them. A format an engine changes in a
 future release is simply not read: the start is then fitted from its total, as without a log.
 
 The engine phase the estimator calls graph capture plus engine init is
@@ -79,7 +113,7 @@ PhaseSeconds = Annotated[float, Field(gt=0, le=MAX_PHASE_S, allow_inf_nan=False)
 
 
 class EnginePhases(Schema):
-    """The seconds of the phases a vLLM start reported (each ``None`` when its log did not say)."""
+    """The seconds of the phases a vLLM or SGLang start reported (each ``None`` when its log did not say)."""
 
     model_config = ConfigDict(populate_by_name=True)
 
@@ -92,6 +126,7 @@ class EnginePhases(Schema):
     #: CUDA graph capture.
     graph_capture: PhaseSeconds | None = None
     #: vLLM's whole engine init: profiling (with the compile), KV cache and warm-up (with the capture).
+    #: SGLang logs no such span.
     init_engine: PhaseSeconds | None = None
 
     @property
@@ -120,10 +155,18 @@ _COMPILED_GRAPH = re.compile(r"Compiling a graph for .+ takes " + _N + r" s\b")
 _LOADED_GRAPH = re.compile(r"Directly load the compiled graph(?:\(s\))? for .+ from the cache, took " + _N + r" s\b")
 _LOADED_AOT = re.compile(r"Directly load AOT compilation from path \S")
 _GRAPH_CAPTURE = re.compile(r"Graph capturing finished in " + _N + r" secs")
+#: SGLang's weight-load line (only the versions that give ``elapsed=``; older ones log memory only).
+_SGL_LOAD_WEIGHT = re.compile(r"\bLoad weight end\. elapsed=" + _N + r" s\b")
+#: SGLang's graph-capture lines: ``Capture <words> graph end.`` then ``Time elapsed: <s> s`` (older) or
+#: ``[step=<k>, ]elapsed=<s> s`` (later); one to three words name the graph set and its device.
+_SGL_CAPTURE = re.compile(r"\bCapture (?:[A-Za-z]+ ){1,3}graph end\. (?:Time elapsed: |(?:step=\d+, )?elapsed=)"
+                          + _N + r" s\b")
 _INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _N
                           + r" (?:seconds|s)\b(?: \(compilation: " + _N + r" s\b)?")
 #: A worker's tag at the start of a line (after any leading spaces).
 _PROCESS = re.compile(r"^\s*\(([A-Za-z_][^()]*?\bpid=\d+)\)")
+#: An SGLang scheduler's rank tag inside its time stamp: ``[2025-01-02 03:04:05 DP0 TP1]`` gives ``DP0 TP1``.
+_SGL_RANK = re.compile(r"^\s*\[(?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d((?: [A-Z][A-Z_]*\d+)+)\]")
 _LINES = re.compile(r"[\r\n]+")
 
 
@@ -162,20 +205,22 @@ def _record(found: Found, kind: str, process: str, pattern: re.Pattern[str], lin
 
 
 def parse_engine_log(text: str) -> EnginePhases:
-    """The phases a vLLM startup log reports (module docstring: lines, workers, what is ignored)."""
+    """The phases a vLLM or SGLang startup log reports (module docstring: lines, workers, what is ignored)."""
     kinds = ("model_loading", "loading_weights", "compile_total", "compile_init", "graph", "init", "capture")
     found: Found = {k: defaultdict(list) for k in kinds}
     compiled = loaded = False
     for line in _LINES.split(text):
-        tag = _PROCESS.match(line)
-        process = tag.group(1) if tag else ""
+        tag = _PROCESS.match(line) or _SGL_RANK.match(line)
+        process = tag.group(1).strip() if tag else ""
         _record(found, "model_loading", process, _MODEL_LOADING, line)
+        _record(found, "model_loading", process, _SGL_LOAD_WEIGHT, line)
         _record(found, "loading_weights", process, _LOADING_WEIGHTS, line)
         _record(found, "compile_total", process, _COMPILE_TOTAL, line)
         compiled = _record(found, "graph", process, _COMPILED_GRAPH, line) or compiled
         loaded = _record(found, "graph", process, _LOADED_GRAPH, line) or loaded
         loaded = loaded or _LOADED_AOT.search(line) is not None
         _record(found, "capture", process, _GRAPH_CAPTURE, line)
+        _record(found, "capture", process, _SGL_CAPTURE, line)
         init = _INIT_ENGINE.search(line)
         if init is not None and (total := _seconds(init.group(1))) is not None:
             found["init"][process].append(total)
