@@ -59,7 +59,7 @@ computed from the design alone (unit weights, paths of the policy): it grows wit
 observations that involve the parameter and with their variety (collinear columns share what they
 teach), never with how well they happen to agree, so more observations never lower it.
 
-Engine phase times. A start may also carry what vLLM logged of its phases
+Engine phase times. A start may also carry what its engine (vLLM, SGLang) logged of its phases
 (:attr:`Observation.phases`, read by :mod:`extender.core.enginelog`). Each phase it measured adds
 one row in only that phase's columns, with no offset, on the start's path at the current factors::
 

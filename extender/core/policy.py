@@ -608,7 +608,7 @@ class EngineLog(Schema):
     A log that cannot be read leaves the start recorded without them (docs/calibration.md).
     """
 
-    #: The engine's container in the workload's pods (the vLLM server's).
+    #: The engine's container in the workload's pods (the vLLM or SGLang server's).
     container: DnsLabel
     #: The most of the log read, from its beginning (the startup lines come first).
     limit_bytes: Bytes = Field(default=1024 * 1024, ge=4096, le=MAX_ENGINE_LOG_BYTES)
