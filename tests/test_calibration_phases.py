@@ -7,7 +7,6 @@ the true factors), the oracle the fit must recover.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -29,14 +28,10 @@ from extender.core.calibration import (
 )
 from extender.core.enginelog import EnginePhases
 from extender.core.schema import read_stored
-from extender.files import load_policy
 from extender.state.observations import encode
 from tests.calibration_world import factors, round_robin, starts, world
+from tests.test_calibration import APPLY, CLASS, QWEN, WORKLOAD
 
-ROOT = Path(__file__).resolve().parent.parent
-QWEN = load_policy(ROOT / "policies" / "eks-p5-qwen3-moe.yaml")
-WORKLOAD, CLASS = "qwen3-moe", "p5.48xlarge"
-APPLY = QWEN.model_copy(update={"calibration": QWEN.calibration.model_copy(update={"mode": "apply"})})
 PROFILE, NODE_CLASS = APPLY.profile(WORKLOAD), APPLY.node_class(CLASS)
 
 

@@ -408,6 +408,16 @@ REFUSED = [
             10, "profiles[0].match.labels[true]", "(the key) must be text, got a boolean (true)"),
     Refused("an override keyed by no plain name", "", "    overrides: {'gpu a': {engineInit: 10s}}\n", 13,
             "profiles[0].overrides['gpu a']", "'gpu a'"),
+    # the engine log calibration reads: a container name the API server refuses, a read too small to
+    # hold the startup lines, one past what the sync holds in memory
+    Refused("an engine log container that is no DNS label", "", "    engineLog: {container: Bad_C}\n", 13,
+            "profiles[0].engineLog.container", "'Bad_C' is not a valid Kubernetes name (DNS-1123 label)"),
+    Refused("an engine log without its container", "", "    engineLog: {limitBytes: 1MiB}\n", 13,
+            "profiles[0].engineLog.container", "required field is missing"),
+    Refused("an engine log read of 1 KiB", "", "    engineLog: {container: vllm, limitBytes: 1KiB}\n", 13,
+            "profiles[0].engineLog.limitBytes", "must be >= 4096, got 1024"),
+    Refused("an engine log read of 1 GiB", "", "    engineLog: {container: vllm, limitBytes: 1GiB}\n", 13,
+            "profiles[0].engineLog.limitBytes", "must be <= 67108864, got 1073741824"),
     # warm Job fields Kubernetes would refuse at every tick: refused when the policy loads
     Refused("a namespace that is no DNS label", "", "warming: {namespace: Extender_Warm}\n", 13, "warming.namespace",
             "'Extender_Warm' is not a valid Kubernetes name (DNS-1123 label)"),
