@@ -67,6 +67,12 @@ SELECTORS: list[tuple[str, str, str, list[dict[str, str]], list[dict[str, str]]]
     ("sorted-by-key", "zone=a,app=x", "app=x,zone=a", [{"zone": "a", "app": "x"}], [{"zone": "a"}]),
     ("empty-value", "tier=", "tier=", [{"tier": ""}], [{"tier": "gpu"}, {}]),
     ("empty-in-set", "tier in (a,)", "tier in (,a)", [{"tier": ""}, {"tier": "a"}], [{}]),
+    # Selector.String() of a set holding only "" (an HPA's matchExpressions values: [""]) reads "in ()"
+    ("empty-set", "tier in ()", "tier in ()", [{"tier": ""}], [{"tier": "a"}, {}]),
+    ("empty-notin-set", "tier notin ()", "tier notin ()", [{"tier": "a"}, {}], [{"tier": ""}]),
+    ("comma-runs", "tier in (a,,,)", "tier in (,a)", [{"tier": ""}, {"tier": "a"}], [{"tier": "b"}]),
+    ("int64-label", "replicas>1", "replicas>1", [{"replicas": "9223372036854775807"}],
+     [{"replicas": "9223372036854775808"}]),
     ("prefixed-key", "example.com/app=x", "example.com/app=x", [{"example.com/app": "x"}], [{"app": "x"}]),
     ("mixed", "workload=qwen3,!canary,tier notin (cpu)", "!canary,tier notin (cpu),workload=qwen3",
      [{"workload": "qwen3"}], [{"workload": "qwen3", "canary": "1"}, {"workload": "qwen3", "tier": "cpu"}]),
@@ -85,7 +91,11 @@ def test_selector_forms(text: str, canonical: str, yes: list[dict[str, str]], no
 
 
 BAD_SELECTORS = [
-    ("empty-set", "workload in ()", "must not be empty"),
+    ("comma-pair-before-paren", "workload in (a,,)", "expected a value after ','"),
+    ("vertical-tab-is-not-whitespace", "workload=\x0bqwen3", "invalid label value"),
+    ("no-break-space-is-not-whitespace", "workload=\xa0qwen3", "invalid label value"),
+    ("signed-bound", "replicas>-1", "invalid label value"),
+    ("bound-past-int64", "replicas<9223372036854775808", "64-bit integer"),
     ("unclosed-set", "workload in (a,b", "unclosed"),
     ("no-key", "=qwen3", "expected a label key"),
     ("trailing-comma", "workload=qwen3,", "expected a label key"),
@@ -94,7 +104,7 @@ BAD_SELECTORS = [
     ("bad-prefix", "Example.COM/app=x", "prefix must be a DNS subdomain"),
     ("long-value", "a=" + "v" * 64, "invalid label value"),
     ("bad-value-char", "a=b@c", "invalid label value"),
-    ("not-an-integer", "replicas>three", "must be an integer"),
+    ("not-an-integer", "replicas>three", "must be a 64-bit integer"),
     ("two-values", "a = b c", "expected ','"),
     ("missing-comma-in-set", "a in (b c)", "expected ',' or ')'"),
 ]

@@ -8,10 +8,15 @@ The HPA sends its ``metric.selector`` to the External Metrics API as ``labels.Se
     key               !key                     existence
     key>5             key<5                    integer comparison (the key must exist)
 
-Whitespace around tokens is ignored; ``key=`` selects the empty value. Keys are qualified names
-(optional DNS-subdomain prefix and ``/``, then a name of at most 63 characters); values are empty
-or at most 63 characters of ``[A-Za-z0-9._-]`` starting and ending alphanumeric. A malformed
-selector raises :class:`SelectorError` (the API answers ``400 BadRequest``).
+Whitespace (space, tab, CR, LF: no other character separates tokens) around tokens is ignored;
+``key=`` selects the empty value, and so does ``key in ()``, which is how ``labels.Selector.String()``
+writes a set holding only the empty value. In a value set a run of commas stands for empty values
+as apimachinery reads it: ``(a,,b)`` and ``(a,,,)`` hold ``""``, while a comma pair right before
+``)`` (``(a,,)``, ``(,,)``) is refused. Keys are qualified names (optional DNS-subdomain prefix and
+``/``, then a name of at most 63 characters); values are empty or at most 63 characters of
+``[A-Za-z0-9._-]`` starting and ending alphanumeric; the bound of ``>``/``<`` is such a value that
+is also a 64-bit integer (so ``-5`` is refused, as upstream). A malformed selector raises
+:class:`SelectorError` (the API answers ``400 BadRequest``).
 """
 
 from __future__ import annotations
@@ -27,9 +32,14 @@ Operator = Literal["=", "!=", "in", "notin", "exists", "!", ">", "<"]
 
 _NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_INTEGER = re.compile(r"^[+-]?[0-9]+$")
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+#: The range of Go's ``strconv.ParseInt(..., 10, 64)``, which reads both the bound and the label.
+_INT64 = range(-(2**63), 2**63)
+#: The only characters the apimachinery lexer skips as whitespace (any other one is part of a word).
+_WHITESPACE = frozenset(" \t\n\r")
 #: characters that end an identifier (the apimachinery lexer's special symbols and whitespace)
-_SPECIAL = set("!=(),<> \t\n\r")
+_SPECIAL = set("!=(),<>") | _WHITESPACE
+_OPERATOR_TOKENS = frozenset({"!", "=", "==", "!=", "(", ")", ",", "<", ">"})
 
 
 class SelectorError(ExtenderError, ValueError):
@@ -59,11 +69,11 @@ class Requirement:
             return has
         if self.op == "!":
             return not has
-        # > and <: an integer label compared with an integer; anything else does not match
-        if not has or not _INTEGER.match(value):
+        # > and <: a 64-bit integer label compared with the bound; anything else does not match
+        label, bound = _int64(value) if has else None, _int64(self.values[0])
+        if label is None or bound is None:
             return False
-        bound = int(self.values[0])
-        return int(value) > bound if self.op == ">" else int(value) < bound
+        return label > bound if self.op == ">" else label < bound
 
     def __str__(self) -> str:
         if self.op == "exists":
@@ -88,19 +98,27 @@ class Selector:
         return ",".join(str(r) for r in self.requirements)
 
 
+def _int64(text: str) -> int | None:
+    """``text`` as Go's ``strconv.ParseInt(text, 10, 64)`` reads it, or ``None``."""
+    if not _INTEGER.fullmatch(text):
+        return None
+    number = int(text)
+    return number if number in _INT64 else None
+
+
 def validate_key(key: str) -> None:
     """Raise :class:`SelectorError` unless ``key`` is a valid label key."""
     prefix, slash, name = key.rpartition("/")
-    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.match(prefix)):
+    if slash and (not prefix or len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
         raise SelectorError(f"invalid label key {key!r}: the prefix must be a DNS subdomain of at most 253 characters")
-    if not name or len(name) > 63 or not _NAME.match(name):
+    if not name or len(name) > 63 or not _NAME.fullmatch(name):
         raise SelectorError(f"invalid label key {key!r}: the name must be 1-63 characters of [A-Za-z0-9._-], "
                             "starting and ending with a letter or digit")
 
 
 def validate_value(value: str) -> None:
     """Raise :class:`SelectorError` unless ``value`` is a valid label value (empty is valid)."""
-    if value and (len(value) > 63 or not _NAME.match(value)):
+    if value and (len(value) > 63 or not _NAME.fullmatch(value)):
         raise SelectorError(f"invalid label value {value!r}: at most 63 characters of [A-Za-z0-9._-], "
                             "starting and ending with a letter or digit")
 
@@ -110,7 +128,7 @@ def _tokens(text: str) -> list[str]:
     i, n = 0, len(text)
     while i < n:
         c = text[i]
-        if c.isspace():
+        if c in _WHITESPACE:
             i += 1
         elif text.startswith(("==", "!="), i):
             out.append(text[i:i + 2])
@@ -146,7 +164,7 @@ class _Parser:
 
     def identifier(self, what: str) -> str:
         token = self.take()
-        if token is None or token in ("!", "=", "==", "!=", "(", ")", ",", "<", ">"):
+        if token is None or token in _OPERATOR_TOKENS:
             raise self.fail(f"expected {what}, found {token or 'end of input'!r}")
         return token
 
@@ -173,37 +191,48 @@ class _Parser:
             return Requirement(key, op, self.values())  # type: ignore[arg-type]
         if op in (">", "<"):
             value = self.identifier("an integer")
-            if not _INTEGER.match(value):
-                raise self.fail(f"{key}{op}{value}: the value of '{op}' must be an integer")
+            if _int64(value) is None:
+                raise self.fail(f"{key}{op}{value}: the value of '{op}' must be a 64-bit integer")
+            validate_value(value)
             return Requirement(key, op, (value,))  # type: ignore[arg-type]
         raise self.fail(f"expected an operator after {key!r}, found {op!r}")
 
     def values(self) -> tuple[str, ...]:
+        """A value set, ``(`` to ``)``. ``()`` is the empty value alone. A comma read where a value
+        could be adds the empty value, and so does a second comma right behind it, which is then
+        skipped: apimachinery's reading, so ``(a,,)`` and ``(,,)`` end on a value-less ``)``."""
         if self.take() != "(":
             raise self.fail("expected '(' after in/notin")
-        values: list[str] = []
-        expect_value = True
+        if self.peek() == ")":
+            self.take()
+            return ("",)
+        values: set[str] = set()
         while True:
             token = self.take()
+            if token == ",":
+                if not values or self.peek() == ")":
+                    values.add("")
+                if self.peek() == ")":
+                    break
+                if self.peek() == ",":
+                    self.take()
+                    values.add("")
+                continue
             if token is None:
                 raise self.fail("unclosed '('")
-            if token == ")":
-                if expect_value and values:  # "(a,)" leaves an empty value, which is valid
-                    values.append("")
-                break
-            if token == ",":
-                if expect_value:
-                    values.append("")
-                expect_value = True
-                continue
-            if not expect_value:
-                raise self.fail(f"expected ',' or ')' in a value set, found {token!r}")
+            if token in _OPERATOR_TOKENS:
+                raise self.fail("expected a value after ',' before ')'" if token == ")" else
+                                f"expected a value or ',' in a value set, found {token!r}")
             validate_value(token)
-            values.append(token)
-            expect_value = False
-        if not values:
-            raise self.fail("the value set of in/notin must not be empty")
-        return tuple(sorted(set(values)))
+            values.add(token)
+            if self.peek() == ")":
+                break
+            if self.peek() != ",":
+                found = self.peek()
+                raise self.fail("unclosed '('" if found is None else f"expected ',' or ')' in a value set, "
+                                f"found {found!r}")
+        self.take()  # the ')'
+        return tuple(sorted(values))
 
     def parse(self) -> Selector:
         if self.peek() is None:
