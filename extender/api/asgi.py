@@ -24,7 +24,11 @@ keep-alive timeout governs it. Every bound is a timer on the event loop, never a
 The 408 and 413 replies are written here, before the app sees the request, as ``{"error": message}``
 (the scheduler extender's error body), or by ``error_body`` when the server speaks another format:
 the External Metrics API's are ``metav1.Status`` objects
-(:func:`extender.api.external_metrics.app.status_json`).
+(:func:`extender.api.external_metrics.app.status_json`). :class:`TLSASGIWorker` also sends the
+replies gunicorn writes for a request it cannot parse (400 bad request line or header, 414 request
+line over ``limit_request_line``, 431 headers too large, 501 unknown transfer coding) through its
+``error_body`` when one is set, so a client of the External Metrics API reads a ``Status`` there
+too, not gunicorn's ``text/plain``.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from typing import Any
 
 from asgiref.wsgi import WsgiToAsgiInstance
@@ -133,26 +138,31 @@ class TLSASGIWorker(LingeringASGIWorker):
     """
 
     request_timeout_s: float = 5.0
+    #: The body of the replies gunicorn writes itself for an unparsable request (module docstring);
+    #: ``None``: gunicorn's ``text/plain``. Set on the class in the master, like ``request_timeout_s``.
+    error_body: ErrorBody | None = None
 
     async def _serve(self) -> None:
         real = self.loop.create_server
-        timeout = self.request_timeout_s
+        timeout, error_body = self.request_timeout_s, type(self).error_body
 
         async def create_server(factory: Callable[[], Any], **kwargs: Any) -> Any:
             if kwargs.get("ssl") is not None:
                 kwargs["ssl_handshake_timeout"] = timeout
-            return await real(lambda: _bounded(factory(), timeout, self.loop), **kwargs)
+            return await real(lambda: _bounded(factory(), timeout, self.loop, error_body), **kwargs)
 
         self.loop.create_server = create_server
         await super()._serve()
 
 
-def _bounded(protocol: Any, timeout_s: float, loop: asyncio.AbstractEventLoop) -> Any:
+def _bounded(protocol: Any, timeout_s: float, loop: asyncio.AbstractEventLoop,
+             error_body: ErrorBody | None = None) -> Any:
     """gunicorn's protocol for one connection, with the certificate in its scopes and a header timer.
 
-    Wraps two of its methods on the instance: ``data_received`` (the first byte of a request arms a
-    timer that drops the connection unless the request's headers are complete in time) and
-    ``_build_http_scope`` (adds the peer certificate and the callbacks :func:`whole_requests` calls).
+    Wraps methods of the instance: ``data_received`` (the first byte of a request arms a
+    timer that drops the connection unless the request's headers are complete in time),
+    ``_build_http_scope`` (adds the peer certificate and the callbacks :func:`whole_requests` calls),
+    and, given ``error_body``, ``_send_error_response`` (gunicorn's own error replies in that format).
     """
     state = {"phase": "idle"}
     timer: list[asyncio.TimerHandle] = []
@@ -183,8 +193,22 @@ def _bounded(protocol: Any, timeout_s: float, loop: asyncio.AbstractEventLoop) -
         scope[STARTED_SCOPE], scope[FINISHED_SCOPE] = started, finished
         return scope
 
+    def send_error(code: int, message: str, extra_headers: Any = ()) -> None:
+        assert error_body is not None
+        body = error_body(code, message)
+        try:
+            phrase = HTTPStatus(code).phrase
+        except ValueError:
+            phrase = "Error"
+        extra = "".join(f"{name}: {value}\r\n" for name, value in extra_headers)
+        head = (f"HTTP/1.1 {code} {phrase}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                f"{extra}Connection: close\r\n\r\n")
+        protocol._safe_write(head.encode("latin-1") + body)
+
     protocol.data_received = data_received
     protocol._build_http_scope = build_scope
+    if error_body is not None:
+        protocol._send_error_response = send_error
     return protocol
 
 

@@ -381,6 +381,7 @@ def _serve(settings: Any, args: argparse.Namespace) -> int:
         tls_key=Path(args.tls_key) if args.tls_key else None,
     )
     TLSASGIWorker.request_timeout_s = args.request_timeout  # set before gunicorn forks the worker
+    TLSASGIWorker.error_body = status_json  # gunicorn's own 400/414/431/501 as metav1.Status too
     run(lambda: whole_requests(create_worker_app(settings), MAX_BODY_BYTES, args.threads, args.request_timeout,
                                error_body=status_json),  # 408 and 413 as metav1.Status, like every error
         options, overrides=gunicorn_overrides(settings))

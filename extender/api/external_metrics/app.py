@@ -53,7 +53,7 @@ from typing import Any
 
 from flask import Blueprint, Flask, Response, current_app, g, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from extender.api.external_metrics.auth import Access, Authenticator, AuthError, User
 from extender.api.external_metrics.label_selector import SelectorError, parse_selector
@@ -100,8 +100,10 @@ def rfc3339(t: float) -> str:
 
 
 #: ``metav1.Status`` reasons of the codes the server answers before the app sees a request
-#: (:mod:`extender.api.asgi`: a body too slow or too large).
-TRANSPORT_REASONS: Mapping[int, str] = {408: "RequestTimeout", 413: "RequestEntityTooLarge"}
+#: (:mod:`extender.api.asgi`: a body too slow or too large; gunicorn: a request it cannot parse).
+TRANSPORT_REASONS: Mapping[int, str] = {400: "BadRequest", 408: "RequestTimeout", 413: "RequestEntityTooLarge",
+                                        414: "RequestURITooLong", 431: "RequestHeaderFieldsTooLarge",
+                                        501: "NotImplemented"}
 
 
 def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
@@ -116,7 +118,7 @@ def status(code: int, reason: str, message: str) -> Response:
 
 
 def status_json(code: int, message: str) -> bytes:
-    """The body of a reply :mod:`extender.api.asgi` writes itself (408, 413), as a ``metav1.Status``."""
+    """The body of a reply written before the app sees the request (:data:`TRANSPORT_REASONS`): a ``metav1.Status``."""
     return json.dumps(status_body(code, TRANSPORT_REASONS.get(code, "InternalError"), message)).encode()
 
 
@@ -276,6 +278,8 @@ def create_app(api: ExternalMetricsApi) -> Flask:
     """A Flask app serving only the External Metrics API (``extender scale`` builds one per worker)."""
     app = Flask("extender.external_metrics")
     app.config["MAX_CONTENT_LENGTH"] = 1 << 16  # every call is a GET; a body is a mistake
+    # Flask answers OPTIONS itself with an empty text/html 200; here it is a method we do not serve (405 Status)
+    app.config["PROVIDE_AUTOMATIC_OPTIONS"] = False
     app.extensions["external_metrics"] = api
     # werkzeug answers `//` in a path with a 308 redirect in HTML that no error handler sees; an API
     # client wants a Status: such a path simply does not match (a 404)
@@ -288,7 +292,13 @@ def create_app(api: ExternalMetricsApi) -> Flask:
         reasons = {404: "NotFound", 405: "MethodNotAllowed", 413: "RequestEntityTooLarge", 400: "BadRequest"}
         message = ("the server could not find the requested resource" if code == 404
                    else exc.description or exc.name)
-        return status(code, reasons.get(code, "InternalError"), message)
+        allowed = sorted(exc.valid_methods or ()) if isinstance(exc, MethodNotAllowed) else []
+        if allowed:
+            message = f"the method {request.method} is not allowed on {request.path} (allowed: {', '.join(allowed)})"
+        reply = status(code, reasons.get(code, "InternalError"), message)
+        if allowed:
+            reply.headers["Allow"] = ", ".join(allowed)
+        return reply
 
     @app.errorhandler(Exception)
     def internal_error(exc: Exception) -> Response:
