@@ -26,14 +26,14 @@ _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 
 def _dns_label(value: str) -> str:
-    if not DNS_LABEL.match(value) or len(value) > 63:
+    if not DNS_LABEL.fullmatch(value) or len(value) > 63:
         raise InvalidValueError(f"{value!r} is not a valid Kubernetes name (DNS-1123 label): lowercase letters, "
                                 "digits and '-', starting and ending with a letter or digit, at most 63 characters")
     return value
 
 
 def _dns_subdomain(value: str) -> str:
-    if not _DNS_SUBDOMAIN.match(value) or len(value) > 253:
+    if not _DNS_SUBDOMAIN.fullmatch(value) or len(value) > 253:
         raise InvalidValueError(f"{value!r} is not a valid Kubernetes name (DNS-1123 subdomain): lowercase "
                                 "letters, digits, '-' and '.', starting and ending with a letter or digit, at most "
                                 "253 characters")
@@ -44,10 +44,10 @@ def qualified_name_problem(value: str) -> str | None:
     """Why ``value`` is not a Kubernetes qualified name (``[prefix/]name``: label keys, taint keys,
     resource names), or ``None``."""
     prefix, slash, name = value.rpartition("/")
-    if slash and (not prefix or not _DNS_SUBDOMAIN.match(prefix) or len(prefix) > 253):
+    if slash and (not prefix or not _DNS_SUBDOMAIN.fullmatch(prefix) or len(prefix) > 253):
         return (f"{value!r}: the prefix before '/' must be a DNS subdomain (lowercase letters, digits, '-' and "
                 "'.', at most 253 characters)")
-    if not _QUALIFIED_PART.match(name) or len(name) > 63:
+    if not _QUALIFIED_PART.fullmatch(name) or len(name) > 63:
         return (f"{value!r} is not a qualified name: [prefix/]name, the name of letters, digits, '-', '_' and "
                 "'.', starting and ending with a letter or digit, at most 63 characters")
     return None
@@ -65,7 +65,7 @@ def optional_qualified_name(value: str) -> str:
 
 
 def _label_value(value: str) -> str:
-    if value and (not _QUALIFIED_PART.match(value) or len(value) > 63):
+    if value and (not _QUALIFIED_PART.fullmatch(value) or len(value) > 63):
         raise InvalidValueError(f"{value!r} is not a valid label value: letters, digits, '-', '_' and '.', starting "
                                 "and ending with a letter or digit, at most 63 characters (or empty)")
     return value
@@ -73,7 +73,7 @@ def _label_value(value: str) -> str:
 
 def env_names(env: dict[str, str]) -> dict[str, str]:
     for name in env:
-        if not _ENV_NAME.match(name) or name.startswith(".."):
+        if not _ENV_NAME.fullmatch(name) or name.startswith(".."):
             raise InvalidValueError(f"{name!r} is not a valid environment variable name: letters, digits, '_', "
                                     "'-' and '.', not starting with a digit or '..'")
     return env

@@ -59,7 +59,7 @@ _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 def _name(value: str) -> str:
-    if not _NAME.match(value) or len(value) > 63:
+    if not _NAME.fullmatch(value) or len(value) > 63:
         raise InvalidValueError(
             f"{value!r} is not a valid name: lowercase letters, digits, '-' and '.', "
             "starting and ending with a letter or digit, at most 63 characters"

@@ -70,7 +70,7 @@ def _short(value: object) -> object:
 
 
 def _namespace(value: str) -> str:
-    if len(value) > 63 or not DNS_LABEL.match(value):
+    if len(value) > 63 or not DNS_LABEL.fullmatch(value):
         raise InvalidValueError(f"{quote(value, MAX_QUOTED)} is not a namespace name (a DNS label: lowercase "
                                 "letters, digits and '-', at most 63 characters)")
     return value
