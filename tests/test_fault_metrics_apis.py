@@ -511,10 +511,13 @@ class Reviews:
 def expected_auth(cert: str, headers: Headers) -> tuple[int, str | None]:
     """The reference: (code, user name) for a discovery-free metric request (module docstring of auth.py)."""
     if cert == "front-proxy":
-        names = [v.strip() for v in headers.getlist("X-Remote-User") if v.strip()]
+        # a WSGI server joins repeated headers with commas; the name is the whole value, never split
+        # (a name may hold a comma: reading its first part would take another identity), so two
+        # X-Remote-User headers name nobody the reviewer allows
+        name = ", ".join(headers.getlist("X-Remote-User")).strip()
         groups = {part.strip() for v in headers.getlist("X-Remote-Group") for part in v.split(",")}
-        if names:
-            return (200 if names[0] in ALLOWED or "system:masters" in groups else 403), names[0]
+        if name:
+            return (200 if name in ALLOWED or "system:masters" in groups else 403), name
     if cert == "client":
         return 200, "jane"
     scheme, _, token = (headers.get("Authorization") or "").partition(" ")
