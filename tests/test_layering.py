@@ -100,3 +100,45 @@ def test_the_raise_checker_catches_a_builtin(tmp_path: Path) -> None:
     bad.write_text("def f():\n    raise ValueError('x')\n\ndef g():\n    raise KeyError\n\n"
                    "def h():\n    raise InvalidValueError('fine')\n")
     assert raised_builtins(bad) == ["ValueError:2", "KeyError:5"]
+
+
+def end_anchored_matches(path: Path) -> list[str]:
+    """``name.method:line`` of every ``match``/``search`` with a pattern compiled in the file that ends in ``$``.
+
+    Python's ``$`` also matches before a final line feed, so ``re.compile(r"^[a-z]+$").match("ml\\n")``
+    succeeds: a whole-string check is ``fullmatch`` (which ``$`` does not weaken).
+    """
+    tree = ast.parse(path.read_text(), filename=str(path))
+    anchored = {node.targets[0].id for node in ast.walk(tree)
+                if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)
+                and node.value.func.attr == "compile" and node.value.args
+                and isinstance(pattern := node.value.args[0], ast.Constant) and isinstance(pattern.value, str)
+                and pattern.value.endswith("$") and not pattern.value.endswith("\\$")}
+    return [f"{node.func.value.id}.{node.func.attr}:{node.lineno}" for node in ast.walk(tree)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("match", "search") and isinstance(node.func.value, ast.Name)
+            and node.func.value.id in anchored]
+
+
+@pytest.mark.parametrize("path", OURS, ids=[str(p.relative_to(PACKAGE)) for p in OURS])
+def test_whole_string_checks_use_fullmatch(path: Path) -> None:
+    assert not end_anchored_matches(path), f"{path}: '$' also matches before a final newline; use fullmatch"
+
+
+@pytest.mark.parametrize(("source", "found"), [
+    pytest.param('import re\nN = re.compile(r"^[a-z]+$")\ndef f(v):\n    return N.match(v)\n', ["N.match:4"],
+                 id="match-with-dollar"),
+    pytest.param('import re\nN = re.compile(r"^[a-z]+$")\ndef f(v):\n    return N.search(v)\n', ["N.search:4"],
+                 id="search-with-dollar"),
+    pytest.param('import re\nN = re.compile(r"^[a-z]+$")\ndef f(v):\n    return N.fullmatch(v)\n', [],
+                 id="fullmatch-is-fine"),
+    pytest.param('import re\nN = re.compile(r"cost \\$")\ndef f(v):\n    return N.match(v)\n', [],
+                 id="escaped-dollar-is-a-character"),
+    pytest.param('import re\nN = re.compile(r"^[a-z]+")\ndef f(v):\n    return N.match(v)\n', [],
+                 id="prefix-match-is-fine"),
+])
+def test_the_anchor_checker(tmp_path: Path, source: str, found: list[str]) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(source)
+    assert end_anchored_matches(bad) == found

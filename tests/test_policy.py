@@ -319,6 +319,11 @@ REFUSED = [
     Refused("two documents", "", "---\nkind: Policy\n", 13, "",
             "expected a single document in the stream, but found another document"),
     Refused("a boolean key", "", "true: 1\n", 13, "", "the key true is a boolean to YAML, not text: quote it"),
+    # Python's `$` matches before a final line feed: a version naming a directory on every node took one
+    Refused("a version ending in a line feed", "version: v1,", 'version: "v1\\n",', 12,
+            "profiles[0].weights.version", "is not a valid version"),
+    Refused("a cpu ending in a line feed", "", 'warming: {resources: {requests: {cpu: "2\\n"}}}\n', 13,
+            "warming.resources.requests.cpu", "not a Kubernetes quantity"),
     Refused("a date where text is expected", "version: v1,", "version: 2024-01-01,", 12,
             "profiles[0].weights.version", "got a date (2024-01-01): quote it"),
     Refused("a boolean label value", "extender.io/workload: small}", "extender.io/workload: true}", 10,

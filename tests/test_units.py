@@ -190,6 +190,7 @@ REFUSED = [
     ("past int64", "9Ei", "larger than"),
     ("a huge exponent", "1e999", "larger than"),
     ("a leading space", " 1", "not a Kubernetes quantity"),
+    ("a trailing line feed", "4Gi\n", "not a Kubernetes quantity"),
     ("a boolean", True, "boolean"),
 ]
 

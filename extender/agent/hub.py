@@ -101,9 +101,9 @@ MAX_INDEX_BYTES = 64 << 20
 #: Largest ref file read: it holds one commit hash.
 MAX_REF_BYTES = 4096
 
-_REPO_ID = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*$")
-_COMMIT = re.compile(r"^[0-9a-f]{40}$")
-_SHARD = re.compile(r"^(?P<stem>.+)-(?P<index>\d{5})-of-(?P<total>\d{5})(?P<ext>\.[A-Za-z0-9]+)$")
+_REPO_ID = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+_SHARD = re.compile(r"(?P<stem>.+)-(?P<index>\d{5})-of-(?P<total>\d{5})(?P<ext>\.[A-Za-z0-9]+)")
 
 
 def repo_id_of(source: str) -> str | None:
@@ -115,7 +115,7 @@ def repo_id_of(source: str) -> str | None:
     if not source.startswith(HUB_SCHEME):
         return None
     repo = source[len(HUB_SCHEME):].rstrip("/")
-    if not _REPO_ID.match(repo) or "--" in repo or ".." in repo or repo.split("/")[0] in ("datasets", "spaces"):
+    if not _REPO_ID.fullmatch(repo) or "--" in repo or ".." in repo or repo.split("/")[0] in ("datasets", "spaces"):
         return None
     return repo
 
@@ -248,7 +248,7 @@ class _Reader(Walk):
 
     def commit(self, repo: Path, version: str) -> str | None:
         """The commit ``version`` names in ``repo``: itself when 40 hex digits, else what ``refs/<version>`` holds."""
-        if _COMMIT.match(version):
+        if _COMMIT.fullmatch(version):
             return version
         ref = repo / "refs" / version
         if not self.real_dir(repo / "refs", inside=HUB):
@@ -260,7 +260,7 @@ class _Reader(Walk):
         except OSError as exc:
             self.problem(ref, "unreadable", f"cannot read: {exc.strerror or exc}")
             return None
-        if not _COMMIT.match(text):
+        if not _COMMIT.fullmatch(text):
             self.problem(ref, "corrupt", f"not a 40-hex commit hash: {text[:60]!r}")
             return None
         return text
@@ -389,7 +389,7 @@ class _Reader(Walk):
                 return f"{rel} lists {len(absent)} shard(s) not present ({absent[0]}, ...)"
         series: dict[tuple[str, str, str], set[int]] = {}
         for rel in present:
-            m = _SHARD.match(rel)
+            m = _SHARD.fullmatch(rel)
             if m is not None:
                 series.setdefault((m["stem"], m["total"], m["ext"]), set()).add(int(m["index"]))
         for (stem, total, ext), have in sorted(series.items()):

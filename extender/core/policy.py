@@ -55,7 +55,7 @@ from extender.core.units import Duration as AnyDuration
 
 API_VERSION = "extender.io/v1alpha1"
 
-_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 
 
 def _name(value: str) -> str:
@@ -72,12 +72,12 @@ Name = Annotated[str, AfterValidator(_name)]
 # Values the warmer hands to the team's templates and that end up in paths and command lines.
 # Templates never let a shell parse them (extender.warm.templates), but a value that is no URI or
 # version at all is a typo or an attack either way: refuse it where a person can see it.
-_REFERENCE = re.compile(r"^[^\s'\"\\`$;|&<>(){}*?\[\]!#~-][^\s'\"\\`$;|&<>(){}*?\[\]!#~]*$")
-_VERSION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
+_REFERENCE = re.compile(r"[^\s'\"\\`$;|&<>(){}*?\[\]!#~-][^\s'\"\\`$;|&<>(){}*?\[\]!#~]*")
+_VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
 def _reference(value: str) -> str:
-    if value and (not _REFERENCE.match(value) or len(value) > 1024 or not value.isprintable()):
+    if value and (not _REFERENCE.fullmatch(value) or len(value) > 1024 or not value.isprintable()):
         raise InvalidValueError(
             f"{value!r} is not a URI or image reference: no spaces, quotes, shell characters "
             "($ ; | & < > ( ) { } * ? [ ] ! # ~ `) or leading '-', at most 1024 characters"
@@ -86,7 +86,7 @@ def _reference(value: str) -> str:
 
 
 def _version(value: str) -> str:
-    if not _VERSION.match(value) or len(value) > 128:
+    if not _VERSION.fullmatch(value) or len(value) > 128:
         raise InvalidValueError(
             f"{value!r} is not a valid version: letters, digits, '.', '_', '+' and '-', starting "
             "with a letter or digit, at most 128 characters (it names a directory on every node)"
@@ -381,7 +381,7 @@ def _file_path(value: str) -> str:
 #: A file the scaler reads at run time (a secret, a certificate): an absolute path, never the content.
 FilePath = Annotated[str, AfterValidator(_file_path)]
 
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
 #: Headers the client sets itself, or that carry credentials (which have their own fields).
 _RESERVED_HEADERS = {"authorization": "give bearerTokenFile or basicAuth instead",
                      "proxy-authorization": "credentials are never written in the policy",
@@ -487,7 +487,7 @@ class PrometheusSignal(Schema):
         if self.tls is not None and scheme != "https":
             raise InvalidValueError("tls applies to an https:// url only")
         for name, value in self.headers.items():
-            if not _HEADER_NAME.match(name):
+            if not _HEADER_NAME.fullmatch(name):
                 raise InvalidValueError(f"headers: {name!r} is not a header name")
             if name.lower() in _RESERVED_HEADERS:
                 raise InvalidValueError(f"headers: {name} is not allowed here: {_RESERVED_HEADERS[name.lower()]}")

@@ -14,7 +14,7 @@ import re
 #: Programs whose ``-c`` argument is a shell script (by the basename of the program).
 SHELLS = frozenset({"sh", "bash", "dash", "ash", "ksh", "mksh", "zsh", "busybox"})
 #: A short-option cluster that includes ``c`` (``-c``, ``-ec``, ``-lc``): the next argument is the script.
-_SCRIPT_FLAG = re.compile(r"^-[A-Za-z]*c[A-Za-z]*$")
+_SCRIPT_FLAG = re.compile(r"-[A-Za-z]*c[A-Za-z]*")
 #: Characters after which a ``#`` starts a comment (besides whitespace): the shell's operators.
 _OPERATORS = frozenset(";&|()<>")
 
@@ -24,7 +24,7 @@ def script_positions(argv: list[str]) -> set[int]:
     for i, word in enumerate(argv):
         if word.rpartition("/")[2] in SHELLS:
             for j in range(i + 1, len(argv) - 1):
-                if _SCRIPT_FLAG.match(argv[j]):
+                if _SCRIPT_FLAG.fullmatch(argv[j]):
                     return {j + 1}
             return set()
     return set()

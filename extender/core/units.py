@@ -81,8 +81,8 @@ MIN_BANDWIDTH = Decimal("0.001")
 #: Longest duration in seconds (about 3,000 years, the inventory's longest TTL); a policy allows less.
 MAX_DURATION_S = 10**11
 
-_QUANTITY = re.compile(r"^\s*(?P<num>(?:[0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?)\s*"
-                       r"(?P<unit>[A-Za-z/]*)\s*$")
+_QUANTITY = re.compile(r"\s*(?P<num>(?:[0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?)\s*"
+                       r"(?P<unit>[A-Za-z/]*)\s*")
 _DURATION_PART = re.compile(r"(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>ms|min|[smhd])")
 
 
@@ -90,7 +90,7 @@ def _split(text: str, what: str) -> tuple[Decimal, str]:
     stripped = text.strip()
     if stripped.startswith("-"):
         raise UnitError(f"{what} cannot be negative: {text!r}")
-    m = _QUANTITY.match(stripped)
+    m = _QUANTITY.fullmatch(stripped)
     if not m:
         raise UnitError(f"not a {what}: {text!r}")
     try:
@@ -255,7 +255,7 @@ def format_duration(seconds: float) -> str:
 #: number, then a binary suffix (``Ki`` .. ``Ei``), a decimal one (``n``, ``u``, ``m``, ``k``, ``M`` ..
 #: ``E``) or a decimal exponent (``e3``, ``E-2``).
 _K8S_QUANTITY = re.compile(
-    r"^(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:(?P<suffix>[KMGTPE]i|[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]{1,4}))?$"
+    r"(?P<num>[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:(?P<suffix>[KMGTPE]i|[numkMGTPE])|[eE](?P<exp>[+-]?[0-9]{1,4}))?"
 )
 _K8S_SUFFIXES: dict[str, Decimal] = {"": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3")}
 _K8S_SUFFIXES.update({p: Decimal(f) for p, f in _DECIMAL.items() if p != "K"})
@@ -280,7 +280,7 @@ def parse_quantity(value: Any) -> Decimal:
         raise UnitError(f"expected a quantity such as '500m', '2' or '4Gi', got {type(value).__name__}")
     if value.startswith("-"):
         raise UnitError(f"quantity cannot be negative: {value!r}")
-    m = _K8S_QUANTITY.match(value)
+    m = _K8S_QUANTITY.fullmatch(value)
     if not m:
         hint = " (a size here is 4Gi or 4G, Kubernetes' spelling, not 4GB)" if value.endswith("B") else ""
         raise UnitError(f"not a Kubernetes quantity: {quote(value, 40)}; use e.g. '500m', '2', '4Gi'{hint}")

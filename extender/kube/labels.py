@@ -24,13 +24,13 @@ SUFFIX = ".weights"
 READY = "ready"
 
 # the name part of a label key: at most 63 characters, alphanumerics at both ends
-_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 
 
 def label_key(workload: str) -> str | None:
     """The label for a workload, or ``None`` when the workload name cannot form a valid key."""
     name = f"{workload}{SUFFIX}"
-    if len(name) > 63 or not _NAME.match(name):
+    if len(name) > 63 or not _NAME.fullmatch(name):
         return None
     return PREFIX + name
 

@@ -30,8 +30,8 @@ from extender.core.errors import ExtenderError
 
 Operator = Literal["=", "!=", "in", "notin", "exists", "!", ">", "<"]
 
-_NAME = re.compile(r"^([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_NAME = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?)")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 #: The range of Go's ``strconv.ParseInt(..., 10, 64)``, which reads both the bound and the label.
 _INT64 = range(-(2**63), 2**63)
