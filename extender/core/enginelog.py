@@ -24,7 +24,9 @@ phase               the lines read (the vLLM file that logs them, and which engi
                     ``Compiling a graph for <shape|dynamic shape|compile range (a, b)> takes <s> s``
                     and ``Directly load the compiled graph(s) for <...> from the cache, took <s> s``
                     (each counts from the same start, so a worker's longest is its compile; the
-                    Dynamo bytecode transform before it is not in them).
+                    Dynamo bytecode transform before it is not in them). What a line names between
+                    ``for`` and its time is read only up to 200 characters (a bound that keeps the
+                    parse linear in a long line).
 ``compileCached``   false when any ``Compiling a graph for ...`` line (something compiled from
                     scratch), else true when a ``Directly load the compiled graph...`` or
                     ``Directly load AOT compilation from path`` (``compilation/decorators.py``) line,
@@ -148,11 +150,18 @@ class EnginePhases(Schema):
 
 
 _N = r"(\S+?)"
+#: What a per-graph line names between ``for`` and ``takes`` / ``from the cache`` (``dynamic shape``,
+#: ``shape 8``, ``compile range (1, 8192)``): at most 200 characters. Bounded, so each of a line's
+#: ``Compiling a graph for`` is tried over a bounded span: an unbounded ``.+`` there tried the whole
+#: rest of the line from each of them, and a line repeating the phrase (an engine that logs prompts
+#: logs whatever a client sends) cost the square of its length (a 1 MiB line, about 90 s of the sync).
+_GRAPH_SET = r".{1,200}"
 _MODEL_LOADING = re.compile(r"Model loading took \S+ Gi?B(?: memory)? and " + _N + r" seconds")
 _LOADING_WEIGHTS = re.compile(r"Loading weights took " + _N + r" seconds")
 _COMPILE_TOTAL = re.compile(r"torch\.compile (?:takes|took) " + _N + r" s in total")
-_COMPILED_GRAPH = re.compile(r"Compiling a graph for .+ takes " + _N + r" s\b")
-_LOADED_GRAPH = re.compile(r"Directly load the compiled graph(?:\(s\))? for .+ from the cache, took " + _N + r" s\b")
+_COMPILED_GRAPH = re.compile(r"Compiling a graph for " + _GRAPH_SET + r" takes " + _N + r" s\b")
+_LOADED_GRAPH = re.compile(r"Directly load the compiled graph(?:\(s\))? for " + _GRAPH_SET + r" from the cache, took "
+                           + _N + r" s\b")
 _LOADED_AOT = re.compile(r"Directly load AOT compilation from path \S")
 _GRAPH_CAPTURE = re.compile(r"Graph capturing finished in " + _N + r" secs")
 #: SGLang's weight-load line (only the versions that give ``elapsed=``; older ones log memory only).
