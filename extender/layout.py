@@ -51,9 +51,9 @@ import os
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import BeforeValidator, ConfigDict, Field, field_validator
 
 from extender.core.errors import ExtenderError, InvalidValueError
 from extender.core.schema import Schema
@@ -92,11 +92,21 @@ class _Model(Schema):
     model_config = ConfigDict(populate_by_name=True)
 
 
+def _json_number(value: object) -> object:
+    """``value`` unless it is a boolean or a string (pydantic would read ``true`` as 1 and ``"5"`` as 5)."""
+    if isinstance(value, bool | str):
+        shown = f"a boolean ({str(value).lower()})" if isinstance(value, bool) else f"a string ({value!r})"
+        raise InvalidValueError(f"expected a number of bytes, got {shown}")
+    return value
+
+
 class ManifestFile(_Model):
     """One file of a weights directory."""
 
     path: str = Field(min_length=1, description="relative to the version directory, '/'-separated")
-    size: int = Field(ge=0)
+    #: Bytes: a JSON number with no fraction. A boolean or a string is a writer's bug, and corrupt
+    #: (``true`` was read as a file of 1 byte, which a 1-byte file then made whole).
+    size: Annotated[int, BeforeValidator(_json_number), Field(ge=0)]
     sha256: str | None = None
 
     @field_validator("path")

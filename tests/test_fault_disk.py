@@ -15,20 +15,38 @@ Bounded in count (``max_examples``); no assertion on time.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import hashlib
+import json
 import math
+import os
 import re
+import shutil
+import socket
+import stat
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from extender.agent.scan import CacheScan, ManifestCache, SizeCache, scan_cache
+from extender.core.caches import cache_id
 from extender.core.enginelog import MAX_PHASE_S, EnginePhases, parse_engine_log
+from extender.core.reports import fit_agent_report
+from extender.layout import COMPLETE, MANIFEST
 from tests import test_enginelog as real_logs
+from tests.test_agent_scan import make_weights
+from tests.test_fault_files import in_thread
 
 #: Examples per property: each is one parse of a few KB, so a few hundred stay well under a second each.
-EXAMPLES = 200
+EXAMPLES = 150
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -173,3 +191,299 @@ def test_a_long_adversarial_line_is_parsed_in_linear_time(head: str, unit: str) 
         pytest.fail(f"parsing {LONG} bytes of {unit!r} did not end within {HANG_BOUND_S} s")
     assert done.returncode == 0, done.stderr
     assert_valid(EnginePhases.model_validate_json(done.stdout))
+
+
+# ---- the agent's scan of its cache root ----------------------------------------------------------------------
+#
+# A tree is a spec: ("file", size) | ("bytes", content) | ("dir", {name: spec}) | ("sealed", {name: spec}) (a
+# directory made unreadable with mode 000: effective only for a user other than root; root's permission errors
+# are injected at the syscall below) | ("link", target) | ("fifo",) | ("socket",). Targets outside the root
+# point into a sibling directory that holds a complete layout of its own.
+
+Spec = tuple[Any, ...]
+
+#: Names the layout gives a meaning to, names it ignores, and names a record cannot hold (not UTF-8, a line
+#: feed, 300 characters).
+NAMES = st.sampled_from(["a", "b", "sub", "w", "v1", ".staging", "x" * 250, "\udcff", "n\u00e9", "line\nfeed",
+                         MANIFEST, COMPLETE, f".{COMPLETE}.tmp", "model", "rank_0_0", "torch_compile_cache",
+                         "torch_aot_compile", "vllm_compile_cache.py", "h1", "-"])
+#: File lengths, some of them sparse and far beyond the disk (the scan must then count blocks).
+SIZES = st.one_of(st.integers(0, 300), st.sampled_from([2**40, 2**43]))
+LINKS = st.sampled_from(["OUT/weights", "OUT/big", "OUT", "/dev/zero", "/etc", "nowhere", ".", "..", "../..",
+                         "SELF", "/proc/self/root"])
+GARBAGE_MANIFESTS = st.one_of(st.binary(max_size=40), st.sampled_from([
+    b"{}", b"[]", b"null", b'{"files": null}', b'{"files": {"path": "a", "size": 1}}', b'{"files": [{"path": "a"}]}',
+    b'{"files": [{"path": "a", "size": -1}]}', b'{"files": [{"path": "a", "size": 1e400}]}',
+    b'{"files": [{"path": "a", "size": "1"}]}', b'{"files": [{"path": "a", "size": true}]}',
+    b'{"files": [{"path": "a", "size": 1.5}]}', b'{"files": [{"path": "/etc/passwd", "size": 1}]}',
+    b'{"files": [{"path": "../x", "size": 1}]}', b'{"files": [{"path": "a/../../x", "size": 1}]}',
+    b'{"files": [{"path": "a", "size": 99999999999999999999999999}]}', b'{"files": [{"path": "a\\u0000", "size": 1}]}',
+    b'{"files": [{"path": "\\ud800", "size": 1}]}', b'{"apiVersion": "x", "files": [{"path": "a", "size": 1}]}',
+    b'\xef\xbb\xbf{"files": [{"path": "a", "size": 1}]}', b"[" * 50_000 + b"]" * 50_000,
+    b'{"files": [' + b",".join(b'{"path": "f%d", "size": 1}' % i for i in range(3000)) + b"]}",
+]))
+
+
+@st.composite
+def anything(draw: st.DrawFn, depth: int = 0) -> Spec:
+    """Any entry: a file, a manifest-like blob, a directory (maybe sealed), a link, a FIFO or a socket."""
+    kinds = ["file", "file", "bytes", "link", "fifo", "socket"] + (["dir", "dir", "sealed"] if depth < 4 else [])
+    kind = draw(st.sampled_from(kinds))
+    if kind == "file":
+        return ("file", draw(SIZES))
+    if kind == "bytes":
+        return ("bytes", draw(GARBAGE_MANIFESTS))
+    if kind in ("dir", "sealed"):
+        return (kind, draw(st.dictionaries(NAMES, anything(depth + 1), max_size=4)))
+    if kind == "link":
+        return ("link", draw(LINKS))
+    return (kind,)
+
+
+@st.composite
+def cache_entry(draw: st.DrawFn) -> Spec:
+    """A version or key directory: files, a manifest (of its files, sizes right or wrong, or garbage),
+    a marker of any kind; or anything at all in its place."""
+    if draw(st.integers(0, 6)) == 0:
+        return draw(anything(3))
+    children = dict(draw(st.dictionaries(NAMES, anything(2), max_size=4)))
+    files = {name: spec[1] for name, spec in children.items() if spec[0] == "file" and "\udcff" not in name}
+    manifest = draw(st.integers(0, 3))
+    if manifest == 1 and files:
+        listed = [{"path": name, "size": size if draw(st.booleans()) else draw(SIZES)} for name, size in files.items()]
+        children[MANIFEST] = ("bytes", json.dumps({"files": listed}).encode())
+    elif manifest == 2:
+        children[MANIFEST] = ("bytes", draw(GARBAGE_MANIFESTS))
+    markers: list[Spec | None] = [None, ("file", 0), ("dir", {}), ("fifo",), ("link", "OUT/big"), ("link", "nowhere")]
+    marker = draw(st.sampled_from(markers))
+    if marker is not None:
+        children[COMPLETE] = marker
+    return ("dir", children)
+
+
+@st.composite
+def cache_root(draw: st.DrawFn) -> dict[str, Spec]:
+    """Each kind's top directory with entries at the layout's depth, or anything at all in its place."""
+    tree: dict[str, Spec] = {}
+    for top, levels in (("weights", 2), ("compile", 1), ("snapshots", 2), ("adapters", 2)):
+        if draw(st.integers(0, 9)) == 0:
+            tree[top] = draw(anything(3))
+            continue
+        entries = {}
+        for _ in range(draw(st.integers(0, 3))):
+            if levels == 1:
+                entries[draw(NAMES)] = draw(cache_entry())
+            else:
+                versions = draw(st.integers(0, 3))
+                entries[draw(NAMES)] = ("dir", {draw(NAMES): draw(cache_entry()) for _ in range(versions)})
+        tree[top] = ("dir", entries)
+    return tree
+
+
+def _build(path: bytes, spec: Spec, outside: bytes, sealed: list[bytes]) -> None:
+    kind = spec[0]
+    if kind in ("file", "bytes"):
+        with open(path, "wb") as f:
+            f.truncate(spec[1]) if kind == "file" else f.write(spec[1])
+    elif kind in ("dir", "sealed"):
+        os.mkdir(path)
+        for name, child in spec[1].items():
+            _build(os.path.join(path, os.fsencode(name)), child, outside, sealed)
+        if kind == "sealed":
+            sealed.append(path)
+    elif kind == "link":
+        target = {"SELF": path}.get(spec[1], os.fsencode(spec[1]))
+        os.symlink(outside + target[3:] if target.startswith(b"OUT") else target, path)
+    elif kind == "fifo":
+        os.mkfifo(path)
+    else:
+        with socket.socket(socket.AF_UNIX) as s, contextlib.suppress(OSError):
+            s.bind(path)  # a path longer than a socket address holds: no socket
+
+
+def _state(top: bytes) -> dict[bytes, tuple[Any, ...]]:
+    """Everything below ``top`` that a scan could change (kind, mode, size, times but access, content)."""
+    out: dict[bytes, tuple[Any, ...]] = {}
+    for directory, dirs, names in os.walk(top):
+        for name in dirs + names:
+            path = os.path.join(directory, name)
+            st_ = os.lstat(path)
+            content: Any = None
+            if stat.S_ISREG(st_.st_mode) and st_.st_blocks:
+                with open(path, "rb") as f:
+                    content = hashlib.sha256(f.read()).hexdigest()
+            elif stat.S_ISLNK(st_.st_mode):
+                content = os.readlink(path)
+            out[path] = (st_.st_mode, st_.st_size, st_.st_mtime_ns, st_.st_ctime_ns, st_.st_ino, content)
+    return out
+
+
+@contextlib.contextmanager
+def built(tree: dict[str, Spec]) -> Iterator[tuple[Path, Path]]:
+    """``(root, outside)``: the tree under ``root``, and beside it a directory with a complete layout and a
+    10 KB file for links to point to."""
+    with tempfile.TemporaryDirectory(prefix="fault-disk-") as tmp:
+        outside, root = Path(tmp) / "outside", Path(tmp) / "root"
+        make_weights(outside, "w", "v1", {"a": 5})
+        (outside / "big").write_bytes(b"y" * 10_000)
+        root.mkdir()
+        sealed: list[bytes] = []
+        for name, spec in tree.items():
+            _build(os.path.join(os.fsencode(root), os.fsencode(name)), spec, os.fsencode(outside), sealed)
+        for path in sealed:
+            os.chmod(path, 0)
+        try:
+            yield root, outside
+        finally:
+            for path in sealed:
+                with contextlib.suppress(OSError):  # changed into something else meanwhile: not a link followed
+                    if stat.S_ISDIR(os.lstat(path).st_mode):
+                        os.chmod(path, 0o755)
+
+
+def scan_bounded(root: Path) -> CacheScan:
+    """One scan as the agent makes it (manifest and size caches), in a thread with a bound on a hang
+    (a FIFO opened blocking waits in a syscall, which lets the join return)."""
+    outcome: list[CacheScan] = []
+    error = in_thread(lambda: outcome.append(scan_cache(root, manifests=ManifestCache(), sizes=SizeCache())))
+    assert error is None, repr(error)
+    return outcome[0]
+
+
+def assert_sound(scan: CacheScan, root: Path) -> None:
+    """What every scan must say: entries within what their manifests allow, problems inside the root and
+    saying what is wrong, usage only of reported entries, and a report the agent can build from it."""
+    for w in scan.weights:
+        assert w.bytes >= 0
+        if w.complete:
+            assert w.expected_bytes == w.bytes, w
+        elif w.expected_bytes is not None:
+            assert w.bytes <= max(0, w.expected_bytes - 1), w
+    prefix = os.fsencode(root)
+    for p in scan.problems:
+        assert os.fsencode(p.path).startswith(prefix), p
+        assert p.message.strip(), p
+    reported = ({cache_id("weights", w.key) for w in scan.weights} | {cache_id("compile", k) for k in scan.compile_keys}
+                | {cache_id("snapshot", k) for k in scan.snapshots} | {cache_id("adapter", k) for k in scan.adapters})
+    assert set(scan.cache_bytes) <= reported and set(scan.last_used) <= reported
+    fit_agent_report(nvme_total=2**50, nvme_free=2**40, weights=scan.weights_bytes, compile_keys=scan.compile_keys,
+                     snapshots=scan.snapshots, adapters=scan.adapters, ttl=60.0, last_used=scan.last_used,
+                     cache_bytes=scan.cache_bytes)
+
+
+def _found(scan: CacheScan) -> tuple[Any, ...]:
+    return scan.weights, scan.compile_keys, scan.snapshots, scan.adapters, scan.cache_bytes
+
+
+SCAN_FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
+                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@SCAN_FUZZ
+@given(tree=cache_root())
+def test_any_cache_root_scans_soundly_and_stays_as_it_was(tree: dict[str, Spec]) -> None:
+    """Garbage manifests, markers of every kind, links out of the root (loops, dangling, to devices),
+    FIFOs, sockets, sealed directories, names that are not UTF-8, sparse files past the disk: the scan
+    returns, changes nothing (inside or outside), and what lies outside the root changes nothing of it."""
+    with built(tree) as (root, outside):
+        before = _state(os.fsencode(root.parent))
+        scan = scan_bounded(root)
+        assert _state(os.fsencode(root.parent)) == before
+        assert_sound(scan, root)
+        shutil.rmtree(outside)
+        outside.mkdir()
+        assert _found(scan_bounded(root)) == _found(scan)
+
+
+
+@pytest.mark.parametrize("size", [
+    pytest.param("true", id="a-boolean-was-read-as-1-byte"),
+    pytest.param('"1"', id="a-string-was-read-as-its-number"),
+])
+def test_a_manifest_size_of_the_wrong_type_is_corrupt(tmp_path: Path, size: str) -> None:
+    """A 1-byte file, its marker and a manifest sizing it ``true``: the weights were whole."""
+    d = make_weights(tmp_path, "w", "v1", {"a": 1}, manifest=False, complete=True)
+    (d / MANIFEST).write_text('{"files": [{"path": "a", "size": ' + size + "}]}")
+    scan = scan_cache(tmp_path)
+    assert [(w.bytes, w.complete, w.expected_bytes) for w in scan.weights] == [(1, False, None)]
+    corrupt = [p for p in scan.problems if p.kind == "corrupt"]
+    assert [Path(p.path).name for p in corrupt] == [MANIFEST]
+    assert "files.0.size" in corrupt[0].message and "expected a number of bytes" in corrupt[0].message
+    assert_sound(scan, tmp_path)
+
+#: What can happen to a path between two of the scan's syscalls: an eviction deletes it, a writer puts
+#: something else in its place, or the syscall fails (root cannot provoke EACCES with chmod).
+CHANGES = st.sampled_from(["delete", "fifo", "dir", "link-out", "file", "EACCES", "EIO", "ENOENT", "ELOOP",
+                           "ENAMETOOLONG"])
+#: The syscalls the scan (and the readers it calls) makes by path.
+HOOKED = ("scandir", "lstat", "stat", "open")
+
+
+@contextlib.contextmanager
+def changing(root: Path, outside: Path, plan: dict[int, tuple[str, int]]) -> Iterator[list[str]]:
+    """Count the scan's syscalls on paths below ``root``; before the n-th, apply ``plan[n]`` (a change and
+    which path of the tree it picks). Yields the changes made."""
+    prefix = os.fsencode(root)
+    real = {name: getattr(os, name) for name in HOOKED}
+    calls, made, busy = [0], [], [False]
+
+    def change(what: str, pick: int, path: Any) -> None:
+        if what.startswith("E"):
+            code = getattr(errno, what)
+            made.append(what)
+            raise OSError(code, os.strerror(code), path)
+        paths = sorted(_state(prefix))
+        if not paths:
+            return
+        victim = paths[pick % len(paths)]
+        if stat.S_ISDIR(os.lstat(victim).st_mode):
+            shutil.rmtree(victim)
+        else:
+            os.unlink(victim)
+        made.append(what)
+        if what == "fifo":
+            os.mkfifo(victim)
+        elif what == "dir":
+            os.mkdir(victim)
+            (Path(os.fsdecode(victim)) / "a").write_bytes(b"a")
+        elif what == "link-out":
+            os.symlink(os.fsencode(outside / "big"), victim)
+        elif what == "file":
+            Path(os.fsdecode(victim)).write_bytes(b"zz")
+
+    def hook(name: str) -> Any:
+        def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+            mine = kwargs.get("dir_fd") is not None or (
+                isinstance(path, str | bytes | os.PathLike) and os.fsencode(path).startswith(prefix))
+            if mine and not busy[0]:
+                calls[0] += 1
+                if calls[0] in plan:
+                    busy[0] = True
+                    try:
+                        change(*plan[calls[0]], path)
+                    finally:
+                        busy[0] = False
+            return real[name](path, *args, **kwargs)
+        return call
+
+    for name in HOOKED:
+        setattr(os, name, hook(name))
+    try:
+        yield made
+    finally:
+        for name, function in real.items():
+            setattr(os, name, function)
+
+
+@SCAN_FUZZ
+@given(tree=cache_root(), plan=st.dictionaries(st.integers(1, 60), st.tuples(CHANGES, st.integers(0, 10**6)),
+                                               max_size=5))
+def test_a_cache_root_changing_under_the_scan(tree: dict[str, Spec], plan: dict[int, tuple[str, int]]) -> None:
+    """Files and directories deleted, swapped for FIFOs, links out of the root or other kinds, and
+    syscalls failing, at any point of the scan: it returns, sound, and what lies outside is untouched."""
+    with built(tree) as (root, outside):
+        before = _state(os.fsencode(outside))
+        with changing(root, outside, plan):
+            scan = scan_bounded(root)
+        assert_sound(scan, root)
+        assert _state(os.fsencode(outside)) == before
