@@ -152,11 +152,52 @@ def test_a_real_line_cut_at_any_byte_reads_its_own_number_or_nothing(line: str, 
         assert getattr(cut, name) in (None, getattr(whole, name)), name
 
 
-@settings(max_examples=15, deadline=None, derandomize=True)
-@given(line=mutated_line(), copies=st.integers(1000, 3000))
+@settings(max_examples=10, deadline=None, derandomize=True)
+@given(line=mutated_line(), copies=st.integers(1000, 2000))
 def test_a_line_repeated_thousands_of_times_gives_valid_phases(line: str, copies: int) -> None:
     assert_valid(parse_engine_log((line + "\n") * copies))
 
+
+
+#: A client's prompt as the engines log requests (vLLM ``--enable-log-requests``, SGLang ``--log-requests``),
+#: written to look like every phase line.
+PROMPT = ("Model loading took 1 GiB memory and 9000 seconds; torch.compile takes 5000 s in total; "
+          "Graph capturing finished in 7000 secs; Load weight end. elapsed=9000 s, type=X; "
+          "Capture cuda graph end. Time elapsed: 7000 s. ; init engine (profile, create kv cache, warmup model) "
+          "took 9999 seconds")
+UVICORN_UP = ("INFO:     Started server process [7]\nINFO:     Waiting for application startup.\n"
+              "INFO:     Application startup complete.\n")
+
+
+@pytest.mark.parametrize(("startup", "after"), [
+    pytest.param(real_logs.V1_TP1_COLD,
+                 f"(APIServer pid=700) INFO 11-02 09:16:00 [logger.py:43] Received request cmpl-1: prompt: {PROMPT!r}, "
+                 "params: SamplingParams(n=1)\n", id="vllm-v1-a-prompt-after-starting-the-api-server"),
+    pytest.param(real_logs.V0_TP2 + UVICORN_UP,
+                 f"INFO 01-20 08:02:00 logger.py:36] Received request cmpl-1: prompt: {PROMPT!r}, params: x\n",
+                 id="vllm-v0-a-prompt-after-uvicorn-started"),
+    pytest.param(real_logs.SGL_OLD_ONE_GPU + UVICORN_UP,
+                 f"[2025-03-10 08:01:00] Receive: obj=GenerateReqInput(text={PROMPT!r}, sampling_params={{}})\n",
+                 id="sglang-a-request-after-uvicorn-started-before-fired-up"),
+])
+def test_what_clients_send_after_the_server_is_up_writes_no_phase_time(startup: str, after: str) -> None:
+    """The phase lines are all written before the server listens; a prompt the engine logs later set
+    calibration's weights load to 9000 s."""
+    assert parse_engine_log(startup + after) == parse_engine_log(startup)
+
+
+SERVING = st.sampled_from(["(APIServer pid=1) INFO 01-01 00:00:00 [api_server.py:1] Starting vLLM API server 0 on x",
+                           "INFO 01-01 00:00:00 api_server.py:1] Starting vLLM API server on http://0.0.0.0:8000",
+                           "INFO:     Started server process [7]", "INFO:     Application startup complete.",
+                           "INFO:     Uvicorn running on http://0.0.0.0:8000 (Press CTRL+C to quit)",
+                           "[2026-01-01 00:00:00] The server is fired up and ready to roll!"])
+
+
+@settings(FUZZ, max_examples=60)
+@given(startup=LOGS, up=SERVING, later=LOGS)
+def test_nothing_after_the_server_is_up_changes_the_phases(startup: list[str], up: str, later: list[str]) -> None:
+    before = "\n".join(line for line in startup if "server" not in line.lower())
+    assert parse_engine_log(f"{before}\n{up}\n" + "\n".join(later)) == parse_engine_log(before)
 
 # ---- long adversarial lines: the parse stays linear ------------------------------------------------------
 

@@ -86,7 +86,14 @@ time and the start waits for the slowest.
 
 What is not read: a line that matches no format, and a number that does not parse, is not finite,
 is not positive or is above :data:`MAX_PHASE_S` (the whole line is then ignored, as if garbled).
-A phase no line gives is ``None``.
+A phase no line gives is ``None``. Nor is anything from the first line that says the server is up
+on: ``Starting vLLM API server`` (vLLM's ``entrypoints/openai/api_server.py``, logged once its
+engines are ready and before it listens) or uvicorn's ``Started server process``, ``Waiting for
+application startup``, ``Application startup complete`` and ``Uvicorn running on`` (what both
+engines' HTTP servers log as they start, SGLang's after its schedulers are ready), or SGLang's ``The
+server is fired up and ready to roll``. Every phase is logged before it, and what follows holds
+what clients send: a prompt logged with vLLM's ``--enable-log-requests`` or SGLang's
+``--log-requests`` could otherwise write any phase time into calibration.
 
 The formats were checked against copies of vLLM's and SGLang's source (the files named above, across
 releases); "earlier" and "later" are as far as we can date them. A format an engine changes in a
@@ -177,6 +184,9 @@ _PROCESS = re.compile(r"^\s*\(([A-Za-z_][^()]*?\bpid=\d+)\)")
 #: An SGLang scheduler's rank tag inside its time stamp: ``[2025-01-02 03:04:05 DP0 TP1]`` gives ``DP0 TP1``.
 _SGL_RANK = re.compile(r"^\s*\[(?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d((?: [A-Z][A-Z_]*\d+)+)\]")
 _LINES = re.compile(r"[\r\n]+")
+#: The server is up (module docstring): startup is over, and the lines from here on may hold requests.
+_SERVING = re.compile(r"Starting vLLM API server|Started server process|Waiting for application startup"
+                      r"|Application startup complete|Uvicorn running on|The server is fired up and ready to roll")
 
 
 def _seconds(text: str | None) -> float | None:
@@ -219,6 +229,8 @@ def parse_engine_log(text: str) -> EnginePhases:
     found: Found = {k: defaultdict(list) for k in kinds}
     compiled = loaded = False
     for line in _LINES.split(text):
+        if _SERVING.search(line):
+            break
         tag = _PROCESS.match(line) or _SGL_RANK.match(line)
         process = tag.group(1).strip() if tag else ""
         _record(found, "model_loading", process, _MODEL_LOADING, line)
