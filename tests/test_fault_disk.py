@@ -8,7 +8,16 @@ U+FFFD), repeated, and with their line endings mixed. On every example: it retur
 finite and in ``(0, MAX_PHASE_S]``, and the result does not depend on the line endings. A log is read
 from the sync's writer thread, so a pattern that backtracks over a long line stalls every write:
 long adversarial lines are parsed in a child process with a bound on the wait (a regex search holds
-the GIL for as long as it runs, so a thread's ``join(timeout)`` would not return before it).
+the GIL for as long as it runs, so a thread's ``join(timeout)`` would not return before it). What a
+client sends, logged after the server is up, is never read.
+
+The agent's scan (:func:`extender.agent.scan.scan_cache`): random cache roots (garbage manifests,
+markers of every kind, links out of the root, FIFOs, sockets, sealed directories, names that are not
+UTF-8, sparse files past the disk), and the same roots changing under the scan (paths deleted or
+swapped, syscalls failing: tests may run as root, which chmod cannot stop, so permission errors are
+injected at the syscall). On every example: it returns (a thread joined with a bound: a FIFO opened
+blocking waits in a syscall, which lets the join return), changes nothing, and what it reports is
+inside the root and within what the manifests allow.
 
 Bounded in count (``max_examples``); no assertion on time.
 """
