@@ -155,7 +155,11 @@ class ObservationStore:
 
         A member that does not parse is skipped and counted in ``unreadable`` (another writer, an
         older format): one bad member must not stop every fit. Fields this release does not know
-        (a newer release wrote the member) are ignored: the start is still counted.
+        (a newer release wrote the member) are ignored: the start is still counted. So is anything
+        else a person or a tool may have left: a pair whose key holds another Redis type (its
+        starts are not read), a discard count that is not a whole number (not counted), a version
+        that is not one (read as 0), each logged with its key; the other pairs are read as usual.
+        Nothing unreadable is removed or rewritten here.
         """
         with redis_errors("reading observed starts"):
             with self.client.pipeline(transaction=True) as pipe:
@@ -164,14 +168,18 @@ class ObservationStore:
                 pipe.hgetall(self.discarded_key)
                 raw_version, raw_pairs, raw_discarded = pipe.execute()
             pairs = sorted(_text(p) for p in raw_pairs)
+            keys = [self.key(*pair.partition(":")[::2]) for pair in pairs]
             with self.client.pipeline(transaction=False) as pipe:
-                for pair in pairs:
-                    workload, _, cls = pair.partition(":")
-                    pipe.zrange(self.key(workload, cls), 0, -1)
-                members = pipe.execute() if pairs else []
+                for key in keys:
+                    pipe.zrange(key, 0, -1)
+                # one key of another type must not spoil the others: its reply is the error
+                members = pipe.execute(raise_on_error=False) if keys else []
         out: list[Observation] = []
         unreadable = 0
-        for group in members:
+        for key, group in zip(keys, members, strict=True):
+            if isinstance(group, redis.RedisError):
+                log.warning("calibration: skipping the observed starts in %r: %s", key, group, extra={"key": key})
+                continue
             for member in group:
                 try:
                     out.append(read_stored(Observation, member))
@@ -179,9 +187,25 @@ class ObservationStore:
                     unreadable += 1
         if unreadable:
             log.warning("skipped %d unreadable observation(s) in %s", unreadable, self.pairs_key)
-        discarded = {_text(k): int(v) for k, v in raw_discarded.items()}
-        version = int(raw_version) if raw_version is not None and _text(raw_version).isdigit() else 0
-        return Stored(version, tuple(out), discarded, unreadable)
+        discarded: dict[str, int] = {}
+        for k, v in raw_discarded.items():
+            count = _count(v)
+            if count is None:
+                log.warning("calibration: skipping the discard count %r of %r in %r: not a whole number",
+                            v, _text(k), self.discarded_key, extra={"key": self.discarded_key})
+            else:
+                discarded[_text(k)] = count
+        version = _count(raw_version)
+        if version is None and raw_version is not None:
+            log.warning("calibration: %r holds %r, not an integer: read as version 0", self.version_key,
+                        raw_version, extra={"key": self.version_key})
+        return Stored(version or 0, tuple(out), discarded, unreadable)
+
+
+def _count(raw: str | bytes | None) -> int | None:
+    """A stored count (ASCII digits, as INCR and HINCRBY write them), or ``None`` when it is not one."""
+    text = None if raw is None else _text(raw).strip()
+    return int(text) if text and text.isascii() and text.isdigit() else None
 
 
 @dataclass
