@@ -18,6 +18,7 @@ per test, flushed per example) and run the store's readers on it.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -39,6 +40,7 @@ from extender.state.observations import CalibratedPolicy, ObservationStore
 from extender.state.observations import encode as encode_observation
 from tests.conftest import RedisServer
 from tests.test_calibration_sync import APPLY, POLICY_TEXT, doubled_starts
+from tests.test_mixed_releases import RECORD_OF_DECISION
 from tests.test_scale_loop import T0, make_rig
 
 pytestmark = pytest.mark.integration
@@ -137,4 +139,50 @@ def test_a_bad_calibration_value_is_skipped_by_every_reader(
     path = tmp_path / "policy.yaml"
     assert cli.main(["calibrate", "show", "--policy", str(path), "--redis-url", redis_server.url]) == 0
     assert "llama3-8b on g5.12xlarge: 40 observation(s)" in capsys.readouterr().out
+    assert unchanged(client, before)
+
+
+# ---- the scaler's decision log: `extender scale explain` --------------------------------------------
+
+LOG_KEY = "extender:scaler:decisions:chat"
+
+
+class BadDecision(NamedTuple):
+    entries: list[str | bytes]  # pushed in this order: the last is the newest
+    code: int  # explain's exit status
+    says: str  # in its output (stdout when 0, the one line on stderr when 1)
+
+
+def _good_record() -> str:
+    return json.dumps(RECORD_OF_DECISION)
+
+
+DECISION_ROWS = [
+    # was `extender: decision log of 'chat' holds unreadable JSON`, exit 1: the good ones were not shown
+    pytest.param(BadDecision([_good_record(), '{"t": 1'], 0, "decided 2023-11-14"), id="the-newest-cut-short"),
+    pytest.param(BadDecision([_good_record(), "[1, 2]", b"\xff"], 0, "decided 2023-11-14"),
+                 id="a-list-and-a-byte-that-is-no-utf-8"),
+    pytest.param(BadDecision(["null", "{"], 1, f"the decision log {LOG_KEY!r} holds no readable record"),
+                 id="nothing-readable-is-an-error-naming-the-key"),
+    # was an OverflowError traceback: datetime holds no such time
+    pytest.param(BadDecision([json.dumps({**RECORD_OF_DECISION, "t": 1e20})], 1, "OverflowError"),
+                 id="a-time-past-the-year-9999"),
+    pytest.param(BadDecision([_good_record().replace('"t": 1700000000.0', '"t": 1e400')], 1,
+                             "holds a record this release cannot show"), id="an-infinite-time"),
+]
+
+
+@pytest.mark.parametrize("row", DECISION_ROWS)
+def test_explain_skips_an_unreadable_decision_and_shows_the_rest(
+        redis_server: RedisServer, client: redis.Redis, row: BadDecision, *, caplog: pytest.LogCaptureFixture,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for entry in row.entries:
+        client.lpush(LOG_KEY, entry)
+    before = dump_all(client)
+    assert cli.main(["scale", "explain", "chat", "--last", "5", "--redis-url", redis_server.url]) == row.code
+    out, err = capsys.readouterr()
+    if row.code == 0:
+        assert row.says in out and warned(caplog, LOG_KEY)
+    else:
+        assert err.startswith("extender: ") and row.says in err and err.count("\n") == 1, err
     assert unchanged(client, before)

@@ -169,7 +169,7 @@ def test_an_unreadable_recommendation_starts_the_window_anew(
 def test_unreadable_records_are_a_state_error(parts: tuple[HistoryStore, DecisionStore, LeaderLock, int]) -> None:
     history, decisions, *_ = parts
     history.client.lpush(decisions.log_key("w"), "{broken")
-    with pytest.raises(StateError, match="unreadable JSON"):
+    with pytest.raises(StateError, match="holds no readable record among its newest 1 \\(entry 0 is not JSON\\)"):
         decisions.records("w")
     history.client.hset(decisions.published_key, "w", '{"desired": 1}')
     with pytest.raises(StateError, match="published metrics of 'w' are unreadable"):

@@ -454,7 +454,8 @@ def _explain(args: argparse.Namespace) -> int:
         return 0
     try:
         text = render_record(records[0]) + ("\n\n" + render_table(records) if args.last > 1 else "")
-    except (ValueError, KeyError, TypeError) as exc:  # pydantic's ValidationError is a ValueError
+    except (ValueError, KeyError, TypeError, OverflowError) as exc:  # pydantic's ValidationError is a ValueError
+        # (OverflowError: a time past what a datetime holds, as 1e20 or 1e400 read from the JSON)
         # a record a newer scaler wrote in a shape this release cannot show (a new action, say)
         if isinstance(exc, ValidationError):
             first = exc.errors(include_url=False)[0]

@@ -47,6 +47,9 @@ _LAST_TIME = 253_402_300_800.0
 #: The most replicas a published entry may hold: Kubernetes' replica type is an int32, and KEDA's
 #: metric value an int64. A larger (or negative) count is no decision of ours: unreadable, not served.
 MAX_REPLICAS = 2**31 - 1
+#: What JSON calls the values :func:`json.loads` returns, for messages.
+_JSON_TYPES: Mapping[type, str] = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+                                   type(None): "null"}
 
 
 class _PublishedJson(BaseModel):
@@ -167,18 +170,35 @@ class DecisionStore:
     # ---- reads ---------------------------------------------------------------------------------
 
     def records(self, workload: str, count: int = 1) -> list[dict[str, Any]]:
-        """The newest ``count`` decision records of ``workload``, newest first."""
-        with redis_errors(f"reading the decisions of {workload!r}"):
-            raw: Any = self.client.lrange(self.log_key(workload), 0, max(0, count - 1))
+        """The newest ``count`` decision records of ``workload``, newest first.
+
+        An entry that is not a JSON object (cut short, edited by hand) is skipped with a warning
+        naming the key and its place in the log (0 is the newest), and left where it is; the others
+        are returned. Only when every entry read is unreadable is it a :class:`StateError`, naming
+        the key: "nothing readable" must not read as "no decision recorded".
+        """
+        key = self.log_key(workload)
+        with redis_errors(f"reading the decisions of {workload!r} in {key!r}"):
+            raw: Any = self.client.lrange(key, 0, max(0, count - 1))
         out: list[dict[str, Any]] = []
-        for item in raw:
+        skipped: list[tuple[int, str]] = []
+        for index, item in enumerate(raw):
             try:
                 record = json.loads(item)
-            except ValueError as exc:
-                raise StateError(f"decision log of {workload!r} holds unreadable JSON") from exc
-            if not isinstance(record, dict):
-                raise StateError(f"decision log of {workload!r} holds a {type(record).__name__}, not a record")
-            out.append(record)
+            except ValueError:
+                skipped.append((index, "not JSON"))
+                continue
+            if isinstance(record, dict):
+                out.append(record)
+            else:
+                skipped.append((index, f"JSON {_JSON_TYPES.get(type(record), 'value')}, not an object"))
+        if skipped and not out:
+            index, why = skipped[0]
+            raise StateError(f"the decision log {key!r} holds no readable record among its newest {len(raw)} "
+                             f"(entry {index} is {why})")
+        for index, why in skipped:
+            log.warning("decision log %r: skipping entry %d (0 is the newest): %s", key, index, why,
+                        extra={"workload": workload, "key": key})
         return out
 
     def recommendations(self, workload: str) -> list[tuple[float, int]]:
