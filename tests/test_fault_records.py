@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 
 import pytest
 import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from redis.client import NEVER_DECODE
 
 from extender import cli
@@ -34,10 +36,17 @@ from extender.api.scheduler.metrics import Metrics
 from extender.api.scheduler.refresher import Refresher, Throttle
 from extender.api.scheduler.settings import Settings
 from extender.core.calibration import Observation
+from extender.core.errors import ExtenderError, StateError
+from extender.core.inventory import NodeState
 from extender.state import InventoryStore, connect
+from extender.state.commands import parse_inventory
+from extender.state.decisions import DecisionStore
 from extender.state.errors import raw_reply
-from extender.state.observations import CalibratedPolicy, ObservationStore
+from extender.state.history import HistoryStore
+from extender.state.lock import LeaderLock
+from extender.state.observations import CalibratedPolicy, ObservationStore, read_nodes
 from extender.state.observations import encode as encode_observation
+from extender.state.sources import SourceStore
 from tests.conftest import RedisServer
 from tests.test_calibration_sync import APPLY, POLICY_TEXT, doubled_starts
 from tests.test_mixed_releases import RECORD_OF_DECISION
@@ -185,4 +194,235 @@ def test_explain_skips_an_unreadable_decision_and_shows_the_rest(
         assert row.says in out and warned(caplog, LOG_KEY)
     else:
         assert err.startswith("extender: ") and row.says in err and err.count("\n") == 1, err
+    assert unchanged(client, before)
+
+
+# ---- the generators: every key kind, every reader of the store ----------------------------------------
+
+#: Examples per generated test: each is a flushed store, a few writes and every reader once.
+EXAMPLES = 40
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+#: Texts a person or a tool leaves where a number or a JSON document belongs.
+SPECIAL = ["", " ", "nan", "-inf", "inf", "1e400", "-1", "0", "1e20", "\N{SUPERSCRIPT TWO}", "\u0661\u0662",
+           "null", "[]", "{}", "true", '"x"', "{", "1 2", "1 2 3", "1e400 1 1", "1 -2"]
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6)
+GARBAGE: st.SearchStrategy[str | bytes] = st.one_of(
+    st.sampled_from(SPECIAL), st.text(max_size=24), st.binary(max_size=24), JSON_VALUES.map(json.dumps))
+#: Every Redis type a key can have; each writer below puts ``value`` in it.
+TYPES = ("string", "hash", "list", "set", "zset", "stream")
+
+
+def write_typed(client: redis.Redis, key: str, kind: str, value: str | bytes) -> None:
+    """Replace ``key`` with a value of Redis type ``kind`` holding ``value`` (a stream: one entry)."""
+    client.delete(key)
+    if kind == "string":
+        client.set(key, value)
+    elif kind == "hash":
+        client.hset(key, "f", value)
+    elif kind == "list":
+        client.rpush(key, value)
+    elif kind == "set":
+        client.sadd(key, value)
+    elif kind == "zset":
+        client.zadd(key, {value: 1.0})  # type: ignore[type-var]
+    else:
+        client.xadd(key, {"f": value})
+
+
+@st.composite
+def mutated_json(draw: st.DrawFn, base: dict[str, Any]) -> str | bytes:
+    """``base`` with a field dropped, set to any JSON value or added, then maybe cut short; or plain garbage."""
+    if draw(st.booleans()):
+        return draw(GARBAGE)
+    data = dict(base)
+    field = draw(st.sampled_from([*base, "extra"]))
+    if draw(st.booleans()) and field in data:
+        del data[field]
+    else:
+        data[field] = draw(JSON_VALUES)
+    text = json.dumps(data)
+    return text[: draw(st.integers(0, len(text)))] if draw(st.booleans()) else text
+
+
+# ---- node records and the inventory's own keys ---------------------------------------------------------
+
+GOOD_NODE = NodeState.model_validate({"name": "good-1", "nodeClass": "g5.12xlarge", "gpus": 4, "gpusFree": 4,
+                                      "nvmeTotal": 10**12, "nvmeFree": 10**11, "images": ["vllm:1"],
+                                      "heartbeat": 1000.0, "ttl": 10**9})
+BAD_NODE = {"name": "bad", "nodeClass": "g5.12xlarge", "gpus": 4, "gpusFree": 1, "nvmeTotal": 10**12,
+            "nvmeFree": 10**11, "images": ["vllm:1"], "weights": {"w/1": 10}, "heartbeat": 1000.0, "ttl": 60.0}
+#: The inventory's own keys and the Redis type each holds.
+INVENTORY_KEYS = {"extender:nodes": "set", "extender:compile-registry": "set", "extender:inventory:version": "string",
+                  "extender:inventory:changes": "zset", "extender:heartbeats": "hash",
+                  "extender:heartbeats:seq": "string", "extender:heartbeats:changes": "zset"}
+
+
+def _inventory(client: redis.Redis) -> InventoryStore:
+    store = InventoryStore(client)
+    store.put(GOOD_NODE)
+    store.add_registry("ck-1")
+    store.beat_many({"good-1": 2000.0})
+    return store
+
+
+def _says_its_key(exc: StateError, key: str) -> bool:
+    return key in str(exc)
+
+
+def _read_everything(client: redis.Redis, url: str, tmp_path: Path, names: list[str],
+                     capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """Run every reader of the inventory; each result, or the StateError it raised."""
+    out: dict[str, Any] = {}
+    store = InventoryStore(client)
+    readers: dict[str, Callable[[], Any]] = {
+        "load_all": store.load_all, "changes_since": lambda: store.changes_since(0),
+        "heartbeats_since": lambda: store.heartbeats_since(0), "versions": store.versions,
+        "get": lambda: [store.get(n) for n in names], "read_nodes": lambda: read_nodes(store, names)}
+    for name, reader in readers.items():
+        try:
+            out[name] = reader()
+        except StateError as exc:
+            out[name] = exc
+        if name == "load_all":
+            out["corrupt"] = dict(store.corrupt)
+    refresher = _refresher(client, tmp_path)
+    refresher.refresh_once()
+    refresher.refresh_once()
+    out["refresher"] = refresher
+    capsys.readouterr()  # what earlier examples printed
+    out["show"] = cli.main(["inventory", "show", "--json", "--redis-url", url])
+    return out
+
+
+@FUZZ
+@given(kind=st.sampled_from(TYPES), value=mutated_json(BAD_NODE))
+def test_a_bad_node_record_costs_only_itself(redis_server: RedisServer, client: redis.Redis, tmp_path: Path, *,
+                                            capsys: pytest.CaptureFixture[str], kind: str, value: str | bytes) -> None:
+    client.flushdb()
+    _inventory(client)
+    client.sadd("extender:nodes", "bad")
+    client.zadd("extender:inventory:changes", {"bad": 1})
+    write_typed(client, "extender:node:bad", kind, value)
+    before = dump_all(client)
+    got = _read_everything(client, redis_server.url, tmp_path, ["good-1", "bad"], capsys)
+    _, records, registry = got["load_all"]
+    assert "good-1" in {r.name for r in records} and registry == {"ck-1"}
+    assert ("bad" in {r.name for r in records}) != ("extender:node:bad" in got["corrupt"])
+    assert got["changes_since"][1]["good-1"] is not None
+    assert "good-1" in got["read_nodes"][0]
+    if isinstance(got["get"], StateError):  # one node asked for: unreadable is an error, never "absent"
+        assert _says_its_key(got["get"], "extender:node:bad")
+    refresher = got["refresher"]
+    assert refresher.error is None and refresher.engine is not None
+    assert "good-1" in {n.name for n in refresher.engine.snapshot.nodes}
+    assert got["show"] == 0
+    document = parse_inventory(capsys.readouterr().out, "shown")  # what show prints, load takes back
+    assert "good-1" in {n.name for n in document.nodes}
+    assert unchanged(client, before)
+
+
+@FUZZ
+@given(key=st.sampled_from(sorted(INVENTORY_KEYS)), kind=st.sampled_from(TYPES), value=GARBAGE)
+def test_an_inventory_key_of_another_type_or_value_is_an_error_naming_it(
+        redis_server: RedisServer, client: redis.Redis, tmp_path: Path, *, capsys: pytest.CaptureFixture[str],
+        key: str, kind: str, value: str | bytes) -> None:
+    client.flushdb()
+    _inventory(client)
+    write_typed(client, key, kind, value)
+    before = dump_all(client)
+    got = _read_everything(client, redis_server.url, tmp_path, ["good-1"], capsys)
+    for name in ("load_all", "changes_since", "heartbeats_since", "versions", "get", "read_nodes"):
+        if isinstance(got[name], StateError):
+            assert _says_its_key(got[name], key), (name, got[name])
+    refresher = got["refresher"]  # fails open: an error it names, no exception out of an iteration
+    assert refresher.error is None or key in refresher.error[1]
+    _, err = capsys.readouterr()
+    assert got["show"] == 0 or (got["show"] == 1 and key in err and "Traceback" not in err)
+    assert unchanged(client, before)
+
+
+# ---- an error names the key it is about --------------------------------------------------------------
+
+
+class Named(NamedTuple):
+    setup: Setup
+    read: Callable[[redis.Redis], object]
+    key: str
+
+
+def _commit_on_a_garbage_fence(client: redis.Redis) -> None:
+    lock = LeaderLock(client, "a", ttl_s=30.0)
+    token = lock.acquire().token
+    client.set("extender:scaler:fence", "zz")
+    lock.commit(token)
+
+
+def _read_nodes(client: redis.Redis) -> object:
+    records, _ = read_nodes(InventoryStore(client), ["good-1", "bad"])
+    assert "good-1" in records
+    return records
+
+
+NAMED_ROWS = [
+    # each said WRONGTYPE without the key (a person must find it among every key of the prefix)
+    pytest.param(Named(lambda c: (c.zadd("extender:heartbeats:changes", {"good-1": 9}),
+                                  c.set("extender:heartbeats", "x")),
+                       lambda c: InventoryStore(c).heartbeats_since(0), "extender:heartbeats"),
+                 id="heartbeats-hash-of-another-type"),
+    pytest.param(Named(lambda c: c.set("extender:scaler:history:chat", "x"),
+                       lambda c: HistoryStore(c).read("chat"), "extender:scaler:history:chat"),
+                 id="demand-history-of-another-type"),
+    pytest.param(Named(lambda c: c.set("extender:scaler:recommendations:chat", "x"),
+                       lambda c: DecisionStore(c).recommendations("chat"), "extender:scaler:recommendations:chat"),
+                 id="stabilisation-window-of-another-type"),
+    pytest.param(Named(lambda c: c.set("extender:scaler:published", "x"),
+                       lambda c: DecisionStore(c).published_entries(), "extender:scaler:published"),
+                 id="published-hash-of-another-type"),
+    pytest.param(Named(lambda c: c.set("extender:scaler:decisions:chat", "x"),
+                       lambda c: DecisionStore(c).records("chat"), "extender:scaler:decisions:chat"),
+                 id="decision-log-of-another-type"),
+    pytest.param(Named(lambda c: c.set("extender:source:gpu-1", "x"),
+                       lambda c: SourceStore(InventoryStore(c)).agent_report("gpu-1"), "extender:source:gpu-1"),
+                 id="source-reports-of-another-type"),
+    pytest.param(Named(lambda c: c.lpush("extender:scaler:leader", "x"),
+                       lambda c: LeaderLock(c, "a", ttl_s=30.0).acquire(), "extender:scaler:leader"),
+                 id="scaler-lock-of-another-type"),
+    # named the inventory version: the heartbeat sequence was the key holding it
+    pytest.param(Named(lambda c: c.set("extender:heartbeats:seq", "x"),
+                       lambda c: InventoryStore(c).versions(), "extender:heartbeats:seq"),
+                 id="heartbeat-sequence-that-is-no-integer"),
+    # `unexpected reply [0]`: a token that is no number ends the script's reply early
+    pytest.param(Named(lambda c: c.hset("extender:scaler:leader", mapping={"holder": "b", "token": "t",
+                                                                          "expires": str(10**15)}),
+                       lambda c: LeaderLock(c, "a", ttl_s=30.0).acquire(), "extender:scaler:leader"),
+                 id="scaler-lock-token-that-is-no-number"),
+    # ValueError out of the fenced commit (the tick counted it as the workload's failure, unnamed)
+    pytest.param(Named(lambda c: None, _commit_on_a_garbage_fence, "extender:scaler:fence"),
+                 id="fence-that-is-no-number-at-commit"),
+    pytest.param(Named(lambda c: c.set("extender:scaler:fence", "t"),
+                       lambda c: LeaderLock(c, "a", ttl_s=30.0).fence(), "extender:scaler:fence"),
+                 id="fence-that-is-no-number-read"),
+    # the warning was pydantic's own text, four lines and a URL, naming the node but not its key
+    pytest.param(Named(lambda c: (InventoryStore(c).put(GOOD_NODE), c.set("extender:node:bad", '{"name": 1}')),
+                       _read_nodes, "extender:node:bad"),
+                 id="the-sync-s-read-of-a-corrupt-record-warns-in-one-line"),
+]
+
+
+@pytest.mark.parametrize("row", NAMED_ROWS)
+def test_a_bad_value_is_named_by_its_key(client: redis.Redis, row: Named, caplog: pytest.LogCaptureFixture) -> None:
+    row.setup(client)
+    before = dump_all(client)
+    try:
+        row.read(client)
+    except ExtenderError as exc:  # ours, one line, naming the key
+        assert row.key in str(exc) and "\n" not in str(exc), exc
+    else:
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert any(row.key in m and "\n" not in m for m in said), said
     assert unchanged(client, before)

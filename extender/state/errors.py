@@ -74,5 +74,6 @@ def raw_reply(client: redis.Redis, action: str, *command: str | int | float) -> 
     reads a byte that is not UTF-8 as its escape (:func:`extender.state.connection.connect`): text
     that names no member.
     """
-    with redis_errors(action):
+    # the command and its key: a key of another type is then named (WRONGTYPE does not say which)
+    with redis_errors(f"{action} ({command[0]} {command[1]})" if len(command) > 1 else action):
         return client.execute_command(*command, **{NEVER_DECODE: True})  # type: ignore[no-untyped-call]

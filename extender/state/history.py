@@ -156,6 +156,6 @@ class HistoryStore:
 
     def length(self, workload: str) -> int:
         """Samples stored for ``workload``."""
-        with redis_errors(f"counting the demand history of {workload!r}"):
+        with redis_errors(f"counting the demand history of {workload!r} (ZCARD {self.key(workload)})"):
             count: Any = self.client.zcard(self.key(workload))
         return int(count)

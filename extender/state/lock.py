@@ -151,36 +151,48 @@ class LeaderLock:
     def acquire(self) -> Lease:
         """Take, renew or fail to take the lock (rules in the module docstring)."""
         now = "" if self._clock is None else str(int(self._clock()))
-        with redis_errors("acquiring the scaler lock"):
+        with redis_errors(f"acquiring the scaler lock ({self.keys.leader}, {self.keys.fence})"):
             reply = self._acquire(keys=[self.keys.leader, self.keys.fence],
                                   args=[self.holder, self.ttl_ms, now, self._seen])
         try:
             won, token, expires, at = (int(x) for x in reply[:4])
         except (TypeError, ValueError, IndexError) as exc:
-            raise StateError(f"acquiring the scaler lock: unexpected reply {reply!r}") from exc
+            # a Lua table ends at its first nil: the token or the expiry stored was no number
+            raise StateError(f"acquiring the scaler lock: {self.keys.leader} or {self.keys.fence} holds a token or "
+                             f"an expiry that is not an integer (script reply {reply!r}); a scaler leads again "
+                             "once they are numbers or deleted") from exc
         self._seen = max(self._seen, token)
         holder = self.holder if won else _text(reply[4]) if len(reply) > 4 else ""
         return Lease(bool(won), token, expires, at, holder)
 
     def release(self, token: int) -> bool:
         """Give the lock up (clean shutdown) so a standby takes over at its next tick; False if not ours."""
-        with redis_errors("releasing the scaler lock"):
+        with redis_errors(f"releasing the scaler lock ({self.keys.leader})"):
             return bool(self._release(keys=[self.keys.leader], args=[self.holder, token]))
 
     def current(self) -> tuple[str, int, int] | None:
         """``(holder, token, expires_ms)`` of the lock as stored, or ``None`` when nobody holds it."""
-        with redis_errors("reading the scaler lock"):
+        with redis_errors(f"reading the scaler lock ({self.keys.leader})"):
             raw: Any = self.client.hmget(self.keys.leader, ["holder", "token", "expires"])
         holder, token, expires = raw
         if holder is None:
             return None
-        return _text(holder), int(token), int(expires)
+        number, until = _integer(token), _integer(expires)
+        if number is None or until is None:
+            raise StateError(f"the scaler lock {self.keys.leader} holds token {token!r} and expiry {expires!r}, "
+                             "not integers")
+        return _text(holder), number, until
 
     def fence(self) -> int:
         """The current fencing token (0 before the first acquisition)."""
-        with redis_errors("reading the scaler fence"):
+        with redis_errors(f"reading the scaler fence ({self.keys.fence})"):
             value: Any = self.client.get(self.keys.fence)
-        return int(value) if value is not None else 0
+        if value is None:
+            return 0
+        number = _integer(value)
+        if number is None:
+            raise StateError(f"the scaler fence {self.keys.fence} holds {value!r}, not an integer")
+        return number
 
     def commit(self, token: int, *stages: Stage, action: str = "committing") -> None:
         """Apply ``stages`` in one MULTI/EXEC if and only if ``token`` is still the fence and the
@@ -193,9 +205,10 @@ class LeaderLock:
             try:
                 pipe.watch(fence_key)  # type: ignore[no-untyped-call]
                 current: Any = pipe.get(fence_key)
-                if current is None or int(current) != token:
-                    raise FencedOutError(f"{action}: fencing token {token} is stale (current: "
-                                         f"{int(current) if current is not None else 'none'}); "
+                held = None if current is None else _integer(current)
+                if held != token:
+                    shown = "none" if current is None else held if held is not None else f"{current!r} in {fence_key}"
+                    raise FencedOutError(f"{action}: fencing token {token} is stale (current: {shown}); "
                                          "another scaler leads now")
                 holder: Any = pipe.hget(self.keys.leader, "holder")
                 if holder is None:
@@ -211,6 +224,14 @@ class LeaderLock:
             except redis.WatchError as exc:
                 raise FencedOutError(f"{action}: the lock changed hands during the write (token {token}); "
                                      "another scaler leads now") from exc
+
+
+def _integer(value: str | bytes | int) -> int | None:
+    """A stored integer (what INCR and the scripts write), or ``None`` when it is not one."""
+    try:
+        return int(value)
+    except ValueError:
+        return None
 
 
 def _text(value: str | bytes) -> str:

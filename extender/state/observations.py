@@ -39,7 +39,7 @@ from extender.core.inventory import NodeState
 from extender.core.policy import Policy
 from extender.core.schema import read_stored
 from extender.state.errors import redis_errors
-from extender.state.store import InventoryStore, decode, stored_beat, with_beat
+from extender.state.store import InventoryStore, corrupt_reason, decode, stored_beat, with_beat
 
 log = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ class ObservationStore:
         for o in observations:
             groups.setdefault((o.workload, o.node_class), {})[encode(o)] = o.ready_at
         cutoff = now - self.max_age_s
-        with redis_errors("recording observed starts"):
+        with redis_errors(f"recording observed starts (SMEMBERS {self.pairs_key})"):
             known: Any = self.client.smembers(self.pairs_key)
         pairs = {tuple(_text(p).partition(":")[::2]) for p in known} | set(groups)
         with redis_errors("recording observed starts"), self.client.pipeline(transaction=True) as pipe:
@@ -143,7 +143,7 @@ class ObservationStore:
 
     def version(self) -> int:
         """The store's version (0 when nothing was ever recorded): one GET."""
-        with redis_errors("reading the observations' version"):
+        with redis_errors(f"reading the observations' version (GET {self.version_key})"):
             raw: Any = self.client.get(self.version_key)
         try:
             return int(raw) if raw is not None else 0
@@ -268,7 +268,7 @@ def read_nodes(inventory: InventoryStore, names: Iterable[str]) -> tuple[dict[st
     """
     ordered = sorted(set(names))
     if not ordered:
-        with redis_errors("reading the nodes of new replicas"):
+        with redis_errors(f"reading the nodes of new replicas (SMEMBERS {inventory.keys.registry})"):
             registry: Any = inventory.client.smembers(inventory.keys.registry)
         return {}, frozenset(_text(m) for m in registry)
     keys = inventory.keys
@@ -283,6 +283,7 @@ def read_nodes(inventory: InventoryStore, names: Iterable[str]) -> tuple[dict[st
             continue
         try:
             records[name] = with_beat(decode(name, raw), stored_beat(beat))
-        except ValueError as exc:
-            log.warning("calibration: skipping the unreadable record of node %r: %s", name, exc)
+        except ValueError as exc:  # one line, as the full read says it (pydantic's own text spans several)
+            log.warning("calibration: skipping the unreadable record %r: %s", keys.node(name), corrupt_reason(exc),
+                        extra={"node": name, "key": keys.node(name)})
     return records, frozenset(_text(m) for m in members)

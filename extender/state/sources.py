@@ -211,7 +211,7 @@ class SourceStore:
     def agent_report(self, name: str) -> AgentReport | None:
         """The stored agent report of ``name``."""
         key = self.key(name)
-        with redis_errors(f"reading the agent report of node {name!r}"):
+        with redis_errors(f"reading the agent report of node {name!r} (HGET {key})"):
             raw = self.client.hget(key, AGENT)
         result: AgentReport | None = _load(AgentReport, key, raw)
         return result

@@ -393,7 +393,7 @@ class InventoryStore:
         with redis_errors("reading the inventory version"), self.client.pipeline(transaction=False) as pipe:
             pipe.get(self.keys.version)
             (raw,) = pipe.execute()
-        return _version(raw)
+        return _version(raw, self.keys.version)
 
     def beat_seq(self) -> int:
         """The heartbeat sequence (0 before the first heartbeat-only report)."""
@@ -405,7 +405,7 @@ class InventoryStore:
             pipe.get(self.keys.version)
             pipe.get(self.keys.beat_seq)
             raw, raw_seq = pipe.execute()
-        return _version(raw), _version(raw_seq)
+        return _version(raw, self.keys.version), _version(raw_seq, self.keys.beat_seq)
 
     def heartbeats_since(self, seq: int) -> tuple[int, dict[str, float]]:
         """``(current sequence, name -> heartbeat)`` for the nodes that reported a heartbeat after ``seq``.
@@ -414,15 +414,15 @@ class InventoryStore:
         newer than the sequence returned (it landed between the two round trips); the next call
         returns it again, and applying a heartbeat twice is harmless.
         """
-        with redis_errors("reading heartbeats"):
-            with self.client.pipeline(transaction=True) as pipe:
-                pipe.get(self.keys.beat_seq)
-                pipe.zrangebyscore(self.keys.beat_changes, f"({seq}", "+inf")
-                raw_seq, raw_names = pipe.execute()
-            names = [_text(n) for n in raw_names]
+        with redis_errors("reading heartbeats"), self.client.pipeline(transaction=True) as pipe:
+            pipe.get(self.keys.beat_seq)
+            pipe.zrangebyscore(self.keys.beat_changes, f"({seq}", "+inf")
+            raw_seq, raw_names = pipe.execute()
+        names = [_text(n) for n in raw_names]
+        with redis_errors(f"reading heartbeats (HMGET {self.keys.heartbeats})"):
             values = self.client.hmget(self.keys.heartbeats, names) if names else []
         beats = {name: beat for name, raw in zip(names, values, strict=True) if (beat := stored_beat(raw)) > 0.0}
-        return _version(raw_seq), beats
+        return _version(raw_seq, self.keys.beat_seq), beats
 
     def get(self, name: str) -> NodeState | None:
         """One node's record, or ``None`` if it is not stored.
@@ -497,7 +497,7 @@ class InventoryStore:
         with self._lock:
             self._names_hint = sorted(members)
             self._decoded = decoded
-        return _version(raw_version), records, frozenset(_text(k) for k in raw_registry)
+        return _version(raw_version, self.keys.version), records, frozenset(_text(k) for k in raw_registry)
 
     def changes_since(self, version: int) -> tuple[int, dict[str, NodeState | None], frozenset[str]]:
         """``(current version, name -> record, compile registry)`` for the nodes written after ``version``.
@@ -533,7 +533,7 @@ class InventoryStore:
             except ValueError as exc:
                 corrupt[self.keys.node(name)] = corrupt_reason(exc)
         self._note_corrupt(corrupt)
-        return _version(raw_version), changed, frozenset(_text(k) for k in raw_registry)
+        return _version(raw_version, self.keys.version), changed, frozenset(_text(k) for k in raw_registry)
 
     def _note_corrupt(self, corrupt: dict[str, str]) -> None:
         with self._lock:
@@ -545,10 +545,11 @@ class InventoryStore:
             log.warning("skipping corrupt inventory record %r: %s", key, corrupt[key])
 
 
-def _version(raw: str | bytes | None) -> int:
+def _version(raw: str | bytes | None, key: str) -> int:
+    """A counter's value (0 when unset); a value that is no integer is a :class:`StateError` naming ``key``."""
     if raw is None:
         return 0
     try:
         return int(raw)
     except ValueError as exc:
-        raise StateError(f"inventory version key holds {raw!r}, not an integer") from exc
+        raise StateError(f"{key} holds {raw!r}, not an integer") from exc
