@@ -300,6 +300,9 @@ BAD_ENTRIES = [Bad(*row) for row in [
      + b"9" * 401 + b"}", "standby: Input should be less than or equal to 2147483647"),
     ("standby-negative", b'{"desired":1,"load":1,"unit":"x","t":1,"window":1,"token":1,"standby":-1}',
      "standby: Input should be greater than or equal to 0"),
+    # was served: Go's decoder then refused the whole list (windowSeconds is an int64), every workload in it
+    ("window-past-int64", b'{"desired":1,"load":1,"unit":"x","t":1,"window":9223372036854775808,"token":1}',
+     "window: Input should be less than or equal to 9223372036854775807"),
 ]]
 
 

@@ -47,6 +47,9 @@ _LAST_TIME = 253_402_300_800.0
 #: The most replicas a published entry may hold: Kubernetes' replica type is an int32, and KEDA's
 #: metric value an int64. A larger (or negative) count is no decision of ours: unreadable, not served.
 MAX_REPLICAS = 2**31 - 1
+#: The longest window a published entry may hold: ``windowSeconds`` is an int64 in Kubernetes' external
+#: metric value, and one past it fails the HPA's decoding of the whole list (every workload in it).
+MAX_WINDOW = 2**63 - 1
 #: What JSON calls the values :func:`json.loads` returns, for messages.
 _JSON_TYPES: Mapping[type, str] = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
                                    type(None): "null"}
@@ -54,7 +57,7 @@ _JSON_TYPES: Mapping[type, str] = {list: "array", str: "string", int: "number", 
 
 class _PublishedJson(BaseModel):
     """The JSON of one published entry, checked: finite numbers, a time that is a date, replica
-    counts in ``0..MAX_REPLICAS``."""
+    counts in ``0..MAX_REPLICAS``, a window in ``0..MAX_WINDOW``."""
 
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
@@ -62,7 +65,7 @@ class _PublishedJson(BaseModel):
     load: float
     unit: str
     t: float = Field(ge=0, lt=_LAST_TIME)
-    window: int = Field(ge=0)
+    window: int = Field(ge=0, le=MAX_WINDOW)
     token: int
     standby: int = Field(default=0, ge=0, le=MAX_REPLICAS)
 
