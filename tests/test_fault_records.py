@@ -18,6 +18,7 @@ per test, flushed per example) and run the store's readers on it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -38,9 +39,12 @@ from extender.api.scheduler.settings import Settings
 from extender.core.calibration import Observation
 from extender.core.errors import ExtenderError, StateError
 from extender.core.inventory import NodeState
+from extender.core.policy import Policy
+from extender.core.reports import AgentReport, KubeReport
+from extender.keda.reading import Served, UnreadableDecisionError, read, resolve
 from extender.state import InventoryStore, connect
 from extender.state.commands import parse_inventory
-from extender.state.decisions import DecisionStore
+from extender.state.decisions import DecisionStore, Published
 from extender.state.errors import raw_reply
 from extender.state.history import HistoryStore
 from extender.state.lock import LeaderLock
@@ -49,6 +53,7 @@ from extender.state.observations import encode as encode_observation
 from extender.state.sources import SourceStore
 from tests.conftest import RedisServer
 from tests.test_calibration_sync import APPLY, POLICY_TEXT, doubled_starts
+from tests.test_external_metrics import make_app as metrics_app
 from tests.test_mixed_releases import RECORD_OF_DECISION
 from tests.test_scale_loop import T0, make_rig
 
@@ -426,3 +431,178 @@ def test_a_bad_value_is_named_by_its_key(client: redis.Redis, row: Named, caplog
         said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert any(row.key in m and "\n" not in m for m in said), said
     assert unchanged(client, before)
+
+
+# ---- the scaler's keys: the decisions served, the history, the window, the log ------------------------
+
+GOOD_PUBLISHED = Published(desired=5, load=17.5, unit="requests/s", t=T0 - 10, window=15, token=3, standby=2)
+#: The scaler's per-workload keys of ``llama`` (beside qwen3, which the rig decides) and their types.
+SCALER_KEYS = {"extender:scaler:history:llama": "zset", "extender:scaler:recommendations:llama": "zset",
+               "extender:scaler:decisions:llama": "list", "extender:scaler:published": "hash"}
+METRIC_PATH = "/apis/external.metrics.k8s.io/v1beta1/namespaces/{ns}/extender-desired-replicas"
+
+
+def _put_in_place(client: redis.Redis, key: str, kind: str, value: str | bytes) -> None:
+    """``value`` where a reader of ``key`` looks for an entry (its own type), or ``key`` of another type."""
+    if kind != SCALER_KEYS[key]:
+        write_typed(client, key, kind, value)
+    elif kind == "zset":
+        client.zadd(key, {value: 1.0})  # type: ignore[type-var]
+    elif kind == "list":
+        client.lpush(key, value)
+    else:
+        client.hset(key, "llama", value)
+
+
+def _served(client: redis.Redis, workload: str, ns: str) -> tuple[int, dict[str, Any]]:
+    app = metrics_app(published=DecisionStore(client).published_entries)
+    reply = app.test_client().get(METRIC_PATH.format(ns=ns), query_string={"labelSelector": f"workload={workload}"})
+    return reply.status_code, reply.get_json()
+
+
+@FUZZ
+@given(key=st.sampled_from(sorted(SCALER_KEYS)), kind=st.sampled_from(TYPES),
+       value=st.one_of(GARBAGE, mutated_json(json.loads(GOOD_PUBLISHED.encode()))))
+def test_a_bad_scaler_value_costs_only_its_workload(redis_server: RedisServer, client: redis.Redis, *, key: str,
+                                                   kind: str, value: str | bytes) -> None:
+    client.flushdb()
+    client.hset("extender:scaler:published", "qwen3", GOOD_PUBLISHED.encode())
+    _put_in_place(client, key, kind, value)
+    before = dump_all(client)
+    # the External Metrics API: qwen3 served, llama served or a Status naming its problem, never a 5xx
+    # but the store's 503 (the published hash of another type), which names the key
+    for workload, ns in (("qwen3", "default"), ("llama", "ml")):
+        code, body = _served(client, workload, ns)
+        if code == 503:
+            assert key == "extender:scaler:published" and key in body["message"]
+        elif workload == "qwen3":
+            assert code == 200 and body["items"][0]["value"] == "5"
+        else:
+            assert code in {200, 404}, body
+    # the KEDA scaler's read of the same entries
+    try:
+        published = DecisionStore(client).published_entries()
+    except StateError as exc:
+        assert key == "extender:scaler:published" and key in str(exc)
+    else:
+        served = {"qwen3": Served("default", 1), "llama": Served("ml", 0)}
+        assert read(resolve("so", "default", {"workload": "qwen3"}, served), served, published).replicas == 5
+        with contextlib.suppress(UnreadableDecisionError):  # llama's own entry unreadable: DATA_LOSS for it
+            read(resolve("so", "ml", {"workload": "llama"}, served), served, published)
+    # what the scaler reads of llama: the entries skipped, or our error naming the key
+    history, decisions = HistoryStore(client), DecisionStore(client)
+    for reader in (lambda: history.read("llama", now=T0), lambda: decisions.recommendations("llama"),
+                   lambda: decisions.records("llama", 5)):
+        try:
+            reader()
+        except StateError as exc:
+            assert key in str(exc) and "\n" not in str(exc)
+    assert unchanged(client, before)
+
+
+# ---- calibration, the sources' reports, the lock --------------------------------------------------------
+
+#: A pair of another workload and class beside the good one, where the generated value goes.
+OTHER_PAIR_KEY = "extender:calibration:observations:chat:h100"
+CALIBRATION_KEYS = {OTHER_PAIR_KEY: "zset", "extender:calibration:pairs": "set",
+                    "extender:calibration:discarded": "hash", "extender:calibration:version": "string"}
+
+
+@pytest.fixture(scope="module")
+def few_starts() -> list[Observation]:
+    return doubled_starts(APPLY, n=12)
+
+
+@FUZZ
+@given(key=st.sampled_from(sorted(CALIBRATION_KEYS)), kind=st.sampled_from(TYPES),
+       value=st.one_of(GARBAGE, st.just({}).flatmap(lambda _: mutated_json(json.loads(encode_observation(
+           doubled_starts(APPLY, n=1)[0]))))))
+def test_a_bad_calibration_value_costs_only_itself(
+        redis_server: RedisServer, client: redis.Redis, tmp_path: Path, few_starts: list[Observation], *,
+        capsys: pytest.CaptureFixture[str], key: str, kind: str, value: str | bytes) -> None:
+    client.flushdb()
+    ObservationStore(client).append(few_starts, {"stale inventory": 1}, now=time.time())
+    client.sadd("extender:calibration:pairs", "chat:h100")
+    if kind == CALIBRATION_KEYS[key] == "zset":
+        client.zadd(key, {value: time.time()})  # type: ignore[type-var]
+    elif kind == CALIBRATION_KEYS[key] == "hash":
+        client.hset(key, "by hand", value)
+    elif kind == CALIBRATION_KEYS[key] == "set":
+        client.sadd(key, value)
+    else:
+        write_typed(client, key, kind, value)
+    before = dump_all(client)
+    try:
+        stored = ObservationStore(client).read()
+    except StateError as exc:  # only the store's own keys of another type (not a pair's): named
+        assert key in str(exc) and key != OTHER_PAIR_KEY and kind != CALIBRATION_KEYS[key]
+    else:
+        good = set(map(encode_observation, few_starts))
+        assert good <= set(map(encode_observation, stored.observations))
+    assert isinstance(CalibratedPolicy(ObservationStore(client), min_interval_s=0.0).policy_for(APPLY), Policy)
+    capsys.readouterr()
+    path = tmp_path / "policy.yaml"
+    path.write_text(POLICY_TEXT + "calibration: {mode: apply}\n")
+    code = cli.main(["calibrate", "show", "--json", "--policy", str(path), "--redis-url", redis_server.url])
+    _, err = capsys.readouterr()
+    assert code == 0 or (code == 1 and key in err and "Traceback" not in err)
+    assert unchanged(client, before)
+
+
+GOOD_AGENT = AgentReport(nvme_total=10**12, nvme_free=10**11, images=("vllm:1",), heartbeat=1000.0)
+GOOD_KUBE = KubeReport(node_class="g5.12xlarge", gpus=4, gpus_free=4)
+
+
+@FUZZ
+@given(field=st.sampled_from(["agent", "kube", "deleted"]), kind=st.sampled_from(TYPES),
+       value=st.one_of(GARBAGE, mutated_json(json.loads(GOOD_KUBE.model_dump_json(by_alias=True)))))
+def test_a_bad_source_report_costs_only_its_node(client: redis.Redis, *, field: str, kind: str,
+                                                 value: str | bytes) -> None:
+    client.flushdb()
+    sources = SourceStore(InventoryStore(client))
+    sources.report_kube({"good-1": GOOD_KUBE, "bad": GOOD_KUBE})
+    sources.report_agent("good-1", GOOD_AGENT)
+    if kind == "hash":
+        client.hset("extender:source:bad", field, value)
+    else:
+        write_typed(client, "extender:source:bad", kind, value)
+    before = dump_all(client)
+    try:
+        reports = sources.kube_reports(["good-1", "bad"])
+    except StateError as exc:  # the hash of another type: named
+        assert kind != "hash" and "extender:source:bad" in str(exc)
+    else:
+        assert reports["good-1"] == GOOD_KUBE
+    assert sources.agent_report("good-1") == GOOD_AGENT
+    try:
+        sources.agent_report("bad")
+    except StateError as exc:
+        assert kind != "hash" and "extender:source:bad" in str(exc)
+    assert unchanged(client, before)
+
+
+LOCK_FIELDS = st.dictionaries(st.sampled_from(["holder", "token", "expires", "acquired"]),
+                              st.one_of(GARBAGE, st.integers().map(str), st.floats().map(repr)), max_size=4)
+
+
+@FUZZ
+@given(fields=LOCK_FIELDS, fence=st.one_of(st.none(), GARBAGE, st.integers().map(str)), kind=st.sampled_from(TYPES))
+def test_a_bad_lock_stops_no_tick(redis_server: RedisServer, client: redis.Redis, *, fields: dict[str, str | bytes],
+                                  fence: str | bytes | None, kind: str) -> None:
+    client.flushdb()
+    if kind == "hash":
+        if fields:
+            client.hset("extender:scaler:leader", mapping=fields)  # type: ignore[arg-type]
+    else:
+        write_typed(client, "extender:scaler:leader", kind, "x")
+    if fence is not None:
+        client.set("extender:scaler:fence", fence)
+    rig = make_rig(redis_server.url, lambda t: 4.0)
+    try:
+        report = rig.loop.tick(T0)  # never raises: a leader, a standby, or the error it names
+        if report.error:
+            assert "extender:scaler:leader" in report.error or "extender:scaler:fence" in report.error, report.error
+        for result in report.results:
+            assert "unexpected error" not in (result.error or ""), result.error
+    finally:
+        rig.client.close()
