@@ -30,6 +30,7 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 from redis.client import NEVER_DECODE
 
 from extender import cli
@@ -41,7 +42,9 @@ from extender.core.errors import ExtenderError, StateError
 from extender.core.inventory import NodeState
 from extender.core.policy import Policy
 from extender.core.reports import AgentReport, KubeReport
+from extender.files import load_policy
 from extender.keda.reading import Served, UnreadableDecisionError, read, resolve
+from extender.kube.metrics import SyncMetrics
 from extender.state import InventoryStore, connect
 from extender.state.commands import parse_inventory
 from extender.state.decisions import DecisionStore, Published
@@ -52,10 +55,14 @@ from extender.state.observations import CalibratedPolicy, ObservationStore, read
 from extender.state.observations import encode as encode_observation
 from extender.state.sources import SourceStore
 from tests.conftest import RedisServer
+from tests.kube_double import KubeDouble
+from tests.kube_double.waiting import wait_until
 from tests.test_calibration_sync import APPLY, POLICY_TEXT, doubled_starts
 from tests.test_external_metrics import make_app as metrics_app
 from tests.test_mixed_releases import RECORD_OF_DECISION
 from tests.test_scale_loop import T0, make_rig
+from tests.test_sync import G5_12, POLICY_FILE, eventually, running_sync
+from tests.test_sync import node as sync_node
 
 pytestmark = pytest.mark.integration
 
@@ -606,3 +613,29 @@ def test_a_bad_lock_stops_no_tick(redis_server: RedisServer, client: redis.Redis
             assert "unexpected error" not in (result.error or ""), result.error
     finally:
         rig.client.close()
+
+
+# ---- the sync's writes read the source reports: one key of another type -------------------------------
+
+
+def test_a_source_key_of_another_type_costs_the_sync_only_its_node(
+        double: KubeDouble, redis_server: RedisServer, client: redis.Redis, tmp_path: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # the batch of up to 200 nodes it was in failed on WRONGTYPE, as an outage retried for ever: none
+    # of them was written again, and the resync's read of the reports failed too
+    client.set("extender:source:gpu-b", "by hand")
+    policy = load_policy(POLICY_FILE)
+    for name in ("gpu-a", "gpu-b", "gpu-c"):
+        double.apply(sync_node(name, G5_12, gpus=4))
+    registry = CollectorRegistry()
+    reader = SourceStore(InventoryStore(client))
+    with running_sync(double, redis_server.url, tmp_path, policy, metrics=SyncMetrics(registry, policy)) as sync:
+        for name in ("gpu-a", "gpu-c"):
+            eventually(reader, name, lambda r: r is not None and r.gpus == 4, f"{name} written")
+        wait_until(lambda: registry.get_sample_value("extender_sync_node_problems", {"kind": "refused"}) == 1.0,
+                   what="gpu-b counted as refused")
+        double.apply(sync_node("gpu-a", G5_12, gpus=8))
+        eventually(reader, "gpu-a", lambda r: r is not None and r.gpus == 8, "a later change still written")
+        assert not sync.outage
+    assert client.get("extender:source:gpu-b") == "by hand" and reader.store.get("gpu-b") is None
+    assert warned(caplog, "extender:source:gpu-b")

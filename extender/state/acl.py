@@ -120,16 +120,17 @@ ROLES: tuple[Role, ...] = (
     Role("agent", "extender agent, on every GPU node",
          ("source:*", *NODE_KEYS, "heartbeats:seq", "heartbeats:changes", *BUMP_KEYS),
          (),
-         # SourceStore.report_agent (WATCH, HGETALL, then HSET, SET, SADD, HDEL, the bump; GET when the
+         # SourceStore.report_agent (WATCH, TYPE, HGETALL, then HSET, SET, SADD, HDEL, the bump; GET when the
          # node is a tombstone) and beat_agent (the heartbeat script: SISMEMBER, TYPE, HGET, HSET, INCR, ZADD)
          (*OPTIMISTIC, "hgetall", "hset", "set", "sadd", "hdel", "get", *BUMP, "sismember", "type", "hget")),
     Role("sync", "extender sync",
          ("source:*", *NODE_KEYS, *BUMP_KEYS, *CALIBRATION_KEYS),
          ("heartbeats:seq", "compile-registry"),
-         # SourceStore.report_kube, remove_node, kube_reports; InventoryStore.names, versions;
-         # read_nodes; ObservationStore.append (redis-py's INCR is INCRBY); the calibrated policy
-         (*OPTIMISTIC, "hget", "hset", "hdel", "persist", "set", "sadd", *BUMP, "del", "expire", "srem", "exists",
-          "mget", "hmget", "zremrangebyscore", "zremrangebyrank", "hincrby", "incrby", *CALIBRATION_READ)),
+         # SourceStore.report_kube (TYPE first: a source key of another type is refused), remove_node,
+         # kube_reports; InventoryStore.names, versions; read_nodes; ObservationStore.append (redis-py's
+         # INCR is INCRBY); the calibrated policy
+         (*OPTIMISTIC, "type", "hget", "hset", "hdel", "persist", "set", "sadd", *BUMP, "del", "expire", "srem",
+          "exists", "mget", "hmget", "zremrangebyscore", "zremrangebyrank", "hincrby", "incrby", *CALIBRATION_READ)),
     Role("extender", "extender serve, extender explain",
          (),
          (*INVENTORY_READ_KEYS, "heartbeats:seq", "heartbeats:changes", *CALIBRATION_KEYS),

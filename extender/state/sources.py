@@ -37,9 +37,11 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import redis
 from pydantic import ValidationError
 from redis.client import Pipeline
 
+from extender.core.errors import ExtenderError, InvalidValueError, StateError
 from extender.core.inventory import NodeState
 from extender.core.reports import AgentReport, KubeReport, Report, merge
 from extender.core.schema import read_stored
@@ -81,6 +83,23 @@ def _load(model: type[AgentReport] | type[KubeReport], key: str, raw: str | byte
         return None
 
 
+def _refuse_other_types(pipe: Pipeline, keys: Iterable[str], error: type[ExtenderError]) -> None:
+    """Refuse to write reports into a source key that holds another Redis type than a hash (someone's
+    hand edit, another tool): ``error`` naming it, and the key left as it is for a person to see.
+    The sync's batch raises :class:`InvalidValueError`, so that only that node's write is refused (it
+    writes the others one by one); the agent's write a :class:`StateError`, retried with backoff.
+    """
+    for key in keys:
+        kind = _text(pipe.type(key))
+        if kind not in {"hash", "none"}:
+            raise error(f"{key} holds a Redis {kind}, not the hash of a node's reports; nothing is "
+                        "written for that node until it is deleted")
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 class SourceStore:
     """Per-source writes on top of an :class:`InventoryStore` (same client, prefix and version counter)."""
 
@@ -110,6 +129,7 @@ class SourceStore:
         outcome: list[int | None] = []
 
         def write(pipe: Pipeline) -> None:
+            _refuse_other_types(pipe, [key], StateError)
             stored = pipe.hgetall(key)
             pipe.multi()
             if DELETED in stored:
@@ -158,6 +178,7 @@ class SourceStore:
             keys = [self.key(name) for name, _ in batch]
 
             def write(pipe: Pipeline, batch: list[tuple[str, KubeReport]] = batch, keys: list[str] = keys) -> None:
+                _refuse_other_types(pipe, keys, InvalidValueError)
                 agents = [pipe.hget(k, AGENT) for k in keys]
                 pipe.multi()
                 for (name, report), k, raw in zip(batch, keys, agents, strict=True):
@@ -201,10 +222,15 @@ class SourceStore:
             for name in ordered:
                 pipe.hget(self.key(name), KUBE)
                 pipe.exists(self.store.keys.node(name))
-            raw = pipe.execute()
+            raw = pipe.execute(raise_on_error=False)  # a key of another type spoils only its own node
         out: dict[str, KubeReport | None] = {}
         for i, name in enumerate(ordered):
             report, present = raw[2 * i], raw[2 * i + 1]
+            if isinstance(report, redis.RedisError):
+                log.warning("ignoring the reports in %r: %s", self.key(name), report, extra={"node": name})
+                report = None
+            elif isinstance(present, redis.RedisError):  # pragma: no cover - EXISTS takes any key
+                raise StateError(f"reading cluster reports: {present}")
             out[name] = _load(KubeReport, self.key(name), report) if present else None
         return out
 
