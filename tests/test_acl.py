@@ -256,7 +256,9 @@ def scaler_calls(client: Client, prefix: str, world: Client) -> None:
     assert decisions.recommendations("llm") == [(NOW - 30, 3)]
     lock.commit(lease.token, history.stage_append("llm", [Sample(NOW, 12.0)], now=NOW),
                 decisions.stage_record("llm", {"t": NOW}), decisions.stage_recommendations("llm", [(NOW, 3)]),
-                decisions.stage_published("llm", PUBLISHED), action="deciding llm")
+                decisions.stage_published("llm", PUBLISHED), action="deciding llm",
+                types={history.key("llm"): "zset", decisions.log_key("llm"): "list",
+                       decisions.recommendations_key("llm"): "zset", decisions.published_key: "hash"})
     with pytest.raises(FencedOutError):
         lock.commit(lease.token - 1, decisions.stage_published("llm", PUBLISHED))
     assert "llm" in decisions.published_entries()

@@ -639,3 +639,27 @@ def test_a_source_key_of_another_type_costs_the_sync_only_its_node(
         assert not sync.outage
     assert client.get("extender:source:gpu-b") == "by hand" and reader.store.get("gpu-b") is None
     assert warned(caplog, "extender:source:gpu-b")
+
+
+# ---- the scaler's fenced commit: all or nothing, even beside a key of another type ------------------------
+
+
+@pytest.mark.parametrize("key", [
+    # Redis applies the rest of a MULTI whose one command failed: the decision was published, the
+    # sample and the window stored, and the tick reported the workload as failed
+    pytest.param("extender:scaler:decisions:qwen3", id="the-decision-log-of-another-type"),
+    pytest.param("extender:scaler:published", id="the-published-hash-of-another-type"),
+])
+def test_a_commit_beside_a_key_of_another_type_writes_nothing(redis_server: RedisServer, client: redis.Redis,
+                                                              key: str) -> None:
+    client.set(key, "by hand")
+    rig = make_rig(redis_server.url, lambda t: 4.0)
+    before = dump_all(client)
+    report = rig.loop.tick(T0)
+    (qwen,) = [r for r in report.results if r.workload == "qwen3"]
+    assert report.leader and key in qwen.error and "nothing was written" in qwen.error
+    assert client.exists("extender:scaler:history:qwen3", "extender:scaler:recommendations:qwen3") == 0
+    assert client.type("extender:scaler:published") != "hash" or client.hget("extender:scaler:published",
+                                                                             "qwen3") is None
+    assert unchanged(client, before)
+    rig.client.close()

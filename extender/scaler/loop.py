@@ -474,6 +474,8 @@ class ScaleLoop:
             self.decisions.stage_recommendations(name, [(r.at_s, r.replicas) for r in window]),
             self.decisions.stage_published(name, published),
             action=f"recording the decision for {name}",
+            types={self.history.key(name): "zset", self.decisions.log_key(name): "list",
+                   self.decisions.recommendations_key(name): "zset", self.decisions.published_key: "hash"},
         )
         if decision.action != "hold":
             log.info("scaler: %s", decision.explain().splitlines()[0],

@@ -140,11 +140,12 @@ ROLES: tuple[Role, ...] = (
          ("scaler:*", "compile-registry", *BUMP_KEYS),
          (*NODE_KEYS, "heartbeats:seq", *CALIBRATION_KEYS),
          # LeaderLock (its scripts by EVALSHA, loaded on NOSCRIPT: TIME, HMGET, GET, HSET, INCR, DEL, and SET
-         # to carry the fence past a store that lost its data; the fenced commit: WATCH, GET, HGET),
+         # to carry the fence past a store that lost its data; the fenced commit: WATCH, GET, HGET, and
+         # the type of each key it writes by EVAL of TYPE),
          # HistoryStore, DecisionStore, InventoryStore.versions, load_all, get, add_registry; the
          # calibrated policy
          (*OPTIMISTIC, "evalsha", "script|load", "time", "hmget", "hset", "set", "del", "hget",
-          "zrangebyscore", "zrem", "zremrangebyscore", "zremrangebyrank", "lpush", "ltrim", "mget", "sadd",
+          "zrangebyscore", "zrem", "zremrangebyscore", "zremrangebyrank", "lpush", "ltrim", "mget", "sadd", "type",
           *BUMP, *CALIBRATION_READ)),
     Role("keda", "extender keda-scaler, extender scale --no-loop",
          (),

@@ -45,7 +45,7 @@ that a failover of the store may overlap two leaders for up to one tick.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +92,14 @@ if cur[1] == ARGV[1] and cur[2] == ARGV[2] then
   return 1
 end
 return 0
+"""
+
+
+#: The Redis type of each key (one round trip however many keys a commit writes).
+_TYPES = """
+local out = {}
+for i, key in ipairs(KEYS) do out[i] = redis.call('TYPE', key).ok end
+return out
 """
 
 
@@ -194,11 +202,16 @@ class LeaderLock:
             raise StateError(f"the scaler fence {self.keys.fence} holds {value!r}, not an integer")
         return number
 
-    def commit(self, token: int, *stages: Stage, action: str = "committing") -> None:
+    def commit(self, token: int, *stages: Stage, action: str = "committing",
+               types: Mapping[str, str] | None = None) -> None:
         """Apply ``stages`` in one MULTI/EXEC if and only if ``token`` is still the fence and the
         lock still names this candidate.
 
         Raises :class:`FencedOutError` (nothing applied) when another candidate took the lock.
+        ``types``: the Redis type each key the stages write must have (or be absent). Redis does not
+        roll back a MULTI whose one command fails on a key of another type (a hand edit): the others
+        land, so a key of another type is refused here first, a :class:`StateError` naming it, and
+        nothing is applied.
         """
         fence_key = self.keys.fence
         with redis_errors(action), self.client.pipeline(transaction=True) as pipe:
@@ -217,6 +230,12 @@ class LeaderLock:
                 if _text(holder) != self.holder:
                     raise FencedOutError(f"{action}: the lock is held by {_text(holder)} under token {token}, "
                                          f"not {self.holder}; another scaler leads now")
+                if types:
+                    found: Any = pipe.eval(_TYPES, len(types), *types)
+                    for (key, wanted), kind in zip(types.items(), found, strict=True):
+                        if _text(kind) not in {wanted, "none"}:
+                            raise StateError(f"{action}: {key} holds a Redis {_text(kind)}, not a {wanted}; "
+                                             "nothing was written (delete it, or repair it)")
                 pipe.multi()
                 for stage in stages:
                     stage(pipe)
