@@ -139,13 +139,19 @@ REDIS_SCHEMES = ("redis", "rediss", "unix", "redis+sentinel", "rediss+sentinel")
 
 
 def redis_url(text: str) -> str:
-    """A Redis URL: ``redis://``, ``rediss://``, ``unix://`` or ``redis[s]+sentinel://``; the rest is checked
-    when connecting (the message must never show the password, so none is repeated here)."""
+    """A Redis URL: ``redis://``, ``rediss://``, ``unix://`` or ``redis[s]+sentinel://``, of a form the store
+    can connect with (:func:`extender.state.connection.url_problem`: port, database path, query options);
+    whether a server answers there is checked when connecting. The message never repeats the URL, which
+    may hold a password."""
     scheme, sep, rest = text.partition("://")
     if not sep or scheme.lower() not in REDIS_SCHEMES or not rest:
         raise argparse.ArgumentTypeError(f"not a Redis URL (scheme {scheme.lower()!r}): expected "
                                          f"{', '.join(s + '://...' for s in REDIS_SCHEMES)}" if sep else
                                          f"not a Redis URL: expected {', '.join(s + '://...' for s in REDIS_SCHEMES)}")
+    from extender.state.connection import url_problem  # redis is imported only where a URL is given
+
+    if problem := url_problem(text):
+        raise argparse.ArgumentTypeError(f"not a usable Redis URL: {problem}")
     return text
 
 

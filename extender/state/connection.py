@@ -24,6 +24,8 @@ would wait the whole timeout again (a hung Redis was reported after four timeout
 
 from __future__ import annotations
 
+import math
+import re
 from pathlib import Path
 from typing import TypeAlias
 from urllib.parse import urlsplit, urlunsplit
@@ -71,9 +73,12 @@ def connect(url: str | None, data_dir: str | Path, *, timeout_s: float = DEFAULT
         client = sentinel.client(sentinel.parse(url), options)
     elif url:
         try:
-            client = redis.Redis.from_url(url, **options)
+            client = redis.Redis.from_url(_lower_scheme(url), **options)
         except ValueError as exc:  # unknown scheme, bad port or db number
             raise StateError(f"invalid Redis URL {redact(url)}: {exc}") from exc
+        if problem := url_problem(url):  # what from_url lets through (an unknown option, a path that is a name)
+            client.close()
+            raise StateError(f"invalid Redis URL {redact(url)}: {problem}")
     else:
         socket_path = embedded.ensure_running(data_dir)
         client = redis.Redis(unix_socket_path=str(socket_path), **options)  # type: ignore[arg-type]
@@ -82,6 +87,67 @@ def connect(url: str | None, data_dir: str | Path, *, timeout_s: float = DEFAULT
     with redis_errors(f"connecting to {where}"):
         client.ping()
     return client
+
+
+#: Query options in seconds that reach ``socket.settimeout`` (which takes neither NaN nor a negative number).
+_SECONDS_OPTIONS = ("socket_timeout", "socket_connect_timeout")
+#: What redis-py says of a keyword its connections do not take (an unknown query option).
+_UNKNOWN_KEYWORD = re.compile(r"unexpected keyword argument '([^']+)'")
+
+
+def _lower_scheme(url: str) -> str:
+    """``url`` with its scheme in lower case (schemes are case-insensitive; redis-py takes only ``redis://``)."""
+    scheme, sep, rest = url.partition("://")
+    return f"{scheme.lower()}{sep}{rest}"
+
+
+def url_problem(url: str) -> str | None:
+    """What is wrong with the form of a Redis URL, or ``None``: checked without connecting, and said
+    without repeating the URL (it may hold a password).
+
+    redis-py's own parsing lets through what then fails deep in a connection attempt (an unknown query
+    option, a typo such as ``socket_timout``, is a ``TypeError`` there; ``socket_timeout=-1`` a
+    ``ValueError`` from ``settimeout``) or quietly means something else: a path that is not a whole
+    number selects database 0 (``/prod``), and every ``/`` of the path is dropped (``/1/2`` is
+    database 12). Here the path of a ``redis://`` or ``rediss://`` URL is empty or one database number,
+    every query option is one redis-py's connections take, and a timeout is a finite number >= 0.
+    A ``redis[s]+sentinel://`` URL is checked by :func:`extender.state.sentinel.parse`.
+    """
+    scheme = url.partition("://")[0].lower()
+    if sentinel.is_sentinel_url(url):
+        try:
+            sentinel.parse(url)
+        except StateError as exc:
+            return str(exc)
+        return None
+    url = _lower_scheme(url)
+    try:
+        pool = redis.ConnectionPool.from_url(url)
+    except (ValueError, redis.RedisError) as exc:  # scheme, port, a query value of the wrong type
+        return str(exc)
+    kwargs = pool.connection_kwargs
+    try:
+        pool.connection_class(**kwargs)  # takes its keywords, connects nowhere
+    except TypeError as exc:
+        unknown = _UNKNOWN_KEYWORD.search(str(exc))
+        return f"unknown option {unknown.group(1)!r} in the query" if unknown else f"an option is refused: {exc}"
+    except (ValueError, redis.RedisError) as exc:  # protocol=9, ssl_cert_reqs=bogus
+        return str(exc)
+    finally:
+        pool.disconnect()
+    for name in _SECONDS_OPTIONS:
+        seconds = kwargs.get(name)
+        if isinstance(seconds, float) and not (math.isfinite(seconds) and seconds >= 0):
+            return f"option {name} must be a finite number of seconds >= 0, got {seconds}"
+    if scheme in ("redis", "rediss"):
+        parts = urlsplit(url)
+        database = parts.path.removeprefix("/")
+        if database and not (database.isascii() and database.isdigit()):
+            return (f"the path {parts.path!r} is not a database number ({scheme}://HOST:PORT/DB, DB a whole number; "
+                    "redis-py would use database 0 or another one)")
+        if parts.port == 0:
+            return "port 0 is no port (redis-py would use 6379)"
+    return None
 
 
 def describe(client: redis.Redis) -> str:

@@ -21,6 +21,7 @@ retry policy (connection.py) covers the reconnect.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -89,6 +90,8 @@ def parse(url: str) -> SentinelUrl:
                 options[name] = float(value)
             except ValueError:
                 raise StateError(f"Sentinel URL option {name} must be a number of seconds, got {value!r}") from None
+            if not (math.isfinite(options[name]) and options[name] >= 0):  # socket.settimeout's ValueError
+                raise StateError(f"Sentinel URL option {name} must be a finite number of seconds >= 0, got {value!r}")
         elif name in _TEXT_OPTIONS:
             options[name] = value
         else:

@@ -1,0 +1,158 @@
+"""Bad input on the command line, each a usage error or a located one-line refusal that changes nothing.
+
+Found by feeding every subcommand a platform engineer's mistakes (docs/cli.md's invariants: exit 2 for
+a malformed flag or variable, one line on stderr naming it, no traceback, no password repeated, nothing
+written). Each row is the smallest input that showed a defect; the fuzz tests hold the invariants over
+generated inputs. Redis is real (tests/conftest.py); every command runs in-process (``cli.main``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import redis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from extender import cli
+from extender.arguments import redis_url
+from extender.core.errors import StateError, StoreUnavailableError
+from extender.state.connection import connect, url_problem
+from tests.conftest import RedisServer
+
+#: A password no message may repeat.
+SECRET = "s3cr3t-pw"
+
+INVENTORY = """\
+apiVersion: extender.io/v1alpha1
+kind: Inventory
+nodes:
+  - {name: gpu-a, gpus: 8}
+"""
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server whose user ``cli`` has the password :data:`SECRET`, shared by this module's tests."""
+    directory = tmp_path_factory.mktemp("redis")
+    users = directory / "users.acl"
+    users.write_text(f"user default on nopass ~* &* +@all\nuser cli on >{SECRET} ~* &* +@all\n")
+    server = RedisServer(directory, args=("--aclfile", str(users)))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _written(server: RedisServer) -> list[int]:
+    """The databases of ``server`` that hold a key."""
+    client = redis.Redis(port=server.port)
+    try:
+        return [db for db in range(16) if client.execute_command("SELECT", db) and client.dbsize()]  # type: ignore[no-untyped-call]
+    finally:
+        client.close()
+
+
+class BadUrl(NamedTuple):
+    id: str
+    url: str  # formatted as PLAIN
+    words: str
+
+
+#: A Redis URL's start, to be formatted: {auth} cli:SECRET@, {port} a real server's.
+PLAIN = "redis://{auth}127.0.0.1:{port}"
+
+#: Redis URLs whose form the store cannot use as meant: each refused before anything connects.
+BAD_URLS = [
+    # redis-py read a path that is no number as database 0: `inventory load` wrote the nodes there, exit 0
+    BadUrl("a database path that is a name", PLAIN + "/prod", "the path '/prod' is not a database number"),
+    # every '/' of the path was dropped: /1/2 selected database 12
+    BadUrl("a database path of two numbers", PLAIN + "/1/2", "the path '/1/2' is not a database number"),
+    # TypeError traceback from deep in the first connection attempt
+    BadUrl("an unknown query option", PLAIN + "/0?socket_timout=2", "unknown option 'socket_timout' in the query"),
+    # ValueError traceback from socket.settimeout
+    BadUrl("a negative timeout", PLAIN + "/0?socket_timeout=-1", "option socket_timeout must be a finite number"),
+    BadUrl("a timeout that is not a number", PLAIN + "/0?socket_connect_timeout=nan",
+           "option socket_connect_timeout must be a finite number"),
+    BadUrl("a negative timeout of a Sentinel URL", "redis+sentinel://{auth}127.0.0.1:{port}/m?socket_timeout=-1",
+           "Sentinel URL option socket_timeout must be a finite number of seconds >= 0"),
+]
+
+
+def _url(server_port: int, case: BadUrl) -> str:
+    return case.url.format(auth=f"cli:{SECRET}@", port=server_port)
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in BAD_URLS])
+def test_a_redis_url_the_store_cannot_use_is_refused_before_it_connects(
+        case: BadUrl, tmp_path: Path, guarded: RedisServer, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As a flag and as $REDIS_URL: exit 2, one line naming where and what, no password, nothing written."""
+    url = _url(guarded.port, case)
+    doc = tmp_path / "inventory.yaml"
+    doc.write_text(INVENTORY)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["inventory", "load", str(doc), "--redis-url", url])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --redis-url: not a usable Redis URL" in err and case.words in err and SECRET not in err
+    monkeypatch.setenv("REDIS_URL", url)
+    assert cli.main(["inventory", "load", str(doc)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("extender inventory: $REDIS_URL (used as --redis-url is not given)"), err
+    assert case.words in err and SECRET not in err and len(err.splitlines()) == 1
+    # connect() itself refuses it too, for the long-running commands' settings
+    with pytest.raises(StateError) as refused:
+        connect(url, tmp_path / "redis")
+    assert case.words in str(refused.value) and SECRET not in str(refused.value)
+    assert _written(guarded) == []
+
+
+# ---- fuzz: every Redis URL either means what it says or is refused ------------------------------
+
+FUZZ = settings(max_examples=60, deadline=None, derandomize=True,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+#: Path and query pieces of the mistakes people make, and of the right spellings.
+PATHS = st.sampled_from(["", "/", "/0", "/3", "/15", "/x", "/0/", "/1/2", "/3x", "/-1", "/ 3", "/%31", "/٣"])
+QUERIES = st.lists(st.sampled_from([
+    "socket_timeout=2", "socket_timeout=-1", "socket_timeout=nan", "socket_timeout=inf", "socket_timeout=x",
+    "socket_connect_timeout=0.5", "socket_timout=2", "db=x", "foo=bar", "protocol=2", "protocol=9",
+    "max_connections=4", "health_check_interval=x", "client_name=cli",
+]), max_size=3)
+
+
+@FUZZ
+@given(path=PATHS, query=QUERIES, uppercase=st.booleans())
+def test_a_redis_url_is_refused_or_connects_to_the_database_it_names(
+        guarded: RedisServer, tmp_path_factory: pytest.TempPathFactory, path: str, query: list[str],
+        uppercase: bool) -> None:
+    """Invariant: the argparse type and connect() agree; a refusal never repeats the password and is
+    our error; an accepted URL connects to the database its path names (0 when it names none)."""
+    scheme = "REDIS" if uppercase else "redis"
+    url = f"{scheme}://cli:{SECRET}@127.0.0.1:{guarded.port}{path}" + (f"?{'&'.join(query)}" if query else "")
+    problem = url_problem(url)
+    try:
+        redis_url(url)
+    except argparse.ArgumentTypeError as exc:
+        assert problem is not None and problem in str(exc) and SECRET not in str(exc)
+    else:
+        assert problem is None
+    data_dir = tmp_path_factory.mktemp("unused")
+    try:
+        client = connect(url, data_dir)
+    except (StateError, StoreUnavailableError) as exc:  # never a TypeError or ValueError from redis-py
+        assert SECRET not in str(exc)
+        assert problem is not None, exc
+        return
+    try:
+        named = path.strip("/")
+        assert client.connection_pool.connection_kwargs.get("db", 0) == (int(named) if named else 0)
+    finally:
+        client.close()
+    assert problem is None
