@@ -95,6 +95,8 @@ def test_serving_checks_its_store_before_starting(tmp_path: Path, capsys: pytest
     pytest.param([], "", id="text"),
     pytest.param(["--json"], "null", id="json"),  # it printed null, exit 1, and nothing on stderr
     pytest.param(["--json", "--last", "3"], "[]", id="json-last-3"),
+    # past a 64-bit index: "extender: reading the decisions of ...: value is not an integer or out of range"
+    pytest.param(["--json", "--last", "99999999999999999999"], "[]", id="json-last-past-any-index"),
 ])
 def test_explain_without_a_decision_says_so_in_every_format(flags: list[str], out: str, redis_server: RedisServer,
                                                             capsys: pytest.CaptureFixture[str]) -> None:

@@ -53,6 +53,8 @@ MAX_WINDOW = 2**63 - 1
 #: What JSON calls the values :func:`json.loads` returns, for messages.
 _JSON_TYPES: Mapping[type, str] = {list: "array", str: "string", int: "number", float: "number", bool: "boolean",
                                    type(None): "null"}
+#: The largest index a Redis list command takes.
+_LAST_INDEX = 2**63 - 1
 
 
 class _PublishedJson(BaseModel):
@@ -173,7 +175,8 @@ class DecisionStore:
     # ---- reads ---------------------------------------------------------------------------------
 
     def records(self, workload: str, count: int = 1) -> list[dict[str, Any]]:
-        """The newest ``count`` decision records of ``workload``, newest first.
+        """The newest ``count`` decision records of ``workload``, newest first (every one when ``count``
+        is past what LRANGE takes: Redis refuses a stop beyond a signed 64-bit number).
 
         An entry that is not a JSON object (cut short, edited by hand) is skipped with a warning
         naming the key and its place in the log (0 is the newest), and left where it is; the others
@@ -182,7 +185,7 @@ class DecisionStore:
         """
         key = self.log_key(workload)
         with redis_errors(f"reading the decisions of {workload!r} in {key!r}"):
-            raw: Any = self.client.lrange(key, 0, max(0, count - 1))
+            raw: Any = self.client.lrange(key, 0, max(0, count - 1) if count <= _LAST_INDEX else -1)
         out: list[dict[str, Any]] = []
         skipped: list[tuple[int, str]] = []
         for index, item in enumerate(raw):
