@@ -327,6 +327,12 @@ BAD_FLAGS = [
             "--load-scale: 'inf' must be a finite number > 0"),
     BadFlag("a time scale of zero", ["simulate", "s.yaml", "--time-scale", "0"],
             "--time-scale: '0' must be a finite number > 0"),
+    # past the trace field's bounds: exit 1 once the scenario was read, blaming "--trace r.csv: loadScale"
+    BadFlag("a load scale past the field's bound", ["simulate", "s.yaml", "--trace", "r.csv", "--load-scale", "1e308"],
+            "--load-scale: loadScale: 1e+308 is out of range"),
+    BadFlag("a time scale below the field's bound",
+            ["simulate", "s.yaml", "--trace", "r.csv", "--time-scale", "1e-300"],
+            "--time-scale: timeScale: must be >= 1e-09"),
 ]
 
 

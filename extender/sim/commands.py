@@ -26,7 +26,7 @@ import argparse
 import dataclasses
 import logging
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,9 +67,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--time-column", metavar="NAME", help="the time column of every --trace file")
     p.add_argument("--rate-column", metavar="NAME",
                    help="the rate column (requests/s) of every --trace file; makes it a rate trace")
-    p.add_argument("--load-scale", type=finite_number(0, above=True), metavar="X",
+    p.add_argument("--load-scale", type=trace_option("loadScale"), metavar="X",
                    help="multiply the load of every --trace file")
-    p.add_argument("--time-scale", type=finite_number(0, above=True), metavar="X",
+    p.add_argument("--time-scale", type=trace_option("timeScale"), metavar="X",
                    help="stretch the clock of every --trace file (0.001: timestamps in milliseconds)")
     p.add_argument("--strategies", type=strategy_names, metavar="A,B,...",
                    help=f"comma-separated subset of {','.join(STRATEGIES)} (default: the scenario's)")
@@ -151,6 +151,23 @@ def trace_text(text: str) -> str:
     except ValidationError as exc:
         raise argparse.ArgumentTypeError(f"{text}: {_field_problems(exc)}") from None
     return text
+
+
+def trace_option(field: str) -> Callable[[str], float]:
+    """An argparse type for the option that sets ``field`` of every ``--trace`` file (``--load-scale``,
+    ``--time-scale``): a finite number > 0 within the field's own bounds, refused as a usage error
+    before anything runs (a value past them was refused only once the scenario was read, exit 1,
+    as a problem of the ``--trace`` file rather than of the flag)."""
+    number = finite_number(0, above=True)
+
+    def parse(text: str) -> float:
+        value = number(text)
+        try:
+            TraceSpec.model_validate({field: value, "path": "-"})
+        except ValidationError as exc:
+            raise argparse.ArgumentTypeError(_field_problems(exc)) from None
+        return value
+    return parse
 
 
 def _split_trace(text: str, names: list[str]) -> tuple[str, str, dict[str, str]]:
