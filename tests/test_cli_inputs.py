@@ -9,9 +9,12 @@ generated inputs. Redis is real (tests/conftest.py); every command runs in-proce
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import pytest
 import redis
@@ -23,6 +26,12 @@ from extender.arguments import redis_url
 from extender.core.errors import StateError, StoreUnavailableError
 from extender.state.connection import connect, url_problem
 from tests.conftest import RedisServer
+
+if TYPE_CHECKING:
+    from tests.kube_double import KubeDouble
+
+#: Bound on a command that must not hang (generous: CI machines stall); never asserted on.
+HANG_BOUND_S = 60.0
 
 #: A password no message may repeat.
 SECRET = "s3cr3t-pw"
@@ -156,3 +165,71 @@ def test_a_redis_url_is_refused_or_connects_to_the_database_it_names(
     finally:
         client.close()
     assert problem is None
+
+
+# ---- $KUBECONFIG: read as kubectl reads it, a file that cannot be one named ------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+FLEET = str(ROOT / "policies" / "g5-pcie-fleet.yaml")
+
+
+class EnvKubeconfig(NamedTuple):
+    id: str
+    value: str  # {tmp}: the test's directory
+    words: str
+
+
+#: ``$KUBECONFIG`` set to what holds no kubeconfig: exit 1, one line naming the file and the variable.
+BAD_ENV_KUBECONFIGS = [
+    # "invalid Kubernetes client configuration: Invalid kube-config file. No configuration found."
+    EnvKubeconfig("a file that does not exist", "{tmp}/nowhere",
+                  "$KUBECONFIG names no file that exists ({tmp}/nowhere)"),
+    # "connection error: [Errno 21] Is a directory"
+    EnvKubeconfig("a directory", "{tmp}", "kubeconfig {tmp} ($KUBECONFIG): cannot read: not a regular file"),
+    EnvKubeconfig("a device", "/dev/null", "kubeconfig /dev/null ($KUBECONFIG): cannot read: not a regular file"),
+    EnvKubeconfig("only separators", ":", "$KUBECONFIG names no file that exists"),
+]
+
+
+@pytest.mark.parametrize("case", [pytest.param(c, id=c.id) for c in BAD_ENV_KUBECONFIGS])
+def test_a_kubeconfig_variable_that_names_no_kubeconfig_is_one_line(
+        case: EnvKubeconfig, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KUBECONFIG", case.value.format(tmp=tmp_path))
+    assert cli.main(["warm", "status", "--policy", FLEET]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("extender: loading the Kubernetes client configuration: ") and len(err.splitlines()) == 1
+    assert case.words.format(tmp=tmp_path) in err, err
+
+
+def test_an_empty_kubeconfig_variable_means_the_default_file(
+        tmp_path: Path, double: KubeDouble, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """KUBECONFIG="" is unset to kubectl: ~/.kube/config is read (the client read no file and said
+    "No configuration found")."""
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KUBECONFIG", "")
+    (tmp_path / ".kube").mkdir()
+    double.write_kubeconfig(tmp_path / ".kube" / "config")
+    assert cli.main(["warm", "status", "--namespace", "extender-warm"]) == 0, capsys.readouterr().err
+    assert "no warm jobs in namespace extender-warm" in capsys.readouterr().out
+
+
+def test_a_kubeconfig_variable_naming_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A real process: the client opened the FIFO and waited for a writer for ever."""
+    fifo = tmp_path / "kubeconfig"
+    os.mkfifo(fifo)
+    env = {**os.environ, "KUBECONFIG": str(fifo), "HOME": str(tmp_path)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    start = "import sys; from extender.cli import main; sys.exit(main(sys.argv[1:]))"
+    try:
+        proc = subprocess.run([sys.executable, "-c", start, "warm", "status"], cwd=ROOT, env=env, text=True,
+                              capture_output=True, timeout=HANG_BOUND_S, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"extender warm status waited on the FIFO {fifo} named by $KUBECONFIG")
+    assert proc.returncode == 1
+    assert proc.stderr == (f"extender: loading the Kubernetes client configuration: kubeconfig {fifo} ($KUBECONFIG): "
+                           "cannot read: not a regular file (a FIFO, device, socket or directory)\n")

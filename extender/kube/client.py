@@ -206,6 +206,8 @@ def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any
             open_regular(kubeconfig).close()
         except OSError as exc:
             raise KubeError(f"{action}: kubeconfig {kubeconfig}: cannot read: {exc.strerror or exc}") from None
+    elif not in_cluster:
+        kubeconfig = default_kubeconfig(os.environ, action)
     with kube_errors(action):
         if in_cluster:
             k8s_config.load_incluster_config(client_configuration=configuration)
@@ -221,6 +223,30 @@ def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any
                                 f"and contexts){why}") from None
     configuration.retries = _Retry(total=3, raise_on_status=False)
     return k8s.ApiClient(configuration=configuration)
+
+
+def default_kubeconfig(environ: Mapping[str, str], action: str) -> str:
+    """The kubeconfig files to read without ``--kubeconfig``, as kubectl finds them: those of
+    ``$KUBECONFIG`` (a list joined by ``:``) that exist, else ``~/.kube/config`` when the variable is
+    unset or empty; each checked to be a regular file. The client's own lookup read the variable once,
+    when it was imported, took an empty one as no file at all (where kubectl reads ~/.kube/config),
+    said "No configuration found" without naming the file it looked for, and waited for ever on a FIFO.
+    """
+    listed = environ.get("KUBECONFIG", "").strip()
+    where = "$KUBECONFIG" if listed else "the default kubeconfig"
+    paths = [os.path.expanduser(p) for p in listed.split(os.pathsep) if p] if listed \
+        else [os.path.expanduser("~/.kube/config")]
+    found = [p for p in paths if os.path.lexists(p)]
+    if not found:
+        what = f"$KUBECONFIG names no file that exists ({', '.join(paths) or repr(listed)})" if listed else \
+            f"no kubeconfig: {paths[0]} does not exist and $KUBECONFIG is not set"
+        raise KubeError(f"{action}: {what}; give --kubeconfig, or run in a pod with a service account")
+    for path in found:
+        try:
+            open_regular(path).close()
+        except OSError as exc:
+            raise KubeError(f"{action}: kubeconfig {path} ({where}): cannot read: {exc.strerror or exc}") from None
+    return os.pathsep.join(found)
 
 
 class KubeClient:
