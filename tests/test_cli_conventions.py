@@ -464,6 +464,12 @@ def _file(text: str) -> Callable[[Path], Path]:
     return make
 
 
+def _bytes(tmp: Path, data: bytes) -> Path:
+    path = tmp / "kubeconfig"
+    path.write_bytes(data)
+    return path
+
+
 BAD_KUBECONFIGS = [
     BadKubeconfig("missing", lambda tmp: tmp / "nowhere", "cannot read: No such file or directory"),
     BadKubeconfig("a directory", lambda tmp: tmp, "cannot read: not a regular file"),
@@ -471,6 +477,8 @@ BAD_KUBECONFIGS = [
     BadKubeconfig("a list", _file("- 1\n- 2\n"), "is not a kubeconfig (a YAML mapping"),
     BadKubeconfig("clusters of the wrong type", _file("clusters: 5\n"), "is not a kubeconfig (a YAML mapping"),
     BadKubeconfig("broken YAML", _file("clusters: [\n"), "is not a kubeconfig (a YAML mapping"),
+    # a UnicodeDecodeError traceback from the YAML reader
+    BadKubeconfig("bytes that are not UTF-8", lambda tmp: _bytes(tmp, b"\xff\xfe\x00"), "not UTF-8 text"),
 ]
 
 #: Commands that talk to Kubernetes and fail on their kubeconfig before anything else.

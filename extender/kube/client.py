@@ -215,10 +215,14 @@ def api_client(kubeconfig: str | None = None, context: str | None = None) -> Any
             try:
                 k8s_config.load_kube_config(config_file=kubeconfig, context=context,
                                             client_configuration=configuration, persist_config=False)
-            except (yaml.YAMLError, TypeError, AttributeError, KeyError) as exc:
-                # the client reads any YAML as a kubeconfig and trips on what is not one
+            except (yaml.YAMLError, UnicodeDecodeError, TypeError, AttributeError, KeyError) as exc:
+                # the client reads any YAML as a kubeconfig and trips on what is not one (or not text)
                 where = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
-                why = f": {' '.join(str(exc).split())}" if isinstance(exc, yaml.YAMLError) else ""
+                why = ""
+                if isinstance(exc, yaml.YAMLError):
+                    why = f": {' '.join(str(exc).split())}"
+                elif isinstance(exc, UnicodeDecodeError):
+                    why = f": not UTF-8 text ({exc.reason} at byte {exc.start})"
                 raise KubeError(f"{action}: {where} is not a kubeconfig (a YAML mapping with clusters, users "
                                 f"and contexts){why}") from None
     configuration.retries = _Retry(total=3, raise_on_status=False)
