@@ -19,6 +19,7 @@ import math
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from extender.core.errors import InvalidValueError, UnitError
@@ -108,6 +109,21 @@ def duration_or_zero_up_to(maximum: float) -> Callable[[str], float]:
             raise argparse.ArgumentTypeError(f"{text!r} must be at most {format_duration(maximum)}")
         return value
     return parse
+
+
+def file_name(text: str) -> str:
+    """A file's name, not blank: ``--tls-client-ca "$CA"`` with ``$CA`` unset gave the empty name, which
+    read as the flag left out (no client certificates asked for, TLS off), not as a mistake."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} names no file")
+    return text
+
+
+def directory(text: str) -> Path:
+    """A directory's path, not blank (``Path("")`` is ``.``: a blank ``--root`` worked in the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} names no directory")
+    return Path(text)
 
 
 def comma_list(text: str) -> list[str]:
@@ -250,12 +266,12 @@ def add_kube_options(parser: argparse.ArgumentParser, *, what: str = "") -> None
 
 def add_tls_options(group: Any, *, client_ca_help: str, client_ca_old: Sequence[str] = ()) -> None:
     """The ``--tls-*`` family of a serving command: ``--tls-cert``, ``--tls-key``, ``--tls-client-ca``."""
-    group.add_argument("--tls-cert", metavar="FILE", help="serving certificate (PEM); needs --tls-key")
-    group.add_argument("--tls-key", metavar="FILE", help="private key of --tls-cert (PEM)")
+    group.add_argument("--tls-cert", type=file_name, metavar="FILE", help="serving certificate (PEM); needs --tls-key")
+    group.add_argument("--tls-key", type=file_name, metavar="FILE", help="private key of --tls-cert (PEM)")
     if client_ca_old:
-        add_renamed(group, "--tls-client-ca", *client_ca_old, metavar="FILE", text=client_ca_help)
+        add_renamed(group, "--tls-client-ca", *client_ca_old, type=file_name, metavar="FILE", text=client_ca_help)
     else:
-        group.add_argument("--tls-client-ca", metavar="FILE", help=client_ca_help)
+        group.add_argument("--tls-client-ca", type=file_name, metavar="FILE", help=client_ca_help)
 
 
 def tls_problem(args: argparse.Namespace) -> str | None:

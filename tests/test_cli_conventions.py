@@ -330,6 +330,16 @@ BAD_FLAGS = [
     # past the trace field's bounds: exit 1 once the scenario was read, blaming "--trace r.csv: loadScale"
     BadFlag("a load scale past the field's bound", ["simulate", "s.yaml", "--trace", "r.csv", "--load-scale", "1e308"],
             "--load-scale: loadScale: 1e+308 is out of range"),
+    # a blank file name ("$CA" unset) read as the flag left out: serve without client certificates, or no TLS
+    BadFlag("a blank client CA", ["serve", "--policy", "p", "--tls-cert", "c", "--tls-key", "k", "--tls-client-ca", ""],
+            "--tls-client-ca: '' names no file"),
+    BadFlag("a blank certificate", ["keda-scaler", "--policy", "p", "--tls-cert", " ", "--tls-key", "k"],
+            "--tls-cert: ' ' names no file"),
+    BadFlag("a blank front-proxy CA", ["scale", "--tls-front-proxy-ca", ""], "--requestheader-client-ca-file: '' names no file"),
+    # Path("") is ".": the agent scanned, and the warm step wrote into, the current directory
+    BadFlag("a blank cache root", ["agent", "--cache-root", ""], "--cache-root: '' names no directory"),
+    BadFlag("a blank warm root", ["warm", "prepare", "--root", "", "--cache", "weights:w/v"],
+            "--root: '' names no directory"),
     BadFlag("a time scale below the field's bound",
             ["simulate", "s.yaml", "--trace", "r.csv", "--time-scale", "1e-300"],
             "--time-scale: timeScale: must be >= 1e-09"),

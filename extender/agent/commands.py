@@ -36,6 +36,7 @@ from extender.arguments import (
     add_kube_options,
     add_metrics_bind_option,
     add_store_options,
+    directory,
     duration,
     flag_problem,
     inventory_from_args,
@@ -53,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     """Add ``agent`` to the ``extender`` command line."""
     p = subparsers.add_parser("agent", help="node agent: scan the node's cache root, report it to the inventory")
     p.add_argument("--node-name", default=None, metavar="NAME", help="this node's name (default: $NODE_NAME)")
-    p.add_argument("--cache-root", required=True, type=Path, metavar="DIR", help="the node's cache root")
+    p.add_argument("--cache-root", required=True, type=directory, metavar="DIR", help="the node's cache root")
     p.add_argument("--interval", type=duration, default=15.0, metavar="DURATION",
                    help="time between scans (default: 15s)")
     p.add_argument("--ttl", type=duration, default=DEFAULT_TTL_S, metavar="DURATION",
@@ -61,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
                    f"(default: {format_duration(DEFAULT_TTL_S)})")
     p.add_argument("--policy", type=Path, metavar="FILE",
                    help="policy mapping hub repositories to profiles (hf:// weights sources); reloaded on change")
-    p.add_argument("--hub-cache", dest="hub_caches", action="append", type=Path, default=[], metavar="DIR",
+    p.add_argument("--hub-cache", dest="hub_caches", action="append", type=directory, default=[], metavar="DIR",
                    help="a Hugging Face hub cache (HF_HUB_CACHE) on the node to scan too; repeatable")
     p.add_argument("--label-nodes", action="store_true",
                    help="also label the Node extender.io/<workload>.weights=ready (needs get/patch on nodes)")

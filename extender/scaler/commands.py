@@ -50,6 +50,7 @@ from extender.arguments import (
     bind_address,
     data_dir_from_args,
     duration,
+    file_name,
     flag_problem,
     image_reference,
     positive_int,
@@ -107,7 +108,7 @@ def register(subparsers: Any) -> None:
                      help="bound on each TLS handshake, and on reading each request's headers and body (default: 5s)")
     add_tls_options(api, client_ca_old=("--client-ca-file",),
                     client_ca_help="CA of client certificates accepted directly (default: from the ConfigMap)")
-    add_renamed(api, "--tls-front-proxy-ca", "--requestheader-client-ca-file", metavar="FILE",
+    add_renamed(api, "--tls-front-proxy-ca", "--requestheader-client-ca-file", type=file_name, metavar="FILE",
                 text="CA of the front proxy's (the aggregator's) client certificate (default: from the ConfigMap)")
     add_renamed(api, "--front-proxy-allowed-names", "--requestheader-allowed-names", metavar="a,b",
                 text="common names the front proxy's certificate may carry (empty: any; default: from the ConfigMap)")

@@ -23,7 +23,6 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from extender.arguments import (
@@ -31,6 +30,7 @@ from extender.arguments import (
     add_kube_options,
     add_store_options,
     connect_from_args,
+    directory,
     duration,
     finite_number,
     inventory_from_args,
@@ -83,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
 
     ids = ", ".join(f"{k.kind}:{'/'.join(p.upper() for p in k.parts)}" for k in NVME_KINDS)
     pre = sub.add_parser("prepare", help="(inside a warm Job) evict, then create or resume the staging directory")
-    pre.add_argument("--root", required=True, type=Path, metavar="DIR", help="the node's cache root")
+    pre.add_argument("--root", required=True, type=directory, metavar="DIR", help="the node's cache root")
     pre.add_argument("--cache", required=True, metavar="ID",
                      help=f"the cache entry to prepare ({ids})")
     pre.add_argument("--evict", action="append", default=[], metavar="ID",
@@ -97,7 +97,7 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
     pre.set_defaults(handler=run_prepare)
 
     fin = sub.add_parser("finish", help="(inside a warm Job) seal the staging directory and move it into place")
-    fin.add_argument("--root", required=True, type=Path, metavar="DIR", help="the node's cache root")
+    fin.add_argument("--root", required=True, type=directory, metavar="DIR", help="the node's cache root")
     fin.add_argument("--cache", required=True, metavar="ID", help="the cache whose staging directory to seal")
     fin.add_argument("--source", default="", metavar="URI", help="recorded in the weights manifest")
     fin.set_defaults(handler=run_finish)
