@@ -335,7 +335,8 @@ BAD_FLAGS = [
             "--tls-client-ca: '' names no file"),
     BadFlag("a blank certificate", ["keda-scaler", "--policy", "p", "--tls-cert", " ", "--tls-key", "k"],
             "--tls-cert: ' ' names no file"),
-    BadFlag("a blank front-proxy CA", ["scale", "--tls-front-proxy-ca", ""], "--requestheader-client-ca-file: '' names no file"),
+    BadFlag("a blank front-proxy CA", ["scale", "--tls-front-proxy-ca", ""],
+            "--requestheader-client-ca-file: '' names no file"),
     # Path("") is ".": the agent scanned, and the warm step wrote into, the current directory
     BadFlag("a blank cache root", ["agent", "--cache-root", ""], "--cache-root: '' names no directory"),
     BadFlag("a blank warm root", ["warm", "prepare", "--root", "", "--cache", "weights:w/v"],

@@ -233,3 +233,24 @@ def test_a_kubeconfig_variable_naming_a_fifo_is_refused_not_waited_on(tmp_path: 
     assert proc.returncode == 1
     assert proc.stderr == (f"extender: loading the Kubernetes client configuration: kubeconfig {fifo} ($KUBECONFIG): "
                            "cannot read: not a regular file (a FIFO, device, socket or directory)\n")
+
+
+# ---- a CA file that holds no certificate ------------------------------------------------------------
+
+QWEN = str(ROOT / "policies" / "eks-p5-qwen3-moe.yaml")
+
+
+@pytest.mark.parametrize("flag", [pytest.param("--tls-front-proxy-ca", id="front-proxy-ca"),
+                                  pytest.param("--tls-client-ca", id="client-ca")])
+def test_a_ca_file_without_a_certificate_is_one_line_naming_the_flag(
+        flag: str, tmp_path: Path, redis_server: RedisServer, capsys: pytest.CaptureFixture[str]) -> None:
+    """It was an ssl.SSLError traceback from the scaler's preflight (and from every worker's boot)."""
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not a certificate\n")
+    argv = ["scale", "--policy", QWEN, "--no-loop", "--bind", "127.0.0.1:1", "--tls-cert", str(tmp_path / "c.pem"),
+            "--tls-key", str(tmp_path / "k.pem"), flag, str(ca), "--no-auth-configmap", "--no-delegated-auth",
+            "--redis-url", redis_server.url]
+    assert cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"extender scale: not starting: the CA of {flag} ") and "no PEM certificate" in err, err
+    assert len(err.splitlines()) == 1

@@ -41,7 +41,7 @@ from prometheus_client import CollectorRegistry
 
 from extender.api.external_metrics.app import ExternalMetricsApi, create_app
 from extender.api.external_metrics.auth import Access, AuthConfig, Authenticator, User, ca_subjects
-from extender.core.errors import ExtenderError
+from extender.core.errors import ExtenderError, InvalidValueError
 from extender.core.policy import Policy
 from extender.files import PolicyFile
 from extender.kube.client import KubeClient
@@ -81,15 +81,26 @@ class AuthSettings:
     delegated: bool = True
 
     def config(self) -> AuthConfig:
+        """The checked configuration; :class:`InvalidValueError` naming the CA whose PEM holds no
+        certificate (``ssl.SSLError`` was a traceback from the preflight and from every worker)."""
         return AuthConfig(
             insecure=self.insecure,
-            requestheader_cas=ca_subjects(self.requestheader_ca_pem),
+            requestheader_cas=_subjects(self.requestheader_ca_pem,
+                                        "--tls-front-proxy-ca (else the ConfigMap's requestheader-client-ca-file)"),
             allowed_names=self.allowed_names,
             username_headers=self.username_headers,
             group_headers=self.group_headers,
             extra_prefixes=self.extra_prefixes,
-            client_cas=ca_subjects(self.client_ca_pem),
+            client_cas=_subjects(self.client_ca_pem, "--tls-client-ca (else the ConfigMap's client-ca-file)"),
         )
+
+
+def _subjects(pem: str, what: str) -> frozenset[Any]:
+    """:func:`ca_subjects` of ``pem``, a PEM that is none refused naming ``what`` it came from."""
+    try:
+        return ca_subjects(pem)
+    except ssl.SSLError as exc:
+        raise InvalidValueError(f"the CA of {what} is no PEM certificate bundle: {exc.reason or exc}") from None
 
 
 @dataclass(frozen=True)
