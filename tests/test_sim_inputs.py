@@ -269,6 +269,9 @@ UNREADABLE = [
     Unreadable("a directory", lambda tmp_path: tmp_path, None, "not a regular file"),
     # readline() without a limit read /dev/zero until memory ran out
     Unreadable("a device", lambda tmp_path: Path("/dev/zero"), None, "not a regular file"),
+    # a regular file whose read fails once open (as on a failing disk): an OSError traceback from `simulate`
+    Unreadable("a file whose read fails", lambda tmp_path: Path("/proc/self/mem"), None,
+               "cannot read: Input/output error"),
     Unreadable("a header without a line end", _written(b"t" * (2 << 20)), 1, "does not end within 1048576 bytes"),
     Unreadable("a row without a line end", _written(b"timestamp\n1\n2\n" + b"3" * (3 << 20)), 4,
                "does not end within 1048576 bytes"),

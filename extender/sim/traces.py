@@ -456,55 +456,58 @@ def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
         f = open_regular(path)
     except OSError as exc:
         raise TraceError([Problem(source, None, "", f"cannot read: {exc.strerror or exc}")]) from exc
-    with f:
-        header_bytes = f.readline(MAX_LINE_BYTES)
-        if len(header_bytes) >= MAX_LINE_BYTES and not header_bytes.endswith(b"\n"):
-            raise _too_long(source, 1)
-        try:
-            header = header_bytes.decode("utf-8-sig")
-        except UnicodeDecodeError as exc:
-            raise TraceError([Problem(source, 1, "", f"not UTF-8 text: {exc.reason}")]) from exc
-        if not header.strip():
-            raise TraceError([Problem(source, None, "", "the file is empty: expected a header line and rows")])
-        if "\r" in header.rstrip("\r\n"):
-            raise TraceError([Problem(source, 1, "", CR_ALONE)])
-        columns = _header(header)
-        layout = _layout(columns, spec, source)
-        times: list[NDArray[np.int64] | F64] = []
-        rates: list[F64] = []
-        numeric: bool | None = None
-        first_fields: list[str] = []
-        line = 2
-        blocks = _blocks(f)
-        while True:
+    try:
+        with f:
+            header_bytes = f.readline(MAX_LINE_BYTES)
+            if len(header_bytes) >= MAX_LINE_BYTES and not header_bytes.endswith(b"\n"):
+                raise _too_long(source, 1)
             try:
-                block = next(blocks, None)
-            except _LineTooLongError:
-                raise _too_long(source, line) from None
-            if block is None:
-                break
-            try:
-                text = block.decode("utf-8")
+                header = header_bytes.decode("utf-8-sig")
             except UnicodeDecodeError as exc:
-                where = line + block[: exc.start].count(b"\n")
-                raise TraceError([Problem(source, where, "", f"not UTF-8 text: {exc.reason}")]) from exc
-            if numeric is None:
-                first = next(_data_lines(text, line), None)
-                if first is not None:
-                    fields = _fields(first[1])
-                    first_fields = fields
-                    value = fields[layout.time_col].strip().strip('"') if layout.time_col < len(fields) else ""
-                    numeric = _is_number(value)
-            if not _columns_ok(block, layout.ncols):
-                problem = _bad_line(text, line, layout, bool(numeric), source)
-                if problem is not None and problem.message.startswith("the row has"):
-                    raise TraceError([problem])
-            if numeric is not None:
-                ts, rs = _parse_block(text, line, layout, numeric, source)
-                times.append(ts)
-                if rs is not None:
-                    rates.append(rs)
-            line += text.count("\n")
+                raise TraceError([Problem(source, 1, "", f"not UTF-8 text: {exc.reason}")]) from exc
+            if not header.strip():
+                raise TraceError([Problem(source, None, "", "the file is empty: expected a header line and rows")])
+            if "\r" in header.rstrip("\r\n"):
+                raise TraceError([Problem(source, 1, "", CR_ALONE)])
+            columns = _header(header)
+            layout = _layout(columns, spec, source)
+            times: list[NDArray[np.int64] | F64] = []
+            rates: list[F64] = []
+            numeric: bool | None = None
+            first_fields: list[str] = []
+            line = 2
+            blocks = _blocks(f)
+            while True:
+                try:
+                    block = next(blocks, None)
+                except _LineTooLongError:
+                    raise _too_long(source, line) from None
+                if block is None:
+                    break
+                try:
+                    text = block.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    where = line + block[: exc.start].count(b"\n")
+                    raise TraceError([Problem(source, where, "", f"not UTF-8 text: {exc.reason}")]) from exc
+                if numeric is None:
+                    first = next(_data_lines(text, line), None)
+                    if first is not None:
+                        fields = _fields(first[1])
+                        first_fields = fields
+                        value = fields[layout.time_col].strip().strip('"') if layout.time_col < len(fields) else ""
+                        numeric = _is_number(value)
+                if not _columns_ok(block, layout.ncols):
+                    problem = _bad_line(text, line, layout, bool(numeric), source)
+                    if problem is not None and problem.message.startswith("the row has"):
+                        raise TraceError([problem])
+                if numeric is not None:
+                    ts, rs = _parse_block(text, line, layout, numeric, source)
+                    times.append(ts)
+                    if rs is not None:
+                        rates.append(rs)
+                line += text.count("\n")
+    except OSError as exc:  # a read that fails once the file is open (EIO: a failing disk, a lost NFS server)
+        raise TraceError([Problem(source, None, "", f"cannot read: {exc.strerror or exc}")]) from exc
     if numeric is None or sum(len(t) for t in times) == 0:
         raise TraceError([Problem(source, None, "", "the trace has a header but no rows")])
     raw = np.concatenate(times)
