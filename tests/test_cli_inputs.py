@@ -254,3 +254,21 @@ def test_a_ca_file_without_a_certificate_is_one_line_naming_the_flag(
     err = capsys.readouterr().err
     assert err.startswith(f"extender scale: not starting: the CA of {flag} ") and "no PEM certificate" in err, err
     assert len(err.splitlines()) == 1
+
+
+def test_a_server_that_asks_for_a_password_the_url_lacks_says_so(
+        tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]) -> None:
+    """It said "HELLO must be called with the client already authenticated, otherwise the HELLO AUTH
+    <user> <pass> option can be used ...": the words of redis-py's handshake, not of the URL at fault."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    try:
+        admin = redis.Redis(port=server.port)
+        admin.execute_command("ACL", "SETUSER", "default", "resetpass", f">{SECRET}")  # type: ignore[no-untyped-call]
+        admin.close()
+        assert cli.main(["inventory", "show", "--redis-url", server.url]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"extender: connecting to {server.url}: ") and len(err.splitlines()) == 1, err
+        assert "the server asks for credentials and none were given" in err
+    finally:
+        server.stop()

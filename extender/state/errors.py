@@ -47,10 +47,19 @@ def redis_errors(action: str) -> Iterator[None]:
 _SENTINEL_ERROR = re.compile(r"\)> - ([^,]+)")
 
 
+#: What a server that requires a password answers a client that gave none (RESP3's HELLO, RESP2's commands).
+_NO_CREDENTIALS = ("HELLO must be called with the client already authenticated", "Authentication required",
+                   "NOAUTH")
+
+
 def _said(exc: redis.RedisError) -> str:
     """What the error says, in a line: redis-py writes each sentinel's whole client (a thousand
     characters of connection settings) into MasterNotFoundError; only what each failed with is kept."""
     text = str(exc)
+    if isinstance(exc, redis.AuthenticationError) and any(w in text for w in _NO_CREDENTIALS):
+        # redis-py's HELLO is answered with how to use HELLO, which says nothing of the URL at fault
+        return ("the server asks for credentials and none were given (put them in the URL: "
+                "redis://:PASSWORD@HOST:PORT/DB, or redis://USER:PASSWORD@... for an ACL user)")
     if not isinstance(exc, MasterNotFoundError):
         return text
     head, _, tried = text.partition(" : ")
