@@ -9,12 +9,14 @@ generated inputs. Redis is real (tests/conftest.py); every command runs in-proce
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pytest
 import redis
@@ -272,3 +274,65 @@ def test_a_server_that_asks_for_a_password_the_url_lacks_says_so(
         assert "the server asks for credentials and none were given" in err
     finally:
         server.stop()
+
+
+# ---- fuzz: every typed option of every command takes a value or refuses it naming the flag -----------
+
+
+def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...], Any]]:
+    out = []
+    if parser.get_default("handler") is not None:
+        out.append((path, parser))
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                out += _leaves(sub, (*path, name))
+    return out
+
+
+#: Values for the required arguments, where "x" is refused.
+REQUIRED = {"key": "ck1-" + "0" * 32, "cache": "weights:w/v"}
+
+
+def _required(parser: argparse.ArgumentParser) -> list[str]:
+    argv: list[str] = []
+    for a in parser._actions:
+        if a.required and not isinstance(a, argparse._SubParsersAction):
+            value = REQUIRED.get(a.dest, "x")
+            argv += [value] if not a.option_strings else [a.option_strings[0], value]
+    return argv
+
+
+PARSER = cli.build_parser()
+#: (command, the command's required arguments, a typed option): every option whose value is checked.
+TYPED = [(path, _required(p), a.option_strings[0]) for path, p in _leaves(PARSER) for a in p._actions
+         if a.option_strings and a.type is not None and a.nargs != 0]
+#: What people type by mistake, and anything else (a command line holds no NUL).
+VALUES = st.one_of(
+    st.sampled_from(["5", "5x", "-1s", "1e999", "nan", "inf", "-inf", "", " ", "0", "-0", "1e308",
+                     "99999999999999999999", "0x10", "5 s", "+5", "1_000", "１５", "5s\n", "redis://h/x", "unix://",
+                     "http://x", "ck1-", "a=b", ",", "w=-1", "llm=2@soon", ":", "[::1]:", "host:0"]),
+    st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=16),
+)
+
+
+def test_the_walk_finds_the_typed_options() -> None:
+    options = {o for _, _, o in TYPED}
+    assert {"--redis-url", "--interval", "--max-body", "--expect", "--trace", "--load-scale", "--tls-client-ca",
+            "--cache-root", "--last", "--bind"} <= options
+
+
+@settings(max_examples=400, deadline=None, derandomize=True)
+@given(case=st.sampled_from(TYPED), value=VALUES)
+def test_every_typed_option_takes_its_value_or_refuses_it_naming_the_flag(
+        case: tuple[tuple[str, ...], list[str], str], value: str) -> None:
+    """Parsing never raises anything but argparse's usage error (exit 2), whose message names the option."""
+    path, required, option = case
+    stderr = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(stderr):
+            PARSER.parse_args([*path, *required, f"{option}={value}"])
+    except SystemExit as exc:
+        assert exc.code == 2
+        assert f"argument {option}" in stderr.getvalue(), stderr.getvalue()
+        assert "Traceback" not in stderr.getvalue()
