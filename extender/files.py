@@ -66,14 +66,35 @@ def read_regular(path: str | os.PathLike[str], max_bytes: int, *, follow_symlink
         return b"".join(chunks)
 
 
+#: Byte-order marks of the UTF-16 and UTF-32 encodings an editor may save a document in (UTF-32's
+#: little-endian mark begins with UTF-16's, so it is looked for first).
+_OTHER_ENCODINGS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+                    (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16"))
+
+
+def decode_problem(data: bytes, exc: UnicodeDecodeError, source: str) -> Problem:
+    """Where and why ``data`` is not UTF-8: the line and byte of the first bad byte, or the encoding
+    whose byte-order mark the file starts with."""
+    for mark, encoding in _OTHER_ENCODINGS:
+        if data.startswith(mark):
+            return Problem(source, None, "", f"not UTF-8 text: it is {encoding} (it starts with a {encoding} "
+                                             "byte-order mark); save it as UTF-8")
+    line = data.count(b"\n", 0, exc.start) + 1
+    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+    return Problem(source, line, "", f"not UTF-8 text: byte 0x{data[exc.start]:02x} at column {column} "
+                                     f"({exc.reason}); save the file as UTF-8")
+
+
 def read_text(path: str | Path, max_bytes: int = MAX_DOCUMENT_BYTES) -> str:
     """Read a UTF-8 document; a missing, unreadable or oversized file is a located problem, not a traceback."""
     try:
-        return read_regular(path, max_bytes).decode("utf-8")
+        data = read_regular(path, max_bytes)
     except OSError as exc:
         raise DocumentError([Problem(str(path), None, "", f"cannot read: {exc.strerror or exc}")]) from exc
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise DocumentError([Problem(str(path), None, "", f"not UTF-8 text: {exc.reason}")]) from exc
+        raise DocumentError([decode_problem(data, exc, str(path))]) from exc
 
 
 def policy_version(text: str) -> str:

@@ -74,6 +74,13 @@ def _write(text: str) -> Callable[[Path], None]:
     return write
 
 
+def _write_bytes(data: bytes) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        path.write_bytes(data)
+
+    return write
+
+
 def _fifo(path: Path) -> None:
     os.mkfifo(path)
 
@@ -101,6 +108,14 @@ POLICY_ABUSE: list[tuple[str, Callable[[Path], None], str]] = [
     ("a directory", lambda path: path.mkdir(), "not a regular file"),
     ("an unknown tag", _write(POLICY + "xtag: {name: !custom x}\n"), "xtag.name: unsupported YAML tag"),
     ("an integer of 5000 digits", _write(POLICY + f"xdigits: {'9' * 5000}\n"), "xdigits: an integer of thousands"),
+    # PyYAML's reader error: two lines ('in "<unicode string>", position 0') and no line number
+    ("a NUL byte", _write_bytes(b"apiVersion: v1\nkind: \x00\n"), ":2: YAML syntax: the character U+0000 at column 7"),
+    ("a control character in a quoted value", _write_bytes(b'a: "x\x1b[2J"\n'),
+     ":1: YAML syntax: the character U+001B"),
+    # "not UTF-8 text: invalid start byte", with no line: a Latin-1 byte in a 300-line file
+    ("a byte that is not UTF-8", _write_bytes(b"apiVersion: v1\nkind: caf\xe9\n"),
+     ":2: not UTF-8 text: byte 0xe9 at column 10"),
+    ("a file saved as UTF-16", _write_bytes(POLICY.encode("utf-16")), "not UTF-8 text: it is UTF-16"),
 ]
 
 
@@ -112,6 +127,7 @@ def test_an_abusive_policy_file_is_a_located_problem(tmp_path: Path, make: Calla
     error = in_thread(lambda: load_policy(path))
     assert isinstance(error, PolicyError), repr(error)
     assert words in str(error)
+    assert all("\n" not in str(problem) for problem in error.problems)  # one line each
 
 
 def test_a_real_policy_with_anchors_and_merge_keys_still_loads(tmp_path: Path) -> None:

@@ -97,6 +97,18 @@ def _error_place(error: ErrorDetails, model: type[BaseModel]) -> tuple[str, str]
     return format_path(loc), message
 
 
+def _refused_character(text: str, exc: yaml.reader.ReaderError, source: str) -> Problem:
+    """A character YAML does not allow (a control character other than tab and line ends, a lone
+    surrogate, U+FFFE), at its line and column as an editor counts them."""
+    at = exc.position
+    line = text.count("\n", 0, at) + 1
+    column = at - (text.rfind("\n", 0, at) + 1) + 1
+    code = exc.character if isinstance(exc.character, int) else ord(str(exc.character)[:1] or "\0")
+    return Problem(source, line, "", f"YAML syntax: the character U+{code:04X} at column {column} is not allowed "
+                                     "in YAML (a control or non-printable character): remove it, or write it "
+                                     "as an escape in a double-quoted string")
+
+
 def compose(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
     """Parse YAML (JSON is YAML) into plain Python values plus a ``path -> 1-based line`` map.
 
@@ -114,6 +126,8 @@ def compose(text: str, source: str) -> tuple[Any, dict[Loc, int]]:
         # the problem what it found ("but found another document"): one is half a sentence
         said = ", ".join(str(part) for part in (exc.context, exc.problem) if part) or str(exc)
         raise DocumentError([Problem(source, line, "", f"YAML syntax: {said}")]) from exc
+    except yaml.reader.ReaderError as exc:  # a character YAML refuses; its str() is two lines, with no line number
+        raise DocumentError([_refused_character(text, exc, source)]) from exc
     except yaml.YAMLError as exc:
         raise DocumentError([Problem(source, None, "", f"YAML syntax: {exc}")]) from exc
     except RecursionError:  # PyYAML's composer recurses once per level
