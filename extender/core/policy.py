@@ -1348,8 +1348,10 @@ def _check_warming(policy: Policy, profile_names: list[str], class_names: set[st
                         f"profile {ref.workload!r} declares no snapshot"))
         if ref.node_class not in class_names:
             out.append((("warming", "publishedSnapshots", i, "nodeClass"), f"no node class {ref.node_class!r}"))
-        elif ref.workload in profile_names and ref.node_class not in {
-                c.name for c in policy.classes_for(policy.profile(ref.workload))}:
+        # by name, not through classes_for: a profile's own unknown class is reported at its
+        # nodeClasses, and looking it up here raised instead of adding this file's problems
+        elif ref.workload in profile_names and ref.node_class not in (
+                policy.profile(ref.workload).node_classes or class_names):
             out.append((("warming", "publishedSnapshots", i, "nodeClass"),
                         f"profile {ref.workload!r} does not run on node class {ref.node_class!r} (its nodeClasses)"))
     return out
