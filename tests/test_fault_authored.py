@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
@@ -34,6 +35,9 @@ from hypothesis.control import currently_in_test_context, event
 from extender.core.errors import DocumentError, PolicyError
 from extender.core.estimate import breakdown, estimate_pairs
 from extender.core.policy import Policy, parse_policy
+from extender.sim.errors import TraceError
+from extender.sim.scenario import TraceSpec
+from extender.sim.traces import RequestTrace, arrivals_from, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_FILES = sorted([*(ROOT / "policies").glob("*.yaml"), *(ROOT / "scenarios").glob("*-policy.yaml"),
@@ -246,3 +250,72 @@ def test_found_policy_defects_are_located_problems(seed: Path, edit: Callable[[s
         parse_policy(text, "policy.yaml")
     assert_located(info.value, "policy.yaml")
     assert any(p.path == where and words in p.message for p in info.value.problems), str(info.value)
+
+
+# ---- traces ----------------------------------------------------------------------------------------
+
+HEADERS = [["timestamp", "rate"], ["t", "rate"], ["TIMESTAMP", "ContextTokens", "GeneratedTokens"], ["time"],
+           ["ts", "rps", "x"], ["t", "count"], ["a", "b"], ["t;rate"], ["\ufefft", "rate"], ['"t"', '"rate"'],
+           ["t", "rate", ""], [" t ", " rate "]]
+ODD_CELLS = ["", " ", "x", "nan", "NaN", "inf", "-inf", "-1", "1e308", "-1e308", "1e400", "1_000", "１", "٣",
+             "0x10", "+3", '"1"', '"a,b"', '"', "\x00", "é", "1;2", "9999-01-01", "1500-01-01",
+             "2023-11-16 18:17:03.9799600", "2023-11-16T18:17:03Z", "99999999999999999999999"]
+
+
+@st.composite
+def csv_trace(draw: st.DrawFn) -> tuple[bytes, dict[str, Any]]:
+    """A CSV trace (header, rows, line ends, blank and comment lines) and the spec it is read with."""
+    header = draw(st.sampled_from(HEADERS))
+    start = draw(st.sampled_from([0.0, 1.7e9]))
+    step = draw(st.sampled_from([1.0, 300.0, 0.001]))
+    rows = []
+    for j in range(draw(st.integers(0, 12))):
+        when = start + draw(st.sampled_from([j * step] * 6 + [-j * step, (j // 2) * step, 0.0]))
+        cells = [repr(when) if k == 0 else repr(draw(st.sampled_from([0.0, 0.5, 3.0, 1e9])))
+                 for k in range(len(header))]
+        if draw(st.integers(0, 15)) == 0:
+            cells[draw(st.integers(0, len(header) - 1))] = draw(st.sampled_from(ODD_CELLS))
+        shape = draw(st.sampled_from(["row"] * 20 + ["extra", "short", "blank", "padded", "comment"]))
+        rows.append({"row": ",".join(cells), "extra": ",".join([*cells, "1"]), "short": ",".join(cells[:-1]),
+                     "blank": "", "padded": draw(st.sampled_from([" ", "\t", "   "])),
+                     "comment": draw(st.sampled_from(["# note", "  # note"]))}[shape])
+    end = draw(st.sampled_from(["\n"] * 5 + ["\r\n", "\r"]))
+    text = ",".join(header) + end + end.join(rows) + draw(st.sampled_from(["", end]))
+    if draw(st.integers(0, 9)) == 0:
+        text = text.replace(",", draw(st.sampled_from([";", "\t"])), draw(st.integers(1, 3)))
+    data = text.encode("utf-8")
+    if draw(st.integers(0, 9)) == 0:
+        data = data[: len(data) // 2] + b"\xff" + data[len(data) // 2:]
+    spec = draw(st.just({}) | st.fixed_dictionaries({}, optional={
+        "format": st.sampled_from(["requests", "rate"]), "loadScale": st.sampled_from([0.5, 2.5, 1e-9, 1e9]),
+        "timeScale": st.sampled_from([0.001, 1000.0, 1e-9]), "rateColumn": st.sampled_from(["rate", "x", "b"]),
+        "timeColumn": st.sampled_from(["t", "ts", "a"])}))
+    return data, spec
+
+
+@FUZZ
+@given(case=csv_trace())
+def test_a_trace_loads_to_sorted_finite_arrivals_or_says_where(tmp_path: Path, case: tuple[bytes, dict[str, Any]]
+                                                               ) -> None:
+    data, fields = case
+    path = tmp_path / "t.csv"
+    path.write_bytes(data)
+    spec = TraceSpec.model_validate({"path": str(path), **fields})
+    try:
+        trace = read_trace(path, spec)
+    except TraceError as exc:
+        for problem in exc.problems:
+            shown = str(problem)
+            assert problem.source == str(path) and "\n" not in shown and "\r" not in shown, shown
+            # a file with no rows, or a scale that multiplies them past a bound, has no line to name
+            assert problem.line is not None or problem.path or "no rows" in shown or "is empty" in shown, shown
+        note("refused")
+        return
+    note("loaded")
+    rng = np.random.default_rng(0)
+    scaled = trace.scaled(spec, rng) if isinstance(trace, RequestTrace) else trace.scaled(spec)
+    arrivals = arrivals_from(scaled, bin_s=5.0)
+    assert np.all(np.isfinite(arrivals.times)) and np.all(np.diff(arrivals.times) >= 0)
+    assert len(arrivals.times) == 0 or arrivals.times[0] >= 0
+    assert np.all(np.isfinite(arrivals.weights)) and np.all(arrivals.weights >= 0)
+    assert math.isfinite(arrivals.span_s) and arrivals.span_s >= 0

@@ -8,6 +8,7 @@ import math
 import os
 import subprocess
 import sys
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -193,6 +194,11 @@ BAD_TRACES = [
     # numpy's "Found an unquoted embedded newline", without a line: the slow path splits at a bare CR too
     BadTrace("rows ended by CR alone after an LF header", "timestamp\n1\r2\r3\r4\n", 2, "CR alone"),
     BadTrace("lines ended by CR alone", "timestamp,rate\r0,1\r60,2\r", 1, "CR alone"),
+    # Python's float() reads these, numpy does not: "cannot parse the rows from line 2: could not convert
+    # string '１' to float64 at row 1, column 2.", without the line
+    BadTrace("a full-width digit in a rate", "timestamp,rate\n0,1\n60,１\n", 3, "rate '１' is not a number"),
+    BadTrace("an underscore in a rate", "timestamp,rate\n0,1\n60,1_000\n", 3, "rate '1_000' is not a number"),
+    BadTrace("an Arabic-Indic digit in a timestamp", "t\n0\n٣\n", 3, "timestamp '٣' is not a number"),
 ]
 
 
@@ -223,16 +229,50 @@ BAD_SCALES = [
     # np.repeat of 1e9 copies per request: tens of GiB before anything else happened
     BadScale("requests replicated past the bound", "timestamp\n0\n1\n", {"loadScale": 2e8}, None,
              "2 requests x loadScale 2e+08"),
+    # the product overflowed to inf: refused, but numpy's "RuntimeWarning: overflow" lines went to stderr first
+    BadScale("a rate near float64's largest, scaled", "timestamp,rate\n0,1\n60,1e308\n", {"loadScale": 10}, 3,
+             "rate 1e+308 (x loadScale / timeScale = 10) is more than"),
 ]
 
 
 @pytest.mark.parametrize("case", BAD_SCALES, ids=[c.name for c in BAD_SCALES])
 def test_scales_past_the_bounds_are_refused(tmp_path: Path, case: BadScale) -> None:
-    with pytest.raises(TraceError) as info:
+    with pytest.raises(TraceError) as info, warnings.catch_warnings():
+        warnings.simplefilter("error")  # one located line, and nothing else printed
         trace(tmp_path, case.text, **case.spec)
     (problem,) = info.value.problems
     assert problem.line == case.line
     assert case.message in problem.message
+
+
+class Blank(NamedTuple):
+    name: str
+    text: str
+
+
+#: Lines every reader skips but numpy.loadtxt read as a row of one blank field: the trace was refused
+#: with "cannot parse the rows from line 2: invalid column index 1 at row 2 with 1 columns", no line.
+BLANK_LINES = [
+    Blank("a line of spaces", "timestamp,rate\n0,1\n   \n60,2\n"),
+    Blank("a line of a tab, CRLF", "timestamp,rate\r\n0,1\r\n\t\r\n60,2\r\n"),
+    Blank("an indented comment", "timestamp,rate\n0,1\n  # a gap in the logs\n60,2\n"),
+    Blank("a line of spaces in a request trace", "t\n0\n \n5\n7\n"),
+    Blank("spaces as the last line", "t\n0\n5\n7\n  "),
+]
+
+
+@pytest.mark.parametrize("case", BLANK_LINES, ids=[c.name for c in BLANK_LINES])
+def test_a_line_of_blanks_is_skipped_like_an_empty_one(tmp_path: Path, case: Blank) -> None:
+    padded = trace(tmp_path, case.text)
+    lines = case.text.replace("\r\n", "\n").split("\n")
+    plain = trace(tmp_path, "\n".join(line for line in lines if line.strip() and not line.strip().startswith("#")))
+    assert type(padded) is type(plain)
+    if isinstance(padded, RateTrace):
+        assert isinstance(plain, RateTrace)
+        assert (padded.starts.tolist(), padded.rates.tolist()) == (plain.starts.tolist(), plain.rates.tolist())
+    else:
+        assert isinstance(plain, RequestTrace)
+        assert padded.times.tolist() == plain.times.tolist()
 
 
 def test_milliseconds_within_the_bound_load(tmp_path: Path) -> None:

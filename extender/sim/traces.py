@@ -20,9 +20,10 @@ unless a column's name marks per-request data (a word starting with ``token``, `
 column is ``timeColumn`` or the first of ``timestamp``, ``time``, ``ts``, ``t`` (any letter case).
 
 A column name may appear once in the header (any letter case). Every data row must have as many
-columns as the header (blank lines and ``#`` comments are skipped); a row with fewer or more is an
-error at its line, in both kinds of file. A timestamp field is at most :data:`MAX_TIME_FIELD` (64)
-characters, padding included: a longer one is an error at its line, never read cut.
+columns as the header (blank lines, lines of blanks and ``#`` comments, indented or not, are
+skipped); a row with fewer or more is an error at its line, in both kinds of file. A timestamp
+field is at most :data:`MAX_TIME_FIELD` (64) characters, padding included: a longer one is an error
+at its line, never read cut.
 
 Reading is vectorised: the file is read in blocks of about 32 MiB and each block is parsed by
 ``numpy.loadtxt`` and converted with ``astype`` (``datetime64[ns]`` or ``float64``); there is no
@@ -278,6 +279,13 @@ def _blocks(f: BinaryIO) -> Iterator[bytes]:
         yield block
 
 
+#: Blanks that start a line holding nothing else, or only a comment. numpy.loadtxt reads such a line
+#: as a row of one blank field, where every other reader of the file skips it as blank: a line of
+#: spaces in a trace was refused with numpy's words and no line. Removed before numpy reads a block
+#: (the line stays, empty).
+_BLANK_LINE_PAD = re.compile(rb"^[ \t\f\v]+(?=#|\r?$)", re.MULTILINE)
+
+
 def _data_lines(text: str, first_line: int) -> Iterator[tuple[int, str]]:
     """(line number, line) for the lines numpy.loadtxt reads as rows: not blank, not a comment."""
     for i, line in enumerate(text.splitlines()):
@@ -286,7 +294,13 @@ def _data_lines(text: str, first_line: int) -> Iterator[tuple[int, str]]:
             yield first_line + i, line
 
 
-def _is_number(text: str) -> bool:
+def _is_number(text: str, *, underscores: bool = False) -> bool:
+    """Whether numpy reads ``text`` as a number, as the fast path does: ASCII only (Python's ``float``
+    also takes full-width and other scripts' digits, numpy does not), and ``1_000`` only for a
+    timestamp (``astype`` takes it, ``loadtxt`` does not). Where this and numpy disagreed, a bad row
+    was reported without its line."""
+    if not text.isascii() or (not underscores and "_" in text):
+        return False
     try:
         float(text)
     except ValueError:
@@ -365,7 +379,7 @@ def _bad_line(text: str, first_line: int, layout: _Layout, numeric: bool, source
             return Problem(source, line_no, "", f"the timestamp field is {len(_unquoted(field))} characters long, "
                                                 f"more than the {MAX_TIME_FIELD} a timestamp may have")
         ts = field.strip().strip('"')
-        if numeric and not _is_number(ts):
+        if numeric and not _is_number(ts, underscores=True):
             return Problem(source, line_no, "", f"timestamp {ts!r} is not a number of seconds (like the first row's)")
         if not numeric and not _is_iso(ts):
             return Problem(source, line_no, "", f"timestamp {ts!r} is not an ISO-8601 time (like the first row's)")
@@ -484,6 +498,8 @@ def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
                     raise _too_long(source, line) from None
                 if block is None:
                     break
+                if block[:1].isspace() or any(b"\n" + c in block for c in (b" ", b"\t", b"\f", b"\v")):  # rare
+                    block = _BLANK_LINE_PAD.sub(b"", block)
                 try:
                     text = block.decode("utf-8")
                 except UnicodeDecodeError as exc:
@@ -495,7 +511,7 @@ def read_trace(path: str | Path, spec: TraceSpec) -> Trace:
                         fields = _fields(first[1])
                         first_fields = fields
                         value = fields[layout.time_col].strip().strip('"') if layout.time_col < len(fields) else ""
-                        numeric = _is_number(value)
+                        numeric = _is_number(value, underscores=True)
                 if not _columns_ok(block, layout.ncols):
                     problem = _bad_line(text, line, layout, bool(numeric), source)
                     if problem is not None and problem.message.startswith("the row has"):
@@ -568,7 +584,8 @@ def _check_count(source: str, spec: TraceSpec, rows: int) -> None:
 def _check_rates(path: str | Path, spec: TraceSpec, rates: F64, order: NDArray[np.intp]) -> None:
     """Refuse a rate above :data:`MAX_RATE` requests/s once scaled, naming its line."""
     factor = spec.load_scale / spec.time_scale
-    high = np.flatnonzero(rates * factor > MAX_RATE)
+    with np.errstate(over="ignore"):  # a rate near float64's largest times a factor is inf, refused here
+        high = np.flatnonzero(rates * factor > MAX_RATE)
     if not len(high):
         return
     row = int(order[high[0]])
