@@ -20,6 +20,7 @@ without its fix.
 from __future__ import annotations
 
 import copy
+import json
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -36,18 +37,22 @@ from extender.core.errors import DocumentError, PolicyError
 from extender.core.estimate import breakdown, estimate_pairs
 from extender.core.policy import Policy, parse_policy
 from extender.sim.errors import TraceError
-from extender.sim.scenario import TraceSpec
+from extender.sim.report import build, to_json
+from extender.sim.scenario import TraceSpec, load_scenario
+from extender.sim.simulation import prepare, simulate
 from extender.sim.traces import RequestTrace, arrivals_from, read_trace
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICY_FILES = sorted([*(ROOT / "policies").glob("*.yaml"), *(ROOT / "scenarios").glob("*-policy.yaml"),
                        ROOT / "deploy/helm/extender/policy.yaml"])
+SCENARIO_FILES = sorted(p for p in (ROOT / "scenarios").glob("*.yaml") if not p.name.endswith("-policy.yaml"))
 
 #: Examples per property: each policy example is a parse and an estimate (tens of ms), each scenario
 #: example that loads a run of minutes of simulated time on a few nodes; the file stays within ~30 s.
 FUZZ = settings(max_examples=120, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                        HealthCheck.data_too_large])
+SCENARIO_FUZZ = settings(FUZZ, max_examples=25)
 
 # ---- structural mutations of a parsed document ----------------------------------------------------
 
@@ -250,6 +255,126 @@ def test_found_policy_defects_are_located_problems(seed: Path, edit: Callable[[s
         parse_policy(text, "policy.yaml")
     assert_located(info.value, "policy.yaml")
     assert any(p.path == where and words in p.message for p in info.value.problems), str(info.value)
+
+
+# ---- scenarios -------------------------------------------------------------------------------------
+
+#: Simulated time of a fuzzed run: a few dozen ticks.
+SHORT = "20m"
+
+
+def _small(path: Path) -> dict[str, Any]:
+    """A bundled scenario cut to a short run on a few nodes, its paths made absolute."""
+    doc: dict[str, Any] = yaml.safe_load(path.read_text())
+    doc["policy"] = str(path.parent / doc["policy"])
+    doc["duration"] = SHORT
+    doc.pop("history", None)
+    doc["strategies"] = list(doc.get("strategies", ["default", "predictive"]))[:2]
+    doc["workloads"] = doc["workloads"][:3]
+    kept = {w["name"] for w in doc["workloads"]}
+    for group in doc["cluster"]["nodes"]:
+        group["count"] = min(group["count"], 2)
+        if "maxCount" in group:
+            group["maxCount"] = min(group["maxCount"], 4)
+        group.pop("minCount", None)
+        group["warm"] = [{**w, **({"nodes": [0]} if "nodes" in w else {})}
+                         for w in group.get("warm", []) if w["workload"] in kept]
+    doc["rollouts"] = [r for r in doc.get("rollouts", []) if r["workload"] in kept]
+    for w in doc["workloads"]:
+        demand = w["demand"]
+        if "synthetic" in demand:
+            demand["synthetic"]["duration"] = SHORT
+        else:
+            demand["trace"]["path"] = str(path.parent / demand["trace"]["path"])
+    return doc
+
+
+SCENARIO_DOCS = [_small(p) for p in SCENARIO_FILES]
+
+
+def run_short(path: Path) -> None:
+    """Load the scenario at ``path``; when it loads, run it (if short) and check the figures."""
+    try:
+        loaded = load_scenario(path)
+        prepared = prepare(loaded)  # reads the traces
+    except DocumentError as exc:
+        for problem in exc.problems:  # in the scenario, or in the policy or a trace it names, at their lines
+            assert problem.source == str(path) or Path(problem.source).parent == ROOT / "scenarios", str(problem)
+            assert_located(DocumentError([problem]), problem.source)
+        note("refused")
+        return
+    if prepared.n_ticks > 200 or sum(s.max_replicas for s in prepared.workloads) > 2000:
+        note("loaded, not run: long or large")
+        return  # valid, and long or large: the loading was the test
+    note("ran")
+    runs = simulate(prepared, list(loaded.scenario.strategies))
+    report = build("fuzz", loaded.scenario.slo.queue_delay, prepared.duration_s, runs,
+                   quantile=prepared.policy.scaling.quantile)
+    figures = json.loads(to_json(report))  # strict: NaN or infinity would be refused as JSON
+    assert figures
+
+
+def test_the_short_scenarios_run(tmp_path: Path) -> None:
+    for i, doc in enumerate(SCENARIO_DOCS):
+        path = tmp_path / f"s{i}.yaml"
+        path.write_text(dump(doc))
+        run_short(path)
+
+
+@SCENARIO_FUZZ
+@given(doc=st.one_of(mutated(SCENARIO_DOCS), mutated(SCENARIO_DOCS, SCALING)))
+def test_a_mutated_scenario_runs_or_says_where(tmp_path: Path, doc: Any) -> None:
+    if isinstance(doc, dict) and "duration" in doc:
+        doc["duration"] = SHORT  # a run of 366 days would be the test's whole budget
+    path = tmp_path / "s.yaml"
+    path.write_text(dump(doc))
+    run_short(path)
+
+
+#: Scenarios asking for many more replicas than their nodes hold (the minimal input first): each
+#: tick scored every pending pod, 10,000 of them 40 times in a 10-minute run, more than 2 CPU-minutes.
+CROWDED = [
+    pytest.param(2, 10_000, "10m", id="10,000 replicas asked of 2 one-GPU nodes"),
+    pytest.param(3, 2_000, "30m", id="2,000 replicas asked of 3 nodes for 30 minutes"),
+]
+
+
+@pytest.mark.parametrize(("nodes", "replicas", "duration"), CROWDED)
+def test_pending_pods_cost_a_scoring_per_workload_and_placement(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                nodes: int, replicas: int, duration: str) -> None:
+    """Each scheduling pass scores a workload once, and once more after each placement: a pending pod
+    of a workload that found no node is not scored again until a pod is placed. Counted, not timed."""
+    from extender.sim.cluster import Cluster
+    from extender.sim.simulation import Run
+
+    counts = {"scores": 0, "passes": 0, "placed": 0}
+
+    def counting(name: str, cls: type, key: str) -> None:
+        original = getattr(cls, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[key] += 1
+            return original(*args, **kwargs)
+
+        monkeypatch.setattr(cls, name, wrapper)
+
+    counting("_scores", Run, "scores")
+    counting("_place_pending", Run, "passes")
+    counting("place", Cluster, "placed")
+    path = tmp_path / "s.yaml"
+    path.write_text(dump({
+        "apiVersion": "extender.io/v1alpha1", "kind": "Scenario", "duration": duration,
+        "policy": str(ROOT / "scenarios/mixed-fleet-policy.yaml"), "slo": {"queueDelay": "10s"},
+        "cluster": {"nodes": [{"nodeClass": "g5.xlarge", "count": nodes}]},
+        "workloads": [{"name": "llama3-8b", "capacity": 0.001, "maxReplicas": replicas,
+                       "demand": {"synthetic": {"duration": duration, "base": 1e9}}}],
+        "strategies": ["default"]}))
+    prepared = prepare(load_scenario(path))
+    (run,) = simulate(prepared, ["default"])
+    assert counts["passes"] >= prepared.n_ticks and counts["placed"] >= nodes
+    workloads = len(prepared.workloads)
+    assert counts["scores"] <= counts["placed"] + (counts["passes"] + 1) * workloads, counts
+    assert run.workloads[0].served > 0
 
 
 # ---- traces ----------------------------------------------------------------------------------------

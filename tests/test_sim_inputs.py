@@ -446,6 +446,15 @@ BAD_SCENARIOS = [
                                                  "      name: pool\n      count: 1\n      maxCount: 40001\n"),
                 12, "cluster.nodes[1].maxCount", "can hold 100001 nodes, more than the 100000"),
     BadScenario("millisecond tick", GOOD.replace("slo:", "tick: 1ms\nslo:"), 4, "tick", "must be >= 1"),
+    # every replica the HPA asks for is a pod object at once, placed or not: with maxReplicas 1e15 and
+    # a demand past the cluster a 10-minute run on 2 nodes created pods until memory ran out
+    BadScenario("maxReplicas past the bound", GOOD.replace("  - name: llama3-8b\n",
+                                                           "  - name: llama3-8b\n    maxReplicas: 1000000000000000\n"),
+                11, "workloads[0].maxReplicas", "must be <= 100000"),
+    BadScenario("more replicas than a scenario may have in all",
+                GOOD.replace("  - name: llama3-8b\n", "  - name: llama3-8b\n    maxReplicas: 60000\n")
+                + "  - name: mixtral-61g\n    maxReplicas: 40001\n    demand: {synthetic: {duration: 1h, base: 1}}\n",
+                15, "workloads[1].maxReplicas", "can have 100001 replicas, more than the 100000"),
     BadScenario("history over 366 days", GOOD.replace("slo:", "history: 400d\nslo:"), 4, "history",
                 "must be <= 31622400"),
     BadScenario("synthetic demand over 366 days", GOOD.replace("duration: 1h", "duration: 1000d"), 12,

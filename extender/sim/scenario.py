@@ -69,6 +69,10 @@ MIN_TARGET_UTILIZATION = 0.001
 #: The most nodes a group, and all groups together, can hold (``count``, or ``maxCount`` for a pool):
 #: each node is a row of the simulated world's arrays and of every strategy's copy of them.
 MAX_NODES = 100_000
+#: The most replicas a workload, and all workloads together, can have (``maxReplicas``): each is a
+#: pod of the simulated world, created at once when the HPA asks (it doubles a workload's replicas
+#: every tick of a scale-up); ``maxReplicas: 1e15`` made a run create pods until memory ran out.
+MAX_REPLICAS = 100_000
 #: Bounds of ``loadScale`` and ``timeScale`` (a trace's own rates and span are checked when it is read).
 MAX_SCALE = 1e9
 CacheName = CacheKind
@@ -159,7 +163,7 @@ class Workload(ReplicaBounds):
     name: Name
     demand: DemandSpec
     capacity: Annotated[float, Field(ge=MIN_CAPACITY, allow_inf_nan=False), BeforeValidator(plain_number)] | None = None
-    max_replicas: Int = Field(default=1000, ge=1)
+    max_replicas: Int = Field(default=1000, ge=1, le=MAX_REPLICAS)
     initial_replicas: Annotated[int, Field(ge=0), BeforeValidator(plain_number)] | None = None
 
     @model_validator(mode="after")
@@ -389,6 +393,19 @@ def _check_total_nodes(scenario: Scenario) -> list[tuple[Loc, str]]:
     return []
 
 
+def _check_total_replicas(scenario: Scenario) -> list[tuple[Loc, str]]:
+    """All workloads together have at most :data:`MAX_REPLICAS` replicas, said at the workload that
+    goes past it."""
+    total = 0
+    for i, w in enumerate(scenario.workloads):
+        total += w.max_replicas
+        if total > MAX_REPLICAS:
+            return [(("workloads", i, "maxReplicas"),
+                     f"the workloads up to this one can have {total} replicas, more than the {MAX_REPLICAS} a "
+                     "scenario may have in all")]
+    return []
+
+
 def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
     """Problems that need the policy (or span fields), as ``(location, message)`` pairs."""
     out: list[tuple[Loc, str]] = []
@@ -417,6 +434,7 @@ def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
                                               f"{MIN_CAPACITY:g} the simulator takes: set capacity here"))
     out += _check_max_nodes(scenario, policy)
     out += _check_total_nodes(scenario)
+    out += _check_total_replicas(scenario)
     for g, group in enumerate(scenario.cluster.nodes):
         cls = classes.get(group.node_class)
         if cls is None:

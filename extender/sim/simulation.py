@@ -479,15 +479,29 @@ class Run:
         return feasible, totals + ev.score * self.weight * EXTENDER_SCALE, ev.estimate.total_s
 
     def _place_pending(self, now: float) -> None:
+        """One scheduling pass over the pending pods, oldest first.
+
+        A workload none of whose pods found a node is not scored again until a pod is placed: until
+        then the cluster, and so every score of that workload, is what it was, so its later pods
+        would find no node either (and :func:`select_host` draws nothing when it finds none). The
+        pass gives what scoring every pod gives, at a cost of one scoring per workload and per
+        placement instead of one per pending pod: thousands of pods pending on a full cluster
+        made each tick take seconds.
+        """
         pending = sorted((p for s in self.w for p in s.waiting.values()), key=lambda p: (p.created_s, p.id))
+        unplaceable: set[int] = set()  # workloads that found no node since the last placement
         for pod in pending:
+            if pod.workload in unplaceable:
+                continue
             feasible, totals, _ = self._scores(pod.workload, now)
             node = select_host(feasible, totals, self.rng)
             if node is None:
+                unplaceable.add(pod.workload)
                 continue
             self._place(pod, node, now)
             heapq.heappush(self.starting, (pod.ready_s, pod.id, pod))
             self.placed.append(pod)
+            unplaceable.clear()
 
     def _place(self, pod: Pod, node: int, now: float) -> None:
         """Place a pod: the world times its start (with the truth's noise), the belief's estimate is kept."""
@@ -502,13 +516,18 @@ class Run:
         self._placed_state[pod.id] = state
 
     def _initial(self) -> None:
-        """Each workload's initial replicas, running at t = 0 on the nodes the strategy picks."""
+        """Each workload's initial replicas, running at t = 0 on the nodes the strategy picks (once
+        one finds no node, the rest of that workload's find none either: :meth:`_place_pending`)."""
         for s in self.w:
+            full = False
             for _ in range(s.setup.initial_replicas):
                 pod = self._new_pod(s.setup.index, 0.0)
+                if full:
+                    continue
                 feasible, totals, _ = self._scores(pod.workload, 0.0)
                 node = select_host(feasible, totals, self.rng)
                 if node is None:
+                    full = True
                     continue  # stays pending: the cluster is too small for the initial replicas
                 self.cluster.place(pod, node, 0.0)
                 self._placed_on_node(pod)
