@@ -461,6 +461,11 @@ BAD_SCENARIOS = [
                 "workloads[0].demand.synthetic.duration", "must be <= 31622400"),
     BadScenario("millisecond synthetic step", GOOD.replace("duration: 1h", "duration: 1h, step: 1ms"), 12,
                 "workloads[0].demand.synthetic.step", "must be >= 1"),
+    # both were "no policy file" / "no trace file": a path that is there, only of the wrong kind
+    BadScenario("the policy is a device", GOOD.replace("policy: policy.yaml", "policy: /dev/null"), 3, "policy",
+                "'/dev/null' is not a regular file (a directory, FIFO or device"),
+    BadScenario("the trace is a directory", GOOD.replace("synthetic: {duration: 1h, base: 1}", "trace: {path: .}"),
+                12, "workloads[0].demand.trace.path", "'.' is not a regular file (a directory, FIFO or device)"),
 ]
 
 

@@ -514,6 +514,14 @@ class LoadedScenario:
         return p if p.is_absolute() else self.base_dir / p
 
 
+def _exists(path: Path) -> bool:
+    """Whether ``path`` names something (a directory, a FIFO): then it is not missing, only unreadable."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # a name the system refuses (too long, a NUL) names nothing
+        return False
+
+
 def load_scenario(path: str | Path) -> LoadedScenario:
     """Read a scenario and its policy and check them together; every problem is reported at once.
 
@@ -529,8 +537,9 @@ def load_scenario(path: str | Path) -> LoadedScenario:
     base = Path(path).resolve().parent
     policy_path = Path(scenario.policy) if Path(scenario.policy).is_absolute() else base / scenario.policy
     if not policy_path.is_file():
-        raise ScenarioError([Problem(source, line_of(lines, ("policy",)), "policy",
-                                     f"no policy file {scenario.policy!r} (looked in {policy_path})")])
+        said = (f"{scenario.policy!r} is not a regular file (a directory, FIFO or device; looked in {policy_path})"
+                if _exists(policy_path) else f"no policy file {scenario.policy!r} (looked in {policy_path})")
+        raise ScenarioError([Problem(source, line_of(lines, ("policy",)), "policy", said)])
     try:
         policy = load_policy(policy_path)
     except PolicyError as exc:
@@ -543,7 +552,9 @@ def load_scenario(path: str | Path) -> LoadedScenario:
             p = Path(trace.path) if Path(trace.path).is_absolute() else base / trace.path
             if not p.is_file():
                 loc: Loc = ("workloads", i, "demand", "trace", "path")
-                problems.append(Problem(source, line_of(lines, loc), format_path(loc), f"no trace file {trace.path!r}"))
+                said = (f"{trace.path!r} is not a regular file (a directory, FIFO or device)" if _exists(p)
+                        else f"no trace file {trace.path!r}")
+                problems.append(Problem(source, line_of(lines, loc), format_path(loc), said))
     if problems:
         raise ScenarioError(sorted(problems, key=lambda p: (p.line or 0, p.path)))
     return LoadedScenario(scenario, policy, source, base)
