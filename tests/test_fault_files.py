@@ -112,6 +112,8 @@ POLICY_ABUSE: list[tuple[str, Callable[[Path], None], str]] = [
     ("a NUL byte", _write_bytes(b"apiVersion: v1\nkind: \x00\n"), ":2: YAML syntax: the character U+0000 at column 7"),
     ("a control character in a quoted value", _write_bytes(b'a: "x\x1b[2J"\n'),
      ":1: YAML syntax: the character U+001B"),
+    ("a control character after lines ended by CR alone", _write_bytes(b"a: 1\rb: x\x01\r"),
+     ":2: YAML syntax: the character U+0001 at column 5"),
     # "not UTF-8 text: invalid start byte", with no line: a Latin-1 byte in a 300-line file
     ("a byte that is not UTF-8", _write_bytes(b"apiVersion: v1\nkind: caf\xe9\n"),
      ":2: not UTF-8 text: byte 0xe9 at column 10"),

@@ -97,12 +97,17 @@ def _error_place(error: ErrorDetails, model: type[BaseModel]) -> tuple[str, str]
     return format_path(loc), message
 
 
+#: What PyYAML takes for a line break (its marks count lines by these).
+_LINE_BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+
+
 def _refused_character(text: str, exc: yaml.reader.ReaderError, source: str) -> Problem:
     """A character YAML does not allow (a control character other than tab and line ends, a lone
-    surrogate, U+FFFE), at its line and column as an editor counts them."""
+    surrogate, U+FFFE), at its line and column counted as PyYAML counts every other problem's."""
     at = exc.position
-    line = text.count("\n", 0, at) + 1
-    column = at - (text.rfind("\n", 0, at) + 1) + 1
+    breaks = list(_LINE_BREAK.finditer(text, 0, at))
+    line = len(breaks) + 1
+    column = at - (breaks[-1].end() if breaks else 0) + 1
     code = exc.character if isinstance(exc.character, int) else ord(str(exc.character)[:1] or "\0")
     return Problem(source, line, "", f"YAML syntax: the character U+{code:04X} at column {column} is not allowed "
                                      "in YAML (a control or non-printable character): remove it, or write it "
