@@ -108,7 +108,7 @@ def mutated(draw: st.DrawFn, seeds: list[Any], edits: tuple[str, ...] = EDITS) -
         if edit == "drop":
             del parent[key]
         elif edit == "add" and isinstance(current, dict):
-            current[draw(st.sampled_from(UNKNOWN_KEYS))] = draw(st.sampled_from(ODD_VALUES))
+            current[draw(st.sampled_from(UNKNOWN_KEYS))] = copy.deepcopy(draw(st.sampled_from(ODD_VALUES)))
         elif edit == "scale" and isinstance(current, int | float) and not isinstance(current, bool):
             parent[key] = current * draw(st.sampled_from([-1, 0, 1e-9, 1e-3, 1e3, 1e9, 1e15]))
         elif edit == "scale" and isinstance(current, str):
@@ -121,7 +121,7 @@ def mutated(draw: st.DrawFn, seeds: list[Any], edits: tuple[str, ...] = EDITS) -
         elif edit == "repeat" and isinstance(current, list) and current:
             current.append(copy.deepcopy(current[draw(st.integers(0, len(current) - 1))]))
         else:
-            parent[key] = draw(st.sampled_from(ODD_VALUES))
+            parent[key] = copy.deepcopy(draw(st.sampled_from(ODD_VALUES)))
     return doc
 
 
