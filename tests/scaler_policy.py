@@ -2,7 +2,8 @@
 
 ``qwen3``: requests/s, capacity 4 per replica, pods labelled ``extender.io/workload: qwen3`` in
 ``default``; ``llama``: tokens/s, capacity 2000 per replica, namespace ``ml``; ``batch``: no
-autoscaling section (the scaler must leave it alone).
+autoscaling section (the scaler must leave it alone). :func:`publish_decision` stores one decision
+for ``qwen3`` as a leading scaler would, for the servers that read it.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from extender.core.policy import Policy, parse_policy
+from extender.state.decisions import DecisionStore, Published
+from extender.state.lock import LeaderLock
 
 TEMPLATE = """\
 apiVersion: extender.io/v1alpha1
@@ -70,3 +73,11 @@ def policy_text(*, port: int = 8000, signal: dict[str, Any] | None = None, tick:
 
 def make_policy(**kwargs: Any) -> Policy:
     return parse_policy(policy_text(**kwargs), "scaler-test.yaml")
+
+
+def publish_decision(client: Any, *, load: float = 17.5, ttl_s: float = 60) -> None:
+    """Publish 5 replicas for ``qwen3`` (``load`` requests/s, a 15 s window) under a lock of its own."""
+    lock = LeaderLock(client, "seeder", ttl_s=ttl_s)
+    token = lock.acquire().token
+    lock.commit(token, DecisionStore(client).stage_published(
+        "qwen3", Published(desired=5, load=load, unit="requests/s", t=1_735_732_800.0, window=15, token=token)))

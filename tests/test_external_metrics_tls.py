@@ -30,14 +30,12 @@ import yaml
 from kubernetes import client as k8s
 
 from extender.state import connect
-from extender.state.decisions import DecisionStore, Published
-from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
 from tests.delegation_double import DelegationDouble, running
 from tests.kube_double.waiting import wait_until
 from tests.net import free_port, stop
 from tests.pki import Pki, make_pki
-from tests.scaler_policy import policy_text
+from tests.scaler_policy import policy_text, publish_decision
 
 pytestmark = pytest.mark.integration
 
@@ -92,10 +90,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                 "requestheader-extra-headers-prefix": '["X-Remote-Extra-"]',
             }
             client = connect(redis_server.url, directory)
-            lock = LeaderLock(client, "seeder", ttl_s=60)
-            token = lock.acquire().token
-            lock.commit(token, DecisionStore(client).stage_published(
-                "qwen3", Published(desired=5, load=17.5, unit="requests/s", t=1_735_732_800.0, window=15, token=token)))
+            publish_decision(client)
             client.close()
             policy = directory / "policy.yaml"
             policy.write_text(policy_text())

@@ -46,12 +46,10 @@ from extender.api.external_metrics.label_selector import SelectorError, parse_se
 from extender.keda import externalscaler_pb2 as pb
 from extender.keda.reading import METRIC_NAME, STANDBY_METRIC
 from extender.state import connect
-from extender.state.decisions import DecisionStore, Published
-from extender.state.lock import LeaderLock
 from tests.conftest import RedisServer
 from tests.kube_double.waiting import wait_until
 from tests.net import free_port, stop
-from tests.scaler_policy import policy_text
+from tests.scaler_policy import policy_text, publish_decision
 from tests.test_keda_scaler import publish, ref, serving, stub
 from tests.test_keda_scaler import settings as keda_settings
 
@@ -339,10 +337,7 @@ def scale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scale]:
     redis_server.start()
     try:
         client = connect(redis_server.url, directory)
-        lock = LeaderLock(client, "seeder", ttl_s=600)
-        token = lock.acquire().token
-        lock.commit(token, DecisionStore(client).stage_published(
-            "qwen3", Published(desired=5, load=17.5, unit="requests/s", t=1_735_732_800.0, window=15, token=token)))
+        publish_decision(client, ttl_s=600)
         client.close()
         policy = directory / "policy.yaml"
         policy.write_text(policy_text())

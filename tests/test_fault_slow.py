@@ -187,11 +187,9 @@ STALLED_KEPT_ALIVE = 8
 def metrics_api(tmp_path: Path, redis_server: RedisServer) -> Iterator[tuple[str, Any]]:
     """``extender scale --no-loop`` over TLS with a published decision: ``(base url, pki)``."""
     from extender.state import connect
-    from extender.state.decisions import DecisionStore, Published
-    from extender.state.lock import LeaderLock
     from tests.delegation_double import running as delegation
     from tests.pki import make_pki
-    from tests.scaler_policy import policy_text
+    from tests.scaler_policy import policy_text, publish_decision
     from tests.test_external_metrics_tls import HPA, _wait_up
 
     pki = make_pki(tmp_path / "pki")
@@ -201,10 +199,7 @@ def metrics_api(tmp_path: Path, redis_server: RedisServer) -> Iterator[tuple[str
         double.state.configmap = {"client-ca-file": pki.client_ca.pem(),
                                   "requestheader-client-ca-file": pki.front_proxy_ca.pem()}
         client = connect(redis_server.url, tmp_path)
-        lock = LeaderLock(client, "seeder", ttl_s=60)
-        token = lock.acquire().token
-        lock.commit(token, DecisionStore(client).stage_published(
-            "qwen3", Published(desired=5, load=1.0, unit="requests/s", t=1_735_732_800.0, window=15, token=token)))
+        publish_decision(client, load=1.0)
         client.close()
         policy = tmp_path / "policy.yaml"
         policy.write_text(policy_text())
