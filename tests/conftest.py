@@ -18,6 +18,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -104,6 +105,15 @@ class RedisServer:
         self.kill()
         self.start()
 
+    @contextmanager
+    def running(self) -> Iterator[RedisServer]:
+        """Started for the ``with`` block and stopped after it, whatever the block raised."""
+        self.start()
+        try:
+            yield self
+        finally:
+            self.stop()
+
     def stop(self) -> None:
         """Graceful SIGTERM, then SIGKILL if it lingers; always reaps the process."""
         if self.process is None or self.process.poll() is not None:
@@ -118,12 +128,8 @@ class RedisServer:
 @pytest.fixture
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A fresh redis-server for one test, on a free loopback port; stopped at teardown."""
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    server.start()
-    try:
+    with RedisServer(tmp_path_factory.mktemp("redis")).running() as server:
         yield server
-    finally:
-        server.stop()
 
 
 #: Debian's redis-server (7.0 on bookworm), which scripts/test installs when it runs as root.

@@ -74,45 +74,40 @@ def _wait_up(url: str, pki: Pki, process: subprocess.Popen[bytes], log: Path) ->
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     directory = tmp_path_factory.mktemp("tls")
     pki = make_pki(directory / "pki")
-    redis_server = RedisServer(tmp_path_factory.mktemp("redis"))
-    redis_server.start()
-    try:
-        with running() as double:
-            double.state.tokens = {"hpa-token": (HPA, ["system:serviceaccounts", "system:serviceaccounts:kube-system"]),
-                                   "bob-token": ("bob", [])}
-            double.state.rule = lambda user, groups, attrs: user in (HPA, "jane")
-            double.state.configmap = {
-                "client-ca-file": pki.client_ca.pem(),
-                "requestheader-client-ca-file": pki.front_proxy_ca.pem(),
-                "requestheader-allowed-names": '["front-proxy-client"]',
-                "requestheader-username-headers": '["X-Remote-User"]',
-                "requestheader-group-headers": '["X-Remote-Group"]',
-                "requestheader-extra-headers-prefix": '["X-Remote-Extra-"]',
-            }
-            client = connect(redis_server.url, directory)
-            publish_decision(client)
-            client.close()
-            policy = directory / "policy.yaml"
-            policy.write_text(policy_text())
-            kubeconfig = double.write_kubeconfig(directory / "scaler-kubeconfig.yaml")
-            port = free_port()
-            log = directory / "scale.log"
-            with log.open("wb") as out:
-                process = subprocess.Popen(
-                    [sys.executable, "-m", "extender.scaler", "scale", "--policy", str(policy),
-                     "--redis-url", redis_server.url, "--kubeconfig", str(kubeconfig), "--no-loop",
-                     "--bind", f"127.0.0.1:{port}",
-                     "--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key)],
-                    cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                )
-            url = f"https://127.0.0.1:{port}"
-            try:
-                _wait_up(url, pki, process, log)
-                yield Served(url, pki, double, directory)
-            finally:
-                stop(process, 30)
-    finally:
-        redis_server.stop()
+    with RedisServer(tmp_path_factory.mktemp("redis")).running() as redis_server, running() as double:
+        double.state.tokens = {"hpa-token": (HPA, ["system:serviceaccounts", "system:serviceaccounts:kube-system"]),
+                               "bob-token": ("bob", [])}
+        double.state.rule = lambda user, groups, attrs: user in (HPA, "jane")
+        double.state.configmap = {
+            "client-ca-file": pki.client_ca.pem(),
+            "requestheader-client-ca-file": pki.front_proxy_ca.pem(),
+            "requestheader-allowed-names": '["front-proxy-client"]',
+            "requestheader-username-headers": '["X-Remote-User"]',
+            "requestheader-group-headers": '["X-Remote-Group"]',
+            "requestheader-extra-headers-prefix": '["X-Remote-Extra-"]',
+        }
+        client = connect(redis_server.url, directory)
+        publish_decision(client)
+        client.close()
+        policy = directory / "policy.yaml"
+        policy.write_text(policy_text())
+        kubeconfig = double.write_kubeconfig(directory / "scaler-kubeconfig.yaml")
+        port = free_port()
+        log = directory / "scale.log"
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "extender.scaler", "scale", "--policy", str(policy),
+                 "--redis-url", redis_server.url, "--kubeconfig", str(kubeconfig), "--no-loop",
+                 "--bind", f"127.0.0.1:{port}",
+                 "--tls-cert", str(pki.server.cert), "--tls-key", str(pki.server.key)],
+                cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        url = f"https://127.0.0.1:{port}"
+        try:
+            _wait_up(url, pki, process, log)
+            yield Served(url, pki, double, directory)
+        finally:
+            stop(process, 30)
 
 
 # ---- kubectl -------------------------------------------------------------------------------------

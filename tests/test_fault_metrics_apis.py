@@ -333,9 +333,7 @@ def scale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scale]:
     """``extender scale --no-loop`` as production runs it, without TLS or auth (those are below), with
     one decision published for ``qwen3``."""
     directory = tmp_path_factory.mktemp("scale-api")
-    redis_server = RedisServer(directory)
-    redis_server.start()
-    try:
+    with RedisServer(directory).running() as redis_server:
         client = connect(redis_server.url, directory)
         publish_decision(client, ttl_s=600)
         client.close()
@@ -364,8 +362,6 @@ def scale(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scale]:
             yield served
         finally:
             stop(process, 30)
-    finally:
-        redis_server.stop()
 
 
 def check_json_reply(status: int, content_type: str, raw: bytes) -> dict[str, Any]:
@@ -606,15 +602,11 @@ def keda_expected(call: str, namespace: str, metadata: Mapping[str, str],
 @pytest.fixture(scope="module")
 def keda(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     directory = tmp_path_factory.mktemp("keda-fuzz")
-    redis_server = RedisServer(directory)
-    redis_server.start()
-    try:
+    with RedisServer(directory).running() as redis_server:
         publish(redis_server.url, directory, {w: (d, 5.0) for w, (d, _) in KEDA_PUBLISHED.items()}, standby=2)
         with serving(keda_settings(), redis_server.url, directory) as running, \
                 grpc.insecure_channel(running.address) as channel:
             yield stub(channel)
-    finally:
-        redis_server.stop()
 
 
 KEDA_TEXT = st.one_of(

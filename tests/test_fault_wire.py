@@ -115,9 +115,7 @@ RAW_BODIES = st.one_of(
 @pytest.fixture(scope="module")
 def fuzz_extender(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("fuzz")
-    redis_server = RedisServer(tmp)
-    redis_server.start()
-    try:
+    with RedisServer(tmp).running() as redis_server:
         load_inventory(redis_server.url, tmp)
         policy = tmp / "policy.yaml"
         policy.write_text(POLICY)
@@ -125,8 +123,6 @@ def fuzz_extender(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
         with running(serve_command(policy, port, redis_server.url), tmp, port) as server:
             wait_ready(server)
             yield server
-    finally:
-        redis_server.stop()
 
 
 def sent_names(body: Any) -> list[str]:
