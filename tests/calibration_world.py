@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from extender.core.calibration import PARAMETERS, Fit, Observation, apply_calibration
+from extender.core.calibration import PARAMETERS, Fit, Observation, apply_calibration, parameters_named
 from extender.core.estimate import STATES, CacheState, NamedState, estimate
 from extender.core.policy import Policy
 
@@ -21,10 +21,13 @@ _WORDS = {0: "absent", 1: "registry", 2: "local"}
 
 
 def factors(**by_name: float) -> tuple[float, ...]:
-    """A factor per parameter (``PARAMETERS``), 1 where not given."""
-    unknown = set(by_name) - set(PARAMETERS)
-    assert not unknown, unknown
-    return tuple(float(by_name.get(name, 1.0)) for name in PARAMETERS)
+    """A factor per parameter (``PARAMETERS``, or ``engine``: graph capture and engine init), 1 where not given."""
+    f = [1.0] * len(PARAMETERS)
+    for name, value in by_name.items():
+        assert parameters_named(name), name
+        for j in parameters_named(name):
+            f[j] = float(value)
+    return tuple(f)
 
 
 def world(policy: Policy, workload: str, node_class: str, truth: Sequence[float]) -> Policy:

@@ -15,8 +15,9 @@ from hypothesis import strategies as st
 
 from extender.core.calibration import (
     COLD,
-    ENGINE,
+    GRAPH,
     IMAGE,
+    INIT,
     LOCAL,
     PARAMETERS,
     REMOTE,
@@ -155,7 +156,7 @@ def test_an_always_warm_fleet_teaches_nothing_about_cold_starts() -> None:
     fit = calibrate(APPLY, observed).fits[(WORKLOAD, CLASS)]
     for j in (IMAGE, REMOTE, COLD):
         assert fit.factors[j] == 1.0 and fit.confidence[j] == 0.0, PARAMETERS[j]
-    warm_group = [fit.confidence[j] for j in (LOCAL, WARM, ENGINE)]
+    warm_group = [fit.confidence[j] for j in (LOCAL, WARM, GRAPH, INIT)]
     assert all(0 < c < 1 for c in warm_group)
     # what it did learn: the warm start itself
     calibrated = effective_policy(APPLY, observed)
@@ -165,10 +166,11 @@ def test_an_always_warm_fleet_teaches_nothing_about_cold_starts() -> None:
 def test_phases_seen_only_together_share_a_discrepancy_in_proportion() -> None:
     true_world = world(QWEN, WORKLOAD, CLASS, factors(engine=2.0))
     fit = calibrate(APPLY, starts(QWEN, true_world, WORKLOAD, CLASS, ["warm"] * 40, noise=0.0)).fits[(WORKLOAD, CLASS)]
-    # local weights, warm compile and engine are always seen together: one common factor
+    # local weights, warm compile, graph capture and engine init are always seen together: one common factor
     assert fit.factors[LOCAL] == pytest.approx(fit.factors[WARM], rel=0.05)
-    assert fit.factors[WARM] == pytest.approx(fit.factors[ENGINE], rel=0.05)
-    assert fit.factors[ENGINE] > 1.5
+    assert fit.factors[WARM] == pytest.approx(fit.factors[INIT], rel=0.05)
+    assert fit.factors[GRAPH] == pytest.approx(fit.factors[INIT], rel=1e-6)
+    assert fit.factors[INIT] > 1.5
 
 
 # ---- bounds ---------------------------------------------------------------------------------------------
@@ -180,6 +182,25 @@ def test_a_world_beyond_the_bounds_stops_at_them() -> None:
     observed = starts(policy, true_world, WORKLOAD, CLASS, ["image"] * 50, noise=0.0)
     fit = calibrate(policy, observed).fits[(WORKLOAD, CLASS)]
     assert fit.factors[COLD] == 1.5
+
+
+@pytest.mark.parametrize(("bounds", "graph", "init"), [
+    pytest.param("{}", (0.25, 4.0), (0.25, 4.0), id="default"),
+    # a policy written when the two were one factor keeps its meaning
+    pytest.param("{engine: {min: 0.5, max: 2}}", (0.5, 2.0), (0.5, 2.0), id="engine-bounds-both"),
+    pytest.param("{engine: {min: 0.5, max: 2}, graphCapture: {min: 0.9, max: 3}}", (0.9, 3.0), (0.5, 2.0),
+                 id="a-bound-of-its-own-comes-before-engine"),
+    pytest.param("{default: {max: 8}, engineInit: {min: 0.8, max: 1.2}}", (0.25, 8.0), (0.8, 1.2),
+                 id="engine-init-alone"),
+])
+def test_graph_capture_and_engine_init_are_bounded_apart_or_by_engine(
+        bounds: str, graph: tuple[float, float], init: tuple[float, float]) -> None:
+    policy = parse_policy(QWEN_TEXT + f"calibration: {{mode: apply, bounds: {bounds}}}\n")
+    true_world = world(policy, WORKLOAD, CLASS, factors(graphCapture=20.0, engineInit=0.01))
+    observed = starts(policy, true_world, WORKLOAD, CLASS, ["warm"] * 5, noise=0.0)
+    fit = calibrate(policy, observed).fits[(WORKLOAD, CLASS)]
+    assert (fit.lower[GRAPH], fit.upper[GRAPH]) == graph and (fit.lower[INIT], fit.upper[INIT]) == init
+    assert all(fit.lower[j] <= fit.factors[j] <= fit.upper[j] for j in (GRAPH, INIT))
 
 
 def test_no_fit_makes_a_download_faster_than_the_nic() -> None:
@@ -298,8 +319,8 @@ def test_the_applied_fit_is_a_per_class_override_built_on_existing_ones() -> Non
     override = effective_policy(policy, observed).profile(WORKLOAD).overrides[CLASS]
     assert override.compile_cold is not None and override.compile_cold > 60
     assert override.compile_cold == pytest.approx(53 * fit.factor("compileCold"))
-    assert override.engine_init == pytest.approx(40 * fit.factor("engine"))  # the team's 40 s is the base
-    assert override.graph_capture == pytest.approx(17 * fit.factor("engine"))
+    assert override.engine_init == pytest.approx(40 * fit.factor("engineInit"))  # the team's 40 s is the base
+    assert override.graph_capture == pytest.approx(17 * fit.factor("graphCapture"))
     assert override.image_pull is None  # factor 1: nothing written
     assert policy.profile(WORKLOAD).overrides[CLASS].engine_init == 40.0  # the base policy is untouched
 
@@ -320,7 +341,8 @@ def test_an_applied_fit_never_makes_a_warm_compile_slower_than_a_cold_one(moved:
     # value, and the override copied into a policy failed `policy check`
     policy = load_policy(ROOT / "policies/eks-p5-qwen3-moe.yaml")
     m = factors(**moved)
-    fit = Fit(WORKLOAD, CLASS, 9, tuple(m), (0.0,) * 7, (0.05,) * 7, (4.0,) * 7, 0, 0, 0, 0, True)
+    n = len(PARAMETERS)
+    fit = Fit(WORKLOAD, CLASS, 9, tuple(m), (0.0,) * n, (0.05,) * n, (4.0,) * n, 0, 0, 0, 0, True)
     applied = apply_calibration(policy, [fit])
     assert cross_check(applied) == []
     override = applied.profile(WORKLOAD).overrides[CLASS]
@@ -369,6 +391,8 @@ def test_estimate_errors_leave_out_starts_of_another_adapter_count(
     pytest.param("calibration: {mode: always}", 1, "calibration.mode", "'off', 'suggest' or 'apply'", id="mode"),
     pytest.param("calibration:\n  bounds:\n    engine: {min: 1.5, max: 3}", 3, "calibration.bounds.engine",
                  "must enclose 1", id="bounds-exclude-the-policy"),
+    pytest.param("calibration:\n  bounds:\n    graphCapture: {max: 0.5}", 3, "calibration.bounds.graphCapture",
+                 "must enclose 1", id="graph-capture-bounds-exclude-the-policy"),
     pytest.param("calibration:\n  bounds:\n    compile: {min: 0.5}", 3, "calibration.bounds.compile",
                  "unknown field", id="unknown-parameter"),
     pytest.param("calibration:\n  priorObservations: 0", 2, "calibration.priorObservations", "must be > 0",

@@ -7,26 +7,36 @@ the true factors), the oracle the fit must recover.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from extender.core.calibration import (
+    CAPTURE_ROW,
     COLD,
-    ENGINE,
+    COMPILE_ROW,
+    ENGINE_ROW,
+    GRAPH,
     IMAGE,
+    INIT,
+    INIT_ROW,
     LOCAL,
     PARAMETERS,
     REMOTE,
     WARM,
+    WEIGHTS_ROW,
     Observation,
     PhaseRows,
+    PolicyValues,
+    apply_calibration,
     cache_state,
     calibrate,
     design,
     fit_pair,
 )
 from extender.core.enginelog import EnginePhases
+from extender.core.policy import PhaseOverride, Policy
 from extender.core.schema import read_stored
 from extender.state.observations import encode
 from tests.calibration_world import factors, round_robin, starts, world
@@ -36,8 +46,11 @@ PROFILE, NODE_CLASS = APPLY.profile(WORKLOAD), APPLY.node_class(CLASS)
 
 
 def with_phases(observed: list[Observation], truth: tuple[float, ...], *, noise: float = 0.0, seed: int = 0,
-                kinds: frozenset[str] = frozenset({"weights", "compile", "engine"})) -> list[Observation]:
-    """Each start with the phase times the world gave it: the estimator's columns at the true factors."""
+                kinds: frozenset[str] = frozenset({"weights", "compile", "capture", "engine"})) -> list[Observation]:
+    """Each start with the phase times the world gave it: the estimator's columns at the true factors.
+
+    As vLLM logs them: ``initEngine`` (kind ``engine``) holds the compile and the graph capture.
+    """
     rng = np.random.default_rng(seed)
     m = np.array(truth)
     seconds = design(PROFILE, NODE_CLASS, cache_state(observed), m).columns * m
@@ -47,13 +60,13 @@ def with_phases(observed: list[Observation], truth: tuple[float, ...], *, noise:
             return value * float(np.exp(rng.normal(0.0, noise)))
 
         compile_s = noisy(seconds[i, COLD] + seconds[i, WARM])
-        engine = noisy(seconds[i, ENGINE])
+        capture = noisy(seconds[i, GRAPH])
         phases = EnginePhases(
             weights_load=noisy(seconds[i, REMOTE] + seconds[i, LOCAL]) if "weights" in kinds else None,
             compile=compile_s if "compile" in kinds else None,
             compile_cached=bool(seconds[i, WARM] > 0),
-            graph_capture=engine * PROFILE.graph_capture / (PROFILE.graph_capture + PROFILE.engine_init),
-            init_engine=engine + compile_s if "engine" in kinds else None,
+            graph_capture=capture if "capture" in kinds else None,
+            init_engine=noisy(seconds[i, INIT]) + capture + compile_s if "engine" in kinds else None,
         )
         out.append(o.model_copy(update={"phases": phases}))
     return out
@@ -63,7 +76,10 @@ def fit_of(observed: list[Observation]) -> tuple[float, ...]:
     return calibrate(APPLY, observed).fits[(WORKLOAD, CLASS)].factors
 
 
-WARM_TRUTH = factors(weightsLocal=2.0, compileWarm=0.5, engine=1.5)
+#: Local weights 2x slower, warm compile 2x faster, graph capture 2x slower and engine init 0.75x.
+WARM_TRUTH = factors(weightsLocal=2.0, compileWarm=0.5, graphCapture=2.0, engineInit=0.75)
+#: The same, graph capture and engine init both 1.5x (what a log without a capture time can teach).
+ONE_ENGINE_TRUTH = factors(weightsLocal=2.0, compileWarm=0.5, engine=1.5)
 
 
 def test_an_always_warm_fleet_is_separated_by_its_phase_times() -> None:
@@ -71,41 +87,51 @@ def test_an_always_warm_fleet_is_separated_by_its_phase_times() -> None:
     observed = starts(QWEN, true_world, WORKLOAD, CLASS, ["warm"] * 60, noise=0.03, seed=11)
     totals_only = calibrate(APPLY, observed).fits[(WORKLOAD, CLASS)]
     with_logs = calibrate(APPLY, with_phases(observed, WARM_TRUTH, noise=0.03, seed=12)).fits[(WORKLOAD, CLASS)]
-    for j in (LOCAL, WARM, ENGINE):
+    for j in (LOCAL, WARM, GRAPH, INIT):
         assert with_logs.factors[j] == pytest.approx(WARM_TRUTH[j], rel=0.06), PARAMETERS[j]
         assert with_logs.confidence[j] > totals_only.confidence[j], PARAMETERS[j]
-    # from totals alone the three are one common factor: none is right
+    # from totals alone the four are one common factor: none is right
     assert totals_only.factors[LOCAL] == pytest.approx(totals_only.factors[WARM], rel=0.05)
-    assert abs(totals_only.factors[LOCAL] - WARM_TRUTH[LOCAL]) > 0.5
-    assert abs(totals_only.factors[WARM] - WARM_TRUTH[WARM]) > 0.5
+    assert totals_only.factors[GRAPH] == pytest.approx(totals_only.factors[INIT], rel=1e-9)
+    for j in (LOCAL, WARM, GRAPH, INIT):
+        assert abs(totals_only.factors[j] - WARM_TRUTH[j]) > 0.25, PARAMETERS[j]
     # phases a warm fleet never runs still teach nothing
     for j in (IMAGE, REMOTE, COLD):
         assert with_logs.factors[j] == 1.0 and with_logs.confidence[j] == 0.0, PARAMETERS[j]
 
 
-@pytest.mark.parametrize(("kinds", "learnt"), [
-    pytest.param(frozenset({"weights"}), LOCAL, id="weights-load"),
-    pytest.param(frozenset({"compile"}), WARM, id="compile"),
-    pytest.param(frozenset({"compile", "engine"}), ENGINE, id="engine-init-with-the-compile-it-holds"),
+@pytest.mark.parametrize(("kinds", "truth", "learnt", "fewer"), [
+    pytest.param({"weights"}, WARM_TRUTH, (LOCAL,), set(), id="weights-load"),
+    pytest.param({"compile"}, WARM_TRUTH, (WARM,), set(), id="compile"),
+    # a vLLM log (it has initEngine) whose compile time is missing: its capture holds no compile
+    pytest.param({"capture", "engine"}, WARM_TRUTH, (GRAPH,), {"engine"}, id="graph-capture"),
+    # initEngine holds the compile and the capture: it teaches engine init given their times
+    pytest.param({"compile", "capture", "engine"}, WARM_TRUTH, (INIT,), {"compile", "capture"},
+                 id="engine-init-less-the-compile-and-capture-it-holds"),
+    # without a capture time it teaches the two together, in the policy's proportions
+    pytest.param({"compile", "engine"}, ONE_ENGINE_TRUTH, (GRAPH, INIT), {"compile"},
+                 id="engine-init-without-a-capture-time"),
 ])
-def test_each_phase_time_teaches_its_own_factor(kinds: frozenset[str], learnt: int) -> None:
-    true_world = world(QWEN, WORKLOAD, CLASS, WARM_TRUTH)
+def test_each_phase_time_teaches_its_own_factor(kinds: set[str], truth: tuple[float, ...], learnt: tuple[int, ...],
+                                                fewer: set[str]) -> None:
+    true_world = world(QWEN, WORKLOAD, CLASS, truth)
     observed = starts(QWEN, true_world, WORKLOAD, CLASS, ["warm"] * 60, noise=0.0)
-    got = calibrate(APPLY, with_phases(observed, WARM_TRUTH, kinds=kinds)).fits[(WORKLOAD, CLASS)]
-    assert got.factors[learnt] == pytest.approx(WARM_TRUTH[learnt], rel=0.06), PARAMETERS[learnt]
-    # the same starts without that phase's time (the engine's needs the compile's: it holds it)
-    fewer = frozenset({"compile"}) if learnt == ENGINE else frozenset()
-    without = calibrate(APPLY, with_phases(observed, WARM_TRUTH, kinds=fewer)).fits[(WORKLOAD, CLASS)]
-    assert abs(without.factors[learnt] - WARM_TRUTH[learnt]) > abs(got.factors[learnt] - WARM_TRUTH[learnt])
-    assert got.confidence[learnt] > without.confidence[learnt]
+    got = calibrate(APPLY, with_phases(observed, truth, kinds=frozenset(kinds))).fits[(WORKLOAD, CLASS)]
+    # the same starts without that phase's time
+    without = calibrate(APPLY, with_phases(observed, truth, kinds=frozenset(fewer))).fits[(WORKLOAD, CLASS)]
+    for j in learnt:
+        assert got.factors[j] == pytest.approx(truth[j], rel=0.06), PARAMETERS[j]
+        assert abs(without.factors[j] - truth[j]) > abs(got.factors[j] - truth[j]), PARAMETERS[j]
+        assert got.confidence[j] > without.confidence[j], PARAMETERS[j]
 
 
 def test_a_mixed_fleet_with_phase_times_recovers_every_factor() -> None:
-    truth = factors(imagePull=1.5, weightsRemote=2.0, weightsLocal=0.5, compileCold=3.0, compileWarm=1.5, engine=0.7)
+    truth = factors(imagePull=1.5, weightsRemote=2.0, weightsLocal=0.5, compileCold=3.0, compileWarm=1.5,
+                    graphCapture=2.0, engineInit=0.75)
     true_world = world(QWEN, WORKLOAD, CLASS, truth)
     observed = starts(QWEN, true_world, WORKLOAD, CLASS, round_robin(120), noise=0.02, seed=3)
     got = fit_of(with_phases(observed, truth, noise=0.02, seed=4))
-    for j in (IMAGE, REMOTE, LOCAL, COLD, WARM, ENGINE):
+    for j in (IMAGE, REMOTE, LOCAL, COLD, WARM, GRAPH, INIT):
         assert got[j] == pytest.approx(truth[j], rel=0.08), PARAMETERS[j]
 
 
@@ -137,39 +163,106 @@ def test_a_compile_time_of_the_other_path_is_left_out() -> None:
     assert hit[WARM] == APPLY.calibration.bounds.of("compile_warm").max
 
 
-def test_an_engine_time_without_the_compile_it_holds_is_left_out() -> None:
-    observed = starts(QWEN, QWEN, WORKLOAD, CLASS, ["warm"], noise=0.0)
-    base = design(PROFILE, NODE_CLASS, cache_state(observed))
-    unknown = [observed[0].model_copy(update={"phases": EnginePhases(init_engine=60.0)})]
-    assert len(PhaseRows.of(unknown, base.columns)) == 0
-    eager = base.columns.copy()
-    eager[:, [COLD, WARM]] = 0.0  # a start that does not compile: its init is the engine's alone
-    rows = PhaseRows.of(unknown, eager)
-    assert len(rows) == 1 and rows.seconds[0] == 60.0
+@pytest.mark.parametrize(("phases", "eager", "rows"), [
+    # vLLM: initEngine holds the compile and the graph capture
+    pytest.param(EnginePhases(compile=5.0, graph_capture=12.0, init_engine=60.0), False,
+                 [(COMPILE_ROW, 5.0), (CAPTURE_ROW, 12.0), (INIT_ROW, 43.0)], id="vllm"),
+    pytest.param(EnginePhases(compile=5.0, graph_capture=20.0, init_engine=25.0), False,
+                 [(COMPILE_ROW, 5.0), (CAPTURE_ROW, 20.0)], id="vllm-capture-rounded-up-to-all-the-rest"),
+    pytest.param(EnginePhases(compile=5.0, init_engine=60.0), False, [(COMPILE_ROW, 5.0), (ENGINE_ROW, 55.0)],
+                 id="vllm-without-a-capture-time-one-row-of-both"),
+    pytest.param(EnginePhases(graph_capture=12.0, init_engine=60.0), False, [(CAPTURE_ROW, 12.0)],
+                 id="vllm-without-the-compile-time-init-holds"),
+    pytest.param(EnginePhases(init_engine=60.0), True, [(ENGINE_ROW, 60.0)], id="vllm-eager-without-a-capture-time"),
+    pytest.param(EnginePhases(graph_capture=12.0, init_engine=60.0), True, [(CAPTURE_ROW, 12.0), (INIT_ROW, 48.0)],
+                 id="vllm-eager"),
+    # SGLang: no initEngine, and a capture that may hold the compile (piecewise graphs, --enable-torch-compile)
+    pytest.param(EnginePhases(weights_load=10.0, compile=5.0, graph_capture=12.0), False,
+                 [(WEIGHTS_ROW, 10.0), (COMPILE_ROW, 5.0)], id="sglang-capture-of-a-compiling-start-left-out"),
+    pytest.param(EnginePhases(weights_load=10.0, graph_capture=12.0), True, [(WEIGHTS_ROW, 10.0), (CAPTURE_ROW, 12.0)],
+                 id="sglang-capture-of-a-start-that-does-not-compile"),
+])
+def test_each_log_gives_the_rows_its_times_support(phases: EnginePhases, eager: bool,
+                                                   rows: list[tuple[int, float]]) -> None:
+    observed = [starts(QWEN, QWEN, WORKLOAD, CLASS, ["warm"], noise=0.0)[0].model_copy(update={"phases": phases})]
+    columns = design(PROFILE, NODE_CLASS, cache_state(observed)).columns
+    if eager:
+        columns[:, [COLD, WARM]] = 0.0  # a start that does not compile
+    got = PhaseRows.of(observed, columns)
+    assert list(zip(got.kind.tolist(), got.seconds.tolist(), strict=True)) == rows
 
 
 def test_phase_rows_scale_by_the_policys_seconds_of_the_phase() -> None:
     observed = starts(QWEN, QWEN, WORKLOAD, CLASS, ["warm", "cold"], noise=0.0)
-    observed = [o.model_copy(update={"phases": EnginePhases(weights_load=10.0, compile=20.0, init_engine=60.0)})
+    observed = [o.model_copy(update={"phases": EnginePhases(weights_load=10.0, compile=20.0, graph_capture=12.0,
+                                                            init_engine=60.0)})
                 for o in observed]
     base = design(PROFILE, NODE_CLASS, cache_state(observed))
     rows = PhaseRows.of(observed, base.columns)
     x, y, live = rows.rows(base.columns)
-    assert live.all() and len(rows) == 6
-    assert x.sum(axis=1) == pytest.approx(np.ones(6))  # at the policy's factors each row is 1
+    assert live.all() and len(rows) == 8
+    assert x.sum(axis=1) == pytest.approx(np.ones(8))  # at the policy's factors each row is 1
     warm_compile = PROFILE.compile.warm if CLASS not in PROFILE.overrides else base.columns[0, WARM]
     assert y[1] == pytest.approx(20.0 / warm_compile)
-    assert y[2] == pytest.approx(40.0 / base.columns[0, ENGINE])  # engine = init - compile
-    assert y[4] == pytest.approx(20.0 / base.columns[1, COLD])
+    assert y[2] == pytest.approx(12.0 / base.columns[0, GRAPH])
+    assert y[3] == pytest.approx(28.0 / base.columns[0, INIT])  # engine init = init - compile - capture
+    assert y[5] == pytest.approx(20.0 / base.columns[1, COLD])
 
 
 def test_a_restored_start_has_no_phase_rows() -> None:
     observed = starts(QWEN, QWEN, WORKLOAD, CLASS, ["warm"], noise=0.0)
     restored = np.zeros_like(design(PROFILE, NODE_CLASS, cache_state(observed)).columns)
     restored[:, -1] = 30.0  # only the snapshot restore column, as a restored start has
-    rows = PhaseRows.of([o.model_copy(update={"phases": EnginePhases(weights_load=5.0, compile=5.0,
+    rows = PhaseRows.of([o.model_copy(update={"phases": EnginePhases(weights_load=5.0, compile=5.0, graph_capture=2.0,
                                                                       init_engine=9.0)}) for o in observed], restored)
     assert len(rows) == 0
+
+
+def one_engine_policy() -> Policy:
+    """The policy with graph capture folded into engine init on the class: its INIT column is the one
+    ``engine`` column the fit had before the two were fitted apart (``graph + init``, one factor, the
+    same prior ``k x s``, the same bounds), so its fit is that fit (checked against the previous code)."""
+    values = PolicyValues.of(PROFILE, NODE_CLASS)
+    override = (PROFILE.overrides.get(CLASS) or PhaseOverride()).model_copy(
+        update={"graph_capture": 0.0, "engine_init": values.graph_s + values.init_s})
+    profile = PROFILE.model_copy(update={"overrides": {**PROFILE.overrides, CLASS: override}})
+    return APPLY.model_copy(update={"profiles": tuple(profile if p.name == WORKLOAD else p for p in APPLY.profiles)})
+
+
+@pytest.mark.parametrize(("states", "truth", "kinds"), [
+    pytest.param(round_robin(80), WARM_TRUTH, None, id="mixed-totals-only"),
+    pytest.param(["warm"] * 60, WARM_TRUTH, None, id="warm-totals-only"),
+    pytest.param(round_robin(80), WARM_TRUTH, {"weights", "compile", "engine"}, id="vllm-logs-without-a-capture-time"),
+    pytest.param(round_robin(80), WARM_TRUTH, {"weights", "capture"}, id="sglang-logs-of-compiling-starts"),
+    pytest.param(["warm"] * 30, factors(engine=10.0), None, id="at-the-bound"),
+    pytest.param(["warm"] * 2, factors(engine=0.5), None, id="two-starts"),
+])
+def test_without_capture_rows_the_fit_is_the_one_engine_factor_fit(
+        states: list[str], truth: tuple[float, ...], kinds: set[str] | None) -> None:
+    observed = starts(QWEN, world(QWEN, WORKLOAD, CLASS, truth), WORKLOAD, CLASS, states, noise=0.05, seed=5)
+    if kinds is not None:
+        observed = with_phases(observed, truth, noise=0.03, seed=6, kinds=frozenset(kinds))
+    folded = one_engine_policy()
+    fit = fit_pair(APPLY, PROFILE, NODE_CLASS, observed)
+    one = fit_pair(folded, folded.profile(WORKLOAD), NODE_CLASS, observed)
+    others = [j for j in range(len(PARAMETERS)) if j not in (GRAPH, INIT)]
+    assert [fit.factors[j] for j in others] == pytest.approx([one.factors[j] for j in others], rel=1e-9)
+    assert fit.factors[GRAPH] == pytest.approx(one.factors[INIT], rel=1e-9)  # both: the one engine factor
+    assert fit.factors[INIT] == pytest.approx(one.factors[INIT], rel=1e-9)
+    # the one factor's confidence, shared in the policy's proportions
+    values = PolicyValues.of(PROFILE, NODE_CLASS)
+    assert fit.confidence[GRAPH] + fit.confidence[INIT] == pytest.approx(one.confidence[INIT], abs=1e-12)
+    assert fit.confidence[GRAPH] * values.init_s == pytest.approx(fit.confidence[INIT] * values.graph_s, rel=1e-9)
+    # the applied policy: the same overrides, graph capture and engine init in the policy's proportions
+    applied = apply_calibration(APPLY, [replace(fit, applied=True)]).profile(WORKLOAD).overrides[CLASS]
+    before = apply_calibration(folded, [replace(one, applied=True)]).profile(WORKLOAD).overrides[CLASS]
+    assert applied.graph_capture is not None and applied.engine_init is not None and before.engine_init is not None
+    assert applied.graph_capture / values.graph_s == pytest.approx(applied.engine_init / values.init_s, rel=1e-9)
+    assert applied.graph_capture + applied.engine_init == pytest.approx(before.engine_init, rel=1e-9)
+    def written(override: PhaseOverride) -> dict[str, float]:
+        return {k: v for k, v in override.model_dump(exclude={"graph_capture", "engine_init"}).items() if v is not None}
+
+    assert written(applied) == pytest.approx(written(before), rel=1e-9)
 
 
 def test_phases_are_stored_and_read_back_and_absent_phases_store_as_before() -> None:

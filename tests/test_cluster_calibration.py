@@ -87,7 +87,8 @@ def test_replicas_ready_after_a_delay_are_observed_and_move_the_fit_toward_it(
           f"'image' state: policy {before:.1f} s, fitted {after:.1f} s "
           f"({100 * moved:.0f} % of the way to the {seen:.1f} s observed)", file=sys.stderr)  # stdout: the CLI's
     assert 0.5 < moved < 1.0, (before, after, seen)  # toward what was seen, most of the way, not past it
-    assert fit.factor("compileCold") < 1 and fit.factor("engine") < 1
+    assert fit.factor("compileCold") < 1 and fit.factor("graphCapture") < 1
+    assert fit.factor("graphCapture") == pytest.approx(fit.factor("engineInit"))  # no capture logged: one factor
     assert fit.error_fit < fit.error_policy
 
     assert cli.main(["calibrate", "show", "--policy", str(stack.policy), "--workload", WORKLOAD, "--json",

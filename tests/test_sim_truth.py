@@ -14,12 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from extender.core.calibration import GRAPH, INIT
 from extender.core.errors import DocumentError
 from extender.sim.commands import error_section
 from extender.sim.report import build, summarise
 from extender.sim.scenario import load_scenario
 from extender.sim.simulation import prepare, simulate
-from extender.sim.truth import error_over_time, true_factors, world_policy
+from extender.sim.truth import Truth, TruthRule, check_truth, error_over_time, true_factors, world_policy
 from tests.test_sim import SCENARIOS, TINY_SCENARIO, cut, write_tiny
 
 
@@ -66,12 +67,28 @@ def test_rules_multiply_and_apply_where_they_match() -> None:
     assert truth is not None
     extra = truth.model_copy(update={"factors": (*truth.factors, truth.factors[0].model_copy(
         update={"workload": "mixtral-61g", "node_class": "g5.12xlarge", "factors": {"engine": 2.0}}))})
-    assert true_factors(extra, "mixtral-61g", "g5.12xlarge")[5] == 3.0  # 1.5 everywhere x 2 here
-    assert true_factors(extra, "llama3-8b", "g5.12xlarge")[5] == 1.5
+    for j in (GRAPH, INIT):  # engine: graph capture and engine init alike
+        assert true_factors(extra, "mixtral-61g", "g5.12xlarge")[j] == 3.0  # 1.5 everywhere x 2 here
+        assert true_factors(extra, "llama3-8b", "g5.12xlarge")[j] == 1.5
     world = world_policy(loaded.policy, extra)
     assert world.profile("mixtral-61g").overrides["g5.12xlarge"].engine_init == pytest.approx(69 * 3)
     assert world.profile("mixtral-61g").overrides["g5.48xlarge"].engine_init == pytest.approx(69 * 1.5)
     assert world_policy(loaded.policy, None) is loaded.policy
+
+
+@pytest.mark.parametrize(("factors", "graph", "init"), [
+    pytest.param({"engine": 2.0}, 2.0, 2.0, id="engine-is-both-as-before-they-were-fitted-apart"),
+    pytest.param({"graphCapture": 2.0}, 2.0, 1.0, id="graph-capture-alone"),
+    pytest.param({"engineInit": 0.5}, 1.0, 0.5, id="engine-init-alone"),
+    pytest.param({"engine": 2.0, "engineInit": 0.5}, 2.0, 1.0, id="the-alias-and-a-parameter-multiply"),
+])
+def test_engine_in_a_truth_is_graph_capture_and_engine_init(factors: dict[str, float], graph: float,
+                                                           init: float) -> None:
+    truth = Truth(factors=(TruthRule(factors=factors),))
+    assert check_truth(truth, load_scenario(SCENARIOS / "calibration.yaml").policy) == []
+    f = true_factors(truth, "any", "class")
+    assert (f[GRAPH], f[INIT]) == (graph, init)
+    assert sum(f) == len(f) - 2 + graph + init  # nothing else moved
 
 
 def test_the_calibrated_strategy_learns_the_world_and_the_other_does_not() -> None:

@@ -6,7 +6,7 @@ for it when it was scheduled (from the inventory) and when it became Ready
 (workload, node class), and :func:`apply_calibration` writes the fit into a policy as per-class
 overrides, which is all the extender, the scaler and the warmer need (they take a policy).
 
-The model. Given the cache state, the estimator (:mod:`extender.core.estimate`) is linear in seven
+The model. Given the cache state, the estimator (:mod:`extender.core.estimate`) is linear in eight
 unknown *factors* ``m`` on the policy's seconds. For observation i on class c (policy values
 ``pull, remote_bps, local_bps, cold, warm, graph, init, restore`` of that class)::
 
@@ -17,7 +17,8 @@ unknown *factors* ``m`` on the policy's seconds. For observation i on class c (p
     a_i,weightsLocal    = local_bytes_i / nvme_bps  when nvme_bps >= remote_bps, else 0
     a_i,compileCold     = [compiles from scratch] x cold
     a_i,compileWarm     = [cache on the node, or fetched] x warm
-    a_i,engine          = [no snapshot restore] x (graph + init)
+    a_i,graphCapture    = [no snapshot restore] x graph
+    a_i,engineInit      = [no snapshot restore] x init
     a_i,snapshotRestore = [snapshot restore] x restore
     o_i = queue wait + registry fetch transfer + snapshot read + LoRA adapters
                                                                      (policy values, not fitted)
@@ -42,7 +43,7 @@ Then::
 
 ``k`` is ``calibration.priorObservations`` and ``s_j`` the share of phase j in the policy's estimate
 of the named cache state where that phase is largest (cold for the pull, the remote weights and the
-cold compile; warm for local weights, warm compile and engine; snapshot for the restore): the
+cold compile; warm for local weights, warm compile, graph capture and engine init; snapshot for the restore): the
 policy's value weighs as much as k observed starts in that state, so a few observations cannot
 swing it, and with one phase and n observations the fit moves ``n / (n + k)`` of the way to them.
 ``w_i`` are Huber weights (``c = 1.345`` robust scales, the scale being 1.4826 x the median absolute
@@ -65,26 +66,38 @@ one row in only that phase's columns, with no offset, on the start's path at the
 
     W_i = a_i,weightsRemote m_weightsRemote + a_i,weightsLocal m_weightsLocal     weights load
     C_i = a_i,compileCold m_compileCold + a_i,compileWarm m_compileWarm           torch.compile
-    E_i = a_i,engine m_engine              E_i = initEngine - compile (graph capture + the rest)
+    G_i = a_i,graphCapture m_graphCapture                                         graph capture
+    I_i = a_i,engineInit m_engineInit                   I_i = initEngine - compile - graphCapture
+    E_i = a_i,graphCapture m_graphCapture + a_i,engineInit m_engineInit           E_i = initEngine - compile
 
-scaled relatively like the totals' rows, by the policy's seconds of that phase on that start
-``Q_i = sum over the row's columns of a_ij`` (factors 1, the policy's path): ``x_ij = a_ij / Q_i``,
-``y = W_i / Q_i`` (``C_i``, ``E_i``). They join the sums of the weighted problem above; their Huber
-weights are computed the same way, each kind of row (totals, weights, compile, engine) with its own
-robust scale, as each is measured with its own noise (a capture is logged in whole seconds). A row
-is left out when ``Q_i`` is 0 (the policy gives the start no such phase: a snapshot restore) or
-the current path gives it no seconds; a compile row when vLLM's cache hit or miss disagrees with
-the estimator's path (it would measure the other compile); and an engine row when the start
-compiles but its log gave no compile time (``initEngine`` holds the compile). ``confidence``
-takes the rows into ``X`` (policy paths): a phase row weighs like a start made of that phase alone.
+vLLM's ``initEngine`` span holds the compile and the graph capture: with a capture time it gives
+``G_i`` and ``I_i`` (no ``I_i`` when the difference is not positive: the capture is logged in whole
+seconds); without one, the one row ``E_i`` of both. Each row is scaled relatively like the totals'
+rows, by the policy's seconds of that phase on that start ``Q_i = sum over the row's columns of
+a_ij`` (factors 1, the policy's path): ``x_ij = a_ij / Q_i``, ``y = W_i / Q_i`` (``C_i``, ...).
+They join the sums of the weighted problem above; their Huber weights are computed the same way,
+each kind of row (totals, weights, compile, engine, capture, init) with its own robust scale, as
+each is measured with its own noise. A row is left out when ``Q_i`` is 0 (the policy gives the
+start no such phase: a snapshot restore) or the current path gives it no seconds; a compile row
+when vLLM's cache hit or miss disagrees with the estimator's path (it would measure the other
+compile); an engine or init row when the start compiles but its log gave no compile time
+(``initEngine`` holds the compile); and a capture row when the start compiles and the log gave no
+``initEngine`` (SGLang's, whose capture may hold the compile: piecewise graphs, plain
+``--enable-torch-compile``; vLLM's capture never does). ``confidence`` takes the rows into ``X``
+(policy paths): a phase row weighs like a start made of that phase alone.
 
-Identifiability (docs/calibration.md): graph capture and engine init always occur together and are
-one factor (``engine``), split in the policy's proportions (the logged capture time is kept, not
-fitted apart); a fleet that is always warm never pulls an image, streams weights or compiles from
-scratch, so those factors keep the policy's value and a confidence of 0; and warm compile, local
-weights and engine, always seen together in warm starts, are told apart from totals only by the
-prior (a discrepancy no observation can attribute is shared among them equally in seconds), and by
-the engine phase times of the starts that report them.
+Graph capture and engine init. Both columns are ``[no restore]`` times a constant of the class, so
+only capture and init rows tell them apart. Without those rows the fit is exactly the one-factor
+fit of ``graph + init`` (the model before they were fitted apart): their priors ``k x s_j`` are in
+the policy's proportions (both shares above :data:`MIN_SHARE`), so the factors stay equal, and
+each one's confidence is its share ``graph / (graph + init)`` (``init / ...``) of that factor's.
+
+Identifiability (docs/calibration.md): a fleet that is always warm never pulls an image, streams
+weights or compiles from scratch, so those factors keep the policy's value and a confidence of 0;
+and warm compile, local weights, graph capture and engine init, always seen together in warm
+starts, are told apart from totals only by the prior (a discrepancy no observation can attribute
+is shared among them equally in seconds), and by the engine phase times of the starts that report
+them.
 """
 
 from __future__ import annotations
@@ -107,11 +120,19 @@ from extender.core.schema import Schema, Text
 F64 = NDArray[np.float64]
 
 #: The fitted parameters, in column order (camelCase as in ``calibration.bounds``).
-PARAMETERS = ("imagePull", "weightsRemote", "weightsLocal", "compileCold", "compileWarm", "engine",
-              "snapshotRestore")
-_FIELDS = ("image_pull", "weights_remote", "weights_local", "compile_cold", "compile_warm", "engine",
-           "snapshot_restore")
-IMAGE, REMOTE, LOCAL, COLD, WARM, ENGINE, RESTORE = range(len(PARAMETERS))
+PARAMETERS = ("imagePull", "weightsRemote", "weightsLocal", "compileCold", "compileWarm", "graphCapture",
+              "engineInit", "snapshotRestore")
+_FIELDS = ("image_pull", "weights_remote", "weights_local", "compile_cold", "compile_warm", "graph_capture",
+           "engine_init", "snapshot_restore")
+IMAGE, REMOTE, LOCAL, COLD, WARM, GRAPH, INIT, RESTORE = range(len(PARAMETERS))
+#: Names that stand for several parameters: ``engine``, graph capture and engine init together (one
+#: factor before they were fitted apart), as a scenario's ``truth`` may still say.
+ALIASES = {"engine": ("graphCapture", "engineInit")}
+
+
+def parameters_named(name: str) -> tuple[int, ...]:
+    """The columns a name stands for: its parameter's, or an alias's (:data:`ALIASES`); none for an unknown name."""
+    return tuple(PARAMETERS.index(n) for n in ALIASES.get(name, (name,)) if n in PARAMETERS)
 #: What each parameter is shown as: a bandwidth (seconds per byte inverted) or seconds.
 BANDWIDTH_PARAMETERS = frozenset({IMAGE, REMOTE, LOCAL})
 
@@ -254,7 +275,8 @@ def design(profile: Profile, node_class: NodeClass, state: CacheState, m: F64 | 
     warm_path = (state.compile == CompileCache.LOCAL) | use_fetch
     cols[:, COLD] = np.where(warm_path, 0.0, cold)
     cols[:, WARM] = np.where(warm_path, warm, 0.0)
-    cols[:, ENGINE] = float(t.graph_s[0] + t.init_s[0])
+    cols[:, GRAPH] = float(t.graph_s[0])
+    cols[:, INIT] = float(t.init_s[0])
     offset = np.where(downloads | use_fetch, waiting, 0.0) + np.where(use_fetch, transfer, 0.0) + adapters_s
 
     if profile.snapshot is not None:
@@ -264,7 +286,7 @@ def design(profile: Profile, node_class: NodeClass, state: CacheState, m: F64 | 
         snap_offset = np.where(state.image & ~fetched, 0.0, waiting) + read + adapters_s
         snap_total = snap_offset + cols[:, IMAGE] * f[IMAGE] + restore * f[RESTORE]
         use = state.snapshot & (snap_total < normal)
-        for j in (REMOTE, LOCAL, COLD, WARM, ENGINE):
+        for j in (REMOTE, LOCAL, COLD, WARM, GRAPH, INIT):
             cols[:, j] = np.where(use, 0.0, cols[:, j])
         cols[:, RESTORE] = np.where(use, restore, 0.0)
         offset = np.where(use, snap_offset, offset)
@@ -330,9 +352,10 @@ def _bounds(policy: Policy, profile: Profile, node_class: NodeClass) -> tuple[F6
     return lo, hi
 
 
-#: The kinds of phase rows, and the columns each is an equation in.
-PHASE_COLUMNS: tuple[tuple[int, ...], ...] = ((REMOTE, LOCAL), (COLD, WARM), (ENGINE,))
-WEIGHTS_ROW, COMPILE_ROW, ENGINE_ROW = range(len(PHASE_COLUMNS))
+#: The kinds of phase rows, and the columns each is an equation in (an engine row: graph capture and
+#: engine init together, from a log that gave no capture time).
+PHASE_COLUMNS: tuple[tuple[int, ...], ...] = ((REMOTE, LOCAL), (COLD, WARM), (GRAPH, INIT), (GRAPH,), (INIT,))
+WEIGHTS_ROW, COMPILE_ROW, ENGINE_ROW, CAPTURE_ROW, INIT_ROW = range(len(PHASE_COLUMNS))
 
 
 @dataclass(frozen=True)
@@ -362,8 +385,15 @@ class PhaseRows:
             compiles = float(policy_columns[i, list(PHASE_COLUMNS[COMPILE_ROW])].sum()) > 0
             # initEngine holds the compile: without its time, the engine's seconds are not known
             engine = phases.engine_s if phases.compile is not None or not compiles else None
-            for kind, seconds in ((WEIGHTS_ROW, phases.weights_load), (COMPILE_ROW, phases.compile),
-                                  (ENGINE_ROW, engine)):
+            # vLLM's capture (the log has initEngine) holds no compile; SGLang's may, and logs no time of it
+            capture = phases.graph_capture if phases.init_engine is not None or not compiles else None
+            parts: tuple[tuple[int, float | None], ...]
+            if engine is not None and capture is not None:  # initEngine holds the capture too
+                rest = engine - capture
+                parts = ((CAPTURE_ROW, capture), (INIT_ROW, rest if rest > 0 else None))
+            else:
+                parts = ((ENGINE_ROW, engine), (CAPTURE_ROW, capture))
+            for kind, seconds in ((WEIGHTS_ROW, phases.weights_load), (COMPILE_ROW, phases.compile), *parts):
                 scale = float(policy_columns[i, list(PHASE_COLUMNS[kind])].sum())
                 if seconds is not None and scale > 0:
                     rows.append((i, kind, seconds, scale, cached))
@@ -575,13 +605,13 @@ class PolicyValues:
         f = factors
         cold = self.compile_cold_s * f[COLD]
         return PolicyValues(self.image_pull_bps / f[IMAGE], self.remote_bps / f[REMOTE], self.local_bps / f[LOCAL],
-                            cold, min(self.compile_warm_s * f[WARM], cold), self.graph_s * f[ENGINE],
-                            self.init_s * f[ENGINE], self.restore_s * f[RESTORE])
+                            cold, min(self.compile_warm_s * f[WARM], cold), self.graph_s * f[GRAPH],
+                            self.init_s * f[INIT], self.restore_s * f[RESTORE])
 
     def value(self, j: int) -> float:
-        """Parameter j as shown: bytes/s for the three bandwidths, seconds for the rest (engine: graph + init)."""
+        """Parameter j as shown: bytes/s for the three bandwidths, seconds for the rest."""
         return (self.image_pull_bps, self.remote_bps, self.local_bps, self.compile_cold_s, self.compile_warm_s,
-                self.graph_s + self.init_s, self.restore_s)[j]
+                self.graph_s, self.init_s, self.restore_s)[j]
 
 
 def _override(profile: Profile, node_class: NodeClass, factors: Sequence[float]) -> PhaseOverride:
@@ -612,8 +642,9 @@ def _override(profile: Profile, node_class: NodeClass, factors: Sequence[float])
         update["compile_cold"] = new.compile_cold_s
     if moved(WARM) or new.compile_warm_s != base.compile_warm_s:  # a cold compile fitted below it cuts it
         update["compile_warm"] = new.compile_warm_s
-    if moved(ENGINE):
+    if moved(GRAPH):
         update["graph_capture"] = new.graph_s
+    if moved(INIT):
         update["engine_init"] = new.init_s
     if moved(RESTORE) and profile.snapshot is not None:
         update["snapshot_restore"] = new.restore_s

@@ -100,7 +100,10 @@ releases); "earlier" and "later" are as far as we can date them. A format an eng
 future release is simply not read: the start is then fitted from its total, as without a log.
 
 The engine phase the estimator calls graph capture plus engine init is
-:attr:`EnginePhases.engine_s`: ``initEngine - compile`` (the init span holds the compile).
+:attr:`EnginePhases.engine_s`: ``initEngine - compile`` (the init span holds the compile). vLLM's
+span holds the graph capture too, so its engine init alone is ``engine_s - graphCapture``; SGLang's
+capture span may hold a compile (piecewise graphs, ``--enable-torch-compile``) and SGLang logs no
+init span (:mod:`extender.core.calibration` says which rows each gives).
 """
 
 from __future__ import annotations

@@ -776,14 +776,20 @@ class CalibrationBounds(Schema):
     compile_cold: FactorBounds | None = None
     #: torch.compile from a cache on the node (or fetched from the registry).
     compile_warm: FactorBounds | None = None
-    #: CUDA graph capture and engine init together (a start's total cannot tell them apart).
+    #: CUDA graph capture.
+    graph_capture: FactorBounds | None = None
+    #: Engine init besides loading, compiling and capturing.
+    engine_init: FactorBounds | None = None
+    #: Both graphCapture and engineInit, where either has no bounds of its own (they were one factor).
     engine: FactorBounds | None = None
     #: Process snapshot restore.
     snapshot_restore: FactorBounds | None = None
 
     def of(self, field_name: str) -> FactorBounds:
-        """The bounds of one parameter by its snake_case field name."""
+        """The bounds of one parameter by its snake_case field name (``engine``'s for graph capture and engine init)."""
         own: FactorBounds | None = getattr(self, field_name)
+        if own is None and field_name in ("graph_capture", "engine_init"):
+            own = self.engine
         return own if own is not None else self.default
 
 

@@ -3,7 +3,8 @@
 A scenario may say that the world is not what the policy says (``truth:``): per (workload, node
 class), factors on the policy's phase seconds, in calibration's own terms
 (:data:`extender.core.calibration.PARAMETERS`: ``imagePull``, ``weightsRemote``, ``weightsLocal``,
-``compileCold``, ``compileWarm``, ``engine``, ``snapshotRestore``), and a log-normal noise on each
+``compileCold``, ``compileWarm``, ``graphCapture``, ``engineInit``, ``snapshotRestore``; ``engine`` is
+both of graph capture and engine init), and a log-normal noise on each
 start. Example (half the bucket bandwidth, twice the compile time, everywhere; image pulls 1.5x
 slower on one class)::
 
@@ -40,11 +41,13 @@ from numpy.typing import NDArray
 from pydantic import Field
 
 from extender.core.calibration import (
+    ALIASES,
     PARAMETERS,
     Fit,
     Observation,
     apply_calibration,
     fit_pair,
+    parameters_named,
     select,
 )
 from extender.core.document import Loc
@@ -91,8 +94,9 @@ def check_truth(truth: Truth, policy: Policy) -> list[tuple[Loc, str]]:
         if rule.node_class is not None and rule.node_class not in classes:
             out.append(((*where, "nodeClass"), f"the policy has no node class {rule.node_class!r}"))
         for name in rule.factors:
-            if name not in PARAMETERS:
-                out.append(((*where, "factors", name), f"no parameter {name!r} (known: {', '.join(PARAMETERS)})"))
+            if not parameters_named(name):
+                out.append(((*where, "factors", name), f"no parameter {name!r} (known: "
+                            f"{', '.join((*PARAMETERS, *ALIASES))})"))
     return out
 
 
@@ -103,7 +107,7 @@ def true_factors(truth: Truth, workload: str, node_class: str) -> tuple[float, .
         if rule.workload not in (None, workload) or rule.node_class not in (None, node_class):
             continue
         for name, value in rule.factors.items():
-            f[PARAMETERS.index(name)] *= value
+            f[list(parameters_named(name))] *= value
     return tuple(float(v) for v in f)
 
 
