@@ -275,6 +275,29 @@ def test_box_ridge_matches_the_unconstrained_solution_inside_the_box() -> None:
     np.testing.assert_allclose(got, exact, rtol=1e-8, atol=1e-10)
 
 
+@pytest.mark.parametrize(("collinear", "half_width"), [
+    pytest.param(False, 0.05, id="tight-box"),
+    pytest.param(False, 0.5, id="some-bounds-active"),
+    pytest.param(True, 0.05, id="collinear-pair-tight-box"),  # graph capture and engine init without capture rows
+    pytest.param(True, 0.5, id="collinear-pair"),
+])
+def test_box_ridge_meets_the_optimality_conditions_when_bounds_bind(collinear: bool, half_width: float) -> None:
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(12, 5))
+    if collinear:
+        a[:, 4] = 0.5 * a[:, 3]
+    q = a.T @ a + 0.1 * np.eye(5)
+    b = 3.0 * rng.normal(size=5)
+    lo, hi = np.full(5, 1.0 - half_width), np.full(5, 1.0 + half_width)
+    assert not np.all((lo <= np.linalg.solve(q, b)) & (np.linalg.solve(q, b) <= hi))  # a bound binds
+    m = box_ridge(q, b, lo, hi, np.ones(5))
+    gradient = q @ m - b  # KKT: 0 inside, pushing outward at a bound
+    at_lo, at_hi = np.isclose(m, lo, atol=1e-9), np.isclose(m, hi, atol=1e-9)
+    assert np.all((lo <= m) & (m <= hi))
+    assert np.all(gradient[at_lo] >= -1e-7) and np.all(gradient[at_hi] <= 1e-7)
+    np.testing.assert_allclose(gradient[~at_lo & ~at_hi], 0.0, atol=1e-7)
+
+
 # ---- which observations count, and using the fit ------------------------------------------------------
 
 

@@ -48,7 +48,7 @@ policy's value weighs as much as k observed starts in that state, so a few obser
 swing it, and with one phase and n observations the fit moves ``n / (n + k)`` of the way to them.
 ``w_i`` are Huber weights (``c = 1.345`` robust scales, the scale being 1.4826 x the median absolute
 residual, at least :data:`NOISE_FLOOR`), found by iteratively reweighted least squares; each
-weighted problem is a convex quadratic in a box, solved exactly by coordinate descent. Bounds are
+weighted problem is a convex quadratic in a box, solved exactly (:func:`box_ridge`). Bounds are
 the policy's ``calibration.bounds`` factors, and for ``weightsRemote`` also ``m >= remote_bps / nic``
 (no fit makes a download faster than the NIC).
 
@@ -438,9 +438,14 @@ def _phase_weights(rows: PhaseRows, residual: F64, live: NDArray[np.bool_]) -> F
 def box_ridge(q: F64, b: F64, lo: F64, hi: F64, start: F64, *, sweeps: int = 500) -> F64:
     """``argmin 1/2 m^T Q m - b^T m`` over ``lo <= m <= hi`` by coordinate descent (Q positive definite).
 
-    Each step sets one coordinate to its exact minimiser given the others, clipped to its box; on a
-    strictly convex quadratic the sweeps converge to the unique constrained minimum.
+    When the unconstrained minimum ``Q^-1 b`` is inside the box it is the answer. Otherwise each
+    step sets one coordinate to its exact minimiser given the others, clipped to its box; on a
+    strictly convex quadratic the sweeps converge to the unique constrained minimum (slowly along
+    nearly collinear columns, as graph capture and engine init are without capture rows).
     """
+    inside = np.linalg.solve(q, b)
+    if np.all((lo <= inside) & (inside <= hi)):
+        return np.asarray(inside, dtype=np.float64)
     m = np.clip(np.asarray(start, dtype=np.float64).copy(), lo, hi)
     diag = np.diag(q)
     for _ in range(sweeps):
