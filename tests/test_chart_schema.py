@@ -36,6 +36,7 @@ from extender.arguments import REDIS_SCHEMES, flag_problem
 from extender.core.errors import InvalidValueError
 from extender.core.images import check_reference
 from extender.core.k8snames import DNS_LABEL, DNS_SUBDOMAIN_PATTERN
+from extender.core.policy import _NAME as PROFILE_NAME
 from extender.core.units import DURATION_PATTERN, QUANTITY_PATTERN
 from tests import chart
 
@@ -161,6 +162,8 @@ def test_the_patterns_are_the_binaries_own() -> None:
     assert resolve(schema()["properties"]["redis"]["properties"]["storage"])["pattern"] == QUANTITY_PATTERN
     assert definitions["dnsSubdomain"]["pattern"] == DNS_SUBDOMAIN_PATTERN
     assert definitions["dnsLabel"]["pattern"] == DNS_LABEL.pattern
+    # a standby workload is a profile: the policy's name rule
+    assert definitions["standbyWorkload"]["properties"]["name"]["pattern"] == f"^{PROFILE_NAME.pattern}$"
     schemes = "|".join(re.escape(s) for s in REDIS_SCHEMES)
     assert schema()["properties"]["redis"]["properties"]["url"]["pattern"] == f"^$|^({schemes})://.+$"
 
@@ -364,6 +367,26 @@ BAD: list[Any] = [
     pytest.param({"monitoring.runbookBaseUrl": "docs/runbook.md"}, "/monitoring/runbookBaseUrl", id="runbook-url"),
     pytest.param({"metrics.externalMetrics.caBundle": "not base64!"}, "/metrics/externalMetrics/caBundle",
                  id="ca-bundle-not-base64"),
+    # standby placeholders (the template checks one value against another: tests/test_chart_standby.py)
+    pytest.param({"standby.workloads[0].name": "Qwen3"}, "/standby/workloads/0/name", id="standby-name-uppercase"),
+    pytest.param({"standby.workloads[0].name": "a" * 56}, "/standby/workloads/0/name",
+                 id="standby-name-past-55-characters"),
+    pytest.param({"standby.workloads[0].gpus": "0"}, "/standby/workloads/0/gpus", id="standby-gpus-zero"),
+    pytest.param({"standby.workloads[0].gpus": "1.5"}, "/standby/workloads/0/gpus", id="standby-gpus-fraction"),
+    pytest.param({"standby.workloads[0].minReplicas": "-1"}, "/standby/workloads/0/minReplicas",
+                 id="standby-min-negative"),
+    pytest.param({"standby.workloads[0].maxReplicas": "0"}, "/standby/workloads/0/maxReplicas", id="standby-max-zero"),
+    pytest.param({"standby.workloads[0].namespace": "LLM"}, "/standby/workloads/0/namespace",
+                 id="standby-namespace-name"),
+    pytest.param({"standby.workloads[0].replicas": "2"}, "/standby/workloads/0", id="standby-workload-typo"),
+    pytest.param({"standby.workloads[0].resources.limit.cpu": "1"}, "/standby/workloads/0/resources",
+                 id="standby-resources-typo"),
+    # not below every real pod (0): a replica could not preempt a placeholder
+    pytest.param({"standby.priorityClass.value": "0"}, "/standby/priorityClass/value", id="standby-priority-zero"),
+    pytest.param({"standby.image": "pause 3.10"}, "/standby/image", id="standby-image"),
+    pytest.param({"standby.kedaAuthentication.kind": "Secret"}, "/standby/kedaAuthentication/kind",
+                 id="standby-keda-authentication-kind"),
+    pytest.param({"standby.enabled": "yes"}, "/standby/enabled", id="standby-enabled-text"),
     # a text where a boolean belongs is always true in a template ("false" too)
     pytest.param({"agent.labelNodes": "yes"}, "/agent/labelNodes", id="label-nodes-text"),
     # keys the chart would otherwise ignore

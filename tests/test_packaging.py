@@ -37,9 +37,13 @@ EXTRA = {
     "keda-own-secrets-and-ports": {"metrics__mode": "keda", "metrics__keda__certificates": "secret",
                                    "metrics__keda__tls__secretName": "my-scaler-tls", "metrics__keda__port": "7070",
                                    "metrics__keda__healthPort": "7071"},
+    "standby": {"standby__enabled": "true", "standby__workloads[0]__name": "qwen3-moe",
+                "standby__workloads[0]__gpus": "2"},
+    "standby-keda": {"metrics__mode": "keda", "standby__enabled": "true", "standby__workloads[0]__name": "qwen3-moe",
+                     "standby__workloads[0]__gpus": "2"},
 }
 #: Our workloads that call no Kubernetes API: they get no token.
-NO_API = {"scheduler-extender", "extender-keda-scaler", "extender-redis", "extender-agent"}
+NO_API = {"scheduler-extender", "extender-keda-scaler", "extender-redis", "extender-agent", "qwen3-moe-standby"}
 
 
 def all_renders() -> list[tuple[str, list[dict[str, Any]]]]:
