@@ -296,3 +296,23 @@ def test_a_profile_without_a_namespace_needs_one_in_the_values(tmp_path: Path) -
                                      "(its profile sets no autoscaling.namespace)") in done.stderr, done.stderr
     docs = standby_objects({**ONE, "standby.workloads[0].namespace": "llm"}, flags=flags)
     assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "PriorityClass"} == {"llm"}
+
+
+def test_a_values_file_renders_what_set_renders(tmp_path: Path) -> None:
+    """Numbers of a values file are floats to Helm: the GPUs and bounds must still be written whole."""
+    path = tmp_path / "values.yaml"
+    path.write_text("standby:\n  enabled: true\n  workloads:\n    - {name: qwen3-moe, gpus: 2, minReplicas: 2,"
+                    " maxReplicas: 12}\n")
+    from_file = standby_objects({}, flags=["-f", path])
+    from_set = standby_objects({**ONE, "standby.workloads[0].minReplicas": "2",
+                                "standby.workloads[0].maxReplicas": "12"})
+    assert from_file == from_set
+    hpa = chart.one(from_file, "HorizontalPodAutoscaler")
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (2, 12)
+
+
+def test_a_policy_helm_cannot_read_is_named_when_standby_needs_it(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text("profiles: [\n")
+    done = chart.helm_template(ONE, check=False, flags=["--set-file", f"policy={path}"])
+    assert done.returncode != 0 and "standby: the policy is not YAML the chart can read" in done.stderr, done.stderr
