@@ -387,6 +387,12 @@ BAD: list[Any] = [
     pytest.param({"standby.kedaAuthentication.kind": "Secret"}, "/standby/kedaAuthentication/kind",
                  id="standby-keda-authentication-kind"),
     pytest.param({"standby.enabled": "yes"}, "/standby/enabled", id="standby-enabled-text"),
+    pytest.param({"standby.behavior.scaleDown.stabilizationWindowSeconds": "7200"},
+                 "/standby/behavior/scaleDown/stabilizationWindowSeconds", id="standby-window-past-an-hour"),
+    pytest.param({"standby.behavior.scaleUp.policies[0].type": "Replicas"},
+                 "/standby/behavior/scaleUp/policies/0/type", id="standby-policy-type"),
+    pytest.param({"standby.behavior.scaleUp.stabilisationWindowSeconds": "0"}, "/standby/behavior/scaleUp",
+                 id="standby-behavior-typo"),
     # a text where a boolean belongs is always true in a template ("false" too)
     pytest.param({"agent.labelNodes": "yes"}, "/agent/labelNodes", id="label-nodes-text"),
     # keys the chart would otherwise ignore

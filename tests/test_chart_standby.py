@@ -202,6 +202,17 @@ VALID: list[Any] = [
                  id="an-existing-priority-class"),
     pytest.param({"standby.priorityClass.value": "-100"}, lambda d: d["PriorityClass"]["value"] == -100,
                  id="below-the-autoscalers-cutoff"),
+    pytest.param({"standby.behavior.scaleDown.stabilizationWindowSeconds": "300",
+                  "standby.behavior.scaleDown.policies[0].type": "Pods",
+                  "standby.behavior.scaleDown.policies[0].value": "1",
+                  "standby.behavior.scaleDown.policies[0].periodSeconds": "120"},
+                 lambda d: d["HorizontalPodAutoscaler"]["spec"]["behavior"]["scaleDown"] == {
+                     "stabilizationWindowSeconds": 300,
+                     "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}]},
+                 id="a-slower-way-down"),
+    pytest.param({"metrics.mode": "keda", "standby.behavior.scaleUp.selectPolicy": "Max"},
+                 lambda d: d["ScaledObject"]["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"][
+                     "scaleUp"]["selectPolicy"] == "Max", id="keda-takes-the-behavior"),
     pytest.param({"standby.image": "mirror.example.com/pause:3.10"},
                  lambda d: placeholder(d)["image"] == "mirror.example.com/pause:3.10", id="a-mirrored-pause-image"),
     pytest.param({"metrics.mode": "keda", "standby.workloads[0].minReplicas": "1",

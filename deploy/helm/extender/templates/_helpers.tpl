@@ -64,17 +64,3 @@ Called with (dict "root" $ "user" "agent"). */}}
 {{- define "extender.policyMount" -}}
 - {name: policy, mountPath: /etc/extender, readOnly: true}
 {{- end }}
-
-{{/* The HPA behavior of the standby placeholders (deploy/examples/standby.yaml): up at once, down
-after a short window (a placeholder removed too early sends its node to consolidation; the scaler's
-own stabilisation already smooths the count). */}}
-{{- define "extender.standbyBehavior" -}}
-scaleUp:
-  stabilizationWindowSeconds: 0
-  policies:
-    - {type: Pods, value: 8, periodSeconds: 15}
-scaleDown:
-  stabilizationWindowSeconds: 60
-  policies:
-    - {type: Percent, value: 50, periodSeconds: 60}
-{{- end }}
