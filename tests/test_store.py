@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 import pytest
 import redis
+from redis.client import Pipeline
 
 from extender.core.errors import InvalidValueError, StateError, StoreUnavailableError
 from extender.core.inventory import NodeState
@@ -822,3 +823,46 @@ def test_a_full_read_decodes_only_records_whose_text_changed(store: InventorySto
     _, records, _ = store.load_all()
     assert decoded_records == ["b"]  # a heartbeat changes no text; a rewritten record is read anew
     assert {r.name: (r.gpus, r.heartbeat) for r in records} == {"a": (1, 0.0), "b": (4, 0.0), "c": (3, 500.0)}
+
+
+# ---- scripts by digest ------------------------------------------------------------------------------
+
+
+def _beat(store: InventoryStore, client: redis.Redis) -> None:
+    store.put(node("a"))
+    assert store.beat_many({"a": 5.0})[1] == []
+
+
+def _typed_commit(store: InventoryStore, client: redis.Redis) -> None:
+    from extender.state.lock import LeaderLock
+
+    lock = LeaderLock(client, "me", ttl_s=30)
+    token = lock.acquire().token
+    def stage(pipe: Pipeline) -> None:
+        pipe.hset("extender:scaler:x", "a", "1")
+
+    lock.commit(token, stage, types={"extender:scaler:x": "hash"})
+    assert client.hget("extender:scaler:x", "a") == "1"
+
+
+@pytest.mark.parametrize(("call", "evals", "loads"), [
+    pytest.param(_beat, 2, 2, id="heartbeat-batch"),  # the two puts' version bumps are the EVALs
+    pytest.param(_typed_commit, 0, 4, id="fenced-commit-key-types"),  # the lock's take is loaded too
+])
+def test_a_script_goes_by_digest_and_is_loaded_again_after_a_script_flush(
+        store: InventoryStore, client: redis.Redis, call: Callable[[InventoryStore, redis.Redis], None],
+        evals: int, loads: int) -> None:
+    # EVALSHA, not the script's text each call; a server that lost its scripts answers NOSCRIPT and
+    # the script is loaded again (the version bump inside MULTI is the one script sent as text: see
+    # extender.state.store._BUMP)
+    client.script_flush()
+    client.config_resetstat()
+    call(store, client)
+    client.script_flush()
+    call(store, client)
+    stats: Any = client.info("commandstats")
+    sent = {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()}
+    # Redis 6.2 counts SCRIPT as one command (the flush between the calls is one), 7 each subcommand
+    loaded = sent["script|load"] if "script|load" in sent else sent.get("script", 0) - 1
+    assert (sent.get("eval", 0), loaded) == (evals, loads)
+    assert sent.get("evalsha", 0) >= 2

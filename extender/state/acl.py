@@ -84,7 +84,8 @@ TRANSACTION = ("multi", "exec")
 OPTIMISTIC = ("watch", "unwatch", *TRANSACTION)
 
 #: The keys of the inventory's version bump (extender.state.store._BUMP: INCR, then ZADD of each node
-#: name written; a write of no node, as of the compile registry alone, sends no ZADD).
+#: name written; a write of no node, as of the compile registry alone, sends no ZADD). By EVAL, not
+#: EVALSHA: it runs inside MULTI, where a missing script would fail after the writes beside it landed.
 BUMP_KEYS = ("inventory:version", "inventory:changes")
 BUMP = ("eval", "incr", "zadd")
 #: The keys of node state: the merged records, their names, bare heartbeats.
@@ -121,8 +122,10 @@ ROLES: tuple[Role, ...] = (
          ("source:*", *NODE_KEYS, "heartbeats:seq", "heartbeats:changes", *BUMP_KEYS),
          (),
          # SourceStore.report_agent (WATCH, TYPE, HGETALL, then HSET, SET, SADD, HDEL, the bump; GET when the
-         # node is a tombstone) and beat_agent (the heartbeat script: SISMEMBER, TYPE, HGET, HSET, INCR, ZADD)
-         (*OPTIMISTIC, "hgetall", "hset", "set", "sadd", "hdel", "get", *BUMP, "sismember", "type", "hget")),
+         # node is a tombstone) and beat_agent (the heartbeat script by EVALSHA, loaded on NOSCRIPT: SISMEMBER,
+         # TYPE, HGET, HSET, INCR, ZADD)
+         (*OPTIMISTIC, "hgetall", "hset", "set", "sadd", "hdel", "get", *BUMP, "evalsha", "script|load", "sismember",
+          "type", "hget")),
     Role("sync", "extender sync",
          ("source:*", *NODE_KEYS, *BUMP_KEYS, *CALIBRATION_KEYS),
          ("heartbeats:seq", "compile-registry"),
@@ -141,7 +144,7 @@ ROLES: tuple[Role, ...] = (
          (*NODE_KEYS, "heartbeats:seq", *CALIBRATION_KEYS),
          # LeaderLock (its scripts by EVALSHA, loaded on NOSCRIPT: TIME, HMGET, GET, HSET, INCR, DEL, and SET
          # to carry the fence past a store that lost its data; the fenced commit: WATCH, GET, HGET, and
-         # the type of each key it writes by EVAL of TYPE),
+         # the type of each key it writes by EVALSHA of TYPE),
          # HistoryStore, DecisionStore, InventoryStore.versions, load_all, get, add_registry; the
          # calibrated policy
          (*OPTIMISTIC, "evalsha", "script|load", "time", "hmget", "hset", "set", "del", "hget",

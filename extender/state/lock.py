@@ -95,7 +95,9 @@ return 0
 """
 
 
-#: The Redis type of each key (one round trip however many keys a commit writes).
+#: The Redis type of each key (one round trip however many keys a commit writes). Run by EVALSHA on a
+#: connection of the pool, not on the commit's own: a script run on a pipeline is loaded again
+#: (``SCRIPT EXISTS``) before its EXEC, a round trip for nothing; the types are no part of the WATCH.
 _TYPES = """
 local out = {}
 for i, key in ipairs(KEYS) do out[i] = redis.call('TYPE', key).ok end
@@ -149,6 +151,7 @@ class LeaderLock:
         self._seen = 0
         self._acquire: Any = client.register_script(_ACQUIRE)
         self._release: Any = client.register_script(_RELEASE)
+        self._types: Any = client.register_script(_TYPES)
 
     def set_ttl(self, ttl_s: float) -> None:
         """Make each later take or renewal last ``ttl_s`` (the lease of the scaler follows its tick)."""
@@ -231,7 +234,7 @@ class LeaderLock:
                     raise FencedOutError(f"{action}: the lock is held by {_text(holder)} under token {token}, "
                                          f"not {self.holder}; another scaler leads now")
                 if types:
-                    found: Any = pipe.eval(_TYPES, len(types), *types)
+                    found: Any = self._types(keys=list(types))
                     for (key, wanted), kind in zip(types.items(), found, strict=True):
                         if _text(kind) not in {wanted, "none"}:
                             raise StateError(f"{action}: {key} holds a Redis {_text(kind)}, not a {wanted}; "

@@ -59,6 +59,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 from redis.client import Pipeline
+from redis.commands.core import Script
 
 from extender.core.errors import InvalidValueError, OversizedRecordError, StateError
 from extender.core.inventory import MAX_RECORD_BYTES, MAX_TIMESTAMP, NodeState, within_totals
@@ -115,6 +116,11 @@ class Keys:
 
 #: Bumps the version and marks each written name with the new version, inside the write's
 #: MULTI/EXEC (a script sees the INCR; a plain ZADD queued beside it could not know the value).
+#: Sent as text (EVAL), unlike the other scripts (EVALSHA): inside MULTI a missing script is an
+#: error of EXEC, after the writes queued beside it have been applied (Redis does not roll back), so
+#: a ``SCRIPT FLUSH`` between redis-py's load of the script and EXEC would store records that no
+#: version step announces, and incremental readers would never learn of them. The text is about
+#: 100 bytes, and the server caches the compiled script by its digest either way.
 _BUMP = """
 local v = redis.call('INCR', KEYS[1])
 for _, name in ipairs(ARGV) do redis.call('ZADD', KEYS[2], v, name) end
@@ -257,6 +263,9 @@ class InventoryStore:
         #: not change since is not decoded again (decoding was most of a full read's cost).
         self._decoded: dict[str, tuple[str | bytes, NodeState]] = {}
         self._lock = threading.Lock()
+        #: EVALSHA of the heartbeat script (its kilobyte of text is not sent per batch); loaded
+        #: again when the server answers NOSCRIPT (restarted, failed over, ``SCRIPT FLUSH``).
+        self._beat: Script = client.register_script(_BEAT)
 
     # ---- writes --------------------------------------------------------------------------------
 
@@ -367,9 +376,8 @@ class InventoryStore:
             return self.beat_seq(), []
         record_keys = [self.keys.node(name) for name in beats]
         with redis_errors("writing heartbeats"):
-            seq, *skipped = self.client.eval(_BEAT, 4 + len(record_keys) + len(guard_keys), self.keys.beat_seq,
-                                             self.keys.beat_changes, self.keys.heartbeats, self.keys.nodes,
-                                             *record_keys, *guard_keys, *args)
+            seq, *skipped = self._beat(keys=[self.keys.beat_seq, self.keys.beat_changes, self.keys.heartbeats,
+                                             self.keys.nodes, *record_keys, *guard_keys], args=args)
         return int(seq), [_text(n) for n in skipped]
 
     def _write(self, action: str, commands: Callable[[Pipeline], Any], names: Iterable[str] = ()) -> int:
@@ -382,7 +390,7 @@ class InventoryStore:
         """Queue the version bump of a write touching ``names`` (its result is the new version).
 
         Every writer of records (here and :mod:`extender.state.sources`) must bump through this, or
-        incremental readers would not learn of its change.
+        incremental readers would not learn of its change. The script goes as text: see :data:`_BUMP`.
         """
         pipe.eval(_BUMP, 2, self.keys.version, self.keys.changes, *names)
 
