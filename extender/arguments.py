@@ -62,8 +62,8 @@ def finite_number(minimum: float, *, above: bool = False) -> Callable[[str], flo
     return parse
 
 
-def whole_number(minimum: int) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``minimum``."""
+def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``minimum`` (and <= ``maximum`` when given)."""
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -71,12 +71,25 @@ def whole_number(minimum: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"{text!r} must be >= {minimum}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at most {maximum}")
         return value
     return parse
 
 
-#: A whole number >= 1 (workers, threads).
+#: A whole number >= 1 (counts with no natural bound: history points, decisions shown).
 positive_int = whole_number(1)
+
+#: The most server processes: each holds its own copy of the inventory and polls Redis on its own, so
+#: memory and store load grow with the count, while kube-scheduler sends its calls one pod at a time.
+MAX_WORKERS = 64
+#: The most request threads per process: a thread runs only a complete request and holds its body (up
+#: to ``--max-body``, 64 MiB by default), and one Python process runs one thread at a time.
+MAX_THREADS = 256
+#: ``--workers``: 1 to :data:`MAX_WORKERS`.
+workers = whole_number(1, MAX_WORKERS)
+#: ``--threads``: 1 to :data:`MAX_THREADS`.
+threads = whole_number(1, MAX_THREADS)
 
 
 def duration(text: str) -> float:

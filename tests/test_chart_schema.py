@@ -236,8 +236,12 @@ SPELLINGS: list[Any] = [
     pytest.param("agent.interval", "'inf'", False, id="duration-inf"),
     pytest.param("agent.interval", "''", False, id="duration-empty"),
     pytest.param("agent.interval", "'fast'", False, id="duration-word"),
-    # workers, threads (arguments.positive_int)
+    # workers, threads (arguments.workers, arguments.threads: 1 to 64, 1 to 256)
     pytest.param("extender.workers", "4", True, id="count"),
+    pytest.param("extender.workers", "64", True, id="workers-at-the-bound"),
+    pytest.param("extender.workers", "65", False, id="workers-past-the-bound"),
+    pytest.param("extender.threads", "256", True, id="threads-at-the-bound"),
+    pytest.param("extender.threads", "257", False, id="threads-past-the-bound"),
     pytest.param("extender.threads", "0", False, id="count-zero"),
     pytest.param("extender.threads", "-1", False, id="count-negative"),
     pytest.param("extender.workers", "2.5", False, id="count-fraction"),
@@ -283,7 +287,6 @@ STRICTER: list[Any] = [
     # is printed whole. One schema for both sources: a unit says it shorter ("12d").
     pytest.param("agent.ttl", "1000000", "values-file", "1e+06", id="duration-a-million-from-a-file"),
     pytest.param("agent.ttl", "1000000", "set", None, id="duration-a-million-from-set"),
-    pytest.param("extender.workers", "1000000", "values-file", "1e+06", id="count-a-million-from-a-file"),
     # ... and below 0.0001 as 1e-05
     pytest.param("extender.requestBudget", "0.00001", "values-file", "1e-05", id="duration-below-0.0001-from-a-file"),
     # a whole number written as text: the template prints it as it is

@@ -341,6 +341,14 @@ BAD_FLAGS = [
     BadFlag("a blank cache root", ["agent", "--cache-root", ""], "--cache-root: '' names no directory"),
     BadFlag("a blank warm root", ["warm", "prepare", "--root", "", "--cache", "weights:w/v"],
             "--root: '' names no directory"),
+    # any count was taken: 10,000 workers each forked with its own inventory copy and Redis poller
+    BadFlag("serve workers past the bound", ["serve", "--policy", "p", "--workers", "65"],
+            "--workers: '65' must be at most 64"),
+    BadFlag("serve threads past the bound", ["serve", "--policy", "p", "--threads", "257"],
+            "--threads: '257' must be at most 256"),
+    BadFlag("scale threads past the bound", ["scale", "--threads", "100000"],
+            "--threads: '100000' must be at most 256"),
+    BadFlag("serve workers of zero", ["serve", "--policy", "p", "--workers", "0"], "--workers: '0' must be >= 1"),
     BadFlag("a time scale below the field's bound",
             ["simulate", "s.yaml", "--trace", "r.csv", "--time-scale", "1e-300"],
             "--time-scale: timeScale: must be >= 1e-09"),
@@ -523,3 +531,13 @@ def test_a_kubeconfig_that_cannot_be_used_is_one_line(command: list[str], case: 
 ])
 def test_the_default_log_level(argv: list[str], level: str) -> None:
     assert cli.default_level(cli.build_parser().parse_args(argv)) == level
+
+
+@pytest.mark.parametrize(("argv", "dest", "value"), [
+    pytest.param(["serve", "--policy", "p", "--workers", "64"], "workers", 64, id="serve-workers-at-the-bound"),
+    pytest.param(["serve", "--policy", "p", "--threads", "256"], "threads", 256, id="serve-threads-at-the-bound"),
+    pytest.param(["scale", "--threads", "256"], "threads", 256, id="scale-threads-at-the-bound"),
+    pytest.param(["serve", "--policy", "p", "--workers", "1"], "workers", 1, id="serve-one-worker"),
+])
+def test_worker_and_thread_counts_up_to_their_bounds_are_taken(argv: list[str], dest: str, value: int) -> None:
+    assert getattr(PARSER.parse_args(argv), dest) == value

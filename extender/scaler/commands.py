@@ -42,6 +42,7 @@ from pydantic import ValidationError
 
 from extender.arguments import (
     FLAG_CHECK,
+    MAX_THREADS,
     SHORT_ACTION,
     add_kube_options,
     add_renamed,
@@ -57,6 +58,7 @@ from extender.arguments import (
     prefix_from_args,
     redis_url,
     redis_url_from_args,
+    threads,
     tls_problem,
 )
 from extender.core.errors import ExtenderError, StateError
@@ -103,7 +105,9 @@ def register(subparsers: Any) -> None:
     api = scale.add_argument_group("External Metrics API")
     api.add_argument("--bind", default="0.0.0.0:6443", type=bind_address, metavar="HOST:PORT",
                      help="listen address (default: 0.0.0.0:6443)")
-    api.add_argument("--threads", default=4, type=positive_int, metavar="N", help="request threads (default: 4)")
+    api.add_argument("--threads", default=4, type=threads, metavar="N",
+                     help=f"request threads, 1 to {MAX_THREADS} (default: 4); the process runs one thread's Python "
+                          "at a time")
     api.add_argument("--request-timeout", default=5.0, type=duration, metavar="DURATION",
                      help="bound on each TLS handshake, and on reading each request's headers and body (default: 5s)")
     add_tls_options(api, client_ca_old=("--client-ca-file",),

@@ -26,6 +26,8 @@ from typing import Any
 
 from extender.arguments import (
     FLAG_CHECK,
+    MAX_THREADS,
+    MAX_WORKERS,
     add_store_options,
     add_tls_options,
     bind_address,
@@ -34,11 +36,12 @@ from extender.arguments import (
     duration,
     flag_problem,
     inventory_from_args,
-    positive_int,
     prefix_from_args,
     redis_url_from_args,
     size,
+    threads,
     tls_problem,
+    workers,
 )
 from extender.core.document import compose
 from extender.core.errors import DocumentError, Problem
@@ -57,10 +60,12 @@ def register(subparsers: Any) -> None:
     serve.add_argument("--bind", default="127.0.0.1:8888", type=bind_address, metavar="HOST:PORT",
                        help="listen address (default: 127.0.0.1:8888, the scheduler on the same host; elsewhere "
                             "give --tls-client-ca too)")
-    serve.add_argument("--workers", default=2, type=positive_int, metavar="N",
-                       help="worker processes (default: 2)")
-    serve.add_argument("--threads", default=4, type=positive_int, metavar="N",
-                       help="threads per worker that run requests (default: 4)")
+    serve.add_argument("--workers", default=2, type=workers, metavar="N",
+                       help=f"worker processes, 1 to {MAX_WORKERS} (default: 2); each holds its own copy of the "
+                            "inventory and polls Redis, and kube-scheduler asks about one pod at a time")
+    serve.add_argument("--threads", default=4, type=threads, metavar="N",
+                       help=f"threads per worker that run requests, 1 to {MAX_THREADS} (default: 4); each holds a "
+                            "whole request body, and a worker runs one thread's Python at a time")
     serve.add_argument("--worker-model", choices=("asgi", "gthread"), default="asgi",
                        help="asgi (default): an event loop reads each request whole, so slow clients hold no "
                             "thread; gthread: a thread pool reads requests itself")
