@@ -276,6 +276,22 @@ def test_a_server_that_asks_for_a_password_the_url_lacks_says_so(
         server.stop()
 
 
+@pytest.mark.parametrize("query", [
+    pytest.param("?socket_timeout=0.3&socket_connect_timeout=0.3", id="rediss-to-a-plain-port"),
+    pytest.param("?socket_connect_timeout=0.3&ssl_cert_reqs=none", id="rediss-to-a-plain-port-unverified"),
+])
+def test_rediss_to_a_plain_redis_says_the_tls_handshake_did_not_complete(
+        redis_url: str, query: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """It said "Timeout connecting to server", as for a host that does not answer: a plain server reads
+    the TLS ClientHello as the start of a command and waits for the rest."""
+    url = redis_url.replace("redis://", "rediss://", 1) + query
+    assert cli.main(["inventory", "show", "--redis-url", url]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"extender: connecting to {redis_url.replace('redis://', 'rediss://', 1)}: ") and \
+        len(err.splitlines()) == 1, err
+    assert "the TLS handshake did not complete before the timeout: the server may not speak TLS" in err
+
+
 # ---- fuzz: every typed option of every command takes a value or refuses it naming the flag -----------
 
 

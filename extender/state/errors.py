@@ -18,8 +18,10 @@ The redis exception is always chained as ``__cause__`` so logs keep the original
 from __future__ import annotations
 
 import re
+import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -56,6 +58,11 @@ def _said(exc: redis.RedisError) -> str:
     """What the error says, in a line: redis-py writes each sentinel's whole client (a thousand
     characters of connection settings) into MasterNotFoundError; only what each failed with is kept."""
     text = str(exc)
+    if isinstance(exc, redis.TimeoutError) and _in_tls_handshake(exc):
+        # redis-py says "Timeout connecting to server" for the TCP connect and the TLS handshake alike;
+        # a plain server reads the TLS ClientHello as the start of a command and waits for its end
+        return ("the TLS handshake did not complete before the timeout: the server may not speak TLS "
+                "(rediss:// needs a port that serves TLS; a plain Redis port takes redis://)")
     if isinstance(exc, redis.AuthenticationError) and any(w in text for w in _NO_CREDENTIALS):
         # redis-py's HELLO is answered with how to use HELLO, which says nothing of the URL at fault
         return ("the server asks for credentials and none were given (put them in the URL: "
@@ -65,6 +72,16 @@ def _said(exc: redis.RedisError) -> str:
     head, _, tried = text.partition(" : ")
     errors = sorted(set(_SENTINEL_ERROR.findall(tried)))
     return f"{head} (the sentinels failed with {', '.join(errors)})" if errors else head
+
+
+def _in_tls_handshake(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised out of a TLS handshake: redis-py raises its own error in place of
+    the socket's, which it keeps as the context, with the frames down to ``ssl``'s ``do_handshake``."""
+    inner = exc.__cause__ or exc.__context__
+    if inner is None:
+        return False
+    return any(frame.f_code.co_name == "do_handshake" and Path(frame.f_code.co_filename).name == "ssl.py"
+               for frame, _ in traceback.walk_tb(inner.__traceback__))
 
 
 def _refuses_until_it_can_persist(exc: redis.RedisError) -> bool:
