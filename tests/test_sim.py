@@ -12,6 +12,9 @@ import dataclasses
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import NamedTuple
@@ -19,7 +22,7 @@ from typing import NamedTuple
 import numpy as np
 import pytest
 
-from extender.core.errors import InvalidValueError, UnknownNameError
+from extender.core.errors import ExtenderError, InvalidValueError, UnknownNameError
 from extender.process import setup_logging
 from extender.sim import commands
 from extender.sim.errors import TraceError
@@ -586,3 +589,70 @@ def test_cli_an_out_that_cannot_be_a_directory_is_refused_before_simulating(
         cli(str(scenario), "--out", case.out.format(tmp=tmp_path), "--strategies", "default")
     assert str(info.value) == case.message.format(tmp=tmp_path)
     assert capsys.readouterr().out == ""  # refused before the simulation, which prints its table
+
+
+# ---- an interrupted run leaves no directory it created ---------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+#: A run of about a minute: the interrupt lands while it simulates.
+LONG_SCENARIO = ROOT / "scenarios" / "flagship.yaml"
+
+
+@pytest.mark.parametrize(("out", "existed"), [
+    pytest.param("report", False, id="a-directory-it-created"),
+    pytest.param("new/deeper/report", False, id="a-directory-and-its-parents-it-created"),
+    pytest.param("report", True, id="a-directory-that-was-there-stays"),
+])
+def test_ctrl_c_during_a_run_leaves_no_directory_it_created(tmp_path: Path, out: str, existed: bool) -> None:
+    # --out was created up front (so a bad one is refused before minutes of simulating), and an
+    # interrupted run left it there, empty
+    target = tmp_path / out
+    if existed:
+        target.mkdir()
+        (target / "notes.txt").write_text("mine\n")
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from extender.cli import main; sys.exit(main(sys.argv[1:]))",
+         "simulate", str(LONG_SCENARIO), "--out", str(target), "--log-format", "json", "--log-level", "info"],
+        cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True)
+    try:
+        assert child.stderr is not None
+        for line in child.stderr:  # the demand is logged just before the simulation starts
+            if "demand_source" in line:
+                break
+        else:
+            pytest.fail(f"simulate ended before it simulated: {child.wait()}")
+        assert target.is_dir()
+        child.send_signal(signal.SIGINT)
+        _, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode == 130, err
+    assert "extender: interrupted" in err
+    if existed:
+        assert [p.name for p in target.iterdir()] == ["notes.txt"]
+    else:
+        assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == []
+
+
+def test_a_run_that_fails_before_it_writes_leaves_no_directory_it_created(tmp_path: Path) -> None:
+    scenario = tmp_path / "bad.yaml"
+    scenario.write_text("apiVersion: extender.io/v1alpha1\nkind: Scenario\n")
+    out = tmp_path / "made" / "report"
+    with pytest.raises(ExtenderError):
+        cli(str(scenario), "--out", str(out))
+    assert not (tmp_path / "made").exists()
+
+
+def test_a_run_that_fails_while_it_writes_takes_back_what_it_wrote(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    out = tmp_path / "report"
+    monkeypatch.setattr(commands, "markdown", interrupted)  # the plots are written, report.md is not
+    with pytest.raises(KeyboardInterrupt):
+        cli(str(write_tiny(tmp_path)), "--out", str(out), "--strategies", "default")
+    assert not out.exists()

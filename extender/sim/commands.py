@@ -23,6 +23,7 @@ per strategy (also written to ``estimate-error.md`` with ``--out``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import re
@@ -249,14 +250,17 @@ def provisioned_gpus(run: RunResult, fleet: int) -> tuple[NDArray[np.float64], b
     return np.full(run.n_ticks, float(fleet)), False
 
 
-def write_outputs(out: Path, report: Report, runs: list[RunResult], fleet: int = 0) -> list[Path]:
+def write_outputs(out: Path, report: Report, runs: list[RunResult], fleet: int = 0,
+                  written: list[Path] | None = None) -> list[Path]:
     """``report.md``, ``summary.json`` and the PNG plots in ``out`` (created if missing). ``fleet``: the
-    fleet's GPUs, plotted as provisioned for runs that do not track provisioned GPUs themselves."""
+    fleet's GPUs, plotted as provisioned for runs that do not track provisioned GPUs themselves.
+    ``written``: a list each file is added to as it is written (what an interrupted write leaves)."""
     from extender.sim import plots
 
     out.mkdir(parents=True, exist_ok=True)
     images: list[tuple[str, str]] = []
-    written: list[Path] = []
+    written = [] if written is None else written
+    start = len(written)
     for w in runs[0].workloads if runs else []:
         path = plots.capacity_plot(runs, w.name, out / f"capacity-{_slug(w.name)}.png")
         images.append((f"Demand, ready capacity and what waits: {w.name}", path.name))
@@ -271,10 +275,12 @@ def write_outputs(out: Path, report: Report, runs: list[RunResult], fleet: int =
     images.append(("Startup time of the pods placed", path.name))
     written.append(path)
     md = out / "report.md"
+    written.append(md)
     md.write_text(markdown(report, images, {k: s.summary for k, s in STRATEGIES.items()}), encoding="utf-8")
     js = out / "summary.json"
+    written.append(js)
     js.write_text(to_json(report) + "\n", encoding="utf-8")
-    return [md, js, *written]
+    return [md, js, *written[start:-2]]
 
 
 #: Spans of the run the estimate error is shown in.
@@ -294,18 +300,50 @@ def error_section(runs: list[RunResult], duration_s: float, spans: int = ERROR_S
     return error_table(rows)
 
 
-def output_dir(text: str) -> Path:
+class OutputDir:
     """``--out``'s directory, created now (with its parents) so that a path that cannot be one (an
     existing file, a file on the way, a read-only place) is refused before minutes of simulation:
-    :class:`~extender.core.errors.InvalidValueError` naming it."""
-    out = Path(text)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        raise InvalidValueError(f"--out {text}: exists and is not a directory") from None
-    except OSError as exc:
-        raise InvalidValueError(f"--out {text}: cannot create the directory: {exc.strerror or exc}") from None
-    return out
+    :class:`~extender.core.errors.InvalidValueError` naming it.
+
+    A run that does not finish (Ctrl-C, a bad scenario, a failed write) leaves no directory it created:
+    leaving the ``with`` block by an exception removes the files written into :attr:`written` if
+    :attr:`path` was created here, then each directory created here that is empty, deepest first. A
+    directory that was there before is never removed, nor anything in it that was not written here.
+    """
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.path = Path(text)
+        #: Files written so far (:func:`write_outputs` adds each before writing it).
+        self.written: list[Path] = []
+        #: The directories this run created, deepest first.
+        self.created: list[Path] = []
+
+    def __enter__(self) -> OutputDir:
+        missing = [d for d in (self.path, *self.path.parents) if not _exists(str(d))]
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:
+            raise InvalidValueError(f"--out {self.text}: exists and is not a directory") from None
+        except OSError as exc:
+            self.created = [d for d in missing if d.is_dir()]  # a parent made before the failure
+            self._remove()
+            raise InvalidValueError(f"--out {self.text}: cannot create the directory: {exc.strerror or exc}") from None
+        self.created = missing
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if kind is not None:
+            self._remove()
+
+    def _remove(self) -> None:
+        if self.path in self.created:
+            for file in self.written:
+                with contextlib.suppress(OSError):
+                    file.unlink(missing_ok=True)
+        for directory in self.created:
+            with contextlib.suppress(OSError):  # not empty (someone else's file), or gone already
+                directory.rmdir()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -313,12 +351,16 @@ def run(args: argparse.Namespace) -> int:
     if problem := flag_problem(args):
         tell(f"extender simulate: {problem}")
         return 2
-    out: Path | None = None
-    if args.out:
-        from extender.sim import plots
+    if not args.out:
+        return _run(args, None)
+    from extender.sim import plots
 
-        plots.require()  # before minutes of simulation, not after
-        out = output_dir(args.out)
+    plots.require()  # before minutes of simulation, not after
+    with OutputDir(args.out) as out:
+        return _run(args, out)
+
+
+def _run(args: argparse.Namespace, out: OutputDir | None) -> int:
     loaded = load_scenario(args.scenario)
     if args.history is not None:
         loaded = dataclasses.replace(loaded, scenario=loaded.scenario.model_copy(update={"history": args.history}))
@@ -344,9 +386,10 @@ def run(args: argparse.Namespace) -> int:
     errors = error_section(runs, prepared.duration_s) if sc.truth is not None else ""
     if out is not None:
         try:
-            write_outputs(out, report, runs, fleet_gpus(prepared))
+            write_outputs(out.path, report, runs, fleet_gpus(prepared), out.written)
             if errors:
-                (out / "estimate-error.md").write_text(f"```\n{errors}\n```\n", encoding="utf-8")
+                out.written.append(out.path / "estimate-error.md")
+                out.written[-1].write_text(f"```\n{errors}\n```\n", encoding="utf-8")
         except OSError as exc:  # the directory taken away or filled meanwhile
             where = exc.filename or args.out
             raise InvalidValueError(f"--out {args.out}: cannot write {where}: {exc.strerror or exc}") from None
