@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from extender.core.errors import InvalidValueError, UnitError
 from extender.core.images import check_reference
-from extender.core.units import format_duration, parse_bytes, parse_duration
+from extender.core.units import format_duration, parse_bytes, parse_duration, read_float, read_int
 from extender.process import LOG_FORMATS, LOG_LEVELS
 
 if TYPE_CHECKING:
@@ -47,13 +47,14 @@ class Parser(argparse.ArgumentParser):
 
 
 def finite_number(minimum: float, *, above: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number >= ``minimum`` (> with ``above``); NaN and infinity are
-    refused here rather than deep in whatever the number reaches."""
+    """An argparse type: a finite number >= ``minimum`` (> with ``above``), in ASCII digits
+    (:func:`~extender.core.units.read_float`); NaN and infinity are refused here rather than deep in
+    whatever the number reaches."""
     sign = ">" if above else ">="
 
     def parse(text: str) -> float:
         try:
-            value = float(text)
+            value = read_float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
         if not (math.isfinite(value) and (value > minimum if above else value >= minimum)):
@@ -63,10 +64,11 @@ def finite_number(minimum: float, *, above: bool = False) -> Callable[[str], flo
 
 
 def whole_number(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
-    """An argparse type: a whole number >= ``minimum`` (and <= ``maximum`` when given)."""
+    """An argparse type: a whole number >= ``minimum`` (and <= ``maximum`` when given), in ASCII digits
+    (:func:`~extender.core.units.read_int`: ``1_000``, ``١٢`` and ``１２`` are refused)."""
     def parse(text: str) -> int:
         try:
-            value = int(text)
+            value = read_int(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
         if value < minimum:
@@ -187,7 +189,7 @@ def redis_url(text: str) -> str:
 def bind_address(text: str) -> str:
     """``HOST:PORT`` or ``:PORT`` (all interfaces), as gunicorn's ``--bind`` takes it."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not port.isascii() or not port.isdigit() or not 0 < read_int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
     return text if host else f"0.0.0.0:{port}"
 

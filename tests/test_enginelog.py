@@ -201,6 +201,10 @@ def test_phases_of_real_format_logs(text: str, expected: EnginePhases) -> None:
     pytest.param("Model loading took 1 GiB memory and 0.000000 seconds", "weights_load", id="zero"),
     pytest.param("Model loading took 1 GiB memory and 1e300 seconds", "weights_load", id="beyond-max"),
     pytest.param("Model loading took 1 GiB memory and 12,5 seconds", "weights_load", id="not-a-number"),
+    # Python's float() read these as seconds; an engine prints none of them
+    pytest.param("Model loading took 1 GiB memory and 1_000 seconds", "weights_load", id="underscore"),
+    pytest.param("Loading weights took ١٢٣.5 seconds", "weights_load", id="arabic-indic-digits"),
+    pytest.param("torch.compile takes １２.0 s in total", "compile", id="full-width-digits"),
     pytest.param("Graph capturing finished in 0 secs, took 0.10 GiB", "graph_capture", id="capture-rounded-to-0"),
     pytest.param("torch.compile takes -1.00 s in total", "compile", id="negative-compile"),
     pytest.param("init engine (profile, create kv cache, warmup model) took NaN seconds", "init_engine",

@@ -110,6 +110,10 @@ UNREADABLE_SAMPLES = [
     ("infinite-time", b"inf 1 0"),
     ("not-utf8", b"5 \xff 0"),
     ("empty", b""),
+    # Python's float() read these as numbers; nothing of ours writes them
+    ("underscore-in-a-rate", b"5 1_000 0"),
+    ("arabic-indic-time", "١٢٣ 1 0".encode()),
+    ("full-width-queue", "5 1 １２".encode()),
 ]
 
 
@@ -148,6 +152,9 @@ UNREADABLE_RECOMMENDATIONS = [
     ("negative-replicas", b"12.5 -1"),
     ("nan-time", b"nan 3"),
     ("not-utf8", b"12.5 \xff"),
+    ("underscore-in-replicas", b"12.5 1_000"),
+    ("arabic-indic-replicas", "12.5 ١٢٣".encode()),
+    ("full-width-time", "１２ 3".encode()),
 ]
 
 

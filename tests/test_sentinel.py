@@ -48,6 +48,12 @@ BAD = [
     pytest.param("redis+sentinel://s1:http/svc", "is not a port number", id="bad-port"),
     pytest.param("redis+sentinel://s1:70000/svc", "is not a port number", id="port-out-of-range"),
     pytest.param("redis+sentinel://s1/svc?socket_timeout=soon", "must be a number of seconds", id="bad-timeout"),
+    # Python's int() and float() read these as numbers
+    pytest.param("redis+sentinel://s1/svc/\u0661", "database must be a number", id="db-in-arabic-indic-digits"),
+    pytest.param("redis+sentinel://s1:\uff12\uff16\uff13\uff17\uff19/svc", "is not a port number",
+                 id="port-in-full-width-digits"),
+    pytest.param("redis+sentinel://s1/svc?socket_timeout=1_0", "must be a number of seconds",
+                 id="timeout-with-an-underscore"),
     pytest.param("redis+sentinel://s1/svc?ssl_cert_reqs=none", "unknown Sentinel URL option 'ssl_cert_reqs'",
                  id="unknown-option"),
 ]

@@ -376,8 +376,16 @@ def test_get_of_a_corrupt_record_is_a_state_error_naming_the_key(store: Inventor
         store.get("bad")
 
 
-def test_a_garbage_version_key_is_a_state_error(store: InventoryStore, client: redis.Redis) -> None:
-    client.set("extender:inventory:version", "x")
+@pytest.mark.parametrize("garbage", [
+    pytest.param("x", id="a-word"),
+    # Python's int() read these as versions; INCR refuses them, so the next write would fail
+    pytest.param("1_000", id="underscore"),
+    pytest.param("١٢٣", id="arabic-indic-digits"),
+    pytest.param("１２", id="full-width-digits"),
+    pytest.param(" 12 ", id="blanks-around"),
+])
+def test_a_garbage_version_key_is_a_state_error(store: InventoryStore, client: redis.Redis, garbage: str) -> None:
+    client.set("extender:inventory:version", garbage)
     with pytest.raises(StateError, match="not an integer"):
         store.version()
 
@@ -748,7 +756,13 @@ def test_an_impossible_heartbeat_is_refused_naming_the_node(store: InventoryStor
     assert got is not None and got.heartbeat == 10.0
 
 
-@pytest.mark.parametrize("garbage", ["abc", "-5", "1e300", "nan"])
+@pytest.mark.parametrize("garbage", [
+    "abc", "-5", "1e300", "nan",
+    # the heartbeat script's tonumber() counts these as absent; Python's float() read them as times
+    pytest.param("1_000", id="underscore"),
+    pytest.param("١٢٣", id="arabic-indic-digits"),
+    pytest.param("１２", id="full-width-digits"),
+])
 def test_a_garbage_heartbeat_in_redis_leaves_the_record_s_own(store: InventoryStore, client: redis.Redis,
                                                              garbage: str) -> None:
     store.put(node("a", heartbeat=10.0))

@@ -18,6 +18,8 @@ from extender.core.units import (
     parse_bytes,
     parse_duration,
     parse_quantity,
+    read_float,
+    read_int,
 )
 
 SIZES = [
@@ -199,3 +201,39 @@ REFUSED = [
 def test_quantities_the_api_server_refuses_are_refused(text: Any, words: str) -> None:
     with pytest.raises(UnitError, match=words):
         parse_quantity(text)
+
+
+#: (id, text, read_int's value, read_float's value); ``None``: refused (a UnitError, a ValueError).
+PLAIN_NUMBERS = [
+    ("digits", "12", 12, 12.0),
+    ("signed", "-3", -3, -3.0),
+    ("plus-sign", "+4", 4, 4.0),
+    ("leading-zeros", "007", 7, 7.0),
+    ("bytes", b"12", 12, 12.0),
+    ("fraction", "1.5", None, 1.5),
+    ("exponent", "1e+16", None, 1e16),
+    ("trailing-point", "1.", None, 1.0),
+    ("leading-point", ".5", None, 0.5),
+    ("infinity", "-inf", None, float("-inf")),
+    # Python's int() and float() take every one of these
+    ("underscore", "1_000", None, None),
+    ("arabic-indic-digits", "\u0661\u0662\u0663", None, None),
+    ("full-width-digits", "\uff11\uff12", None, None),
+    ("devanagari-digits", "\u0967\u0968", None, None),
+    ("blanks-around", " 12 ", None, None),
+    ("line-feed-after", "12\n", None, None),
+    ("not-ascii-bytes", "\uff11".encode(), None, None),
+    ("empty", "", None, None),
+    ("hexadecimal", "0x10", None, None),
+    ("exponent-without-digits", "1e", None, None),
+]
+
+
+@pytest.mark.parametrize(("text", "whole", "real"), [r[1:] for r in PLAIN_NUMBERS], ids=[r[0] for r in PLAIN_NUMBERS])
+def test_plain_numbers_from_outside_are_ascii_digits(text: str | bytes, whole: int | None, real: float | None) -> None:
+    for read, expected in ((read_int, whole), (read_float, real)):
+        if expected is None:
+            with pytest.raises(UnitError, match="not a"):
+                read(text)
+        else:
+            assert read(text) == expected

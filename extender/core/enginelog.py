@@ -117,6 +117,7 @@ from typing import Annotated
 from pydantic import ConfigDict, Field
 
 from extender.core.schema import Schema
+from extender.core.units import read_float
 
 #: The longest phase read (about 116 days); a larger number is taken for garbage.
 MAX_PHASE_S = 1e7
@@ -197,7 +198,7 @@ def _seconds(text: str | None) -> float | None:
     if text is None:
         return None
     try:
-        value = float(text)
+        value = read_float(text)  # ASCII digits: an engine prints no 1_000, no other script's digits
     except ValueError:
         return None
     return _bounded(value)

@@ -206,6 +206,47 @@ def parse_duration(value: Any) -> float:
     return float(_at_most(total, MAX_DURATION_S, value, "duration", "1e11 seconds (3,000 years)"))
 
 
+# ---- plain numbers from outside ----------------------------------------------------------------------
+
+#: A whole number as every reader of text from outside takes it (a flag, a stored counter, a header):
+#: ASCII digits after an optional sign, nothing around them. Python's ``int()`` also takes ``1_000``,
+#: other scripts' digits (``١٢٣``, full-width ``１２``) and blanks around (`` 12 ``), none of which a
+#: writer of ours, Redis's INCR or another program's number printer produces: they are typos or
+#: another tool's text, and read as a number they are a wrong one that nobody sees.
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+#: A real number, likewise: ASCII decimal digits, an optional fraction and exponent (``1e+16``, what
+#: ``repr`` and ``%g`` print), or the spellings of infinity and NaN ``float()`` takes (callers that
+#: refuse them say so in their own words).
+_REAL = re.compile(r"[+-]?(?:(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|inf(?:inity)?|nan)", re.IGNORECASE)
+
+
+def _ascii(value: str | bytes) -> str:
+    if isinstance(value, bytes):
+        try:
+            return value.decode("ascii")
+        except UnicodeDecodeError:
+            raise UnitError(f"not a number: {value!r}") from None
+    return value
+
+
+def read_int(value: str | bytes) -> int:
+    """``value`` as a whole number (:data:`_WHOLE`: ``-12``, ``007``); :class:`UnitError`, a ``ValueError``,
+    for anything else, ``1_000``, ``١٢٣``, ``１２`` and `` 12 `` included."""
+    text = _ascii(value)
+    if not _WHOLE.fullmatch(text):
+        raise UnitError(f"not a whole number: {quote(text, 40)}")
+    return int(text)
+
+
+def read_float(value: str | bytes) -> float:
+    """``value`` as a number (:data:`_REAL`: ``1.5``, ``-2e-3``, ``inf``, ``nan``); :class:`UnitError`, a
+    ``ValueError``, for anything else, ``1_000``, ``١٢٣``, ``１２`` and `` 12 `` included."""
+    text = _ascii(value)
+    if not _REAL.fullmatch(text):
+        raise UnitError(f"not a number: {quote(text, 40)}")
+    return float(text)
+
+
 def _shortest(value: Decimal, candidates: dict[str, Decimal], parse: Any, original: float | int, base: str) -> str:
     best: str | None = None
     for unit, factor in candidates.items():

@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.client import Pipeline
 
 from extender.core.errors import InvalidValueError, StateError
+from extender.core.units import read_float, read_int
 from extender.state.errors import raw_reply, redis_errors
 from extender.state.lock import Stage
 
@@ -223,7 +224,7 @@ class DecisionStore:
             try:
                 text = m.decode() if isinstance(m, bytes) else m
                 at, n, *_ = text.split(" ")
-                entry = (float(at), int(n))
+                entry = (read_float(at), read_int(n))
             except ValueError:  # UnicodeDecodeError included
                 entry = None
             if entry is None or not math.isfinite(entry[0]) or entry[1] < 0:

@@ -46,6 +46,7 @@ import redis
 from redis.client import Pipeline
 
 from extender.core.errors import InvalidValueError
+from extender.core.units import read_float
 from extender.state.errors import raw_reply, redis_errors
 from extender.state.lock import Stage
 
@@ -76,7 +77,7 @@ class Sample:
         :class:`ValueError` unless the first three are finite numbers."""
         text = member.decode() if isinstance(member, bytes) else member
         t, rate, queue, *_ = text.split(" ")
-        sample = cls(float(t), float(rate), float(queue))
+        sample = cls(read_float(t), read_float(rate), read_float(queue))
         if not (math.isfinite(sample.t) and math.isfinite(sample.rate) and math.isfinite(sample.queue)):
             raise InvalidValueError(f"not finite: {text!r}")
         return sample

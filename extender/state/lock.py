@@ -53,6 +53,7 @@ import redis
 from redis.client import Pipeline
 
 from extender.core.errors import FencedOutError, InvalidValueError, StateError
+from extender.core.units import read_int
 from extender.state.errors import redis_errors
 
 #: A staged write: adds commands to the MULTI block of a fenced commit.
@@ -250,8 +251,10 @@ class LeaderLock:
 
 def _integer(value: str | bytes | int) -> int | None:
     """A stored integer (what INCR and the scripts write), or ``None`` when it is not one."""
+    if isinstance(value, int):
+        return value
     try:
-        return int(value)
+        return read_int(value)
     except ValueError:
         return None
 

@@ -38,6 +38,7 @@ from extender.core.errors import ExtenderError, InvalidValueError, StateError
 from extender.core.inventory import NodeState
 from extender.core.policy import Policy
 from extender.core.schema import read_stored
+from extender.core.units import read_int
 from extender.state.errors import redis_errors
 from extender.state.store import InventoryStore, corrupt_reason, decode, stored_beat, with_beat
 
@@ -146,7 +147,7 @@ class ObservationStore:
         with redis_errors(f"reading the observations' version (GET {self.version_key})"):
             raw: Any = self.client.get(self.version_key)
         try:
-            return int(raw) if raw is not None else 0
+            return read_int(raw) if raw is not None else 0
         except ValueError as exc:
             raise StateError(f"{self.version_key} holds {raw!r}, not an integer") from exc
 
@@ -204,8 +205,11 @@ class ObservationStore:
 
 def _count(raw: str | bytes | None) -> int | None:
     """A stored count (ASCII digits, as INCR and HINCRBY write them), or ``None`` when it is not one."""
-    text = None if raw is None else _text(raw).strip()
-    return int(text) if text and text.isascii() and text.isdigit() else None
+    try:
+        count = None if raw is None else read_int(raw)
+    except ValueError:
+        return None
+    return count if count is not None and count >= 0 else None
 
 
 @dataclass

@@ -30,6 +30,7 @@ import redis
 from redis.sentinel import Sentinel
 
 from extender.core.errors import StateError
+from extender.core.units import read_float, read_int
 
 SCHEMES = ("redis+sentinel", "rediss+sentinel")
 DEFAULT_SENTINEL_PORT = 26379
@@ -80,14 +81,14 @@ def parse(url: str) -> SentinelUrl:
     service = unquote(parts[0])
     db = 0
     if len(parts) == 2:
-        if not parts[1].isdigit():
+        if not (parts[1].isascii() and parts[1].isdigit()):
             raise StateError(f"Sentinel URL database must be a number, got {parts[1]!r}")
-        db = int(parts[1])
+        db = read_int(parts[1])
     options: dict[str, Any] = {}
     for name, value in parse_qsl(query, keep_blank_values=True):
         if name in _FLOAT_OPTIONS:
             try:
-                options[name] = float(value)
+                options[name] = read_float(value)
             except ValueError:
                 raise StateError(f"Sentinel URL option {name} must be a number of seconds, got {value!r}") from None
             if not (math.isfinite(options[name]) and options[name] >= 0):  # socket.settimeout's ValueError
@@ -110,9 +111,9 @@ def _host_port(text: str) -> tuple[str, int]:
         raise StateError(f"Sentinel URL host {text!r} has no name")
     if not port:
         return host, DEFAULT_SENTINEL_PORT
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not (port.isascii() and port.isdigit()) or not 0 < read_int(port) < 65536:
         raise StateError(f"Sentinel URL port {port!r} of {host} is not a port number")
-    return host, int(port)
+    return host, read_int(port)
 
 
 def client(url: SentinelUrl, options: dict[str, Any]) -> redis.Redis:

@@ -64,6 +64,7 @@ from redis.commands.core import Script
 from extender.core.errors import InvalidValueError, OversizedRecordError, StateError
 from extender.core.inventory import MAX_RECORD_BYTES, MAX_TIMESTAMP, NodeState, within_totals
 from extender.core.schema import read_stored
+from extender.core.units import read_float, read_int
 from extender.state.errors import redis_errors
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,7 @@ def stored_beat(raw: str | bytes | None) -> float:
     if raw is None:
         return 0.0
     try:
-        value = float(raw)
+        value = read_float(raw)
     except ValueError:
         return 0.0
     return value if 0.0 <= value <= MAX_TIMESTAMP else 0.0
@@ -558,6 +559,6 @@ def _version(raw: str | bytes | None, key: str) -> int:
     if raw is None:
         return 0
     try:
-        return int(raw)
+        return read_int(raw)
     except ValueError as exc:
         raise StateError(f"{key} holds {raw!r}, not an integer") from exc

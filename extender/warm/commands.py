@@ -40,7 +40,7 @@ from extender.core.cachekey import KEY_PATTERN
 from extender.core.caches import NVME_KINDS
 from extender.core.errors import ExtenderError, UnitError
 from extender.core.policy import WarmRetry
-from extender.core.units import format_bytes, format_duration, parse_duration
+from extender.core.units import format_bytes, format_duration, parse_duration, read_float, read_int
 from extender.core.warming import Expectation
 from extender.files import load_policy
 from extender.process import report as say
@@ -116,7 +116,7 @@ def parse_expectation(text: str) -> Expectation:
     if not eq or not workload:
         raise argparse.ArgumentTypeError(f"{text!r}: expected WORKLOAD=N[@WITHIN]")
     try:
-        replicas = int(count)
+        replicas = read_int(count)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: {count!r} is not a whole number of replicas") from None
     if not 0 <= replicas <= MAX_EXPECTED_REPLICAS:
@@ -135,7 +135,7 @@ def abandoned_after(text: str) -> float:
     warm Job writes them (``5400``, and ``1e+06`` from ``{:g}`` for a long one: a helper of this
     release must read what a warmer of any release sets)."""
     try:
-        seconds = float(text)
+        seconds = read_float(text)
     except ValueError:
         return duration(text)
     if not (math.isfinite(seconds) and seconds > 0):

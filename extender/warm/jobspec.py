@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from extender.core.errors import InvalidValueError
 from extender.core.policy import Policy, StepTemplate
 from extender.core.schema import read_stored
+from extender.core.units import read_int
 from extender.core.warming import Action
 from extender.warm.steps import ABANDONED_AFTER_ENV, CACHE_MOUNT
 from extender.warm.templates import action_values, container, publish_values
@@ -308,7 +309,7 @@ def read_job(raw: JSON) -> JobView | None:
     try:
         action = read_stored(Action, notes[ACTION_ANNOTATION]) if ACTION_ANNOTATION in notes else None
         publish = read_stored(Publish, notes[PUBLISH_ANNOTATION]) if PUBLISH_ANNOTATION in notes else None
-        attempt = max(1, int(notes.get(ATTEMPT_ANNOTATION, "1")))
+        attempt = max(1, read_int(notes.get(ATTEMPT_ANNOTATION, "1")))
     except (ValidationError, ValueError):
         return None
     if action is None and publish is None:
