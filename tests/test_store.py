@@ -52,6 +52,10 @@ EVERY_FIELD: dict[str, Any] = {
 }
 
 
+#: Why a listed node's record is skipped when its key holds no string.
+NOT_A_STRING = "listed in the node set but the record is missing or not a string"
+
+
 @pytest.fixture
 def client(redis_url: str) -> Iterator[redis.Redis]:
     c = connect(redis_url, "unused")
@@ -340,7 +344,7 @@ class NotUtf8(NamedTuple):
 
 @pytest.mark.parametrize("case", [
     pytest.param(NotUtf8(lambda c: c.sadd("extender:nodes", b"bad\xff"),
-                         {"extender:node:bad\\xff": "listed in the node set but the record is missing"}, frozenset()),
+                         {"extender:node:bad\\xff": NOT_A_STRING}, frozenset()),
                  id="a-node-name"),
     pytest.param(NotUtf8(lambda c: (c.sadd("extender:nodes", "bad"), c.set("extender:node:bad", b'{"name": "b\xff"}')),
                          {"extender:node:bad": "Invalid JSON: invalid escape at line 1 column 13"}, frozenset()),
@@ -634,6 +638,28 @@ def test_changes_since_names_what_each_write_touched(store: InventoryStore, clie
     v5 = store.replace([node("d")], [])
     assert {n: r is not None for n, r in store.changes_since(v4)[1].items()} == {"a": False, "b": False, "d": True}
     assert store.changes_since(v5)[:2] == (v5, {})
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param(lambda c: (c.delete("extender:node:bad"), c.hset("extender:node:bad", "name", "bad")),
+                 id="record-key-is-a-hash"),
+    pytest.param(lambda c: (c.delete("extender:node:bad"), c.rpush("extender:node:bad", "x")),
+                 id="record-key-is-a-list"),
+    pytest.param(lambda c: c.delete("extender:node:bad"), id="record-key-deleted-behind-the-store-s-back"),
+])
+def test_changes_since_lists_a_record_key_of_another_type_as_corrupt(
+        store: InventoryStore, client: redis.Redis, damage: Callable[[redis.Redis], object]) -> None:
+    # it was reported as a deleted node: dropped from the reader's snapshot and listed nowhere
+    v1 = store.put(node("a"))
+    store.put_many([node("a", gpus=2), node("bad")])
+    damage(client)
+    version, changed, _ = store.changes_since(v1)
+    assert {n: r.gpus if r else None for n, r in changed.items()} == {"a": 2, "bad": None}  # the rest arrives
+    assert store.corrupt == {"extender:node:bad": NOT_A_STRING}
+    store.load_all()
+    assert store.corrupt == {"extender:node:bad": NOT_A_STRING}  # as a full read says
+    store.delete("bad")  # a deletion is no corruption
+    assert store.changes_since(version)[1] == {"bad": None} and store.corrupt == {}
 
 
 def test_changes_since_skips_a_corrupt_record(store: InventoryStore, client: redis.Redis) -> None:

@@ -137,8 +137,9 @@ ROLES: tuple[Role, ...] = (
     Role("extender", "extender serve, extender explain",
          (),
          (*INVENTORY_READ_KEYS, "heartbeats:seq", "heartbeats:changes", *CALIBRATION_KEYS),
-         # InventoryStore.versions, load_all, changes_since, heartbeats_since; the calibrated policy
-         (*TRANSACTION, "mget", "hmget", "zrangebyscore", *CALIBRATION_READ)),
+         # InventoryStore.versions, load_all, changes_since (SMISMEMBER: is a name without a record still
+         # listed), heartbeats_since; the calibrated policy
+         (*TRANSACTION, "mget", "hmget", "smismember", "zrangebyscore", *CALIBRATION_READ)),
     Role("scaler", "extender scale: its loop, cache warmer and External Metrics API",
          ("scaler:*", "compile-registry", *BUMP_KEYS),
          (*NODE_KEYS, "heartbeats:seq", *CALIBRATION_KEYS),

@@ -69,6 +69,10 @@ from extender.state.errors import redis_errors
 
 log = logging.getLogger(__name__)
 
+#: Why a name in the node set has no record: its key is absent or holds another Redis type (``MGET``
+#: reads both as nil).
+MISSING = "listed in the node set but the record is missing or not a string"
+
 #: Reads of :meth:`InventoryStore.load_all` before giving up on a name set that changes every time.
 MAX_READ_ATTEMPTS = 8
 
@@ -495,7 +499,7 @@ class InventoryStore:
             raw = raws.get(name)
             try:
                 if raw is None:
-                    raise InvalidValueError("listed in the node set but the record is missing")
+                    raise InvalidValueError(MISSING)
                 hit = known.get(name)
                 state = hit[1] if hit is not None and hit[0] == raw else decode(name, raw)
                 decoded[name] = (raw, state)
@@ -512,7 +516,9 @@ class InventoryStore:
         """``(current version, name -> record, compile registry)`` for the nodes written after ``version``.
 
         A record that was deleted, or that cannot be read (skipped and listed in :attr:`corrupt`,
-        like :meth:`load_all` does), maps to ``None``. The records may be newer than the version
+        like :meth:`load_all` does), maps to ``None``. A name still in the node set whose record key
+        holds no string (deleted behind the store's back, or set to another Redis type: ``MGET`` reads
+        both as nil) is such a record, not a deletion. The records may be newer than the version
         returned (a write landed between the two round trips); the next call returns them again,
         and applying a record twice is harmless.
         """
@@ -525,17 +531,21 @@ class InventoryStore:
             names = [_text(n) for n in raw_names]
             fetched: list[Any] = []
             beats: list[Any] = []
+            listed: list[Any] = []
             if names:
                 with self.client.pipeline(transaction=True) as pipe:
                     pipe.mget([self.keys.node(n) for n in names])
                     pipe.hmget(self.keys.heartbeats, names)
-                    fetched, beats = pipe.execute()
+                    pipe.smismember(self.keys.nodes, names)
+                    fetched, beats, listed = pipe.execute()
         changed: dict[str, NodeState | None] = {}
         reread = {self.keys.node(n) for n in names}  # their old verdicts are replaced below
         corrupt = {k: v for k, v in self.corrupt.items() if k not in reread}
-        for name, raw, beat in zip(names, fetched, beats, strict=True):
+        for name, raw, beat, member in zip(names, fetched, beats, listed, strict=True):
             changed[name] = None
             if raw is None:
+                if member:
+                    corrupt[self.keys.node(name)] = MISSING
                 continue
             try:
                 changed[name] = with_beat(decode(name, raw), stored_beat(beat))
