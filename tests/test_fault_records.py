@@ -663,3 +663,42 @@ def test_a_commit_beside_a_key_of_another_type_writes_nothing(redis_server: Redi
                                                                              "qwen3") is None
     assert unchanged(client, before)
     rig.client.close()
+
+
+@pytest.mark.parametrize("damage", [
+    pytest.param(lambda c: c.set("extender:calibration:version", "x"), id="a-word"),
+    pytest.param(lambda c: c.set("extender:calibration:version", "1_000"), id="an-underscore"),
+    pytest.param(lambda c: c.set("extender:calibration:version", "\u0661\u0662"), id="arabic-indic-digits"),
+    pytest.param(lambda c: c.set("extender:calibration:version", "\N{SUPERSCRIPT TWO}"), id="a-superscript-digit"),
+    pytest.param(lambda c: c.hset("extender:calibration:version", "v", "3"), id="a-hash"),
+])
+def test_a_calibration_version_that_is_no_integer_is_restarted_by_the_next_append(
+        client: redis.Redis, damage: Setup, caplog: pytest.LogCaptureFixture) -> None:
+    # the append's INCR failed inside its MULTI after the starts and discard counts landed: the sync
+    # recorded them again every pass (the discards counted again each time), and no reader refitted
+    # until the key was fixed by hand
+    store = ObservationStore(client)
+    first = _observed(client)
+    now = [time.time()]
+    reader = CalibratedPolicy(ObservationStore(client), clock=lambda: now[0], min_interval_s=30.0)
+    fitted = reader.policy_for(APPLY)
+    assert fitted is not APPLY
+    client.delete("extender:calibration:version")
+    damage(client)
+    now[0] += 60.0
+    assert reader.policy_for(APPLY) is fitted  # the last fit is kept, and why is said naming the key
+    assert reader.error is not None and "extender:calibration:version" in reader.error
+    later = doubled_starts(APPLY, n=4)
+    later = [o.model_copy(update={"pod": f"{o.pod}-later"}) for o in later]
+    with caplog.at_level(logging.WARNING, logger="extender.state.observations"):
+        version = store.append(later, {"stale inventory": 1}, now=now[0])
+    assert version == int(now[0] * 1000) and store.version() == version  # above any count a reader holds
+    assert any("extender:calibration:version" in r.getMessage() and "not an integer: restarted" in r.getMessage()
+               for r in caplog.records)
+    stored = store.read()
+    assert sorted(map(encode_observation, stored.observations)) == sorted(map(encode_observation, first + later))
+    assert stored.discarded == {"stale inventory": 3}  # 2 from the first append, 1 from this one, once each
+    assert store.append([], {"stale inventory": 1}, now=now[0]) == version + 1  # counting on from there
+    now[0] += 60.0
+    refitted = reader.policy_for(APPLY)
+    assert reader.error is None and refitted is not fitted

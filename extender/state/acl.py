@@ -131,7 +131,9 @@ ROLES: tuple[Role, ...] = (
          ("heartbeats:seq", "compile-registry"),
          # SourceStore.report_kube (TYPE first: a source key of another type is refused), remove_node,
          # kube_reports; InventoryStore.names, versions; read_nodes; ObservationStore.append (redis-py's
-         # INCR is INCRBY); the calibrated policy
+         # INCR is INCRBY: the previous release's step of the calibration version, kept so these lines can be
+         # applied before the rollout; this release steps it by the script observations._STEP: INCR, and
+         # GET, TYPE and SET of a version that holds no integer); the calibrated policy
          (*OPTIMISTIC, "type", "hget", "hset", "hdel", "persist", "set", "sadd", *BUMP, "del", "expire", "srem",
           "exists", "mget", "hmget", "zremrangebyscore", "zremrangebyrank", "hincrby", "incrby", *CALIBRATION_READ)),
     Role("extender", "extender serve, extender explain",

@@ -5,7 +5,8 @@ Keys (``<p>`` is the prefix)::
     <p>:calibration:observations:<workload>:<class>   sorted set  score: readyAt (unix s); member: JSON
     <p>:calibration:pairs                             set         "<workload>:<class>" of every key above
     <p>:calibration:discarded                         hash        reason -> starts not recorded
-    <p>:calibration:version                           string      INCR'd by every append
+    <p>:calibration:version                           string      INCR'd by every append (restarted
+                                                                  when it holds no integer: _STEP)
 
 Names are policy names (lowercase letters, digits, ``-`` and ``.``), so ``:`` separates them
 unambiguously. A member is an :class:`extender.core.calibration.Observation` as JSON; it holds the
@@ -43,6 +44,21 @@ from extender.state.errors import redis_errors
 from extender.state.store import InventoryStore, corrupt_reason, decode, stored_beat, with_beat
 
 log = logging.getLogger(__name__)
+
+#: Steps the version at the end of an append's MULTI/EXEC: ``INCR``, or, when the key holds no integer
+#: (a hand edit, another tool), ``SET`` to ``ARGV[1]`` (the writer's clock in milliseconds: above the
+#: count of appends any reader can have cached, so every reader sees it move and fits again). Inside
+#: MULTI a failed INCR did not undo the rest: the starts and discard counts landed, the append failed,
+#: and the sync recorded them again every pass (counting the discards again) while no reader saw the
+#: version move. Returns ``{version}``, or ``{version, what the key held}`` after a restart.
+_STEP = """
+local v = redis.pcall('INCR', KEYS[1])
+if type(v) == 'number' then return {v} end
+local held = redis.pcall('GET', KEYS[1])
+if type(held) ~= 'string' then held = 'a Redis ' .. redis.call('TYPE', KEYS[1]).ok end
+redis.call('SET', KEYS[1], ARGV[1])
+return {tonumber(ARGV[1]), held}
+"""
 
 #: Observations kept per (workload, class) and their age, when the writer does not say.
 DEFAULT_WINDOW = 200
@@ -136,9 +152,14 @@ class ObservationStore:
             for reason, count in (discarded or {}).items():
                 if count:
                     pipe.hincrby(self.discarded_key, reason, count)
-            pipe.incr(self.version_key)
+            # as text (EVAL): inside MULTI a missing script would fail after the writes beside it
+            pipe.eval(_STEP, 1, self.version_key, max(1, int(now * 1000)))
             result = pipe.execute()
-        return int(result[-1])
+        version, *held = result[-1]
+        if held:
+            log.warning("calibration: %r held %r, not an integer: restarted at %d", self.version_key,
+                        _text(held[0]), version, extra={"key": self.version_key})
+        return int(version)
 
     # ---- reads -------------------------------------------------------------------------------
 
