@@ -540,6 +540,20 @@ def test_a_job_without_our_annotations_is_not_read() -> None:
     assert read_job(job) is None
 
 
+@pytest.mark.parametrize("attempt", [
+    pytest.param("x", id="a-word"),
+    # Python's int() read these as attempts; the warmer writes ASCII digits
+    pytest.param("1_0", id="an-underscore"),
+    pytest.param("\u0663", id="arabic-indic-digit"),
+    pytest.param("\uff13", id="full-width-digit"),
+])
+def test_a_job_whose_attempt_is_no_number_is_not_read(attempt: str) -> None:
+    job = action_job(BASE, action("image"), attempt=3)
+    assert read_job(job) is not None
+    job["metadata"]["annotations"]["extender.io/warm-attempt"] = attempt
+    assert read_job(job) is None
+
+
 def test_one_event_name_per_failed_job_and_reason() -> None:
     view = read_job(_with_status(action_job(BASE, action()), {}))
     assert isinstance(view, JobView)
