@@ -221,8 +221,13 @@ class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
 _ours = "_extender_handler"  # attribute marking the handlers this module installed
 
 
+def installed_here(handler: logging.Handler) -> bool:
+    """Whether :func:`setup_logging` installed ``handler`` (it replaces those, and only those)."""
+    return bool(getattr(handler, _ours, False))
+
+
 def _install(logger: logging.Logger, handler: logging.Handler) -> None:
-    for old in [h for h in logger.handlers if getattr(h, _ours, False)]:
+    for old in [h for h in logger.handlers if installed_here(h)]:
         logger.removeHandler(old)
     setattr(handler, _ours, True)
     logger.addHandler(handler)

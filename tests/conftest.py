@@ -12,6 +12,7 @@ whose server is shut down at teardown however the test ended. ``double``: the lo
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING
 import pytest
 import redis
 
+from extender import process
 from extender.state import embedded
 from tests.net import free_port
 
@@ -123,6 +125,30 @@ class RedisServer:
             self.process.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+@pytest.fixture(autouse=True)
+def logging_state() -> Iterator[None]:
+    """Put back what a test's ``extender.cli.main`` changed in the process's logging: the root
+    logger's level and handlers, the command's own logger, and what ``setup_logging`` remembers.
+
+    Without it a command run with ``--log-level error`` left the root logger at ERROR, and a later
+    test in the same process that reads a warning from ``caplog`` found nothing (the order
+    ``test_cli.py`` then ``test_history.py`` failed).
+    """
+    root, cli = logging.getLogger(), logging.getLogger(process.CLI_LOGGER)
+    ours = {logger: [h for h in logger.handlers if process.installed_here(h)] for logger in (root, cli)}
+    level, propagate, current = root.level, cli.propagate, dict(process._current)
+    yield
+    for logger, handlers in ours.items():  # pytest's own capture handlers come and go by phase: left alone
+        for handler in [h for h in logger.handlers if process.installed_here(h) and h not in handlers]:
+            logger.removeHandler(handler)
+        for handler in handlers:
+            logger.addHandler(handler)
+    root.setLevel(level)
+    cli.propagate = propagate
+    process._current.clear()
+    process._current.update(current)
 
 
 @pytest.fixture
