@@ -26,10 +26,10 @@ def prepared(tmp_path: Path, text: str) -> Prepared:
 def figures(result: RunResult) -> list[object]:
     """Everything a run reports per workload, arrays as lists, plus the fleet's figures."""
     out: list[object] = [result.warm_actions, result.fleet_gpu_seconds, result.fleet_gpus.tolist(),
-                         result.nodes_launched, result.nodes_removed]
+                         result.nodes_launched, result.nodes_removed, result.nodes_consolidated]
     for w in result.workloads:
         t = w.timeline
-        out += [w.name, w.served, w.queued, w.gpu_seconds, w.startups.tolist(), w.cold.tolist(),
+        out += [w.name, w.served, w.queued, w.gpu_seconds, w.disrupted, w.startups.tolist(), w.cold.tolist(),
                 w.ready_waits.tolist(), t.capacity.tolist(), t.ready.tolist(), t.starting.tolist(),
                 t.pending.tolist(), t.queue.tolist()]
     return out

@@ -584,6 +584,10 @@ class Cluster:
         self.pulls = [p for p in self.pulls if p.node != node]
         self.refresh([node])
 
+    def pod_changes(self, node: int) -> int:
+        """How many times a pod was placed on ``node`` or left it (a count that only grows)."""
+        return int(self._pods_changes[node])
+
     def warming(self, node: int) -> bool:
         """A warm action is running on ``node``."""
         name = self.records[node].name

@@ -29,10 +29,15 @@ Per strategy, over every workload's requests and pods (formulas; w_j is a packet
                      over that step stayed at or under; NaN without forecasts (the stock HPA, the
                      oracle). Each forecast counts once, though decisions may reuse it for a few ticks
     upper_checks   = how many forecasts that share is over
+    disrupted_pods = pods deleted to drain an under-used node of a pool with
+                     ``consolidationPolicy: WhenEmptyOrUnderutilized`` (each made again, its new
+                     start among pods_started)
+    consolidated_nodes = under-used nodes so drained and removed (0 for each workload, as
+                     unheld_gpu_hours; empty nodes removed are not counted)
 
 The same figures are computed per workload, over that workload's requests and pods only, so the
 totals combine from them: ``requests``, ``pods_started``, ``cold_starts`` and ``upper_checks`` are
-sums (``upper_coverage`` the mean weighted by ``upper_checks``);
+sums, as is ``disrupted_pods`` (``upper_coverage`` the mean weighted by ``upper_checks``);
 ``gpu_hours`` and ``idle_gpu_hours`` are sums plus the total's ``unheld_gpu_hours``;
 ``slo_attainment`` is the request-weighted mean of the workloads'; ``mean_startup_s`` the mean
 weighted by ``pods_started``, ``mean_ready_s`` by ``pods_ready``; a percentile of the total lies between the
@@ -61,7 +66,8 @@ F64 = NDArray[np.float64]
 #: The figures of ``--json``, per strategy, in this order (issue 7).
 FIGURES = ("slo_attainment", "p50_delay_s", "p95_delay_s", "p99_delay_s", "cold_starts", "mean_startup_s",
            "p95_startup_s", "mean_ready_s", "p95_ready_s", "gpu_hours", "idle_gpu_hours", "unheld_gpu_hours",
-           "requests", "pods_started", "pods_ready", "upper_coverage", "upper_checks")
+           "requests", "pods_started", "pods_ready", "upper_coverage", "upper_checks", "disrupted_pods",
+           "consolidated_nodes")
 #: The key of the per-workload section of each strategy in ``--json``.
 WORKLOADS_KEY = "workloads"
 
@@ -87,6 +93,8 @@ class Summary:
     pods_ready: int
     upper_coverage: float
     upper_checks: int
+    disrupted_pods: int = 0
+    consolidated_nodes: int = 0
 
 
 def weighted_quantile(values: F64, weights: F64, q: float) -> float:
@@ -101,11 +109,13 @@ def weighted_quantile(values: F64, weights: F64, q: float) -> float:
     return float(v[order][min(i, len(v) - 1)])
 
 
-def summarise(workloads: Sequence[WorkloadResult], slo_s: float, fleet_gpu_s: float | None = None) -> Summary:
+def summarise(workloads: Sequence[WorkloadResult], slo_s: float, fleet_gpu_s: float | None = None,
+              consolidated: int = 0) -> Summary:
     """The figures over the given workloads' requests and pods (formulas in the module docstring).
 
     ``fleet_gpu_s``: with autoscaled node pools, the GPU-seconds of every provisioned node, which then
-    is the cost (``gpu_hours``) and what idle time is counted against.
+    is the cost (``gpu_hours``) and what idle time is counted against. ``consolidated``: the run's
+    under-used nodes drained (a figure of the fleet, not of a workload).
     """
     delays = np.concatenate([w.delays.delay_s for w in workloads]) if workloads else np.zeros(0)
     weights = np.concatenate([w.delays.weights for w in workloads]) if workloads else np.zeros(0)
@@ -138,6 +148,8 @@ def summarise(workloads: Sequence[WorkloadResult], slo_s: float, fleet_gpu_s: fl
         pods_ready=len(ready),
         upper_coverage=sum(w.upper_covered for w in workloads) / checks if checks else math.nan,
         upper_checks=checks,
+        disrupted_pods=sum(w.disrupted for w in workloads),
+        consolidated_nodes=consolidated,
     )
 
 
@@ -173,7 +185,8 @@ class Report:
 def build(title: str, slo_s: float, duration_s: float, runs: Sequence[RunResult], *, credits: Sequence[str] = (),
           notes: Sequence[str] = (), quantile: float | None = None) -> Report:
     """Summaries of each run, overall and per workload."""
-    summaries = {r.strategy.name: summarise(r.workloads, slo_s, r.fleet_gpu_seconds) for r in runs}
+    summaries = {r.strategy.name: summarise(r.workloads, slo_s, r.fleet_gpu_seconds, r.nodes_consolidated)
+                 for r in runs}
     per_workload = {r.strategy.name: {w.name: summarise([w], slo_s) for w in r.workloads} for r in runs}
     return Report(title, slo_s, duration_s, summaries, per_workload, gap_closed(summaries),
                   tuple(dict.fromkeys(credits)), tuple(notes), quantile)
@@ -231,6 +244,12 @@ def coverage_line(name: str, s: Summary, quantile: float | None) -> str:
             f"over the grid step at the end of its lead ({s.upper_checks:,} forecasts{asked}).")
 
 
+def disruption_line(name: str, s: Summary) -> str:
+    """What consolidating under-used nodes did in strategy ``name``'s run (only said when it did)."""
+    return (f"`{name}`: consolidation of under-used nodes drained {s.consolidated_nodes:,} nodes, deleting "
+            f"{s.disrupted_pods:,} pods that were made again.")
+
+
 def table(report: Report) -> str:
     """The terminal table: one row per strategy (the first column as wide as the longest name), then the gap closed."""
     width = max([12, *map(len, report.summaries)])
@@ -260,6 +279,8 @@ def markdown(report: Report, images: Sequence[tuple[str, str]], strategies: dict
              f"{report.slo_s:g} s for a replica.", "", *_md_table(report.summaries), "", gap_line(report) + ".", ""]
     covered = [coverage_line(name, s, report.quantile) for name, s in report.summaries.items() if s.upper_checks]
     lines += [*covered, ""] if covered else []
+    drained = [disruption_line(name, s) for name, s in report.summaries.items() if s.consolidated_nodes]
+    lines += [*drained, ""] if drained else []
     lines += ["Strategies:", ""] + [f"* `{k}`: {v}" for k, v in strategies.items() if k in report.summaries] + [""]
     workloads = sorted({w for per in report.per_workload.values() for w in per})
     for w in workloads:

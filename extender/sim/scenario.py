@@ -158,6 +158,7 @@ class Workload(ReplicaBounds):
     ``capacity.perReplica`` when its unit is requests/s). ``initialReplicas``: replicas ready at
     t = 0 (default: enough for the first minute's mean demand, at least ``minReplicas``); 0 only
     with ``minReplicas: 0``, as the HPA leaves a workload at 0 replicas alone otherwise.
+    ``doNotDisrupt``: Karpenter's pod annotation (below).
     """
 
     name: Name
@@ -165,6 +166,9 @@ class Workload(ReplicaBounds):
     capacity: Annotated[float, Field(ge=MIN_CAPACITY, allow_inf_nan=False), BeforeValidator(plain_number)] | None = None
     max_replicas: Int = Field(default=1000, ge=1, le=MAX_REPLICAS)
     initial_replicas: Annotated[int, Field(ge=0), BeforeValidator(plain_number)] | None = None
+    #: Its pods carry ``karpenter.sh/do-not-disrupt: "true"``: a node holding one is never drained
+    #: to consolidate it (an empty node has none, so empty nodes still go).
+    do_not_disrupt: bool = False
 
     @model_validator(mode="after")
     def _starts_scalable(self) -> Workload:
@@ -204,6 +208,10 @@ class NodeGroup(Schema):
     With ``maxCount`` the group is an autoscaled node pool (the cluster's ``autoscaling``): it starts
     with ``count`` nodes (0 allowed), never goes below ``minCount`` (default ``count``) and grows up
     to ``maxCount`` when pods are pending.
+
+    ``consolidationPolicy`` (a pool's, as Karpenter's NodePool ``disruption.consolidationPolicy``):
+    ``WhenEmpty`` removes only nodes without pods; ``WhenEmptyOrUnderutilized`` also drains a node
+    whose pods all fit on the other nodes' free GPUs (extender.sim.simulation, ``Run._underused``).
     """
 
     node_class: str = Field(min_length=1)
@@ -212,6 +220,7 @@ class NodeGroup(Schema):
     warm: tuple[WarmSpec, ...] = ()
     min_count: Annotated[int, Field(ge=0, le=MAX_NODES), BeforeValidator(plain_number)] | None = None
     max_count: Annotated[int, Field(ge=1, le=MAX_NODES), BeforeValidator(plain_number)] | None = None
+    consolidation_policy: Literal["WhenEmpty", "WhenEmptyOrUnderutilized"] = "WhenEmpty"
 
     @model_validator(mode="after")
     def _bounds(self) -> NodeGroup:
@@ -220,6 +229,8 @@ class NodeGroup(Schema):
                 raise InvalidValueError("a fixed group needs count >= 1 (or set maxCount to make it a pool)")
             if self.min_count is not None:
                 raise InvalidValueError("minCount needs maxCount (an autoscaled pool)")
+            if "consolidation_policy" in self.model_fields_set:
+                raise InvalidValueError("consolidationPolicy needs maxCount (only an autoscaled pool is consolidated)")
             return self
         low = self.count if self.min_count is None else self.min_count
         if not low <= self.count <= self.max_count:
@@ -260,7 +271,9 @@ class Autoscaling(Schema):
     """Node autoscaling of the groups with ``maxCount`` (as cluster-autoscaler or Karpenter do it).
 
     ``consolidateAfter``: an empty node above its pool's ``minCount`` is removed after this long
-    (cluster-autoscaler's ``--scale-down-unneeded-time`` default, 10 min). ``provisionAhead``: the
+    (cluster-autoscaler's ``--scale-down-unneeded-time`` default, 10 min); in a pool with
+    ``consolidationPolicy: WhenEmptyOrUnderutilized``, so is a node whose pods have all fitted
+    elsewhere, unchanged, for this long (its pods are deleted and made again). ``provisionAhead``: the
     strategies with the warmer keep the standby placeholders the scaler publishes (pods of a
     negative priority holding free GPUs, the overprovisioning pattern of the cluster-autoscaler
     FAQ; docs/scaler.md section 5.1), so nodes exist, and are prepared, before the replicas do.

@@ -329,6 +329,9 @@ class WorkloadResult:
     #: scaling), and of those, the ones whose upper quantile the mean demand over it stayed at or under.
     upper_checked: int = 0
     upper_covered: int = 0
+    #: Pods deleted to drain an under-used node (``consolidationPolicy: WhenEmptyOrUnderutilized``);
+    #: each was made again pending, and its new start is among ``startups``.
+    disrupted: int = 0
 
 
 @dataclass
@@ -346,7 +349,9 @@ class RunResult:
     #: Per tick: GPUs of the provisioned nodes (with autoscaled pools; else empty).
     fleet_gpus: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     nodes_launched: int = 0
+    #: Every node removed; of those, ``nodes_consolidated`` were under-used nodes drained of their pods.
     nodes_removed: int = 0
+    nodes_consolidated: int = 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,6 +389,7 @@ class _WorkloadState:
     uppers: list[tuple[float, float]] = field(default_factory=list)
     far_at: int = 0
     standby: int = 0  # placeholder replicas (extender.core.warming.standby_replicas) this tick
+    disrupted: int = 0  # pods deleted to drain an under-used node
     next_startup: tuple[int, float] | None = None  # (cluster version, seconds) while no pull is running
 
 
@@ -448,6 +454,13 @@ class Run:
         self.fleet_gpus = np.zeros(n if self.autoscaled else 0, dtype=np.int64)
         self.launched = 0
         self.removed = 0
+        # consolidation of under-used nodes (pools with consolidationPolicy WhenEmptyOrUnderutilized)
+        self.underused_pools = [gi for gi, g in enumerate(groups)
+                                if g.max_count is not None and g.consolidation_policy == "WhenEmptyOrUnderutilized"]
+        self.protected = frozenset(i for i, w in enumerate(prepared.scenario.workloads) if w.do_not_disrupt)
+        self.movable_since = np.full(len(self.cluster), np.nan)  # when its pods last changed, while all fit elsewhere
+        self.movable_mark = np.zeros(len(self.cluster), dtype=np.int64)  # the node's pod-change count then
+        self.consolidated = 0
 
     # ---- placement -----------------------------------------------------------------------
 
@@ -821,7 +834,8 @@ class Run:
         """Launch nodes for pending pods, after packing them onto the nodes already launching; with
         ``provisionAhead``, place each workload's standby placeholders (:func:`standby_replicas`)
         on free GPUs, else on launching or new nodes; remove nodes empty for ``consolidateAfter``
-        down to each pool's minimum.
+        down to each pool's minimum, and in pools with ``consolidationPolicy:
+        WhenEmptyOrUnderutilized`` drain under-used ones too (:meth:`_underused`).
 
         Placeholders are the overprovisioning pattern (docs/scaler.md, "Standby capacity"): they are
         placed again every tick on the GPUs left free, which is what a replica preempting one and
@@ -878,6 +892,96 @@ class Run:
             c.remove(i)
             self.empty_since[i] = np.nan
             self.removed += 1
+        if self.underused_pools:
+            self._underused(now)
+
+    def _fits_elsewhere(self, node: int, free: I64) -> dict[int, int] | None:
+        """Where the pods on ``node`` would go, first fit, on the free GPUs ``free`` of the other
+        present nodes (a class their profile allows, enough GPUs): GPUs taken per node, or None when
+        one fits nowhere. Pods are taken by workload, largest first; a workload's ``k`` pods of ``g``
+        GPUs fill the nodes in index order, ``floor(free / g)`` each. A bound, not kube-scheduler's
+        choice: the scheduler places the pods made again as any new pod (its scores may pick other
+        nodes, and the extender's verdicts may refuse some)."""
+        c = self.cluster
+        count: dict[int, int] = {}
+        for pod in c.pods_on[node].values():
+            count[pod.workload] = count.get(pod.workload, 0) + 1
+        left = free.copy()
+        left[node] = 0
+        taken: dict[int, int] = {}
+        for w in sorted(count, key=lambda q: (-c.profiles[q].parallelism.gpus, q)):
+            g = c.profiles[w].parallelism.gpus
+            rows = np.flatnonzero(c.allowed(w) & (left >= g))
+            room = left[rows] // g
+            total = np.cumsum(room)
+            k = count[w]
+            if len(total) == 0 or total[-1] < k:
+                return None
+            last = int(np.searchsorted(total, k))  # the first node at which k pods are placed
+            for j in range(last + 1):
+                n = int(room[j]) if j < last else k - (int(total[j - 1]) if j else 0)
+                row = int(rows[j])
+                left[row] -= n * g
+                taken[row] = taken.get(row, 0) + n * g
+        return taken
+
+    def _underused(self, now: float) -> None:
+        """Karpenter's consolidation of under-used nodes (``consolidationPolicy:
+        WhenEmptyOrUnderutilized``), at most one node per pool and tick.
+
+        A Ready node of such a pool that holds pods (starting or ready; standby placeholders are
+        nothing to move), none of a ``doNotDisrupt`` workload, all of which fit elsewhere
+        (:meth:`_fits_elsewhere`), is a candidate; once it has been one with the same pods for
+        ``consolidateAfter`` (Karpenter v1 counts its ``consolidateAfter`` from the last pod added
+        to or removed from the node), its pool is above ``minCount`` and no warm action runs on it,
+        it is drained: every pod on it is deleted and the ReplicaSet makes it again pending (a pod
+        a rolling update pairs with another is not made again: its pair stands in for it), and the
+        node is removed with its caches. Of a pool's due nodes the one with the fewest pods goes
+        (Karpenter tries the cheapest disruption first). The GPUs its pods will take are then
+        counted as taken for the next pool's candidates.
+        """
+        c = self.cluster
+        free = np.where(c.present, c.gpus_free(), 0).astype(np.int64)
+        for gi in self.underused_pools:
+            slots = self.pool_slots[gi]
+            due: list[tuple[int, int, dict[int, int]]] = []
+            for at in slots[c.present[slots]]:
+                i = int(at)
+                pods = c.pods_on[i]
+                where = None
+                if pods and not any(p.workload in self.protected for p in pods.values()):
+                    where = self._fits_elsewhere(i, free)
+                if where is None:
+                    self.movable_since[i] = np.nan
+                    continue
+                changed = c.pod_changes(i)
+                if np.isnan(self.movable_since[i]) or self.movable_mark[i] != changed:
+                    self.movable_since[i], self.movable_mark[i] = now, changed
+                if now - self.movable_since[i] >= self.auto.consolidate_after:
+                    due.append((len(pods), i, where))
+            if not due:
+                continue
+            size = int(c.present[slots].sum()) + sum(1 for x in self.launching if c.pool[x] == gi)
+            if size <= self.floors[gi]:
+                continue
+            for _, i, where in sorted(due, key=lambda d: (d[0], d[1])):
+                if c.warming(i):
+                    continue
+                for pod in list(c.pods_on[i].values()):
+                    s = self.w[pod.workload]
+                    paired = pod.id in s.links or pod.id in s.links.values()
+                    self._delete(s, pod, now)
+                    if not paired:
+                        self._new_pod(pod.workload, now)
+                    s.disrupted += 1
+                c.remove(i)
+                for row, gpus in where.items():
+                    free[row] -= gpus
+                free[i] = 0
+                self.movable_since[i] = self.empty_since[i] = np.nan
+                self.removed += 1
+                self.consolidated += 1
+                break
 
     # ---- the loop ------------------------------------------------------------------------
 
@@ -996,10 +1100,11 @@ class Run:
                 placed_s=np.array([p.placed_s for p in pods], dtype=np.float64),
                 believed_s=np.array([self.believed.get(p.id, math.nan) for p in pods], dtype=np.float64),
                 ready_waits=np.array(waits, dtype=np.float64),
-                upper_checked=len(checked), upper_covered=int(sum(checked)),
+                upper_checked=len(checked), upper_covered=int(sum(checked)), disrupted=s.disrupted,
             ))
         return RunResult(self.strategy, self.dt, n, out, self.warm_actions,
-                         self.fleet_gpu_s if self.autoscaled else None, self.fleet_gpus, self.launched, self.removed)
+                         self.fleet_gpu_s if self.autoscaled else None, self.fleet_gpus, self.launched, self.removed,
+                         self.consolidated)
 
 
 def simulate(prepared: Prepared, strategies: Sequence[str], progress: Callable[[str, int], None] | None = None,
