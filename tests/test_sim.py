@@ -234,18 +234,34 @@ def flagship_hours() -> tuple[Prepared, list[RunResult]]:
     return prepared, simulate(prepared, ["default", "predictive"])
 
 
-@pytest.mark.parametrize("world", ["fleet_day", "flagship_hours"])
+@pytest.fixture(scope="module")
+def flagship_hours_drained() -> tuple[Prepared, list[RunResult]]:
+    """The same two hours with every pool consolidating under-used nodes: pods are disrupted."""
+    loaded = cut(load_scenario(SCENARIOS / "flagship.yaml"), 2 * 3600.0)
+    nodes = tuple(g.model_copy(update={"consolidation_policy": "WhenEmptyOrUnderutilized"})
+                  for g in loaded.scenario.cluster.nodes)
+    cluster = loaded.scenario.cluster.model_copy(update={"nodes": nodes})
+    scenario = loaded.scenario.model_copy(update={"cluster": cluster})
+    prepared = prepare(LoadedScenario(scenario, loaded.policy, loaded.source, loaded.base_dir))
+    return prepared, simulate(prepared, ["default", "predictive"])
+
+
+@pytest.mark.parametrize("world", ["fleet_day", "flagship_hours", "flagship_hours_drained"])
 def test_per_workload_figures_combine_to_the_totals(world: str, request: pytest.FixtureRequest) -> None:
     prepared, runs = request.getfixturevalue(world)
-    if world == "flagship_hours":
+    if world.startswith("flagship_hours"):
         assert all(r.fleet_gpu_seconds is not None for r in runs)  # the case this row is for
+    if world == "flagship_hours_drained":
+        assert all(r.nodes_consolidated > 0 for r in runs)  # and this one's
     doc = json.loads(to_json(build("t", prepared.scenario.slo.queue_delay, prepared.duration_s, runs)))
     for strategy, totals in doc.items():
         per = list(totals[WORKLOADS_KEY].values())
         assert len(per) >= 2, strategy
         rounding = 1e-3 * len(per)  # each figure is rounded to 3 decimals in the JSON
-        for figure in ("requests", "pods_started", "pods_ready", "cold_starts"):
+        for figure in ("requests", "pods_started", "pods_ready", "cold_starts", "disrupted_pods"):
             assert totals[figure] == pytest.approx(sum(w[figure] for w in per), abs=rounding), (strategy, figure)
+        # nodes drained are the fleet's, as unheld GPU time: no workload's
+        assert all(w["consolidated_nodes"] == 0 for w in per), strategy
         # the GPU cost: what each workload's pods hold, plus what provisioned nodes hold for nobody
         assert all(w["unheld_gpu_hours"] == 0 for w in per), strategy
         for figure in ("gpu_hours", "idle_gpu_hours"):
