@@ -92,6 +92,41 @@ fit of ``graph + init`` (the model before they were fitted apart): their priors 
 the policy's proportions (both shares above :data:`MIN_SHARE`), so the factors stay equal, and
 each one's confidence is its share ``graph / (graph + init)`` (``init / ...``) of that factor's.
 
+Per-node factors. The fit above is per (workload, class): every node of a class gets its estimate.
+A node that starts every replica slower than its peers (a degraded NVMe, a throttled NIC, a bad
+PCIe link) is learnt as one factor ``r_n`` on its whole estimated startup. For start i on node n of
+pair p (the starts the pair's fit used: same window and maxAge), with ``E_i`` the estimate of the
+calibrated policy (the pair's fit applied when it is) for the node's state then::
+
+    z_i  = ln(T_i / E_i) - c_p              c_p = median over the pair's starts of ln(T_i / E_i)
+    m_n  = n / (n + k) x median_{i on n} z_i                         k = priorObservations
+    u_n  = sign(m_n) x max(|m_n| - d, 0)                             d = ln 1.01 (NODE_DEADBAND)
+    r_n  = clip(exp(u_n), lo, hi)                                    calibration.bounds.node
+    confidence_n = n / (n + k)
+
+``c_p`` centres each pair on its typical start, so ``r_n`` is the node against its peers of the
+same workload and class, not the class fit's own error again (a fit shrunk toward the policy leaves
+every start of the pair with the same residual, which is no node's doing). The median over all
+workloads of the node's centred residuals is robust to a stray slow start, and the prior shrinks
+it as the class fit's prior does (``k`` starts at the peers' speed: one start moves ``m`` by
+``1 / (1 + k)`` of its residual). The dead band ``d`` (soft, so ``r`` stays continuous) leaves
+differences under 1 % alone: a start's times have a resolution of a second, and a factor that
+moves no decision would still make each engine's scores differ from its class's. A node with no
+starts, or one no fit knows, has ``r = 1``. The factors multiply the node's estimate wherever a
+node is estimated by name (the extender's scores and filter, ``extender explain``); the class fit
+stays what a class-level estimate uses.
+
+Feedback: a node that is estimated slower gets fewer starts, so fewer new starts can clear its
+name. Its old starts still leave the pair's window (the newest ``window`` of the pair, pushed out
+by its peers' starts) and expire at ``maxAge``; with none left ``r`` is 1 again, and the node is
+scored as its class until new starts say otherwise. The shrinkage keeps a node from being sent away
+on one or two slow starts, and the bounds cap what any evidence can do.
+
+Identifiability. The peers are the pair's typical start: a pair whose starts mostly come from one
+node cannot tell that node from its class (the class fit takes its speed, ``r`` stays near 1).
+One factor per node: a node slow for one workload only (a cache directory of one model on a bad
+disk) has that workload's residuals diluted by the others', and is not modelled.
+
 Identifiability (docs/calibration.md): a fleet that is always warm never pulls an image, streams
 weights or compiles from scratch, so those factors keep the policy's value and a confidence of 0;
 and warm compile, local weights, graph capture and engine init, always seen together in warm
@@ -114,6 +149,7 @@ from pydantic import ConfigDict, Field, model_validator
 from extender.core.enginelog import EnginePhases
 from extender.core.errors import InvalidValueError
 from extender.core.estimate import STATES, CacheState, ClassTable, CompileCache, estimate
+from extender.core.inventory import InventorySnapshot
 from extender.core.policy import NodeClass, PhaseOverride, Policy, Profile
 from extender.core.schema import Schema, Text
 
@@ -518,6 +554,58 @@ def fit_pair(policy: Policy, profile: Profile, node_class: NodeClass, observatio
                n >= settings.min_observations)
 
 
+#: ``d`` of the per-node factors: log-differences from the peers up to ln 1.01 are not acted on.
+NODE_DEADBAND = math.log(1.01)
+#: ``extender calibrate show`` lists the nodes whose factor is off 1 by more than this (5 %).
+NODE_SHOWN = 0.05
+
+
+@dataclass(frozen=True)
+class NodeFactor:
+    """One node's factor on its whole estimated startup, with the starts behind it."""
+
+    node: str
+    factor: float
+    #: Starts of the node among the fits' starts (every workload and class).
+    starts: int
+    #: ``n / (n + k)``: the share of the prior's weight the node's starts outweigh.
+    confidence: float
+    lower: float
+    upper: float
+
+
+@dataclass(frozen=True)
+class NodeFactors:
+    """The per-node factors of one calibration; a node not listed has factor 1."""
+
+    nodes: Mapping[str, NodeFactor]
+
+    def factor(self, node: str) -> float:
+        """``r_n``: 1 for a node without starts (or unknown)."""
+        found = self.nodes.get(node)
+        return 1.0 if found is None else found.factor
+
+    def differing(self, threshold: float) -> list[NodeFactor]:
+        """Nodes whose factor is off 1 by more than ``threshold`` (0.05: 5 %), the furthest first."""
+        far = [f for f in self.nodes.values() if abs(math.log(f.factor)) > math.log1p(threshold)]
+        return sorted(far, key=lambda f: (-abs(math.log(f.factor)), f.node))
+
+    def __bool__(self) -> bool:
+        return any(f.factor != 1.0 for f in self.nodes.values())
+
+    def rows(self, snapshot: InventorySnapshot) -> F64:
+        """``r_n`` per row of ``snapshot``, its cold sentinel (the last row) included: 1 where not listed."""
+        listed = list(self.nodes)
+        found = snapshot.lookup(listed)
+        factor = np.ones(len(snapshot) + 1, dtype=np.float64)
+        values = np.array([self.nodes[n].factor for n in listed], dtype=np.float64)
+        factor[found.index[found.known]] = values[found.known]
+        return factor
+
+
+NO_NODE_FACTORS = NodeFactors({})
+
+
 Pair = tuple[str, str]
 
 
@@ -530,6 +618,8 @@ class CalibrationResult:
     #: reason -> count: ``unknown workload``, ``unknown node class``, ``class not allowed``,
     #: ``other version`` (image or weights changed since), ``too old``, ``beyond window``.
     skipped: Mapping[str, int]
+    #: The per-node factors of the same starts, against the policy with the applicable fits applied.
+    nodes: NodeFactors = NO_NODE_FACTORS
 
 
 def select(policy: Policy, observations: Iterable[Observation], *, now: float | None = None
@@ -572,7 +662,50 @@ def calibrate(policy: Policy, observations: Iterable[Observation], *, now: float
     fits: dict[Pair, Fit] = {}
     for (workload, cls), group in sorted(groups.items()):
         fits[(workload, cls)] = fit_pair(policy, policy.profile(workload), policy.node_class(cls), group)
-    return CalibrationResult(fits, {k: tuple(v) for k, v in groups.items()}, skipped)
+    nodes = fit_nodes(policy, apply_calibration(policy, fits.values()), groups)
+    return CalibrationResult(fits, {k: tuple(v) for k, v in groups.items()}, skipped, nodes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-node factors (module docstring, "Per-node factors")
+# ---------------------------------------------------------------------------------------------
+
+
+def fit_nodes(policy: Policy, calibrated: Policy, groups: Mapping[Pair, Sequence[Observation]]) -> NodeFactors:
+    """``r_n`` of every node with starts in ``groups`` (formulas in the module docstring).
+
+    ``calibrated`` is the policy the starts are estimated with (``policy`` with the applicable fits
+    applied); ``policy`` gives ``k`` and the bounds. Starts of 0 s (Ready in the second they were
+    scheduled) or estimated at 0 s have no ratio and are left out.
+    """
+    settings = policy.calibration
+    k = float(settings.prior_observations)
+    bounds = settings.bounds.of("node")
+    residuals: dict[str, list[float]] = {}
+    for (workload, cls), group in sorted(groups.items()):
+        try:
+            profile, node_class = calibrated.profile(workload), calibrated.node_class(cls)
+        except KeyError:
+            continue
+        if not group:
+            continue
+        est = estimate(profile, [node_class], np.zeros(len(group), dtype=np.intp), cache_state(group)).total_s
+        observed = np.array([o.total_s for o in group], dtype=np.float64)
+        ok = (observed > 0) & (est > 0) & np.isfinite(est)
+        if not ok.any():
+            continue
+        ratio = np.log(observed[ok] / est[ok])
+        centred = ratio - float(np.median(ratio))
+        for o, z in zip((o for o, keep in zip(group, ok, strict=True) if keep), centred.tolist(), strict=True):
+            residuals.setdefault(o.node, []).append(z)
+    out: dict[str, NodeFactor] = {}
+    for node, zs in sorted(residuals.items()):
+        n = len(zs)
+        m = n / (n + k) * float(np.median(zs))
+        u = math.copysign(max(abs(m) - NODE_DEADBAND, 0.0), m)
+        r = min(max(math.exp(u), bounds.min), bounds.max)
+        out[node] = NodeFactor(node, r, n, n / (n + k), bounds.min, bounds.max)
+    return NodeFactors(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -683,9 +816,17 @@ def apply_calibration(policy: Policy, fits: Iterable[Fit]) -> Policy:
 
 def effective_policy(policy: Policy, observations: Iterable[Observation], *, now: float | None = None) -> Policy:
     """The policy the estimator should use: calibrated with ``calibration.mode: apply``, else unchanged."""
+    return effective_calibration(policy, observations, now=now)[0]
+
+
+def effective_calibration(policy: Policy, observations: Iterable[Observation], *, now: float | None = None
+                          ) -> tuple[Policy, NodeFactors]:
+    """The policy and the per-node factors the estimator should use: with ``calibration.mode: apply``
+    the calibrated policy and the fitted node factors, else the policy unchanged and no factors."""
     if policy.calibration.mode != "apply":
-        return policy
-    return apply_calibration(policy, calibrate(policy, observations, now=now).fits.values())
+        return policy, NO_NODE_FACTORS
+    result = calibrate(policy, observations, now=now)
+    return apply_calibration(policy, result.fits.values()), result.nodes
 
 
 # ---------------------------------------------------------------------------------------------

@@ -209,6 +209,11 @@ class Estimate:
         """Phases and total of node ``i`` as plain floats."""
         return {f.name: float(getattr(self, f.name)[i]) for f in fields(self)}
 
+    def scaled(self, factor: F64) -> Estimate:
+        """Every phase and the total of node i multiplied by ``factor[i]`` (per-node calibration:
+        :mod:`extender.core.calibration`, "Per-node factors"), so the phases still add up."""
+        return Estimate(*(np.asarray(getattr(self, f.name) * factor, dtype=np.float64) for f in fields(self)))
+
 
 def estimate(
     profile: Profile,

@@ -5,7 +5,8 @@ and that depends on the node it gets: on a node that already holds the image, th
 compile cache it starts in seconds, on a cold one in minutes. The extender scores nodes by the
 same estimate and kube-scheduler takes the best score, so the next replica lands on::
 
-    argmin over rows r of estimate(profile, r).total_s
+    argmin over rows r of r_n x estimate(profile, r).total_s     r_n: the node's factor (per-node
+                                                                  calibration; 1 for most nodes)
     where r is fresh (its agent reported within its TTL),
           has gpus_free >= tensor x pipeline of the profile,
           and is of a node class the profile may run on
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from extender.core.calibration import NO_NODE_FACTORS, NodeFactors
 from extender.core.estimate import CacheState, CompileCache, cold_by_class, estimate
 from extender.core.inventory import InventorySnapshot
 from extender.core.policy import Policy, Profile
@@ -60,8 +62,10 @@ def _cache_words(state: CacheState, i: int, profile: Profile) -> str:
     return "; ".join(words) or "cold"
 
 
-def next_replica(policy: Policy, profile: Profile, snapshot: InventorySnapshot | None, now: float) -> Placement:
-    """Placement and startup estimate of the workload's next replica (rules in the module docstring)."""
+def next_replica(policy: Policy, profile: Profile, snapshot: InventorySnapshot | None, now: float,
+                 nodes: NodeFactors = NO_NODE_FACTORS) -> Placement:
+    """Placement and startup estimate of the workload's next replica (rules in the module docstring);
+    ``nodes``: the per-node factors, as the extender scores with them."""
     classes = policy.classes_for(profile)
     gpus = profile.parallelism.gpus
     if snapshot is not None and len(snapshot):
@@ -73,6 +77,8 @@ def next_replica(policy: Policy, profile: Profile, snapshot: InventorySnapshot |
         if rows.size:
             state, table = snapshot.state_for(profile, rows, now)
             est = estimate(profile, snapshot.classes, snapshot.class_index[rows], state, table)
+            if nodes:
+                est = est.scaled(nodes.rows(snapshot)[rows])
             best = int(np.argmin(est.total_s))
             row = int(rows[best])
             return Placement(

@@ -784,6 +784,8 @@ class CalibrationBounds(Schema):
     engine: FactorBounds | None = None
     #: Process snapshot restore.
     snapshot_restore: FactorBounds | None = None
+    #: A node's factor on its whole estimated startup against its peers (per-node calibration).
+    node: FactorBounds | None = None
 
     def of(self, field_name: str) -> FactorBounds:
         """The bounds of one parameter by its snake_case field name (``engine``'s for graph capture and engine init)."""

@@ -405,10 +405,18 @@ def evaluate(
     *,
     scale: Scale | None = None,
     table: ClassTable | None = None,
+    node_factor: F64 | None = None,
 ) -> Evaluation:
-    """Estimate, score and judge n nodes for ``profile`` in one pass of vector arithmetic."""
+    """Estimate, score and judge n nodes for ``profile`` in one pass of vector arithmetic.
+
+    ``node_factor``: per node, ``r_n`` on its whole estimate (per-node calibration); ``None``: 1 everywhere.
+    The scale stays the profile's (class-level cold starts): a slow node's estimate is measured
+    against the same reference as its peers'.
+    """
     sc = scale if scale is not None else scale_for(policy, profile)
     est = estimate(profile, nodes.classes, nodes.class_index, nodes.state, table)
+    if node_factor is not None:
+        est = est.scaled(node_factor)
     capacity, reserve = class_nvme(nodes.classes)
     idx = nodes.class_index
     usable_capacity = capacity[idx]

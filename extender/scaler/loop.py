@@ -30,7 +30,8 @@ own token: what they do happens outside Redis, where no fence stops a deposed le
 
 With ``calibration.mode: apply`` (and a ``calibration`` reader), each led tick first takes the
 calibrated policy (:class:`extender.state.observations.CalibratedPolicy`): the placement and the
-horizon are estimated with the fitted phase times, and the listeners of ``on_estimator_policy``
+horizon are estimated with the fitted phase times and the per-node factors (the next replica's
+node, as the extender scores it), and the listeners of ``on_estimator_policy``
 (the cache warmer) get it whenever it changes.
 
 A newly elected leader has no previous counter values for the ``scrape`` source, so its first tick
@@ -61,6 +62,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from extender.core.calibration import NO_NODE_FACTORS, NodeFactors
 from extender.core.errors import ExtenderError, FencedOutError, SignalError
 from extender.core.forecast import Forecast, ForecastParams, forecast
 from extender.core.inventory import InventorySnapshot, NodeState
@@ -213,6 +215,8 @@ class ScaleLoop:
         self.params = {p.name: base.for_workload(p.name) for p in self.profiles}
         #: The policy placements and horizons are estimated with (:meth:`_calibrate`).
         self.estimator_policy = self.policy
+        #: The per-node factors placements are estimated with (:meth:`_calibrate`).
+        self.estimator_nodes: NodeFactors = NO_NODE_FACTORS
         # a source built from the same signal and capacity is kept: a scrape source's previous
         # counters are what its next rate is measured against (a new one observes nothing for a tick)
         before, self._built = self._built, {}
@@ -347,7 +351,8 @@ class ScaleLoop:
 
     def _calibrate(self) -> None:
         """Take the calibrated policy when it changed, and tell the listeners (never raises)."""
-        current = self.policy if self.calibration is None else self.calibration.policy_for(self.policy)
+        current, self.estimator_nodes = ((self.policy, NO_NODE_FACTORS) if self.calibration is None
+                                         else self.calibration.calibration_for(self.policy))
         if current is not self.estimator_policy:
             self.estimator_policy = current
             self._snapshot = None  # its per-profile tables were built with the other values
@@ -415,7 +420,7 @@ class ScaleLoop:
         seen_at = now if started is None else now + max(0.0, self.monotonic() - started)
         observation = self.sources[name].observe(pods, seen_at)
         estimator = self.estimator_policy
-        placement = next_replica(estimator, estimator.profile(name), snapshot, now)
+        placement = next_replica(estimator, estimator.profile(name), snapshot, now, self.estimator_nodes)
         h = horizon(placement.startup_s, self.tick_s, self.hpa_sync_s, node=placement.node,
                     node_class=placement.node_class, cache=placement.cache)
         samples = self.history.read(name, now=now)

@@ -24,9 +24,12 @@ from typing import Any
 from extender.arguments import Parser, add_store_options, connect_from_args, prefix_from_args, whole_number
 from extender.core.calibration import (
     BANDWIDTH_PARAMETERS,
+    NODE_SHOWN,
     PARAMETERS,
     CalibrationResult,
     Fit,
+    NodeFactor,
+    NodeFactors,
     Observation,
     PolicyValues,
     apply_calibration,
@@ -155,6 +158,7 @@ def show(args: argparse.Namespace) -> int:
                               "policyEstimate": errors[id(o)]} for o in chosen],
             "discarded": dict(stored.discarded), "skipped": dict(result.skipped), "unreadable": stored.unreadable,
             "fits": [fit_summary(policy, f) for f in fits],
+            "nodes": [node_summary(f) for f in result.nodes.differing(NODE_SHOWN)],
         }, indent=2))
         return 0
     print(f"calibration mode: {policy.calibration.mode}; {len(stored.observations)} observation(s) stored"
@@ -176,7 +180,31 @@ def show(args: argparse.Namespace) -> int:
     for fit in fits:
         print()
         print(render_fit(policy, fit))
+    if result.nodes.nodes:
+        print()
+        print(render_nodes(result.nodes, policy.calibration.mode))
     return 0
+
+
+def node_summary(f: NodeFactor) -> dict[str, Any]:
+    """One node's factor as ``calibrate show --json`` lists it."""
+    return {"node": f.node, "factor": round(f.factor, 4), "starts": f.starts, "confidence": round(f.confidence, 4),
+            "bounds": [f.lower, f.upper]}
+
+
+def render_nodes(nodes: NodeFactors, mode: str) -> str:
+    """The nodes whose starts differ from their peers' by more than :data:`NODE_SHOWN`, as a table."""
+    far = nodes.differing(NODE_SHOWN)
+    use = "applied" if mode == "apply" else f"not applied: mode {mode}"
+    if not far:
+        return (f"nodes: none of the {len(nodes.nodes)} node(s) with starts is estimated more than "
+                f"{NODE_SHOWN:.0%} off its class ({use})")
+    lines = [f"nodes estimated more than {NODE_SHOWN:.0%} off their class, from their starts against their peers' "
+             f"({use}):", f"  {'node':<30}{'factor':>8}{'starts':>8}{'confidence':>12}{'bounds':>14}"]
+    for f in far:
+        lines.append(f"  {f.node[:29]:<30}{f.factor:>8.2f}{f.starts:>8}{f.confidence:>12.2f}"
+                     f"{f'{f.lower:.3g}-{f.upper:.3g}':>14}")
+    return "\n".join(lines)
 
 
 def _errors(policy: Policy, observations: Sequence[Observation]) -> list[float | None]:

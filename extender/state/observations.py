@@ -34,7 +34,7 @@ from typing import Any
 import redis
 from pydantic import ValidationError
 
-from extender.core.calibration import Observation, effective_policy
+from extender.core.calibration import NO_NODE_FACTORS, NodeFactors, Observation, effective_calibration
 from extender.core.errors import ExtenderError, InvalidValueError, StateError
 from extender.core.inventory import NodeState
 from extender.core.policy import Policy
@@ -253,28 +253,38 @@ class CalibratedPolicy:
     _version: int = field(default=-1, init=False, repr=False)
     _fitted_at: float = field(default=-math.inf, init=False, repr=False)
     _result: Policy | None = field(default=None, init=False, repr=False)
+    _nodes: NodeFactors = field(default=NO_NODE_FACTORS, init=False, repr=False)
     #: The last error reading the store (``None`` when the last read worked).
     error: str | None = field(default=None, init=False)
 
     def policy_for(self, base: Policy) -> Policy:
+        return self.calibration_for(base)[0]
+
+    def calibration_for(self, base: Policy) -> tuple[Policy, NodeFactors]:
+        """The policy and the per-node factors (:func:`~extender.core.calibration.effective_calibration`),
+        under the same rules as :meth:`policy_for`: the same objects until a refit, the last ones (or
+        the base and no factors) when the store cannot be read."""
         if base.calibration.mode != "apply":
-            return base
+            return base, NO_NODE_FACTORS
         now = self.clock()
         try:
             recent = now - self._fitted_at < self.min_interval_s
             if base is self._base and self._result is not None and (recent or self.store.version() == self._version):
-                return self._result
+                return self._result, self._nodes
             stored = self.store.read()
-            result = effective_policy(base, stored.observations, now=now)
+            result, nodes = effective_calibration(base, stored.observations, now=now)
         except ExtenderError as exc:
             if self.error is None:
                 log.warning("calibration: cannot read the observed starts, keeping the %s policy: %s",
                             "last calibrated" if base is self._base else "uncalibrated", exc)
             self.error = str(exc)
-            return self._result if base is self._base and self._result is not None else base
+            if base is self._base and self._result is not None:
+                return self._result, self._nodes
+            return base, NO_NODE_FACTORS
         self.error = None
         self._base, self._version, self._result, self._fitted_at = base, stored.version, result, now
-        return result
+        self._nodes = nodes
+        return result, nodes
 
 
 def observations_of(stored: Stored, workloads: Iterable[str] = (), classes: Iterable[str] = ()) -> list[Observation]:

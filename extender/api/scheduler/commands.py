@@ -214,8 +214,9 @@ def _explain(args: argparse.Namespace) -> int:
     store = inventory_from_args(args)
     version, records, registry = store.load_all()
     # as `serve` estimates: with the calibration in effect
-    policy = CalibratedPolicy(ObservationStore(store.client, prefix=store.keys.prefix)).policy_for(policy)
-    engine = Engine(policy, InventorySnapshot.build(policy, records, version=version, taken_at=now, registry=registry))
+    policy, factors = CalibratedPolicy(ObservationStore(store.client, prefix=store.keys.prefix)).calibration_for(policy)
+    engine = Engine(policy, InventorySnapshot.build(policy, records, version=version, taken_at=now, registry=registry),
+                    nodes=factors)
     nodes = [NodeInfo(n, {}, ()) for n in args.nodes] if args.nodes is not None else None
     report = explain_report(engine, pod, nodes, now)
     if args.json:
@@ -251,5 +252,8 @@ def print_report(report: dict[str, Any]) -> None:
             print(f"{'':<{width}}   reason: {n['reason']}")
         if n["note"]:
             print(f"{'':<{width}}   note: {n['note']}")
+        if n.get("nodeFactor", 1.0) != 1.0:
+            print(f"{'':<{width}}   node factor: {n['nodeFactor']:.2f} (per-node calibration: its starts against its "
+                  "peers'; in the phases above)")
     if any(n["nvmePressure"] for n in report["nodes"]):
         print("* NVMe pressure: free NVMe cannot hold the missing weights; penalty applied")

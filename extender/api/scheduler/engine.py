@@ -21,6 +21,10 @@ from the previous engine's tables (``previous``), and a table rebuilt after a he
 starts from the table it replaces. So a reload after a heartbeat costs in proportion to what
 changed, not to the fleet.
 
+Per-node calibration (:mod:`extender.core.calibration`, "Per-node factors") reaches both paths as
+one factor per row (``nodes``, 1 for nodes without starts), multiplied into the estimate before
+scoring; without factors (the usual case) no array is made.
+
 Full ``NodeList`` requests and ``explain`` take the general path: gather the requested rows, let
 the Node objects' labels and ``status.images`` fill in what the inventory lacks, and run the
 estimator on just those rows.
@@ -37,6 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from extender.api.scheduler.wire import NodeInfo, PodInfo, fragments_for, priority_fragment
+from extender.core.calibration import NO_NODE_FACTORS, NodeFactors
 from extender.core.estimate import PHASES
 from extender.core.images import names_for, normalise, repository
 from extender.core.inventory import InventorySnapshot, next_freshness_change
@@ -108,12 +113,17 @@ class Engine:
     """Scores and verdicts for one policy and one inventory snapshot; safe to share between threads."""
 
     def __init__(self, policy: Policy, snapshot: InventorySnapshot, previous: Engine | None = None, *,
-                 names: list[str] | None = None) -> None:
+                 names: list[str] | None = None, nodes: NodeFactors = NO_NODE_FACTORS) -> None:
         """``previous``: the engine of the snapshot ``snapshot`` was updated from (same policy), whose
         tables the first build of each profile's table starts from. ``names``: the snapshot's node
-        names in row order, when the caller has them already."""
+        names in row order, when the caller has them already. ``nodes``: the per-node factors
+        (per-node calibration) the estimates are multiplied by."""
         self.policy = policy
         self.snapshot = snapshot
+        self.nodes = nodes
+        self._row_factor: NDArray[np.float64] | None = None
+        if nodes:
+            self._row_factor = nodes.rows(snapshot)
         same = previous if previous is not None and previous.policy is policy else None
         self.scales: dict[str, Scale] = (same.scales if same is not None else
                                          {p.name: scale_for(policy, p) for p in policy.profiles})
@@ -175,7 +185,8 @@ class Engine:
         known[-1] = False
         inputs = NodeInputs(snap.classes, snap.class_index, state, fresh, known, snap.nvme_free, snap.gpus_free,
                             self._others(profile, snap.class_index, rows, now))
-        ev = evaluate(self.policy, profile, inputs, scale=self.scales[profile.name], table=class_table)
+        ev = evaluate(self.policy, profile, inputs, scale=self.scales[profile.name], table=class_table,
+                      node_factor=self._row_factor)
         if old is not None and carried is not None:
             score = ev.score[:n]
             old_score = old.evaluation.score[np.where(carried >= 0, carried, 0)]
@@ -202,7 +213,7 @@ class Engine:
         rebuilt from the old one on first use, re-encoding only the rows whose score moved. So a
         batch of heartbeats costs a freshness mask per profile, not a scoring pass.
         """
-        engine = Engine(self.policy, snapshot, previous=self, names=self._names)
+        engine = Engine(self.policy, snapshot, previous=self, names=self._names, nodes=self.nodes)
         fresh, valid_until = snapshot.fresh(now), next_freshness_change(snapshot, now)
         for name, table in self._tables.items():
             if np.array_equal(table.fresh, fresh):
@@ -261,7 +272,9 @@ class Engine:
             state = replace(state, image=state.image | kubelet_image)
         inputs = NodeInputs(snap.classes, class_index, state, snap.fresh(now)[rows], lookup.known, snap.nvme_free[rows],
                             snap.gpus_free[rows], self._others(profile, class_index, rows, now))
-        ev = evaluate(self.policy, profile, inputs, scale=self.scales[profile.name], table=class_table)
+        factor = None if self._row_factor is None else self._row_factor[rows]
+        ev = evaluate(self.policy, profile, inputs, scale=self.scales[profile.name], table=class_table,
+                      node_factor=factor)
         return ev, inputs
 
     def _others(self, profile: Profile, class_index: NDArray[np.intp], rows: NDArray[np.intp],
@@ -314,6 +327,8 @@ class Engine:
         verdict_names = {Verdict.PASS: "pass", Verdict.FAILED: "FailedNodes",
                          Verdict.UNRESOLVABLE: "FailedAndUnresolvableNodes"}
         hosts = self.policy.classes_for(profile)
+        rows = self.snapshot.lookup([n.name for n in nodes]).index
+        factors = np.ones(len(nodes)) if self._row_factor is None else self._row_factor[rows]
         for i, node in enumerate(nodes):
             row = ev.estimate.row(i)
             out.append({
@@ -329,6 +344,7 @@ class Engine:
                 },
                 "phases": {k: round(row[k], 3) for k in PHASES},
                 "totalSeconds": round(row["total_s"], 3),
+                "nodeFactor": round(float(factors[i]), 4),
                 "nvmePressure": bool(ev.pressure[i]),
                 "score": int(ev.score[i]),
                 "verdict": verdict_names[Verdict(int(ev.judgement.verdict[i]))],

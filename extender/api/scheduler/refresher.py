@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 from extender.api.scheduler.engine import Engine
 from extender.api.scheduler.metrics import Metrics
 from extender.api.scheduler.settings import Settings, Store
+from extender.core.calibration import NO_NODE_FACTORS, NodeFactors
 from extender.core.errors import StateError, StoreUnavailableError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
@@ -105,6 +106,8 @@ class Refresher:
         self.engine: Engine | None = None
         #: The policy the engine estimates with: :attr:`policy`, calibrated when its mode is ``apply``.
         self.estimator_policy = policy
+        #: The per-node factors the engine multiplies its estimates by (per-node calibration).
+        self.estimator_nodes: NodeFactors = NO_NODE_FACTORS
         self._calibration: CalibratedPolicy | None = None
         self.started_at = time.time()
         self.confirmed_at = 0.0
@@ -239,9 +242,10 @@ class Refresher:
 
     def _calibrate(self) -> None:
         """Take the calibrated policy when it changed (a new fit or a new base policy); never raises."""
-        calibrated = self.policy if self._calibration is None else self._calibration.policy_for(self.policy)
-        if calibrated is not self.estimator_policy:
-            self.estimator_policy = calibrated
+        calibrated, nodes = ((self.policy, NO_NODE_FACTORS) if self._calibration is None
+                             else self._calibration.calibration_for(self.policy))
+        if calibrated is not self.estimator_policy or nodes is not self.estimator_nodes:
+            self.estimator_policy, self.estimator_nodes = calibrated, nodes
             self._policy_dirty = True
 
     def _drop_store(self) -> None:
@@ -290,12 +294,13 @@ class Refresher:
         build (the caller's full rebuild then finds and skips it).
         """
         engine = self.engine
-        if engine is None or self._policy_dirty or engine.policy is not self.estimator_policy:
+        if (engine is None or self._policy_dirty or engine.policy is not self.estimator_policy
+                or engine.nodes is not self.estimator_nodes):
             return False
         try:
             snapshot = engine.snapshot.update(engine.policy, changed, version=version, taken_at=now,
                                               registry=registry)
-            patched = Engine(engine.policy, snapshot, previous=engine)
+            patched = Engine(engine.policy, snapshot, previous=engine, nodes=engine.nodes)
             patched.warm(now)
         except Exception as exc:  # the full rebuild that follows finds and skips a bad record
             if self.throttle.allow("patch-failed") is not None:
@@ -335,7 +340,7 @@ class Refresher:
             snapshot = InventorySnapshot.build(policy, part, version=version, taken_at=now, registry=registry)
             if self._beats:  # heartbeats read since the records were: the records do not carry them
                 snapshot = snapshot.with_heartbeats(self._beats, taken_at=now)
-            engine = Engine(policy, snapshot)
+            engine = Engine(policy, snapshot, nodes=self.estimator_nodes)
             engine.warm(now)
             return engine
 
