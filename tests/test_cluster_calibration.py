@@ -90,6 +90,10 @@ def test_replicas_ready_after_a_delay_are_observed_and_move_the_fit_toward_it(
     assert fit.factor("compileCold") < 1 and fit.factor("graphCapture") < 1
     assert fit.factor("graphCapture") == pytest.approx(fit.factor("engineInit"))  # no capture logged: one factor
     assert fit.error_fit < fit.error_policy
+    # gpu-a and gpu-b start alike (the same KWOK delay): each is its class, give or take the load's lag
+    nodes = calibrate(policy, observations).nodes
+    assert set(nodes.nodes) == {"gpu-a", "gpu-b"}
+    assert all(0.8 < f.factor < 1.25 for f in nodes.nodes.values()), nodes
 
     assert cli.main(["calibrate", "show", "--policy", str(stack.policy), "--workload", WORKLOAD, "--json",
                      "--redis-url", stack.redis.url]) == 0
