@@ -4,7 +4,10 @@ Every new replica is a measurement. ``extender sync`` records where it landed, w
 for it when it was scheduled (from the inventory) and when it became Ready
 (:class:`Observation`); this module fits the estimator's parameters to those observations, per
 (workload, node class), and :func:`apply_calibration` writes the fit into a policy as per-class
-overrides, which is all the extender, the scaler and the warmer need (they take a policy).
+overrides, which is all the extender, the scaler and the warmer need (they take a policy). Besides,
+each node gets a factor on its whole startup against its class's peers (:func:`fit_nodes`, "Per-node
+factors" below), which the consumers that estimate named nodes take alongside the policy
+(:func:`effective_calibration`).
 
 The model. Given the cache state, the estimator (:mod:`extender.core.estimate`) is linear in eight
 unknown *factors* ``m`` on the policy's seconds. For observation i on class c (policy values
@@ -794,7 +797,8 @@ def apply_calibration(policy: Policy, fits: Iterable[Fit]) -> Policy:
 
     The one way calibrated parameters reach the estimator: the extender's scores, the scaler's
     horizon and the warmer's plans all take a policy, and get this one when
-    ``calibration.mode: apply`` (:func:`effective_policy`). Fits with too few observations
+    ``calibration.mode: apply`` (:func:`effective_policy`); the per-node factors travel beside it
+    (:func:`effective_calibration`). Fits with too few observations
     (``applied`` false) and fits of pairs the policy no longer has are left out.
     """
     by_profile: dict[str, dict[str, PhaseOverride]] = {}

@@ -238,8 +238,10 @@ class CalibratedPolicy:
     """The policy the estimator uses, from a base policy and the store: one per consumer, kept.
 
     ``policy_for(base)`` is :func:`extender.core.calibration.effective_policy` over the stored
-    observations. It re-fits when the base policy object changed, or when the store's version moved
-    and the last fit is at least ``min_interval_s`` old (a busy cluster records a start every few
+    observations, and ``calibration_for(base)`` the same policy with the per-node factors of the
+    same fit (:func:`~extender.core.calibration.effective_calibration`). It re-fits when the base
+    policy object changed, or when the store's version moved and the last fit is at least
+    ``min_interval_s`` old (a busy cluster records a start every few
     seconds; a fit costs some 10 ms per (workload, class)); otherwise it costs one GET. With
     ``calibration.mode`` other than ``apply`` the base is returned without reading anything. When
     the store cannot be read, the last calibrated policy of the same base is kept, else the base
