@@ -43,7 +43,9 @@ class Parser(argparse.ArgumentParser):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._negative_number_matcher = re.compile(r"^-\.?\d")
+        # Any script's digit on purpose (re.UNICODE says so): ``-١s`` then reaches the type, which says
+        # it is not a number, instead of argparse's "expected one argument".
+        self._negative_number_matcher = re.compile(r"^-\.?\d", re.UNICODE)
 
 
 def finite_number(minimum: float, *, above: bool = False) -> Callable[[str], float]:

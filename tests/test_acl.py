@@ -691,6 +691,8 @@ VERSIONS = [
     pytest.param(Version("7.x", None, "not a Redis version"), id="a letter"),
     pytest.param(Version("7.0.1.2", None, "not a Redis version"), id="four parts"),
     pytest.param(Version(" 7.0", None, "not a Redis version"), id="a space"),
+    pytest.param(Version("٧.٠", None, "not a Redis version"), id="arabic-indic digits"),
+    pytest.param(Version("７.２", None, "not a Redis version"), id="full-width digits"),
 ]
 
 

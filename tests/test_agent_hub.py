@@ -133,6 +133,14 @@ def numbering_gap_build(hub: Path) -> None:
     (r.path / "snapshots" / C1 / "model-00002-of-00004.safetensors").unlink()
 
 
+def other_script_shard_build(hub: Path) -> None:
+    # shard 2 is missing, and a file numbered in Arabic-Indic digits, which no loader opens, sits beside them
+    r = Repo(hub)
+    sharded(r, C1, index=False)
+    (r.path / "snapshots" / C1 / "model-00002-of-00004.safetensors").unlink()
+    r.link(C1, "model-٠٠٠٠٢-of-00004.safetensors", "stray", size=1000)
+
+
 def branch_build(hub: Path) -> None:
     r = Repo(hub)
     sharded(r, C1)
@@ -252,6 +260,8 @@ CASES: dict[str, Case] = {
     "index-lists-missing-shard": Case(index_missing_shard_build, ONE,
                                       lambda h: {f"llm/{C1}": (FULL + index_bytes(Repo(h)), False)}),
     "numbering-gap": Case(numbering_gap_build, ONE, lambda h: {f"llm/{C1}": (3010, False)}),
+    "numbering-gap-filled-by-another-script": Case(other_script_shard_build, ONE,
+                                                   lambda h: {f"llm/{C1}": (4010, False)}),
     # main -> C2: config + 2 x 300 + the index blob
     "branch-ref": Case(branch_build, {"llm": (REPO, "main")},
                        lambda h: {"llm/main": (10 + 600 + index_bytes(Repo(h)), True)}),

@@ -225,6 +225,8 @@ def test_phases_of_real_format_logs(text: str, expected: EnginePhases) -> None:
     pytest.param("Capture cuda graph end. avail mem=2.00 GB", "graph_capture", id="sglang-capture-end-without-time"),
     pytest.param("Capture a b c d graph end. elapsed=3.00 s", "graph_capture", id="sglang-capture-four-words"),
     pytest.param("capture cuda graph end. Time elapsed: 3.00 s", "graph_capture", id="sglang-other-case"),
+    pytest.param("Capture target decode CUDA graph end. step=٣, elapsed=3.00 s", "graph_capture",
+                 id="sglang-capture-step-in-another-script"),
 ])
 def test_garbled_numbers_and_lines_are_ignored(line: str, field: str) -> None:
     assert getattr(parse_engine_log(line), field) is None
@@ -280,13 +282,24 @@ def test_carriage_returns_split_lines_like_newlines() -> None:
     pytest.param("[2026-01-01 00:00:01 tp0] Load weight end. elapsed=5.00 s, type=X\n"
                  "[2026-01-01 00:00:02 tp1] Load weight end. elapsed=6.00 s, type=X\n", 11.0,
                  id="lower-case-is-not-a-rank-tag"),
+    pytest.param("[2026-01-01 00:00:01 TP٠] Load weight end. elapsed=5.00 s, type=X\n"
+                 "[2026-01-01 00:00:02 TP١] Load weight end. elapsed=6.00 s, type=X\n", 11.0,
+                 id="a-rank-in-another-script-is-not-a-rank-tag"),
+    pytest.param("[２０２６-01-01 00:00:01 TP0] Load weight end. elapsed=5.00 s, type=X\n"
+                 "[２０２６-01-01 00:00:02 TP1] Load weight end. elapsed=6.00 s, type=X\n", 11.0,
+                 id="a-stamp-in-full-width-digits-is-not-a-stamp"),
 ])
 def test_sglang_rank_tags_are_processes(text: str, weights: float) -> None:
     assert parse_engine_log(text).weights_load == weights
 
 
-def test_process_tags_without_a_pid_are_the_main_process() -> None:
-    text = ("(Worker) INFO Loading weights took 5.00 seconds\n"
+@pytest.mark.parametrize("tag", [
+    pytest.param("(Worker)", id="without-a-pid"),
+    pytest.param("(Worker pid=١٢)", id="pid-in-arabic-indic-digits"),  # engines print ASCII pids
+    pytest.param("(Worker pid=１２)", id="pid-in-full-width-digits"),
+])
+def test_process_tags_without_an_ascii_pid_are_the_main_process(tag: str) -> None:
+    text = (f"{tag} INFO Loading weights took 5.00 seconds\n"
             "INFO Loading weights took 6.00 seconds\n")
     assert parse_engine_log(text).weights_load == 11.0  # one process: parts add up
 

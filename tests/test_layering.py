@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -142,3 +143,69 @@ def test_the_anchor_checker(tmp_path: Path, source: str, found: list[str]) -> No
     bad = tmp_path / "bad.py"
     bad.write_text(source)
     assert end_anchored_matches(bad) == found
+
+
+#: A regex ``\d`` or ``\D`` in a string's value: a backslash and the letter after an even run of
+#: backslashes (``\\d`` is a backslash, then the letter).
+_DIGIT_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\[dD]")
+#: An inline ASCII or Unicode flag group: ``(?a)``, ``(?ai)``, ``(?u:...)``.
+_INLINE_CHARSET_FLAG = re.compile(r"\(\?[imsxLau]*[au][imsxLau]*[):]")
+_CHARSET_FLAGS = {"ASCII", "A", "UNICODE", "U"}
+
+
+def unicode_digit_patterns(path: Path) -> list[int]:
+    """Lines of string literals holding a regex ``\\d`` that no ``re.ASCII`` or ``re.UNICODE`` flag qualifies.
+
+    On ``str`` Python's ``\\d`` (and pydantic's Rust regex ``\\d``) is any script's decimal digit (``١``,
+    ``１``): text from outside is read in ASCII digits (``[0-9]``), and a pattern that wants every script's
+    says so with ``re.UNICODE`` (Python's default for ``str``, so the flag changes nothing but the reader's
+    certainty). Docstrings are prose; a literal inside ``re.<function>(pattern, ... flags)`` whose flags
+    name ``ASCII``/``A``/``UNICODE``/``U``, or whose text has an inline ``(?a)``/``(?u)``, is decided.
+    Outside a pattern a ``\\d`` is no Python escape (a plain string warns), so a literal holding one is
+    a pattern.
+    """
+    tree = ast.parse(path.read_text(), filename=str(path))
+    prose: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                prose.add(id(first.value))
+    decided: set[int] = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == "re" and node.args):
+            flags = [*node.args[1:], *(k.value for k in node.keywords if k.arg == "flags")]
+            if any(isinstance(f, ast.Attribute) and f.attr in _CHARSET_FLAGS for e in flags for f in ast.walk(e)):
+                decided.update(id(c) for c in ast.walk(node.args[0]) if isinstance(c, ast.Constant))
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose | decided
+            and _DIGIT_ESCAPE.search(node.value) and not _INLINE_CHARSET_FLAG.search(node.value)]
+
+
+@pytest.mark.parametrize("path", OURS, ids=[str(p.relative_to(PACKAGE)) for p in OURS])
+def test_digit_patterns_say_which_digits(path: Path) -> None:
+    assert not unicode_digit_patterns(path), (
+        f"{path}: a regex \\d matches any script's digits (١, １); write [0-9], or flag re.UNICODE if meant")
+
+
+@pytest.mark.parametrize(("source", "found"), [
+    pytest.param('import re\nN = re.compile(r"pid=\\d+")\n', [2], id="raw-digit-class"),
+    pytest.param('import re\nN = re.compile("pid=\\\\d+")\n', [2], id="escaped-backslash-then-d"),
+    pytest.param('import re\nN = re.compile(r"a" + r"\\d{5}")\n', [2], id="in-a-concatenation"),
+    pytest.param('X = r"[\\d.]+"\n', [1], id="a-named-part-of-a-pattern"),
+    pytest.param('from pydantic import Field\nF = Field(pattern=r"^\\d+$")\n', [2], id="pydantic-pattern"),
+    pytest.param('import re\nN = re.compile(r"pid=[0-9]+")\n', [], id="ascii-class-is-fine"),
+    pytest.param('import re\nN = re.compile(r"a\\\\d")\n', [], id="literal-backslash-then-d-is-fine"),
+    pytest.param('import re\nN = re.compile(r"\\d", re.ASCII)\n', [], id="ascii-flag"),
+    pytest.param('import re\nN = re.compile(r"\\d", flags=re.I | re.A)\n', [], id="ascii-flag-among-others"),
+    pytest.param('import re\nN = re.compile(r"-\\d", re.UNICODE)\n', [], id="unicode-flag-says-it-is-meant"),
+    pytest.param('import re\nN = re.compile(r"(?a)\\d")\n', [], id="inline-ascii-flag"),
+    pytest.param('import re\nN = re.compile(r"\\d", re.IGNORECASE)\n', [2], id="another-flag-decides-nothing"),
+    pytest.param('def f():\n    """Reads \\\\d in prose."""\n', [], id="docstring-is-prose"),
+    pytest.param('import re\nN = re.compile(r"[\\D]")\n', [2], id="not-a-digit-is-as-wide"),
+])
+def test_the_digit_pattern_checker(tmp_path: Path, source: str, found: list[int]) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(source)
+    assert unicode_digit_patterns(bad) == found

@@ -103,7 +103,9 @@ MAX_REF_BYTES = 4096
 
 _REPO_ID = re.compile(r"(?:[A-Za-z0-9][A-Za-z0-9._-]*/)?[A-Za-z0-9][A-Za-z0-9._-]*")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
-_SHARD = re.compile(r"(?P<stem>.+)-(?P<index>\d{5})-of-(?P<total>\d{5})(?P<ext>\.[A-Za-z0-9]+)")
+#: A shard's name as the hub's writers give it: ASCII digits only (``\d`` would take another script's
+#: digits, and such a file, which no loader opens, would fill a missing shard's place).
+_SHARD = re.compile(r"(?P<stem>.+)-(?P<index>[0-9]{5})-of-(?P<total>[0-9]{5})(?P<ext>\.[A-Za-z0-9]+)")
 
 
 def repo_id_of(source: str) -> str | None:

@@ -115,8 +115,10 @@ BUILTIN_IGNORED_FLAGS: Final[tuple[str, ...]] = (
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-# A token starting with "-" that is really a value: a negative number such as "-1" or "-.5".
-_NEGATIVE_NUMBER = re.compile(r"-\.?\d")
+# A token starting with "-" that is really a value: a negative number such as "-1" or "-.5". Any script's
+# digit on purpose (re.UNICODE says so): the engines' argparse takes ``-١`` for a number too (its own
+# matcher is ``\d``, and int() reads the digit), so the key splits launch arguments as they do.
+_NEGATIVE_NUMBER = re.compile(r"-\.?\d", re.UNICODE)
 
 
 class CacheKeyError(ExtenderError, ValueError):

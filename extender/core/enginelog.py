@@ -179,14 +179,16 @@ _GRAPH_CAPTURE = re.compile(r"Graph capturing finished in " + _N + r" secs")
 _SGL_LOAD_WEIGHT = re.compile(r"\bLoad weight end\. elapsed=" + _N + r" s\b")
 #: SGLang's graph-capture lines: ``Capture <words> graph end.`` then ``Time elapsed: <s> s`` (older) or
 #: ``[step=<k>, ]elapsed=<s> s`` (later); one to three words name the graph set and its device.
-_SGL_CAPTURE = re.compile(r"\bCapture (?:[A-Za-z]+ ){1,3}graph end\. (?:Time elapsed: |(?:step=\d+, )?elapsed=)"
+_SGL_CAPTURE = re.compile(r"\bCapture (?:[A-Za-z]+ ){1,3}graph end\. (?:Time elapsed: |(?:step=[0-9]+, )?elapsed=)"
                           + _N + r" s\b")
 _INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _N
                           + r" (?:seconds|s)\b(?: \(compilation: " + _N + r" s\b)?")
-#: A worker's tag at the start of a line (after any leading spaces).
-_PROCESS = re.compile(r"^\s*\(([A-Za-z_][^()]*?\bpid=\d+)\)")
+#: A worker's tag at the start of a line (after any leading spaces); engines print ASCII digits, so
+#: every digit read in a line is ``[0-9]`` (``\d`` takes any script's, and a line a client wrote could
+#: then pass for a worker's or a stamp).
+_PROCESS = re.compile(r"^\s*\(([A-Za-z_][^()]*?\bpid=[0-9]+)\)")
 #: An SGLang scheduler's rank tag inside its time stamp: ``[2025-01-02 03:04:05 DP0 TP1]`` gives ``DP0 TP1``.
-_SGL_RANK = re.compile(r"^\s*\[(?:\d{4}-)?\d\d-\d\d \d\d:\d\d:\d\d((?: [A-Z][A-Z_]*\d+)+)\]")
+_SGL_RANK = re.compile(r"^\s*\[(?:[0-9]{4}-)?[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}((?: [A-Z][A-Z_]*[0-9]+)+)\]")
 _LINES = re.compile(r"[\r\n]+")
 #: The server is up (module docstring): startup is over, and the lines from here on may hold requests.
 _SERVING = re.compile(r"Starting vLLM API server|Started server process|Waiting for application startup"

@@ -187,7 +187,7 @@ def role(name: str) -> Role:
 def redis_version(text: str) -> tuple[int, int]:
     """``MAJOR[.MINOR[.PATCH]]`` as ``(major, minor)``; :class:`InvalidValueError` for another spelling, or
     for a version older than :data:`OLDEST`."""
-    match = re.fullmatch(r"(\d{1,4})(?:\.(\d{1,4})(?:\.\d{1,4})?)?", text)
+    match = re.fullmatch(r"([0-9]{1,4})(?:\.([0-9]{1,4})(?:\.[0-9]{1,4})?)?", text)
     if match is None:
         raise InvalidValueError(f"{text!r} is not a Redis version (expected MAJOR.MINOR, as 6.2 or 7.0)")
     version = (int(match[1]), int(match[2] or 0))
