@@ -452,6 +452,15 @@ TRANSPORT = [
     pytest.param(b"GET " + PREFIX.encode() + b"/d\xffefault/extender-desired-replicas HTTP/1.1\r\nHost: x\r\n\r\n",
                  400, id="raw-byte-in-the-path"),
     pytest.param(b"GET /apis HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n", 400, id="bad-content-length"),
+    # Content-Length is 1*DIGIT (RFC 9110 8.6): gunicorn refuses what Python's int() would read (a sign,
+    # 1_000, another script's digits) before the app sees the request, so asgi._content_length only ever
+    # reads ASCII digits; more digits than int() reads raised out of gunicorn's parser (a traceback, no
+    # reply) until asgi._parse_errors_answered
+    *(pytest.param(b"POST /apis HTTP/1.1\r\nHost: x\r\nContent-Length: " + value + b"\r\n\r\n", 400,
+                   id=f"content-length-{name}")
+      for name, value in (("plus-sign", b"+5"), ("minus-sign", b"-5"), ("underscore", b"1_000"),
+                          ("arabic-indic", "\u0665".encode()), ("full-width", "\uff15".encode()),
+                          ("inner-blank", b"1 0"), ("more-digits-than-int-reads", b"9" * 4301))),
     pytest.param(b"GET * HTTP/1.1\r\nHost: x\r\n\r\n", 400, id="asterisk-target"),
     pytest.param(b"GET /apis HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"p" * 9000 + b"\r\n\r\n", 431,
                  id="header-line-too-long"),
@@ -467,6 +476,7 @@ def test_malformed_requests_get_a_status_too(scale: Scale, request_bytes: bytes,
     headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(b":") for line in head.split(b"\r\n")[1:])}
     assert status == code, raw[:300]
     check_json_reply(status, headers[b"content-type"].decode(), body)
+    assert "Traceback" not in scale.log.read_text(errors="replace")
 
 
 # ---- who may call: the authentication and authorization rules ------------------------------------

@@ -13,6 +13,7 @@ Bounded in count (``max_examples``) and in time (each request has a socket timeo
 from __future__ import annotations
 
 import json
+import socket
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote
@@ -188,6 +189,28 @@ def test_raw_bodies_never_get_a_5xx(fuzz_extender: Server, verb: str, body: byte
     assert status in (200, 400, 413), (status, raw[:300])
     if status != 200:
         assert isinstance(json.loads(raw)["error"], str)
+
+
+#: Content-Length values gunicorn's parser refuses (RFC 9110: 1*DIGIT), and one of ASCII digits longer than
+#: int() reads (4,300 digits): that one raised out of the parser, so asyncio logged a traceback and dropped
+#: the connection with no reply.
+BAD_LENGTHS = [
+    pytest.param(b"+5", id="plus-sign"),
+    pytest.param(b"1_000", id="underscore"),
+    pytest.param("\u0665".encode(), id="arabic-indic-digit"),
+    pytest.param(b"9" * 4301, id="more-digits-than-int-reads"),
+]
+
+
+@pytest.mark.parametrize("length", BAD_LENGTHS)
+def test_a_bad_content_length_gets_400(fuzz_extender: Server, length: bytes) -> None:
+    with socket.create_connection(("127.0.0.1", fuzz_extender.port), timeout=10) as s:
+        s.sendall(b"POST /prioritize HTTP/1.1\r\nHost: extender\r\nContent-Length: " + length + b"\r\n\r\n")
+        reply = b""
+        while data := s.recv(65536):
+            reply += data
+    assert reply.startswith(b"HTTP/1.1 400 "), reply[:300]
+    assert "Traceback" not in fuzz_extender.logs()
 
 
 def test_the_fuzzed_server_counted_no_error_and_logged_no_traceback(fuzz_extender: Server) -> None:

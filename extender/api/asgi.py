@@ -67,8 +67,26 @@ _in_flight = [0]
 
 
 class LingeringASGIWorker(ASGIWorker):  # type: ignore[misc]
-    """gunicorn's asyncio worker whose SIGTERM first drains connections, then stops as usual, and that
-    never serves plain HTTP when TLS is configured (:meth:`_get_ssl_context`)."""
+    """gunicorn's asyncio worker whose SIGTERM first drains connections, then stops as usual, that
+    never serves plain HTTP when TLS is configured (:meth:`_get_ssl_context`), and that answers 400 to
+    a request its parser fails on with a ``ValueError`` (:func:`_parse_errors_answered`)."""
+
+    async def _serve(self) -> None:
+        real = self.loop.create_server
+
+        async def create_server(factory: Callable[[], Any], **kwargs: Any) -> Any:
+            self._server_options(kwargs)
+            return await real(lambda: self._protocol(factory()), **kwargs)
+
+        self.loop.create_server = create_server
+        await super()._serve()
+
+    def _server_options(self, kwargs: dict[str, Any]) -> None:
+        """Change ``loop.create_server``'s keyword arguments in place (nothing here)."""
+
+    def _protocol(self, protocol: Any) -> Any:
+        """gunicorn's protocol for one connection, wrapped."""
+        return _parse_errors_answered(protocol)
 
     def _get_ssl_context(self) -> ssl.SSLContext | None:
         """gunicorn's TLS context, or ``None`` without TLS; a context that cannot be built (a certificate
@@ -142,17 +160,38 @@ class TLSASGIWorker(LingeringASGIWorker):
     #: ``None``: gunicorn's ``text/plain``. Set on the class in the master, like ``request_timeout_s``.
     error_body: ErrorBody | None = None
 
-    async def _serve(self) -> None:
-        real = self.loop.create_server
-        timeout, error_body = self.request_timeout_s, type(self).error_body
+    def _server_options(self, kwargs: dict[str, Any]) -> None:
+        if kwargs.get("ssl") is not None:
+            kwargs["ssl_handshake_timeout"] = self.request_timeout_s
 
-        async def create_server(factory: Callable[[], Any], **kwargs: Any) -> Any:
-            if kwargs.get("ssl") is not None:
-                kwargs["ssl_handshake_timeout"] = timeout
-            return await real(lambda: _bounded(factory(), timeout, self.loop, error_body), **kwargs)
+    def _protocol(self, protocol: Any) -> Any:
+        return _bounded(super()._protocol(protocol), self.request_timeout_s, self.loop, type(self).error_body)
 
-        self.loop.create_server = create_server
-        await super()._serve()
+
+def _parse_errors_answered(protocol: Any) -> Any:
+    """gunicorn's protocol whose HTTP/1 parser failing with a ``ValueError`` answers 400 and closes.
+
+    gunicorn answers the parse errors it raises itself (400, 414, 431, 501) and re-raises anything
+    else out of ``data_received``: asyncio then logs a traceback and drops the connection with no
+    reply. Its parser checks ``Content-Length`` is ASCII digits, then reads it with ``int()``, which
+    refuses a string of more than 4,300 digits (``sys.get_int_max_str_digits``) with a ``ValueError``:
+    any client could write a traceback in the log per request. A ``ValueError`` out of the parser is
+    a request it could not read, so it gets gunicorn's own answer to one (through the server's
+    ``error_body`` where :func:`_bounded` sets one).
+    """
+    feed = protocol._feed_callback_parser
+
+    def feed_answered(data: bytes) -> bool:
+        try:
+            return bool(feed(data))
+        except ValueError as exc:
+            reason = str(exc).split(";")[0]
+            protocol._send_error_response(400, f"Invalid request: a header value could not be read ({reason})")
+            protocol._close_transport()
+            return False
+
+    protocol._feed_callback_parser = feed_answered
+    return protocol
 
 
 def _bounded(protocol: Any, timeout_s: float, loop: asyncio.AbstractEventLoop,
@@ -329,6 +368,9 @@ def _call(wsgi_app: Any, scope: Scope, body: bytes) -> tuple[int, list[tuple[byt
 
 
 def _content_length(scope: Scope) -> int | None:
+    """The request's ``Content-Length``. gunicorn's parser refused the request already unless the value is
+    ASCII digits (RFC 9110's ``1*DIGIT``; blanks around it are the field's, stripped): no sign, ``1_000``
+    or other script's digit reaches ``int()`` here (tests/test_fault_metrics_apis.py, ``content-length-*``)."""
     for name, value in scope.get("headers", ()):
         if name.lower() == b"content-length":
             try:
