@@ -92,11 +92,15 @@ SCALING = ("scale",)
 
 
 @st.composite
-def mutated(draw: st.DrawFn, seeds: list[Any], edits: tuple[str, ...] = EDITS) -> Any:
-    """One of ``seeds`` with one to three structural edits (module docstring)."""
+def mutated(draw: st.DrawFn, seeds: list[Any], edits: tuple[str, ...] = EDITS,
+            keys: frozenset[str] = frozenset()) -> Any:
+    """One of ``seeds`` with one to three structural edits (module docstring); given ``keys``, only at
+    those keys or below them."""
     doc = copy.deepcopy(draw(st.sampled_from(seeds)))
     for _ in range(draw(st.integers(1, 3))):
         places = paths(doc)[1:]
+        if keys:
+            places = [p for p in places if keys.intersection(str(part) for part in p)]
         if edits == SCALING:
             places = [p for p in places if isinstance(_get(doc, p), int | float | str)
                       and not isinstance(_get(doc, p), bool)]
@@ -276,7 +280,8 @@ def _small(path: Path) -> dict[str, Any]:
         group["count"] = min(group["count"], 2)
         if "maxCount" in group:
             group["maxCount"] = min(group["maxCount"], 4)
-        group.pop("minCount", None)
+        if "minCount" in group:  # kept (a pool above it may drain), within the count cut above
+            group["minCount"] = min(group["minCount"], group["count"])
         group["warm"] = [{**w, **({"nodes": [0]} if "nodes" in w else {})}
                          for w in group.get("warm", []) if w["workload"] in kept]
     doc["rollouts"] = [r for r in doc.get("rollouts", []) if r["workload"] in kept]
@@ -326,6 +331,32 @@ def test_the_short_scenarios_run(tmp_path: Path) -> None:
 def test_a_mutated_scenario_runs_or_says_where(tmp_path: Path, doc: Any) -> None:
     if isinstance(doc, dict) and "duration" in doc:
         doc["duration"] = SHORT  # a run of 366 days would be the test's whole budget
+    path = tmp_path / "s.yaml"
+    path.write_text(dump(doc))
+    run_short(path)
+
+
+#: What a pool's and a workload's consolidation read (docs/simulator.md, "Consolidation of under-used nodes").
+CONSOLIDATION_KEYS = frozenset({"consolidationPolicy", "doNotDisrupt", "consolidateAfter", "minCount"})
+
+
+def test_a_seed_drains_under_used_nodes_in_its_short_run(tmp_path: Path) -> None:
+    """The fuzz reaches the drain: a seed (scenarios/consolidation.yaml) asks for it and a workload that
+    is not to be disrupted, and its short cut drains a node under every strategy it keeps."""
+    draining = [d for d in SCENARIO_DOCS
+                if any(g.get("consolidationPolicy") == "WhenEmptyOrUnderutilized" for g in d["cluster"]["nodes"])
+                and any(w.get("doNotDisrupt") for w in d["workloads"])]
+    assert draining
+    path = tmp_path / "s.yaml"
+    path.write_text(dump(draining[0]))
+    loaded = load_scenario(path)
+    runs = simulate(prepare(loaded), list(loaded.scenario.strategies))
+    assert all(run.nodes_consolidated > 0 for run in runs), [run.nodes_consolidated for run in runs]
+
+
+@SCENARIO_FUZZ
+@given(doc=mutated(SCENARIO_DOCS, keys=CONSOLIDATION_KEYS))
+def test_a_mutated_consolidation_field_runs_or_says_where(tmp_path: Path, doc: Any) -> None:
     path = tmp_path / "s.yaml"
     path.write_text(dump(doc))
     run_short(path)
