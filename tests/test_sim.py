@@ -627,7 +627,10 @@ def test_ctrl_c_during_a_run_leaves_no_directory_it_created(tmp_path: Path, out:
         target.mkdir()
         (target / "notes.txt").write_text("mine\n")
     child = subprocess.Popen(
-        [sys.executable, "-c", "import sys; from extender.cli import main; sys.exit(main(sys.argv[1:]))",
+        # SIGINT as a terminal's Ctrl-C finds it: a shell's background job (a CI runner's, say) starts
+        # with SIGINT ignored, and Python then installs no KeyboardInterrupt for it
+        [sys.executable, "-c", "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+         "from extender.cli import main; sys.exit(main(sys.argv[1:]))",
          "simulate", str(LONG_SCENARIO), "--out", str(target), "--log-format", "json", "--log-level", "info"],
         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True)
