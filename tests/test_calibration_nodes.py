@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import pytest
+import redis
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,6 @@ from extender.core.calibration import (
 from extender.core.estimate import STATES
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy, parse_policy
-from extender.state import connect
 from extender.state.observations import CalibratedPolicy, ObservationStore
 from tests.calibration_world import true_seconds
 from tests.conftest import RedisServer
@@ -239,12 +239,8 @@ def test_the_extender_and_explain_prefer_the_peers_of_a_slow_node() -> None:
 
 
 @pytest.fixture
-def client(redis_server: RedisServer, tmp_path: Path) -> Iterator[Any]:
-    c = connect(redis_server.url, tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
+def client(redis_client: redis.Redis) -> redis.Redis:
+    return redis_client
 
 
 @pytest.mark.integration

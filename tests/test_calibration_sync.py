@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
@@ -29,7 +30,7 @@ from extender.kube.client import KubeClient
 from extender.kube.metrics import SyncMetrics
 from extender.kube.objects import PodFacts
 from extender.kube.observe import LOG_RESULTS, EngineLogs, StartObserver
-from extender.state import InventoryStore, connect
+from extender.state import InventoryStore
 from extender.state.observations import CalibratedPolicy, ObservationStore
 from extender.state.sources import SourceStore
 from tests.calibration_world import factors, round_robin, starts, world
@@ -48,12 +49,8 @@ WORKLOAD, CLASS = "llama3-8b", "g5.12xlarge"
 
 
 @pytest.fixture
-def client(redis_server: RedisServer, tmp_path: Path) -> Iterator[Any]:
-    c = connect(redis_server.url, tmp_path)
-    try:
-        yield c
-    finally:
-        c.close()
+def client(redis_client: redis.Redis) -> redis.Redis:
+    return redis_client
 
 
 def rfc3339(t: float) -> str:

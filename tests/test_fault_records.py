@@ -22,7 +22,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -45,7 +45,7 @@ from extender.core.reports import AgentReport, KubeReport
 from extender.files import load_policy
 from extender.keda.reading import Served, UnreadableDecisionError, read, resolve
 from extender.kube.metrics import SyncMetrics
-from extender.state import InventoryStore, connect
+from extender.state import InventoryStore
 from extender.state.commands import parse_inventory
 from extender.state.decisions import DecisionStore, Published
 from extender.state.errors import raw_reply
@@ -70,10 +70,8 @@ Setup = Callable[[redis.Redis], object]
 
 
 @pytest.fixture
-def client(redis_server: RedisServer, tmp_path: Path) -> Iterator[redis.Redis]:
-    c = connect(redis_server.url, tmp_path)
-    yield c
-    c.close()
+def client(redis_client: redis.Redis) -> redis.Redis:
+    return redis_client
 
 
 def dump_all(client: redis.Redis) -> dict[bytes, Any]:

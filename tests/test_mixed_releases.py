@@ -13,7 +13,7 @@ it with this one.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -28,7 +28,7 @@ from extender.core.reports import AgentReport, KubeReport, Replicas, merge
 from extender.core.scaler import decide
 from extender.layout import MANIFEST, finish_from_disk, weights_dir
 from extender.scaler.commands import render_record
-from extender.state import InventoryStore, connect
+from extender.state import InventoryStore
 from extender.state.decisions import DecisionStore
 from extender.state.history import HistoryStore, Sample
 from extender.state.observations import ObservationStore, encode
@@ -43,10 +43,8 @@ JSON = dict[str, Any]
 
 
 @pytest.fixture
-def client(redis_server: RedisServer, tmp_path: Path) -> Iterator[redis.Redis]:
-    c = connect(redis_server.url, tmp_path)
-    yield c
-    c.close()
+def client(redis_client: redis.Redis) -> redis.Redis:
+    return redis_client
 
 
 def _with(**more: Any) -> Callable[[JSON], JSON]:
