@@ -20,7 +20,15 @@ from prometheus_client import CollectorRegistry
 
 from extender import cli
 from extender.core.caches import weights_key
-from extender.core.calibration import PARAMETERS, Observation, effective_policy, estimate_errors
+from extender.core.calibration import (
+    NO_NODE_FACTORS,
+    PARAMETERS,
+    NodeFactor,
+    NodeFactors,
+    Observation,
+    effective_policy,
+    estimate_errors,
+)
 from extender.core.enginelog import EnginePhases, parse_engine_log
 from extender.core.estimate import breakdown
 from extender.core.policy import Policy, parse_policy
@@ -33,6 +41,7 @@ from extender.kube.observe import LOG_RESULTS, EngineLogs, StartObserver
 from extender.state import InventoryStore
 from extender.state.observations import CalibratedPolicy, ObservationStore
 from extender.state.sources import SourceStore
+from extender.warm.loop import WarmLoop
 from tests.calibration_world import factors, round_robin, starts, world
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
@@ -346,21 +355,61 @@ def test_the_scaler_takes_its_horizon_and_the_warmer_its_policy_from_the_fit(red
     rig = make_rig(redis_server.url, lambda t: 4.0, nodes=[warm_node("warm-1", cached=True)],
                    scaling_extra="calibration: {mode: apply}\n")
     told: list[Policy] = []
+    told_nodes: list[NodeFactors] = []
+
+    def listen(policy: Policy, nodes: NodeFactors) -> None:
+        told.append(policy)
+        told_nodes.append(nodes)
+
     rig.loop.calibration = CalibratedPolicy(ObservationStore(rig.client), clock=lambda: T0, min_interval_s=0.0)
-    rig.loop.on_estimator_policy.append(told.append)
+    rig.loop.on_estimator_policy.append(listen)
+    warm = WarmLoop(rig.policy, None, None, starts_jobs=False)
+    rig.loop.on_estimator_policy.append(warm.set_policy)  # as extender scale wires its warmer
     (before,) = rig.run(1)
     assert told == [rig.policy]  # the listeners always learn the policy in use, calibrated or not
+    assert told_nodes == [NO_NODE_FACTORS] and warm.nodes is told_nodes[0]
     truth = world(rig.policy, "qwen3", "h100", factors(**dict.fromkeys(PARAMETERS, 2.0)))
     ObservationStore(rig.client).append(starts(rig.policy, truth, "qwen3", "h100", round_robin(40), t0=T0 - 7200),
                                         now=T0)
     (after,) = rig.run(1, start=T0 + 15)
     calibrated = effective_policy(rig.policy, ObservationStore(rig.client).read().observations, now=T0)
     assert len(told) == 2 and told[-1] == calibrated and rig.loop.estimator_policy is told[-1]
+    # the warmer gets the per-node factors the scaler places with, in the same call
+    assert told_nodes[-1] is rig.loop.estimator_nodes and told_nodes[-1]
+    assert warm.policy.calibration == calibrated.calibration and warm.nodes is told_nodes[-1]
     # warm-1 holds the image and weights: its estimate, policy vs fitted
     expected = breakdown(calibrated.profile("qwen3"), calibrated.node_class("h100"))["image+weights"]["total_s"]
     assert before.inputs.horizon.startup_s == pytest.approx(106.3, abs=0.1)
     assert after.inputs.horizon.startup_s == pytest.approx(expected) and expected > 150
     assert after.inputs.horizon.node == "warm-1"
+
+
+class Scripted(CalibratedPolicy):
+    """A calibration reader that answers the base policy and the next of ``answers``'s factors."""
+
+    def __init__(self, store: ObservationStore, answers: list[NodeFactors]) -> None:
+        super().__init__(store)
+        self.answers = answers
+
+    def calibration_for(self, base: Policy) -> tuple[Policy, NodeFactors]:
+        return base, self.answers.pop(0)
+
+
+def test_the_warmer_hears_of_node_factors_that_move_alone(redis_server: RedisServer) -> None:
+    """A refit can move the per-node factors and leave every class fit as it was (the policy the same
+    object): the listeners are told then too, and not when neither moved."""
+    from tests.test_scale_loop import make_rig, warm_node
+
+    rig = make_rig(redis_server.url, lambda t: 4.0, nodes=[warm_node("warm-1", cached=True)],
+                   scaling_extra="calibration: {mode: apply}\n")
+    slow = NodeFactors({"warm-1": NodeFactor("warm-1", 1.4, 12, 0.8, 0.25, 4.0)})
+    rig.loop.calibration = Scripted(ObservationStore(rig.client), [NO_NODE_FACTORS, slow, slow])
+    told: list[NodeFactors] = []
+    rig.loop.on_estimator_policy.append(lambda _policy, nodes: told.append(nodes))
+    for k in range(3):
+        rig.loop._calibrate()
+        assert rig.loop.estimator_policy is rig.policy, k
+    assert told == [NO_NODE_FACTORS, slow]
 
 
 class StartCase(NamedTuple):

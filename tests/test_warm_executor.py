@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from extender.core.caches import cache_id
+from extender.core.calibration import NO_NODE_FACTORS
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
 from extender.core.warming import Expectation
@@ -661,7 +662,7 @@ def test_the_scaler_hands_the_warmer_its_leadership_term(double: KubeDouble, kub
         assert a.tick(now + 1, snapshot=snap(a.policy, now + 1, node("gpu-new", now=now + 1)), term=2).tainted \
             == ["gpu-new"]
         for listener in b.on_estimator_policy:
-            listener(load(keepWarm=["llm"]))
+            listener(load(keepWarm=["llm"]), NO_NODE_FACTORS)
         warm_after(ScalerTick(now=now + 60, leader=True, token=3, holder="scaler-b"))
         assert taints_of(double, "gpu-new") == [NOT_READY]
     finally:

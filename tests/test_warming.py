@@ -32,6 +32,7 @@ from hypothesis import strategies as st
 
 from extender.core.cachekey import CompileKeyInputs, compile_cache_key
 from extender.core.caches import cache_id
+from extender.core.calibration import NodeFactor, NodeFactors
 from extender.core.errors import UnknownNameError
 from extender.core.estimate import CompileCache, estimate
 from extender.core.inventory import InventorySnapshot, NodeState
@@ -403,6 +404,51 @@ def test_expected_workloads_caches_are_never_evicted() -> None:
                                                                      ("llm", "compile", "nvme")]
 
 
+def factors_of(**by_node: float) -> NodeFactors:
+    """Per-node factors as a calibration would give them (the statistics do not matter to the plan)."""
+    return NodeFactors({n: NodeFactor(node=n, factor=f, starts=10, confidence=0.9, lower=0.5, upper=2.0)
+                        for n, f in by_node.items()})
+
+
+class Speed(NamedTuple):
+    id: str
+    factors: dict[str, float]
+    picked: str  # the node of the one action (one replica, one action in the cluster)
+
+
+SPEEDS = [
+    Speed("no factors: the name tie-break", {}, "a"),
+    Speed("slow node a: its peer b", {"a": 1.3}, "b"),
+    Speed("slightly slow node a: its peer b", {"a": 1.011}, "b"),
+    Speed("factor 1 listed: as none", {"a": 1.0}, "a"),
+    Speed("fast node b: b", {"b": 0.8}, "b"),
+    Speed("both slow, a more: b", {"a": 1.5, "b": 1.2}, "b"),
+    Speed("a factor of a node not in the snapshot: the name tie-break", {"gone": 2.0}, "a"),
+]
+
+
+@pytest.mark.parametrize("case", SPEEDS, ids=[c.id for c in SPEEDS])
+def test_the_plan_prepares_the_node_the_extender_will_pick(case: Speed) -> None:
+    """Two cold peers, one replica expected and one action allowed: the warmer prepares the node
+    the extender scores best (its estimate times its per-node factor), as next_replica places it."""
+    policy = with_warming(maxConcurrentPerNode=1, maxConcurrent=1)
+    nodes = [node("a"), node("b")]
+    registry = [llm_key()]
+    snap = InventorySnapshot.build(policy, nodes, registry=registry)
+    nodes_factors = factors_of(**case.factors)
+    got = plan(policy, snap, [expect()], now=NOW, nodes=nodes_factors)
+    assert [a.node for a in got.actions] == [case.picked]
+    (outlook,) = got.outlooks
+    assert outlook.nodes == (case.picked,)
+    placed = next_replica(policy, policy.profile("llm"), InventorySnapshot.build(policy, nodes, registry=registry),
+                          NOW, nodes=nodes_factors)
+    assert placed.node == case.picked  # where the scaler expects the next replica
+    # the extender's seconds: the outlook's startup is the picked node's estimate times its factor
+    cold = run(policy, nodes, [expect()], registry=True).outlooks[0].before_s
+    assert cold is not None and outlook.before_s == pytest.approx(
+        min(cold * nodes_factors.factor(n) for n in ("a", "b")))
+
+
 def test_in_flight_caches_count_as_present() -> None:
     staging = Action(node="a", workload="llm", kind="image", cache=f"image:{LLM_IMAGE}", bytes=10 * GB,
                      nvme_bytes=0, duration_s=100.0, deadline=None, saved_s=100.0, purpose="demand")
@@ -723,3 +769,20 @@ def test_compile_state_helper_is_consistent() -> None:
     snap = InventorySnapshot.build(BASE, [node("a", compile=True)])
     state, _ = snap.state_for(BASE.profile("llm"), snap.lookup(["a"]).index, NOW)
     assert int(state.compile[0]) == CompileCache.LOCAL
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(clusters())
+def test_a_factor_shared_by_every_node_changes_no_action(c: dict[str, Any]) -> None:
+    """Every node twice as slow: the same actions as without factors (the current path is the
+    oracle), each saving twice the seconds."""
+    policy: Policy = c["policy"]
+    nodes: list[NodeState] = c["nodes"]
+    registry = [llm_key()] if c["registry"] else []
+    kwargs: dict[str, Any] = {"now": NOW, "in_flight": c["in_flight"], "published_snapshots": c["published"]}
+    bare = plan(policy, InventorySnapshot.build(policy, nodes, registry=registry), c["expectations"], **kwargs)
+    doubled = plan(policy, InventorySnapshot.build(policy, nodes, registry=registry), c["expectations"],
+                   nodes=factors_of(**dict.fromkeys((r.name for r in nodes), 2.0)), **kwargs)
+    assert [a.model_copy(update={"saved_s": 0.0}) for a in doubled.actions] == \
+        [a.model_copy(update={"saved_s": 0.0}) for a in bare.actions]
+    assert [a.saved_s for a in doubled.actions] == pytest.approx([2 * a.saved_s for a in bare.actions])

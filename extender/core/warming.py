@@ -10,7 +10,10 @@ GPUs fit, so the planner minimises, in seconds,
 
     F_w      = sum of the K_w smallest slot values                  (the K_w replicas' startups)
     slots    : node i offers m_i = min(floor(gpus_free_i / gpus_per_replica), k) slots, each worth
-               T_i(w), the estimator's total for w on i in the state after the plan
+               T_i(w) = r_i x the estimator's total for w on i in the state after the plan
+    r_i      : node i's factor from per-node calibration (extender.core.calibration; 1 for a
+               node without one), as the extender scores it: a slow node's slots are worth more
+               seconds, so the plan prepares the node the extender will send the replica to
     K_w      = min(k, sum_i m_i)                                     (replicas that can land now)
     minimise   sum over expectations of F_w
 
@@ -107,6 +110,7 @@ from extender.core.caches import (
     weights_key,
     with_entries,
 )
+from extender.core.calibration import NO_NODE_FACTORS, NodeFactors
 from extender.core.errors import InvalidValueError
 from extender.core.estimate import CacheState, ClassTable, CompileCache, estimate
 from extender.core.inventory import InventorySnapshot, NodeState
@@ -414,6 +418,8 @@ class _Work:
     slots: I64
     expectation: Expectation | None
     dead: dict[Kind, NDArray[np.bool_]] = field(default_factory=dict)
+    #: ``r_i`` per node (per-node calibration), ``None`` when every node's is 1.
+    factor: F64 | None = None
     #: :meth:`totals` of ``state`` and :meth:`objective` of them, until :meth:`mark` changes the state.
     _totals: F64 | None = field(default=None, init=False, repr=False)
     _objective: float | None = field(default=None, init=False, repr=False)
@@ -466,12 +472,14 @@ class _Work:
                 assert_never(kind)
 
     def totals(self, state: CacheState | None = None) -> F64:
-        """Estimated startup seconds on each node (of ``state``, or of the planned state: read-only,
-        made once per state)."""
+        """``T_i(w)``: estimated startup seconds on each node, times its factor (of ``state``, or of the
+        planned state: read-only, made once per state)."""
         if state is None and self._totals is not None:
             return self._totals
         total_s = estimate(self.profile, self.classes, self.class_index, self.state if state is None else state,
                            self.table).total_s
+        if self.factor is not None:
+            total_s = total_s * self.factor
         if state is None:
             total_s.flags.writeable = False
             self._totals = total_s
@@ -559,9 +567,12 @@ class _Planner:
     """One tick's planning state: the node ledgers, what is left of the caps, and the result."""
 
     def __init__(self, policy: Policy, snapshot: InventorySnapshot, now: float,
-                 in_flight: Sequence[Action], tracked: Collection[str], *, other_jobs: Sequence[str] = ()) -> None:
+                 in_flight: Sequence[Action], tracked: Collection[str], *, other_jobs: Sequence[str] = (),
+                 nodes: NodeFactors = NO_NODE_FACTORS) -> None:
         self.policy = policy
         self.snap = snapshot
+        #: ``r`` per snapshot row (its cold sentinel included), ``None`` when every factor is 1.
+        self.factor = nodes.rows(snapshot) if nodes else None
         self.now = now
         self.warming = policy.warming
         self.fresh = snapshot.fresh(now)
@@ -664,6 +675,7 @@ class _Planner:
             compile_ids=[class_compile[c] for c in classes_list],
             slots=slots, expectation=expectation,
             dead={kind: np.zeros(len(rows), dtype=np.bool_) for kind in KINDS},
+            factor=None if self.factor is None else self.factor[rows],
         )
         position = {int(r): i for i, r in enumerate(rows)}
         for a in self.in_flight:
@@ -788,6 +800,7 @@ def plan(
     published_snapshots: Collection[tuple[str, str]] = (),
     outlooks: bool = True,
     other_jobs: Sequence[str] = (),
+    nodes: NodeFactors = NO_NODE_FACTORS,
 ) -> Plan:
     """Plan this tick's warm actions (objective, constraints and method in the module docstring).
 
@@ -800,6 +813,8 @@ def plan(
     such as the simulator every tick, saves their estimates); the actions are the same.
     ``other_jobs``: the node of each other warm Job running (compile publishes), one entry per Job:
     each takes a slot on its node and in the cluster, as an in-flight action does.
+    ``nodes``: the per-node factors the extender scores with (``r_i`` in the module docstring): the
+    plan's seconds, gains and outlooks are the extender's, a slow node's included.
     """
     listed = list(expectations)
     names = [e.workload for e in listed]
@@ -808,5 +823,5 @@ def plan(
         raise InvalidValueError(f"one expectation per workload, got several for {', '.join(twice)}")
     wanted = {e.workload: e for e in listed if e.replicas > 0}
     tracked = set(wanted) | set(policy.warming.keep_warm)
-    planner = _Planner(policy, snapshot, now, in_flight, tracked, other_jobs=other_jobs)
+    planner = _Planner(policy, snapshot, now, in_flight, tracked, other_jobs=other_jobs, nodes=nodes)
     return planner.run(wanted, published_snapshots, outlooks)

@@ -32,7 +32,7 @@ With ``calibration.mode: apply`` (and a ``calibration`` reader), each led tick f
 calibrated policy (:class:`extender.state.observations.CalibratedPolicy`): the placement and the
 horizon are estimated with the fitted phase times and the per-node factors (the next replica's
 node, as the extender scores it), and the listeners of ``on_estimator_policy``
-(the cache warmer) get it whenever it changes.
+(the cache warmer) get the policy and the factors whenever either changes.
 
 A newly elected leader has no previous counter values for the ``scrape`` source, so its first tick
 observes nothing and holds; the forecast still comes from the shared history.
@@ -179,16 +179,17 @@ class ScaleLoop:
     #: The lock's lease in ticks, kept so when an edit changes the tick (``extender scale`` without
     #: ``--lease-ttl``: :data:`LEASE_TICKS`); ``None``: the lock keeps the lease it was made with.
     lease_ticks: float | None = None
-    #: Called with the policy the estimator uses (the base policy, or its calibration) whenever it
-    #: changes, before the tick that first uses it (the cache warmer plans with it).
-    on_estimator_policy: list[Callable[[Policy], None]] = field(default_factory=list)
+    #: Called with the policy the estimator uses (the base policy, or its calibration) and the
+    #: per-node factors of the same fit whenever either changes, before the tick that first uses
+    #: them (the cache warmer plans with both, so it prepares the node the extender will pick).
+    on_estimator_policy: list[Callable[[Policy, NodeFactors], None]] = field(default_factory=list)
     _snapshot: InventorySnapshot | None = field(default=None, init=False, repr=False)
     #: Per workload: what its signal source was built from (:func:`source_inputs`), and the source.
     _built: dict[str, tuple[tuple[object, object], SignalSource]] = field(default_factory=dict, init=False,
                                                                        repr=False)
     #: The store's (version, heartbeat sequence) the snapshot was read at: bare heartbeats move only the second.
     _read_at: tuple[int, int] | None = field(default=None, init=False, repr=False)
-    _told: Policy | None = field(default=None, init=False, repr=False)
+    _told: tuple[Policy, NodeFactors] | None = field(default=None, init=False, repr=False)
     _lease_token: int | None = field(default=None, init=False, repr=False)
     #: Per workload: no backfill before this time (one try per BACKFILL_RETRY_S), and the ends of the
     #: spans a fill has answered (the source knows nothing more of them: no asking again).
@@ -350,17 +351,20 @@ class ScaleLoop:
                             extra={"identity": self.holder, "error": str(exc)})
 
     def _calibrate(self) -> None:
-        """Take the calibrated policy when it changed, and tell the listeners (never raises)."""
-        current, self.estimator_nodes = ((self.policy, NO_NODE_FACTORS) if self.calibration is None
-                                         else self.calibration.calibration_for(self.policy))
+        """Take the calibrated policy and node factors when they changed, and tell the listeners (never
+        raises). A refit may move the factors alone (the class fits unchanged): the listeners hear of
+        that too."""
+        current, nodes = ((self.policy, NO_NODE_FACTORS) if self.calibration is None
+                          else self.calibration.calibration_for(self.policy))
+        self.estimator_nodes = nodes
         if current is not self.estimator_policy:
             self.estimator_policy = current
             self._snapshot = None  # its per-profile tables were built with the other values
-        if current is not self._told:
-            self._told = current
+        if self._told is None or current is not self._told[0] or nodes is not self._told[1]:
+            self._told = (current, nodes)
             for listener in self.on_estimator_policy:
                 try:
-                    listener(current)
+                    listener(current, nodes)
                 except Exception:
                     log.exception("scaler: an estimator-policy listener failed")
 

@@ -212,7 +212,8 @@ def build_loop(settings: ScaleSettings, client: Any, pods: KubePodLister | None 
             warm.tick(report.now, report.expectations(), term=report.token)
 
         loop.on_leader_tick.append(warm_after)
-        loop.on_estimator_policy.append(warm.set_policy)  # the policy, calibrated when its mode is apply
+        # the policy, calibrated when its mode is apply, and the per-node factors of the same fit
+        loop.on_estimator_policy.append(warm.set_policy)
     return loop
 
 

@@ -187,9 +187,11 @@ def run_plan(args: argparse.Namespace) -> int:
             from extender.kube.client import KubeClient
 
             kube = KubeClient.connect(args.kubeconfig, context=args.context)
-        # as the scaler's warmer plans: with the calibration in effect
-        policy = CalibratedPolicy(ObservationStore(client, prefix=prefix_from_args(args))).policy_for(policy)
-        loop = WarmLoop(policy, inventory_from_args(args, client), kube, instance="dry-run", starts_jobs=False)
+        # as the scaler's warmer plans: with the calibration in effect, its per-node factors included
+        calibrated = CalibratedPolicy(ObservationStore(client, prefix=prefix_from_args(args)))
+        policy, nodes = calibrated.calibration_for(policy)
+        loop = WarmLoop(policy, inventory_from_args(args, client), kube, instance="dry-run", starts_jobs=False,
+                        nodes=nodes)
         report = loop.tick(now, args.expect, dry_run=True)
     finally:
         client.close()

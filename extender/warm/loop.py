@@ -51,6 +51,7 @@ from typing import Protocol
 
 from prometheus_client import CollectorRegistry
 
+from extender.core.calibration import NO_NODE_FACTORS, NodeFactors
 from extender.core.errors import ExtenderError, KubeError, StateError
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy
@@ -169,8 +170,11 @@ class WarmLoop:
 
     def __init__(self, policy: Policy, store: WarmStore | None, kube: Kube | None, *,
                  registry: CollectorRegistry | None = None, instance: str | None = None,
-                 helper_image: str | None = None, starts_jobs: bool = True) -> None:
+                 helper_image: str | None = None, starts_jobs: bool = True,
+                 nodes: NodeFactors = NO_NODE_FACTORS) -> None:
         self.helper_image = helper_image
+        #: The per-node factors of the policy's calibration (:meth:`set_policy`): the plan's estimates use them.
+        self.nodes = nodes
         # ``extender warm plan`` builds a loop that only plans: no Job will run the helper image, and
         # the flag that would set it is the scaler's, so the placeholder is not worth a warning there.
         self._placeholder_told = not starts_jobs
@@ -192,11 +196,14 @@ class WarmLoop:
         #: No tick calls the API server before this time (unix s): the end of the wait it last asked for.
         self._api_pause_until = 0.0
 
-    def set_policy(self, policy: Policy) -> None:
-        """Use a reloaded policy from the next tick on (Jobs of a previous namespace are no longer seen)."""
+    def set_policy(self, policy: Policy, nodes: NodeFactors = NO_NODE_FACTORS) -> None:
+        """Use a reloaded policy, and the per-node factors of its calibration, from the next tick on
+        (Jobs of a previous namespace are no longer seen). The scaler's ``on_estimator_policy`` calls it
+        with both, so the warmer estimates every node as the extender scores it."""
         if self.kube is not None and policy.warming.namespace != self.policy.warming.namespace:
             self.executor = Executor(self.kube, policy.warming.namespace, instance=self.instance)
         self.policy = self._completed(policy)
+        self.nodes = nodes
         self.metrics.set_policy(policy)
 
     def _completed(self, policy: Policy) -> Policy:
@@ -251,7 +258,7 @@ class WarmLoop:
         published = published_snapshots(policy)
         try:
             result = plan(plan_policy, plan_snap, list(expectations), now=now, in_flight=in_flight,
-                          published_snapshots=published, other_jobs=pub_nodes)
+                          published_snapshots=published, other_jobs=pub_nodes, nodes=self.nodes)
         except (ExtenderError, ValueError) as exc:  # an expectation for an unknown workload, or one twice
             self._error(report, "plan", exc, dry_run)
             return report
