@@ -35,12 +35,13 @@ from extender.core.calibration import (
     design,
     fit_pair,
 )
-from extender.core.enginelog import EnginePhases
+from extender.core.enginelog import EnginePhases, parse_engine_log
 from extender.core.policy import PhaseOverride, Policy
 from extender.core.schema import read_stored
 from extender.state.observations import encode
 from tests.calibration_world import factors, round_robin, starts, world
 from tests.test_calibration import APPLY, CLASS, QWEN, WORKLOAD
+from tests.test_enginelog import AOT_HIT, PER_GRAPH, SGL_PIECEWISE
 
 PROFILE, NODE_CLASS = APPLY.profile(WORKLOAD), APPLY.node_class(CLASS)
 
@@ -190,6 +191,37 @@ def test_each_log_gives_the_rows_its_times_support(phases: EnginePhases, eager: 
         columns[:, [COLD, WARM]] = 0.0  # a start that does not compile
     got = PhaseRows.of(observed, columns)
     assert list(zip(got.kind.tolist(), got.seconds.tolist(), strict=True)) == rows
+
+
+#: An SGLang record stored before compileCached could be unknown: SGLang's parse said false.
+OLD_SGLANG_RECORD = {"weightsLoad": 9.1, "compile": 9.2, "compileCached": False, "graphCapture": 23.56,
+                     "initEngine": None}
+
+
+@pytest.mark.parametrize(("phases", "state", "kept"), [
+    # SGLang logs no cache hit or miss: its compile time counts on the path the estimator took
+    pytest.param(parse_engine_log(SGL_PIECEWISE), "warm", True, id="sglang-warm-compile-start-keeps-its-compile"),
+    pytest.param(parse_engine_log(SGL_PIECEWISE), "cold", True, id="sglang-cold-compile-start-keeps-its-compile"),
+    # vLLM says which compile ran: the other path's time is left out
+    pytest.param(parse_engine_log(PER_GRAPH), "warm", False, id="vllm-miss-on-a-warm-compile-start-left-out"),
+    pytest.param(parse_engine_log(PER_GRAPH), "cold", True, id="vllm-miss-on-a-cold-compile-start-kept"),
+    pytest.param(parse_engine_log(AOT_HIT), "warm", True, id="vllm-hit-on-a-warm-compile-start-kept"),
+    pytest.param(parse_engine_log(AOT_HIT), "cold", False, id="vllm-hit-on-a-cold-compile-start-left-out"),
+    # a stored SGLang record of an earlier release says false: read as written, a miss
+    pytest.param(EnginePhases.model_validate(OLD_SGLANG_RECORD), "warm", False,
+                 id="old-sglang-record-on-a-warm-compile-start-left-out-as-before"),
+    pytest.param(EnginePhases.model_validate(OLD_SGLANG_RECORD), "cold", True,
+                 id="old-sglang-record-on-a-cold-compile-start-kept"),
+])
+def test_a_compile_row_is_left_out_only_when_the_log_named_the_other_path(phases: EnginePhases, state: str,
+                                                                          kept: bool) -> None:
+    observed = [starts(QWEN, QWEN, WORKLOAD, CLASS, [state], noise=0.0)[0].model_copy(update={"phases": phases})]
+    columns = design(PROFILE, NODE_CLASS, cache_state(observed)).columns
+    assert columns[0, WARM if state == "warm" else COLD] > 0  # the estimator's compile path
+    rows = PhaseRows.of(observed, columns)
+    _, _, live = rows.rows(columns)
+    assert (rows.kind == COMPILE_ROW).sum() == 1
+    assert bool(live[rows.kind == COMPILE_ROW][0]) is kept
 
 
 def test_phase_rows_scale_by_the_policys_seconds_of_the_phase() -> None:

@@ -126,6 +126,20 @@ SGL_PIECEWISE = """\
 [2025-11-20 12:01:08] Capture piecewise CUDA graph end. Time elapsed: 18.18 s. mem usage=2.32 GB. avail mem=21.24 GB.
 """
 
+SGL_COMPILE_ONLY = """\
+[2025-11-20 12:00:59] Compiling a graph for dynamic shape takes 9.20 s
+"""
+
+SGL_COMPILE_RANKS = """\
+[2025-11-20 12:00:59 TP0] Compiling a graph for dynamic shape takes 9.20 s
+[2025-11-20 12:00:59 TP1] Compiling a graph for dynamic shape takes 9.40 s
+"""
+
+SGL_PIECEWISE_NO_STAMP = """\
+Compiling a graph for dynamic shape takes 9.20 s
+Capture piecewise CUDA graph end. Time elapsed: 18.18 s. mem usage=2.32 GB. avail mem=21.24 GB.
+"""
+
 SGL_SPECULATIVE_DP = """\
 [2026-04-01 09:00:30 DP0 TP0 EP0] Load weight end. elapsed=40.00 s, type=DeepseekV3ForCausalLM, avail mem=20.00 GB, mem usage=60.00 GB.
 [2026-04-01 09:00:31 DP1 TP1 EP1] Load weight end. elapsed=41.00 s, type=DeepseekV3ForCausalLM, avail mem=20.00 GB, mem usage=60.00 GB.
@@ -180,9 +194,14 @@ SGL_TP2_NOISE = """\
                  id="sglang-two-tp-ranks-take-the-slowest"),
     pytest.param(SGL_OLD_ONE_GPU, EnginePhases(graph_capture=7.84),
                  id="sglang-old-weight-line-is-memory-not-time"),
-    pytest.param(SGL_PIECEWISE, EnginePhases(weights_load=9.1, compile=9.2, compile_cached=False,
+    pytest.param(SGL_PIECEWISE, EnginePhases(weights_load=9.1, compile=9.2, compile_cached=None,
                                              graph_capture=5.38 + 18.18),
                  id="sglang-piecewise-capture-adds-to-decode-capture-compile-read-in-vllm-words"),
+    # SGLang logs its compile line on an Inductor cache hit too: the line says nothing of the cache
+    pytest.param(SGL_COMPILE_ONLY, EnginePhases(compile=9.2), id="sglang-compile-line-in-its-stamp-cache-unknown"),
+    pytest.param(SGL_COMPILE_RANKS, EnginePhases(compile=9.4), id="sglang-ranked-compile-lines-cache-unknown"),
+    pytest.param(SGL_PIECEWISE_NO_STAMP, EnginePhases(compile=9.2, graph_capture=18.18),
+                 id="sglang-lines-without-stamps-known-by-the-capture-line-cache-unknown"),
     pytest.param(SGL_SPECULATIVE_DP, EnginePhases(weights_load=43.5, graph_capture=13.5),
                  id="sglang-dp-tp-ep-ranks-target-plus-draft-add-up-in-a-rank"),
     pytest.param(SGL_EAGLE_OLD, EnginePhases(graph_capture=26.25), id="sglang-old-draft-captures-add-up"),

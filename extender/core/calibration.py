@@ -83,8 +83,9 @@ each kind of row (totals, weights, compile, engine, capture, init) with its own 
 each is measured with its own noise. A row is left out when ``Q_i`` is 0 (the policy gives the
 start no such phase: a snapshot restore) or the current path gives it no seconds; a compile row
 when vLLM's cache hit or miss disagrees with the estimator's path (it would measure the other
-compile); an engine or init row when the start compiles but its log gave no compile time
-(``initEngine`` holds the compile); and a capture row when the start compiles and the log gave no
+compile; an unknown hit or miss, as in every SGLang log, disagrees with nothing); an engine or
+init row when the start compiles but its log gave no compile time (``initEngine`` holds the
+compile); and a capture row when the start compiles and the log gave no
 ``initEngine`` (SGLang's, whose capture may hold the compile: piecewise graphs, plain
 ``--enable-torch-compile``; vLLM's capture never does). ``confidence`` takes the rows into ``X``
 (policy paths): a phase row weighs like a start made of that phase alone.
@@ -402,8 +403,8 @@ class PhaseRows:
     """The engine phase times of a fit's starts as rows (module docstring, "Engine phase times").
 
     One entry per measured phase: the start it is of (``start``, a row of the design), its kind,
-    the seconds vLLM logged, ``Q_i`` (the policy's seconds of that phase on that start) and, for
-    compile rows, vLLM's cache hit (1), miss (0) or unknown (-1).
+    the seconds the engine logged, ``Q_i`` (the policy's seconds of that phase on that start) and,
+    for compile rows, vLLM's cache hit (1), miss (0) or unknown (-1: SGLang logs neither).
     """
 
     start: NDArray[np.intp]

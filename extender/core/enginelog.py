@@ -30,7 +30,7 @@ phase               the lines read (the vLLM file that logs them, and which engi
 ``compileCached``   false when any ``Compiling a graph for ...`` line (something compiled from
                     scratch), else true when a ``Directly load the compiled graph...`` or
                     ``Directly load AOT compilation from path`` (``compilation/decorators.py``) line,
-                    else unknown.
+                    else unknown. Unknown in an SGLang log (below), whatever it holds.
 ``graphCapture``    ``Graph capturing finished in <s> secs, took <mem> GiB`` (V0
                     ``worker/model_runner.py``, V1 ``gpu_model_runner.py``; logged in whole
                     seconds, so a capture under half a second reads 0 and is not read).
@@ -53,7 +53,11 @@ phase               the lines read (the SGLang file that logs them)
                     dtype=<dtype>, avail mem=<mem> GB``: memory, no time, not read.
 ``compile``         the piecewise backend (``model_executor/compilation/backend.py``) logs
                     ``Compiling a graph for dynamic shape takes <s> s`` in vLLM's words, read as
-                    above (so ``compileCached`` is false; SGLang logs no cache hit). Plain
+                    above. SGLang logs it whether or not Inductor's cache served the compile, and
+                    logs no hit or miss, so ``compileCached`` stays unknown in an SGLang log: one
+                    with a line in SGLang's stamp (``[<date> <time>...]`` at its start) or an
+                    SGLang weight-load or capture line. (Releases before this one stored false
+                    there, which reads as a miss: docs/calibration.md.) Plain
                     ``--enable-torch-compile`` compiles inside the graph capture and logs no time
                     of its own.
 ``graphCapture``    ``Capture cuda graph end. Time elapsed: <s> s. ...`` (earlier
@@ -134,7 +138,9 @@ class EnginePhases(Schema):
     weights_load: PhaseSeconds | None = None
     #: torch.compile, from scratch or from its cache.
     compile: PhaseSeconds | None = None
-    #: Whether torch.compile loaded everything from its cache (``None``: the log did not say).
+    #: Whether torch.compile loaded everything from its cache (``None``: the log did not say, as
+    #: an SGLang log never does; a false stored by an earlier release for an SGLang start reads as
+    #: a miss, as it was written).
     compile_cached: bool | None = None
     #: CUDA graph capture.
     graph_capture: PhaseSeconds | None = None
@@ -189,6 +195,8 @@ _INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model
 _PROCESS = re.compile(r"^\s*\(([A-Za-z_][^()]*?\bpid=[0-9]+)\)")
 #: An SGLang scheduler's rank tag inside its time stamp: ``[2025-01-02 03:04:05 DP0 TP1]`` gives ``DP0 TP1``.
 _SGL_RANK = re.compile(r"^\s*\[(?:[0-9]{4}-)?[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}((?: [A-Z][A-Z_]*[0-9]+)+)\]")
+#: SGLang's time stamp at the start of a line, with or without ranks (vLLM's starts with its level).
+_SGL_STAMP = re.compile(r"^\s*\[(?:[0-9]{4}-)?[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?: [A-Z][A-Z_]*[0-9]+)*\]")
 _LINES = re.compile(r"[\r\n]+")
 #: The server is up (module docstring): startup is over, and the lines from here on may hold requests.
 _SERVING = re.compile(r"Starting vLLM API server|Started server process|Waiting for application startup"
@@ -233,21 +241,22 @@ def parse_engine_log(text: str) -> EnginePhases:
     """The phases a vLLM or SGLang startup log reports (module docstring: lines, workers, what is ignored)."""
     kinds = ("model_loading", "loading_weights", "compile_total", "compile_init", "graph", "init", "capture")
     found: Found = {k: defaultdict(list) for k in kinds}
-    compiled = loaded = False
+    compiled = loaded = sglang = False
     for line in _LINES.split(text):
         if _SERVING.search(line):
             break
         tag = _PROCESS.match(line) or _SGL_RANK.match(line)
         process = tag.group(1).strip() if tag else ""
+        sglang = sglang or _SGL_STAMP.match(line) is not None
         _record(found, "model_loading", process, _MODEL_LOADING, line)
-        _record(found, "model_loading", process, _SGL_LOAD_WEIGHT, line)
+        sglang = _record(found, "model_loading", process, _SGL_LOAD_WEIGHT, line) or sglang
         _record(found, "loading_weights", process, _LOADING_WEIGHTS, line)
         _record(found, "compile_total", process, _COMPILE_TOTAL, line)
         compiled = _record(found, "graph", process, _COMPILED_GRAPH, line) or compiled
         loaded = _record(found, "graph", process, _LOADED_GRAPH, line) or loaded
         loaded = loaded or _LOADED_AOT.search(line) is not None
         _record(found, "capture", process, _GRAPH_CAPTURE, line)
-        _record(found, "capture", process, _SGL_CAPTURE, line)
+        sglang = _record(found, "capture", process, _SGL_CAPTURE, line) or sglang
         init = _INIT_ENGINE.search(line)
         if init is not None and (total := _seconds(init.group(1))) is not None:
             found["init"][process].append(total)
@@ -265,7 +274,8 @@ def parse_engine_log(text: str) -> EnginePhases:
     return EnginePhases(
         weights_load=weights,
         compile=compile_s,
-        compile_cached=False if compiled else (True if loaded else None),
+        # SGLang logs its compile line on a cache hit too, and no hit or miss: unknown, not a miss
+        compile_cached=None if sglang else (False if compiled else (True if loaded else None)),
         graph_capture=_combine(found["capture"], sum),
         init_engine=_combine(found["init"], sum),
     )
