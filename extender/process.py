@@ -92,7 +92,10 @@ def fields(record: logging.LogRecord) -> dict[str, Any]:
 #: sequence, CR returns to the start of the line), and the Unicode line and paragraph separators.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 #: A line break followed by a character that is not blank: the start of a line that would read as a record.
-_UNINDENTED = re.compile(r"\n(?=[^\s])")
+#: Blank is ASCII (space, tab, and the line breaks): a collector joins a record's lines by a leading
+#: ``\s`` of Go's or Ruby's regexes, which is ASCII, so a line led by a no-break or ideographic space
+#: starts a record for it, and gets indented like any other.
+_UNINDENTED = re.compile(r"\n(?=[^\s])", re.ASCII)
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -108,7 +111,7 @@ def escape_controls(text: str) -> str:
 
 def one_record(text: str) -> str:
     """A text log record as written: control characters escaped, and every line after the first
-    indented (two spaces where it does not start with a blank already).
+    indented (two spaces where it does not start with an ASCII blank already: a space or a tab).
 
     Messages quote names that others choose (directories a serving pod created in a shared cache,
     what a scraped pod answered, a policy's values): a line feed in one must not start a line that

@@ -123,6 +123,13 @@ MESSAGES = [
     ("a line feed in a quoted name cannot forge a line", "'a\nb\x1b[31m.yaml': cannot read",
      "'a\n  b\\x1b[31m.yaml': cannot read"),
     ("lines already indented stay as they are", "problems:\n  p.yaml:3: bad", "problems:\n  p.yaml:3: bad"),
+    ("a tab is a blank too", "problems:\n\tp.yaml:3: bad", "problems:\n\tp.yaml:3: bad"),
+    # a collector's blank is ASCII (Go's and Ruby's \s, JSON's whitespace): a line led by another
+    # script's space starts at the margin for it, so it is indented like any other
+    ("a no-break space is no indent", "'a\n\u00a02026-12-03 ERROR forged'", "'a\n  \u00a02026-12-03 ERROR forged'"),
+    ("an ideographic space is no indent", "'a\n\u3000b'", "'a\n  \u3000b'"),
+    ("an em space is no indent", "'a\n\u2003b'", "'a\n  \u2003b'"),
+    ("a narrow no-break space is no indent", "'a\n\u202fb'", "'a\n  \u202fb'"),
     ("terminal escape", "p.yaml:3: name 'a\x1b[2J' is bad", "p.yaml:3: name 'a\\x1b[2J' is bad"),
     ("carriage return", "a\rb", "a\\rb"),
 ]
