@@ -154,7 +154,8 @@ _CHARSET_FLAGS = {"ASCII", "A", "UNICODE", "U"}
 
 
 def unicode_digit_patterns(path: Path) -> list[int]:
-    """Lines of string literals holding a regex ``\\d`` that no ``re.ASCII`` or ``re.UNICODE`` flag qualifies.
+    """Lines of string literals holding a regex ``\\d`` that no ``re.ASCII`` or ``re.UNICODE`` flag qualifies
+    (:func:`undecided_patterns` with :data:`_DIGIT_ESCAPE`).
 
     On ``str`` Python's ``\\d`` (and pydantic's Rust regex ``\\d``) is any script's decimal digit (``١``,
     ``１``): text from outside is read in ASCII digits (``[0-9]``), and a pattern that wants every script's
@@ -164,6 +165,19 @@ def unicode_digit_patterns(path: Path) -> list[int]:
     Outside a pattern a ``\\d`` is no Python escape (a plain string warns), so a literal holding one is
     a pattern.
     """
+    return undecided_patterns(path, _DIGIT_ESCAPE)
+
+
+#: A regex ``\\s``, ``\\S``, ``\\w``, ``\\W``, ``\\b`` or ``\\B`` in a string's value (as :data:`_DIGIT_ESCAPE`).
+_CLASS_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\[sSwWbB]")
+#: Patterns written for JSON Schema (ECMA-262), never compiled by Python: there ``\\s`` is Unicode by the
+#: spec and no flag exists, so each is named here instead (file under the package -> constant names).
+JSON_SCHEMA_PATTERNS = {"core/units.py": frozenset({"SIZE_PATTERN", "BANDWIDTH_PATTERN", "DURATION_PATTERN"})}
+
+
+def undecided_patterns(path: Path, escape: re.Pattern[str], exempt: frozenset[str] = frozenset()) -> list[int]:
+    """Lines of string literals holding ``escape`` that no ``re.ASCII``/``re.UNICODE`` flag qualifies, outside
+    docstrings and the values of module constants named in ``exempt``."""
     tree = ast.parse(path.read_text(), filename=str(path))
     prose: set[int] = set()
     for node in ast.walk(tree):
@@ -178,15 +192,44 @@ def unicode_digit_patterns(path: Path) -> list[int]:
             flags = [*node.args[1:], *(k.value for k in node.keywords if k.arg == "flags")]
             if any(isinstance(f, ast.Attribute) and f.attr in _CHARSET_FLAGS for e in flags for f in ast.walk(e)):
                 decided.update(id(c) for c in ast.walk(node.args[0]) if isinstance(c, ast.Constant))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in exempt for t in node.targets):
+            decided.update(id(c) for c in ast.walk(node.value) if isinstance(c, ast.Constant))
     return [node.lineno for node in ast.walk(tree)
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose | decided
-            and _DIGIT_ESCAPE.search(node.value) and not _INLINE_CHARSET_FLAG.search(node.value)]
+            and escape.search(node.value) and not _INLINE_CHARSET_FLAG.search(node.value)]
 
 
 @pytest.mark.parametrize("path", OURS, ids=[str(p.relative_to(PACKAGE)) for p in OURS])
 def test_digit_patterns_say_which_digits(path: Path) -> None:
     assert not unicode_digit_patterns(path), (
         f"{path}: a regex \\d matches any script's digits (١, １); write [0-9], or flag re.UNICODE if meant")
+
+
+@pytest.mark.parametrize("path", OURS, ids=[str(p.relative_to(PACKAGE)) for p in OURS])
+def test_space_and_word_patterns_say_which_script(path: Path) -> None:
+    exempt = JSON_SCHEMA_PATTERNS.get(str(path.relative_to(PACKAGE)), frozenset())
+    assert not undecided_patterns(path, _CLASS_ESCAPE, exempt), (
+        f"{path}: a regex \\s, \\w or \\b is Unicode on str (a no-break space is a space, é a letter): flag "
+        "re.ASCII where the text is ASCII by its grammar (Kubernetes, OCI, an engine's log), re.UNICODE if meant")
+
+
+@pytest.mark.parametrize(("source", "found"), [
+    pytest.param('import re\nN = re.compile(r"\\s+")\n', [2], id="space"),
+    pytest.param('import re\nN = re.compile(r"[\\w.-]+")\n', [2], id="word-in-a-class"),
+    pytest.param('import re\nN = re.compile(r"\\bend\\B")\n', [2], id="boundaries"),
+    pytest.param('X = r"(\\S+?)"\n', [1], id="a-named-part-of-a-pattern"),
+    pytest.param('import re\nN = re.compile(r"\\s+", re.ASCII)\n', [], id="ascii-flag"),
+    pytest.param('import re\nN = re.compile(r"\\W", re.UNICODE)\n', [], id="unicode-flag"),
+    pytest.param('X = r"(?a:\\S+?)"\n', [], id="scoped-inline-flag"),
+    pytest.param('import re\nN = re.compile(r"a\\\\s")\n', [], id="literal-backslash-then-s-is-fine"),
+    pytest.param('SIZE_PATTERN = r"^\\s*[0-9]+$"\n', [], id="a-named-json-schema-pattern"),
+    pytest.param('OTHER = r"^\\s*[0-9]+$"\n', [1], id="an-unnamed-constant-is-not-exempt"),
+])
+def test_the_class_pattern_checker(tmp_path: Path, source: str, found: list[int]) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text(source)
+    assert undecided_patterns(bad, _CLASS_ESCAPE, frozenset({"SIZE_PATTERN"})) == found
 
 
 @pytest.mark.parametrize(("source", "found"), [

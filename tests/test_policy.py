@@ -189,6 +189,16 @@ HOSTILE_FIELDS = [
      "profiles[0].image.reference", "is not an image reference"),
     ("registry with a newline", lambda t: t + 'warming: {registry: "s3://a\\nb"}\n',
      "warming.registry", "not a URI"),
+    # a template splits a value at any script's space: refused (a non-ASCII letter is a URI's to hold)
+    ("source with a no-break space", lambda t: t.replace('source: "s3://m/small/"', 'source: "s3://m/a\\u00a0b/"'),
+     "profiles[0].weights.source", "not a URI"),
+    ("source with an ideographic space", lambda t: t.replace('source: "s3://m/small/"', 'source: "s3://m/a\\u3000b/"'),
+     "profiles[0].weights.source", "not a URI"),
+    # OCI's tag grammar is ASCII ([A-Za-z0-9_] words): kubelet refuses a tag with another script's letter
+    ("image tag with a non-ASCII letter",
+     lambda t: t.replace('reference: "vllm/vllm-openai:v0.11.0"',
+                         'reference: "vllm/vllm-openai:v0.11.0-\u00e9t\u00e9"'),
+     "profiles[0].image.reference", "is not an image reference"),
 ]
 
 
@@ -199,6 +209,16 @@ def test_values_that_reach_templates_are_validated(edit: object, path: str, word
     problems = problems_of(text)
     assert [p.path for p in problems] == [path]
     assert words in problems[0].message
+
+
+@pytest.mark.parametrize("source", [
+    pytest.param("s3://m/mod\u00e8le/", id="a-non-ascii-letter-in-an-object-key"),
+    pytest.param("gs://m/\u30e2\u30c7\u30eb/", id="another-script-in-an-object-key"),
+])
+def test_a_uri_may_hold_any_scripts_letters(source: str) -> None:
+    """S3 and GCS object keys are any UTF-8: a reference refuses spaces of every script, not letters."""
+    policy = parse_policy(MINIMAL.replace('source: "s3://m/small/"', f'source: "{source}"'))
+    assert policy.profiles[0].weights.source == source
 
 
 def test_required_cache_that_fits_some_class_is_fine() -> None:

@@ -36,6 +36,8 @@ SIZES = [
     ("plain-string-is-bytes", "1024", 1024),
     ("underscores", "1_000_000B", 10**6),
     ("space-before-unit", "64 GiB", 64 * 2**30),
+    # a policy is typed (and pasted) by a person: any script's space reads as one (re.UNICODE on purpose)
+    ("no-break-space-before-unit", "64\u00a0GiB", 64 * 2**30),
     ("zero", "0B", 0),
     ("integral-float", 2048.0, 2048),
     ("exponent", "1e12", 10**12),
@@ -78,6 +80,7 @@ DURATIONS = [
     ("millis", "250ms", 0.25),
     ("compound", "1h30m", 5400.0),
     ("compound-spaced", "2m 30s", 150.0),
+    ("compound-no-break-spaced", "2m\u00a030s", 150.0),
     ("fraction", "1.5s", 1.5),
     ("plain-number-is-seconds", 17, 17.0),
     ("plain-string-is-seconds", "17", 17.0),
@@ -193,6 +196,7 @@ REFUSED = [
     ("a huge exponent", "1e999", "larger than"),
     ("a leading space", " 1", "not a Kubernetes quantity"),
     ("a trailing line feed", "4Gi\n", "not a Kubernetes quantity"),
+    ("a no-break space inside", "4\u00a0Gi", "not a Kubernetes quantity"),
     ("a boolean", True, "boolean"),
 ]
 

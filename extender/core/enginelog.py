@@ -166,37 +166,41 @@ class EnginePhases(Schema):
                                        self.init_engine))
 
 
-_N = r"(\S+?)"
+#: A number as the engine prints it, up to the next blank. The engines' log grammar is ASCII (their
+#: stamps, words and digits), so every pattern here reads ``\s``, ``\S`` and ``\b`` as ASCII (``re.ASCII``).
+_N = r"(?a:(\S+?))"
 #: What a per-graph line names between ``for`` and ``takes`` / ``from the cache`` (``dynamic shape``,
 #: ``shape 8``, ``compile range (1, 8192)``): at most 200 characters. Bounded, so each of a line's
 #: ``Compiling a graph for`` is tried over a bounded span: an unbounded ``.+`` there tried the whole
 #: rest of the line from each of them, and a line repeating the phrase (an engine that logs prompts
 #: logs whatever a client sends) cost the square of its length (a 1 MiB line, about 90 s of the sync).
 _GRAPH_SET = r".{1,200}"
-_MODEL_LOADING = re.compile(r"Model loading took \S+ Gi?B(?: memory)? and " + _N + r" seconds")
+_MODEL_LOADING = re.compile(r"Model loading took \S+ Gi?B(?: memory)? and " + _N + r" seconds", re.ASCII)
 _LOADING_WEIGHTS = re.compile(r"Loading weights took " + _N + r" seconds")
 _COMPILE_TOTAL = re.compile(r"torch\.compile (?:takes|took) " + _N + r" s in total")
-_COMPILED_GRAPH = re.compile(r"Compiling a graph for " + _GRAPH_SET + r" takes " + _N + r" s\b")
+_COMPILED_GRAPH = re.compile(r"Compiling a graph for " + _GRAPH_SET + r" takes " + _N + r" s\b", re.ASCII)
 _LOADED_GRAPH = re.compile(r"Directly load the compiled graph(?:\(s\))? for " + _GRAPH_SET + r" from the cache, took "
-                           + _N + r" s\b")
-_LOADED_AOT = re.compile(r"Directly load AOT compilation from path \S")
+                           + _N + r" s\b", re.ASCII)
+_LOADED_AOT = re.compile(r"Directly load AOT compilation from path \S", re.ASCII)
 _GRAPH_CAPTURE = re.compile(r"Graph capturing finished in " + _N + r" secs")
 #: SGLang's weight-load line (only the versions that give ``elapsed=``; older ones log memory only).
-_SGL_LOAD_WEIGHT = re.compile(r"\bLoad weight end\. elapsed=" + _N + r" s\b")
+_SGL_LOAD_WEIGHT = re.compile(r"\bLoad weight end\. elapsed=" + _N + r" s\b", re.ASCII)
 #: SGLang's graph-capture lines: ``Capture <words> graph end.`` then ``Time elapsed: <s> s`` (older) or
 #: ``[step=<k>, ]elapsed=<s> s`` (later); one to three words name the graph set and its device.
 _SGL_CAPTURE = re.compile(r"\bCapture (?:[A-Za-z]+ ){1,3}graph end\. (?:Time elapsed: |(?:step=[0-9]+, )?elapsed=)"
-                          + _N + r" s\b")
+                          + _N + r" s\b", re.ASCII)
 _INIT_ENGINE = re.compile(r"init engine \(profile, create kv cache, warmup model\) took " + _N
-                          + r" (?:seconds|s)\b(?: \(compilation: " + _N + r" s\b)?")
+                          + r" (?:seconds|s)\b(?: \(compilation: " + _N + r" s\b)?", re.ASCII)
 #: A worker's tag at the start of a line (after any leading spaces); engines print ASCII digits, so
 #: every digit read in a line is ``[0-9]`` (``\d`` takes any script's, and a line a client wrote could
 #: then pass for a worker's or a stamp).
-_PROCESS = re.compile(r"^\s*\(([A-Za-z_][^()]*?\bpid=[0-9]+)\)")
+_PROCESS = re.compile(r"^\s*\(([A-Za-z_][^()]*?\bpid=[0-9]+)\)", re.ASCII)
 #: An SGLang scheduler's rank tag inside its time stamp: ``[2025-01-02 03:04:05 DP0 TP1]`` gives ``DP0 TP1``.
-_SGL_RANK = re.compile(r"^\s*\[(?:[0-9]{4}-)?[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}((?: [A-Z][A-Z_]*[0-9]+)+)\]")
+_SGL_RANK = re.compile(r"^\s*\[(?:[0-9]{4}-)?[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}((?: [A-Z][A-Z_]*[0-9]+)+)\]",
+                       re.ASCII)
 #: SGLang's time stamp at the start of a line, with or without ranks (vLLM's starts with its level).
-_SGL_STAMP = re.compile(r"^\s*\[(?:[0-9]{4}-)?[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?: [A-Z][A-Z_]*[0-9]+)*\]")
+_SGL_STAMP = re.compile(r"^\s*\[(?:[0-9]{4}-)?[0-9]{2}-[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2}(?: [A-Z][A-Z_]*[0-9]+)*\]",
+                        re.ASCII)
 _LINES = re.compile(r"[\r\n]+")
 #: The server is up (module docstring): startup is over, and the lines from here on may hold requests.
 _SERVING = re.compile(r"Starting vLLM API server|Started server process|Waiting for application startup"

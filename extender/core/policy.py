@@ -72,7 +72,9 @@ Name = Annotated[str, AfterValidator(_name)]
 # Values the warmer hands to the team's templates and that end up in paths and command lines.
 # Templates never let a shell parse them (extender.warm.templates), but a value that is no URI or
 # version at all is a typo or an attack either way: refuse it where a person can see it.
-_REFERENCE = re.compile(r"[^\s'\"\\`$;|&<>(){}*?\[\]!#~-][^\s'\"\\`$;|&<>(){}*?\[\]!#~]*")
+# Unicode on purpose: every script's space is refused (the template would split there), and a
+# non-ASCII letter is a URI's to hold (an S3 or GCS object key is any UTF-8).
+_REFERENCE = re.compile(r"[^\s'\"\\`$;|&<>(){}*?\[\]!#~-][^\s'\"\\`$;|&<>(){}*?\[\]!#~]*", re.UNICODE)
 _VERSION = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
 
 
@@ -970,7 +972,7 @@ TEMPLATE_VARS: dict[str, frozenset[str]] = {
     "publishCompile": TEMPLATE_COMMON | {"key", "dir"},
 }
 #: ``{{ name }}`` in a template.
-PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z][A-Za-z0-9]*)\s*\}\}")
+PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z][A-Za-z0-9]*)\s*\}\}", re.UNICODE)
 
 def script_problem(script: str) -> str | None:
     """Why a shell script with ``{{placeholders}}`` cannot be rendered safely, or ``None``.

@@ -81,9 +81,11 @@ MIN_BANDWIDTH = Decimal("0.001")
 #: Longest duration in seconds (about 3,000 years, the inventory's longest TTL); a policy allows less.
 MAX_DURATION_S = 10**11
 
+# A person types these in a policy: a space is any script's (a pasted no-break space reads as one, as
+# str.strip() takes it), while digits stay ASCII.
 _QUANTITY = re.compile(r"\s*(?P<num>(?:[0-9][0-9_]*(?:\.[0-9]+)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?)\s*"
-                       r"(?P<unit>[A-Za-z/]*)\s*")
-_DURATION_PART = re.compile(r"(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>ms|min|[smhd])")
+                       r"(?P<unit>[A-Za-z/]*)\s*", re.UNICODE)
+_DURATION_PART = re.compile(r"(?P<num>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>ms|min|[smhd])", re.UNICODE)
 
 
 def _split(text: str, what: str) -> tuple[Decimal, str]:

@@ -172,8 +172,10 @@ ROLES: tuple[Role, ...] = (
 _BY_NAME: Mapping[str, Role] = {r.name: r for r in ROLES}
 #: Characters a glob gives a meaning (Redis's stringmatchlen), escaped in the prefix.
 _GLOB = re.compile(r"([*?\[\]\\])")
-#: What a prefix in a rule cannot hold: a rule is one word of ``redis-cli`` and of an ACL file.
-_UNWRITABLE = re.compile(r"[\s\"'\x00-\x1f\x7f]")
+#: What a prefix in a rule cannot hold: a rule is one word of ``redis-cli`` and of an ACL file. Any
+#: script's space (Unicode on purpose): Redis splits only at ASCII ones, but a prefix a person reads as
+#: two words is refused where it is written.
+_UNWRITABLE = re.compile(r"[\s\"'\x00-\x1f\x7f]", re.UNICODE)
 
 
 def role(name: str) -> Role:
