@@ -622,7 +622,9 @@ class CalibrationResult:
     #: reason -> count: ``unknown workload``, ``unknown node class``, ``class not allowed``,
     #: ``other version`` (image or weights changed since), ``too old``, ``beyond window``.
     skipped: Mapping[str, int]
-    #: The per-node factors of the same starts, against the policy with the applicable fits applied.
+    #: The policy with the applicable fits applied (:func:`apply_calibration`).
+    calibrated: Policy
+    #: The per-node factors of the same starts, against :attr:`calibrated`.
     nodes: NodeFactors = NO_NODE_FACTORS
 
 
@@ -666,8 +668,9 @@ def calibrate(policy: Policy, observations: Iterable[Observation], *, now: float
     fits: dict[Pair, Fit] = {}
     for (workload, cls), group in sorted(groups.items()):
         fits[(workload, cls)] = fit_pair(policy, policy.profile(workload), policy.node_class(cls), group)
-    nodes = fit_nodes(policy, apply_calibration(policy, fits.values()), groups)
-    return CalibrationResult(fits, {k: tuple(v) for k, v in groups.items()}, skipped, nodes)
+    calibrated = apply_calibration(policy, fits.values())
+    return CalibrationResult(fits, {k: tuple(v) for k, v in groups.items()}, skipped, calibrated,
+                             fit_nodes(policy, calibrated, groups))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -831,7 +834,7 @@ def effective_calibration(policy: Policy, observations: Iterable[Observation], *
     if policy.calibration.mode != "apply":
         return policy, NO_NODE_FACTORS
     result = calibrate(policy, observations, now=now)
-    return apply_calibration(policy, result.fits.values()), result.nodes
+    return result.calibrated, result.nodes
 
 
 # ---------------------------------------------------------------------------------------------
