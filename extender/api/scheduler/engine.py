@@ -327,8 +327,6 @@ class Engine:
         verdict_names = {Verdict.PASS: "pass", Verdict.FAILED: "FailedNodes",
                          Verdict.UNRESOLVABLE: "FailedAndUnresolvableNodes"}
         hosts = self.policy.classes_for(profile)
-        rows = self.snapshot.lookup([n.name for n in nodes]).index
-        factors = np.ones(len(nodes)) if self._row_factor is None else self._row_factor[rows]
         for i, node in enumerate(nodes):
             row = ev.estimate.row(i)
             out.append({
@@ -344,7 +342,8 @@ class Engine:
                 },
                 "phases": {k: round(row[k], 3) for k in PHASES},
                 "totalSeconds": round(row["total_s"], 3),
-                "nodeFactor": round(float(factors[i]), 4),
+                # as evaluate_nodes applied it: a node without an inventory record takes its row of 1
+                "nodeFactor": round(self.nodes.factor(node.name) if inputs.free_known[i] else 1.0, 4),
                 "nvmePressure": bool(ev.pressure[i]),
                 "score": int(ev.score[i]),
                 "verdict": verdict_names[Verdict(int(ev.judgement.verdict[i]))],
