@@ -8,12 +8,18 @@ estimate in its node's cache state, times a log-normal noise factor.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from extender.core.calibration import PARAMETERS, Fit, Observation, apply_calibration, parameters_named
 from extender.core.estimate import STATES, CacheState, NamedState, estimate
 from extender.core.policy import Policy
+from extender.state import InventoryStore
+
+if TYPE_CHECKING:
+    from extender.api.scheduler.refresher import Refresher
 
 #: The named cache states a fleet without snapshots starts replicas in.
 STARTS = ("cold", "image", "image+weights", "warm")
@@ -73,3 +79,17 @@ def starts(policy: Policy, truth: Policy, workload: str, node_class: str, states
 def round_robin(n: int, states: Sequence[str] = STARTS) -> list[str]:
     """``n`` start states cycling through ``states``."""
     return [states[i % len(states)] for i in range(n)]
+
+
+def refresher_on(client: Any, directory: Path, policy_text: str, policy: Policy) -> Refresher:
+    """The scheduler extender's refresher (not started) on ``client``, serving ``policy`` (parsed from
+    ``policy_text``, written to ``directory``), that rebuilds and refits on every ``refresh_once``."""
+    from extender.api.scheduler.metrics import Metrics
+    from extender.api.scheduler.refresher import Refresher, Throttle
+    from extender.api.scheduler.settings import Settings
+
+    path = directory / "policy.yaml"
+    path.write_text(policy_text)
+    settings = Settings(policy_path=path, policy=policy, store_factory=lambda: InventoryStore(client),
+                        start_refresher=False, min_rebuild_interval_s=0.0, calibration_interval_s=0.0)
+    return Refresher(settings, policy, Metrics(), Throttle(60.0))

@@ -31,7 +31,7 @@ from extender.core.estimate import STATES
 from extender.core.inventory import InventorySnapshot, NodeState
 from extender.core.policy import Policy, parse_policy
 from extender.state.observations import CalibratedPolicy, ObservationStore
-from tests.calibration_world import true_seconds
+from tests.calibration_world import refresher_on, true_seconds
 from tests.conftest import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -260,16 +260,7 @@ def test_the_calibrated_policy_carries_the_node_factors_and_keeps_them_through_a
 
 @pytest.mark.integration
 def test_the_refresher_builds_its_engine_with_the_node_factors(client: Any, tmp_path: Path) -> None:
-    from extender.api.scheduler.metrics import Metrics
-    from extender.api.scheduler.refresher import Refresher, Throttle
-    from extender.api.scheduler.settings import Settings
-    from extender.state import InventoryStore
-
-    path = tmp_path / "policy.yaml"
-    path.write_text(POLICY_TEXT + "calibration: {mode: apply}\n")
-    settings_ = Settings(policy_path=path, policy=APPLY, store_factory=lambda: InventoryStore(client),
-                         start_refresher=False, min_rebuild_interval_s=0.0, calibration_interval_s=0.0)
-    refresher = Refresher(settings_, APPLY, Metrics(), Throttle(60.0))
+    refresher = refresher_on(client, tmp_path, POLICY_TEXT + "calibration: {mode: apply}\n", APPLY)
     refresher.refresh_once()
     assert refresher.engine is not None and refresher.engine.nodes is NO_NODE_FACTORS
     ObservationStore(client).append(fleet(APPLY, 6, slow="slow-0", slow_starts=6, t0=time.time() - 86_400),

@@ -42,7 +42,7 @@ from extender.state import InventoryStore
 from extender.state.observations import CalibratedPolicy, ObservationStore
 from extender.state.sources import SourceStore
 from extender.warm.loop import WarmLoop
-from tests.calibration_world import factors, round_robin, starts, world
+from tests.calibration_world import factors, refresher_on, round_robin, starts, world
 from tests.conftest import RedisServer
 from tests.kube_double import KubeDouble
 from tests.kube_double.waiting import wait_until
@@ -291,15 +291,7 @@ def test_the_calibrated_policy_follows_the_store_and_survives_an_outage(redis_se
 
 def test_the_refresher_scores_with_the_calibrated_policy(redis_server: RedisServer, client: Any,
                                                          tmp_path: Path) -> None:
-    from extender.api.scheduler.metrics import Metrics
-    from extender.api.scheduler.refresher import Refresher, Throttle
-    from extender.api.scheduler.settings import Settings
-
-    path = tmp_path / "policy.yaml"
-    path.write_text(POLICY_TEXT + "calibration: {mode: apply}\n")
-    settings_ = Settings(policy_path=path, policy=APPLY, store_factory=lambda: InventoryStore(client),
-                         start_refresher=False, min_rebuild_interval_s=0.0, calibration_interval_s=0.0)
-    refresher = Refresher(settings_, APPLY, Metrics(), Throttle(60.0))
+    refresher = refresher_on(client, tmp_path, POLICY_TEXT + "calibration: {mode: apply}\n", APPLY)
     refresher.refresh_once()
     refresher.refresh_once()
     assert refresher.engine is not None and refresher.engine.policy is APPLY
