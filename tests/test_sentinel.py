@@ -16,10 +16,12 @@ from typing import Any
 
 import pytest
 import redis
+from redis.sentinel import MasterNotFoundError
 
 from extender.core.errors import StateError, StoreUnavailableError
 from extender.state import connect, describe, embedded
 from extender.state.connection import redact
+from extender.state.errors import redis_errors
 from extender.state.sentinel import SentinelUrl, parse
 from tests.kube_double.waiting import wait_until
 from tests.net import free_port
@@ -197,6 +199,27 @@ def test_no_sentinel_answering_is_unavailable(tmp_path: Path) -> None:
     assert str(raised.value) == (
         f"connecting to redis+sentinel://127.0.0.1:{one},127.0.0.1:{two}/{SERVICE}: Redis is unavailable: "
         f"No master found for {SERVICE!r} (the sentinels failed with network:ConnectionError)")
+
+
+#: MasterNotFoundError's text as redis-py writes it, release by release (each sentinel's client,
+#: a thousand characters in truth, shortened to ``x(y)>``); what we keep of it.
+MASTER_NOT_FOUND = [
+    pytest.param("No master found for 'svc' : x(y)> - network:ConnectionError, x(y)> - network:TimeoutError",
+                 "network:ConnectionError, network:TimeoutError", id="redis-py-7-to-8.1"),
+    pytest.param("No master found for 'svc' : x(y)> - network:ConnectionError: Error 111 connecting to "
+                 "127.0.0.1:1. Connection refused., x(y)> - network:ConnectionError: Error 111 connecting "
+                 "to 127.0.0.1:2, at once.", "network:ConnectionError", id="redis-py-8.2-messages-with-commas"),
+    pytest.param("No master found for 'svc' : x(y)> - ConnectionError('Error 111 connecting, refused.')",
+                 "ConnectionError", id="redis-py-6"),
+]
+
+
+@pytest.mark.parametrize(("text", "kinds"), MASTER_NOT_FOUND)
+def test_master_not_found_keeps_what_each_sentinel_failed_with(text: str, kinds: str) -> None:
+    with pytest.raises(StoreUnavailableError) as raised, redis_errors("connecting to s"):
+        raise MasterNotFoundError(text)
+    assert str(raised.value) == (
+        f"connecting to s: Redis is unavailable: No master found for 'svc' (the sentinels failed with {kinds})")
 
 
 @pytest.mark.integration

@@ -45,8 +45,10 @@ def redis_errors(action: str) -> Iterator[None]:
 
 
 #: What one sentinel's failure is called inside redis-py's MasterNotFoundError, after that
-#: sentinel's client: ``...)> - network:ConnectionError`` (``ConnectionError('...')`` before redis-py 7).
-_SENTINEL_ERROR = re.compile(r"\)> - ([^,]+)")
+#: sentinel's client: ``...)> - network:ConnectionError`` (redis-py 7 to 8.1; 8.2 adds ``: message``
+#: after it, and before 7 it was ``ConnectionError('message')``). The kind is kept, not the message:
+#: the URL in the same error already names the sentinels.
+_SENTINEL_ERROR = re.compile(r"\)> - ((?:[A-Za-z_]+:)?[A-Za-z_]+)")
 
 
 #: What a server that requires a password answers a client that gave none (RESP3's HELLO, RESP2's commands).

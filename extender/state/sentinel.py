@@ -127,9 +127,10 @@ def client(url: SentinelUrl, options: dict[str, Any]) -> redis.Redis:
         sentinel_settings["password"] = url.options["sentinel_password"]
     if "sentinel_username" in url.options:
         sentinel_settings["username"] = url.options["sentinel_username"]
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    # redis-py < 8.2 leaves Sentinel untyped; from 8.2 it is typed, so the ignores may go unused.
+    sentinel = Sentinel(  # type: ignore[no-untyped-call, unused-ignore]
         list(url.sentinels), sentinel_kwargs=sentinel_settings, **settings)
-    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
+    master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         url.service, db=url.db, username=url.username, password=url.password)
     return master
 
