@@ -1,5 +1,7 @@
-# Sourced by scripts/demo and scripts/test: make .venv exist and match pyproject.toml.
-# Re-installs only when pyproject.toml changed (a stamp holds its hash), so repeat runs are fast.
+# Sourced by scripts/demo and scripts/test: make .venv exist and match pyproject.toml, with the
+# versions requirements/test.lock pins (pip constraints, also for the editable build's own
+# environment; scripts/lock moves them). Re-installs only when either file changed (a stamp
+# holds their hash), so repeat runs are fast.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 venv="${EXTENDER_VENV:-$root/.venv}"
@@ -12,11 +14,11 @@ if [ ! -x "$venv/bin/python" ]; then
   "$python" -m venv "$venv"
 fi
 stamp="$venv/.extender-stamp"
-want=$(cat "$root/pyproject.toml" | sha256sum | cut -d' ' -f1)
+want=$(cat "$root/pyproject.toml" "$root/requirements/test.lock" | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "installing extender and its dependencies into $venv (log: $venv/install.log)" >&2
-  if ! { "$venv/bin/python" -m pip install --upgrade pip && "$venv/bin/python" -m pip install -e "$root[dev,plots,embedded]"; } \
-      > "$venv/install.log" 2>&1; then
+  pin=(env PIP_CONSTRAINT="$root/requirements/test.lock" "$venv/bin/python" -m pip install)
+  if ! { "${pin[@]}" pip && "${pin[@]}" -e "$root[dev,plots,embedded]"; } > "$venv/install.log" 2>&1; then
     tail -n 40 "$venv/install.log" >&2
     echo "install failed; full log: $venv/install.log" >&2
     exit 1

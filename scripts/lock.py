@@ -1,16 +1,25 @@
-"""Write requirements/runtime.lock: the runtime dependencies of pyproject.toml, resolved by pip and
-pinned with the sha256 of every wheel the container image may install (CPython 3.11 on Linux,
-x86_64 and aarch64). The image installs it with `pip install --require-hashes`, so a rebuild gets
-exactly these files or fails.
+"""Write the locks in requirements/:
+
+* runtime.lock: the runtime dependencies of pyproject.toml, resolved by pip and pinned with the
+  sha256 of every wheel the container image may install (CPython 3.11 on Linux, x86_64 and
+  aarch64). The image installs it with `pip install --require-hashes`, so a rebuild gets exactly
+  these files or fails. build.lock: what builds the wheel, the same way.
+* test.lock: every package `.venv` holds (the runtime, the `dev`, `plots` and `embedded` extras,
+  what builds the editable install, pip itself), resolved for the interpreter running this script.
+  scripts/_venv.sh installs under it as pip constraints, so a fresh clone tests with exactly the
+  versions the last lock chose: a new release upstream (a newly typed module makes a `type: ignore`
+  unused) changes nothing until someone runs this script and the tests.
 
     scripts/lock          resolve again (newest versions within pyproject's bounds) and rewrite
 
-tests/test_image.py checks that the locks satisfy pyproject.toml and install into a clean venv.
+tests/test_image.py checks that the locks satisfy pyproject.toml, that the test lock and the
+runtime lock agree, and that the runtime lock installs into a clean venv.
 """
 
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 import tempfile
@@ -21,6 +30,10 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCK = ROOT / "requirements" / "runtime.lock"
 #: What builds the wheel (pyproject's build-system), pinned the same way.
 BUILD_LOCK = ROOT / "requirements" / "build.lock"
+#: What .venv holds, as pip constraints (no hashes: pip refuses hashes in a constraints file).
+TEST_LOCK = ROOT / "requirements" / "test.lock"
+#: The extras scripts/_venv.sh installs.
+TEST_EXTRAS = ("dev", "plots", "embedded")
 PYTHON = "3.11"
 #: Wanted by a dependency only on some Python releases, which pip judges by the interpreter running
 #: it, not by --python-version: redis needs async-timeout below Python 3.11.3 (Debian 12 has 3.11.2,
@@ -69,10 +82,32 @@ def lock(requirements: list[str], path: Path, what: str) -> None:
     print(f"{path.relative_to(ROOT)}: {len(merged)} packages")
 
 
+def lock_test(requirements: list[str], path: Path) -> None:
+    """Pin ``requirements`` as pip resolves them for this interpreter, one ``name==version`` a line."""
+    with tempfile.TemporaryDirectory() as tmp:
+        listed, report = Path(tmp) / "requirements.in", Path(tmp) / "report.json"
+        listed.write_text("\n".join(requirements) + "\n")
+        subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                        "--report", str(report), "-r", str(listed)], check=True)
+        pinned = sorted((item["metadata"]["name"].lower().replace("_", "-"), item["metadata"]["version"])
+                        for item in json.loads(report.read_text())["install"])
+    python = ".".join(map(str, sys.version_info[:3]))
+    lines = ["# Every package the test environment (.venv) holds, pinned (CPython "
+             f"{python}, {platform.machine()}).",
+             "# Written by scripts/lock; scripts/_venv.sh installs with it as pip constraints.", "",
+             *(f"{name}=={version}" for name, version in pinned)]
+    path.write_text("\n".join(lines) + "\n")
+    print(f"{path.relative_to(ROOT)}: {len(pinned)} packages")
+
+
 def main() -> int:
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    lock([*pyproject["project"]["dependencies"], *MARKER_DEPENDENCIES], LOCK, "The runtime dependencies")
-    lock(pyproject["build-system"]["requires"], BUILD_LOCK, "The build requirements")
+    runtime = [*pyproject["project"]["dependencies"], *MARKER_DEPENDENCIES]
+    build = pyproject["build-system"]["requires"]
+    extras = [r for extra in TEST_EXTRAS for r in pyproject["project"]["optional-dependencies"][extra]]
+    lock(runtime, LOCK, "The runtime dependencies")
+    lock(build, BUILD_LOCK, "The build requirements")
+    lock_test([*runtime, *extras, *build, "pip"], TEST_LOCK)
     return 0
 
 

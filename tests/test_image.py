@@ -1,7 +1,8 @@
 """The image recipe, as far as this machine can take it: the locks, the wheel, and every command.
 
 * the locks (requirements/*.lock, written by scripts/lock) pin every dependency of pyproject.toml
-  within its bounds, each with a hash;
+  within its bounds, the image's each with a hash; the test environment's lock agrees with the
+  image's, and the environment running these tests holds what it pins;
 * the wheel of this repository, installed with ``--require-hashes`` from the runtime lock into a
   clean virtualenv (no extras, as the Containerfile does), runs: ``pip check`` is clean, every
   command line the chart's manifests give a container (all modes, all choices) and the warm Jobs'
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,10 @@ from tests import chart
 from tests.test_packaging import RENDERS
 
 ROOT = chart.ROOT
-LOCKS = {"runtime": ROOT / "requirements" / "runtime.lock", "build": ROOT / "requirements" / "build.lock"}
-PIN = re.compile(r"^([A-Za-z0-9_.-]+)==(\S+) \\$")
+LOCKS = {name: ROOT / "requirements" / f"{name}.lock" for name in ("runtime", "build", "test")}
+PIN = re.compile(r"^([A-Za-z0-9_.-]+)==(\S+)(?: \\)?$")
+#: The extras scripts/_venv.sh installs into the test environment.
+TEST_EXTRAS = ("dev", "plots", "embedded")
 
 
 def pins(path: Path) -> dict[str, tuple[str, list[str]]]:
@@ -50,18 +54,51 @@ def pins(path: Path) -> dict[str, tuple[str, list[str]]]:
     return out
 
 
-@pytest.mark.parametrize(("lock", "section"), [("runtime", ("project", "dependencies")),
-                                                ("build", ("build-system", "requires"))])
-def test_the_lock_pins_every_requirement_within_its_bounds(lock: str, section: tuple[str, str]) -> None:
+def requirements(lock: str) -> list[str]:
+    """What pyproject.toml asks of the packages ``lock`` pins."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    runtime, build = pyproject["project"]["dependencies"], pyproject["build-system"]["requires"]
+    extras = [r for extra in TEST_EXTRAS for r in pyproject["project"]["optional-dependencies"][extra]]
+    chosen: list[str] = {"runtime": runtime, "build": build, "test": [*runtime, *extras, *build]}[lock]
+    return chosen
+
+
+@pytest.mark.parametrize("lock", ["runtime", "build", "test"])
+def test_the_lock_pins_every_requirement_within_its_bounds(lock: str) -> None:
     pinned = pins(LOCKS[lock])
-    for text in pyproject[section[0]][section[1]]:
+    for text in requirements(lock):
         requirement = Requirement(text)
         name = requirement.name.lower().replace("_", "-")
         assert name in pinned, f"{name} is not in {LOCKS[lock].name}: run scripts/lock"
         assert requirement.specifier.contains(pinned[name][0]), f"{name}=={pinned[name][0]} is outside {text}"
     for name, (_, hashes) in pinned.items():
-        assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), name
+        if lock == "test":  # pip constraints, which may not carry hashes
+            assert not hashes, name
+        else:
+            assert hashes and all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes), name
+
+
+@pytest.mark.parametrize("lock", ["runtime", "build"])
+def test_the_tests_run_the_versions_the_image_is_built_from(lock: str) -> None:
+    tested, shipped = pins(LOCKS["test"]), pins(LOCKS[lock])
+    assert set(shipped) <= set(tested), f"not in test.lock: {sorted(set(shipped) - set(tested))}; run scripts/lock"
+    differ = {name: f"{version} in {lock}.lock, {tested[name][0]} in test.lock"
+              for name, (version, _) in shipped.items() if tested[name][0] != version}
+    assert not differ, f"{differ}: run scripts/lock"
+
+
+def test_the_environment_running_the_tests_holds_the_test_lock() -> None:
+    """scripts/_venv.sh installs under requirements/test.lock; a version it does not pin means the
+    environment was changed by hand (or the lock moved and the environment was not reinstalled)."""
+    wrong = {}
+    for name, (version, _) in pins(LOCKS["test"]).items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue  # only in a build environment (wheel), or another Python's marker dependency
+        if installed != version:
+            wrong[name] = f"{installed} installed, {version} locked"
+    assert not wrong, f"{wrong}: run ./scripts/test, which installs requirements/test.lock"
 
 
 # ---- the wheel in a clean virtualenv ------------------------------------------------------------
