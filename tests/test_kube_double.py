@@ -409,3 +409,28 @@ def test_stop_leaves_no_thread_and_no_listener(tmp_path: Path) -> None:
     assert set(threading.enumerate()) - before == set()
     with socket.socket() as s, pytest.raises(ConnectionRefusedError):
         s.connect(("127.0.0.1", port))
+
+
+def test_a_client_closing_on_an_unread_reply_prints_no_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    """A client may close with a reply unread (the log reader past limitBytes does, when the server
+    ignores it); the kernel then resets the connection under the handler. That is no fault of the
+    double: no socketserver traceback on the run's output. Any other error in a handler is printed."""
+    with KubeDouble.running() as d:
+        server = d._server
+        assert server is not None
+        d.apply({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "serving"},
+                 "spec": {"containers": [{"name": "vllm", "image": "vllm"}]}})
+        d.set_log("serving", "p", "vllm", "x" * 1_000_000, honor_limit=False)
+        for _ in range(3):
+            conn = http.client.HTTPConnection("127.0.0.1", d.port, timeout=10)
+            conn.request("GET", "/api/v1/namespaces/serving/pods/p/log?container=vllm&limitBytes=100")
+            reply = conn.getresponse()
+            assert reply.status == 200 and reply.read(100) == b"x" * 100
+            conn.close()  # the rest unread: the kernel answers the handler's bytes with a reset
+    # stopping joined every handler thread, so each has met the reset by now
+    assert "Exception occurred" not in capsys.readouterr().err
+    try:
+        raise ValueError("a fault of the double")
+    except ValueError:
+        server.handle_error(None, ("127.0.0.1", 1))
+    assert "ValueError: a fault of the double" in capsys.readouterr().err
