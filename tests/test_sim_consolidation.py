@@ -14,7 +14,7 @@ import pytest
 from extender.core.warming import Action
 from extender.sim.report import build, markdown, summarise, to_json
 from extender.sim.scenario import Rollout, load_scenario
-from extender.sim.simulation import Prepared, Run, RunResult, prepare
+from extender.sim.simulation import Prepared, Run, RunResult, _first_fit, prepare
 from extender.sim.strategies import STRATEGIES
 from tests.test_sim_inputs import assert_scenario_error
 from tests.test_sim_shared_forecasts import figures
@@ -225,3 +225,132 @@ def test_bad_consolidation_fields_are_refused_with_file_and_line(tmp_path: Path,
                                                                  message: str) -> None:
     (tmp_path / "policy.yaml").write_text(POLICY_TEXT)
     assert_scenario_error(tmp_path / "s.yaml", text, where, line, message)
+
+
+# ---- pending pods in the fit check --------------------------------------------------------------
+
+#: Three 4-GPU nodes of one pool that drains under-used nodes, no room to grow: llama3-8b takes one
+#: GPU a replica, mixtral-61g four. The rows below place the pods by hand.
+THREE = """\
+apiVersion: extender.io/v1alpha1
+kind: Scenario
+policy: policy.yaml
+seed: 3
+duration: 20m
+slo: {queueDelay: 10s}
+cluster:
+  autoscaling:
+    consolidateAfter: 5m
+  nodes:
+    - nodeClass: g5.12xlarge
+      count: 3
+      minCount: 0
+      maxCount: 3
+      consolidationPolicy: WhenEmptyOrUnderutilized
+workloads:
+  - name: llama3-8b
+    demand:
+      synthetic: {duration: 20m, base: 1, arrivals: fluid}
+  - name: mixtral-61g
+    demand:
+      synthetic: {duration: 20m, base: 1, arrivals: fluid}
+"""
+#: The same nodes as two pools: node 0 alone in the first, nodes 1 and 2 in the second.
+TWO_POOLS = THREE.replace("""\
+      count: 3
+      minCount: 0
+      maxCount: 3
+""", """\
+      count: 1
+      minCount: 0
+      maxCount: 1
+      consolidationPolicy: WhenEmptyOrUnderutilized
+    - nodeClass: g5.12xlarge
+      name: second
+      count: 2
+      minCount: 0
+      maxCount: 2
+""")
+#: Three 1-GPU nodes, and a policy that lets mixtral-61g (4 GPUs) ask for one: its pods are larger
+#: than any node.
+SMALL = THREE.replace("nodeClass: g5.12xlarge", "nodeClass: g5.xlarge")
+WIDE_POLICY = POLICY_TEXT.replace("nodeClasses: [g5.12xlarge, g5.48xlarge]",
+                                  "nodeClasses: [g5.xlarge, g5.12xlarge, g5.48xlarge]")
+PODS = {"L": 0, "M": 1}  # a llama3-8b replica, a mixtral-61g replica
+
+
+class Pending(NamedTuple):
+    text: str
+    nodes: tuple[str, ...]  # the pods on each node, one letter each (PODS)
+    pending: str  # the pods pending, oldest first
+    drained: tuple[int, ...]  # the nodes drained after consolidateAfter (at most one per pool)
+    policy: str = POLICY_TEXT
+
+
+PENDING = [
+    pytest.param(Pending(THREE, ("L", "LL", "M"), "", (0,)), id="no-pending-pods-drained-as-before"),
+    pytest.param(Pending(THREE, ("L", "LLL", "M"), "L", ()),
+                 id="a-pending-pod-takes-the-last-free-gpu-its-pod-needs-kept"),
+    pytest.param(Pending(THREE, ("L", "LL", "M"), "L", (0,)), id="room-for-the-pending-pod-and-its-pod-drained"),
+    pytest.param(Pending(THREE, ("L", "LL", "M"), "LL", ()), id="room-for-the-pending-pods-only-kept"),
+    pytest.param(Pending(THREE, ("L", "", "M"), "M", ()), id="a-pending-4-gpu-pod-takes-the-empty-node-kept"),
+    pytest.param(Pending(THREE, ("L", "LL", "M"), "MM", (0,)),
+                 id="pending-pods-with-no-room-anywhere-do-not-block-drained"),
+    pytest.param(Pending(THREE, ("L", "LLLL", ""), "LM", (0,)),
+                 id="oldest-first-the-1-gpu-pod-leaves-room-drained"),
+    pytest.param(Pending(THREE, ("L", "LLLL", ""), "ML", ()), id="oldest-first-the-4-gpu-pod-takes-the-node-kept"),
+    pytest.param(Pending(SMALL, ("L", "", "L"), "M", (0,), WIDE_POLICY),
+                 id="a-pending-pod-larger-than-any-node-is-left-out-drained"),
+    pytest.param(Pending(SMALL, ("L", "", "L"), "ML", (), WIDE_POLICY),
+                 id="after-a-pod-larger-than-any-node-the-next-pending-pod-still-counts-kept"),
+    pytest.param(Pending(TWO_POOLS, ("L", "L", "LLL"), "", (0,)),
+                 id="the-pod-a-drain-makes-again-is-pending-for-the-next-pool"),
+]
+
+
+@pytest.mark.parametrize("case", PENDING)
+def test_pending_pods_take_their_gpus_before_a_drained_nodes_pods(tmp_path: Path, case: Pending) -> None:
+    """As Karpenter's disruption simulation, the fit check schedules the pending pods (oldest first,
+    first fit) before the candidate's pods; a pending pod that fits on no node is left out."""
+    (tmp_path / "policy.yaml").write_text(case.policy)
+    (tmp_path / "s.yaml").write_text(case.text)
+    run = Run(prepare(load_scenario(tmp_path / "s.yaml")), STRATEGIES["default"])
+    c = run.cluster
+    assert c.present.tolist() == [True] * len(case.nodes)
+    for node, pods in enumerate(case.nodes):
+        for letter in pods:
+            pod = run._new_pod(PODS[letter], 0.0)
+            c.place(pod, node, 0.0)
+            run._placed_on_node(pod)
+    for letter in case.pending:
+        run._new_pod(PODS[letter], 0.0)
+    assert c.gpus_free().min() >= 0
+    run._underused(0.0)  # every node whose pods fit elsewhere starts its clock
+    assert run.consolidated == 0
+    run._underused(run.auto.consolidate_after)
+    assert [i for i in range(len(case.nodes)) if not c.present[i]] == list(case.drained)
+    assert run.consolidated == len(case.drained)
+
+
+
+class Fit(NamedTuple):
+    left: list[int]  # free GPUs per node
+    allowed: list[int]  # 1 where the workload's class is allowed
+    gpus: int  # per pod
+    k: int  # pods asked for
+    placed: int
+    after: list[int]  # free GPUs per node once they are placed
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(Fit([4, 4, 4], [1, 1, 1], 1, 5, 5, [0, 3, 4]), id="fills-the-nodes-in-index-order"),
+    pytest.param(Fit([3, 5], [1, 1], 2, 3, 3, [1, 1]), id="floor-of-free-over-gpus-on-each"),
+    pytest.param(Fit([3, 5], [1, 1], 2, 9, 3, [1, 1]), id="more-than-fit-places-what-fits"),
+    pytest.param(Fit([4, 4], [0, 1], 4, 1, 1, [4, 0]), id="a-class-not-allowed-is-skipped"),
+    pytest.param(Fit([4, 4], [1, 1], 1, 0, 0, [4, 4]), id="none-asked-none-placed"),
+    pytest.param(Fit([4, 4], [1, 1], 8, 1, 0, [4, 4]), id="larger-than-any-node-placed-nowhere"),
+])
+def test_first_fit_takes_the_gpus_of_the_pods_it_places(case: Fit) -> None:
+    free = np.array(case.left, dtype=np.int64)
+    assert _first_fit(free, np.array(case.allowed, dtype=np.bool_), case.gpus, case.k) == case.placed
+    assert free.tolist() == case.after

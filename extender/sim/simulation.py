@@ -359,6 +359,24 @@ class RunResult:
 # ---------------------------------------------------------------------------------------------
 
 
+def _first_fit(left: I64, allowed: NDArray[np.bool_], gpus: int, k: int) -> int:
+    """Place up to ``k`` pods of ``gpus`` GPUs each on the nodes ``allowed`` with room, first fit in
+    index order (``floor(left / gpus)`` on each until ``k`` are placed), taking their GPUs off
+    ``left`` in place; returns how many were placed. Pod by pod first fit places the same: a node
+    the first pod does not fit stays too full for the next."""
+    rows = np.flatnonzero(allowed & (left >= gpus))
+    if len(rows) == 0 or k <= 0:
+        return 0
+    room = left[rows] // gpus
+    total = np.cumsum(room)
+    placed = min(k, int(total[-1]))
+    last = int(np.searchsorted(total, placed))  # the first node at which ``placed`` pods are placed
+    taken = room[: last + 1].copy()
+    taken[last] = placed - (int(total[last - 1]) if last else 0)
+    left[rows[: last + 1]] -= taken * gpus
+    return placed
+
+
 @dataclass
 class _WorkloadState:
     setup: WorkloadSetup
@@ -895,76 +913,89 @@ class Run:
         if self.underused_pools:
             self._underused(now)
 
-    def _fits_elsewhere(self, node: int, free: I64) -> dict[int, int] | None:
-        """Where the pods on ``node`` would go, first fit, on the free GPUs ``free`` of the other
-        present nodes (a class their profile allows, enough GPUs): GPUs taken per node, or None when
-        one fits nowhere. Pods are taken by workload, largest first; a workload's ``k`` pods of ``g``
-        GPUs fill the nodes in index order, ``floor(free / g)`` each. A bound, not kube-scheduler's
-        choice: the scheduler places the pods made again as any new pod (its scores may pick other
-        nodes, and the extender's verdicts may refuse some)."""
+    def _pending_runs(self) -> list[tuple[int, int]]:
+        """The pods pending now, oldest first (the order :meth:`_place_pending` takes them in), as
+        runs of one workload: ``(workload, pods)``, consecutive pods of a workload counted once."""
+        runs: list[tuple[int, int]] = []
+        for pod in sorted((p for s in self.w for p in s.waiting.values()), key=lambda p: (p.created_s, p.id)):
+            if runs and runs[-1][0] == pod.workload:
+                runs[-1] = (pod.workload, runs[-1][1] + 1)
+            else:
+                runs.append((pod.workload, 1))
+        return runs
+
+    def _fits_elsewhere(self, node: int, free: I64, pending: Sequence[tuple[int, int]] = ()) -> bool:
+        """Whether the pods on ``node`` would all go, first fit, on the free GPUs ``free`` of the other
+        present nodes (a class their profile allows, enough GPUs) once the pending pods ``pending``
+        (:meth:`_pending_runs`) have taken theirs, as Karpenter's disruption simulation schedules a
+        candidate's pods together with the cluster's pending pods.
+
+        The pending pods go first, oldest first, each on the first node with room: the order the
+        scheduler will give them nodes in, ahead of the pods the drain makes again (those are newer).
+        A pending pod that fits on no present node is left out: it waits for a launching or a new
+        node, or for nothing, and Karpenter does not let a pod that was pending before and stays
+        pending block a drain. Then the node's pods, by workload, largest first; a workload's ``k``
+        pods of ``g`` GPUs fill the nodes in index order, ``floor(free / g)`` each. A bound, not
+        kube-scheduler's choice: the scheduler places the pods made again as any new pod (its scores
+        may pick other nodes, and the extender's verdicts may refuse some)."""
         c = self.cluster
+        left = free.copy()
+        left[node] = 0
+        full: set[int] = set()  # workloads a pending pod of which found no room (later ones find none)
+        for w, k in pending:
+            if w not in full and _first_fit(left, c.allowed(w), c.profiles[w].parallelism.gpus, k) < k:
+                full.add(w)
         count: dict[int, int] = {}
         for pod in c.pods_on[node].values():
             count[pod.workload] = count.get(pod.workload, 0) + 1
-        left = free.copy()
-        left[node] = 0
-        taken: dict[int, int] = {}
         for w in sorted(count, key=lambda q: (-c.profiles[q].parallelism.gpus, q)):
-            g = c.profiles[w].parallelism.gpus
-            rows = np.flatnonzero(c.allowed(w) & (left >= g))
-            room = left[rows] // g
-            total = np.cumsum(room)
-            k = count[w]
-            if len(total) == 0 or total[-1] < k:
-                return None
-            last = int(np.searchsorted(total, k))  # the first node at which k pods are placed
-            for j in range(last + 1):
-                n = int(room[j]) if j < last else k - (int(total[j - 1]) if j else 0)
-                row = int(rows[j])
-                left[row] -= n * g
-                taken[row] = taken.get(row, 0) + n * g
-        return taken
+            if _first_fit(left, c.allowed(w), c.profiles[w].parallelism.gpus, count[w]) < count[w]:
+                return False
+        return True
 
     def _underused(self, now: float) -> None:
         """Karpenter's consolidation of under-used nodes (``consolidationPolicy:
         WhenEmptyOrUnderutilized``), at most one node per pool and tick.
 
         A Ready node of such a pool that holds pods (starting or ready; standby placeholders are
-        nothing to move), none of a ``doNotDisrupt`` workload, all of which fit elsewhere
-        (:meth:`_fits_elsewhere`), is a candidate; once it has been one with the same pods for
-        ``consolidateAfter`` (Karpenter v1 counts its ``consolidateAfter`` from the last pod added
-        to or removed from the node), its pool is above ``minCount`` and no warm action runs on it,
-        it is drained: every pod on it is deleted and the ReplicaSet makes it again pending (a pod
-        a rolling update pairs with another is not made again: its pair stands in for it), and the
-        node is removed with its caches. Of a pool's due nodes the one with the fewest pods goes
-        (Karpenter tries the cheapest disruption first). The GPUs its pods will take are then
-        counted as taken for the next pool's candidates.
+        nothing to move), none of a ``doNotDisrupt`` workload, all of which fit elsewhere beside the
+        pending pods (:meth:`_fits_elsewhere`), is a candidate; once it has been one with the same
+        pods for ``consolidateAfter`` (Karpenter v1 counts its ``consolidateAfter`` from the last pod
+        added to or removed from the node), its pool is above ``minCount`` and no warm action runs on
+        it, it is drained: every pod on it is deleted and the ReplicaSet makes it again pending (a
+        pod a rolling update pairs with another is not made again: its pair stands in for it), and
+        the node is removed with its caches. Of a pool's due nodes the one with the fewest pods goes
+        (Karpenter tries the cheapest disruption first). The pods made again are pending pods for the
+        next pool's candidates.
         """
         c = self.cluster
         free = np.where(c.present, c.gpus_free(), 0).astype(np.int64)
+        pending: list[tuple[int, int]] | None = None  # read when a node first needs it, again after a drain
         for gi in self.underused_pools:
             slots = self.pool_slots[gi]
-            due: list[tuple[int, int, dict[int, int]]] = []
+            due: list[tuple[int, int]] = []
             for at in slots[c.present[slots]]:
                 i = int(at)
                 pods = c.pods_on[i]
-                where = None
+                movable = False
                 if pods and not any(p.workload in self.protected for p in pods.values()):
-                    where = self._fits_elsewhere(i, free)
-                if where is None:
+                    if pending is None:
+                        pending = self._pending_runs()
+                    movable = self._fits_elsewhere(i, free, pending)
+                if not movable:
                     self.movable_since[i] = np.nan
                     continue
                 changed = c.pod_changes(i)
                 if np.isnan(self.movable_since[i]) or self.movable_mark[i] != changed:
                     self.movable_since[i], self.movable_mark[i] = now, changed
                 if now - self.movable_since[i] >= self.auto.consolidate_after:
-                    due.append((len(pods), i, where))
+                    due.append((len(pods), i))
             if not due:
                 continue
             size = int(c.present[slots].sum()) + sum(1 for x in self.launching if c.pool[x] == gi)
             if size <= self.floors[gi]:
                 continue
-            for _, i, where in sorted(due, key=lambda d: (d[0], d[1])):
+            for _, i in sorted(due):
                 if c.warming(i):
                     continue
                 for pod in list(c.pods_on[i].values()):
@@ -975,9 +1006,8 @@ class Run:
                         self._new_pod(pod.workload, now)
                     s.disrupted += 1
                 c.remove(i)
-                for row, gpus in where.items():
-                    free[row] -= gpus
                 free[i] = 0
+                pending = None
                 self.movable_since[i] = self.empty_since[i] = np.nan
                 self.removed += 1
                 self.consolidated += 1
