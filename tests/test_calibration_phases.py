@@ -23,6 +23,7 @@ from extender.core.calibration import (
     INIT_ROW,
     LOCAL,
     PARAMETERS,
+    PHASE_COLUMNS,
     REMOTE,
     WARM,
     WEIGHTS_ROW,
@@ -239,6 +240,27 @@ def test_phase_rows_scale_by_the_policys_seconds_of_the_phase() -> None:
     assert y[2] == pytest.approx(12.0 / base.columns[0, GRAPH])
     assert y[3] == pytest.approx(28.0 / base.columns[0, INIT])  # engine init = init - compile - capture
     assert y[5] == pytest.approx(20.0 / base.columns[1, COLD])
+
+
+def test_each_phase_row_takes_its_own_starts_policy_seconds() -> None:
+    # twelve starts of every named state: a third without a log, a third with vLLM's whole log, a third
+    # with one that gave no compile time; start 5 does not compile. Each row is of its own start, its
+    # Q_i that start's seconds in its kind's columns, and each start gets the rows its own path allows
+    full = EnginePhases(weights_load=10.0, compile=20.0, graph_capture=12.0, init_engine=60.0)
+    no_compile = EnginePhases(weights_load=10.0, graph_capture=12.0, init_engine=60.0)
+    observed = [o.model_copy(update={"phases": (None, full, no_compile)[i % 3]})
+                for i, o in enumerate(starts(QWEN, QWEN, WORKLOAD, CLASS, round_robin(12), noise=0.0))]
+    columns = design(PROFILE, NODE_CLASS, cache_state(observed)).columns
+    columns[5, [COLD, WARM]] = 0.0
+    rows = PhaseRows.of(observed, columns)
+    kinds: dict[int, list[int]] = {}
+    for start, kind, scale in zip(rows.start.tolist(), rows.kind.tolist(), rows.scale.tolist(), strict=True):
+        assert scale == float(columns[start, list(PHASE_COLUMNS[kind])].sum()) > 0, (start, kind)
+        kinds.setdefault(start, []).append(kind)
+    whole = [WEIGHTS_ROW, COMPILE_ROW, CAPTURE_ROW, INIT_ROW]
+    # without a compile time a compiling start's initEngine holds an unknown compile: its capture only
+    assert kinds == {i: whole if i % 3 == 1 else [WEIGHTS_ROW, CAPTURE_ROW] for i in range(12) if i % 3} | {
+        5: [WEIGHTS_ROW, CAPTURE_ROW, INIT_ROW]}
 
 
 def test_a_restored_start_has_no_phase_rows() -> None:
