@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=sizes_arg, default=[200, 2000, 20_000], help="observed starts per case")
     parser.add_argument("--nodes", type=sizes_arg, default=[50, 200, 500], help="nodes of each size, in order")
     parser.add_argument("--shapes", choices=[*SHAPES, "both"], default="both")
-    parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=11)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args(argv)
