@@ -3,7 +3,7 @@
 The contract rows are KEDA's ``pkg/scalers/externalscaler/externalscaler.proto`` (kedacore/keda;
 docs/kubernetes-interfaces.md section 7): what KEDA's generated client sends and expects, by
 package, method, field number and type. A renamed field keeps working in Python and breaks KEDA;
-these rows catch it. The stubs must be exactly what ``scripts/generate-keda-stubs`` writes with
+these rows catch it. The stubs must be exactly what ``scripts/generate-grpc-stubs`` writes with
 the pinned grpcio-tools, so nobody edits generated code by hand or forgets to regenerate.
 """
 
@@ -88,10 +88,10 @@ def test_scaler_metadata_is_a_string_map() -> None:
 
 
 def test_checked_in_stubs_are_what_the_generator_writes(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate-keda-stubs"), "--out", str(tmp_path)],
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "generate-grpc-stubs"), "--out", str(tmp_path)],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     for name in GENERATED:
         fresh = (tmp_path / "extender" / "keda" / name).read_text()
         assert fresh == (ROOT / "extender" / "keda" / name).read_text(), \
-            f"extender/keda/{name} differs from what the generator writes: run scripts/generate-keda-stubs"
+            f"extender/keda/{name} differs from what the generator writes: run scripts/generate-grpc-stubs"
