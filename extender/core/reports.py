@@ -195,6 +195,7 @@ def fit_agent_report(
     ttl: float,
     last_used: Mapping[str, float],
     cache_bytes: Mapping[str, int],
+    images: Iterable[str] | None = None,
     budget: int = AGENT_RECORD_BYTES,
 ) -> tuple[AgentReport, tuple[str, ...]]:
     """The :class:`AgentReport` of what a scan found, with whatever a record cannot hold left out.
@@ -212,10 +213,28 @@ def fit_agent_report(
        cache id. An entry without a last-use time is never evicted, so dropping one errs safe.
     3. While the report's stored JSON is over ``budget`` bytes, the list taking the most bytes
        loses entries from the end of its name order (with their usage) until it fits.
+
+    ``images`` (the container runtime's image names, ``None`` when the agent does not read the
+    runtime) follows the same rules in the order given, each name once: the runtime's lister gives
+    the largest image's names first, so what a cut leaves out is the smallest images, as in
+    kubelet's list (:func:`fit_kube_report`). ``None`` stays ``None``.
     """
     dropped: list[str] = []
     lists: dict[str, list[str]] = {"weights": sorted(weights), "compile_keys": sorted(set(compile_keys)),
                                    "snapshots": sorted(set(snapshots)), "adapters": sorted(set(adapters))}
+    if images is not None:
+        names: list[str] = []
+        for name in dict.fromkeys(images):
+            if (why := _refusal(_TEXT, name)) is None:
+                names.append(name)
+            else:
+                dropped.append(f"image name {name!r} cannot be stored ({why}): left out of the report")
+        if len(names) > MAX_ENTRIES:
+            dropped.append(f"{len(names)} image names, more than the {MAX_ENTRIES} a record holds: reported the "
+                           f"first {MAX_ENTRIES} (largest images first), left out {len(names) - MAX_ENTRIES} from "
+                           f"{names[MAX_ENTRIES]!r} on")
+            names = names[:MAX_ENTRIES]
+        lists["images"] = names
     for field, kind, one, what in _LISTS:
         kept = []
         for name in lists[field]:
@@ -253,27 +272,33 @@ def fit_agent_report(
         return AgentReport(nvme_total=nvme_total, nvme_free=nvme_free,
                            weights={k: weights[k] for k in lists["weights"]},
                            compile_keys=tuple(lists["compile_keys"]), snapshots=tuple(lists["snapshots"]),
-                           adapters=tuple(lists["adapters"]), ttl=ttl, last_used=times, cache_bytes=sizes)
+                           adapters=tuple(lists["adapters"]), ttl=ttl, last_used=times, cache_bytes=sizes,
+                           images=None if images is None else tuple(lists["images"]))
 
-    def cost(kind: CacheKind, name: str) -> int:
+    def cost(kind: CacheKind | None, name: str) -> int:
         """About the bytes ``name`` takes in the stored JSON: in its list, and its usage entries."""
+        if kind is None:  # an image name: in its list only
+            return len(json.dumps(name)) + 1
         ident = json.dumps(cache_id(kind, name))
         usage_bytes = sum(len(ident) + len(json.dumps(m[cache_id(kind, name)])) + 2
                           for m in (times, sizes) if cache_id(kind, name) in m)
         own = len(json.dumps(weights[name])) + 1 if kind == "weights" else 0
         return len(json.dumps(name)) + 1 + own + usage_bytes
 
-    kinds = {field: kind for field, kind, _, _ in _LISTS}
+    kinds: dict[str, CacheKind | None] = {field: kind for field, kind, _, _ in _LISTS}
+    kinds["images"] = None
 
     def forget(field: str, name: str) -> None:
-        for m in (times, sizes):
-            m.pop(cache_id(kinds[field], name), None)
+        if (kind := kinds[field]) is not None:
+            for m in (times, sizes):
+                m.pop(cache_id(kind, name), None)
 
     report, left_out = _within_budget(lists, lambda field, name: cost(kinds[field], name), build, budget, forget)
-    for field, _, _, what in _LISTS:
+    for field, what, order in (*((f, w, "by name") for f, _, _, w in _LISTS),
+                               ("images", "image names", "(the smallest images)")):
         if left_out.get(field):
             dropped.append(f"the report is over the {budget} bytes the agent's part of a record may take: left out "
-                           f"the last {left_out[field]} of {len(lists[field]) + left_out[field]} {what} by name")
+                           f"the last {left_out[field]} of {len(lists[field]) + left_out[field]} {what} {order}")
     return report, tuple(dropped)
 
 
