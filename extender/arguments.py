@@ -143,6 +143,17 @@ def directory(text: str) -> Path:
     return Path(text)
 
 
+def unix_socket(text: str) -> Path:
+    """A unix socket's path, as a path or as crictl's endpoint ``unix:///run/containerd/containerd.sock``;
+    not blank (``Path("")`` is ``.``), and no other scheme (``tcp://``: a CRI runtime listens on a unix socket)."""
+    path = text[len("unix://"):] if text.startswith("unix://") else text
+    if "://" in path:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a unix socket (give its path, or unix://PATH)")
+    if not path.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} names no socket")
+    return Path(path)
+
+
 def comma_list(text: str) -> list[str]:
     """The names of a comma-separated flag value, blanks around them dropped, each kept once, in order."""
     return list(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))

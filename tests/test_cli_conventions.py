@@ -341,6 +341,13 @@ BAD_FLAGS = [
     BadFlag("a blank cache root", ["agent", "--cache-root", ""], "--cache-root: '' names no directory"),
     BadFlag("a blank warm root", ["warm", "prepare", "--root", "", "--cache", "weights:w/v"],
             "--root: '' names no directory"),
+    BadFlag("a blank CRI socket", ["agent", "--cache-root", "/c", "--cri-socket", " "],
+            "--cri-socket: ' ' names no socket"),
+    BadFlag("a CRI endpoint that names no socket", ["agent", "--cache-root", "/c", "--cri-socket", "unix://"],
+            "--cri-socket: 'unix://' names no socket"),
+    # a runtime listens on a unix socket; a TCP endpoint would have been read as a relative path
+    BadFlag("a CRI endpoint over TCP", ["agent", "--cache-root", "/c", "--cri-socket", "tcp://10.0.0.1:1234"],
+            "--cri-socket: 'tcp://10.0.0.1:1234' is not a unix socket (give its path, or unix://PATH)"),
     # any count was taken: 10,000 workers each forked with its own inventory copy and Redis poller
     BadFlag("serve workers past the bound", ["serve", "--policy", "p", "--workers", "65"],
             "--workers: '65' must be at most 64"),

@@ -1,7 +1,7 @@
 """``extender agent``: run the node agent (one per node, as a DaemonSet).
 
     extender agent --node-name NAME --cache-root DIR [--interval 15s] [--ttl 60s]
-                   [--policy FILE] [--hub-cache DIR]...
+                   [--policy FILE] [--hub-cache DIR]... [--cri-socket PATH]
                    [--redis-url URL] [--data-dir DIR] [--prefix PREFIX]
                    [--label-nodes [--kubeconfig F] [--context C]] [--once | --dry-run]
 
@@ -16,6 +16,12 @@ SIGTERM and SIGINT end the loop cleanly.
 (:mod:`extender.agent.hub`); ``--policy`` maps their repositories to profiles and is reloaded when
 the file changes. An invalid policy at start is refused (exit 1); without one, hub caches are
 skipped with a log line.
+
+``--cri-socket`` names the container runtime's CRI socket: each scan lists the runtime's images
+(:mod:`extender.cri.images`, bounded by a 5 s deadline) and reports all their names, so readers
+see every image, not only the 50 largest of kubelet's ``status.images``. A runtime that does not
+answer gives a report without the list (readers fall back to kubelet's) and one log line per
+change of state; it never stops the disk report.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from extender.arguments import (
     duration,
     flag_problem,
     inventory_from_args,
+    unix_socket,
 )
 from extender.core.errors import ExtenderError, InvalidValueError
 from extender.core.inventory import DEFAULT_TTL_S
@@ -64,6 +71,9 @@ def register(subparsers: argparse._SubParsersAction[Parser]) -> None:
                    help="policy mapping hub repositories to profiles (hf:// weights sources); reloaded on change")
     p.add_argument("--hub-cache", dest="hub_caches", action="append", type=directory, default=[], metavar="DIR",
                    help="a Hugging Face hub cache (HF_HUB_CACHE) on the node to scan too; repeatable")
+    p.add_argument("--cri-socket", type=unix_socket, metavar="PATH",
+                   help="the container runtime's CRI socket (e.g. /run/containerd/containerd.sock): report every "
+                   "image it holds, not only kubelet's 50 largest (default: no runtime list)")
     p.add_argument("--label-nodes", action="store_true",
                    help="also label the Node extender.io/<workload>.weights=ready (needs get/patch on nodes)")
     add_kube_options(p, what=" for --label-nodes")
@@ -100,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
         report(f"extender agent: cache root {args.cache_root} {what}: nothing to scan (mount the node's cache "
                "there, or fix --cache-root)", node=node, cache_root=str(args.cache_root))
         return 1
-    settings = AgentSettings(node_name=node, cache_root=args.cache_root, interval_s=args.interval, ttl_s=args.ttl)
+    settings = AgentSettings(node_name=node, cache_root=args.cache_root, interval_s=args.interval, ttl_s=args.ttl,
+                             cri_socket=args.cri_socket)
 
     def open_reporter() -> SourceStore:
         return SourceStore(inventory_from_args(args))

@@ -91,6 +91,11 @@ class AgentSettings:
     #: Longest time between two reads of the Node's labels (``--label-nodes``): a label someone
     #: removed, or a Node object deleted and registered again, is put back within it.
     label_resync_s: float = 600.0
+    #: The container runtime's CRI socket (``--cri-socket``): each scan lists its images and reports
+    #: every name as ``images``. ``None``: no image list (readers use kubelet's ``status.images``).
+    cri_socket: Path | None = None
+    #: Deadline of one image list: a runtime that hangs delays a scan by at most this much.
+    cri_timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
         """Refuse a node name that is no Kubernetes name (:class:`InvalidValueError`) before any scan:
@@ -112,6 +117,8 @@ class AgentStats:
     heartbeats: int = 0
     failed_writes: int = 0
     label_patches: int = 0
+    #: Image lists the container runtime did not give (``--cri-socket``).
+    runtime_failures: int = 0
     last_scan: CacheScan | None = None
     problems: frozenset[Problem] = field(default_factory=frozenset)
 
@@ -152,6 +159,9 @@ class Agent:
         #: Why the store refused the last report as too large (logged once), ``None`` after a write.
         self._oversize: str | None = None
         self._tombstoned = False
+        #: The container runtime's last state: ``None`` before the first list, ``"ok"``, or why the last list
+        #: failed (:data:`extender.cri.REASONS`); a change is logged once.
+        self._runtime_state: str | None = None
         self._manifests = ManifestCache()
         self._sizes = SizeCache(settings.size_refresh_s, clock=monotonic)
         self._stop = threading.Event()
@@ -180,6 +190,7 @@ class Agent:
                               disk_bytes=total)
         if self.hub is not None:
             scan = self.hub.add_to(scan)
+        images = self._runtime_images()
         report, left_out = fit_agent_report(
             nvme_total=total,
             nvme_free=free,
@@ -190,6 +201,7 @@ class Agent:
             ttl=self.settings.ttl_s,
             last_used=scan.last_used,
             cache_bytes=scan.cache_bytes,
+            images=images,
         )
         if left_out:
             root = str(self.settings.cache_root)
@@ -351,6 +363,40 @@ class Agent:
         return self._oversize
 
     # ---- helpers ---------------------------------------------------------------------------
+
+    def _runtime_images(self) -> tuple[str, ...] | None:
+        """Every image name the container runtime holds, or ``None`` (no ``cri_socket``, or the list failed).
+
+        A failure never stops the scan: the report goes out without ``images``, and readers use
+        kubelet's list. It is counted at every scan and logged once per change of state (ok, or the
+        reason it failed), not at every scan: a runtime down for an hour is one warning, and one info
+        line when it answers again.
+        """
+        socket = self.settings.cri_socket
+        if socket is None:
+            return None
+        from extender.cri import ImageListError
+        from extender.cri.images import list_images
+
+        node = self.settings.node_name
+        try:
+            names = list_images(socket, self.settings.cri_timeout_s)
+        except ImageListError as exc:
+            self.stats.runtime_failures += 1
+            if self.metrics is not None:
+                self.metrics.runtime_failed(exc.reason)
+            if self._runtime_state != exc.reason:
+                log.warning("%s; reporting no image list (readers use kubelet's status.images) until it answers",
+                            exc, extra={"node": node, "cri_socket": str(socket), "reason": exc.reason,
+                                        "error": str(exc)})
+            self._runtime_state = exc.reason
+            return None
+        if self._runtime_state != "ok":
+            again = "answers again: " if self._runtime_state is not None else ""
+            log.info("container runtime at %s %s%d image names reported", socket, again, len(names),
+                     extra={"node": node, "cri_socket": str(socket), "images": len(names)})
+        self._runtime_state = "ok"
+        return names
 
     def _log_problems(self, problems: Iterable[Problem]) -> None:
         current = frozenset(problems)

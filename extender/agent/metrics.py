@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from extender.agent.scan import CacheScan
 from extender.core.caches import NVME_KINDS, parse_cache_id
 from extender.core.reports import AgentReport
+from extender.cri import REASONS
 
 #: Cache kinds on the node's NVMe: weights, compile, snapshot, adapter.
 KINDS = tuple(spec.kind for spec in NVME_KINDS)
@@ -20,7 +21,7 @@ SCAN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 
 
 class AgentMetrics:
-    """The agent's metric families; the agent calls :meth:`scanned` and :meth:`wrote`."""
+    """The agent's metric families; the agent calls :meth:`scanned`, :meth:`wrote` and :meth:`runtime_failed`."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
         r = self.registry = registry
@@ -43,11 +44,17 @@ class AgentMetrics:
                                "(written, failed).", ["result"], registry=r)
         self.last_report = Gauge("extender_agent_last_report_timestamp_seconds",
                                  "Unix time of the last report the store accepted.", registry=r)
+        self.runtime_failures = Counter("extender_agent_runtime_image_list_failures_total",
+                                        "Image lists the container runtime did not give (--cri-socket), by reason "
+                                        "(unreachable, timeout, unimplemented, too-large, error).",
+                                        ["reason"], registry=r)
         for kind in KINDS:
             self.cache_bytes.labels(kind)
             self.cache_entries.labels(kind)
         for result in ("written", "failed"):
             self.reports.labels(result)
+        for reason in REASONS:
+            self.runtime_failures.labels(reason)
 
     def scanned(self, scan: CacheScan, report: AgentReport, seconds: float) -> None:
         self.scan_duration.observe(seconds)
@@ -67,6 +74,9 @@ class AgentMetrics:
         self.nvme_capacity.set(report.nvme_total)
         self.nvme_free.set(report.nvme_free)
         self.problems.set(len(scan.problems))
+
+    def runtime_failed(self, reason: str) -> None:
+        self.runtime_failures.labels(reason).inc()
 
     def wrote(self, ok: bool, at: float) -> None:
         self.reports.labels("written" if ok else "failed").inc()
