@@ -328,6 +328,11 @@ BAD: list[Any] = [
     pytest.param({"agent.cachePath": "mnt/nvme"}, "/agent/cachePath", id="cache-path-relative"),
     pytest.param({"agent.cachePathType": "File"}, "/agent/cachePathType", id="cache-path-type-not-a-directory"),
     pytest.param({"agent.hubCaches": "{hf-hub}"}, "/agent/hubCaches/0", id="hub-cache-relative"),
+    pytest.param({"agent.criSocket": "containerd.sock"}, "/agent/criSocket", id="cri-socket-relative"),
+    pytest.param({"agent.criSocket": "/run/containerd/"}, "/agent/criSocket", id="cri-socket-a-directory"),
+    # crictl's spelling: the agent takes it, but the chart mounts the path's directory
+    pytest.param({"agent.criSocket": "unix:///run/containerd/containerd.sock"}, "/agent/criSocket",
+                 id="cri-socket-an-endpoint"),
     pytest.param({"redis.url": "http://redis:6379"}, "/redis/url", id="redis-url-scheme"),
     # fixed sets the templates choose among
     pytest.param({"mode": "managed"}, "/mode", id="mode"),

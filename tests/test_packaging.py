@@ -34,6 +34,7 @@ EXTRA = {
     "second-scheduler-keda": {"mode": "second-scheduler", "metrics__mode": "keda", "redis__mode": "url",
                               "redis__url": "redis+sentinel://:pw@redis-sentinel.redis.svc:26379/extender"},
     "agent-hub-caches": {"agent__hubCaches[0]": "/mnt/nvme/hf-hub", "agent__hubCaches[1]": "/var/lib/hf"},
+    "agent-cri-socket": {"agent__criSocket": "/run/containerd/containerd.sock"},
     "keda-own-secrets-and-ports": {"metrics__mode": "keda", "metrics__keda__certificates": "secret",
                                    "metrics__keda__tls__secretName": "my-scaler-tls", "metrics__keda__port": "7070",
                                    "metrics__keda__healthPort": "7071"},
@@ -89,6 +90,13 @@ def test_chart_and_package_versions_agree() -> None:
         pytest.param({"metrics.mode": "keda", "metrics.keda.healthPort": "9090"},
                      "metrics.keda.healthPort must differ from metrics.keda.port", id="keda-health-port"),
         pytest.param({"agent.hubCaches": "{hf-hub}"}, "agent.hubCaches[0] must be an absolute path", id="hub-cache"),
+        pytest.param({"agent.criSocket": "run/containerd/containerd.sock"},
+                     "agent.criSocket must be the absolute path of a socket in a directory", id="cri-socket-relative"),
+        # its directory would be the node's root, mounted into the agent
+        pytest.param({"agent.criSocket": "/containerd.sock"}, "agent.criSocket must be the absolute path",
+                     id="cri-socket-in-the-root"),
+        pytest.param({"agent.criSocket": "/run/containerd/"}, "agent.criSocket must be the absolute path",
+                     id="cri-socket-a-directory"),
         # the chart's own Redis keeps no ACL file: users made in it would be gone at its next restart
         pytest.param({"redis.secret.keyPerComponent": "true", "redis.secret.create": "false"},
                      "redis.secret.keyPerComponent needs redis.mode=url", id="user-keys-with-the-charts-redis"),
@@ -497,6 +505,31 @@ def test_the_agent_reads_the_policy_and_each_hub_cache() -> None:
         assert volumes[mounts[path]["name"]]["hostPath"]["path"] == host
     default = chart.container(chart.one(chart.rendered(), "DaemonSet", "extender-agent"), "agent")
     assert not [a for a in default["args"] if a.startswith("--hub-cache")]
+
+
+@pytest.mark.parametrize(("socket", "directory"), [
+    pytest.param("/run/containerd/containerd.sock", "/run/containerd", id="containerd"),
+    pytest.param("/var/run/crio/crio.sock", "/var/run/crio", id="cri-o"),
+])
+def test_the_agent_reads_the_runtime_through_its_socket_s_directory_read_only(socket: str, directory: str) -> None:
+    daemonset = chart.one(chart.rendered(agent__criSocket=socket), "DaemonSet", "extender-agent")
+    pod = daemonset["spec"]["template"]["spec"]
+    container = chart.container(daemonset, "agent")
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    name = socket.rsplit("/", 1)[1]
+    assert f"--cri-socket=/run/extender-cri/{name}" in container["args"]
+    assert mounts["cri"] == {"name": "cri", "mountPath": "/run/extender-cri", "readOnly": True}
+    # the directory, not the socket file: a runtime restarted makes a new socket, which a file mount would miss
+    assert volumes["cri"]["hostPath"] == {"path": directory, "type": "DirectoryOrCreate"}
+    assert pod["automountServiceAccountToken"] is False  # no API access comes with it
+
+
+def test_the_agent_reads_no_runtime_by_default() -> None:
+    daemonset = chart.one(chart.rendered(), "DaemonSet", "extender-agent")
+    container = chart.container(daemonset, "agent")
+    assert not [a for a in container["args"] if a.startswith("--cri-socket")]
+    assert "cri" not in {v["name"] for v in daemonset["spec"]["template"]["spec"]["volumes"]}
 
 
 # ---- release hygiene ----------------------------------------------------------------------------
