@@ -192,7 +192,8 @@ def test_the_runtime_s_images_are_reported_by_tag_and_digest(
     assert stored_images(sources) == expected  # the runtime's list replaces kubelet's in the record
     state = sources.store.get(NODE)
     assert state is not None and state.weights == {"llama3-8b/main": 4 * GiB}  # the disk report as ever
-    assert runtime_lines(caplog) == [(logging.INFO, f"container runtime at {runtime.socket} 3 image names reported")]
+    said = f"container runtime at {runtime.socket} lists 3 image names; reporting them"
+    assert runtime_lines(caplog) == [(logging.INFO, said)]  # once, at the first list
     assert a.stats.runtime_failures == 0
 
 
@@ -263,11 +264,11 @@ def test_a_runtime_stopped_mid_run_gives_no_list_then_its_list_again(
     assert stored_images(sources) == (BIG,)
     socket = runtime.socket
     assert runtime_lines(caplog) == [
-        (logging.INFO, f"container runtime at {socket} 1 image names reported"),
+        (logging.INFO, f"container runtime at {socket} lists 1 image names; reporting them"),
         (logging.WARNING, f"container runtime at {socket}: no socket there (is the runtime running, and is its "
                           "directory mounted into the agent's pod?); reporting no image list (readers use kubelet's "
                           "status.images) until it answers"),
-        (logging.INFO, f"container runtime at {socket} answers again: 1 image names reported"),
+        (logging.INFO, f"container runtime at {socket} answers again: lists 1 image names; reporting them"),
     ]
     assert failures(a, "unreachable") == 2
 

@@ -28,6 +28,10 @@ logged as an ``unstorable`` scan problem, as an error: the rest is reported
 (:func:`extender.core.reports.fit_agent_report`). A record the store still refuses as too large
 (:class:`~extender.core.errors.OversizedRecordError`: the sync's part grew) is not an outage: it is
 logged as an error once, until a write succeeds, and tried again at each scan, not with backoff.
+
+With ``cri_socket`` each scan also lists the container runtime's images (:mod:`extender.cri.images`)
+into the report's ``images``. A runtime that gives no list leaves ``images`` unset (readers use
+kubelet's list) and never stops the rest of the report; it is logged once per change of state.
 """
 
 from __future__ import annotations
@@ -393,7 +397,7 @@ class Agent:
             return None
         if self._runtime_state != "ok":
             again = "answers again: " if self._runtime_state is not None else ""
-            log.info("container runtime at %s %s%d image names reported", socket, again, len(names),
+            log.info("container runtime at %s %slists %d image names; reporting them", socket, again, len(names),
                      extra={"node": node, "cri_socket": str(socket), "images": len(names)})
         self._runtime_state = "ok"
         return names
