@@ -487,7 +487,7 @@ def check_against(scenario: Scenario, policy: Policy) -> list[tuple[Loc, str]]:
     if len(set(scenario.strategies)) != len(scenario.strategies):
         out.append((("strategies",), "a strategy is listed twice"))
     if scenario.truth is not None:
-        out.extend(check_truth(scenario.truth, policy))
+        out.extend(check_truth(scenario.truth, policy, [g.node_class for g in scenario.cluster.nodes]))
     group_names = [g.name or g.node_class for g in scenario.cluster.nodes]
     for g, name in enumerate(group_names):
         if group_names.index(name) != g:

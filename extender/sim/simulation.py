@@ -23,7 +23,10 @@ copy of the cluster. Time advances in ticks of ``tick`` seconds (the HPA's sync 
 When the scenario has a ``truth`` (extender.sim.truth), the cluster runs on the world's phase times
 (step 5's startups, step 6's warm actions) while the strategy decides on its belief: the policy, or
 for the calibrated strategies the policy calibrated from the starts seen so far (refitted between
-steps 1 and 2).
+steps 1 and 2). With slow nodes (``truth.nodes``) a start on one takes its factor times the world's
+time, and the calibrated strategies' belief also holds per-node factors, which steps 3 to 6 apply
+as the product does: ``evaluate``'s ``node_factor``, the next replica's estimate and ``plan``'s
+``nodes``.
 
 The cluster starts with each workload's initial replicas running (placed by the strategy at t = 0,
 ready, not counted as starts). Everything random (placement ties) comes from a generator seeded by
@@ -33,6 +36,7 @@ change another's results.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import math
@@ -45,6 +49,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from extender.core.caches import warm_entries
+from extender.core.calibration import NO_NODE_FACTORS, NodeFactors
 from extender.core.errors import Problem
 from extender.core.estimate import CacheState, estimate
 from extender.core.forecast import Forecast, ForecastParams, forecast
@@ -63,7 +68,7 @@ from extender.sim.scenario import LoadedScenario, NodeGroup, Rollout, Scenario, 
 from extender.sim.strategies import STRATEGIES, Strategy
 from extender.sim.synthetic import synthetic_arrivals, synthetic_history
 from extender.sim.traces import Arrivals, RequestTrace, arrivals_from, read_trace
-from extender.sim.truth import Belief, in_world, world_policy
+from extender.sim.truth import Belief, in_world, slowness_at_launch, slowness_at_start, world_policy
 
 F64 = NDArray[np.float64]
 I64 = NDArray[np.int64]
@@ -160,6 +165,8 @@ class Prepared:
     seed: int
     #: The policy the simulated world runs on (``policy`` unless the scenario has a ``truth``).
     world: Policy | None = None
+    #: Per node slot, the world's factor on every start there at t = 0 (``truth.nodes``; None without).
+    slow: F64 | None = None
 
     @property
     def duration_s(self) -> float:
@@ -276,7 +283,21 @@ def prepare(loaded: LoadedScenario, *, trace: str | None = None, seed: int | Non
         seen = np.histogram(prior.times, bins=np.arange(history + 1) * dt, weights=prior.weights)[0] / dt
         setups.append(WorkloadSetup(i, p, float(cap), w.min_replicas, w.max_replicas, initial, d, seen))
     return Prepared(sc, policy, loaded.source, dt, n_ticks, tuple(setups), node_specs(policy, sc.cluster.nodes), s,
-                    world_policy(policy, sc.truth))
+                    world_policy(policy, sc.truth), slow_nodes(sc, s))
+
+
+def slow_nodes(sc: Scenario, seed: int) -> F64 | None:
+    """Per node slot (in :func:`node_specs`' order), the world's factor on its starts at t = 0:
+    ``extender.sim.truth.slowness_at_start`` of each group's present nodes, drawn from the seed and
+    the group's name (the same in every strategy's run), 1 for a slot not present yet; None
+    without ``truth.nodes``."""
+    if sc.truth is None or not sc.truth.nodes:
+        return None
+    parts = []
+    for g in sc.cluster.nodes:
+        here = slowness_at_start(sc.truth, g.node_class, g.count, _seed(seed, "slow nodes", g.name or g.node_class))
+        parts.append(np.concatenate([here, np.ones(g.ceiling - g.count)]))
+    return np.concatenate(parts) if parts else np.zeros(0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -424,9 +445,16 @@ class Run:
         self.world = prepared.world or prepared.policy
         self.cluster = Cluster.build(self.policy, [self.world.profile(w.profile.name) for w in prepared.workloads],
                                      prepared.nodes, compile_registry=prepared.scenario.cluster.compile_registry)
-        self.belief = Belief(self.policy, tuple(w.profile.name for w in prepared.workloads), self.cluster.classes,
-                             strategy.calibrated)
         truth = prepared.scenario.truth
+        #: The world's factor on each node's starts (truth.nodes), redrawn when a slot is launched again.
+        self.slow = None if prepared.slow is None else prepared.slow.copy()
+        self.launches = np.zeros(len(self.cluster), dtype=np.int64)  # times each slot was launched
+        self.belief = Belief(self.policy, tuple(w.profile.name for w in prepared.workloads), self.cluster.classes,
+                             strategy.calibrated, learn_nodes=strategy.calibrated and self.slow is not None)
+        #: The belief's per-node factors by row and, for the warm planner, by the rows' record names
+        #: (None and none while every factor is 1).
+        self.row_factor: F64 | None = None
+        self.plan_nodes: NodeFactors = NO_NODE_FACTORS
         self.noise = truth.noise if truth is not None else 0.0
         self.noise_rng = np.random.default_rng(_seed(prepared.seed, "truth", strategy.name))
         self.believed: dict[int, float] = {}  # pod id -> the strategy's estimate when it was placed
@@ -505,9 +533,32 @@ class Run:
             others = larger_warm(b.profile(w), [b.profile(q) for q in range(len(self.w)) if q != w], c.classes,
                                  c.class_index, lambda q: c.state(self.names[q.name], now))
         inputs = NodeInputs(c.classes, c.class_index, state, ones, ones, nvme_free, c.gpus_free(), others)
-        ev = evaluate(b.policy, b.profile(w), inputs, scale=self.w[w].scale, table=b.table(w))
+        ev = evaluate(b.policy, b.profile(w), inputs, scale=self.w[w].scale, table=b.table(w),
+                      node_factor=self.row_factor)
         feasible = feasible & (ev.judgement.verdict == 0)
         return feasible, totals + ev.score * self.weight * EXTENDER_SCALE, ev.estimate.total_s
+
+    def node_name(self, node: int) -> str:
+        """The name a node's starts are learnt under: its record's, and for a slot launched again
+        (a new machine) ``<name>~<launches>``, as a new node would get a new name."""
+        name = self.cluster.records[node].name
+        n = int(self.launches[node])
+        return name if n == 0 else f"{name}~{n}"
+
+    def _node_factors(self) -> None:
+        """:attr:`row_factor` and :attr:`plan_nodes` from the belief's per-node factors."""
+        nodes = self.belief.nodes
+        c = self.cluster
+        found = [nodes.nodes.get(self.node_name(i)) for i in range(len(c))]
+        factor = np.array([1.0 if f is None else f.factor for f in found], dtype=np.float64)
+        if not (factor != 1.0).any():
+            self.row_factor, self.plan_nodes = None, NO_NODE_FACTORS
+            return
+        self.row_factor = factor
+        self.plan_nodes = NodeFactors({c.records[i].name: dataclasses.replace(f, node=c.records[i].name)
+                                       for i, f in enumerate(found) if f is not None and c.present[i]})
+        for s in self.w:
+            s.next_startup = None
 
     def _place_pending(self, now: float) -> None:
         """One scheduling pass over the pending pods, oldest first.
@@ -539,8 +590,13 @@ class Run:
         c = self.cluster
         state = c.state(pod.workload, now, np.array([node], dtype=np.intp))
         self.believed[pod.id] = self.belief.estimate(pod.workload, int(c.class_index[node]), state)
+        if self.row_factor is not None:
+            self.believed[pod.id] *= float(self.row_factor[node])
         c.place(pod, node, now, state)  # the same state: nothing changed since it was read
         self._placed_on_node(pod)
+        if self.slow is not None and self.slow[node] != 1.0:
+            pod.startup_s *= float(self.slow[node])
+            pod.ready_s = now + pod.startup_s
         if self.noise > 0:
             pod.startup_s *= float(np.exp(self.noise_rng.normal(0.0, self.noise)))
             pod.ready_s = now + pod.startup_s
@@ -595,7 +651,9 @@ class Run:
             if math.isfinite(pod.deleted_s):
                 continue  # deleted while starting
             if state is not None:
-                self.belief.observe(pod.workload, int(c.class_index[pod.node]), state, pod.placed_s, pod.ready_s)
+                node = self.node_name(pod.node) if self.belief.learn_nodes else "sim"
+                self.belief.observe(pod.workload, int(c.class_index[pod.node]), state, pod.placed_s, pod.ready_s,
+                                    node=node)
             c.ready(pod)
             self.w[pod.workload].ready += 1
 
@@ -627,6 +685,8 @@ class Run:
         else:
             b = self.belief
             est = estimate(b.profile(w), c.classes, c.class_index[rows], c.state(w, now, rows), b.table(w))
+            if self.row_factor is not None:
+                est = est.scaled(self.row_factor[rows])
             value = float(est.total_s.min())
         s.next_startup = (self.cluster.version, value) if quiet else None
         return value
@@ -745,7 +805,7 @@ class Run:
         policy = rolled_policy(self.belief.policy, r)
         result = plan(policy, self.cluster.planning_snapshot(now), wanted, now=now,
                       in_flight=self.cluster.in_flight_actions(),
-                      published_snapshots=policy.warming.snapshot_pairs(), outlooks=False)
+                      published_snapshots=policy.warming.snapshot_pairs(), outlooks=False, nodes=self.plan_nodes)
         self._start(result.actions, now, policy)
 
     def _start(self, actions: Sequence[Action], now: float, belief: Policy) -> None:
@@ -805,7 +865,8 @@ class Run:
             return
         snapshot = self.cluster.planning_snapshot(now, self.belief.policy)
         result = plan(self.belief.policy, snapshot, wanted, now=now, in_flight=self.cluster.in_flight_actions(),
-                      published_snapshots=self.belief.policy.warming.snapshot_pairs(), outlooks=False)
+                      published_snapshots=self.belief.policy.warming.snapshot_pairs(), outlooks=False,
+                      nodes=self.plan_nodes)
         # the planner's durations are the belief's; in a world that differs, it takes the world's time
         self._start(result.actions, now, self.belief.policy)
         self._plan_key = (key[0], self.cluster.version)
@@ -827,6 +888,16 @@ class Run:
             if at <= now:
                 del self.launching[slot]
                 self.cluster.join(slot)
+                self.launches[slot] += 1
+                if self.slow is not None:
+                    # a new machine: its own draw, by its name and how many times the slot was launched
+                    truth = self.p.scenario.truth
+                    cls = self.cluster.classes[int(self.cluster.class_index[slot])].name
+                    self.slow[slot] = slowness_at_launch(truth, cls, _seed(self.p.seed, "slow nodes",
+                                                                           self.cluster.records[slot].name,
+                                                                           int(self.launches[slot])))
+                if self.belief.learn_nodes:
+                    self._node_factors()  # the new machine's name has no starts yet: factor 1
 
     def _launch(self, w: int, gpus: int, now: float, *, standby: bool = False) -> int | None:
         """Launch a node for a pod of workload ``w`` (``standby``: a placeholder): the pool of an
@@ -1036,6 +1107,8 @@ class Run:
                 for i, s in enumerate(self.w):
                     s.scale, s.next_startup = self.belief.scale(i), None
                 self._plan_key = None
+                if self.belief.learn_nodes:
+                    self._node_factors()
             expectations: list[Expectation] = []
             claims: list[Claim] = []
             for s in self.w:
