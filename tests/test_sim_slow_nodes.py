@@ -4,7 +4,8 @@ A start on a slow node takes the factor times the world's time (noise 0, by hand
 slow (a share of each group, drawn once per node and the same for every strategy); the belief's
 factor of a slow node approaching the truth as its starts grow, with the product's own shrinkage,
 while its peers stay at 1; the located schema errors; a scenario whose slow nodes are not slower
-running exactly as one without them.
+running exactly as one without them; and the bundled ``slow-nodes`` scenario learning the slow
+nodes it started replicas on, with docs/simulator.md's table what the simulator prints.
 """
 
 from __future__ import annotations
@@ -15,14 +16,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from extender import cli
 from extender.core.calibration import NODE_DEADBAND
 from extender.core.errors import DocumentError
 from extender.sim.cluster import Cluster, NodeSpec
 from extender.sim.report import summarise
 from extender.sim.scenario import LoadedScenario, load_scenario
-from extender.sim.simulation import prepare, simulate
+from extender.sim.simulation import Run, prepare, simulate
+from extender.sim.strategies import STRATEGIES
 from extender.sim.truth import Belief, SlowNodes, Truth, slowness_at_launch, slowness_at_start
+from tests.test_doc_tables import _table
 from tests.test_sim import SCENARIOS, TINY_SCENARIO, cut, write_tiny
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize(("rules", "expected"), [
@@ -177,3 +183,25 @@ def test_slow_nodes_that_are_not_slower_change_no_run() -> None:
         for x, y in zip(a.workloads, b.workloads, strict=True):
             assert np.array_equal(x.startups, y.startups) and np.array_equal(x.believed_s, y.believed_s)
 
+
+def test_the_bundled_scenario_learns_the_slow_nodes_it_started_replicas_on() -> None:
+    prepared = prepare(cut(load_scenario(SCENARIOS / "slow-nodes.yaml"), 12 * 3600.0))
+    assert prepared.slow is not None and int((prepared.slow == 2.0).sum()) == 6  # a quarter of 24
+    plain = Run(prepared, STRATEGIES["cache-aware"])
+    plain.run()
+    assert not plain.belief.nodes  # not calibrated: every node of a class alike
+    run = Run(prepared, STRATEGIES["cache-aware-calibrated"])
+    run.run()
+    learnt = run.belief.nodes.nodes
+    slow = {n: f for n, f in learnt.items() if prepared.slow[run.cluster.index[n]] == 2.0}
+    peers = {n: f for n, f in learnt.items() if n not in slow}
+    assert any(f.starts >= 3 for f in slow.values()), learnt  # it started replicas on slow nodes
+    for f in slow.values():  # each toward 2 by its starts' weight, the noise (5 %) aside
+        assert f.factor > math.exp(f.confidence * math.log(2.0) - 0.1), f
+    assert len(peers) > 5 and all(0.95 < f.factor < 1.05 for f in peers.values()), peers
+
+
+def test_the_docs_show_what_the_slow_nodes_scenario_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    shown = _table((ROOT / "docs" / "simulator.md").read_text(), "slow-nodes")
+    assert cli.main(["simulate", str(SCENARIOS / "slow-nodes.yaml")]) == 0
+    assert _table(capsys.readouterr().out, "slow-nodes") == shown
