@@ -205,3 +205,22 @@ def test_the_docs_show_what_the_slow_nodes_scenario_prints(capsys: pytest.Captur
     shown = _table((ROOT / "docs" / "simulator.md").read_text(), "slow-nodes")
     assert cli.main(["simulate", str(SCENARIOS / "slow-nodes.yaml")]) == 0
     assert _table(capsys.readouterr().out, "slow-nodes") == shown
+
+
+def test_a_node_a_pool_launches_draws_its_own_slowness_and_is_learnt_under_a_name_of_its_own() -> None:
+    loaded = load_scenario(SCENARIOS / "consolidation.yaml")
+    truth = Truth(nodes=(SlowNodes.model_validate({"nodeClass": "g5.12xlarge", "share": 1.0, "factor": 2.0}),))
+    prepared = prepare(LoadedScenario(loaded.scenario.model_copy(update={"truth": truth}), loaded.policy,
+                                      loaded.source, loaded.base_dir))
+    run = Run(prepared, STRATEGIES["predictive-calibrated"])
+    result = run.run()
+    assert run.slow is not None and result.nodes_launched > 0
+    classes = [run.cluster.classes[int(i)].name for i in run.cluster.class_index]
+    launched = np.flatnonzero(run.launches > 0)
+    # share 1: every g5.12xlarge launched is slow; the rule never touches the other class's slots
+    assert all(run.slow[i] == 2.0 for i in launched if classes[i] == "g5.12xlarge"), run.slow
+    assert all(run.slow[i] == 1.0 for i, c in enumerate(classes) if c != "g5.12xlarge")
+    # a launched machine's starts are learnt under <slot name>~<launches>, not the slot's earlier machine's
+    assert any("~" in n for n in run.belief.nodes.nodes), sorted(run.belief.nodes.nodes)
+    first = int(launched[0])
+    assert run.node_name(first) == f"{run.cluster.records[first].name}~{run.launches[first]}"
