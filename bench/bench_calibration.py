@@ -155,17 +155,24 @@ def named_state(policy: Policy, workload: str, names: Sequence[str]) -> CacheSta
 
 
 def build_world(starts: int, nodes: int, *, phases: bool, seed: int = 0, noise: float = NOISE,
-                slowness: float = SLOWNESS) -> World:
+                slowness: float = SLOWNESS, policy_path: Path = POLICY, t0: float = T0,
+                node_name: Callable[[int], str] | None = None) -> World:
     """``starts`` observed starts on ``nodes`` nodes (module docstring), with engine phases when ``phases``;
-    ``noise`` is the log-normal noise of every time, ``slowness`` the slow nodes' factor."""
-    text = POLICY.read_text()
+    ``noise`` is the log-normal noise of every time, ``slowness`` the slow nodes' factor.
+
+    ``policy_path`` is the policy whose pairs the starts go round (without a ``calibration`` block: one
+    with ``mode: apply`` and the window is added), ``t0`` the first start's time and ``node_name(i)``
+    the name of the fleet's i-th node (``<class>-<i>`` when not given): bench/bench_extender.py stores
+    such a world, made current, for the extender's own policy and inventory names."""
+    text = policy_path.read_text()
     base = parse_policy(text)
     pairs = [(p.name, c.name) for p in base.profiles for c in base.classes_for(p)]
     window = max(base.calibration.min_observations, math.ceil(starts / len(pairs)))
     policy = parse_policy(text + f"calibration: {{mode: apply, window: {window}}}\n")
     truth = true_factors(pairs, seed)
     classes = [c.name for c in policy.node_classes]
-    fleet = {c: [f"{c}-{i:04d}" for i in range(i0, nodes, len(classes))] for i0, c in enumerate(classes)}
+    fleet = {c: [node_name(i) if node_name else f"{c}-{i:04d}" for i in range(i0, nodes, len(classes))]
+             for i0, c in enumerate(classes)}
     slow = frozenset(n for names in fleet.values() for n in names[::SLOW_EVERY])
     names = list(MIX)
     # per pair: the world's total and phase seconds of each named state (design at the true factors)
@@ -197,14 +204,14 @@ def build_world(starts: int, nodes: int, *, phases: bool, seed: int = 0, noise: 
             logged = EnginePhases(weights_load=float(c[REMOTE] + c[LOCAL]), compile=compile_s,
                                   compile_cached=bool(c[WARM] > 0), graph_capture=float(c[GRAPH]),
                                   init_engine=float(c[INIT] + c[GRAPH]) + compile_s)
-        at = T0 + gap * i
+        at = t0 + gap * i
         out.append(Observation(
             pod=f"serving/{workload}-{i}", workload=workload, node=node, node_class=cls,
             image_reference=p.image.reference, weights_version=p.weights.version, image=s.image,
             weights_bytes=float(p.weights.bytes) if s.weights else 0.0, compile=_WORDS[int(s.compile)],
             snapshot=s.snapshot, adapters=(s.adapters,) * len(p.preloaded_adapters), scheduled_at=at,
             ready_at=at + took, phases=logged))
-    return World(policy, truth, slow, nodes, out, T0 + gap * starts + 3600.0)
+    return World(policy, truth, slow, nodes, out, t0 + gap * starts + 3600.0)
 
 
 def baseline_rows(w: World) -> list[tuple[F64, F64]]:

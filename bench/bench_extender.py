@@ -16,10 +16,21 @@ kube-scheduler rotates its start index through the node list, so nothing can be 
 cache of the previous request. Latency is client-side: from sending the request to having read the
 whole reply (the reply is not decoded, which makes the ratio stricter, not kinder).
 
+With ``--calibration-starts N`` two extenders run beside the floor, from the same store and with
+the same policy but for ``calibration.mode``: ``off`` and ``apply``. The store also holds N observed
+starts of the policy's two (workload, node class) pairs, with the engine phases vLLM logs, built by
+:func:`bench.bench_calibration.build_world` on the inventory's node names and made current (the
+window keeps them all), and a new start is appended every ``--append-every`` seconds during the
+run, so the observations' version keeps moving and each ``apply`` worker refits (reads the store,
+fits, rebuilds its engine) every ``--calibration-interval`` seconds, as it would every 30 s in a
+busy cluster. Requests go round the three servers, so the ``apply / off`` ratio is what the refits
+cost, measured under the same machine noise.
+
 Run (from the repository root)::
 
     .venv/bin/python bench/bench_extender.py                     # 500, 5,000, 15,000 nodes
     .venv/bin/python bench/bench_extender.py --sizes 5000 --requests 500 --json out.json
+    OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/bench_extender.py --sizes 5000 --calibration-starts 20000
 """
 
 from __future__ import annotations
@@ -209,6 +220,16 @@ class Server:
     process: subprocess.Popen[bytes]
 
 
+@dataclass(frozen=True)
+class App:
+    """An extender to start: its name in the results, its policy file, and how often its workers may
+    refit the calibration (``None``: ``extender serve``'s own 30 s)."""
+
+    name: str
+    policy: Path = POLICY
+    calibration_interval_s: float | None = None
+
+
 def wait_ready(port: int, path: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -225,30 +246,34 @@ def wait_ready(port: int, path: str, timeout_s: float = 60.0) -> None:
 
 
 @contextlib.contextmanager
-def servers(data_dir: Path, workers: int, threads: int, log: Path,
-            worker_model: str = "asgi") -> Iterator[tuple[Server, Server]]:
-    """Start the extender and the floor; stop both however the block ends."""
+def servers(data_dir: Path, workers: int, threads: int, log: Path, worker_model: str = "asgi", *,
+            apps: Sequence[App] = (App("app"),)) -> Iterator[tuple[list[Server], Server]]:
+    """Start the extenders and the floor; stop them all however the block ends."""
     started: list[Server] = []
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with log.open("ab") as out:
         try:
-            app_port, floor_port = free_port(), free_port()
-            app = subprocess.Popen(
-                [sys.executable, "-m", "extender.api.scheduler", "serve", "--policy", str(POLICY),
-                 "--bind", f"127.0.0.1:{app_port}", "--workers", str(workers), "--threads", str(threads),
-                 "--data-dir", str(data_dir), "--max-snapshot-age", "3600", "--worker-model", worker_model],
-                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-            )
-            started.append(Server("app", app_port, app))
+            for spec in apps:
+                app_port = free_port()
+                serve = ["serve", "--policy", str(spec.policy), "--bind", f"127.0.0.1:{app_port}",
+                         "--workers", str(workers), "--threads", str(threads), "--data-dir", str(data_dir),
+                         "--max-snapshot-age", "3600", "--worker-model", worker_model]
+                launcher = (["-m", "extender.api.scheduler"] if spec.calibration_interval_s is None else
+                            [str(Path(__file__).resolve()), "--serve-extender", str(spec.calibration_interval_s)])
+                app = subprocess.Popen([sys.executable, *launcher, *serve],
+                                       stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+                started.append(Server(spec.name, app_port, app))
+            floor_port = free_port()
             floor = subprocess.Popen(
                 [sys.executable, str(Path(__file__).resolve()), "--serve-floor", f"127.0.0.1:{floor_port}",
                  "--workers", str(workers), "--threads", str(threads), "--worker-model", worker_model],
                 stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
             )
             started.append(Server("floor", floor_port, floor))
-            wait_ready(app_port, "/readyz")
+            for server in started[:-1]:
+                wait_ready(server.port, "/readyz")
             wait_ready(floor_port, "/healthz")
-            yield started[0], started[1]
+            yield started[:-1], started[-1]
         finally:
             for server in started:
                 if server.process.poll() is None:
@@ -375,7 +400,7 @@ def run_bench(sizes: Sequence[int], requests: int | None, workers: int, threads:
         client.close()
         pod = vllm_pod()
         all_names = [r.name for r in records]
-        with servers(data_dir, workers, threads, tmp / "servers.log", worker_model) as (app, floor), \
+        with servers(data_dir, workers, threads, tmp / "servers.log", worker_model) as ([app], floor), \
                 churn(data_dir, records, churn_per_second, changes_per_second):
             for size in sizes:
                 step = max(1, (INVENTORY_NODES - size) // 16) if size < INVENTORY_NODES else 0
@@ -402,6 +427,202 @@ def run_bench(sizes: Sequence[int], requests: int | None, workers: int, threads:
             stop(data_dir)
         shutil.rmtree(tmp, ignore_errors=True)
     return results
+
+
+#: Observed starts are made this many seconds before the run's start at most (within maxAge, a week).
+CALIBRATION_SPAN_S = 6 * 86_400.0 + 3600.0
+
+
+def store_calibration(tmp: Path, data_dir: Path, starts: int, now: float) -> tuple[Any, dict[str, Path]]:
+    """Store ``starts`` observed starts of :data:`POLICY`'s pairs (module docstring) and write the
+    policy with ``calibration.mode`` ``off`` and ``apply`` (the same window, keeping every start)."""
+    from bench.bench_calibration import build_world
+    from extender.state import connect
+    from extender.state.observations import ObservationStore
+
+    world = build_world(starts, min(500, max(50, starts // 40)), phases=True, policy_path=POLICY,
+                        t0=now - CALIBRATION_SPAN_S, node_name=node_name)
+    client = connect(None, data_dir)
+    try:
+        store = ObservationStore.for_policy(client, world.policy)
+        for i in range(0, len(world.observations), 1000):
+            store.append(world.observations[i:i + 1000], now=now)
+    finally:
+        client.close()
+    policies = {}
+    for mode in ("off", "apply"):
+        policies[mode] = tmp / f"policy-{mode}.yaml"
+        policies[mode].write_text(POLICY.read_text() + f"calibration: {{mode: '{mode}', "
+                                  f"window: {world.policy.calibration.window}}}\n")
+    return world, policies
+
+
+@contextlib.contextmanager
+def new_starts(data_dir: Path, world: Any, every_s: float) -> Iterator[list[int]]:
+    """Append one observed start every ``every_s`` seconds (a copy of a stored one, Ready now), so the
+    observations' version keeps moving; the list yielded counts the appends."""
+    from extender.state import connect
+    from extender.state.observations import ObservationStore
+
+    stop_event = threading.Event()
+    appended = [0]
+
+    def write() -> None:
+        client = connect(None, data_dir)
+        store = ObservationStore.for_policy(client, world.policy)
+        try:
+            while not stop_event.wait(every_s):
+                o = world.observations[appended[0] % len(world.observations)]
+                now = time.time()
+                store.append([o.model_copy(update={"pod": f"{o.pod}-again-{appended[0]}",
+                                                   "scheduled_at": now - o.total_s, "ready_at": now})], now=now)
+                appended[0] += 1
+        finally:
+            client.close()
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    try:
+        yield appended
+    finally:
+        stop_event.set()
+        thread.join(10)
+
+
+def read_timings(path: Path) -> dict[str, list[float]]:
+    """The refits and engine rebuilds an extender started by :func:`serve_extender` timed (seconds)."""
+    out: dict[str, list[float]] = {"fit": [], "rebuild": []}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            kind, _, seconds = line.partition(" ")
+            out[kind].append(float(seconds))
+    return out
+
+
+def run_calibration_bench(sizes: Sequence[int], requests: int | None, workers: int, threads: int, *, starts: int,
+                          interval_s: float, append_every_s: float, worker_model: str = "asgi") -> dict[str, Any]:
+    """Floor, extender with calibration off and with calibration applied, in turn request by request."""
+    from extender.state import InventoryStore, connect
+    from extender.state.embedded import stop
+
+    tmp = Path(tempfile.mkdtemp(prefix="extbench-"))
+    data_dir = tmp / "redis"
+    results: dict[str, Any] = {
+        "machine": {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+                    "cpus": os.cpu_count(), "system": platform.platform(),
+                    "blasThreads": os.environ.get("OPENBLAS_NUM_THREADS")},
+        "setup": {"inventoryNodes": INVENTORY_NODES, "policy": str(POLICY.relative_to(ROOT)), "profile": PROFILE,
+                  "workers": workers, "threads": threads, "workerModel": worker_model, "warmup": WARMUP,
+                  "calibrationStarts": starts, "calibrationIntervalS": interval_s, "appendEveryS": append_every_s},
+        "runs": [],
+    }
+    try:
+        now = time.time()
+        records, registry = inventory(now)
+        client = connect(None, data_dir)
+        InventoryStore(client).replace(records, registry)
+        client.close()
+        world, policies = store_calibration(tmp, data_dir, starts, now)
+        timings = tmp / "timings-apply.txt"
+        os.environ["BENCH_EXTENDER_TIMINGS"] = str(timings)  # read by serve_extender in the server
+        apps = [App("off", policies["off"], interval_s), App("apply", policies["apply"], interval_s)]
+        pod = vllm_pod()
+        all_names = [r.name for r in records]
+        with servers(data_dir, workers, threads, tmp / "servers.log", worker_model, apps=apps) as (extenders, floor), \
+                new_starts(data_dir, world, append_every_s) as appended:
+            for size in sizes:
+                step = max(1, (INVENTORY_NODES - size) // 16) if size < INVENTORY_NODES else 0
+                windows = [
+                    [all_names[(k * step + j) % INVENTORY_NODES] for j in range(size)] if step else
+                    all_names[k * 97:] + all_names[: k * 97]
+                    for k in range(16)
+                ]
+                bodies = [body_for(pod, w) for w in windows]
+                n = requests or DEFAULT_REQUESTS.get(size, 1000)
+                for verb in ("filter", "prioritize"):
+                    before = read_timings(timings)
+                    appended_before = appended[0]
+                    started = time.perf_counter()
+                    lat = measure([floor, *extenders], verb, bodies, windows, n)
+                    after = read_timings(timings)
+                    row: dict[str, Any] = {"nodes": size, "verb": verb, "requests": n,
+                                           "seconds": time.perf_counter() - started,
+                                           "appended": appended[0] - appended_before,
+                                           "fits": after["fit"][len(before["fit"]):],
+                                           "rebuilds": after["rebuild"][len(before["rebuild"]):]}
+                    for name, values in lat.items():
+                        arr = np.array(values) * 1000.0
+                        row[name] = {"p50_ms": float(np.percentile(arr, 50)), "p99_ms": float(np.percentile(arr, 99))}
+                    for q in ("p50", "p99"):
+                        row[f"apply_off_{q}"] = row["apply"][f"{q}_ms"] / row["off"][f"{q}_ms"]
+                        row[f"off_floor_{q}"] = row["off"][f"{q}_ms"] / row["floor"][f"{q}_ms"]
+                    results["runs"].append(row)
+                    print(format_calibration_row(row), flush=True)
+    finally:
+        with contextlib.suppress(Exception):
+            stop(data_dir)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return results
+
+
+CALIBRATION_HEADER = (
+    "| nodes | verb | floor p50 / p99 ms | off p50 / p99 ms | apply p50 / p99 ms | off / floor p99 | "
+    "**apply / off p50** | **apply / off p99** | refits in the window (read + fit ms) | rebuilds ms |\n"
+    "|---:|---|---:|---:|---:|---:|---:|---:|---|---|")
+
+
+def format_calibration_row(row: dict[str, Any]) -> str:
+    """One markdown table row of a ``--calibration-starts`` run."""
+    def pair(name: str) -> str:
+        return f"{row[name]['p50_ms']:.2f} / {row[name]['p99_ms']:.2f}"
+
+    def ms(values: list[float]) -> str:
+        return ", ".join(f"{v * 1000:.0f}" for v in values) or "none"
+
+    return (f"| {row['nodes']:,} | {row['verb']} | {pair('floor')} | {pair('off')} | {pair('apply')} | "
+            f"{row['off_floor_p99']:.2f}x | {row['apply_off_p50']:.2f}x | {row['apply_off_p99']:.2f}x | "
+            f"{len(row['fits'])} ({ms(row['fits'])}) | {ms(row['rebuilds'])} |")
+
+
+def serve_extender(calibration_interval_s: float, argv: Sequence[str]) -> int:
+    """``extender serve`` with ``argv``, its workers refitting at most every ``calibration_interval_s``
+    (serve has no flag for it: this replaces the interval in the settings it builds). When
+    ``BENCH_EXTENDER_TIMINGS`` names a file, each worker appends to it how long every refit (reading
+    the store and fitting: ``fit``) and every engine rebuild (``rebuild``) took, one line each."""
+    import dataclasses
+
+    from extender.api.scheduler import app as app_module
+    from extender.api.scheduler.refresher import Refresher
+    from extender.cli import main as cli_main
+    from extender.core.policy import Policy
+    from extender.state.observations import CalibratedPolicy
+
+    create_app = app_module.create_app
+    app_module.create_app = lambda settings: create_app(
+        dataclasses.replace(settings, calibration_interval_s=calibration_interval_s))
+    timings = os.environ.get("BENCH_EXTENDER_TIMINGS")
+    if timings and "apply" in " ".join(argv):
+        calibration_for, rebuild = CalibratedPolicy.calibration_for, Refresher._rebuild
+
+        def note(kind: str, seconds: float) -> None:
+            with open(timings, "a") as out:
+                out.write(f"{kind} {seconds!r}\n")
+
+        def timed_calibration_for(self: CalibratedPolicy, base: Policy) -> Any:
+            previous, started = self._result, time.perf_counter()
+            result = calibration_for(self, base)
+            if result[0] is not previous and result[0] is not base:
+                note("fit", time.perf_counter() - started)
+            return result
+
+        def timed_rebuild(self: Refresher, *args: Any) -> None:
+            started = time.perf_counter()
+            rebuild(self, *args)
+            note("rebuild", time.perf_counter() - started)
+
+        CalibratedPolicy.calibration_for = timed_calibration_for  # type: ignore[method-assign]
+        Refresher._rebuild = timed_rebuild  # type: ignore[method-assign,assignment]
+    return cli_main(argv)
 
 
 def format_row(row: dict[str, Any]) -> str:
@@ -442,16 +663,34 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="agents write N changed records a second during the run (default: 0)")
     parser.add_argument("--worker-model", choices=("asgi", "gthread"), default="asgi",
                         help="gunicorn worker model of both servers (default: asgi, as extender serve)")
+    parser.add_argument("--calibration-starts", type=int, default=0, metavar="N",
+                        help="compare calibration off and applied with N observed starts stored (module docstring)")
+    parser.add_argument("--calibration-interval", type=float, default=30.0, metavar="SECONDS",
+                        help="with --calibration-starts: the workers' refit interval (default: 30, as serve's)")
+    parser.add_argument("--append-every", type=float, default=2.0, metavar="SECONDS",
+                        help="with --calibration-starts: a new observed start this often (default: 2)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--serve-floor", metavar="HOST:PORT", help=argparse.SUPPRESS)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["--serve-extender"]:
+        return serve_extender(float(argv[1]), argv[2:])
     args = parser.parse_args(argv)
     if args.serve_floor:
         serve_floor(args.serve_floor, args.workers, args.threads, args.worker_model)
         return 0
     sizes = [int(s) for s in args.sizes.split(",") if s]
-    print(HEADER)
-    results = run_bench(sizes, args.requests, args.workers, args.threads, args.churn,
-                        changes_per_second=args.churn_records, worker_model=args.worker_model)
+    if args.calibration_starts < 0 or args.calibration_interval <= 0 or args.append_every <= 0:
+        parser.error("--calibration-starts must be at least 0, --calibration-interval and --append-every above 0")
+    if args.calibration_starts:
+        print(CALIBRATION_HEADER)
+        results = run_calibration_bench(sizes, args.requests, args.workers, args.threads,
+                                        starts=args.calibration_starts, interval_s=args.calibration_interval,
+                                        append_every_s=args.append_every, worker_model=args.worker_model)
+    else:
+        print(HEADER)
+        results = run_bench(sizes, args.requests, args.workers, args.threads, args.churn,
+                            changes_per_second=args.churn_records, worker_model=args.worker_model)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     return 0
