@@ -83,7 +83,8 @@ def round_robin(n: int, states: Sequence[str] = STARTS) -> list[str]:
 
 def refresher_on(client: Any, directory: Path, policy_text: str, policy: Policy) -> Refresher:
     """The scheduler extender's refresher (not started) on ``client``, serving ``policy`` (parsed from
-    ``policy_text``, written to ``directory``), that rebuilds and refits on every ``refresh_once``."""
+    ``policy_text``, written to ``directory``), that rebuilds and refits on every ``refresh_once`` (no
+    interval, no duty factor)."""
     from extender.api.scheduler.metrics import Metrics
     from extender.api.scheduler.refresher import Refresher, Throttle
     from extender.api.scheduler.settings import Settings
@@ -91,5 +92,6 @@ def refresher_on(client: Any, directory: Path, policy_text: str, policy: Policy)
     path = directory / "policy.yaml"
     path.write_text(policy_text)
     settings = Settings(policy_path=path, policy=policy, store_factory=lambda: InventoryStore(client),
-                        start_refresher=False, min_rebuild_interval_s=0.0, calibration_interval_s=0.0)
+                        start_refresher=False, min_rebuild_interval_s=0.0, calibration_interval_s=0.0,
+                        calibration_duty_factor=0.0)
     return Refresher(settings, policy, Metrics(), Throttle(60.0))

@@ -39,7 +39,7 @@ from extender.kube.metrics import SyncMetrics
 from extender.kube.objects import PodFacts
 from extender.kube.observe import LOG_RESULTS, EngineLogs, StartObserver
 from extender.state import InventoryStore
-from extender.state.observations import CalibratedPolicy, ObservationStore
+from extender.state.observations import CalibratedPolicy, ObservationStore, Stored
 from extender.state.sources import SourceStore
 from extender.warm.loop import WarmLoop
 from tests.calibration_world import factors, refresher_on, round_robin, starts, world
@@ -287,6 +287,66 @@ def test_the_calibrated_policy_follows_the_store_and_survives_an_outage(redis_se
     redis_server.kill()
     assert reader.policy_for(APPLY) is calibrated and reader.error is not None  # the last fit stays
     assert CalibratedPolicy(ObservationStore(client)).policy_for(APPLY) is APPLY  # nothing known: the base
+
+
+class SlowStore(ObservationStore):
+    """A real store whose every read takes ``took`` seconds on the test's fake clock ``now``."""
+
+    def __init__(self, client: Any, now: list[float], took: float) -> None:
+        super().__init__(client)
+        self.now, self.took, self.reads = now, took, 0
+
+    def read(self) -> Stored:
+        self.now[0] += self.took
+        self.reads += 1
+        return super().read()
+
+
+@pytest.mark.parametrize(("min_interval_s", "duty_factor", "took", "interval_s"), [
+    pytest.param(30.0, 200.0, 0.05, 30.0, id="a cheap refit: the interval"),
+    pytest.param(30.0, 200.0, 1.5, 300.0, id="a costly refit: 200 times its cost"),
+    pytest.param(30.0, 0.0, 5.0, 30.0, id="no duty factor: the interval alone"),
+    pytest.param(0.0, 200.0, 0.5, 100.0, id="no interval: the duty factor alone"),
+    pytest.param(30.0, 200.0, 0.0, 30.0, id="a refit that took no time"),
+])
+def test_refits_are_spaced_by_a_multiple_of_their_cost(client: Any, min_interval_s: float, duty_factor: float,
+                                                       took: float, interval_s: float) -> None:
+    # at 20,000 stored starts a refit held a serving worker's GIL for 1-2 s every 30 s, and its p99 rose
+    # by a quarter (BENCHMARKS.md, calibration: the refit in serving workers)
+    now = [time.time()]
+    store = SlowStore(client, now, took)
+    reader = CalibratedPolicy(store, clock=lambda: now[0], min_interval_s=min_interval_s, duty_factor=duty_factor)
+    store.append(doubled_starts(APPLY), now=now[0])
+    fitted_at = now[0]
+    fitted = reader.policy_for(APPLY)
+    assert fitted is not APPLY
+    assert reader.cost_s == pytest.approx(took) and reader.interval_s == pytest.approx(interval_s)
+    later = [o.model_copy(update={"pod": f"{o.pod}-later"}) for o in doubled_starts(APPLY, n=2)]
+    store.append(later, now=now[0])  # the version moved
+    now[0] = fitted_at + interval_s - 0.01
+    assert reader.policy_for(APPLY) is fitted and store.reads == 1  # too soon: one GET at most, no read
+    now[0] = fitted_at + interval_s
+    assert reader.policy_for(APPLY) is not fitted and store.reads == 2
+
+
+def test_a_new_base_policy_is_fitted_at_once_however_costly_the_last_refit(client: Any) -> None:
+    now = [time.time()]
+    store = SlowStore(client, now, 10.0)
+    reader = CalibratedPolicy(store, clock=lambda: now[0], min_interval_s=30.0, duty_factor=200.0)
+    store.append(doubled_starts(APPLY), now=now[0])
+    fitted = reader.policy_for(APPLY)
+    assert reader.interval_s == pytest.approx(2000.0)
+    swapped = parse_policy(POLICY_TEXT + "calibration: {mode: apply, priorObservations: 5}\n")
+    calibrated = reader.policy_for(swapped)
+    assert calibrated is not fitted and calibrated.calibration.prior_observations == 5 and store.reads == 2
+
+
+def test_the_refresher_takes_its_refit_spacing_from_the_settings(client: Any, tmp_path: Path) -> None:
+    refresher = refresher_on(client, tmp_path, POLICY_TEXT + "calibration: {mode: apply}\n", APPLY)
+    refresher.settings = replace(refresher.settings, calibration_interval_s=3.0, calibration_duty_factor=7.0)
+    refresher.refresh_once()
+    calibration = refresher._calibration
+    assert calibration is not None and (calibration.min_interval_s, calibration.duty_factor) == (3.0, 7.0)
 
 
 def test_the_refresher_scores_with_the_calibrated_policy(redis_server: RedisServer, client: Any,

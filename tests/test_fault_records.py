@@ -129,7 +129,8 @@ def _refresher(client: redis.Redis, tmp_path: Path) -> Refresher:
     path = tmp_path / "policy.yaml"
     path.write_text(POLICY_TEXT + "calibration: {mode: apply}\n")
     settings = Settings(policy_path=path, policy=APPLY, store_factory=lambda: InventoryStore(client),
-                        start_refresher=False, min_rebuild_interval_s=0.0, calibration_interval_s=0.0)
+                        start_refresher=False, min_rebuild_interval_s=0.0, calibration_interval_s=0.0,
+                        calibration_duty_factor=0.0)
     return Refresher(settings, APPLY, Metrics(), Throttle(60.0))
 
 

@@ -241,8 +241,13 @@ class CalibratedPolicy:
     observations, and ``calibration_for(base)`` the same policy with the per-node factors of the
     same fit (:func:`~extender.core.calibration.effective_calibration`). It re-fits when the base
     policy object changed, or when the store's version moved and the last fit is at least
-    ``min_interval_s`` old (a busy cluster records a start every few
-    seconds; a fit costs some 10 ms per (workload, class)); otherwise it costs one GET. With
+    ``max(min_interval_s, duty_factor x c)`` old, ``c`` being how long the last refit took by
+    ``clock`` (reading the store and fitting); otherwise it costs one GET. A busy cluster records
+    a start every few seconds, and a refit costs some 10 ms per (workload, class) at the default
+    window but seconds at 20,000 stored starts, all of it holding the caller's GIL: in a serving
+    worker a duty factor of ``k`` keeps refits to at most ``1/k`` of its time, whatever the store
+    holds. The interval only decides when a fit is taken; a fit is the same function of the stored
+    starts and the time on every replica. With
     ``calibration.mode`` other than ``apply`` the base is returned without reading anything. When
     the store cannot be read, the last calibrated policy of the same base is kept, else the base
     itself: calibration is never a reason to stop scoring or scaling.
@@ -251,9 +256,13 @@ class CalibratedPolicy:
     store: ObservationStore
     clock: Callable[[], float] = time.time
     min_interval_s: float = 30.0
+    #: 0: ``min_interval_s`` alone spaces refits (the scaler and the CLI, which serve no requests).
+    duty_factor: float = 0.0
     _base: Policy | None = field(default=None, init=False, repr=False)
     _version: int = field(default=-1, init=False, repr=False)
     _fitted_at: float = field(default=-math.inf, init=False, repr=False)
+    #: How long the last refit took (seconds by ``clock``).
+    cost_s: float = field(default=0.0, init=False)
     _result: Policy | None = field(default=None, init=False, repr=False)
     _nodes: NodeFactors = field(default=NO_NODE_FACTORS, init=False, repr=False)
     #: The last error reading the store (``None`` when the last read worked).
@@ -261,6 +270,11 @@ class CalibratedPolicy:
 
     def policy_for(self, base: Policy) -> Policy:
         return self.calibration_for(base)[0]
+
+    @property
+    def interval_s(self) -> float:
+        """The least time between refits of one base policy: ``max(min_interval_s, duty_factor x cost_s)``."""
+        return max(self.min_interval_s, self.duty_factor * self.cost_s)
 
     def calibration_for(self, base: Policy) -> tuple[Policy, NodeFactors]:
         """The policy and the per-node factors (:func:`~extender.core.calibration.effective_calibration`),
@@ -270,11 +284,12 @@ class CalibratedPolicy:
             return base, NO_NODE_FACTORS
         now = self.clock()
         try:
-            recent = now - self._fitted_at < self.min_interval_s
+            recent = now - self._fitted_at < self.interval_s
             if base is self._base and self._result is not None and (recent or self.store.version() == self._version):
                 return self._result, self._nodes
             stored = self.store.read()
             result, nodes = effective_calibration(base, stored.observations, now=now)
+            self.cost_s = max(0.0, self.clock() - now)
         except ExtenderError as exc:
             if self.error is None:
                 log.warning("calibration: cannot read the observed starts, keeping the %s policy: %s",

@@ -23,7 +23,9 @@ Requests never wait on Redis: they read :attr:`Refresher.engine`, an immutable
 
 With ``calibration.mode: apply`` the engine is built with the calibrated policy
 (:class:`extender.state.observations.CalibratedPolicy`: the observations' version is one more GET
-per iteration, and a new fit is one more rebuild), so scores use the fitted phase times.
+per iteration, and a new fit is one more rebuild), so scores use the fitted phase times. Refits
+are spaced by ``calibration_interval_s`` and by ``calibration_duty_factor`` times the last refit's
+cost, as reloads are by ``rebuild_duty_factor``: a refit holds this worker's GIL too.
 
 Why poll a counter instead of subscribing to keyspace notifications: notifications must be switched
 on in the server's configuration (``notify-keyspace-events``, often locked on managed Redis), they
@@ -237,7 +239,8 @@ class Refresher:
             from extender.state.observations import CalibratedPolicy, ObservationStore
 
             self._calibration = CalibratedPolicy(ObservationStore(client, prefix=keys.prefix),
-                                                 min_interval_s=self.settings.calibration_interval_s)
+                                                 min_interval_s=self.settings.calibration_interval_s,
+                                                 duty_factor=self.settings.calibration_duty_factor)
         return self._store
 
     def _calibrate(self) -> None:
