@@ -311,8 +311,8 @@ class SlowStore(ObservationStore):
 ])
 def test_refits_are_spaced_by_a_multiple_of_their_cost(client: Any, min_interval_s: float, duty_factor: float,
                                                        took: float, interval_s: float) -> None:
-    # at 20,000 stored starts a refit held a serving worker's GIL for 1-2 s every 30 s, and its p99 rose
-    # by a quarter (BENCHMARKS.md, calibration: the refit in serving workers)
+    # at 20,000 stored starts a refit held a serving worker's GIL for 1-2.5 s every 30 s, and its p99 was
+    # 1.25-1.8x that of calibration off (BENCHMARKS.md, "The refit in serving workers")
     now = [time.time()]
     store = SlowStore(client, now, took)
     reader = CalibratedPolicy(store, clock=lambda: now[0], min_interval_s=min_interval_s, duty_factor=duty_factor)

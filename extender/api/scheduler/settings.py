@@ -83,7 +83,7 @@ class Settings:
     #: With ``calibration.mode: apply``, new observed starts are fitted at most this often...
     calibration_interval_s: float = 30.0
     #: ...and at least this many times as long as the last refit took (200: a worker spends at most
-    #: 1/200 of its time refitting; at 20,000 stored starts a refit is 1-2 s, so one every 4-7 min).
+    #: 1/200 of its time refitting; at 20,000 stored starts a refit is 1-2.5 s, so one every 4-8 min).
     calibration_duty_factor: float = 200.0
     #: Builds the store client in the refresher thread; ``None``: ``extender.state`` with
     #: ``redis_url`` / ``data_dir``.
