@@ -200,6 +200,16 @@ def inventory(now: float) -> tuple[list[Any], list[str]]:
     return records, [ckey]
 
 
+def name_windows(all_names: Sequence[str], size: int) -> list[list[str]]:
+    """Sixteen requests' node lists of ``size`` names from the inventory, each a different slice
+    (spread over the whole inventory when ``size`` is smaller, rotated when it is all of it), so the
+    requests do not hit one slice of it only."""
+    step = max(1, (INVENTORY_NODES - size) // 16) if size < INVENTORY_NODES else 0
+    return [[all_names[(k * step + j) % INVENTORY_NODES] for j in range(size)] if step else
+            [*all_names[k * 97:], *all_names[: k * 97]]
+            for k in range(16)]
+
+
 def body_for(pod: dict[str, Any], names: Sequence[str]) -> bytes:
     """``ExtenderArgs`` exactly as Go marshals it with ``nodeCacheCapable: true``."""
     return json.dumps({"Pod": pod, "Nodes": None, "NodeNames": list(names)}, separators=(",", ":")).encode()
@@ -404,12 +414,7 @@ def run_bench(sizes: Sequence[int], requests: int | None, workers: int, threads:
         with servers(data_dir, workers, threads, tmp / "servers.log", worker_model) as ([app], floor), \
                 churn(data_dir, records, churn_per_second, changes_per_second):
             for size in sizes:
-                step = max(1, (INVENTORY_NODES - size) // 16) if size < INVENTORY_NODES else 0
-                windows = [
-                    [all_names[(k * step + j) % INVENTORY_NODES] for j in range(size)] if step else
-                    all_names[k * 97:] + all_names[: k * 97]
-                    for k in range(16)
-                ]
+                windows = name_windows(all_names, size)
                 bodies = [body_for(pod, w) for w in windows]
                 n = requests or DEFAULT_REQUESTS.get(size, 1000)
                 for verb in ("filter", "prioritize"):
@@ -437,6 +442,8 @@ CALIBRATION_SPAN_S = 6 * 86_400.0 + 3600.0
 def store_calibration(tmp: Path, data_dir: Path, starts: int, now: float) -> tuple[Any, dict[str, Path]]:
     """Store ``starts`` observed starts of :data:`POLICY`'s pairs (module docstring) and write the
     policy with ``calibration.mode`` ``off`` and ``apply`` (the same window, keeping every start)."""
+    if str(ROOT) not in sys.path:  # run as a script, the repository is not on the path (its servers get PYTHONPATH)
+        sys.path.insert(0, str(ROOT))
     from bench.bench_calibration import build_world
     from extender.state import connect
     from extender.state.observations import ObservationStore
@@ -546,12 +553,7 @@ def run_calibration_bench(sizes: Sequence[int], requests: int | None, workers: i
                 new_starts(data_dir, world, append_every_s) as appended:
             wait_first_fit(timings, workers)
             for size in sizes:
-                step = max(1, (INVENTORY_NODES - size) // 16) if size < INVENTORY_NODES else 0
-                windows = [
-                    [all_names[(k * step + j) % INVENTORY_NODES] for j in range(size)] if step else
-                    all_names[k * 97:] + all_names[: k * 97]
-                    for k in range(16)
-                ]
+                windows = name_windows(all_names, size)
                 bodies = [body_for(pod, w) for w in windows]
                 n = requests or DEFAULT_REQUESTS.get(size, 1000)
                 for verb in ("filter", "prioritize"):
