@@ -35,10 +35,8 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -47,6 +45,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.timing import interleaved  # noqa: E402
 from extender.agent.scan import ManifestCache, scan_cache  # noqa: E402
 from extender.layout import compile_dir, mark_complete, weights_dir, write_manifest  # noqa: E402
 
@@ -92,19 +91,6 @@ def bare_walk(root: Path) -> int:
                 elif entry.is_file(follow_symlinks=False):
                     total += entry.stat(follow_symlinks=False).st_size
     return total
-
-
-def interleaved(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
-    """Median seconds of each function, run in turn within every round so all see the same machine noise."""
-    for fn in fns.values():
-        fn()  # warm the page cache and the dentry cache (and the manifest cache of the steady scan)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def count_files(root: Path) -> int:

@@ -65,7 +65,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +76,7 @@ from numpy.typing import NDArray
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.timing import interleaved  # noqa: E402
 from extender.core.calibration import (  # noqa: E402
     COLD,
     GRAPH,
@@ -235,19 +235,6 @@ def baseline_rows(w: World) -> list[tuple[F64, F64]]:
 def least_squares(rows: list[tuple[F64, F64]]) -> list[F64]:
     """The baseline: one ``numpy.linalg.lstsq`` per pair."""
     return [np.asarray(np.linalg.lstsq(x, y, rcond=None)[0], dtype=np.float64) for x, y in rows]
-
-
-def interleaved(fns: dict[str, Callable[[], Any]], repeat: int) -> dict[str, float]:
-    """Median seconds of each function, run in turn within every round so all see the same machine noise."""
-    for fn in fns.values():
-        fn()  # warm-up, untimed
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeat):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def involved(policy: Policy, workload: str, node_class: str) -> list[int]:

@@ -184,6 +184,17 @@ _LISTS: tuple[tuple[str, CacheKind, str, str], ...] = (
 )
 
 
+def _storable_images(images: Iterable[str], dropped: list[str]) -> list[str]:
+    """Each image name once, in the order given, but those a record cannot hold (each said in ``dropped``)."""
+    names: list[str] = []
+    for name in dict.fromkeys(images):
+        if (why := _refusal(_TEXT, name)) is None:
+            names.append(name)
+        else:
+            dropped.append(f"image name {name!r} cannot be stored ({why}): left out of the report")
+    return names
+
+
 def fit_agent_report(
     *,
     nvme_total: int,
@@ -223,12 +234,7 @@ def fit_agent_report(
     lists: dict[str, list[str]] = {"weights": sorted(weights), "compile_keys": sorted(set(compile_keys)),
                                    "snapshots": sorted(set(snapshots)), "adapters": sorted(set(adapters))}
     if images is not None:
-        names: list[str] = []
-        for name in dict.fromkeys(images):
-            if (why := _refusal(_TEXT, name)) is None:
-                names.append(name)
-            else:
-                dropped.append(f"image name {name!r} cannot be stored ({why}): left out of the report")
+        names = _storable_images(images, dropped)
         if len(names) > MAX_ENTRIES:
             dropped.append(f"{len(names)} image names, more than the {MAX_ENTRIES} a record holds: reported the "
                            f"first {MAX_ENTRIES} (largest images first), left out {len(names) - MAX_ENTRIES} from "
@@ -347,12 +353,7 @@ def fit_kube_report(
             label_keys.append(key)
         else:
             dropped.append(f"label {key!r} cannot be stored ({why}): left out of the report")
-    names: list[str] = []
-    for name in dict.fromkeys(images):
-        if (why := _refusal(_TEXT, name)) is None:
-            names.append(name)
-        else:
-            dropped.append(f"image name {name!r} cannot be stored ({why}): left out of the report")
+    names = _storable_images(images, dropped)
     lists = {"labels": label_keys, "images": names}
     for field, what, order in (("labels", "labels", "by key"), ("images", "image names", "in kubelet's order")):
         kept = lists[field]
